@@ -1,0 +1,27 @@
+//! Typed errors of the vocabulary crate.
+
+use thiserror::Error;
+
+/// Everything that can go wrong while parsing, validating or preparing a kernel.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// A workload string that does not parse, or whose dimensions are out of range.
+    #[error("bad workload '{input}': {reason}")]
+    BadWorkload { input: String, reason: String },
+    /// A config that does not belong to a kernel's space for this workload.
+    #[error("config {config} is not valid for kernel '{kernel}': {reason}")]
+    InvalidConfig {
+        kernel: String,
+        config: String,
+        reason: String,
+    },
+    /// A kernel that was asked to run a workload it does not support.
+    #[error("kernel '{kernel}' does not support workload '{workload}'")]
+    Unsupported { kernel: String, workload: String },
+    /// A kernel name that no registered family answers to.
+    #[error("unknown kernel '{0}'")]
+    UnknownKernel(String),
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

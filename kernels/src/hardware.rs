@@ -1,0 +1,279 @@
+//! The hardware fingerprint: what about this machine decides which config is fastest.
+//!
+//! Tuning results only transfer between machines that agree on the fields below, so every
+//! record in the database carries the fingerprint's [`id`](HardwareFingerprint::id), a hash of
+//! the canonical JSON form of everything else. Detection reads `/proc/cpuinfo` and
+//! `/sys/devices/system/cpu` on Linux and the CPU's feature flags everywhere; it runs once per
+//! process ([`HardwareFingerprint::current`]).
+
+use std::sync::OnceLock;
+
+use serde::{Deserialize, Serialize};
+
+/// The ISA flags that change code generation, in the order they are reported.
+#[cfg(target_arch = "x86_64")]
+const ISA_FLAGS: &[&str] = &[
+    "sse4.2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512dq",
+    "avx512bf16",
+    "avx512vnni",
+];
+
+/// A CPU's identity for tuning purposes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HardwareFingerprint {
+    /// 16 hex digits: FNV-1a 64 of the canonical JSON of every other field.
+    pub id: String,
+    /// `x86_64`, `aarch64`, ...
+    pub arch: String,
+    /// CPU vendor string, e.g. `AuthenticAMD`.
+    pub vendor: String,
+    pub family: u32,
+    pub model: u32,
+    pub stepping: u32,
+    /// Marketing name, e.g. `AMD EPYC 9B45`.
+    pub brand: String,
+    /// Detected ISA flags that matter for code generation, sorted.
+    pub isa: Vec<String>,
+    /// Hardware threads this process may use.
+    pub cores: usize,
+    /// Per-core L1 data cache, per-core L2, shared L3, in bytes (0 when unknown).
+    pub l1d_bytes: usize,
+    pub l2_bytes: usize,
+    pub l3_bytes: usize,
+}
+
+impl HardwareFingerprint {
+    /// This machine's fingerprint, detected once per process.
+    pub fn current() -> &'static HardwareFingerprint {
+        static FP: OnceLock<HardwareFingerprint> = OnceLock::new();
+        FP.get_or_init(detect)
+    }
+
+    /// Builds a fingerprint from its fields and computes its id.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        arch: &str,
+        vendor: &str,
+        (family, model, stepping): (u32, u32, u32),
+        brand: &str,
+        mut isa: Vec<String>,
+        cores: usize,
+        (l1d_bytes, l2_bytes, l3_bytes): (usize, usize, usize),
+    ) -> Self {
+        isa.sort();
+        isa.dedup();
+        let mut fp = HardwareFingerprint {
+            id: String::new(),
+            arch: arch.into(),
+            vendor: vendor.into(),
+            family,
+            model,
+            stepping,
+            brand: brand.into(),
+            isa,
+            cores,
+            l1d_bytes,
+            l2_bytes,
+            l3_bytes,
+        };
+        fp.id = fp.compute_id();
+        fp
+    }
+
+    /// The canonical form: compact JSON of every field but `id`, keys in declaration order.
+    pub fn canonical(&self) -> String {
+        let mut v = serde_json::to_value(self).expect("plain data serialises");
+        v.as_object_mut().expect("struct is an object").remove("id");
+        v.to_string()
+    }
+
+    /// FNV-1a 64 of [`canonical`](Self::canonical), as 16 hex digits.
+    pub fn compute_id(&self) -> String {
+        format!("{:016x}", fnv1a64(self.canonical().as_bytes()))
+    }
+
+    /// Whether `id` matches the content (false for a hand-edited or foreign record).
+    pub fn id_is_consistent(&self) -> bool {
+        self.id == self.compute_id()
+    }
+
+    /// Whether the CPU reports `flag` (e.g. `avx2`).
+    pub fn has(&self, flag: &str) -> bool {
+        self.isa.iter().any(|f| f == flag)
+    }
+
+    /// One-line human summary.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} ({} family {} model {}), {} threads, L1d {} KiB / L2 {} KiB / L3 {} MiB, ISA: {}",
+            self.brand,
+            self.vendor,
+            self.family,
+            self.model,
+            self.cores,
+            self.l1d_bytes / 1024,
+            self.l2_bytes / 1024,
+            self.l3_bytes / (1024 * 1024),
+            self.isa.join(" ")
+        )
+    }
+}
+
+/// FNV-1a, 64-bit: stable across platforms and Rust versions, unlike `DefaultHasher`.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+fn detect() -> HardwareFingerprint {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| -> Option<String> {
+        cpuinfo.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == name).then(|| v.trim().to_string())
+        })
+    };
+    let num = |name: &str| field(name).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    HardwareFingerprint::new(
+        std::env::consts::ARCH,
+        &field("vendor_id").unwrap_or_else(|| "unknown".into()),
+        (num("cpu family"), num("model"), num("stepping")),
+        &field("model name").unwrap_or_else(|| "unknown".into()),
+        detect_isa(),
+        cores,
+        cache_sizes(),
+    )
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_isa() -> Vec<String> {
+    ISA_FLAGS
+        .iter()
+        .filter(|f| match **f {
+            "sse4.2" => std::arch::is_x86_feature_detected!("sse4.2"),
+            "avx" => std::arch::is_x86_feature_detected!("avx"),
+            "avx2" => std::arch::is_x86_feature_detected!("avx2"),
+            "fma" => std::arch::is_x86_feature_detected!("fma"),
+            "f16c" => std::arch::is_x86_feature_detected!("f16c"),
+            "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
+            "avx512bw" => std::arch::is_x86_feature_detected!("avx512bw"),
+            "avx512vl" => std::arch::is_x86_feature_detected!("avx512vl"),
+            "avx512dq" => std::arch::is_x86_feature_detected!("avx512dq"),
+            "avx512bf16" => std::arch::is_x86_feature_detected!("avx512bf16"),
+            "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
+            _ => false,
+        })
+        .map(|f| f.to_string())
+        .collect()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect_isa() -> Vec<String> {
+    Vec::new()
+}
+
+/// (L1d, L2, L3) in bytes from sysfs; conservative defaults where it is unreadable.
+fn cache_sizes() -> (usize, usize, usize) {
+    let (mut l1, mut l2, mut l3) = (0, 0, 0);
+    for idx in 0..8 {
+        let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{idx}");
+        let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok();
+        let (Some(level), Some(kind), Some(size)) = (read("level"), read("type"), read("size"))
+        else {
+            continue;
+        };
+        let Some(bytes) = parse_size(size.trim()) else {
+            continue;
+        };
+        match (level.trim(), kind.trim()) {
+            ("1", "Data") | ("1", "Unified") => l1 = bytes,
+            ("2", _) => l2 = bytes,
+            ("3", _) => l3 = bytes,
+            _ => {}
+        }
+    }
+    (
+        if l1 == 0 { 32 << 10 } else { l1 },
+        if l2 == 0 { 512 << 10 } else { l2 },
+        if l3 == 0 { 8 << 20 } else { l3 },
+    )
+}
+
+fn parse_size(s: &str) -> Option<usize> {
+    let (digits, mult) = match s.chars().last()? {
+        'K' => (&s[..s.len() - 1], 1 << 10),
+        'M' => (&s[..s.len() - 1], 1 << 20),
+        'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    digits.parse::<usize>().ok().map(|d| d * mult)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> HardwareFingerprint {
+        HardwareFingerprint::new(
+            "x86_64",
+            "AuthenticAMD",
+            (26, 2, 1),
+            "AMD EPYC",
+            vec!["fma".into(), "avx2".into()],
+            2,
+            (48 << 10, 1 << 20, 32 << 20),
+        )
+    }
+
+    #[test]
+    fn id_is_a_stable_hash_of_the_canonical_form() {
+        let a = sample();
+        assert_eq!(a.id.len(), 16);
+        assert!(a.id_is_consistent());
+        assert_eq!(a.isa, vec!["avx2", "fma"], "flags are sorted");
+        // The exact value is part of the on-disk contract: changing it orphans every database.
+        assert_eq!(a.id, format!("{:016x}", fnv1a64(a.canonical().as_bytes())));
+        let mut b = sample();
+        b.cores = 4;
+        assert!(!b.id_is_consistent());
+        assert_ne!(b.compute_id(), a.id);
+    }
+
+    #[test]
+    fn fnv_matches_known_vectors() {
+        assert_eq!(fnv1a64(b""), 0xcbf29ce484222325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63dc4c8601ec8c);
+    }
+
+    #[test]
+    fn current_machine_is_detected() {
+        let fp = HardwareFingerprint::current();
+        assert!(fp.cores >= 1);
+        assert!(fp.l1d_bytes > 0 && fp.l2_bytes > 0 && fp.l3_bytes > 0);
+        assert!(fp.id_is_consistent());
+        assert!(!fp.summary().is_empty());
+    }
+
+    #[test]
+    fn parses_sysfs_sizes() {
+        assert_eq!(parse_size("32K"), Some(32 << 10));
+        assert_eq!(parse_size("1024K"), Some(1 << 20));
+        assert_eq!(parse_size("32M"), Some(32 << 20));
+        assert_eq!(parse_size("junk"), None);
+    }
+}

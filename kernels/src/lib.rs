@@ -1,0 +1,44 @@
+//! # kernels — the vocabulary of autokernel, and its CPU kernel families
+//!
+//! ```
+//! use kernels::{default_for, HardwareFingerprint, Problem, Workload};
+//!
+//! let w: Workload = "gemm:64x48x33".parse()?;
+//! let hw = HardwareFingerprint::current();
+//! let (kernel, config) = default_for(&w, hw);
+//! let exe = kernel.prepare(&w, &config)?;
+//!
+//! let problem = Problem::random(&w, 7);
+//! let mut c = problem.output();
+//! exe.run(&problem.input_slices(), &mut c);
+//! problem.check(&c, &problem.reference())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Why it exists: every other crate speaks in these terms. A [`Workload`] says what to compute
+//! (`gemm:MxNxK`); a [`Kernel`] family declares a [`Space`] of [`Config`]s for it, a default
+//! that is valid everywhere, and turns a config into an [`Executable`]; a
+//! [`HardwareFingerprint`] says on what machine a measurement holds. The tuning database, the
+//! runner, the search and the runtime all build on this crate and on nothing else of ours.
+//!
+//! Kernel families live in [`cpu`]. Unsafe SIMD code is confined to its leaf modules, behind
+//! one run-time CPU-feature detection ([`cpu::Isa::detect`]).
+
+pub mod cpu;
+pub mod error;
+pub mod hardware;
+pub mod kernel;
+pub mod measurement;
+pub mod problem;
+pub mod rng;
+pub mod space;
+pub mod workload;
+
+pub use error::{Error, Result};
+pub use hardware::HardwareFingerprint;
+pub use kernel::{default_for, kernel, kernels_for, registry, Executable, Kernel};
+pub use measurement::{Measurement, Status};
+pub use problem::{Mismatch, Problem, Reference};
+pub use rng::Rng;
+pub use space::{Config, Knob, Space, SpaceError, Value};
+pub use workload::{Op, Workload};
