@@ -1,1 +1,75 @@
-fn main() {}
+//! `autokernel` — the command-line front end: clap definitions and dispatch only.
+//! Each subcommand lives in `commands/<name>.rs`.
+
+mod commands;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Adaptive autotuning kernel framework: search kernel variants, measure them on this
+/// machine, keep the winners in a SQLite tuning database, dispatch to them at run time.
+#[derive(Parser)]
+#[command(name = "autokernel", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print this machine's hardware fingerprint.
+    Hw(commands::hw::HwArgs),
+    /// Tune workloads on this machine and store every trial in the database.
+    Tune(commands::tune::TuneArgs),
+    /// Show which variant the runtime would use for a workload.
+    Lookup(commands::lookup::LookupArgs),
+    /// Run a workload through the runtime on random inputs and time it.
+    Run(commands::run::RunArgs),
+}
+
+/// Options shared by the commands that read or write a tuning database.
+#[derive(Args, Debug, Clone)]
+pub struct DbArg {
+    /// The tuning database (a SQLite file).
+    #[arg(long, default_value = "tuning.db", value_name = "PATH")]
+    pub db: PathBuf,
+}
+
+/// Options shared by the commands that run kernels.
+#[derive(Args, Debug, Clone)]
+pub struct ThreadsArg {
+    /// Threads this process may use (default: all cores). Part of the hardware fingerprint.
+    #[arg(long, value_name = "T", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
+}
+
+impl ThreadsArg {
+    /// Sizes rayon's global pool; must run before the fingerprint is first detected.
+    pub fn apply(&self) -> anyhow::Result<()> {
+        if let Some(t) = self.threads {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t as usize)
+                .build_global()?;
+        }
+        Ok(())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Hw(a) => commands::hw::run(a),
+        Command::Tune(a) => commands::tune::run(a),
+        Command::Lookup(a) => commands::lookup::run(a),
+        Command::Run(a) => commands::run::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,1 +1,27 @@
+//! # search — ask/tell strategies and the tuning loop
+//!
+//! ```
+//! use kernels::{HardwareFingerprint, Workload};
+//! use search::{tune, StrategyKind, TuneOptions};
+//! use tuning_db::TuningDb;
+//!
+//! let db = TuningDb::in_memory()?;
+//! let w: Workload = "gemm:48x40x24".parse()?;
+//! let opts = TuneOptions { budget: 6, strategy: StrategyKind::Random, seed: 1, ..TuneOptions::default() };
+//! let summary = tune(&db, &w, HardwareFingerprint::current(), &opts, &mut |_event| {})?;
+//! let best = summary.best.expect("at least the default config verifies");
+//! println!("{} {} {:.1} GFLOP/s", best.kernel, best.config, best.gflops.unwrap());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Why it exists: measuring is the expensive part of tuning, so *which* configs to measure is
+//! its own concern. A [`Strategy`] only proposes and learns (ask/tell, as in TVM's
+//! MetaSchedule); [`tune`] owns the loop — parallel preparation, one-at-a-time measurement,
+//! every trial (failures too) committed to the database as it happens, and resumption: configs
+//! already in the database are never measured again.
 
+mod strategy;
+mod tuner;
+
+pub use strategy::{Exhaustive, RandomSearch, Strategy, StrategyKind};
+pub use tuner::{candidates, tune, Candidate, Event, SearchError, TuneOptions, TuneSummary};
