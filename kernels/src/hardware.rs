@@ -42,7 +42,8 @@ pub struct HardwareFingerprint {
     pub brand: String,
     /// Detected ISA flags that matter for code generation, sorted.
     pub isa: Vec<String>,
-    /// Hardware threads this process may use.
+    /// Threads this process computes with (rayon's global pool size): tuning results for
+    /// 2 threads say nothing about 16, so this is part of the identity.
     pub cores: usize,
     /// Per-core L1 data cache, per-core L2, shared L3, in bytes (0 when unknown).
     pub l1d_bytes: usize,
@@ -146,9 +147,9 @@ fn detect() -> HardwareFingerprint {
         })
     };
     let num = |name: &str| field(name).and_then(|v| v.parse().ok()).unwrap_or(0);
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    // The threads this process computes with: rayon's global pool (all cores unless the
+    // program sized the pool first, as `autokernel --threads T` does).
+    let cores = rayon::current_num_threads();
     HardwareFingerprint::new(
         std::env::consts::ARCH,
         &field("vendor_id").unwrap_or_else(|| "unknown".into()),

@@ -24,4 +24,6 @@ mod strategy;
 mod tuner;
 
 pub use strategy::{Exhaustive, RandomSearch, Strategy, StrategyKind};
-pub use tuner::{candidates, tune, Candidate, Event, SearchError, TuneOptions, TuneSummary};
+pub use tuner::{
+    candidates, tune, tune_families, Candidate, Event, SearchError, TuneOptions, TuneSummary,
+};

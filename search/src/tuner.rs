@@ -27,10 +27,16 @@ impl std::fmt::Debug for Candidate {
     }
 }
 
-/// Every valid config of every family that supports `w`, in a fixed order.
-pub fn candidates(w: &Workload, hw: &HardwareFingerprint) -> Vec<Candidate> {
-    kernels_for(w)
-        .into_iter()
+/// Every valid config of every family in `families` that supports `w`, in a fixed order.
+pub fn candidates(
+    w: &Workload,
+    hw: &HardwareFingerprint,
+    families: &[&'static dyn Kernel],
+) -> Vec<Candidate> {
+    families
+        .iter()
+        .copied()
+        .filter(|k| k.supports(w))
         .flat_map(|kernel| {
             kernel
                 .space(w, hw)
@@ -126,8 +132,8 @@ pub enum SearchError {
     Unsupported(String),
 }
 
-/// Tunes `w` on this machine (`hw` must be the current machine's fingerprint), writing every
-/// trial to `db`.
+/// Tunes `w` over every registered kernel family on this machine (`hw` must be the current
+/// machine's fingerprint), writing every trial to `db`.
 pub fn tune(
     db: &TuningDb,
     w: &Workload,
@@ -135,7 +141,20 @@ pub fn tune(
     opts: &TuneOptions,
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> Result<TuneSummary, SearchError> {
-    let cands = candidates(w, hw);
+    tune_families(db, w, hw, &kernels_for(w), opts, on_event)
+}
+
+/// [`tune`] over the given kernel families only (tests plant faulty families this way). The
+/// default config, the speedup's baseline, is always the registry's.
+pub fn tune_families(
+    db: &TuningDb,
+    w: &Workload,
+    hw: &HardwareFingerprint,
+    families: &[&'static dyn Kernel],
+    opts: &TuneOptions,
+    on_event: &mut dyn FnMut(Event<'_>),
+) -> Result<TuneSummary, SearchError> {
+    let cands = candidates(w, hw, families);
     if cands.is_empty() {
         return Err(SearchError::Unsupported(w.key()));
     }
@@ -144,7 +163,10 @@ pub fn tune(
     let reference = problem.reference();
 
     let mut tried: HashSet<(String, String)> = HashSet::new();
-    for k in kernels_for(w) {
+    for k in families
+        .iter()
+        .chain(std::iter::once(&default_for(w, hw).0))
+    {
         for c in db.tried_configs(&hw.id, w, k.name(), k.version())? {
             tried.insert((k.name().to_string(), c));
         }

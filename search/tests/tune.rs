@@ -1,0 +1,165 @@
+//! The tuning loop against a real (in-memory) SQLite database.
+
+use kernels::{Config, Executable, HardwareFingerprint, Kernel, Space, Status, Workload};
+use search::{candidates, tune, tune_families, Event, StrategyKind, TuneOptions};
+use tuning_db::TuningDb;
+
+fn opts(budget: usize, strategy: StrategyKind) -> TuneOptions {
+    TuneOptions {
+        budget,
+        strategy,
+        seed: 5,
+        ..TuneOptions::default()
+    }
+}
+
+#[test]
+fn tunes_records_everything_and_resumes() {
+    let db = TuningDb::in_memory().unwrap();
+    let hw = HardwareFingerprint::current();
+    let w: Workload = "gemm:40x36x20".parse().unwrap();
+    let mut trials_seen = 0;
+    let s = tune(&db, &w, hw, &opts(6, StrategyKind::Random), &mut |e| {
+        if let Event::Trial { .. } = e {
+            trials_seen += 1
+        }
+    })
+    .unwrap();
+    let history = db.trials(&hw.id, &w).unwrap();
+    assert_eq!(history.len(), 6, "budget counts distinct configs tried");
+    assert_eq!(trials_seen, s.measured);
+    assert!(s.measured >= 5, "the default plus at least five proposals");
+    let best = s.best.clone().expect("a verified winner");
+    assert_eq!(best.status, Status::Ok);
+    let fastest = history
+        .iter()
+        .filter_map(|r| r.median_s())
+        .fold(f64::INFINITY, f64::min);
+    assert_eq!(best.median_s(), Some(fastest));
+    assert!(s.speedup_vs_default().unwrap() >= 1.0);
+
+    // Same job again: resumes, measures nothing new.
+    let again = tune(&db, &w, hw, &opts(6, StrategyKind::Random), &mut |_| {}).unwrap();
+    assert_eq!(again.measured, 0);
+    assert_eq!(db.trials(&hw.id, &w).unwrap().len(), 6);
+
+    // A bigger budget continues where the first job stopped.
+    let more = tune(&db, &w, hw, &opts(9, StrategyKind::Random), &mut |_| {}).unwrap();
+    assert_eq!(more.measured, 3);
+    assert_eq!(db.trials(&hw.id, &w).unwrap().len(), 9);
+}
+
+#[test]
+fn exhaustive_stops_when_the_space_is_exhausted() {
+    let db = TuningDb::in_memory().unwrap();
+    let hw = HardwareFingerprint::current();
+    let w: Workload = "gemm:3x5x2".parse().unwrap();
+    let size = candidates(&w, hw, kernels::registry()).len();
+    assert!(size > 0);
+    let s = tune(
+        &db,
+        &w,
+        hw,
+        &opts(size + 50, StrategyKind::Exhaustive),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(s.space_size, size);
+    assert_eq!(
+        db.trials(&hw.id, &w).unwrap().len(),
+        size,
+        "every candidate once, the default not twice"
+    );
+}
+
+/// A planted family: config `x` = 0 is correct, 1 computes garbage, 2 panics, 3 fails to build.
+struct Planted;
+struct PlantedExe {
+    x: i64,
+    w: Workload,
+}
+impl Executable for PlantedExe {
+    fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
+        let Workload::Gemm { m, n, k } = self.w;
+        if self.x == 2 {
+            panic!("planted crash");
+        }
+        for i in 0..m {
+            for j in 0..n {
+                let v: f32 = (0..k)
+                    .map(|p| inputs[0][i * k + p] * inputs[1][p * n + j])
+                    .sum();
+                out[i * n + j] = if self.x == 1 { v * 1.5 } else { v };
+            }
+        }
+    }
+}
+impl Kernel for Planted {
+    fn name(&self) -> &'static str {
+        "planted"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn supports(&self, _: &Workload) -> bool {
+        true
+    }
+    fn space(&self, _: &Workload, _: &HardwareFingerprint) -> Space {
+        Space::new().knob("x", [0usize, 1, 2, 3])
+    }
+    fn default_config(&self, _: &Workload, _: &HardwareFingerprint) -> Config {
+        Config::from_pairs([("x", 0usize)])
+    }
+    fn build(&self, w: &Workload, c: &Config) -> kernels::Result<Box<dyn Executable>> {
+        let x = c.int("x").unwrap();
+        if x == 3 {
+            return Err(kernels::Error::InvalidConfig {
+                kernel: "planted".into(),
+                config: c.to_json(),
+                reason: "planted build failure".into(),
+            });
+        }
+        Ok(Box::new(PlantedExe { x, w: *w }))
+    }
+}
+
+#[test]
+fn failures_are_data_and_the_winner_is_healthy() {
+    let db = TuningDb::in_memory().unwrap();
+    let hw = HardwareFingerprint::current();
+    let w: Workload = "gemm:7x6x5".parse().unwrap();
+    let s = tune_families(
+        &db,
+        &w,
+        hw,
+        &[&Planted],
+        &opts(10, StrategyKind::Exhaustive),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(s.failures, 3);
+    let history = db.trials(&hw.id, &w).unwrap();
+    let status_of = |x: i64| {
+        history
+            .iter()
+            .find(|r| r.kernel == "planted" && r.config.int("x") == Some(x))
+            .map(|r| r.status)
+    };
+    assert_eq!(status_of(0), Some(Status::Ok));
+    assert_eq!(status_of(1), Some(Status::WrongResult));
+    assert_eq!(status_of(2), Some(Status::RunFailed));
+    assert_eq!(status_of(3), Some(Status::BuildFailed));
+    let msg = |x: i64| {
+        history
+            .iter()
+            .find(|r| r.config.int("x") == Some(x))
+            .unwrap()
+            .message
+            .clone()
+            .unwrap()
+    };
+    assert!(msg(2).contains("planted crash"));
+    assert!(msg(3).contains("planted build failure"));
+    // The winner is a verified record; never a failed one.
+    assert_eq!(s.best.unwrap().status, Status::Ok);
+}
