@@ -1,1 +1,233 @@
-fn main() {}
+//! Tuned GEMM, dispatched through the runtime, against the default config and the Rust peers
+//! `matrixmultiply`, `gemm` and `faer`, single thread and two threads, side by side in one run.
+//!
+//! ```text
+//! cargo bench --bench gemm_peers                      # all shapes (~10 minutes on 2 cores)
+//! AUTOKERNEL_BENCH_SHAPES=gemm:1024x1024x1024 cargo bench --bench gemm_peers
+//! ```
+//! Environment: `AUTOKERNEL_BENCH_DB` (tuning database, default `target/bench-tuning.db`; shapes
+//! not tuned there yet are tuned first, resumably), `AUTOKERNEL_BENCH_BUDGET` (trials per shape
+//! and thread count, default 48), `AUTOKERNEL_BENCH_SHAPES` (comma-separated workloads).
+//! Writes `bench_results/<fingerprint>/gemm_peers.{json,md}`: criterion medians as GFLOP/s and
+//! the ratio of the tuned kernel to the fastest peer, plus the measured FMA peak.
+//!
+//! Peers at their fastest: `gemm` with its `x86-v4` feature, `faer` with `nightly` (AVX-512
+//! paths where the CPU has them), both with rayon at 2 threads; `matrixmultiply` runs single
+//! threaded (its thread count is fixed per process by an environment variable).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use kernels::{default_for, HardwareFingerprint, Problem, Workload};
+use runtime::Runtime;
+use search::{tune, StrategyKind, TuneOptions};
+use serde_json::json;
+use tuning_db::TuningDb;
+
+const SHAPES: [&str; 10] = [
+    "gemm:64x64x64",
+    "gemm:256x256x256",
+    "gemm:512x512x512",
+    "gemm:1024x1024x1024",
+    "gemm:2048x2048x2048",
+    "gemm:128x768x768",
+    "gemm:128x3072x768",
+    "gemm:128x768x3072",
+    "gemm:1x3072x768",
+    "gemm:8x3072x768",
+];
+
+const IMPLS: [&str; 5] = ["tuned", "default", "matrixmultiply", "gemm", "faer"];
+
+fn shapes() -> Vec<Workload> {
+    let list = std::env::var("AUTOKERNEL_BENCH_SHAPES").unwrap_or_else(|_| SHAPES.join(","));
+    list.split(',').map(|s| s.parse().unwrap_or_else(|e| panic!("AUTOKERNEL_BENCH_SHAPES: {e}"))).collect()
+}
+
+fn thread_counts() -> Vec<usize> {
+    let cores = HardwareFingerprint::current().cores;
+    if cores >= 2 {
+        vec![1, 2]
+    } else {
+        vec![1]
+    }
+}
+
+fn gemm_mm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
+    // SAFETY: a is m×k, b is k×n, c is m×n, all row-major and of exactly those lengths.
+    unsafe {
+        matrixmultiply::sgemm(
+            m, k, n, 1.0, a.as_ptr(), k as isize, 1, b.as_ptr(), n as isize, 1, 0.0, c.as_mut_ptr(), n as isize, 1,
+        )
+    }
+}
+
+fn gemm_gemm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: usize) {
+    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    // SAFETY: row-major views (column stride 1, row stride = row length) of buffers of
+    // exactly m×k, k×n and m×n elements; read_dst is false so c's contents are not read.
+    unsafe {
+        gemm::gemm(
+            m, n, k, c.as_mut_ptr(), 1, n as isize, false, a.as_ptr(), 1, k as isize, b.as_ptr(), 1, n as isize,
+            0.0, 1.0, false, false, false, par,
+        )
+    }
+}
+
+fn gemm_faer(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: usize) {
+    let par = if threads > 1 { faer::Par::rayon(threads) } else { faer::Par::Seq };
+    let lhs = faer::MatRef::from_row_major_slice(a, m, k);
+    let rhs = faer::MatRef::from_row_major_slice(b, k, n);
+    let dst = faer::MatMut::from_row_major_slice_mut(c, m, n);
+    faer::linalg::matmul::matmul(dst, faer::Accum::Replace, lhs, rhs, 1.0f32, par);
+}
+
+fn ensure_tuned(db_path: &PathBuf, shapes: &[Workload], threads: &[usize]) {
+    let budget = std::env::var("AUTOKERNEL_BENCH_BUDGET").ok().and_then(|s| s.parse().ok()).unwrap_or(48);
+    let db = TuningDb::open(db_path).expect("bench tuning database");
+    for &t in threads {
+        let hw = HardwareFingerprint::current().with_cores(t);
+        for w in shapes {
+            let opts = TuneOptions { budget, strategy: StrategyKind::Random, seed: 1, ..TuneOptions::default() };
+            let s = tune(&db, w, &hw, &opts, &mut |_| {}).expect("tuning");
+            if s.measured > 0 {
+                eprintln!("tuned {w} at {t} thread(s): {} new trials", s.measured);
+            }
+        }
+    }
+}
+
+fn criterion_dir() -> PathBuf {
+    if let Ok(h) = std::env::var("CRITERION_HOME") {
+        return h.into();
+    }
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    PathBuf::from(target).join("criterion")
+}
+
+fn median_ns(group: &str, id: &str) -> Option<f64> {
+    let p = criterion_dir().join(group).join(id).join("new/estimates.json");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok()?;
+    v["median"]["point_estimate"].as_f64()
+}
+
+fn group_name(w: &Workload) -> String {
+    w.key().replace(':', "_")
+}
+
+fn main() {
+    let shapes = shapes();
+    let threads = thread_counts();
+    let db_path: PathBuf =
+        std::env::var("AUTOKERNEL_BENCH_DB").map(PathBuf::from).unwrap_or_else(|_| "target/bench-tuning.db".into());
+    ensure_tuned(&db_path, &shapes, &threads);
+    let runtimes: Vec<Runtime> = threads
+        .iter()
+        .map(|&t| Runtime::open_for(&db_path, HardwareFingerprint::current().with_cores(t)).expect("runtime"))
+        .collect();
+
+    let mut c = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .configure_from_args();
+    let mut chosen = Vec::new();
+    for w in &shapes {
+        let Workload::Gemm { m, n, k } = *w;
+        let p = Problem::random(w, 11);
+        let (a, b) = (&p.inputs[0], &p.inputs[1]);
+        let mut out = p.output();
+        let mut g = c.benchmark_group(group_name(w));
+        g.throughput(Throughput::Elements(w.flops() as u64));
+        for (ti, &t) in threads.iter().enumerate() {
+            let rt = &runtimes[ti];
+            let tuned = rt.choose(w).expect("tuned choice");
+            chosen.push(json!({"workload": w.key(), "threads": t, "level": tuned.level.as_str(),
+                               "kernel": tuned.kernel.name(), "config": tuned.config}));
+            let hw_t = HardwareFingerprint::current().with_cores(t);
+            let (dk, dc) = default_for(w, &hw_t);
+            let default = dk.prepare(w, &dc).expect("default config builds");
+            g.bench_function(BenchmarkId::new("tuned", format!("{t}t")), |bch| {
+                bch.iter(|| rt.gemm(m, n, k, a, b, &mut out).unwrap())
+            });
+            g.bench_function(BenchmarkId::new("default", format!("{t}t")), |bch| {
+                bch.iter(|| default.run(&[a, b], &mut out))
+            });
+            if t == 1 {
+                g.bench_function(BenchmarkId::new("matrixmultiply", "1t"), |bch| {
+                    bch.iter(|| gemm_mm(m, n, k, a, b, &mut out))
+                });
+            }
+            g.bench_function(BenchmarkId::new("gemm", format!("{t}t")), |bch| {
+                bch.iter(|| gemm_gemm(m, n, k, a, b, &mut out, t))
+            });
+            g.bench_function(BenchmarkId::new("faer", format!("{t}t")), |bch| {
+                bch.iter(|| gemm_faer(m, n, k, a, b, &mut out, t))
+            });
+        }
+        g.finish();
+    }
+    c.final_summary();
+    write_report(&shapes, &threads, chosen);
+}
+
+fn write_report(shapes: &[Workload], threads: &[usize], chosen: Vec<serde_json::Value>) {
+    let hw = HardwareFingerprint::current();
+    let peak: Vec<f64> = threads
+        .iter()
+        .map(|&t| {
+            let mut runs: Vec<f64> = (0..3).map(|_| kernels::cpu::peak::fma_peak_gflops(t, 0.5)).collect();
+            runs.sort_by(f64::total_cmp);
+            runs[1]
+        })
+        .collect();
+    let mut rows = Vec::new();
+    let mut md = format!(
+        "# GEMM vs peers — {}\n\nMachine: {}\n\nFingerprint `{}`. Criterion medians in GFLOP/s (2·M·N·K / median time); \
+         `ratio` = tuned ÷ fastest peer (matrixmultiply, gemm, faer) in the same run. \
+         FMA peak (median of 3): {}.\n",
+        tuning_db::now_rfc3339(),
+        hw.summary(),
+        hw.id,
+        threads.iter().zip(&peak).map(|(t, p)| format!("{t} thread(s) {p:.1} GFLOP/s")).collect::<Vec<_>>().join(", ")
+    );
+    for (ti, &t) in threads.iter().enumerate() {
+        md += &format!("\n## {t} thread(s)\n\n| workload (M×N×K) | tuned | default | matrixmultiply | gemm | faer | ratio vs best peer | tuned % of peak |\n|---|---|---|---|---|---|---|---|\n");
+        for w in shapes {
+            let gf = |imp: &str| {
+                let id = format!("{imp}/{t}t");
+                median_ns(&group_name(w), &id).map(|ns| w.flops() / ns)
+            };
+            let vals: Vec<Option<f64>> = IMPLS.iter().map(|i| gf(i)).collect();
+            let best_peer = vals[2..].iter().flatten().copied().fold(f64::NAN, f64::max);
+            let ratio = vals[0].map(|x| x / best_peer);
+            let cell = |v: Option<f64>| v.map_or("—".to_string(), |x| format!("{x:.1}"));
+            md += &format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                w.key(),
+                cell(vals[0]),
+                cell(vals[1]),
+                cell(vals[2]),
+                cell(vals[3]),
+                cell(vals[4]),
+                ratio.map_or("—".into(), |r| format!("{r:.2}×")),
+                vals[0].map_or("—".into(), |x| format!("{:.0}%", 100.0 * x / peak[ti]))
+            );
+            rows.push(json!({"workload": w.key(), "threads": t,
+                "gflops": IMPLS.iter().zip(&vals).map(|(i, v)| (i.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+                "ratio_vs_best_peer": ratio}));
+        }
+    }
+    md += "\nConfigs chosen by the runtime:\n\n";
+    for c in &chosen {
+        md += &format!("- {} @ {}t: {} {} `{}`\n", c["workload"], c["threads"], c["level"], c["kernel"], c["config"]);
+    }
+    let dir = PathBuf::from("bench_results").join(&hw.id);
+    std::fs::create_dir_all(&dir).expect("bench_results directory");
+    let doc = json!({"date": tuning_db::now_rfc3339(), "fingerprint": hw, "fma_peak_gflops": threads.iter().zip(&peak).map(|(t, p)| json!({"threads": t, "gflops": p})).collect::<Vec<_>>(), "rows": rows, "chosen": chosen});
+    std::fs::write(dir.join("gemm_peers.json"), serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+    std::fs::write(dir.join("gemm_peers.md"), &md).unwrap();
+    println!("{md}");
+    eprintln!("wrote {}", dir.join("gemm_peers.md").display());
+}

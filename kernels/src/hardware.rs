@@ -101,6 +101,15 @@ impl HardwareFingerprint {
         format!("{:016x}", fnv1a64(self.canonical().as_bytes()))
     }
 
+    /// The same machine computing with `threads` threads (a different fingerprint: configs
+    /// tuned for one thread count are not the best for another).
+    pub fn with_cores(&self, threads: usize) -> HardwareFingerprint {
+        let mut fp = self.clone();
+        fp.cores = threads;
+        fp.id = fp.compute_id();
+        fp
+    }
+
     /// Whether `id` matches the content (false for a hand-edited or foreign record).
     pub fn id_is_consistent(&self) -> bool {
         self.id == self.compute_id()

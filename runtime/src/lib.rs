@@ -105,7 +105,7 @@ pub struct Skipped {
 
 /// The inference-side dispatcher. `Send + Sync`: share one across threads.
 pub struct Runtime {
-    hw: &'static HardwareFingerprint,
+    hw: HardwareFingerprint,
     tuned: HashMap<Workload, (&'static dyn Kernel, Config)>,
     cache: RwLock<HashMap<Workload, Choice>>,
     skipped: Vec<Skipped>,
@@ -116,10 +116,15 @@ impl Runtime {
     /// on this machine's fingerprint. Records whose config no longer builds are skipped (see
     /// [`Runtime::skipped`]) and those workloads fall back to defaults.
     pub fn open(path: impl AsRef<Path>) -> Result<Runtime, RuntimeError> {
+        Runtime::open_for(path, HardwareFingerprint::current().clone())
+    }
+
+    /// Like [`Runtime::open`], but serves the records of fingerprint `hw` (for instance this
+    /// machine at another thread count, [`HardwareFingerprint::with_cores`]).
+    pub fn open_for(path: impl AsRef<Path>, hw: HardwareFingerprint) -> Result<Runtime, RuntimeError> {
         let db = TuningDb::open_read_only(path.as_ref())?;
-        let hw = HardwareFingerprint::current();
         let mut rt = Runtime::with_fingerprint(hw);
-        for rec in db.best_all(&hw.id)? {
+        for rec in db.best_all(&rt.hw.id)? {
             let kernel = match kernels::kernel(&rec.kernel) {
                 Ok(k) => k,
                 Err(e) => {
@@ -155,10 +160,10 @@ impl Runtime {
 
     /// A runtime with no database: every workload runs its kernel default.
     pub fn defaults_only() -> Runtime {
-        Runtime::with_fingerprint(HardwareFingerprint::current())
+        Runtime::with_fingerprint(HardwareFingerprint::current().clone())
     }
 
-    fn with_fingerprint(hw: &'static HardwareFingerprint) -> Runtime {
+    fn with_fingerprint(hw: HardwareFingerprint) -> Runtime {
         Runtime {
             hw,
             tuned: HashMap::new(),
@@ -169,7 +174,7 @@ impl Runtime {
 
     /// The fingerprint this runtime serves.
     pub fn fingerprint(&self) -> &HardwareFingerprint {
-        self.hw
+        &self.hw
     }
 
     /// Number of tuned workloads in the index.
@@ -187,7 +192,7 @@ impl Runtime {
         if let Some(c) = self.cache.read().unwrap_or_else(|p| p.into_inner()).get(w) {
             return Ok(c.clone());
         }
-        let (kernel, config) = default_for(w, self.hw);
+        let (kernel, config) = default_for(w, &self.hw);
         let exe: Arc<dyn Executable> = kernel.prepare(w, &config)?.into();
         let choice = Choice {
             kernel,
