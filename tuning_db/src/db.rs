@@ -1,0 +1,978 @@
+//! [`TuningDb`]: opening (identification, migrations), writing and querying.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kernels::{Config, HardwareFingerprint, Kernel, Measurement, Space, Status, Workload};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, Transaction};
+use rusqlite::{ErrorCode, TransactionBehavior};
+
+use crate::error::{Ctx, DbError, Result};
+use crate::record::{now_rfc3339, Record, Stats};
+use crate::schema::{APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, TABLES};
+
+/// How long a writer waits for another writer's transaction before giving up.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What [`TuningDb`] writes into `meta.created_by`.
+const CREATED_BY: &str = concat!("autokernel tuning_db ", env!("CARGO_PKG_VERSION"));
+
+/// Columns of `trials` in the order [`record_from_row`] reads them.
+const RECORD_COLUMNS: &str = "id, fingerprint_id, workload, kernel, kernel_version, config, \
+     status, message, median_s, spread, samples, gflops, created_at, tool_version";
+
+const FINGERPRINT_COLUMNS: &str =
+    "id, arch, vendor, family, model, stepping, brand, isa, cores, l1d_bytes, l2_bytes, l3_bytes";
+
+/// A tuning database: one SQLite file (WAL mode) holding hardware fingerprints and every
+/// trial ever made on them. See the crate documentation for the schema.
+///
+/// Writers ([`open`](Self::open)) may run in several processes at once; readers
+/// ([`open_read_only`](Self::open_read_only)) never write and never wait for writers.
+/// Methods take `&self`; a `TuningDb` is `Send` but not `Sync` (one per thread).
+#[derive(Debug)]
+pub struct TuningDb {
+    conn: Connection,
+    path: PathBuf,
+    read_only: bool,
+}
+
+/// What [`identify`] found in a file.
+enum Identity {
+    /// No tables, no ids: a new or empty file we may initialise.
+    Blank,
+    /// One of ours at this schema version (`1..=SCHEMA_VERSION`).
+    Ours(i64),
+}
+
+impl TuningDb {
+    /// Opens (creating if missing) the database at `path` for reading and writing, migrating
+    /// it to [`SCHEMA_VERSION`].
+    ///
+    /// The parent directory must exist. A 0-byte file is initialised. Files of other
+    /// applications, damaged files and files of a newer schema are refused, and a refused file
+    /// is never modified: every check is a read made before the first write.
+    pub fn open(path: impl AsRef<Path>) -> Result<TuningDb> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(dir) = path.parent() {
+            if !dir.as_os_str().is_empty() && !dir.is_dir() {
+                return Err(DbError::NoParentDir {
+                    path: path.clone(),
+                    dir: dir.to_path_buf(),
+                });
+            }
+        }
+        precheck_file(&path)?;
+        let conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .ctx(&path, "opening the database")?;
+        let db = TuningDb {
+            conn,
+            path,
+            read_only: false,
+        };
+        db.configure()?;
+        let version = match db.identify()? {
+            Identity::Blank => 0,
+            Identity::Ours(v) => v,
+        };
+        // Everything below writes; the file is known to be ours or blank.
+        db.ensure_wal()?;
+        db.migrate(version)?;
+        Ok(db)
+    }
+
+    /// Opens an existing database for reading only: no migrations, no writes, and (WAL)
+    /// no waiting for writers. For the inference runtime and for inspection tools.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<TuningDb> {
+        let path = path.as_ref().to_path_buf();
+        match std::fs::metadata(&path) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(DbError::NotFound { path })
+            }
+            Err(e) => {
+                return Err(DbError::Io {
+                    path,
+                    context: "reading file metadata".into(),
+                    source: e,
+                })
+            }
+        }
+        precheck_file(&path)?;
+        let conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .ctx(&path, "opening the database read-only")?;
+        let db = TuningDb {
+            conn,
+            path,
+            read_only: true,
+        };
+        db.configure()?;
+        let found = match db.identify()? {
+            Identity::Blank => 0,
+            Identity::Ours(v) => v,
+        };
+        if found < SCHEMA_VERSION {
+            return Err(DbError::OlderSchemaReadOnly {
+                path: db.path,
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        Ok(db)
+    }
+
+    /// A private database in memory, at the current schema (for tests and dry runs).
+    pub fn in_memory() -> Result<TuningDb> {
+        let path = PathBuf::from(":memory:");
+        let conn = Connection::open_in_memory().ctx(&path, "opening an in-memory database")?;
+        let db = TuningDb {
+            conn,
+            path,
+            read_only: false,
+        };
+        db.configure()?;
+        db.migrate(0)?;
+        Ok(db)
+    }
+
+    /// The file this database lives in (`:memory:` for [`in_memory`](Self::in_memory)).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether this handle came from [`open_read_only`](Self::open_read_only).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// The schema version stored in the file (`PRAGMA user_version`).
+    pub fn schema_version(&self) -> Result<i64> {
+        self.conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .ctx(&self.path, "reading the schema version")
+    }
+
+    /// A value of the `meta` table (`created_by`, `created_at`).
+    pub fn meta(&self, key: &str) -> Result<Option<String>> {
+        self.conn
+            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .optional()
+            .ctx(&self.path, "reading meta")
+    }
+
+    // ---- opening ------------------------------------------------------------------------
+
+    /// Connection-level settings; none of them writes to the file.
+    fn configure(&self) -> Result<()> {
+        let p = &self.path;
+        self.conn
+            .busy_timeout(BUSY_TIMEOUT)
+            .ctx(p, "setting the busy timeout")?;
+        self.conn
+            .execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")
+            .ctx(p, "configuring the connection")?;
+        if self.read_only {
+            self.conn
+                .execute_batch("PRAGMA query_only = ON;")
+                .ctx(p, "configuring the connection")?;
+        }
+        Ok(())
+    }
+
+    /// Decides, by reading only, whether the file is blank, ours (and which version), or to
+    /// be refused. The reads share one read transaction, so a concurrent initialisation is
+    /// seen either entirely or not at all.
+    fn identify(&self) -> Result<Identity> {
+        let tx = Transaction::new_unchecked(&self.conn, TransactionBehavior::Deferred)
+            .ctx(&self.path, "starting a read transaction")?;
+        let identity = self.identify_in_snapshot();
+        drop(tx); // rolls back: nothing was written
+        identity
+    }
+
+    fn identify_in_snapshot(&self) -> Result<Identity> {
+        let p = &self.path;
+        let app_id: i32 = self
+            .conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .ctx(p, "reading the application id")?;
+        let version: i64 = self
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .ctx(p, "reading the schema version")?;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT name FROM sqlite_master WHERE type IN ('table', 'view') ORDER BY name")
+            .ctx(p, "reading the schema")?;
+        let tables = stmt
+            .query_map([], |r| r.get::<_, String>(0))
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<String>>>())
+            .ctx(p, "reading the schema")?;
+        drop(stmt);
+        let foreign = |detail: String| DbError::ForeignApplication {
+            path: p.clone(),
+            detail,
+        };
+        if app_id != APPLICATION_ID {
+            if app_id != 0 {
+                return Err(foreign(format!(
+                    "application_id is {app_id:#010x}, autokernel's is {APPLICATION_ID:#010x}"
+                )));
+            }
+            if !tables.is_empty() {
+                return Err(foreign(format!(
+                    "it holds tables {} and no autokernel application_id",
+                    list(&tables)
+                )));
+            }
+            if version != 0 {
+                return Err(foreign(format!(
+                    "it is empty but its user_version is {version}"
+                )));
+            }
+            return Ok(Identity::Blank);
+        }
+        if version > SCHEMA_VERSION {
+            return Err(DbError::NewerSchema {
+                path: p.clone(),
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        if version <= 0 {
+            if tables.is_empty() && version == 0 {
+                return Ok(Identity::Blank);
+            }
+            return Err(DbError::NotSqlite {
+                path: p.clone(),
+                detail: format!(
+                    "it has autokernel's application_id but schema version {version} and tables {}",
+                    list(&tables)
+                ),
+            });
+        }
+        if let Some(missing) = TABLES.iter().find(|t| !tables.iter().any(|x| x == *t)) {
+            return Err(DbError::NotSqlite {
+                path: p.clone(),
+                detail: format!("autokernel table '{missing}' is missing"),
+            });
+        }
+        // Touch the root page of each table: cheap, and catches files cut short.
+        for t in TABLES {
+            self.conn
+                .query_row(
+                    &format!("SELECT count(*) FROM (SELECT 1 FROM {t} LIMIT 1)"),
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+                .ctx(p, &format!("reading table {t}"))?;
+        }
+        Ok(Identity::Ours(version))
+    }
+
+    /// Switches a new file to WAL. Changing the journal mode does not go through SQLite's busy
+    /// handler, so when two processes initialise one file at once the loser retries here.
+    fn ensure_wal(&self) -> Result<()> {
+        let p = &self.path;
+        let start = std::time::Instant::now();
+        let mode = loop {
+            let attempt = self
+                .conn
+                .query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0))
+                .and_then(|mode| {
+                    if mode.eq_ignore_ascii_case("wal") {
+                        Ok(mode)
+                    } else {
+                        self.conn
+                            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+                    }
+                })
+                .ctx(p, "switching to WAL mode");
+            match attempt {
+                Err(e) if is_busy(&e) && start.elapsed() < BUSY_TIMEOUT => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                other => break other?,
+            }
+        };
+        if !mode.eq_ignore_ascii_case("wal") && p.as_os_str() != ":memory:" {
+            return Err(DbError::Sqlite {
+                path: p.clone(),
+                context: format!("switching to WAL mode (the file system gave '{mode}')"),
+                source: rusqlite::Error::InvalidQuery,
+            });
+        }
+        Ok(())
+    }
+
+    /// Applies the migration steps after `from`, each in its own immediate transaction that
+    /// re-reads the version first (another process may have migrated meanwhile).
+    fn migrate(&self, from: i64) -> Result<()> {
+        let p = &self.path;
+        for (i, step) in MIGRATIONS.iter().enumerate() {
+            let target = i as i64 + 1;
+            if target <= from {
+                continue;
+            }
+            let tx = self.begin_write("migrating the schema")?;
+            let current: i64 = tx
+                .query_row("PRAGMA user_version", [], |r| r.get(0))
+                .ctx(p, "reading the schema version")?;
+            if current >= target {
+                continue; // dropping tx rolls back the empty transaction
+            }
+            let ctx = format!("migrating the schema to version {target}");
+            tx.execute_batch(step).ctx(p, &ctx)?;
+            tx.execute_batch(&format!(
+                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {target};"
+            ))
+            .ctx(p, &ctx)?;
+            if current == 0 {
+                let mut ins = tx
+                    .prepare("INSERT OR IGNORE INTO meta (key, value) VALUES (?1, ?2)")
+                    .ctx(p, &ctx)?;
+                ins.execute(["created_by", CREATED_BY]).ctx(p, &ctx)?;
+                ins.execute(["created_at", &now_rfc3339()]).ctx(p, &ctx)?;
+            }
+            tx.commit().ctx(p, &ctx)?;
+        }
+        Ok(())
+    }
+
+    fn begin_write(&self, action: &str) -> Result<Transaction<'_>> {
+        if self.read_only {
+            return Err(DbError::ReadOnly {
+                path: self.path.clone(),
+                action: action.to_string(),
+            });
+        }
+        Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate).ctx(
+            &self.path,
+            &format!("{action}: starting a write transaction"),
+        )
+    }
+
+    // ---- fingerprints -------------------------------------------------------------------
+
+    /// Stores `fp` (or refreshes its fields; `first_seen` is kept).
+    pub fn upsert_fingerprint(&self, fp: &HardwareFingerprint) -> Result<()> {
+        let tx = self.begin_write("store a fingerprint")?;
+        upsert_fingerprint_in(&tx, &self.path, fp)?;
+        tx.commit().ctx(&self.path, "storing a fingerprint")
+    }
+
+    /// The stored fingerprint `id`, if any (a row whose numbers do not fit reads as `None`).
+    pub fn fingerprint(&self, id: &str) -> Result<Option<HardwareFingerprint>> {
+        let sql = format!("SELECT {FINGERPRINT_COLUMNS} FROM fingerprints WHERE id = ?1");
+        let row = self
+            .conn
+            .query_row(&sql, [id], fingerprint_from_row)
+            .optional()
+            .ctx(&self.path, "reading a fingerprint")?;
+        Ok(row.flatten())
+    }
+
+    /// Every stored fingerprint, by id.
+    pub fn fingerprints(&self) -> Result<Vec<HardwareFingerprint>> {
+        let sql = format!("SELECT {FINGERPRINT_COLUMNS} FROM fingerprints ORDER BY id");
+        let p = &self.path;
+        let mut stmt = self.conn.prepare(&sql).ctx(p, "reading fingerprints")?;
+        let rows = stmt
+            .query_map([], fingerprint_from_row)
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .ctx(p, "reading fingerprints")?;
+        Ok(rows.into_iter().flatten().collect())
+    }
+
+    // ---- writing records ----------------------------------------------------------------
+
+    /// Stores one record and returns its id. Its fingerprint must have been stored with
+    /// [`upsert_fingerprint`](Self::upsert_fingerprint).
+    pub fn insert(&self, record: &Record) -> Result<i64> {
+        Ok(self.insert_many(std::slice::from_ref(record))?[0])
+    }
+
+    /// Stores records in one transaction (all or none) and returns their ids, in order.
+    pub fn insert_many(&self, records: &[Record]) -> Result<Vec<i64>> {
+        for r in records {
+            self.validate(r)?;
+        }
+        let p = &self.path;
+        let tx = self.begin_write("insert records")?;
+        let mut known: HashSet<&str> = HashSet::new();
+        let mut ids = Vec::with_capacity(records.len());
+        {
+            let mut exists = tx
+                .prepare("SELECT 1 FROM fingerprints WHERE id = ?1")
+                .ctx(p, "inserting records")?;
+            let mut ins = tx
+                .prepare(
+                    "INSERT INTO trials (fingerprint_id, workload, op, kernel, kernel_version, \
+                     config, status, message, median_s, spread, samples, gflops, created_at, \
+                     tool_version) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                )
+                .ctx(p, "inserting records")?;
+            for r in records {
+                let fp = r.fingerprint_id.as_str();
+                if !known.contains(fp) {
+                    if !exists.exists([fp]).ctx(p, "inserting records")? {
+                        return Err(DbError::UnknownFingerprint {
+                            path: p.clone(),
+                            id: fp.to_string(),
+                        });
+                    }
+                    known.insert(fp);
+                }
+                let m = r.measurement.as_ref();
+                let samples =
+                    m.map(|m| serde_json::to_string(&m.samples).expect("finite floats serialise"));
+                let created = if r.created_at.is_empty() {
+                    now_rfc3339()
+                } else {
+                    r.created_at.clone()
+                };
+                ins.execute(params![
+                    fp,
+                    r.workload.key(),
+                    r.workload.op().name(),
+                    r.kernel,
+                    r.kernel_version,
+                    r.config.to_json(),
+                    r.status.as_str(),
+                    r.message,
+                    m.map(|m| m.median_s),
+                    m.map(|m| m.spread),
+                    samples,
+                    r.gflops.filter(|g| g.is_finite()),
+                    created,
+                    r.tool_version,
+                ])
+                .ctx(p, "inserting a record")?;
+                ids.push(tx.last_insert_rowid());
+            }
+        }
+        tx.commit().ctx(p, "committing records")?;
+        Ok(ids)
+    }
+
+    fn validate(&self, r: &Record) -> Result<()> {
+        let bad = |reason: String| {
+            Err(DbError::InvalidRecord {
+                path: self.path.clone(),
+                reason,
+            })
+        };
+        let what = format!("{} {} on {}", r.kernel, r.config, r.workload);
+        if r.fingerprint_id.is_empty() || r.kernel.is_empty() {
+            return bad(format!(
+                "{what}: fingerprint id and kernel name must be set"
+            ));
+        }
+        match (&r.status, &r.measurement) {
+            (Status::Ok, None) => bad(format!("{what}: status ok needs a measurement")),
+            (Status::Ok, Some(m)) => {
+                if !(m.median_s.is_finite() && m.median_s > 0.0) {
+                    return bad(format!(
+                        "{what}: median {} s is not a positive time",
+                        m.median_s
+                    ));
+                }
+                if !m.spread.is_finite() || m.samples.iter().any(|s| !s.is_finite()) {
+                    return bad(format!("{what}: samples and spread must be finite"));
+                }
+                Ok(())
+            }
+            (s, Some(_)) => bad(format!(
+                "{what}: a {s} record cannot carry a measurement (only ok records are timed)"
+            )),
+            (_, None) => Ok(()),
+        }
+    }
+
+    // ---- queries ------------------------------------------------------------------------
+
+    /// The fastest usable `ok` record for `workload` on fingerprint `fingerprint_id`.
+    ///
+    /// Usable means: its (kernel, version) is a family in [`kernels::registry`] that supports
+    /// the workload (records of other versions are stale and ignored), and its config parses
+    /// and still fits that family's space for the stored fingerprint. Rows that fail any of
+    /// this are skipped, never an error.
+    pub fn best(&self, fingerprint_id: &str, workload: &Workload) -> Result<Option<Record>> {
+        let sql = format!(
+            "SELECT {RECORD_COLUMNS} FROM trials \
+             WHERE fingerprint_id = ?1 AND workload = ?2 AND status = 'ok' \
+             ORDER BY median_s ASC, id ASC"
+        );
+        let p = &self.path;
+        let mut filter = Usable::new(self.fingerprint(fingerprint_id)?);
+        let mut stmt = self.conn.prepare(&sql).ctx(p, "querying best")?;
+        let mut rows = stmt
+            .query(params![fingerprint_id, workload.key()])
+            .ctx(p, "querying best")?;
+        while let Some(row) = rows.next().ctx(p, "querying best")? {
+            if let Some(r) = record_from_row(row) {
+                if filter.accepts(&r) {
+                    return Ok(Some(r));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// [`best`](Self::best) for every workload tuned on `fingerprint_id`, sorted by workload
+    /// key: one query, for the runtime's in-memory index.
+    pub fn best_all(&self, fingerprint_id: &str) -> Result<Vec<Record>> {
+        let sql = format!(
+            "SELECT {RECORD_COLUMNS} FROM trials \
+             WHERE fingerprint_id = ?1 AND status = 'ok' \
+             ORDER BY workload ASC, median_s ASC, id ASC"
+        );
+        let p = &self.path;
+        let mut filter = Usable::new(self.fingerprint(fingerprint_id)?);
+        let mut stmt = self.conn.prepare(&sql).ctx(p, "querying best_all")?;
+        let mut rows = stmt.query([fingerprint_id]).ctx(p, "querying best_all")?;
+        let mut out: Vec<Record> = Vec::new();
+        let mut last_done: Option<String> = None;
+        while let Some(row) = rows.next().ctx(p, "querying best_all")? {
+            let key: String = row.get(2).ctx(p, "querying best_all")?;
+            if last_done.as_deref() == Some(key.as_str()) {
+                continue;
+            }
+            if let Some(r) = record_from_row(row) {
+                if filter.accepts(&r) {
+                    out.push(r);
+                    last_done = Some(key);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every trial for `workload` on `fingerprint_id`, all statuses, in insertion order.
+    /// Rows that no longer parse (config, workload) are skipped; [`verify`](Self::verify)
+    /// reports them.
+    pub fn trials(&self, fingerprint_id: &str, workload: &Workload) -> Result<Vec<Record>> {
+        let sql = format!(
+            "SELECT {RECORD_COLUMNS} FROM trials \
+             WHERE fingerprint_id = ?1 AND workload = ?2 ORDER BY id ASC"
+        );
+        let p = &self.path;
+        let mut stmt = self.conn.prepare(&sql).ctx(p, "querying trials")?;
+        let mut rows = stmt
+            .query(params![fingerprint_id, workload.key()])
+            .ctx(p, "querying trials")?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().ctx(p, "querying trials")? {
+            out.extend(record_from_row(row));
+        }
+        Ok(out)
+    }
+
+    /// The config JSON ([`Config::to_json`]) of every trial already made, any status, for
+    /// this fingerprint, workload and kernel version: a resumed job skips these.
+    pub fn tried_configs(
+        &self,
+        fingerprint_id: &str,
+        workload: &Workload,
+        kernel: &str,
+        kernel_version: u32,
+    ) -> Result<HashSet<String>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT DISTINCT config FROM trials WHERE fingerprint_id = ?1 AND workload = ?2 \
+                 AND kernel = ?3 AND kernel_version = ?4",
+            )
+            .ctx(p, "querying tried configs")?;
+        let set = stmt
+            .query_map(
+                params![fingerprint_id, workload.key(), kernel, kernel_version],
+                |r| r.get::<_, String>(0),
+            )
+            .and_then(|rows| rows.collect::<rusqlite::Result<HashSet<String>>>())
+            .ctx(p, "querying tried configs")?;
+        Ok(set)
+    }
+
+    /// Counts over the whole database.
+    pub fn stats(&self) -> Result<Stats> {
+        let (records, ok, fingerprints, workloads): (i64, i64, i64, i64) = self
+            .conn
+            .query_row(
+                "SELECT count(*), coalesce(sum(status = 'ok'), 0), \
+                 (SELECT count(*) FROM fingerprints), count(DISTINCT workload) FROM trials",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .ctx(&self.path, "computing stats")?;
+        let u = |v: i64| v.max(0) as u64;
+        Ok(Stats {
+            records: u(records),
+            ok: u(ok),
+            failures: u(records - ok),
+            fingerprints: u(fingerprints),
+            workloads: u(workloads),
+        })
+    }
+
+    /// Full check: SQLite's `integrity_check` and `foreign_key_check`, then every row: its
+    /// workload, config JSON, status and timing must read back. O(size of the file).
+    pub fn verify(&self) -> Result<()> {
+        let p = &self.path;
+        let mut problems = Vec::new();
+        {
+            let mut stmt = self
+                .conn
+                .prepare("PRAGMA integrity_check")
+                .ctx(p, "running integrity_check")?;
+            let rows = stmt
+                .query_map([], |r| r.get::<_, String>(0))
+                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+                .ctx(p, "running integrity_check")?;
+            problems.extend(rows.into_iter().filter(|r| r != "ok"));
+        }
+        {
+            let mut stmt = self
+                .conn
+                .prepare("PRAGMA foreign_key_check")
+                .ctx(p, "running foreign_key_check")?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok(format!(
+                        "row {} of {} refers to a missing {}",
+                        r.get::<_, Option<i64>>(1)?.unwrap_or(-1),
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(2)?
+                    ))
+                })
+                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+                .ctx(p, "running foreign_key_check")?;
+            problems.extend(rows);
+        }
+        {
+            let sql = format!("SELECT {RECORD_COLUMNS} FROM trials ORDER BY id");
+            let mut stmt = self.conn.prepare(&sql).ctx(p, "reading trials")?;
+            let mut rows = stmt.query([]).ctx(p, "reading trials")?;
+            while let Some(row) = rows.next().ctx(p, "reading trials")? {
+                if let Err(e) = check_row(row) {
+                    let id: i64 = row.get(0).unwrap_or(-1);
+                    problems.push(format!("trial {id}: {e}"));
+                }
+            }
+        }
+        {
+            let sql = format!("SELECT {FINGERPRINT_COLUMNS} FROM fingerprints ORDER BY id");
+            let mut stmt = self.conn.prepare(&sql).ctx(p, "reading fingerprints")?;
+            let mut rows = stmt.query([]).ctx(p, "reading fingerprints")?;
+            while let Some(row) = rows.next().ctx(p, "reading fingerprints")? {
+                if fingerprint_from_row(row).ok().flatten().is_none() {
+                    let id: String = row.get(0).unwrap_or_default();
+                    problems.push(format!("fingerprint {id}: a field is out of range"));
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(DbError::Verify {
+                path: p.clone(),
+                problems,
+            })
+        }
+    }
+}
+
+fn list(names: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut s = names
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > SHOWN {
+        s.push_str(&format!(", ... ({} in all)", names.len()));
+    }
+    s
+}
+
+/// Reads the first 100 bytes (the SQLite header) of an existing file and refuses what cannot
+/// be one of ours: directories, non-SQLite files, files shorter than their header promises.
+/// A missing or 0-byte file passes (SQLite treats it as an empty database).
+fn precheck_file(path: &Path) -> Result<()> {
+    let not_sqlite = |detail: String| DbError::NotSqlite {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let io = |context: &str, source| DbError::Io {
+        path: path.to_path_buf(),
+        context: context.into(),
+        source,
+    };
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io("reading file metadata", e)),
+    };
+    if meta.is_dir() {
+        return Err(not_sqlite("it is a directory".into()));
+    }
+    let len = meta.len();
+    if len == 0 {
+        return Ok(());
+    }
+    let mut header = Vec::with_capacity(100);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(100).read_to_end(&mut header))
+        .map_err(|e| io("reading the file header", e))?;
+    if header.len() < 100 {
+        return Err(not_sqlite(format!(
+            "it holds {} bytes, fewer than a SQLite header",
+            header.len()
+        )));
+    }
+    if &header[..16] != b"SQLite format 3\0" {
+        return Err(not_sqlite(
+            "it does not start with the SQLite header".into(),
+        ));
+    }
+    let be16 = |at: usize| u16::from_be_bytes([header[at], header[at + 1]]);
+    let be32 = |at: usize| u32::from_be_bytes(header[at..at + 4].try_into().expect("4 bytes"));
+    let page_size: u64 = match be16(16) {
+        1 => 65_536,
+        n if n >= 512 && n.is_power_of_two() => u64::from(n),
+        n => return Err(not_sqlite(format!("invalid page size {n} in its header"))),
+    };
+    let (change_counter, pages, valid_for) = (be32(24), be32(28), be32(92));
+    let expected = u64::from(pages) * page_size;
+    // The in-header size is authoritative when valid-for matches the change counter. With a
+    // non-empty WAL the file may legitimately lag behind, so only judge a WAL-less file.
+    if pages > 0 && change_counter == valid_for && len < expected && !wal_has_content(path) {
+        return Err(not_sqlite(format!(
+            "it is truncated: its header promises {pages} pages of {page_size} bytes \
+             ({expected} bytes) but the file holds {len}"
+        )));
+    }
+    Ok(())
+}
+
+fn wal_has_content(path: &Path) -> bool {
+    let mut wal = OsString::from(path.as_os_str());
+    wal.push("-wal");
+    std::fs::metadata(PathBuf::from(wal)).is_ok_and(|m| m.len() > 0)
+}
+
+fn upsert_fingerprint_in(
+    tx: &Transaction<'_>,
+    path: &Path,
+    fp: &HardwareFingerprint,
+) -> Result<()> {
+    tx.prepare(
+        "INSERT INTO fingerprints (id, arch, vendor, family, model, stepping, brand, isa, cores, \
+         l1d_bytes, l2_bytes, l3_bytes, canonical, first_seen) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+         ON CONFLICT(id) DO UPDATE SET arch = excluded.arch, vendor = excluded.vendor, \
+         family = excluded.family, model = excluded.model, stepping = excluded.stepping, \
+         brand = excluded.brand, isa = excluded.isa, cores = excluded.cores, \
+         l1d_bytes = excluded.l1d_bytes, l2_bytes = excluded.l2_bytes, \
+         l3_bytes = excluded.l3_bytes, canonical = excluded.canonical",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            fp.id,
+            fp.arch,
+            fp.vendor,
+            fp.family,
+            fp.model,
+            fp.stepping,
+            fp.brand,
+            fp.isa.join(" "),
+            fp.cores as i64,
+            fp.l1d_bytes as i64,
+            fp.l2_bytes as i64,
+            fp.l3_bytes as i64,
+            fp.canonical(),
+            now_rfc3339(),
+        ])
+    })
+    .ctx(path, "storing a fingerprint")?;
+    Ok(())
+}
+
+/// A fingerprint from a row of [`FINGERPRINT_COLUMNS`]; `Ok(None)` if a number is out of range.
+fn fingerprint_from_row(r: &Row<'_>) -> rusqlite::Result<Option<HardwareFingerprint>> {
+    let int = |i: usize| -> rusqlite::Result<Option<i64>> { r.get::<_, Option<i64>>(i) };
+    let u32_at = |i: usize| int(i).map(|v| v.and_then(|v| u32::try_from(v).ok()));
+    let usize_at = |i: usize| int(i).map(|v| v.and_then(|v| usize::try_from(v).ok()));
+    let (Some(family), Some(model), Some(stepping)) = (u32_at(3)?, u32_at(4)?, u32_at(5)?) else {
+        return Ok(None);
+    };
+    let (Some(cores), Some(l1d), Some(l2), Some(l3)) =
+        (usize_at(8)?, usize_at(9)?, usize_at(10)?, usize_at(11)?)
+    else {
+        return Ok(None);
+    };
+    let isa: String = r.get(7)?;
+    Ok(Some(HardwareFingerprint {
+        id: r.get(0)?,
+        arch: r.get(1)?,
+        vendor: r.get(2)?,
+        family,
+        model,
+        stepping,
+        brand: r.get(6)?,
+        isa: isa.split_whitespace().map(str::to_string).collect(),
+        cores,
+        l1d_bytes: l1d,
+        l2_bytes: l2,
+        l3_bytes: l3,
+    }))
+}
+
+/// A record from a row of [`RECORD_COLUMNS`], or `None` if anything in it does not read back.
+fn record_from_row(r: &Row<'_>) -> Option<Record> {
+    check_row(r).ok()
+}
+
+/// Like [`record_from_row`], saying what is wrong.
+fn check_row(r: &Row<'_>) -> Result<Record, String> {
+    let sql = |e: rusqlite::Error| e.to_string();
+    let workload: String = r.get(2).map_err(sql)?;
+    let workload: Workload = workload.parse().map_err(|e| format!("bad workload: {e}"))?;
+    let version: i64 = r.get(4).map_err(sql)?;
+    let kernel_version =
+        u32::try_from(version).map_err(|_| format!("kernel_version {version} out of range"))?;
+    let config: String = r.get(5).map_err(sql)?;
+    let config =
+        Config::from_json(&config).map_err(|e| format!("config {config:?} does not parse: {e}"))?;
+    let status: String = r.get(6).map_err(sql)?;
+    let status = Status::parse(&status).ok_or_else(|| format!("unknown status '{status}'"))?;
+    let median: Option<f64> = r.get(8).map_err(sql)?;
+    let spread: Option<f64> = r.get(9).map_err(sql)?;
+    let samples: Option<String> = r.get(10).map_err(sql)?;
+    let measurement = match median {
+        None if status == Status::Ok => return Err("status ok without median_s".into()),
+        None => None,
+        Some(median_s) => {
+            let samples = match samples {
+                None => Vec::new(),
+                Some(s) => serde_json::from_str::<Vec<f64>>(&s)
+                    .map_err(|e| format!("samples {s:?} do not parse: {e}"))?,
+            };
+            Some(Measurement {
+                samples,
+                median_s,
+                spread: spread.unwrap_or(0.0),
+            })
+        }
+    };
+    Ok(Record {
+        id: Some(r.get(0).map_err(sql)?),
+        fingerprint_id: r.get(1).map_err(sql)?,
+        workload,
+        kernel: r.get(3).map_err(sql)?,
+        kernel_version,
+        config,
+        status,
+        message: r.get(7).map_err(sql)?,
+        measurement,
+        gflops: r.get(11).map_err(sql)?,
+        created_at: r.get(12).map_err(sql)?,
+        tool_version: r.get(13).map_err(sql)?,
+    })
+}
+
+/// The "still usable" filter of `best` / `best_all`, caching one space per (kernel, workload).
+struct Usable {
+    fingerprint: Option<HardwareFingerprint>,
+    spaces: HashMap<(&'static str, Workload), Space>,
+}
+
+impl Usable {
+    fn new(fingerprint: Option<HardwareFingerprint>) -> Self {
+        Usable {
+            fingerprint,
+            spaces: HashMap::new(),
+        }
+    }
+
+    fn accepts(&mut self, r: &Record) -> bool {
+        let Some(family): Option<&'static dyn Kernel> = kernels::registry()
+            .iter()
+            .copied()
+            .find(|k| k.name() == r.kernel && k.version() == r.kernel_version)
+        else {
+            return false;
+        };
+        if !family.supports(&r.workload) {
+            return false;
+        }
+        let Some(hw) = &self.fingerprint else {
+            return true;
+        };
+        self.spaces
+            .entry((family.name(), r.workload))
+            .or_insert_with(|| family.space(&r.workload, hw))
+            .check(&r.config)
+            .is_ok()
+    }
+}
+
+/// Whether `e` is SQLite's "database is locked" (for callers that want to retry).
+pub fn is_busy(e: &DbError) -> bool {
+    match e {
+        DbError::Sqlite { source, .. } => matches!(
+            source.sqlite_error_code(),
+            Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked)
+        ),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::sqlite_err;
+
+    #[test]
+    fn sqlite_errors_classify() {
+        let e = sqlite_err(
+            Path::new("x.db"),
+            "reading",
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_NOTADB),
+                None,
+            ),
+        );
+        assert!(matches!(e, DbError::NotSqlite { .. }), "{e}");
+        assert!(e.to_string().starts_with("x.db is not a SQLite database"));
+    }
+
+    #[test]
+    fn handles_move_between_threads() {
+        fn send<T: Send>() {}
+        send::<TuningDb>();
+    }
+
+    #[test]
+    fn in_memory_is_at_the_current_schema() {
+        let db = TuningDb::in_memory().unwrap();
+        assert_eq!(db.schema_version().unwrap(), SCHEMA_VERSION);
+        assert_eq!(db.meta("created_by").unwrap().as_deref(), Some(CREATED_BY));
+        assert_eq!(db.path(), Path::new(":memory:"));
+        db.verify().unwrap();
+    }
+}

@@ -1,0 +1,125 @@
+//! Errors of the tuning database: each names the file and says what to do about it.
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::ErrorCode;
+
+/// Everything that can go wrong opening, reading or writing a tuning database.
+///
+/// Every variant carries the database path and renders as one line a user can act on.
+/// Nothing in a file's contents makes this crate panic: bad files end up here.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// A read-only open of a file that does not exist.
+    #[error("{}: no such tuning database (check the path, or create it by running a tuning job)", .path.display())]
+    NotFound { path: PathBuf },
+
+    /// A writer open whose parent directory does not exist (SQLite only creates the file).
+    #[error("cannot create {}: directory {} does not exist (create it first)", .path.display(), .dir.display())]
+    NoParentDir { path: PathBuf, dir: PathBuf },
+
+    /// Not a SQLite file at all, or a damaged one (truncated, garbage, missing pages).
+    #[error("{} is not a SQLite database (or is corrupt): {detail}", .path.display())]
+    NotSqlite { path: PathBuf, detail: String },
+
+    /// A valid SQLite file that belongs to some other program; it is left untouched.
+    #[error("{} is a SQLite database of another application ({detail}); refusing to touch it", .path.display())]
+    ForeignApplication { path: PathBuf, detail: String },
+
+    /// Written by a newer autokernel; this one will not guess at its meaning.
+    #[error("{}: database schema version {found} is newer than this autokernel understands ({supported}); upgrade autokernel", .path.display())]
+    NewerSchema {
+        path: PathBuf,
+        found: i64,
+        supported: i64,
+    },
+
+    /// A read-only open of a database that needs a migration (or was never initialised).
+    #[error("{}: database schema version {found} is older than this autokernel's ({supported}) and a read-only open cannot migrate it; open it once with a writer (any `autokernel` command that writes, e.g. a tuning job) first", .path.display())]
+    OlderSchemaReadOnly {
+        path: PathBuf,
+        found: i64,
+        supported: i64,
+    },
+
+    /// A write through a handle from [`TuningDb::open_read_only`](crate::TuningDb::open_read_only).
+    #[error("{}: opened read-only, cannot {action}", .path.display())]
+    ReadOnly { path: PathBuf, action: String },
+
+    /// A record names a fingerprint that was never stored.
+    #[error("{}: unknown hardware fingerprint '{id}'; call upsert_fingerprint before inserting records for it", .path.display())]
+    UnknownFingerprint { path: PathBuf, id: String },
+
+    /// A record that would break the schema's invariants (e.g. `ok` without a timing).
+    #[error("{}: invalid record: {reason}", .path.display())]
+    InvalidRecord { path: PathBuf, reason: String },
+
+    /// [`TuningDb::verify`](crate::TuningDb::verify) found problems (the first few are listed).
+    #[error("{}: verification found {} problem(s): {}", .path.display(), .problems.len(), summarize(.problems))]
+    Verify {
+        path: PathBuf,
+        problems: Vec<String>,
+    },
+
+    /// A file-system error around the database file.
+    #[error("{}: {context}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Any other SQLite error, with what we were doing when it happened.
+    #[error("{}: {context}: {source}", .path.display())]
+    Sqlite {
+        path: PathBuf,
+        context: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = DbError> = std::result::Result<T, E>;
+
+fn summarize(problems: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut s = problems
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("; ");
+    if problems.len() > SHOWN {
+        s.push_str(&format!("; ... and {} more", problems.len() - SHOWN));
+    }
+    s
+}
+
+/// Wraps a rusqlite error with the path and a context; "not a database" and "corrupt" become
+/// [`DbError::NotSqlite`], since that is what the user needs to hear.
+pub(crate) fn sqlite_err(path: &Path, context: &str, e: rusqlite::Error) -> DbError {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) | Some(ErrorCode::DatabaseCorrupt) => DbError::NotSqlite {
+            path: path.to_path_buf(),
+            detail: format!("{context}: {e}"),
+        },
+        _ => DbError::Sqlite {
+            path: path.to_path_buf(),
+            context: context.to_string(),
+            source: e,
+        },
+    }
+}
+
+/// `.ctx(path, "what we were doing")` on rusqlite results.
+pub(crate) trait Ctx<T> {
+    fn ctx(self, path: &Path, context: &str) -> Result<T>;
+}
+
+impl<T> Ctx<T> for rusqlite::Result<T> {
+    fn ctx(self, path: &Path, context: &str) -> Result<T> {
+        self.map_err(|e| sqlite_err(path, context, e))
+    }
+}

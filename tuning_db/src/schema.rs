@@ -1,0 +1,108 @@
+//! The on-disk schema and its migrations.
+//!
+//! A database's schema version lives in `PRAGMA user_version`; [`MIGRATIONS`]`[i]` takes a
+//! file from version `i` to `i + 1`, each in its own `BEGIN IMMEDIATE` transaction. To make
+//! schema v2, append one SQL step to [`MIGRATIONS`] (never edit a released step) and describe
+//! it in `SCHEMA.md`; [`SCHEMA_VERSION`] follows.
+
+/// `PRAGMA application_id` of every autokernel tuning database: the bytes `"AKTD"`
+/// (0x414B5444), so `file(1)` and this crate can tell our files from other SQLite files.
+pub const APPLICATION_ID: i32 = i32::from_be_bytes(*b"AKTD");
+
+/// The schema version this build reads and writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// The tables every database at [`SCHEMA_VERSION`] has.
+pub(crate) const TABLES: &[&str] = &["meta", "fingerprints", "trials"];
+
+/// Migration steps; step `i` goes from schema version `i` to `i + 1`.
+pub const MIGRATIONS: &[&str] = &[V1];
+
+/// Schema v1. The status list must hold every [`kernels::Status`] string (a unit test checks).
+const V1: &str = r#"
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+
+CREATE TABLE fingerprints (
+    id         TEXT PRIMARY KEY,
+    arch       TEXT NOT NULL,
+    vendor     TEXT NOT NULL,
+    family     INTEGER NOT NULL,
+    model      INTEGER NOT NULL,
+    stepping   INTEGER NOT NULL,
+    brand      TEXT NOT NULL,
+    isa        TEXT NOT NULL,
+    cores      INTEGER NOT NULL,
+    l1d_bytes  INTEGER NOT NULL,
+    l2_bytes   INTEGER NOT NULL,
+    l3_bytes   INTEGER NOT NULL,
+    canonical  TEXT NOT NULL,
+    first_seen TEXT NOT NULL
+);
+
+CREATE TABLE trials (
+    id             INTEGER PRIMARY KEY,
+    fingerprint_id TEXT NOT NULL REFERENCES fingerprints(id),
+    workload       TEXT NOT NULL,
+    op             TEXT NOT NULL,
+    kernel         TEXT NOT NULL,
+    kernel_version INTEGER NOT NULL,
+    config         TEXT NOT NULL,
+    status         TEXT NOT NULL CHECK (status IN
+                       ('ok', 'wrong_result', 'build_failed', 'run_failed',
+                        'crashed', 'timeout', 'oom')),
+    message        TEXT,
+    median_s       REAL,
+    spread         REAL,
+    samples        TEXT,
+    gflops         REAL,
+    created_at     TEXT NOT NULL,
+    tool_version   TEXT NOT NULL,
+    CHECK ((status = 'ok') = (median_s IS NOT NULL))
+);
+
+CREATE INDEX trials_best ON trials (fingerprint_id, workload, status, median_s);
+CREATE INDEX trials_tried ON trials (fingerprint_id, workload, kernel, kernel_version, config);
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn application_id_spells_aktd() {
+        assert_eq!(APPLICATION_ID, 0x414B_5444);
+        assert_eq!(APPLICATION_ID.to_be_bytes(), *b"AKTD");
+    }
+
+    #[test]
+    fn v1_status_check_lists_every_status() {
+        // A new Status variant needs a migration that widens the CHECK constraint.
+        for s in kernels::Status::ALL {
+            assert!(
+                V1.contains(&format!("'{}'", s.as_str())),
+                "status {s} missing from the schema's CHECK list; add a migration"
+            );
+        }
+    }
+
+    #[test]
+    fn migrations_apply_in_order_on_a_blank_connection() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        for step in MIGRATIONS {
+            conn.execute_batch(step).unwrap();
+        }
+        for t in TABLES {
+            let n: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                    [t],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(n, 1, "table {t}");
+        }
+    }
+}
