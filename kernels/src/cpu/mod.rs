@@ -1,6 +1,7 @@
 //! CPU kernel families and the one place where the CPU's SIMD level is detected.
 
 pub mod gemm;
+pub mod peak;
 
 use std::sync::OnceLock;
 

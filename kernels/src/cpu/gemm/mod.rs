@@ -1,65 +1,416 @@
-//! PLACEHOLDER — being replaced by the real BLIS-style packed and direct GEMM families.
-//! Interface contract (kept by the real implementation): `FAMILIES`, `default_for`,
-//! kernel names `gemm_packed` and `gemm_direct`.
+//! f32 row-major GEMM (`C = A·B`): two kernel families, their search spaces and defaults.
+//!
+//! - `gemm_packed` ([`packed`]): BLIS-style blocking (`mc`, `kc`, `nc`), A and B packed into
+//!   aligned micro-panels, an `MR × NR` register-blocked micro-kernel, threads splitting M or N.
+//! - `gemm_direct` ([`direct`]): no packing; `R × V`-vector register tiles read A and B in
+//!   place, for small M (≤ 32) where packing B would cost as much as the arithmetic.
+//!
+//! Micro-kernels live in [`ukernel`] (the only unsafe code, with [`view`] and [`pack`]); which
+//! ones are offered depends on [`Isa::detect`]. Default configs come from the cache sizes in
+//! the [`HardwareFingerprint`].
 
-use crate::error::Result;
+pub mod direct;
+pub mod pack;
+pub mod packed;
+pub mod ukernel;
+pub mod view;
+
+use crate::cpu::Isa;
+use crate::error::{Error, Result};
 use crate::hardware::HardwareFingerprint;
 use crate::kernel::{Executable, Kernel};
-use crate::space::{Config, Space};
+use crate::space::{Config, Space, Value};
 use crate::workload::Workload;
 
+use direct::DirectGemm;
+use packed::PackedGemm;
+
+/// The BLIS-style packed family.
 pub struct Packed;
+
+/// The direct (unpacked) family for small M.
 pub struct Direct;
 
+/// Every GEMM family, in priority order.
 pub static FAMILIES: &[&dyn Kernel] = &[&Packed, &Direct];
 
-pub fn default_for(w: &Workload, hw: &HardwareFingerprint) -> (&'static dyn Kernel, Config) {
-    (&Packed, Packed.default_config(w, hw))
+/// Largest M the direct family supports.
+pub const DIRECT_MAX_M: usize = 32;
+
+/// Up to this M, [`default_for`] picks the direct family.
+pub const DIRECT_DEFAULT_MAX_M: usize = 8;
+
+/// Values of the packed `mc` knob (rounded up to a multiple of MR when built).
+pub const MC_VALUES: &[usize] = &[24, 48, 96, 144, 192, 256, 384];
+/// Values of the packed `kc` knob.
+pub const KC_VALUES: &[usize] = &[64, 128, 192, 256, 384, 512];
+/// Values of the packed `nc` knob (rounded up to a multiple of NR when built).
+pub const NC_VALUES: &[usize] = &[512, 1024, 2048, 4096, 8192];
+/// Values of the direct `kc` knob; 0 means the whole of K.
+pub const DIRECT_KC_VALUES: &[usize] = &[0, 8, 16, 32, 64, 128, 256, 512];
+
+/// Below this many flops (2·M·N·K) the defaults stay single-threaded: a rayon fork-join
+/// (several µs) would cost more than it saves.
+const PARALLEL_MIN_FLOPS: f64 = 2.0 * 256.0 * 256.0 * 256.0;
+
+/// How the work is split across threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Par {
+    /// One thread.
+    None,
+    /// Row blocks of C on this many rayon tasks.
+    M(usize),
+    /// Column blocks of C on this many rayon tasks.
+    N(usize),
 }
 
-struct Naive(usize, usize, usize);
-impl Executable for Naive {
-    fn run(&self, inputs: &[&[f32]], c: &mut [f32]) {
-        let (m, n, k) = (self.0, self.1, self.2);
-        let (a, b) = (inputs[0], inputs[1]);
-        c.fill(0.0);
-        for i in 0..m {
-            for p in 0..k {
-                let x = a[i * k + p];
-                for j in 0..n {
-                    c[i * n + j] += x * b[p * n + j];
-                }
-            }
+impl Par {
+    /// Tasks the work is split into.
+    pub fn threads(self) -> usize {
+        match self {
+            Par::None => 1,
+            Par::M(t) | Par::N(t) => t,
+        }
+    }
+
+    /// From the `par` and `threads` knobs.
+    fn from_config(kernel: &str, c: &Config) -> Result<Par> {
+        let threads = int_knob(kernel, c, "threads")?.max(1);
+        match str_knob(kernel, c, "par")? {
+            "none" => Ok(Par::None),
+            "m" if threads == 1 => Ok(Par::None),
+            "n" if threads == 1 => Ok(Par::None),
+            "m" => Ok(Par::M(threads)),
+            "n" => Ok(Par::N(threads)),
+            other => Err(invalid(kernel, c, format!("unknown par '{other}'"))),
         }
     }
 }
 
-macro_rules! placeholder {
-    ($t:ty, $name:expr) => {
-        impl Kernel for $t {
-            fn name(&self) -> &'static str {
-                $name
-            }
-            fn version(&self) -> u32 {
+/// The fallback for `w`: the direct family for small M, the packed family otherwise. The
+/// config is valid (passes `prepare`) for every shape.
+pub fn default_for(w: &Workload, hw: &HardwareFingerprint) -> (&'static dyn Kernel, Config) {
+    let Workload::Gemm { m, .. } = *w;
+    if m <= DIRECT_DEFAULT_MAX_M {
+        (&Direct, Direct.default_config(w, hw))
+    } else {
+        (&Packed, Packed.default_config(w, hw))
+    }
+}
+
+fn invalid(kernel: &str, c: &Config, reason: String) -> Error {
+    Error::InvalidConfig {
+        kernel: kernel.into(),
+        config: c.to_json(),
+        reason,
+    }
+}
+
+fn int_knob(kernel: &str, c: &Config, name: &str) -> Result<usize> {
+    match c.int(name) {
+        Some(v) if v >= 0 => Ok(v as usize),
+        _ => Err(invalid(
+            kernel,
+            c,
+            format!("knob '{name}' must be a non-negative whole number"),
+        )),
+    }
+}
+
+fn str_knob<'c>(kernel: &str, c: &'c Config, name: &str) -> Result<&'c str> {
+    c.str(name)
+        .ok_or_else(|| invalid(kernel, c, format!("knob '{name}' must be a name")))
+}
+
+/// Thread counts offered: powers of two below the core count, and the core count.
+fn thread_values(hw: &HardwareFingerprint) -> Vec<usize> {
+    let cores = hw.cores.max(1);
+    let mut v: Vec<usize> = (0..)
+        .map(|s| 1usize << s)
+        .take_while(|&t| t < cores)
+        .collect();
+    v.push(cores);
+    v
+}
+
+/// The smallest listed value `≥ x`, if any: every larger value behaves the same once the
+/// block size is clamped to the matrix, so the spaces only admit values up to this one.
+fn first_at_least(values: &[usize], x: usize) -> Option<usize> {
+    values.iter().copied().filter(|&v| v >= x).min()
+}
+
+/// The listed value nearest to `target`, but no more than `first_at_least(values, dim)`.
+fn snap(values: &[usize], target: usize, dim: usize) -> usize {
+    let cap = first_at_least(values, dim).unwrap_or(usize::MAX);
+    values
+        .iter()
+        .copied()
+        .filter(|&v| v <= cap)
+        .min_by_key(|&v| (v.abs_diff(target), v))
+        .expect("knob lists are not empty")
+}
+
+fn serial_iff_one_thread(c: &Config) -> bool {
+    (c.str("par") == Some("none")) == (c.int("threads") == Some(1))
+}
+
+fn par_values(hw: &HardwareFingerprint) -> Vec<&'static str> {
+    if hw.cores > 1 {
+        vec!["none", "m", "n"]
+    } else {
+        vec!["none"]
+    }
+}
+
+/// Rule: knob `name` ≤ `first_at_least(values, dim)` (no cap when every value is below `dim`).
+fn cap_rule(
+    name: &'static str,
+    values: &[usize],
+    dim: usize,
+) -> impl Fn(&Config) -> bool + Send + Sync + 'static {
+    let cap = first_at_least(values, dim).map_or(i64::MAX, |v| v as i64);
+    move |c: &Config| c.int(name).is_some_and(|v| v <= cap)
+}
+
+impl Kernel for Packed {
+    fn name(&self) -> &'static str {
+        "gemm_packed"
+    }
+
+    fn version(&self) -> u32 {
+        1
+    }
+
+    fn supports(&self, w: &Workload) -> bool {
+        matches!(w, Workload::Gemm { .. })
+    }
+
+    fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
+        let Workload::Gemm { m, n, k } = *w;
+        let names: Vec<&str> = ukernel::packed_offered()
+            .iter()
+            .map(|u| u.name.as_str())
+            .collect();
+        Space::new()
+            .knob("ukernel", names)
+            .knob("mc", MC_VALUES.iter().copied())
+            .knob("kc", KC_VALUES.iter().copied())
+            .knob("nc", NC_VALUES.iter().copied())
+            .knob("par", par_values(hw))
+            .knob("threads", thread_values(hw))
+            .rule("serial_iff_one_thread", serial_iff_one_thread)
+            .rule("mc_not_beyond_m", cap_rule("mc", MC_VALUES, m))
+            .rule("kc_not_beyond_k", cap_rule("kc", KC_VALUES, k))
+            .rule("nc_not_beyond_n", cap_rule("nc", NC_VALUES, n))
+    }
+
+    fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
+        let Workload::Gemm { m, n, k } = *w;
+        let uk = default_packed_ukernel(m);
+        let (mr, nr) = (uk.mr, uk.nr);
+        let f = std::mem::size_of::<f32>();
+        // kc: an A micro-panel (MR×kc) and a B micro-panel (kc×NR) fill ~3/4 of L1.
+        let kc = snap(KC_VALUES, hw.l1d_bytes * 3 / 4 / ((mr + nr) * f), k);
+        // mc: the packed A block (mc×kc) fills ~half of L2.
+        let mc = snap(MC_VALUES, hw.l2_bytes / 2 / (kc * f), m);
+        // nc: the packed B block (kc×nc) fills ~a quarter of L3 (shared with other cores).
+        let nc = snap(NC_VALUES, hw.l3_bytes / 4 / (kc * f), n);
+        let (par, threads) = default_par(w, hw, mr, nr);
+        Config::from_pairs([
+            ("ukernel", Value::from(uk.name.as_str())),
+            ("mc", mc.into()),
+            ("kc", kc.into()),
+            ("nc", nc.into()),
+            ("par", par.into()),
+            ("threads", threads.into()),
+        ])
+    }
+
+    fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
+        let Workload::Gemm { m, n, k } = *w;
+        let name = self.name();
+        let uk_name = str_knob(name, c, "ukernel")?;
+        let uk = ukernel::packed(uk_name).ok_or_else(|| {
+            invalid(
+                name,
+                c,
+                format!("micro-kernel '{uk_name}' is unknown or not supported by this CPU"),
+            )
+        })?;
+        let par = Par::from_config(name, c)?;
+        Ok(Box::new(PackedGemm::new(
+            (m, n, k),
+            uk,
+            int_knob(name, c, "mc")?,
+            int_knob(name, c, "kc")?,
+            int_knob(name, c, "nc")?,
+            par,
+        )))
+    }
+}
+
+/// The packed micro-kernel for `m` rows: the best ISA's first (largest) shape for tall
+/// matrices; below 256 rows the shape that pads M the least (ties: listed first), since a
+/// partial row tile costs as much as a full one.
+fn default_packed_ukernel(m: usize) -> &'static ukernel::PackedUkernel {
+    let offered = ukernel::packed_offered();
+    let best_isa = offered.iter().map(|u| u.isa).max().unwrap_or(Isa::Portable);
+    let mut same_isa = offered.iter().copied().filter(|u| u.isa == best_isa);
+    if m >= 256 {
+        return same_isa.next().expect("at least one packed micro-kernel");
+    }
+    same_isa
+        .enumerate()
+        .min_by_key(|(i, u)| (m.div_ceil(u.mr) * u.mr, *i))
+        .map(|(_, u)| u)
+        .expect("at least one packed micro-kernel")
+}
+
+/// Threads for the defaults: all cores for big problems, split along the dimension with
+/// more register tiles.
+fn default_par(
+    w: &Workload,
+    hw: &HardwareFingerprint,
+    mr: usize,
+    nr: usize,
+) -> (&'static str, usize) {
+    let Workload::Gemm { m, n, .. } = *w;
+    let cores = hw.cores.max(1);
+    if cores == 1 || w.flops() < PARALLEL_MIN_FLOPS {
+        return ("none", 1);
+    }
+    if m.div_ceil(mr) >= 2 * cores && m.div_ceil(mr) >= n.div_ceil(nr) / 2 {
+        ("m", cores)
+    } else {
+        ("n", cores)
+    }
+}
+
+impl Kernel for Direct {
+    fn name(&self) -> &'static str {
+        "gemm_direct"
+    }
+
+    fn version(&self) -> u32 {
+        1
+    }
+
+    fn supports(&self, w: &Workload) -> bool {
+        let Workload::Gemm { m, .. } = *w;
+        m <= DIRECT_MAX_M
+    }
+
+    fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
+        let Workload::Gemm { m, n, k } = *w;
+        let names: Vec<&str> = ukernel::direct_offered()
+            .iter()
+            .map(|u| u.name.as_str())
+            .collect();
+        let lanes = ukernel::direct_offered()[0].lanes;
+        Space::new()
+            .knob("ukernel", names)
+            .knob("kc", DIRECT_KC_VALUES.iter().copied())
+            .knob("par", par_values(hw))
+            .knob("threads", thread_values(hw))
+            .rule("serial_iff_one_thread", serial_iff_one_thread)
+            .rule("kc_below_k_or_whole", move |c| {
+                c.int("kc").is_some_and(|v| v == 0 || (v as usize) < k)
+            })
+            .rule("m_split_has_rows_per_thread", move |c| {
+                c.str("par") != Some("m") || c.int("threads").is_some_and(|t| t as usize <= m)
+            })
+            .rule("n_split_has_vectors_per_thread", move |c| {
+                c.str("par") != Some("n")
+                    || c.int("threads").is_some_and(|t| t as usize * lanes <= n)
+            })
+    }
+
+    fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
+        let Workload::Gemm { m, n, k } = *w;
+        let offered = ukernel::direct_offered();
+        let uk = default_direct_ukernel(&offered, m);
+        let f = std::mem::size_of::<f32>();
+        // kc: the B slab (kc × V·lanes) reused by every row tile stays in half of L1. A single
+        // row (GEMV) has no reuse; short passes (8 rows of B at a time) measured best there.
+        let kc = if m == 1 {
+            if k > 8 {
+                8
+            } else {
                 0
             }
-            fn supports(&self, _w: &Workload) -> bool {
-                true
+        } else {
+            let target = hw.l1d_bytes / 2 / (uk.v * uk.lanes * f);
+            let v = DIRECT_KC_VALUES
+                .iter()
+                .copied()
+                .filter(|&v| v > 0)
+                .min_by_key(|&v| (v.abs_diff(target), v))
+                .expect("listed");
+            if v < k {
+                v
+            } else {
+                0
             }
-            fn space(&self, _w: &Workload, _hw: &HardwareFingerprint) -> Space {
-                Space::new()
-                    .knob("kc", [64usize, 128, 256])
-                    .knob("par", ["none"])
-            }
-            fn default_config(&self, _w: &Workload, _hw: &HardwareFingerprint) -> Config {
-                Config::from_pairs([("kc", crate::Value::from(128usize)), ("par", "none".into())])
-            }
-            fn build(&self, w: &Workload, _c: &Config) -> Result<Box<dyn Executable>> {
-                let Workload::Gemm { m, n, k } = *w;
-                Ok(Box::new(Naive(m, n, k)))
-            }
+        };
+        let cores = hw.cores.max(1);
+        let (par, threads) =
+            if cores > 1 && w.flops() >= PARALLEL_MIN_FLOPS && n >= cores * uk.lanes {
+                ("n", cores)
+            } else {
+                ("none", 1)
+            };
+        Config::from_pairs([
+            ("ukernel", Value::from(uk.name.as_str())),
+            ("kc", kc.into()),
+            ("par", par.into()),
+            ("threads", threads.into()),
+        ])
+    }
+
+    fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
+        let Workload::Gemm { m, n, k } = *w;
+        let name = self.name();
+        if m > DIRECT_MAX_M {
+            return Err(Error::Unsupported {
+                kernel: name.into(),
+                workload: w.key(),
+            });
         }
-    };
+        let uk_name = str_knob(name, c, "ukernel")?;
+        let uk = ukernel::direct(uk_name).ok_or_else(|| {
+            invalid(
+                name,
+                c,
+                format!("micro-kernel '{uk_name}' is unknown or not supported by this CPU"),
+            )
+        })?;
+        let par = Par::from_config(name, c)?;
+        Ok(Box::new(DirectGemm::new(
+            (m, n, k),
+            uk,
+            int_knob(name, c, "kc")?,
+            par,
+        )))
+    }
 }
-placeholder!(Packed, "gemm_packed");
-placeholder!(Direct, "gemm_direct");
+
+/// The direct tile for `m` rows (measured on Zen 3, AVX2): one row of the most vectors for
+/// GEMV-like shapes, two rows below 4, four rows otherwise (fewer vectors first).
+fn default_direct_ukernel(
+    offered: &[&'static ukernel::DirectUkernel],
+    m: usize,
+) -> &'static ukernel::DirectUkernel {
+    let best_isa = offered.iter().map(|u| u.isa).max().unwrap_or(Isa::Portable);
+    let rows = match m {
+        1 => 1,
+        2 | 3 => 2,
+        _ => 4,
+    };
+    let same_isa = || offered.iter().copied().filter(|u| u.isa == best_isa);
+    same_isa()
+        .filter(|u| u.r == rows)
+        .min_by_key(|u| if rows == 1 { usize::MAX - u.v } else { u.v })
+        .or_else(|| same_isa().filter(|u| u.r <= m).max_by_key(|u| (u.r, u.v)))
+        .or_else(|| same_isa().min_by_key(|u| u.r))
+        .expect("at least one direct micro-kernel")
+}

@@ -1,0 +1,170 @@
+//! The direct (unpacked) GEMM for small M: register tiles of `R` rows × `V` vectors read A
+//! rows (broadcasting `a[i, p]`) and rows of B in place, so nothing is copied for GEMV-like
+//! shapes where packing would cost as much as the arithmetic.
+//!
+//! ```text
+//! for pc in 0..K step kc                (kc = 0: whole K; else the B slab kc × V·lanes stays in L1)
+//!   for jt in 0..N step V·lanes         column tiles; the last one uses fewer vectors, and a
+//!                                       final partial vector goes through a zero-padded copy
+//!     for it in 0..M step R             row tiles; the last one uses fewer rows
+//!       C[it.., jt..] (+)= A[it.., pc..] · B[pc.., jt..]
+//! ```
+
+use rayon::prelude::*;
+
+use super::ukernel::DirectUkernel;
+use super::view::CView;
+use super::Par;
+use crate::kernel::Executable;
+
+/// Largest `rows × lanes` of a direct tail tile (8 rows × 16 lanes).
+const MAX_TAIL: usize = 8 * 16;
+
+/// A prepared direct GEMM.
+pub struct DirectGemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub uk: &'static DirectUkernel,
+    /// Depth per pass over the B slab, `1..=K`.
+    pub kc: usize,
+    pub par: Par,
+}
+
+impl DirectGemm {
+    /// `kc = 0` means the whole of K.
+    pub fn new(
+        (m, n, k): (usize, usize, usize),
+        uk: &'static DirectUkernel,
+        kc: usize,
+        par: Par,
+    ) -> Self {
+        let kc = if kc == 0 { k } else { kc.min(k) };
+        DirectGemm {
+            m,
+            n,
+            k,
+            uk,
+            kc,
+            par,
+        }
+    }
+
+    /// Rows `i0..i0+c.rows()` × columns `j0..j0+c.cols()` of C.
+    fn block(&self, a: &[f32], b: &[f32], mut c: CView<'_>, (i0, j0): (usize, usize)) {
+        let (n, k) = (self.n, self.k);
+        let uk = self.uk;
+        let lanes = uk.lanes;
+        let tw = uk.v * lanes;
+        let (rows, cols) = (c.rows(), c.cols());
+        let mut tail_b = Vec::new();
+        for pc in (0..k).step_by(self.kc) {
+            let kcb = self.kc.min(k - pc);
+            let accumulate = pc > 0;
+            for jt in (0..cols).step_by(tw) {
+                let width = tw.min(cols - jt);
+                let (nv, rem) = (width / lanes, width % lanes);
+                let jb = j0 + jt;
+                if rem > 0 {
+                    // Zero-padded copy of the last `rem` columns, `lanes` wide.
+                    tail_b.clear();
+                    tail_b.resize(kcb * lanes, 0.0);
+                    let c0 = jb + nv * lanes;
+                    for (p, d) in tail_b.chunks_exact_mut(lanes).enumerate() {
+                        d[..rem].copy_from_slice(&b[(pc + p) * n + c0..][..rem]);
+                    }
+                }
+                for it in (0..rows).step_by(uk.r) {
+                    let r = uk.r.min(rows - it);
+                    let a_tile = &a[(i0 + it) * k + pc..];
+                    if nv > 0 {
+                        let b_tile = &b[pc * n + jb..];
+                        uk.tile(
+                            (r, nv),
+                            kcb,
+                            a_tile,
+                            k,
+                            b_tile,
+                            n,
+                            &mut c,
+                            (it, jt),
+                            accumulate,
+                        );
+                    }
+                    if rem > 0 {
+                        let mut buf = [0.0f32; MAX_TAIL];
+                        let mut tmp = CView::new(&mut buf[..r * lanes], r, lanes, lanes);
+                        uk.tile(
+                            (r, 1),
+                            kcb,
+                            a_tile,
+                            k,
+                            &tail_b,
+                            lanes,
+                            &mut tmp,
+                            (0, 0),
+                            false,
+                        );
+                        for rr in 0..r {
+                            let src = &buf[rr * lanes..rr * lanes + rem];
+                            let dst = &mut c.row_mut(it + rr)[jt + nv * lanes..jt + width];
+                            if accumulate {
+                                dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+                            } else {
+                                dst.copy_from_slice(src);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn gemm(&self, a: &[f32], b: &[f32], c: CView<'_>) {
+        match self.par {
+            Par::None => self.block(a, b, c, (0, 0)),
+            Par::M(t) => {
+                let per = self.m.div_ceil(t);
+                let mut parts = Vec::with_capacity(t);
+                let (mut rest, mut i0) = (c, 0);
+                while rest.rows() > 0 {
+                    let take = per.min(rest.rows());
+                    let (top, bottom) = rest.split_rows(take);
+                    parts.push((i0, top));
+                    i0 += take;
+                    rest = bottom;
+                }
+                parts
+                    .into_par_iter()
+                    .for_each(|(i0, view)| self.block(a, b, view, (i0, 0)));
+            }
+            Par::N(t) => {
+                let lanes = self.uk.lanes;
+                let per = self.n.div_ceil(t).div_ceil(lanes) * lanes;
+                let mut parts = Vec::with_capacity(t);
+                let (mut rest, mut j0) = (c, 0);
+                while rest.cols() > 0 {
+                    let take = per.min(rest.cols());
+                    let (left, right) = rest.split_cols(take);
+                    parts.push((j0, left));
+                    j0 += take;
+                    rest = right;
+                }
+                parts
+                    .into_par_iter()
+                    .for_each(|(j0, view)| self.block(a, b, view, (0, j0)));
+            }
+        }
+    }
+}
+
+impl Executable for DirectGemm {
+    fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
+        let (m, n, k) = (self.m, self.n, self.k);
+        assert_eq!(inputs.len(), 2, "gemm takes two inputs, A and B");
+        assert_eq!(inputs[0].len(), m * k, "A must be M×K = {m}×{k}");
+        assert_eq!(inputs[1].len(), k * n, "B must be K×N = {k}×{n}");
+        assert_eq!(out.len(), m * n, "C must be M×N = {m}×{n}");
+        self.gemm(inputs[0], inputs[1], CView::new(out, m, n, n));
+    }
+}

@@ -1,0 +1,193 @@
+//! The BLIS-style packed GEMM driver: the five loops around the micro-kernel, cache blocking
+//! by `nc` / `kc` / `mc`, and the `m` / `n` thread splits.
+//!
+//! ```text
+//! for jc in 0..N step nc            (B block kc×nc shared by all threads, lives in L3)
+//!   for pc in 0..K step kc          pack B[pc.., jc..] once, in parallel
+//!     per thread (rows for par=m, column panels for par=n):
+//!       for ic in 0..M step mc      pack A[ic.., pc..] into this thread's buffer (L2)
+//!         for jr in 0..nc step NR   B micro-panel stays in L1
+//!           for ir in 0..mc step MR micro-kernel: C[ir.., jr..] (+)= A_panel · B_panel
+//! ```
+
+use std::sync::Mutex;
+
+use rayon::prelude::*;
+
+use super::pack::{pack_a, pack_b, with_buffer, Pool};
+use super::ukernel::PackedUkernel;
+use super::view::CView;
+use super::Par;
+use crate::kernel::Executable;
+
+/// A prepared packed GEMM: shape, micro-kernel and effective block sizes.
+pub struct PackedGemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub uk: &'static PackedUkernel,
+    /// Rows of A per packed block, a multiple of MR, at most ⌈M/MR⌉·MR.
+    pub mc: usize,
+    /// Depth per packed block, at most K.
+    pub kc: usize,
+    /// Columns of B per packed block, a multiple of NR, at most ⌈N/NR⌉·NR.
+    pub nc: usize,
+    pub par: Par,
+}
+
+impl PackedGemm {
+    /// Clamps and rounds the knob values so every one of them is usable for this shape.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        (m, n, k): (usize, usize, usize),
+        uk: &'static PackedUkernel,
+        mc: usize,
+        kc: usize,
+        nc: usize,
+        par: Par,
+    ) -> Self {
+        let round = |x: usize, to: usize| x.max(1).div_ceil(to) * to;
+        PackedGemm {
+            m,
+            n,
+            k,
+            uk,
+            mc: round(mc, uk.mr).min(round(m, uk.mr)),
+            kc: kc.clamp(1, k),
+            nc: round(nc, uk.nr).min(round(n, uk.nr)),
+            par,
+        }
+    }
+
+    /// `C = A·B` into the window `c` (the whole output).
+    fn gemm(&self, a: &[f32], b: &[f32], mut c: CView<'_>) {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let (mr, nr) = (self.uk.mr, self.uk.nr);
+        let threads = self.par.threads();
+        with_buffer(Pool::B, |bbuf| {
+            for jc in (0..n).step_by(self.nc) {
+                let ncb = self.nc.min(n - jc);
+                let panels = ncb.div_ceil(nr);
+                for pc in (0..k).step_by(self.kc) {
+                    let kcb = self.kc.min(k - pc);
+                    let bpack = bbuf.slice(panels * nr * kcb);
+                    let panel_len = nr * kcb;
+                    if threads > 1 && panels > 1 {
+                        let per = panels.div_ceil(threads);
+                        bpack
+                            .par_chunks_mut(per * panel_len)
+                            .enumerate()
+                            .for_each(|(t, part)| {
+                                pack_b(b, n, (pc, kcb), (jc, ncb), nr, t * per, part)
+                            });
+                    } else {
+                        pack_b(b, n, (pc, kcb), (jc, ncb), nr, 0, bpack);
+                    }
+                    let bpack: &[f32] = bpack;
+                    let block = c.sub(0, jc, m, ncb);
+                    let depth = (pc, kcb);
+                    match self.par {
+                        Par::None => self.rows_task(a, bpack, block, 0, depth),
+                        Par::M(t) => {
+                            // Row blocks (mc rows, fewer if that leaves a thread idle) pulled
+                            // by `t` tasks as they get free, so a core that is slowed down
+                            // (shared machines) does fewer of them.
+                            let rows = self.mc.min(m.div_ceil(t).div_ceil(mr) * mr);
+                            let mut blocks = Vec::with_capacity(m.div_ceil(rows));
+                            let (mut rest, mut row0) = (block, 0);
+                            while rest.rows() > 0 {
+                                let take = rows.min(rest.rows());
+                                let (top, bottom) = rest.split_rows(take);
+                                blocks.push((row0, top));
+                                row0 += take;
+                                rest = bottom;
+                            }
+                            self_scheduled(t, blocks, |(row0, view)| {
+                                self.rows_task(a, bpack, view, row0, depth)
+                            });
+                        }
+                        Par::N(t) => {
+                            let per = panels.div_ceil(t);
+                            let mut parts = Vec::with_capacity(t);
+                            let (mut rest, mut q) = (block, 0);
+                            while rest.cols() > 0 {
+                                let take = (per * nr).min(rest.cols());
+                                let (left, right) = rest.split_cols(take);
+                                let end = ((q + per) * panel_len).min(bpack.len());
+                                parts.push((&bpack[q * panel_len..end], left));
+                                q += per;
+                                rest = right;
+                            }
+                            parts
+                                .into_par_iter()
+                                .for_each(|(bp, view)| self.rows_task(a, bp, view, 0, depth));
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// All `mc` blocks of rows `row0..row0+c.rows()` against the packed B panels `bpack`
+    /// (which cover `c`'s columns), packing A into this thread's buffer.
+    fn rows_task(
+        &self,
+        a: &[f32],
+        bpack: &[f32],
+        mut c: CView<'_>,
+        row0: usize,
+        (pc, kcb): (usize, usize),
+    ) {
+        let (mr, nr) = (self.uk.mr, self.uk.nr);
+        let accumulate = pc > 0;
+        with_buffer(Pool::A, |abuf| {
+            for ic in (0..c.rows()).step_by(self.mc) {
+                let mcb = self.mc.min(c.rows() - ic);
+                let apack = abuf.slice(mcb.div_ceil(mr) * mr * kcb);
+                pack_a(a, self.k, (row0 + ic, mcb), (pc, kcb), mr, apack);
+                for (jr, bp) in bpack.chunks_exact(nr * kcb).enumerate() {
+                    let j = jr * nr;
+                    if j >= c.cols() {
+                        break;
+                    }
+                    for (ir, ap) in apack.chunks_exact(mr * kcb).enumerate() {
+                        self.uk
+                            .tile(kcb, ap, bp, &mut c, ic + ir * mr, j, accumulate);
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Runs `f` on every item with at most `threads` rayon tasks, each taking the next item
+/// from a shared queue when it is done with the previous one.
+fn self_scheduled<T: Send>(threads: usize, items: Vec<T>, f: impl Fn(T) + Sync) {
+    let tasks = threads.min(items.len());
+    if tasks <= 1 {
+        items.into_iter().for_each(f);
+        return;
+    }
+    let queue = Mutex::new(items.into_iter());
+    let next = || queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+    rayon::scope(|s| {
+        for _ in 0..tasks {
+            s.spawn(|_| {
+                while let Some(item) = next() {
+                    f(item);
+                }
+            });
+        }
+    });
+}
+
+impl Executable for PackedGemm {
+    fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
+        let (m, n, k) = (self.m, self.n, self.k);
+        assert_eq!(inputs.len(), 2, "gemm takes two inputs, A and B");
+        assert_eq!(inputs[0].len(), m * k, "A must be M×K = {m}×{k}");
+        assert_eq!(inputs[1].len(), k * n, "B must be K×N = {k}×{n}");
+        assert_eq!(out.len(), m * n, "C must be M×N = {m}×{n}");
+        self.gemm(inputs[0], inputs[1], CView::new(out, m, n, n));
+    }
+}

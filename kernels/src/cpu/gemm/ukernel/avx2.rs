@@ -1,0 +1,130 @@
+//! AVX2 + FMA micro-kernels (16 ymm registers, 8 lanes).
+
+use std::arch::x86_64::*;
+
+use super::simd::{direct_body, packed_body, Simd};
+use super::{DirectFn, PackedFn};
+
+/// Marker for 256-bit AVX2 + FMA code.
+pub(crate) struct Avx2;
+
+impl Simd for Avx2 {
+    type V = __m256;
+    const W: usize = 8;
+
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        // SAFETY: the caller runs on a CPU with AVX (implied by AVX2).
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> __m256 {
+        // SAFETY: AVX is available and `p` is readable (caller contract).
+        unsafe { _mm256_broadcast_ss(&*p) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        // SAFETY: AVX is available and `p` is readable for 8 values (caller contract).
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        // SAFETY: AVX is available and `p` is writable for 8 values (caller contract).
+        unsafe { _mm256_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        // SAFETY: FMA is available (caller contract).
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: AVX is available (caller contract).
+        unsafe { _mm256_add_ps(a, b) }
+    }
+    #[inline(always)]
+    fn prefetch(p: *const f32) {
+        // SAFETY: SSE is part of the x86_64 baseline, and a prefetch never faults, whatever
+        // the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+    }
+}
+
+/// Packed `MR × 8·NV` tile, compiled for AVX2 + FMA.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA, and the pointers satisfy [`packed_body`]'s contract.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn packed<const MR: usize, const NV: usize>(
+    k: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded caller contract; this function is compiled with the features `Avx2` needs.
+    unsafe { packed_body::<Avx2, MR, NV>(k, a, b, c, ldc, accumulate) }
+}
+
+/// Direct `R × 8·V` tile, compiled for AVX2 + FMA.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA, and the pointers satisfy [`direct_body`]'s contract.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn direct<const R: usize, const V: usize>(
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded caller contract; this function is compiled with the features `Avx2` needs.
+    unsafe { direct_body::<Avx2, R, V>(k, a, lda, b, ldb, c, ldc, accumulate) }
+}
+
+/// The packed shapes: (MR, NR, kernel). Each keeps MR·NR/8 accumulators, NR/8 B vectors
+/// and a broadcast within the 16 registers (4×24 and 3×32 need all 16 or 17, and LLVM
+/// spills one accumulator into the loop, halving their speed, so they are not offered).
+pub(super) const PACKED: &[(usize, usize, PackedFn)] = &[
+    (6, 16, packed::<6, 2>),
+    (5, 16, packed::<5, 2>),
+    (4, 16, packed::<4, 2>),
+    (8, 8, packed::<8, 1>),
+];
+
+/// The direct tile shapes offered as knob values: (rows, vectors).
+pub(super) const DIRECT: &[(usize, usize)] = &[(1, 8), (1, 4), (2, 4), (4, 3), (4, 2), (6, 2)];
+
+/// Largest direct tile (rows, vectors) [`direct_fn`] serves.
+pub(super) const DIRECT_MAX: (usize, usize) = (6, 8);
+
+/// The direct kernel for an `r × v` tile (`r ≤ 6`, `v ≤ 8`).
+pub(super) fn direct_fn(r: usize, v: usize) -> Option<DirectFn> {
+    fn by_v<const R: usize>(v: usize) -> Option<DirectFn> {
+        Some(match v {
+            1 => direct::<R, 1>,
+            2 => direct::<R, 2>,
+            3 => direct::<R, 3>,
+            4 => direct::<R, 4>,
+            5 => direct::<R, 5>,
+            6 => direct::<R, 6>,
+            7 => direct::<R, 7>,
+            8 => direct::<R, 8>,
+            _ => return None,
+        })
+    }
+    match r {
+        1 => by_v::<1>(v),
+        2 => by_v::<2>(v),
+        3 => by_v::<3>(v),
+        4 => by_v::<4>(v),
+        5 => by_v::<5>(v),
+        6 => by_v::<6>(v),
+        _ => None,
+    }
+}

@@ -1,0 +1,133 @@
+//! AVX-512F micro-kernels (32 zmm registers, 16 lanes).
+//!
+//! Only compile-checked on machines without AVX-512; they are offered (and run) only where
+//! [`Isa::detect`](crate::cpu::Isa::detect) reports `Avx512`.
+
+use std::arch::x86_64::*;
+
+use super::simd::{direct_body, packed_body, Simd};
+use super::{DirectFn, PackedFn};
+
+/// Marker for 512-bit AVX-512F code.
+pub(crate) struct Avx512;
+
+impl Simd for Avx512 {
+    type V = __m512;
+    const W: usize = 16;
+
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        // SAFETY: the caller runs on a CPU with AVX-512F.
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> __m512 {
+        // SAFETY: AVX-512F is available and `p` is readable (caller contract).
+        unsafe { _mm512_set1_ps(*p) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        // SAFETY: AVX-512F is available and `p` is readable for 16 values (caller contract).
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        // SAFETY: AVX-512F is available and `p` is writable for 16 values (caller contract).
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: AVX-512F (which includes FMA) is available (caller contract).
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: AVX-512F is available (caller contract).
+        unsafe { _mm512_add_ps(a, b) }
+    }
+    #[inline(always)]
+    fn prefetch(p: *const f32) {
+        // SAFETY: SSE is part of the x86_64 baseline, and a prefetch never faults, whatever
+        // the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+    }
+}
+
+/// Packed `MR × 16·NV` tile, compiled for AVX-512F.
+///
+/// # Safety
+/// The CPU has AVX-512F, and the pointers satisfy [`packed_body`]'s contract.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn packed<const MR: usize, const NV: usize>(
+    k: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded caller contract; this function is compiled with the features `Avx512` needs.
+    unsafe { packed_body::<Avx512, MR, NV>(k, a, b, c, ldc, accumulate) }
+}
+
+/// Direct `R × 16·V` tile, compiled for AVX-512F.
+///
+/// # Safety
+/// The CPU has AVX-512F, and the pointers satisfy [`direct_body`]'s contract.
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn direct<const R: usize, const V: usize>(
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded caller contract; this function is compiled with the features `Avx512` needs.
+    unsafe { direct_body::<Avx512, R, V>(k, a, lda, b, ldb, c, ldc, accumulate) }
+}
+
+/// The packed shapes: (MR, NR, kernel).
+pub(super) const PACKED: &[(usize, usize, PackedFn)] = &[
+    (14, 32, packed::<14, 2>),
+    (12, 32, packed::<12, 2>),
+    (8, 48, packed::<8, 3>),
+    (6, 64, packed::<6, 4>),
+];
+
+/// The direct tile shapes offered as knob values: (rows, vectors).
+pub(super) const DIRECT: &[(usize, usize)] = &[(1, 8), (2, 8), (4, 6), (6, 4), (8, 3)];
+
+/// Largest direct tile (rows, vectors) [`direct_fn`] serves.
+pub(super) const DIRECT_MAX: (usize, usize) = (8, 8);
+
+/// The direct kernel for an `r × v` tile (`r ≤ 8`, `v ≤ 8`).
+pub(super) fn direct_fn(r: usize, v: usize) -> Option<DirectFn> {
+    fn by_v<const R: usize>(v: usize) -> Option<DirectFn> {
+        Some(match v {
+            1 => direct::<R, 1>,
+            2 => direct::<R, 2>,
+            3 => direct::<R, 3>,
+            4 => direct::<R, 4>,
+            5 => direct::<R, 5>,
+            6 => direct::<R, 6>,
+            7 => direct::<R, 7>,
+            8 => direct::<R, 8>,
+            _ => return None,
+        })
+    }
+    match r {
+        1 => by_v::<1>(v),
+        2 => by_v::<2>(v),
+        3 => by_v::<3>(v),
+        4 => by_v::<4>(v),
+        5 => by_v::<5>(v),
+        6 => by_v::<6>(v),
+        7 => by_v::<7>(v),
+        8 => by_v::<8>(v),
+        _ => None,
+    }
+}

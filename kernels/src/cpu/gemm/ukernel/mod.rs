@@ -1,0 +1,274 @@
+//! Micro-kernels: the register-blocked inner loops, one table per ISA, and the safe,
+//! bounds-checked entry points the drivers call.
+//!
+//! All `unsafe` code of the GEMM families lives below this module (and in [`super::view`]).
+//! Every micro-kernel is an `unsafe fn` pointer obtained from a per-ISA table; a
+//! [`PackedUkernel`] or [`DirectUkernel`] can only be looked up when [`Isa::available`] says the
+//! CPU runs its ISA, and its `tile` methods check every extent before calling it.
+
+mod simd;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod portable;
+
+use std::sync::OnceLock;
+
+use super::view::CView;
+use crate::cpu::Isa;
+
+/// `(k, a_panel, b_panel, c, ldc, accumulate)`: see [`simd::packed_body`].
+pub(crate) type PackedFn = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, bool);
+
+/// `(k, a, lda, b, ldb, c, ldc, accumulate)`: see [`simd::direct_body`].
+pub(crate) type DirectFn =
+    unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, bool);
+
+/// Largest `MR·NR` of any packed micro-kernel (edge tiles are computed in a stack buffer).
+const MAX_TILE: usize = 14 * 32;
+
+/// A packed micro-kernel: `MR × NR` tile over packed A and B micro-panels.
+#[derive(Debug)]
+pub struct PackedUkernel {
+    /// Knob value, e.g. `avx2_6x16`.
+    pub name: String,
+    pub isa: Isa,
+    /// Rows of the register tile.
+    pub mr: usize,
+    /// Columns of the register tile (a multiple of the ISA's lane count).
+    pub nr: usize,
+    f: PackedFn,
+}
+
+/// A direct micro-kernel family: tiles of up to `r × v` registers over unpacked A and B.
+#[derive(Debug)]
+pub struct DirectUkernel {
+    /// Knob value, e.g. `avx2_4x3` (4 rows × 3 vectors).
+    pub name: String,
+    pub isa: Isa,
+    /// Rows of the main tile.
+    pub r: usize,
+    /// Vectors (of [`DirectUkernel::lanes`] columns) of the main tile.
+    pub v: usize,
+    /// Lanes per vector.
+    pub lanes: usize,
+    table: fn(usize, usize) -> Option<DirectFn>,
+}
+
+struct Tables {
+    packed: Vec<PackedUkernel>,
+    direct: Vec<DirectUkernel>,
+}
+
+fn tables() -> &'static Tables {
+    static T: OnceLock<Tables> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = Tables {
+            packed: Vec::new(),
+            direct: Vec::new(),
+        };
+        let mut add = |isa: Isa,
+                       lanes: usize,
+                       packed: &[(usize, usize, PackedFn)],
+                       direct: &[(usize, usize)],
+                       max: (usize, usize),
+                       table: fn(usize, usize) -> Option<DirectFn>| {
+            for &(mr, nr, f) in packed {
+                t.packed.push(PackedUkernel {
+                    name: format!("{}_{mr}x{nr}", isa.name()),
+                    isa,
+                    mr,
+                    nr,
+                    f,
+                });
+            }
+            for &(r, v) in direct {
+                debug_assert!(r <= max.0 && v <= max.1);
+                t.direct.push(DirectUkernel {
+                    name: format!("{}_{r}x{v}", isa.name()),
+                    isa,
+                    r,
+                    v,
+                    lanes,
+                    table,
+                });
+            }
+        };
+        #[cfg(target_arch = "x86_64")]
+        {
+            add(
+                Isa::Avx512,
+                16,
+                avx512::PACKED,
+                avx512::DIRECT,
+                avx512::DIRECT_MAX,
+                avx512::direct_fn,
+            );
+            add(
+                Isa::Avx2,
+                8,
+                avx2::PACKED,
+                avx2::DIRECT,
+                avx2::DIRECT_MAX,
+                avx2::direct_fn,
+            );
+        }
+        add(
+            Isa::Portable,
+            8,
+            portable::PACKED,
+            portable::DIRECT,
+            portable::DIRECT_MAX,
+            portable::direct_fn,
+        );
+        t
+    })
+}
+
+/// Whether shapes of `isa` are offered as knob values on this CPU: the best ISA's shapes, the
+/// AVX2 shapes too on AVX-512 machines, portable shapes only when no SIMD ISA is available.
+fn offered(isa: Isa) -> bool {
+    let best = Isa::detect();
+    isa == best || (best == Isa::Avx512 && isa == Isa::Avx2)
+}
+
+/// The packed micro-kernels offered on this CPU, best first.
+pub fn packed_offered() -> Vec<&'static PackedUkernel> {
+    tables().packed.iter().filter(|u| offered(u.isa)).collect()
+}
+
+/// The direct micro-kernels offered on this CPU, best first.
+pub fn direct_offered() -> Vec<&'static DirectUkernel> {
+    tables().direct.iter().filter(|u| offered(u.isa)).collect()
+}
+
+/// Every packed micro-kernel this CPU can run (offered or not, e.g. portable ones).
+pub fn packed_available() -> Vec<&'static PackedUkernel> {
+    tables()
+        .packed
+        .iter()
+        .filter(|u| u.isa.available())
+        .collect()
+}
+
+/// Every direct micro-kernel this CPU can run (offered or not).
+pub fn direct_available() -> Vec<&'static DirectUkernel> {
+    tables()
+        .direct
+        .iter()
+        .filter(|u| u.isa.available())
+        .collect()
+}
+
+/// The packed micro-kernel called `name`, if this CPU can run it (offered or not).
+pub fn packed(name: &str) -> Option<&'static PackedUkernel> {
+    tables()
+        .packed
+        .iter()
+        .find(|u| u.name == name && u.isa.available())
+}
+
+/// The direct micro-kernel called `name`, if this CPU can run it (offered or not).
+pub fn direct(name: &str) -> Option<&'static DirectUkernel> {
+    tables()
+        .direct
+        .iter()
+        .find(|u| u.name == name && u.isa.available())
+}
+
+impl PackedUkernel {
+    /// `C[i.., j..] (+)= A_panel · B_panel` for one `MR × NR` tile, clipped to `c`'s window.
+    ///
+    /// `a` holds a packed A micro-panel (`k·MR` values), `b` a packed B micro-panel (`k·NR`
+    /// values). A tile that sticks out of the window is computed in a stack buffer and only
+    /// its valid part is written. Panics if a panel is too short or `(i, j)` is outside `c`.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn tile(
+        &self,
+        k: usize,
+        a: &[f32],
+        b: &[f32],
+        c: &mut CView<'_>,
+        i: usize,
+        j: usize,
+        accumulate: bool,
+    ) {
+        let (mr, nr) = (self.mr, self.nr);
+        assert!(
+            a.len() >= k * mr && b.len() >= k * nr,
+            "micro-panel too short"
+        );
+        assert!(
+            i < c.rows() && j < c.cols(),
+            "tile origin outside the window"
+        );
+        let rows = mr.min(c.rows() - i);
+        let cols = nr.min(c.cols() - j);
+        if rows == mr && cols == nr {
+            let (ld, p) = (c.ld(), c.block_ptr(i, j, mr, nr));
+            // SAFETY: `self` was handed out by `packed()`/`packed_offered()` only after checking
+            // that the CPU runs `self.isa`; the panels hold `k·MR` and `k·NR` values (asserted
+            // above); `block_ptr` checked that the whole MR×NR block lies in `c`'s window.
+            unsafe { (self.f)(k, a.as_ptr(), b.as_ptr(), p, ld, accumulate) }
+        } else {
+            let mut buf = [0.0f32; MAX_TILE];
+            debug_assert!(mr * nr <= MAX_TILE);
+            // SAFETY: as above for the ISA and panels; the destination is `buf`, an MR×NR
+            // block with stride NR (`mr·nr ≤ MAX_TILE` holds for every table entry).
+            unsafe { (self.f)(k, a.as_ptr(), b.as_ptr(), buf.as_mut_ptr(), nr, false) }
+            for r in 0..rows {
+                let src = &buf[r * nr..r * nr + cols];
+                let dst = &mut c.row_mut(i + r)[j..j + cols];
+                if accumulate {
+                    dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+                } else {
+                    dst.copy_from_slice(src);
+                }
+            }
+        }
+    }
+}
+
+impl DirectUkernel {
+    /// `C[ci..ci+r, cj..cj+v·lanes] (+)= A[..r, ..k] · B[..k, ..v·lanes]` where `a` starts at
+    /// the tile's first A element (row stride `lda`) and `b` at its first B element (row
+    /// stride `ldb`); any tile of `r ≤ self.r` rows by `v ≤ self.v` vectors works (smaller
+    /// tiles serve the edges).
+    ///
+    /// Panics if any of the three blocks is outside its slice or window.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn tile(
+        &self,
+        (r, v): (usize, usize),
+        k: usize,
+        a: &[f32],
+        lda: usize,
+        b: &[f32],
+        ldb: usize,
+        c: &mut CView<'_>,
+        (ci, cj): (usize, usize),
+        accumulate: bool,
+    ) {
+        assert!(
+            r <= self.r && v <= self.v,
+            "tile larger than the micro-kernel"
+        );
+        let f = (self.table)(r, v).expect("direct tile shape within the table");
+        let w = v * self.lanes;
+        assert!(k >= 1 && r >= 1, "empty direct tile");
+        assert!(
+            (r - 1) * lda + k <= a.len() && (k - 1) * ldb + w <= b.len(),
+            "direct tile reads outside A or B"
+        );
+        let (ldc, p) = (c.ld(), c.block_ptr(ci, cj, r, w));
+        // SAFETY: `self` was handed out only after checking that the CPU runs `self.isa`; the
+        // A block (r rows of k values, stride lda) and the B block (k rows of w values, stride
+        // ldb) end inside their slices (asserted above); `block_ptr` checked that the r×w C
+        // block lies in the window; `(r, v)` is within the table, so `f` exists.
+        unsafe { f(k, a.as_ptr(), lda, b.as_ptr(), ldb, p, ldc, accumulate) }
+    }
+}

@@ -1,0 +1,107 @@
+//! Plain-Rust micro-kernels for CPUs without a SIMD ISA we target (8-lane arrays that the
+//! compiler vectorises for the baseline target).
+
+use super::simd::{direct_body, packed_body, Simd};
+use super::{DirectFn, PackedFn};
+
+/// Marker for portable code: a "register" is `[f32; 8]`.
+pub(crate) struct Portable;
+
+impl Simd for Portable {
+    type V = [f32; 8];
+    const W: usize = 8;
+
+    #[inline(always)]
+    unsafe fn zero() -> [f32; 8] {
+        [0.0; 8]
+    }
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> [f32; 8] {
+        // SAFETY: `p` is readable (caller contract).
+        [unsafe { *p }; 8]
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> [f32; 8] {
+        // SAFETY: `p` is readable for 8 values (caller contract); `read_unaligned` needs no
+        // alignment beyond `f32`'s.
+        unsafe { p.cast::<[f32; 8]>().read_unaligned() }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: [f32; 8]) {
+        // SAFETY: `p` is writable for 8 values (caller contract).
+        unsafe { p.cast::<[f32; 8]>().write_unaligned(v) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: [f32; 8], b: [f32; 8], c: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i] * b[i] + c[i])
+    }
+    #[inline(always)]
+    unsafe fn add(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i] + b[i])
+    }
+}
+
+/// Packed `MR × 8·NV` tile in plain Rust.
+///
+/// # Safety
+/// The pointers satisfy [`packed_body`]'s contract.
+unsafe fn packed<const MR: usize, const NV: usize>(
+    k: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded caller contract; `Portable` needs no CPU feature.
+    unsafe { packed_body::<Portable, MR, NV>(k, a, b, c, ldc, accumulate) }
+}
+
+/// Direct `R × 8·V` tile in plain Rust.
+///
+/// # Safety
+/// The pointers satisfy [`direct_body`]'s contract.
+#[allow(clippy::too_many_arguments)]
+unsafe fn direct<const R: usize, const V: usize>(
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded caller contract; `Portable` needs no CPU feature.
+    unsafe { direct_body::<Portable, R, V>(k, a, lda, b, ldb, c, ldc, accumulate) }
+}
+
+/// The packed shapes: (MR, NR, kernel).
+pub(super) const PACKED: &[(usize, usize, PackedFn)] =
+    &[(4, 8, packed::<4, 1>), (4, 16, packed::<4, 2>)];
+
+/// The direct tile shapes offered as knob values: (rows, vectors).
+pub(super) const DIRECT: &[(usize, usize)] = &[(1, 4), (4, 1), (2, 2)];
+
+/// Largest direct tile (rows, vectors) [`direct_fn`] serves.
+pub(super) const DIRECT_MAX: (usize, usize) = (4, 4);
+
+/// The direct kernel for an `r × v` tile (`r ≤ 4`, `v ≤ 4`).
+pub(super) fn direct_fn(r: usize, v: usize) -> Option<DirectFn> {
+    fn by_v<const R: usize>(v: usize) -> Option<DirectFn> {
+        Some(match v {
+            1 => direct::<R, 1>,
+            2 => direct::<R, 2>,
+            3 => direct::<R, 3>,
+            4 => direct::<R, 4>,
+            _ => return None,
+        })
+    }
+    match r {
+        1 => by_v::<1>(v),
+        2 => by_v::<2>(v),
+        3 => by_v::<3>(v),
+        4 => by_v::<4>(v),
+        _ => None,
+    }
+}

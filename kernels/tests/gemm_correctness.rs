@@ -1,0 +1,273 @@
+//! Every micro-kernel this CPU runs, in both GEMM families and every parallel mode, on
+//! awkward shapes and block sizes, against the f64 reference; plus the spaces and defaults.
+//!
+//! AVX-512 micro-kernels are exercised only on machines that have AVX-512 (the lists below
+//! come from what the CPU supports).
+
+use kernels::cpu::gemm::{self, ukernel};
+use kernels::{kernel, Config, HardwareFingerprint, Kernel, Problem, Value, Workload};
+
+/// Shapes (M, N, K) that divide no tile or block size.
+const SHAPES: &[(usize, usize, usize)] = &[
+    (1, 1, 1),
+    (7, 13, 5),
+    (2, 513, 3),
+    (16, 1, 300),
+    (1, 300, 77),
+    (5, 97, 64),
+    (33, 40, 50),
+    (63, 65, 67),
+    (67, 63, 65),
+    (129, 257, 131),
+];
+
+/// The par modes every kernel is run in: (par, threads). 3 tasks on 2 cores splits unevenly.
+const PARS: &[(&str, usize)] = &[("none", 1), ("m", 2), ("n", 2), ("m", 3), ("n", 3)];
+
+struct Case {
+    w: Workload,
+    p: Problem,
+    r: kernels::Reference,
+}
+
+fn cases() -> Vec<Case> {
+    SHAPES
+        .iter()
+        .map(|&(m, n, k)| {
+            let w = Workload::gemm(m, n, k).unwrap();
+            let p = Problem::random(&w, (m * 31 + n * 7 + k) as u64);
+            let r = p.reference();
+            Case { w, p, r }
+        })
+        .collect()
+}
+
+/// Builds `config` (bypassing the space, so block sizes off the grid work) and checks it.
+fn check(family: &dyn Kernel, case: &Case, config: &Config) {
+    let exe = family
+        .build(&case.w, config)
+        .unwrap_or_else(|e| panic!("{} {config}: {e}", case.w));
+    // Garbage in C first: the kernel must overwrite, not accumulate.
+    let mut c = vec![f32::NAN; case.w.output_len()];
+    exe.run(&case.p.input_slices(), &mut c);
+    if let Err(e) = case.p.check(&c, &case.r) {
+        panic!("{} {} {config}: {e}", family.name(), case.w);
+    }
+    // A second run on the same executable reuses the thread-local buffers.
+    exe.run(&case.p.input_slices(), &mut c);
+    case.p
+        .check(&c, &case.r)
+        .unwrap_or_else(|e| panic!("second run {} {config}: {e}", case.w));
+}
+
+fn cfg(pairs: &[(&str, Value)]) -> Config {
+    Config::from_pairs(pairs.iter().map(|(k, v)| (*k, v.clone())))
+}
+
+#[test]
+fn packed_every_ukernel_par_and_blocking() {
+    let cases = cases();
+    let packed = kernel("gemm_packed").unwrap();
+    let uks = ukernel::packed_available();
+    assert!(!uks.is_empty());
+    for uk in uks {
+        // Tiny blocks (every block edge hit, several K passes), and the default-ish ones.
+        let blockings = [
+            (1usize, 16usize, 1usize),
+            (24, 64, 2 * uk.nr + 1),
+            (256, 256, 4096),
+        ];
+        for (i, &(mc, kc, nc)) in blockings.iter().enumerate() {
+            // Every par mode on the two small blockings; the big one only serially.
+            let pars = if i == 2 { &PARS[..1] } else { PARS };
+            for &(par, threads) in pars {
+                let c = cfg(&[
+                    ("ukernel", uk.name.as_str().into()),
+                    ("mc", mc.into()),
+                    ("kc", kc.into()),
+                    ("nc", nc.into()),
+                    ("par", par.into()),
+                    ("threads", threads.into()),
+                ]);
+                // Tiny blocks on the biggest shape are slow in debug builds and add nothing.
+                for case in cases.iter().filter(|c| i > 0 || c.w.flops() < 2e6) {
+                    check(packed, case, &c);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn direct_every_ukernel_par_and_blocking() {
+    let cases = cases();
+    let direct = kernel("gemm_direct").unwrap();
+    let uks = ukernel::direct_available();
+    assert!(!uks.is_empty());
+    for uk in uks {
+        for kc in [0usize, 7, 64] {
+            for &(par, threads) in PARS {
+                let c = cfg(&[
+                    ("ukernel", uk.name.as_str().into()),
+                    ("kc", kc.into()),
+                    ("par", par.into()),
+                    ("threads", threads.into()),
+                ]);
+                for case in cases.iter().filter(|c| direct.supports(&c.w)) {
+                    check(direct, case, &c);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn direct_supports_only_small_m() {
+    let direct = kernel("gemm_direct").unwrap();
+    assert!(direct.supports(&Workload::gemm(32, 5, 5).unwrap()));
+    assert!(!direct.supports(&Workload::gemm(33, 5, 5).unwrap()));
+    assert!(direct
+        .build(&Workload::gemm(33, 5, 5).unwrap(), &Config::default())
+        .is_err());
+}
+
+#[test]
+fn families_and_versions() {
+    let names: Vec<_> = gemm::FAMILIES.iter().map(|k| k.name()).collect();
+    assert_eq!(names, ["gemm_packed", "gemm_direct"]);
+    assert!(gemm::FAMILIES.iter().all(|k| k.version() == 1));
+}
+
+/// Shapes for the default / space checks (no reference needed, so they can be big).
+fn many_shapes() -> Vec<Workload> {
+    let dims = [
+        1usize, 2, 5, 16, 17, 32, 33, 64, 100, 128, 768, 1024, 3072, 5000,
+    ];
+    let mut out = Vec::new();
+    for &m in &dims {
+        for &n in &dims {
+            for &k in &[1usize, 3, 64, 257, 768, 3072] {
+                out.push(Workload::gemm(m, n, k).unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn defaults_are_in_their_space_and_prepare() {
+    let hw = HardwareFingerprint::current();
+    for w in many_shapes() {
+        for family in gemm::FAMILIES.iter().filter(|f| f.supports(&w)) {
+            let c = family.default_config(&w, hw);
+            let space = family.space(&w, hw);
+            space
+                .check(&c)
+                .unwrap_or_else(|e| panic!("{} default {c} for {w}: {e}", family.name()));
+        }
+        let (family, c) = kernels::default_for(&w, hw);
+        assert!(family.supports(&w));
+        family
+            .prepare(&w, &c)
+            .unwrap_or_else(|e| panic!("default_for({w}) = {} {c}: {e}", family.name()));
+    }
+}
+
+#[test]
+fn defaults_compute_correctly() {
+    let hw = HardwareFingerprint::current();
+    for case in cases() {
+        let (family, c) = kernels::default_for(&case.w, hw);
+        let exe = family.prepare(&case.w, &c).unwrap();
+        let mut out = vec![f32::NAN; case.w.output_len()];
+        exe.run(&case.p.input_slices(), &mut out);
+        case.p
+            .check(&out, &case.r)
+            .unwrap_or_else(|e| panic!("default {} {c} for {}: {e}", family.name(), case.w));
+    }
+}
+
+#[test]
+fn spaces_are_small_nonempty_and_named() {
+    let hw = HardwareFingerprint::current();
+    let packed = kernel("gemm_packed").unwrap();
+    let direct = kernel("gemm_direct").unwrap();
+    for (m, n, k) in [
+        (1, 1, 1),
+        (8, 3072, 768),
+        (128, 768, 3072),
+        (2048, 2048, 2048),
+    ] {
+        let w = Workload::gemm(m, n, k).unwrap();
+        let s = packed.space(&w, hw);
+        let names: Vec<_> = s.knobs().iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["ukernel", "mc", "kc", "nc", "par", "threads"]);
+        let count = s.count_valid();
+        assert!((1..=10_000).contains(&count), "{w}: {count} packed configs");
+        assert!(s.rule_names().contains(&"serial_iff_one_thread"));
+        if m <= gemm::DIRECT_MAX_M {
+            let s = direct.space(&w, hw);
+            let names: Vec<_> = s.knobs().iter().map(|k| k.name.as_str()).collect();
+            assert_eq!(names, ["ukernel", "kc", "par", "threads"]);
+            assert!(s.count_valid() >= 1);
+        }
+    }
+    // Redundant block sizes are cut: for a 1×1×1 problem only the smallest values remain.
+    let tiny = packed.space(&Workload::gemm(1, 1, 1).unwrap(), hw);
+    for c in tiny.iter_valid() {
+        assert_eq!(c.int("mc"), Some(gemm::MC_VALUES[0] as i64));
+        assert_eq!(c.int("kc"), Some(gemm::KC_VALUES[0] as i64));
+        assert_eq!(c.int("nc"), Some(gemm::NC_VALUES[0] as i64));
+    }
+}
+
+#[test]
+fn space_offers_only_runnable_ukernels() {
+    let hw = HardwareFingerprint::current();
+    let w = Workload::gemm(64, 64, 64).unwrap();
+    for family in gemm::FAMILIES {
+        let space = family.space(&w, hw);
+        let uk = &space.knobs()[0];
+        assert_eq!(uk.name, "ukernel");
+        for v in &uk.values {
+            let Value::Str(name) = v else {
+                panic!("ukernel values are names")
+            };
+            let runnable = ukernel::packed(name).is_some() || ukernel::direct(name).is_some();
+            assert!(runnable, "{name} offered but not runnable");
+        }
+    }
+}
+
+#[test]
+fn bad_configs_are_errors_not_panics() {
+    let w = Workload::gemm(8, 8, 8).unwrap();
+    let packed = kernel("gemm_packed").unwrap();
+    let bad = cfg(&[
+        ("ukernel", "avx9_1x1".into()),
+        ("mc", 24usize.into()),
+        ("kc", 64usize.into()),
+        ("nc", 512usize.into()),
+        ("par", "none".into()),
+        ("threads", 1usize.into()),
+    ]);
+    assert!(packed.build(&w, &bad).is_err());
+    assert!(packed.prepare(&w, &bad).is_err());
+    assert!(packed.build(&w, &Config::default()).is_err());
+}
+
+#[test]
+#[should_panic(expected = "A must be")]
+fn wrong_buffer_lengths_panic() {
+    let w = Workload::gemm(4, 4, 4).unwrap();
+    let (family, c) = kernels::default_for(&w, HardwareFingerprint::current());
+    let exe = family.prepare(&w, &c).unwrap();
+    let mut out = vec![0.0; 16];
+    exe.run(&[&[0.0; 15], &[0.0; 16]], &mut out);
+}
+
+#[test]
+fn fma_peak_is_positive() {
+    let g = kernels::cpu::peak::fma_peak_gflops(1, 0.01);
+    assert!(g.is_finite() && g > 0.1, "{g}");
+}
