@@ -134,7 +134,9 @@ fn main() {
         .configure_from_args();
     let mut chosen = Vec::new();
     for w in &shapes {
-        let Workload::Gemm { m, n, k } = *w;
+        let Workload::Gemm { m, n, k } = *w else {
+            unreachable!("this bench only lists gemm shapes")
+        };
         let p = Problem::random(w, 11);
         let (a, b) = (&p.inputs[0], &p.inputs[1]);
         let mut out = p.output();

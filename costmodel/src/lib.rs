@@ -53,7 +53,11 @@ fn lanes(isa: &str) -> f64 {
 /// The feature vector of one candidate (see [`FEATURE_NAMES`]). Unknown or missing knobs
 /// contribute neutral values, so records of older kernel versions still featurise.
 pub fn features(w: &Workload, kernel: &str, c: &Config, hw: &HardwareFingerprint) -> Vec<f64> {
-    let Workload::Gemm { m, n, k } = *w;
+    // Attention has no single GEMM shape: featurise it as its Q·Kᵀ product (B·H·S × S × D).
+    let (m, n, k) = match *w {
+        Workload::Attention { b, h, s, d, .. } => (b * h * s, s, d),
+        _ => w.gemm_dims().unwrap_or((1, 1, 1)),
+    };
     let (mf, nf, kf) = (m as f64, n as f64, k as f64);
     let direct = kernel.contains("direct");
     let ukernel = c.str("ukernel").unwrap_or("portable_1x1");

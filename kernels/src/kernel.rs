@@ -56,8 +56,16 @@ pub trait Kernel: Send + Sync {
 
 /// Every registered kernel family, in priority order.
 pub fn registry() -> &'static [&'static dyn Kernel] {
-    crate::cpu::gemm::FAMILIES
+    FAMILIES
 }
+
+/// The CPU families: GEMM, GEMM with a fused epilogue, attention.
+static FAMILIES: &[&dyn Kernel] = &[
+    &crate::cpu::gemm::Packed,
+    &crate::cpu::gemm::Direct,
+    &crate::cpu::gemm::epilogue::EpiloguePacked,
+    &crate::cpu::attention::Fused,
+];
 
 /// The family called `name`.
 pub fn kernel(name: &str) -> Result<&'static dyn Kernel> {
@@ -81,5 +89,7 @@ pub fn kernels_for(w: &Workload) -> Vec<&'static dyn Kernel> {
 pub fn default_for(w: &Workload, hw: &HardwareFingerprint) -> (&'static dyn Kernel, Config) {
     match w {
         Workload::Gemm { .. } => crate::cpu::gemm::default_for(w, hw),
+        Workload::GemmBiasAct { .. } => crate::cpu::gemm::epilogue::default_for(w, hw),
+        Workload::Attention { .. } => crate::cpu::attention::default_for(w, hw),
     }
 }

@@ -41,4 +41,4 @@ pub use measurement::{Measurement, Status};
 pub use problem::{Mismatch, Problem, Reference};
 pub use rng::Rng;
 pub use space::{Config, Knob, Space, SpaceError, Value};
-pub use workload::{Op, Workload};
+pub use workload::{Act, Op, Workload};

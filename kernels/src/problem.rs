@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 
 use crate::rng::Rng;
-use crate::workload::Workload;
+use crate::workload::{Act, Workload};
 
 /// Inputs for one workload, filled with uniform values in `[-1, 1)` from a seed.
 #[derive(Debug, Clone)]
@@ -67,30 +67,46 @@ impl Problem {
     /// sum grows like √K in practice (blocked or not), scaled by the magnitude of the terms;
     /// the margin is wide enough for any summation order, and far below the size of one
     /// dropped or doubled term.
+    ///
+    /// `gemm_bias_*`: `z = A·B + bias` as above (plus `2ε·|bias|`), then the activation in
+    /// f64; ReLU keeps `z`'s tolerance (it is 1-Lipschitz), GELU allows `1.2·tol(z)` (its
+    /// slope stays below 1.13) plus `16ε·|z|` for a vectorised tanh/exp approximation.
+    ///
+    /// Attention: per query row, f64 scores `s_j = q·k_j/√D`, their f32 rounding bound
+    /// `e_j = ε·(2√D + 8)·Σ|q·k_j|/√D` and `E = max_j e_j`; with the softmax weights `w_j`,
+    /// `tol(o_c) = Σ_j w_j·|v_jc| · (3E + ε·(2√S + 32))`: a score error `e` moves a weight by
+    /// a factor `e^(±e)`, the weighted sum of S terms rounds like a √S-term f32 sum, and the
+    /// online rescaling and exp approximation add a few ε. Dropping one key moves an output
+    /// by about `w_j·|v_jc - o_c|`, far outside that.
     pub fn reference(&self) -> Reference {
         match self.workload {
             Workload::Gemm { m, n, k } => {
                 let (a, b) = (&self.inputs[0], &self.inputs[1]);
-                let scale = f32::EPSILON as f64 * (2.0 * (k as f64).sqrt() + 4.0);
-                let mut values = vec![0.0f64; m * n];
-                let mut tolerance = vec![0.0f64; m * n];
-                values
+                gemm_reference(a, b, (m, n, k))
+            }
+            Workload::GemmBiasAct { m, n, k, act } => {
+                let (a, b, bias) = (&self.inputs[0], &self.inputs[1], &self.inputs[2]);
+                let mut r = gemm_reference(a, b, (m, n, k));
+                let eps = f32::EPSILON as f64;
+                r.values
                     .par_chunks_mut(n)
-                    .zip(tolerance.par_chunks_mut(n))
-                    .enumerate()
-                    .for_each(|(i, (row, tol))| {
-                        for p in 0..k {
-                            let aip = a[i * k + p] as f64;
-                            let brow = &b[p * n..(p + 1) * n];
-                            for j in 0..n {
-                                let t = aip * brow[j] as f64;
-                                row[j] += t;
-                                tol[j] += t.abs();
-                            }
+                    .zip(r.tolerance.par_chunks_mut(n))
+                    .for_each(|(row, tol)| {
+                        for j in 0..n {
+                            let z = row[j] + bias[j] as f64;
+                            let tz = tol[j] + 2.0 * eps * (bias[j] as f64).abs();
+                            row[j] = act.apply_f64(z);
+                            tol[j] = match act {
+                                Act::Relu => tz,
+                                Act::Gelu => 1.2 * tz + 16.0 * eps * z.abs(),
+                            };
                         }
-                        tol.iter_mut().for_each(|t| *t *= scale);
                     });
-                Reference { values, tolerance }
+                r
+            }
+            Workload::Attention { s, d, causal, .. } => {
+                let (q, k, v) = (&self.inputs[0], &self.inputs[1], &self.inputs[2]);
+                attention_reference(q, k, v, s, d, causal)
             }
         }
     }
@@ -98,9 +114,7 @@ impl Problem {
     /// Compares `got` with `reference`; NaN and infinities always fail.
     pub fn check(&self, got: &[f32], reference: &Reference) -> Result<(), Mismatch> {
         assert_eq!(got.len(), reference.values.len(), "output length");
-        let cols = match self.workload {
-            Workload::Gemm { n, .. } => n,
-        };
+        let cols = self.workload.output_cols();
         let bad = |(g, (e, t)): (&f32, (&f64, &f64))| !g.is_finite() || (*g as f64 - e).abs() > *t;
         let mut iter = got
             .iter()
@@ -126,12 +140,100 @@ impl Problem {
     }
 }
 
+/// `A·B` in f64 with the GEMM tolerance (see [`Problem::reference`]).
+fn gemm_reference(a: &[f32], b: &[f32], (m, n, k): (usize, usize, usize)) -> Reference {
+    let scale = f32::EPSILON as f64 * (2.0 * (k as f64).sqrt() + 4.0);
+    let mut values = vec![0.0f64; m * n];
+    let mut tolerance = vec![0.0f64; m * n];
+    values
+        .par_chunks_mut(n)
+        .zip(tolerance.par_chunks_mut(n))
+        .enumerate()
+        .for_each(|(i, (row, tol))| {
+            for p in 0..k {
+                let aip = a[i * k + p] as f64;
+                let brow = &b[p * n..(p + 1) * n];
+                for j in 0..n {
+                    let t = aip * brow[j] as f64;
+                    row[j] += t;
+                    tol[j] += t.abs();
+                }
+            }
+            tol.iter_mut().for_each(|t| *t *= scale);
+        });
+    Reference { values, tolerance }
+}
+
+/// Softmax attention in f64 over `[heads, s, d]` tensors (see [`Problem::reference`]).
+fn attention_reference(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: usize,
+    d: usize,
+    causal: bool,
+) -> Reference {
+    let eps = f32::EPSILON as f64;
+    let scale = 1.0 / (d as f64).sqrt();
+    let score_eps = eps * (2.0 * (d as f64).sqrt() + 8.0);
+    let sum_eps = eps * (2.0 * (s as f64).sqrt() + 32.0);
+    let mut values = vec![0.0f64; q.len()];
+    let mut tolerance = vec![0.0f64; q.len()];
+    // One task per (head, query row): rows of `d` outputs.
+    values
+        .par_chunks_mut(d)
+        .zip(tolerance.par_chunks_mut(d))
+        .enumerate()
+        .for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(scores, bounds): &mut (Vec<f64>, Vec<f64>), (row, (out, tol))| {
+                let (head, i) = (row / s, row % s);
+                let base = head * s * d;
+                let qi = &q[base + i * d..][..d];
+                let keys = if causal { i + 1 } else { s };
+                scores.clear();
+                bounds.clear();
+                for j in 0..keys {
+                    let kj = &k[base + j * d..][..d];
+                    let (mut dot, mut mag) = (0.0f64, 0.0f64);
+                    for c in 0..d {
+                        let t = qi[c] as f64 * kj[c] as f64;
+                        dot += t;
+                        mag += t.abs();
+                    }
+                    scores.push(dot * scale);
+                    bounds.push(mag * scale * score_eps);
+                }
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let big_e = bounds.iter().copied().fold(0.0, f64::max);
+                let mut sum = 0.0;
+                for x in scores.iter_mut() {
+                    *x = (*x - max).exp();
+                    sum += *x;
+                }
+                out.fill(0.0);
+                tol.fill(0.0);
+                for (j, w) in scores.iter().enumerate() {
+                    let w = w / sum;
+                    let vj = &v[base + j * d..][..d];
+                    for c in 0..d {
+                        out[c] += w * vj[c] as f64;
+                        tol[c] += w * (vj[c] as f64).abs();
+                    }
+                }
+                let rel = 3.0 * big_e + sum_eps;
+                tol.iter_mut().for_each(|t| *t *= rel);
+            },
+        );
+    Reference { values, tolerance }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn naive(w: &Workload, p: &Problem) -> Vec<f32> {
-        let Workload::Gemm { m, n, k } = *w;
+        let (m, n, k) = w.gemm_dims().unwrap();
         let mut c = vec![0.0f32; m * n];
         for i in 0..m {
             for j in 0..n {
@@ -170,5 +272,99 @@ mod tests {
         assert_eq!(Problem::random(&w, 1).inputs, Problem::random(&w, 1).inputs);
         assert_ne!(Problem::random(&w, 1).inputs, Problem::random(&w, 2).inputs);
         assert_eq!(Problem::random(&w, 1).inputs[1].len(), 30);
+    }
+
+    /// Plain f32 attention (two passes per row), optionally skipping key `skip` of row `row`.
+    fn naive_attention(p: &Problem, skip: Option<(usize, usize)>) -> Vec<f32> {
+        let Workload::Attention { s, d, causal, .. } = p.workload else {
+            unreachable!()
+        };
+        let (q, k, v) = (&p.inputs[0], &p.inputs[1], &p.inputs[2]);
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut o = vec![0.0f32; q.len()];
+        for (row, out) in o.chunks_mut(d).enumerate() {
+            let (head, i) = (row / s, row % s);
+            let base = head * s * d;
+            let keys = if causal { i + 1 } else { s };
+            let sc: Vec<f32> = (0..keys)
+                .map(|j| {
+                    if skip == Some((row, j)) {
+                        return f32::NEG_INFINITY;
+                    }
+                    (0..d)
+                        .map(|c| q[base + i * d + c] * k[base + j * d + c])
+                        .sum::<f32>()
+                        * scale
+                })
+                .collect();
+            let m = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = sc.iter().map(|x| (x - m).exp()).collect();
+            let l: f32 = e.iter().sum();
+            for (j, w) in e.iter().enumerate() {
+                for c in 0..d {
+                    out[c] += w / l * v[base + j * d + c];
+                }
+            }
+        }
+        o
+    }
+
+    #[test]
+    fn attention_reference_accepts_f32_and_catches_a_dropped_key() {
+        for text in [
+            "attention:1x1x1x1",
+            "attention:2x3x17x32",
+            "attention:1x2x40x80:causal",
+            "attention:1x1x300x64",
+        ] {
+            let w: Workload = text.parse().unwrap();
+            let p = Problem::random(&w, 9);
+            let r = p.reference();
+            assert_eq!(p.check(&naive_attention(&p, None), &r), Ok(()), "{w}");
+            let Workload::Attention { s, d, .. } = w else {
+                unreachable!()
+            };
+            if s > 1 {
+                // Row s-1 of head 0 sees every key; drop key 0.
+                let e = p
+                    .check(&naive_attention(&p, Some((s - 1, 0))), &r)
+                    .unwrap_err();
+                assert_eq!(e.row, s - 1, "{w}: {e}");
+                assert!(e.col < d);
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_bias_act_reference_accepts_f32_and_catches_a_missing_bias() {
+        for act in [Act::Relu, Act::Gelu] {
+            let w = Workload::gemm_bias_act(5, 7, 300, act).unwrap();
+            let p = Problem::random(&w, 3);
+            let r = p.reference();
+            let mut c = naive(&w, &p);
+            let bias = &p.inputs[2];
+            let gelu = |x: f32| 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh());
+            let out: Vec<f32> = c
+                .iter()
+                .enumerate()
+                .map(|(i, z)| {
+                    let z = z + bias[i % 7];
+                    match act {
+                        Act::Relu => z.max(0.0),
+                        Act::Gelu => gelu(z),
+                    }
+                })
+                .collect();
+            assert_eq!(p.check(&out, &r), Ok(()), "{w}");
+            // Without the bias: wrong (bias values are O(1), tolerances O(1e-4)).
+            for (i, x) in c.iter_mut().enumerate() {
+                *x = match act {
+                    Act::Relu => x.max(0.0),
+                    Act::Gelu => gelu(*x),
+                };
+                let _ = i;
+            }
+            assert!(p.check(&c, &r).is_err(), "{w}");
+        }
     }
 }

@@ -1,7 +1,27 @@
 //! Workloads: what is computed, at which shape.
 //!
-//! The text form (`gemm:MxNxK`) is the contract users type on the command line and the key
-//! stored in the tuning database, so [`Workload::key`] and [`FromStr`] are exact inverses.
+//! The text form is the contract users type on the command line and the key stored in the
+//! tuning database, so [`Workload::key`] and [`FromStr`] are exact inverses:
+//!
+//! | text form                       | computes                                              |
+//! |---------------------------------|-------------------------------------------------------|
+//! | `gemm:MxNxK`                    | `C = A·B`                                             |
+//! | `gemm_bias_relu:MxNxK`          | `C = relu(A·B + bias)`, bias of length N              |
+//! | `gemm_bias_gelu:MxNxK`          | `C = gelu(A·B + bias)` (tanh form)                    |
+//! | `attention:BxHxSxD`             | `O = softmax(Q·Kᵀ/√D)·V` per batch and head           |
+//! | `attention:BxHxSxD:causal`      | the same with key `j > i` masked out for query `i`    |
+//!
+//! ```
+//! use kernels::{Act, Workload};
+//!
+//! let w: Workload = "attention:1x12x128x64:causal".parse()?;
+//! assert_eq!(w, Workload::Attention { b: 1, h: 12, s: 128, d: 64, causal: true });
+//! assert_eq!(w.key(), "attention:1x12x128x64:causal");
+//! let g: Workload = "gemm_bias_gelu:128x3072x768".parse()?;
+//! assert_eq!(g, Workload::GemmBiasAct { m: 128, n: 3072, k: 768, act: Act::Gelu });
+//! assert!("attention:1x12x128x64:sideways".parse::<Workload>().is_err());
+//! # Ok::<(), kernels::Error>(())
+//! ```
 
 use std::fmt;
 use std::str::FromStr;
@@ -23,17 +43,70 @@ pub const MAX_ELEMENTS: u128 = 1 << 32;
 pub enum Op {
     /// `C = A·B`, f32, row-major; A is M×K, B is K×N, C is M×N.
     Gemm,
+    /// `C = relu(A·B + bias)`; bias has N values, added to every row.
+    GemmBiasRelu,
+    /// `C = gelu(A·B + bias)`, GELU in its tanh form.
+    GemmBiasGelu,
+    /// Scaled dot-product attention over `[B, H, S, D]` tensors.
+    Attention,
 }
 
 impl Op {
     /// Every op, for error messages and listings.
-    pub const ALL: [Op; 1] = [Op::Gemm];
+    pub const ALL: [Op; 4] = [Op::Gemm, Op::GemmBiasRelu, Op::GemmBiasGelu, Op::Attention];
 
     /// The name used in workload strings.
     pub fn name(self) -> &'static str {
         match self {
             Op::Gemm => "gemm",
+            Op::GemmBiasRelu => "gemm_bias_relu",
+            Op::GemmBiasGelu => "gemm_bias_gelu",
+            Op::Attention => "attention",
         }
+    }
+}
+
+/// The activation of a fused GEMM epilogue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Act {
+    /// `max(x, 0)`.
+    Relu,
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, the tanh form of GELU.
+    Gelu,
+}
+
+impl Act {
+    /// The op of `gemm_bias_<act>`.
+    pub fn op(self) -> Op {
+        match self {
+            Act::Relu => Op::GemmBiasRelu,
+            Act::Gelu => Op::GemmBiasGelu,
+        }
+    }
+
+    /// `relu` or `gelu`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Act::Relu => "relu",
+            Act::Gelu => "gelu",
+        }
+    }
+
+    /// The activation in f64, the reference the kernels are checked against.
+    pub fn apply_f64(self, x: f64) -> f64 {
+        match self {
+            Act::Relu => x.max(0.0),
+            Act::Gelu => {
+                let c = (2.0 / std::f64::consts::PI).sqrt();
+                0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+            }
+        }
+    }
+}
+
+impl fmt::Display for Act {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -42,6 +115,23 @@ impl Op {
 pub enum Workload {
     /// f32 row-major GEMM `C[m×n] = A[m×k] · B[k×n]`.
     Gemm { m: usize, n: usize, k: usize },
+    /// `C[m×n] = act(A[m×k] · B[k×n] + bias[n])`, f32 row-major. Inputs: A, B, bias.
+    GemmBiasAct {
+        m: usize,
+        n: usize,
+        k: usize,
+        act: Act,
+    },
+    /// Scaled dot-product attention, f32, Q, K, V and O laid out `[b, h, s, d]` (row-major):
+    /// `O = softmax(Q·Kᵀ/√d)·V` for each of the `b·h` heads; with `causal`, query `i` only
+    /// sees keys `j ≤ i`. Inputs: Q, K, V.
+    Attention {
+        b: usize,
+        h: usize,
+        s: usize,
+        d: usize,
+        causal: bool,
+    },
 }
 
 impl Workload {
@@ -52,43 +142,102 @@ impl Workload {
         Ok(w)
     }
 
+    /// A fused `act(A·B + bias)` workload, validated.
+    pub fn gemm_bias_act(m: usize, n: usize, k: usize, act: Act) -> Result<Self> {
+        let w = Workload::GemmBiasAct { m, n, k, act };
+        w.validate(&w.key())?;
+        Ok(w)
+    }
+
+    /// An attention workload, validated.
+    pub fn attention(b: usize, h: usize, s: usize, d: usize, causal: bool) -> Result<Self> {
+        let w = Workload::Attention { b, h, s, d, causal };
+        w.validate(&w.key())?;
+        Ok(w)
+    }
+
     /// The op this workload belongs to.
     pub fn op(&self) -> Op {
         match self {
             Workload::Gemm { .. } => Op::Gemm,
+            Workload::GemmBiasAct { act, .. } => act.op(),
+            Workload::Attention { .. } => Op::Attention,
         }
     }
 
-    /// The dimensions in the order of the text form (`gemm`: M, N, K).
+    /// The dimensions in the order of the text form (`gemm*`: M, N, K; `attention`: B, H, S, D).
     pub fn dims(&self) -> Vec<usize> {
         match *self {
-            Workload::Gemm { m, n, k } => vec![m, n, k],
+            Workload::Gemm { m, n, k } | Workload::GemmBiasAct { m, n, k, .. } => vec![m, n, k],
+            Workload::Attention { b, h, s, d, .. } => vec![b, h, s, d],
         }
     }
 
-    /// The canonical text form, also the database key: `gemm:MxNxK`.
+    /// `(m, n, k)` of the matrix product inside a `gemm` or `gemm_bias_*` workload.
+    pub fn gemm_dims(&self) -> Option<(usize, usize, usize)> {
+        match *self {
+            Workload::Gemm { m, n, k } | Workload::GemmBiasAct { m, n, k, .. } => Some((m, n, k)),
+            Workload::Attention { .. } => None,
+        }
+    }
+
+    /// The canonical text form, also the database key: `gemm:MxNxK`, `attention:BxHxSxD[:causal]`.
     pub fn key(&self) -> String {
         self.to_string()
     }
 
-    /// Floating-point operations of one call, the numerator of every GFLOP/s figure.
+    /// Floating-point operations of one call, the numerator of every GFLOP/s figure:
+    /// `2·M·N·K` for the GEMMs (the epilogue is not counted), `4·B·H·S²·D` for attention,
+    /// halved when causal, whatever a variant actually computes.
     pub fn flops(&self) -> f64 {
         match *self {
-            Workload::Gemm { m, n, k } => 2.0 * m as f64 * n as f64 * k as f64,
+            Workload::Gemm { m, n, k } | Workload::GemmBiasAct { m, n, k, .. } => {
+                2.0 * m as f64 * n as f64 * k as f64
+            }
+            Workload::Attention { b, h, s, d, causal } => {
+                let full = 4.0 * (b * h) as f64 * s as f64 * s as f64 * d as f64;
+                if causal {
+                    full / 2.0
+                } else {
+                    full
+                }
+            }
         }
     }
 
-    /// Lengths of the input buffers, in order (`gemm`: A, B).
+    /// Lengths of the input buffers, in order (`gemm`: A, B; `gemm_bias_*`: A, B, bias;
+    /// `attention`: Q, K, V).
     pub fn input_lens(&self) -> Vec<usize> {
         match *self {
             Workload::Gemm { m, n, k } => vec![m * k, k * n],
+            Workload::GemmBiasAct { m, n, k, .. } => vec![m * k, k * n, n],
+            Workload::Attention { b, h, s, d, .. } => vec![b * h * s * d; 3],
         }
     }
 
-    /// Length of the output buffer (`gemm`: C).
+    /// Names of the input buffers, in order (for error messages).
+    pub fn input_names(&self) -> &'static [&'static str] {
+        match self {
+            Workload::Gemm { .. } => &["a", "b"],
+            Workload::GemmBiasAct { .. } => &["a", "b", "bias"],
+            Workload::Attention { .. } => &["q", "k", "v"],
+        }
+    }
+
+    /// Length of the output buffer (`gemm*`: C; `attention`: O).
     pub fn output_len(&self) -> usize {
         match *self {
-            Workload::Gemm { m, n, .. } => m * n,
+            Workload::Gemm { m, n, .. } | Workload::GemmBiasAct { m, n, .. } => m * n,
+            Workload::Attention { b, h, s, d, .. } => b * h * s * d,
+        }
+    }
+
+    /// Columns of the output seen as a row-major matrix (`n`, or `d` for attention): how
+    /// an element index maps to (row, col) in error messages.
+    pub fn output_cols(&self) -> usize {
+        match *self {
+            Workload::Gemm { n, .. } | Workload::GemmBiasAct { n, .. } => n,
+            Workload::Attention { d, .. } => d,
         }
     }
 
@@ -107,8 +256,17 @@ impl Workload {
                 )));
             }
         }
-        let elems: u128 =
-            self.input_lens().iter().map(|&l| l as u128).sum::<u128>() + self.output_len() as u128;
+        // Checked products: B·H·S·D of four dimensions up to 2^20 overflows usize.
+        let elems: u128 = match *self {
+            Workload::Attention { b, h, s, d, .. } => {
+                4 * b as u128 * h as u128 * s as u128 * d as u128
+            }
+            _ => {
+                let (m, n, k) = self.gemm_dims().expect("a gemm workload");
+                let (m, n, k) = (m as u128, n as u128, k as u128);
+                m * k + k * n + m * n + n
+            }
+        };
         if elems > MAX_ELEMENTS {
             return Err(bad(format!(
                 "operands need {elems} f32 elements, more than the limit of {MAX_ELEMENTS}"
@@ -122,6 +280,14 @@ impl fmt::Display for Workload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Workload::Gemm { m, n, k } => write!(f, "gemm:{m}x{n}x{k}"),
+            Workload::GemmBiasAct { m, n, k, act } => write!(f, "gemm_bias_{act}:{m}x{n}x{k}"),
+            Workload::Attention { b, h, s, d, causal } => {
+                write!(f, "attention:{b}x{h}x{s}x{d}")?;
+                if causal {
+                    f.write_str(":causal")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -129,7 +295,8 @@ impl fmt::Display for Workload {
 impl FromStr for Workload {
     type Err = Error;
 
-    /// Parses `gemm:MxNxK` (surrounding white space is ignored).
+    /// Parses `gemm:MxNxK`, `gemm_bias_relu:MxNxK`, `gemm_bias_gelu:MxNxK`,
+    /// `attention:BxHxSxD` and `attention:BxHxSxD:causal` (surrounding white space is ignored).
     fn from_str(s: &str) -> Result<Self> {
         let input = s.trim();
         let bad = |reason: String| Error::BadWorkload {
@@ -137,11 +304,20 @@ impl FromStr for Workload {
             reason,
         };
         let known = Op::ALL.map(Op::name).join(", ");
-        let (op, shape) = input.split_once(':').ok_or_else(|| {
+        let (op, rest) = input.split_once(':').ok_or_else(|| {
             bad(format!(
                 "expected OP:SHAPE such as gemm:128x768x768 (ops: {known})"
             ))
         })?;
+        let op = op.trim();
+        let op = Op::ALL
+            .into_iter()
+            .find(|o| o.name() == op)
+            .ok_or_else(|| bad(format!("unknown op '{op}' (known ops: {known})")))?;
+        let (shape, suffix) = match rest.split_once(':') {
+            Some((shape, suffix)) => (shape, Some(suffix.trim())),
+            None => (rest, None),
+        };
         let dims = shape
             .split('x')
             .map(|d| {
@@ -152,17 +328,55 @@ impl FromStr for Workload {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let w = match op.trim() {
-            "gemm" => match dims[..] {
-                [m, n, k] => Workload::Gemm { m, n, k },
-                _ => {
-                    return Err(bad(format!(
-                        "gemm takes MxNxK, got {} dimension(s)",
-                        dims.len()
-                    )))
+        let gemm_dims = |name: &str| match dims[..] {
+            [m, n, k] => Ok((m, n, k)),
+            _ => Err(bad(format!(
+                "{name} takes MxNxK, got {} dimension(s)",
+                dims.len()
+            ))),
+        };
+        let no_suffix = |name: &str| match suffix {
+            None => Ok(()),
+            Some(x) => Err(bad(format!(
+                "unknown suffix ':{x}' ({name} takes no options)"
+            ))),
+        };
+        let w = match op {
+            Op::Gemm => {
+                no_suffix("gemm")?;
+                let (m, n, k) = gemm_dims("gemm")?;
+                Workload::Gemm { m, n, k }
+            }
+            Op::GemmBiasRelu | Op::GemmBiasGelu => {
+                no_suffix(op.name())?;
+                let (m, n, k) = gemm_dims(op.name())?;
+                let act = if op == Op::GemmBiasRelu {
+                    Act::Relu
+                } else {
+                    Act::Gelu
+                };
+                Workload::GemmBiasAct { m, n, k, act }
+            }
+            Op::Attention => {
+                let causal = match suffix {
+                    None => false,
+                    Some("causal") => true,
+                    Some(x) => {
+                        return Err(bad(format!(
+                            "unknown suffix ':{x}' (attention takes only ':causal')"
+                        )))
+                    }
+                };
+                match dims[..] {
+                    [b, h, s, d] => Workload::Attention { b, h, s, d, causal },
+                    _ => {
+                        return Err(bad(format!(
+                            "attention takes BxHxSxD, got {} dimension(s)",
+                            dims.len()
+                        )))
+                    }
                 }
-            },
-            other => return Err(bad(format!("unknown op '{other}' (known ops: {known})"))),
+            }
         };
         w.validate(input)?;
         Ok(w)
@@ -226,6 +440,109 @@ mod tests {
             assert!(err.contains(needle), "{s}: {err}");
             assert!(err.contains(s.trim()), "error names the input: {err}");
         }
+    }
+
+    #[test]
+    fn new_ops_parse_print_and_count() {
+        for (text, w) in [
+            (
+                "attention:1x12x128x64",
+                Workload::Attention {
+                    b: 1,
+                    h: 12,
+                    s: 128,
+                    d: 64,
+                    causal: false,
+                },
+            ),
+            (
+                "attention:2x3x5x7:causal",
+                Workload::Attention {
+                    b: 2,
+                    h: 3,
+                    s: 5,
+                    d: 7,
+                    causal: true,
+                },
+            ),
+            (
+                "gemm_bias_relu:4x5x6",
+                Workload::GemmBiasAct {
+                    m: 4,
+                    n: 5,
+                    k: 6,
+                    act: Act::Relu,
+                },
+            ),
+            (
+                "gemm_bias_gelu:128x3072x768",
+                Workload::GemmBiasAct {
+                    m: 128,
+                    n: 3072,
+                    k: 768,
+                    act: Act::Gelu,
+                },
+            ),
+        ] {
+            assert_eq!(text.parse::<Workload>().unwrap(), w, "{text}");
+            assert_eq!(w.key(), text);
+            assert_eq!(w.key().parse::<Workload>().unwrap(), w);
+        }
+        let a: Workload = "attention:2x3x5x7".parse().unwrap();
+        assert_eq!(a.flops(), 4.0 * 6.0 * 25.0 * 7.0);
+        assert_eq!(a.input_lens(), vec![210; 3]);
+        assert_eq!(a.output_len(), 210);
+        assert_eq!(a.op().name(), "attention");
+        let c: Workload = " attention:2x3x5x7:causal ".parse().unwrap();
+        assert_eq!(c.flops(), a.flops() / 2.0);
+        let g: Workload = "gemm_bias_gelu:4x5x6".parse().unwrap();
+        assert_eq!(g.flops(), 2.0 * 120.0);
+        assert_eq!(g.input_lens(), vec![24, 30, 5]);
+        assert_eq!(g.output_len(), 20);
+        assert_eq!(g.op().name(), "gemm_bias_gelu");
+        assert_eq!(
+            Workload::attention(1, 1, 1, 1, true).unwrap().key(),
+            "attention:1x1x1x1:causal"
+        );
+        assert_eq!(
+            Workload::gemm_bias_act(1, 2, 3, Act::Relu).unwrap().key(),
+            "gemm_bias_relu:1x2x3"
+        );
+    }
+
+    #[test]
+    fn new_ops_reject_bad_input_with_a_reason() {
+        for (s, needle) in [
+            ("attention:1x12x128", "BxHxSxD"),
+            ("attention:1x12x128x64x2", "BxHxSxD"),
+            (
+                "attention:1x12x128x64:sideways",
+                "unknown suffix ':sideways'",
+            ),
+            ("attention:1x12x128x64:", "unknown suffix"),
+            ("attention:1x0x128x64", "at least 1"),
+            (
+                "attention:1048576x1048576x1048576x1048576",
+                "more than the limit",
+            ),
+            ("gemm:2x2x2:causal", "takes no options"),
+            ("gemm_bias_gelu:2x2", "MxNxK"),
+            ("gemm_bias_relu:2x2x2:fast", "takes no options"),
+            ("gemm_bias_tanh:2x2x2", "unknown op 'gemm_bias_tanh'"),
+        ] {
+            let err = s.parse::<Workload>().unwrap_err().to_string();
+            assert!(err.contains(needle), "{s}: {err}");
+            assert!(err.contains(s.trim()), "error names the input: {err}");
+        }
+    }
+
+    #[test]
+    fn gelu_reference_matches_known_values() {
+        assert_eq!(Act::Gelu.apply_f64(0.0), 0.0);
+        assert!((Act::Gelu.apply_f64(1.0) - 0.841_191_990_608_276_8).abs() < 1e-12);
+        assert!((Act::Gelu.apply_f64(-1.0) + 0.158_808_009_391_723_2).abs() < 1e-12);
+        assert_eq!(Act::Relu.apply_f64(-2.0), 0.0);
+        assert_eq!(Act::Relu.apply_f64(2.5), 2.5);
     }
 
     #[test]

@@ -170,7 +170,9 @@ mod tests {
             Config::from_pairs([("x", 1usize)])
         }
         fn build(&self, w: &Workload, _: &Config) -> kernels::Result<Box<dyn Executable>> {
-            let Workload::Gemm { n, k, .. } = *w;
+            let Workload::Gemm { n, k, .. } = *w else {
+                unreachable!("the tests only build gemm workloads")
+            };
             Ok(Box::new(BrokenExe {
                 panic: self.panic,
                 n,

@@ -80,7 +80,9 @@ struct PlantedExe {
 }
 impl Executable for PlantedExe {
     fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
-        let Workload::Gemm { m, n, k } = self.w;
+        let Workload::Gemm { m, n, k } = self.w else {
+            unreachable!("the planted family only supports gemm")
+        };
         if self.x == 2 {
             panic!("planted crash");
         }

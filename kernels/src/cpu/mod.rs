@@ -1,5 +1,6 @@
 //! CPU kernel families and the one place where the CPU's SIMD level is detected.
 
+pub mod attention;
 pub mod gemm;
 pub mod peak;
 

@@ -10,6 +10,7 @@
 //! the [`HardwareFingerprint`].
 
 pub mod direct;
+pub mod epilogue;
 pub mod pack;
 pub mod packed;
 pub mod ukernel;
@@ -90,7 +91,7 @@ impl Par {
 /// The fallback for `w`: the direct family for small M, the packed family otherwise. The
 /// config is valid (passes `prepare`) for every shape.
 pub fn default_for(w: &Workload, hw: &HardwareFingerprint) -> (&'static dyn Kernel, Config) {
-    let Workload::Gemm { m, .. } = *w;
+    let (m, _, _) = gemm_dims(w);
     if m <= DIRECT_DEFAULT_MAX_M {
         (&Direct, Direct.default_config(w, hw))
     } else {
@@ -98,7 +99,21 @@ pub fn default_for(w: &Workload, hw: &HardwareFingerprint) -> (&'static dyn Kern
     }
 }
 
-fn invalid(kernel: &str, c: &Config, reason: String) -> Error {
+/// `(m, n, k)` of a GEMM-shaped workload; `(1, 1, 1)` for any other (the families only
+/// describe spaces and defaults for workloads they support, and `build` refuses the rest).
+pub(crate) fn gemm_dims(w: &Workload) -> (usize, usize, usize) {
+    w.gemm_dims().unwrap_or((1, 1, 1))
+}
+
+/// The error `build` returns for a workload the family does not support.
+pub(crate) fn unsupported(kernel: &str, w: &Workload) -> Error {
+    Error::Unsupported {
+        kernel: kernel.into(),
+        workload: w.key(),
+    }
+}
+
+pub(crate) fn invalid(kernel: &str, c: &Config, reason: String) -> Error {
     Error::InvalidConfig {
         kernel: kernel.into(),
         config: c.to_json(),
@@ -106,7 +121,7 @@ fn invalid(kernel: &str, c: &Config, reason: String) -> Error {
     }
 }
 
-fn int_knob(kernel: &str, c: &Config, name: &str) -> Result<usize> {
+pub(crate) fn int_knob(kernel: &str, c: &Config, name: &str) -> Result<usize> {
     match c.int(name) {
         Some(v) if v >= 0 => Ok(v as usize),
         _ => Err(invalid(
@@ -117,13 +132,13 @@ fn int_knob(kernel: &str, c: &Config, name: &str) -> Result<usize> {
     }
 }
 
-fn str_knob<'c>(kernel: &str, c: &'c Config, name: &str) -> Result<&'c str> {
+pub(crate) fn str_knob<'c>(kernel: &str, c: &'c Config, name: &str) -> Result<&'c str> {
     c.str(name)
         .ok_or_else(|| invalid(kernel, c, format!("knob '{name}' must be a name")))
 }
 
 /// Thread counts offered: powers of two below the core count, and the core count.
-fn thread_values(hw: &HardwareFingerprint) -> Vec<usize> {
+pub(crate) fn thread_values(hw: &HardwareFingerprint) -> Vec<usize> {
     let cores = hw.cores.max(1);
     let mut v: Vec<usize> = (0..)
         .map(|s| 1usize << s)
@@ -150,7 +165,7 @@ fn snap(values: &[usize], target: usize, dim: usize) -> usize {
         .expect("knob lists are not empty")
 }
 
-fn serial_iff_one_thread(c: &Config) -> bool {
+pub(crate) fn serial_iff_one_thread(c: &Config) -> bool {
     (c.str("par") == Some("none")) == (c.int("threads") == Some(1))
 }
 
@@ -186,7 +201,7 @@ impl Kernel for Packed {
     }
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
-        let Workload::Gemm { m, n, k } = *w;
+        let (m, n, k) = gemm_dims(w);
         let names: Vec<&str> = ukernel::packed_offered()
             .iter()
             .map(|u| u.name.as_str())
@@ -205,7 +220,7 @@ impl Kernel for Packed {
     }
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
-        let Workload::Gemm { m, n, k } = *w;
+        let (m, n, k) = gemm_dims(w);
         let uk = default_packed_ukernel(m);
         let (mr, nr) = (uk.mr, uk.nr);
         let f = std::mem::size_of::<f32>();
@@ -227,7 +242,9 @@ impl Kernel for Packed {
     }
 
     fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
-        let Workload::Gemm { m, n, k } = *w;
+        let Workload::Gemm { m, n, k } = *w else {
+            return Err(unsupported(self.name(), w));
+        };
         let name = self.name();
         let uk_name = str_knob(name, c, "ukernel")?;
         let uk = ukernel::packed(uk_name).ok_or_else(|| {
@@ -274,7 +291,7 @@ fn default_par(
     mr: usize,
     nr: usize,
 ) -> (&'static str, usize) {
-    let Workload::Gemm { m, n, .. } = *w;
+    let (m, n, _) = gemm_dims(w);
     let cores = hw.cores.max(1);
     if cores == 1 || w.flops() < PARALLEL_MIN_FLOPS {
         return ("none", 1);
@@ -296,12 +313,11 @@ impl Kernel for Direct {
     }
 
     fn supports(&self, w: &Workload) -> bool {
-        let Workload::Gemm { m, .. } = *w;
-        m <= DIRECT_MAX_M
+        matches!(*w, Workload::Gemm { m, .. } if m <= DIRECT_MAX_M)
     }
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
-        let Workload::Gemm { m, n, k } = *w;
+        let (m, n, k) = gemm_dims(w);
         let names: Vec<&str> = ukernel::direct_offered()
             .iter()
             .map(|u| u.name.as_str())
@@ -326,7 +342,7 @@ impl Kernel for Direct {
     }
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
-        let Workload::Gemm { m, n, k } = *w;
+        let (m, n, k) = gemm_dims(w);
         let offered = ukernel::direct_offered();
         let uk = default_direct_ukernel(&offered, m);
         let f = std::mem::size_of::<f32>();
@@ -368,14 +384,11 @@ impl Kernel for Direct {
     }
 
     fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
-        let Workload::Gemm { m, n, k } = *w;
         let name = self.name();
-        if m > DIRECT_MAX_M {
-            return Err(Error::Unsupported {
-                kernel: name.into(),
-                workload: w.key(),
-            });
-        }
+        let (m, n, k) = match *w {
+            Workload::Gemm { m, n, k } if m <= DIRECT_MAX_M => (m, n, k),
+            _ => return Err(unsupported(name, w)),
+        };
         let uk_name = str_knob(name, c, "ukernel")?;
         let uk = ukernel::direct(uk_name).ok_or_else(|| {
             invalid(
