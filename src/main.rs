@@ -27,6 +27,9 @@ enum Command {
     Lookup(commands::lookup::LookupArgs),
     /// Run a workload through the runtime on random inputs and time it.
     Run(commands::run::RunArgs),
+    /// Internal: evaluate candidates for `tune --isolation process` (JSON lines on stdin/stdout).
+    #[command(hide = true)]
+    Worker(commands::worker::WorkerArgs),
 }
 
 /// Options shared by the commands that read or write a tuning database.
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         Command::Tune(a) => commands::tune::run(a),
         Command::Lookup(a) => commands::lookup::run(a),
         Command::Run(a) => commands::run::run(a),
+        Command::Worker(a) => commands::worker::run(a),
     };
     match result {
         Ok(code) => code,

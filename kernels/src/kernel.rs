@@ -55,7 +55,14 @@ pub trait Kernel: Send + Sync {
 }
 
 /// Every registered kernel family, in priority order.
+///
+/// Builds with the `planted-faults` feature append the test-only `planted_faults` family
+/// (`kernels/src/cpu/planted.rs`) when the environment has `AUTOKERNEL_PLANTED_FAULTS=1`.
 pub fn registry() -> &'static [&'static dyn Kernel] {
+    #[cfg(feature = "planted-faults")]
+    if crate::cpu::planted::enabled() {
+        return crate::cpu::planted::with_planted(FAMILIES);
+    }
     FAMILIES
 }
 

@@ -17,10 +17,24 @@
 //! Why it exists: a timing only counts once the candidate's output matched the f64 reference,
 //! and tuning, `autokernel run` and regression benchmarks must all measure the same way, so
 //! the protocol lives in one place. See [`Protocol`] for the protocol itself.
+//!
+//! Where a candidate runs is an [`Evaluator`]: [`InProcess`], or [`Isolated`] in a watched
+//! worker process ([`worker`]) so that a candidate that segfaults, hangs or allocates without
+//! bound becomes a `crashed` / `timeout` / `oom` record instead of the end of the job.
+//! Finalists are re-measured interleaved ([`measure_interleaved`]) and compared by the
+//! confidence intervals of their medians ([`median_ci`]).
 
+mod evaluator;
+mod interleaved;
 mod protocol;
+#[cfg(unix)]
+pub mod worker;
 
+pub use evaluator::{derived_timeout, EvalError, Evaluation, Evaluator, InProcess};
+pub use interleaved::{measure_interleaved, median_ci, overlaps};
 pub use protocol::{measure, Protocol};
+#[cfg(unix)]
+pub use worker::{Isolated, Worker, WorkerError, WorkerSpec};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

@@ -18,12 +18,17 @@
 //! its own concern. A [`Strategy`] only proposes and learns (ask/tell, as in TVM's
 //! MetaSchedule); [`tune`] owns the loop — parallel preparation, one-at-a-time measurement,
 //! every trial (failures too) committed to the database as it happens, and resumption: configs
-//! already in the database are never measured again.
+//! already in the database are never measured again. Candidates run wherever the given
+//! [`runner::Evaluator`] runs them ([`tune_with`]; a watched worker process for crash
+//! isolation), and each job ends by re-measuring its finalists interleaved and recording a
+//! [`Decision`] that keeps the incumbent or the simpler config on a statistical tie.
 
 mod strategy;
 mod tuner;
 
 pub use strategy::{Exhaustive, RandomSearch, Strategy, StrategyKind};
 pub use tuner::{
-    candidates, tune, tune_families, Candidate, Event, SearchError, TuneOptions, TuneSummary,
+    candidates, is_quarantine, simplicity_key, tune, tune_families, tune_with, Candidate, Decision,
+    Event, Finalist, SearchError, TuneOptions, TuneSummary, WinReason, FALLBACK_TIMEOUT,
+    INITIAL_TIMEOUT,
 };

@@ -1,16 +1,25 @@
-//! The tuning loop: ask the strategy, prepare the batch in parallel, verify and time each
-//! candidate one at a time, commit every trial (failures included) to the database, tell the
-//! strategy.
+//! The tuning loop: ask the strategy, prepare the batch, evaluate each candidate one at a time
+//! through an [`Evaluator`] (in this process, or in a watched worker process), commit every
+//! trial (failures included) to the database, tell the strategy. At the end, re-measure the
+//! finalists interleaved and decide the winner, a statistical tie going to the incumbent or
+//! the simpler config, so that reruns on a noisy machine keep the same winner.
+//!
+//! **Quarantine.** A config that crashed the worker, hung past its deadline or ran out of
+//! memory (`crashed`, `timeout`, `oom`) for a workload, kernel and kernel version is never
+//! measured again on this machine: like every tried config it is skipped whatever strategy,
+//! seed or budget proposes it, and not even the default config is re-run if it is quarantined.
 
 use std::collections::HashSet;
-
-use rayon::prelude::*;
+use std::time::Duration;
 
 use kernels::{
-    default_for, kernels_for, Config, Executable, HardwareFingerprint, Kernel, Problem, Workload,
+    default_for, kernels_for, Config, HardwareFingerprint, Kernel, Measurement, Status, Workload,
 };
-use runner::{evaluate_prepared, Outcome, Protocol};
-use tuning_db::{DbError, Record, TuningDb};
+use runner::{
+    derived_timeout, median_ci, overlaps, EvalError, Evaluation, Evaluator, InProcess, Outcome,
+    Protocol,
+};
+use tuning_db::{DbError, Record, Remeasurement, TuningDb, WinnerDecision};
 
 use crate::strategy::StrategyKind;
 
@@ -47,6 +56,14 @@ pub fn candidates(
         .collect()
 }
 
+/// Time limit for the default config's own evaluation (before any time is known), unless
+/// [`TuneOptions::timeout`] is set.
+pub const INITIAL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Time limit per candidate when the default config could not be timed in this run (it is
+/// quarantined), unless [`TuneOptions::timeout`] is set.
+pub const FALLBACK_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Settings of one tuning job.
 #[derive(Debug, Clone)]
 pub struct TuneOptions {
@@ -56,10 +73,19 @@ pub struct TuneOptions {
     pub strategy: StrategyKind,
     pub seed: u64,
     pub protocol: Protocol,
-    /// Candidates prepared together (in parallel) before being measured one by one.
+    /// Candidates prepared together (in parallel, in-process) before being measured one by one.
     pub batch: usize,
     /// Stored in every record.
     pub tool_version: String,
+    /// Finalists re-measured interleaved before a winner is declared: the fastest distinct
+    /// configs by trial median, plus the incumbent. 0 turns re-measurement and the recorded
+    /// decision off (the fastest trial then wins, as [`TuningDb::best`] finds it).
+    pub finalists: usize,
+    /// Rounds of the interleaved re-measurement (one sample of every finalist per round).
+    pub remeasure_rounds: usize,
+    /// Per-candidate time limit for evaluators that enforce one (worker processes). `None`:
+    /// [`derived_timeout`] of the default config's evaluation time (`max(2 s, 50 ×)`).
+    pub timeout: Option<Duration>,
 }
 
 impl Default for TuneOptions {
@@ -71,6 +97,9 @@ impl Default for TuneOptions {
             protocol: Protocol::quick(),
             batch: 8,
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
+            finalists: 3,
+            remeasure_rounds: 15,
+            timeout: None,
         }
     }
 }
@@ -96,13 +125,93 @@ pub enum Event<'a> {
     },
 }
 
+/// Why the winner won.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WinReason {
+    /// The only verified config.
+    OnlyCandidate,
+    /// Fastest after re-measurement, and no other finalist's interval overlaps its own.
+    Fastest,
+    /// Tied with the fastest (overlapping confidence intervals): the incumbent stays.
+    TieIncumbent,
+    /// Tied with the fastest, no incumbent among them: the simplest config wins.
+    TieSimpler,
+    /// Re-measurement failed (see [`Decision::note`]): the fastest trial median wins.
+    Unconfirmed,
+}
+
+impl WinReason {
+    /// The text stored in the database's `winners.reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WinReason::OnlyCandidate => "only_candidate",
+            WinReason::Fastest => "fastest",
+            WinReason::TieIncumbent => "tie_incumbent",
+            WinReason::TieSimpler => "tie_simpler",
+            WinReason::Unconfirmed => "unconfirmed",
+        }
+    }
+}
+
+impl std::fmt::Display for WinReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One finalist of a decision.
+#[derive(Debug, Clone)]
+pub struct Finalist {
+    /// Its trial record (the measurement of the search).
+    pub record: Record,
+    /// Its interleaved re-measurement, when that succeeded.
+    pub remeasured: Option<Measurement>,
+    /// 95% confidence interval of the re-measured median, seconds (`(0, ∞)` if not re-measured).
+    pub ci: (f64, f64),
+    /// Whether it was the previous winner.
+    pub incumbent: bool,
+}
+
+/// How the winner of a workload was decided at the end of a job.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub winner: Record,
+    pub reason: WinReason,
+    /// Whether another finalist's confidence interval overlapped the fastest one's.
+    pub tie: bool,
+    pub finalists: Vec<Finalist>,
+    /// Rounds each finalist was re-measured for (0 when not re-measured).
+    pub rounds: usize,
+    /// Why re-measurement failed, if it did.
+    pub note: Option<String>,
+}
+
+impl Decision {
+    /// Finalists that were re-measured.
+    pub fn remeasured(&self) -> usize {
+        self.finalists
+            .iter()
+            .filter(|f| f.remeasured.is_some())
+            .count()
+    }
+
+    /// The winner's re-measured median (seconds), if it was re-measured.
+    pub fn winner_remeasured_s(&self) -> Option<f64> {
+        self.finalists
+            .iter()
+            .find(|f| f.record.id == self.winner.id)
+            .and_then(|f| f.remeasured.as_ref())
+            .map(|m| m.median_s)
+    }
+}
+
 /// What a tuning job achieved for one workload.
 #[derive(Debug, Clone)]
 pub struct TuneSummary {
     pub workload: Workload,
-    /// The best verified record in the database after this run.
+    /// The winner the database serves after this run ([`TuningDb::best`]).
     pub best: Option<Record>,
-    /// The default config's record, measured in this run.
+    /// The default config's record, measured in this run (or its quarantined record).
     pub default: Record,
     /// Number of valid candidates in the joint space.
     pub space_size: usize,
@@ -112,6 +221,24 @@ pub struct TuneSummary {
     pub resumed: usize,
     /// Of `measured`, how many failed (any status but ok).
     pub failures: usize,
+    /// The winner decision of this run: `None` when [`TuneOptions::finalists`] is 0, or when
+    /// this run measured nothing new and an earlier decision stands.
+    pub decision: Option<Decision>,
+    /// Timed (ok) evaluations of this run, the default's included.
+    pub timed: usize,
+    /// Median over this run's timed evaluations of their spread (MAD ÷ median).
+    pub median_spread: Option<f64>,
+    /// Median over this run's timed evaluations of their coefficient of variation
+    /// (standard deviation ÷ mean of the samples).
+    pub median_cv: Option<f64>,
+    /// Where candidates ran: `"none"` (in-process) or `"process"`.
+    pub isolation: &'static str,
+    /// Per-candidate time limit in force after the default was timed (isolation only).
+    pub timeout: Option<Duration>,
+    /// Times the worker process was restarted after a candidate killed it.
+    pub restarts: usize,
+    /// Quarantined configs (crashed, timeout, oom) of this workload's families: never re-run.
+    pub quarantined: usize,
 }
 
 impl TuneSummary {
@@ -120,6 +247,16 @@ impl TuneSummary {
         let best = self.best.as_ref()?.measurement.as_ref()?.median_s;
         let default = self.default.measurement.as_ref()?.median_s;
         Some(default / best)
+    }
+
+    /// Whether the decision of this run declared a tie.
+    pub fn tie(&self) -> bool {
+        self.decision.as_ref().is_some_and(|d| d.tie)
+    }
+
+    /// Finalists re-measured by this run.
+    pub fn remeasured(&self) -> usize {
+        self.decision.as_ref().map_or(0, Decision::remeasured)
     }
 }
 
@@ -130,10 +267,12 @@ pub enum SearchError {
     Db(#[from] DbError),
     #[error("no kernel supports workload {0}")]
     Unsupported(String),
+    #[error(transparent)]
+    Eval(#[from] EvalError),
 }
 
 /// Tunes `w` over every registered kernel family on this machine (`hw` must be the current
-/// machine's fingerprint), writing every trial to `db`.
+/// machine's fingerprint), writing every trial to `db`. Candidates run in this process.
 pub fn tune(
     db: &TuningDb,
     w: &Workload,
@@ -154,23 +293,49 @@ pub fn tune_families(
     opts: &TuneOptions,
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> Result<TuneSummary, SearchError> {
+    tune_with(db, w, hw, families, opts, &mut InProcess::new(), on_event)
+}
+
+/// [`tune_families`] with candidates evaluated by `evaluator`: [`InProcess`], or
+/// [`runner::Isolated`] for crash isolation.
+pub fn tune_with(
+    db: &TuningDb,
+    w: &Workload,
+    hw: &HardwareFingerprint,
+    families: &[&'static dyn Kernel],
+    opts: &TuneOptions,
+    evaluator: &mut dyn Evaluator,
+    on_event: &mut dyn FnMut(Event<'_>),
+) -> Result<TuneSummary, SearchError> {
     let cands = candidates(w, hw, families);
     if cands.is_empty() {
         return Err(SearchError::Unsupported(w.key()));
     }
     db.upsert_fingerprint(hw)?;
-    let problem = Problem::random(w, opts.seed ^ 0x5EED);
-    let reference = problem.reference();
+    evaluator.setup(w, opts.seed ^ 0x5EED)?;
 
+    let (dk, dc) = default_for(w, hw);
     let mut tried: HashSet<(String, String)> = HashSet::new();
-    for k in families
-        .iter()
-        .chain(std::iter::once(&default_for(w, hw).0))
-    {
+    for k in families.iter().chain(std::iter::once(&dk)) {
         for c in db.tried_configs(&hw.id, w, k.name(), k.version())? {
             tried.insert((k.name().to_string(), c));
         }
     }
+    let history = db.trials(&hw.id, w)?;
+    let current_version = |r: &Record| {
+        families
+            .iter()
+            .chain(std::iter::once(&dk))
+            .any(|k| k.name() == r.kernel && k.version() == r.kernel_version)
+    };
+    let quarantine: Vec<&Record> = history
+        .iter()
+        .filter(|r| is_quarantine(r.status) && current_version(r))
+        .collect();
+    let quarantined: HashSet<(String, String)> = quarantine
+        .iter()
+        .map(|r| (r.kernel.clone(), r.config.to_json()))
+        .collect();
     on_event(Event::Started {
         workload: w,
         space_size: cands.len(),
@@ -201,21 +366,31 @@ pub fn tune_families(
             ),
         }
     };
+    let mut timed: Vec<Measurement> = Vec::new();
 
-    // The default first: the baseline of the speedup, and the first data point.
-    let (dk, dc) = default_for(w, hw);
-    let outcome = match dk.prepare(w, &dc) {
-        Ok(exe) => evaluate_prepared(exe.as_ref(), &problem, &reference, &opts.protocol),
-        Err(e) => Outcome {
-            status: kernels::Status::BuildFailed,
-            message: Some(e.to_string()),
-            measurement: None,
-        },
+    // The default first: the baseline of the speedup, the first data point, and the yardstick
+    // of the per-candidate time limit. A quarantined default is not run again.
+    let default_key = (dk.name().to_string(), dc.to_json());
+    evaluator.set_timeout(opts.timeout.unwrap_or(INITIAL_TIMEOUT));
+    let default = match quarantine
+        .iter()
+        .find(|r| (r.kernel.clone(), r.config.to_json()) == default_key)
+    {
+        Some(q) => {
+            evaluator.set_timeout(opts.timeout.unwrap_or(FALLBACK_TIMEOUT));
+            (*q).clone()
+        }
+        None => {
+            let Evaluation { outcome, elapsed } = evaluator.evaluate(dk, &dc, &opts.protocol)?;
+            evaluator.set_timeout(opts.timeout.unwrap_or_else(|| derived_timeout(elapsed)));
+            let mut rec = record(dk, &dc, outcome);
+            if tried.insert(default_key.clone()) {
+                rec.id = Some(db.insert(&rec)?);
+            }
+            timed.extend(rec.measurement.clone());
+            rec
+        }
     };
-    let default = record(dk, &dc, outcome);
-    if tried.insert((dk.name().to_string(), dc.to_json())) {
-        db.insert(&default)?;
-    }
     on_event(Event::Default { record: &default });
 
     let mut strategy = opts.strategy.build(cands.len(), opts.seed);
@@ -235,7 +410,7 @@ pub fn tune_families(
             .filter(|&i| {
                 let c = &cands[i];
                 let key = (c.kernel.name().to_string(), c.config.to_json());
-                if tried.contains(&key) {
+                if tried.contains(&key) || quarantined.contains(&key) {
                     told.push((i, None));
                     resumed += 1;
                     false
@@ -244,28 +419,23 @@ pub fn tune_families(
                 }
             })
             .collect();
-        // Prepare in parallel; measure strictly one at a time.
-        let prepared: Vec<(usize, kernels::Result<Box<dyn Executable>>)> = fresh
-            .par_iter()
-            .map(|&i| (i, cands[i].kernel.prepare(w, &cands[i].config)))
+        let ahead: Vec<(&'static dyn Kernel, Config)> = fresh
+            .iter()
+            .map(|&i| (cands[i].kernel, cands[i].config.clone()))
             .collect();
-        for (i, exe) in prepared {
+        evaluator.prepare(&ahead);
+        for i in fresh {
             let c = &cands[i];
-            let outcome = match exe {
-                Ok(exe) => evaluate_prepared(exe.as_ref(), &problem, &reference, &opts.protocol),
-                Err(e) => Outcome {
-                    status: kernels::Status::BuildFailed,
-                    message: Some(e.to_string()),
-                    measurement: None,
-                },
-            };
-            let rec = record(c.kernel, &c.config, outcome);
-            db.insert(&rec)?;
+            let Evaluation { outcome, .. } =
+                evaluator.evaluate(c.kernel, &c.config, &opts.protocol)?;
+            let mut rec = record(c.kernel, &c.config, outcome);
+            rec.id = Some(db.insert(&rec)?);
             tried.insert((c.kernel.name().to_string(), c.config.to_json()));
             measured += 1;
             done += 1;
-            if rec.measurement.is_none() {
-                failures += 1;
+            match &rec.measurement {
+                Some(m) => timed.push(m.clone()),
+                None => failures += 1,
             }
             if let Some(g) = rec.gflops {
                 best_gflops = Some(best_gflops.map_or(g, |b: f64| b.max(g)));
@@ -282,6 +452,14 @@ pub fn tune_families(
         strategy.tell(&told);
     }
 
+    let decision = decide(db, w, hw, families, opts, evaluator, measured)?;
+    let quarantined_now = db
+        .trials(&hw.id, w)?
+        .iter()
+        .filter(|r| is_quarantine(r.status) && current_version(r))
+        .map(|r| (r.kernel.clone(), r.config.to_json()))
+        .collect::<HashSet<_>>()
+        .len();
     Ok(TuneSummary {
         workload: *w,
         best: db.best(&hw.id, w)?,
@@ -290,5 +468,242 @@ pub fn tune_families(
         measured,
         resumed,
         failures,
+        decision,
+        timed: timed.len(),
+        median_spread: median_of(timed.iter().map(|m| m.spread)),
+        median_cv: median_of(timed.iter().filter_map(cv)),
+        isolation: evaluator.isolation(),
+        timeout: evaluator.timeout(),
+        restarts: evaluator.restarts(),
+        quarantined: quarantined_now,
     })
+}
+
+/// Statuses that quarantine a config: the candidate took its process down or had to be killed.
+pub fn is_quarantine(status: Status) -> bool {
+    matches!(status, Status::Crashed | Status::Timeout | Status::Oom)
+}
+
+/// Median of the finite values, `None` if there are none.
+fn median_of(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let v: Vec<f64> = values.filter(|x| x.is_finite()).collect();
+    (!v.is_empty()).then(|| kernels::measurement::median(&v))
+}
+
+/// Coefficient of variation of a measurement's samples (sample standard deviation ÷ mean).
+fn cv(m: &Measurement) -> Option<f64> {
+    let n = m.samples.len();
+    if n < 2 {
+        return None;
+    }
+    let mean = m.samples.iter().sum::<f64>() / n as f64;
+    let var = m.samples.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    (mean > 0.0).then(|| var.sqrt() / mean)
+}
+
+/// Threads a config computes with (`par: none` means one), for the simplicity order.
+fn threads_of(c: &Config) -> i64 {
+    if c.str("par") == Some("none") {
+        1
+    } else {
+        c.int("threads").unwrap_or(1).max(1)
+    }
+}
+
+/// The deterministic "simpler" order used to break ties: fewer threads, then kernel name
+/// (`gemm_direct` before `gemm_packed`: no packing), then the default config before others,
+/// then the config's JSON.
+pub fn simplicity_key(
+    kernel: &str,
+    config: &Config,
+    default: (&str, &Config),
+) -> (i64, String, bool, String) {
+    (
+        threads_of(config),
+        kernel.to_string(),
+        !(kernel == default.0 && config == default.1),
+        config.to_json(),
+    )
+}
+
+/// Picks and records the winner of `w` (see the module docs).
+fn decide(
+    db: &TuningDb,
+    w: &Workload,
+    hw: &HardwareFingerprint,
+    families: &[&'static dyn Kernel],
+    opts: &TuneOptions,
+    evaluator: &mut dyn Evaluator,
+    measured_now: usize,
+) -> Result<Option<Decision>, SearchError> {
+    if opts.finalists == 0 {
+        return Ok(None);
+    }
+    let (dk, dc) = default_for(w, hw);
+    let lookup = |r: &Record| -> Option<&'static dyn Kernel> {
+        families
+            .iter()
+            .chain(kernels::registry())
+            .copied()
+            .find(|k| k.name() == r.kernel && k.version() == r.kernel_version)
+            .filter(|k| k.supports(w) && k.space(w, hw).check(&r.config).is_ok())
+    };
+    let history = db.trials(&hw.id, w)?;
+    let previous = db.winner(&hw.id, w)?;
+    let incumbent = previous.as_ref().and_then(|p| {
+        history
+            .iter()
+            .find(|r| r.id == Some(p.trial_id) && r.status == Status::Ok && lookup(r).is_some())
+    });
+    if measured_now == 0 && incumbent.is_some() {
+        return Ok(None);
+    }
+
+    let mut ok: Vec<&Record> = history
+        .iter()
+        .filter(|r| r.status == Status::Ok && r.median_s().is_some() && lookup(r).is_some())
+        .collect();
+    ok.sort_by(|a, b| {
+        a.median_s()
+            .unwrap_or(f64::INFINITY)
+            .total_cmp(&b.median_s().unwrap_or(f64::INFINITY))
+            .then(a.id.cmp(&b.id))
+    });
+    let mut seen = HashSet::new();
+    let mut picked: Vec<&Record> = ok
+        .into_iter()
+        .filter(|r| seen.insert((r.kernel.clone(), r.config.to_json())))
+        .take(opts.finalists)
+        .collect();
+    if let Some(inc) = incumbent {
+        if !picked
+            .iter()
+            .any(|r| r.kernel == inc.kernel && r.config == inc.config)
+        {
+            picked.push(inc);
+        }
+    }
+    if picked.is_empty() {
+        return Ok(None);
+    }
+    let is_incumbent =
+        |r: &Record| incumbent.is_some_and(|i| i.kernel == r.kernel && i.config == r.config);
+    let unmeasured = |r: &Record| Finalist {
+        record: r.clone(),
+        remeasured: None,
+        ci: (0.0, f64::INFINITY),
+        incumbent: is_incumbent(r),
+    };
+
+    let decision = if picked.len() == 1 {
+        Decision {
+            winner: picked[0].clone(),
+            reason: WinReason::OnlyCandidate,
+            tie: false,
+            finalists: vec![unmeasured(picked[0])],
+            rounds: 0,
+            note: None,
+        }
+    } else {
+        let pairs: Vec<(&dyn Kernel, Config)> = picked
+            .iter()
+            .map(|r| {
+                let k: &dyn Kernel = lookup(r).expect("filtered on lookup above");
+                (k, r.config.clone())
+            })
+            .collect();
+        match evaluator.remeasure(&pairs, &opts.protocol, opts.remeasure_rounds) {
+            Err(e) => Decision {
+                winner: picked[0].clone(),
+                reason: WinReason::Unconfirmed,
+                tie: false,
+                finalists: picked.iter().map(|r| unmeasured(r)).collect(),
+                rounds: 0,
+                note: Some(e.to_string()),
+            },
+            Ok(ms) => {
+                let finalists: Vec<Finalist> = picked
+                    .iter()
+                    .zip(ms)
+                    .map(|(r, m)| Finalist {
+                        record: (*r).clone(),
+                        ci: median_ci(&m.samples),
+                        remeasured: Some(m),
+                        incumbent: is_incumbent(r),
+                    })
+                    .collect();
+                let median =
+                    |f: &Finalist| f.remeasured.as_ref().map_or(f64::INFINITY, |m| m.median_s);
+                let fastest = (0..finalists.len())
+                    .min_by(|&a, &b| median(&finalists[a]).total_cmp(&median(&finalists[b])))
+                    .expect("at least two finalists");
+                let group: Vec<usize> = (0..finalists.len())
+                    .filter(|&i| overlaps(finalists[i].ci, finalists[fastest].ci))
+                    .collect();
+                let tie = group.len() > 1;
+                let (winner, reason) =
+                    if let Some(&inc) = group.iter().find(|&&i| finalists[i].incumbent) {
+                        (
+                            inc,
+                            if tie {
+                                WinReason::TieIncumbent
+                            } else {
+                                WinReason::Fastest
+                            },
+                        )
+                    } else {
+                        let simplest = *group
+                            .iter()
+                            .min_by_key(|&&i| {
+                                let r = &finalists[i].record;
+                                simplicity_key(&r.kernel, &r.config, (dk.name(), &dc))
+                            })
+                            .expect("the group holds the fastest");
+                        if simplest == fastest {
+                            (fastest, WinReason::Fastest)
+                        } else {
+                            (simplest, WinReason::TieSimpler)
+                        }
+                    };
+                Decision {
+                    winner: finalists[winner].record.clone(),
+                    reason,
+                    tie,
+                    rounds: finalists[0]
+                        .remeasured
+                        .as_ref()
+                        .map_or(0, |m| m.samples.len()),
+                    finalists,
+                    note: None,
+                }
+            }
+        }
+    };
+
+    let Some(trial_id) = decision.winner.id else {
+        return Ok(Some(decision));
+    };
+    db.record_winner(&WinnerDecision {
+        id: None,
+        fingerprint_id: hw.id.clone(),
+        workload: *w,
+        trial_id,
+        reason: decision.reason.as_str().to_string(),
+        tie: decision.tie,
+        remeasured: decision
+            .finalists
+            .iter()
+            .filter_map(|f| {
+                Some(Remeasurement {
+                    trial_id: f.record.id?,
+                    measurement: f.remeasured.clone()?,
+                    ci_low_s: f.ci.0,
+                    ci_high_s: f.ci.1,
+                })
+            })
+            .collect(),
+        decided_at: tuning_db::now_rfc3339(),
+        tool_version: opts.tool_version.clone(),
+    })?;
+    Ok(Some(decision))
 }

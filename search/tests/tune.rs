@@ -35,8 +35,24 @@ fn tunes_records_everything_and_resumes() {
         .iter()
         .filter_map(|r| r.median_s())
         .fold(f64::INFINITY, f64::min);
-    assert_eq!(best.median_s(), Some(fastest));
-    assert!(s.speedup_vs_default().unwrap() >= 1.0);
+    // The winner was decided on an interleaved re-measurement of the three fastest trials:
+    // the fastest trial is a finalist, and the database serves the decided winner.
+    let d = s.decision.clone().expect("a decision");
+    assert_eq!(d.finalists.len(), 3);
+    assert_eq!(d.remeasured(), 3);
+    assert!(d
+        .finalists
+        .iter()
+        .any(|f| f.record.median_s() == Some(fastest)));
+    assert!(d.finalists.iter().all(|f| f.ci.0 <= f.ci.1));
+    assert_eq!(best.id, d.winner.id);
+    assert_eq!(
+        db.winner(&hw.id, &w).unwrap().unwrap().trial_id,
+        best.id.unwrap()
+    );
+    assert!(s.speedup_vs_default().unwrap() > 0.0);
+    assert!(s.median_spread.is_some() && s.timed >= 5);
+    assert_eq!(s.isolation, "none");
 
     // Same job again: resumes, measures nothing new.
     let again = tune(&db, &w, hw, &opts(6, StrategyKind::Random), &mut |_| {}).unwrap();

@@ -4,6 +4,7 @@ pub mod hw;
 pub mod lookup;
 pub mod run;
 pub mod tune;
+pub mod worker;
 
 use std::path::Path;
 

@@ -1,13 +1,16 @@
-//! `autokernel tune`: search, measure, store.
+//! `autokernel tune`: search, measure (in a watched worker process by default), store, and
+//! decide each workload's winner on re-measured, interleaved timings.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use kernels::{HardwareFingerprint, Workload};
-use search::{tune, Event, StrategyKind, TuneOptions, TuneSummary};
+use kernels::{HardwareFingerprint, Kernel, Workload};
+use runner::{Evaluator, InProcess, Isolated, WorkerSpec};
+use search::{tune_with, Event, StrategyKind, TuneOptions, TuneSummary, INITIAL_TIMEOUT};
 use serde_json::json;
 use tuning_db::TuningDb;
 
@@ -20,6 +23,9 @@ pub const DEFAULT_WORKLOADS: [&str; 5] = [
     "gemm:1x3072x768",
     "gemm:8x3072x768",
 ];
+
+/// Memory limit of the worker process when `--mem-limit-mb` is not given.
+pub const DEFAULT_MEM_LIMIT_MB: u64 = 4096;
 
 #[derive(Args)]
 pub struct TuneArgs {
@@ -44,6 +50,30 @@ pub struct TuneArgs {
     /// One JSON object per workload per line.
     #[arg(long)]
     json: bool,
+    /// Where candidates run: `process` (a watched worker process: a candidate that crashes,
+    /// hangs or runs out of memory is recorded as crashed / timeout / oom and the job goes
+    /// on) or `none` (in this process: faster start, no protection).
+    #[arg(long, default_value = "process", value_parser = ["process", "none"])]
+    isolation: String,
+    /// Pin the measuring process to fixed CPUs (the last T of those allowed, T = --threads or
+    /// all), so the scheduler does not migrate it between samples.
+    #[arg(long)]
+    pin: bool,
+    /// Time limit per candidate, seconds (default: max(2, 50 × the default config's
+    /// evaluation time)). Needs --isolation process.
+    #[arg(long, value_name = "SECS")]
+    timeout_s: Option<f64>,
+    /// Memory limit of the worker process, MiB (its private writable memory, RLIMIT_DATA);
+    /// 0 for none. Default 4096. Needs --isolation process.
+    #[arg(long, value_name = "MB")]
+    mem_limit_mb: Option<u64>,
+    /// Tune only this kernel family (repeat for several); default: every family.
+    #[arg(long = "kernel", value_name = "NAME")]
+    kernels: Vec<String>,
+    /// Finalists re-measured interleaved before the winner is declared (0: none; the fastest
+    /// trial wins).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(0..=32))]
+    finalists: u16,
 }
 
 pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
@@ -54,6 +84,26 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     };
     let workloads = super::parse_workloads(&names)?;
     let strategy: StrategyKind = args.strategy.parse().map_err(anyhow::Error::msg)?;
+    let isolated = args.isolation == "process";
+    let timeout = match args.timeout_s {
+        None => None,
+        Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Some(Duration::from_secs_f64(s)),
+        Some(s) => bail!("--timeout-s must be a number of seconds in (0, 86400], not {s}"),
+    };
+    if !isolated && (args.timeout_s.is_some() || args.mem_limit_mb.is_some()) {
+        bail!("--timeout-s and --mem-limit-mb need --isolation process (in-process candidates cannot be stopped)");
+    }
+    let families = select_families(&args.kernels, &workloads)?;
+    let pin_cpus = if args.pin {
+        let threads = args.threads.threads.map_or(usize::MAX, usize::from);
+        Some(pin_set(threads)?)
+    } else {
+        None
+    };
+    if let (false, Some(cpus)) = (isolated, &pin_cpus) {
+        // In-process: pin this thread before rayon's pool (which inherits it) exists.
+        pin_here(cpus)?;
+    }
     args.threads.apply()?;
     let hw = HardwareFingerprint::current();
     let db =
@@ -63,31 +113,104 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         strategy,
         seed: args.seed,
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        finalists: usize::from(args.finalists),
+        timeout,
         ..TuneOptions::default()
+    };
+    let mut evaluator: Box<dyn Evaluator> = if isolated {
+        let exe =
+            std::env::current_exe().context("locating the autokernel binary for the worker")?;
+        let mut spec = WorkerSpec::new(exe, ["worker", "--threads", &hw.cores.to_string()]);
+        spec.fingerprint = Some(hw.id.clone());
+        spec.mem_limit_bytes = match args.mem_limit_mb.unwrap_or(DEFAULT_MEM_LIMIT_MB) {
+            0 => None,
+            mb => Some(mb.saturating_mul(1 << 20)),
+        };
+        spec.cpus = pin_cpus.clone().unwrap_or_default();
+        Box::new(Isolated::new(spec, timeout.unwrap_or(INITIAL_TIMEOUT)))
+    } else {
+        Box::new(InProcess::new())
     };
     if !args.json {
         eprintln!(
-            "tuning {} workload(s) on {} [{}], budget {} per workload, strategy {}, into {}",
+            "tuning {} workload(s) on {} [{}], budget {} per workload, strategy {}, isolation {}{}, into {}",
             workloads.len(),
             hw.brand,
             hw.id,
             opts.budget,
             args.strategy,
+            args.isolation,
+            pin_cpus
+                .as_ref()
+                .map_or(String::new(), |c| format!(", pinned to CPUs {c:?}")),
             args.db.db.display()
         );
     }
     for w in &workloads {
-        let summary = tune_one(&db, w, hw, &opts)?;
-        report(&db, &summary, hw, args.json)?;
+        let fams: Vec<&'static dyn Kernel> =
+            families.iter().copied().filter(|k| k.supports(w)).collect();
+        let summary = tune_one(&db, w, hw, &fams, &opts, evaluator.as_mut())?;
+        report(&db, &summary, hw, &opts, args.json)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The registered families named by `--kernel` (all of them when none is named); each named
+/// one must support every workload of the job.
+fn select_families(
+    names: &[String],
+    workloads: &[Workload],
+) -> anyhow::Result<Vec<&'static dyn Kernel>> {
+    let all = kernels::registry();
+    if names.is_empty() {
+        return Ok(all.to_vec());
+    }
+    let mut out: Vec<&'static dyn Kernel> = Vec::new();
+    for name in names {
+        let Some(k) = all.iter().copied().find(|k| k.name() == name) else {
+            let known: Vec<&str> = all.iter().map(|k| k.name()).collect();
+            bail!(
+                "unknown kernel family '{name}' (known: {})",
+                known.join(", ")
+            );
+        };
+        if let Some(w) = workloads.iter().find(|w| !k.supports(w)) {
+            bail!("kernel family '{name}' does not support {w}");
+        }
+        if !out.iter().any(|o| o.name() == k.name()) {
+            out.push(k);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(target_os = "linux")]
+fn pin_set(threads: usize) -> anyhow::Result<Vec<usize>> {
+    runner::worker::pin_set(threads).context("reading this process's CPU affinity for --pin")
+}
+
+#[cfg(target_os = "linux")]
+fn pin_here(cpus: &[usize]) -> anyhow::Result<()> {
+    runner::worker::pin_current_thread(cpus).context("--pin")
+}
+
+#[cfg(not(target_os = "linux"))]
+fn pin_set(_threads: usize) -> anyhow::Result<Vec<usize>> {
+    bail!("--pin is only supported on Linux")
+}
+
+#[cfg(not(target_os = "linux"))]
+fn pin_here(_cpus: &[usize]) -> anyhow::Result<()> {
+    bail!("--pin is only supported on Linux")
 }
 
 fn tune_one(
     db: &TuningDb,
     w: &Workload,
     hw: &HardwareFingerprint,
+    families: &[&'static dyn Kernel],
     opts: &TuneOptions,
+    evaluator: &mut dyn Evaluator,
 ) -> anyhow::Result<TuneSummary> {
     let bar = ProgressBar::new(opts.budget as u64);
     bar.set_style(
@@ -97,34 +220,42 @@ fn tune_one(
     );
     bar.set_prefix(w.key());
     bar.enable_steady_tick(Duration::from_millis(200));
-    let summary = tune(db, w, hw, opts, &mut |event| match event {
-        Event::Started {
-            already_tried,
-            budget,
-            ..
-        } => bar.set_position(already_tried.min(budget) as u64),
-        Event::Default { record } => {
-            bar.set_message(format!(
-                "default {:.1} GFLOP/s",
-                record.gflops.unwrap_or(0.0)
-            ));
-        }
-        Event::Trial {
-            record,
-            done,
-            best_gflops,
-            ..
-        } => {
-            bar.set_position(done as u64);
-            let current = record
-                .gflops
-                .map_or_else(|| record.status.to_string(), |g| format!("{g:.1}"));
-            bar.set_message(format!(
-                "current {current}, best {:.1} GFLOP/s",
-                best_gflops.unwrap_or(0.0)
-            ));
-        }
-    })
+    let summary = tune_with(
+        db,
+        w,
+        hw,
+        families,
+        opts,
+        evaluator,
+        &mut |event| match event {
+            Event::Started {
+                already_tried,
+                budget,
+                ..
+            } => bar.set_position(already_tried.min(budget) as u64),
+            Event::Default { record } => {
+                bar.set_message(format!(
+                    "default {:.1} GFLOP/s",
+                    record.gflops.unwrap_or(0.0)
+                ));
+            }
+            Event::Trial {
+                record,
+                done,
+                best_gflops,
+                ..
+            } => {
+                bar.set_position(done as u64);
+                let current = record
+                    .gflops
+                    .map_or_else(|| record.status.to_string(), |g| format!("{g:.1}"));
+                bar.set_message(format!(
+                    "current {current}, best {:.1} GFLOP/s",
+                    best_gflops.unwrap_or(0.0)
+                ));
+            }
+        },
+    )
     .with_context(|| format!("tuning {w}"))?;
     bar.finish_and_clear();
     Ok(summary)
@@ -134,16 +265,22 @@ fn report(
     db: &TuningDb,
     s: &TuneSummary,
     hw: &HardwareFingerprint,
+    opts: &TuneOptions,
     as_json: bool,
 ) -> anyhow::Result<()> {
     let history = db.trials(&hw.id, &s.workload)?;
     let trials = history.len();
     let failures = history.iter().filter(|r| r.measurement.is_none()).count();
+    let mut statuses: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for r in &history {
+        *statuses.entry(r.status.as_str()).or_default() += 1;
+    }
     let default_median = s.default.measurement.as_ref().map(|m| m.median_s);
     let best = s.best.as_ref();
     let best_median = best
         .and_then(|b| b.measurement.as_ref())
         .map(|m| m.median_s);
+    let decision = s.decision.as_ref();
     if as_json {
         super::print_json(&json!({
             "workload": s.workload.key(),
@@ -161,24 +298,79 @@ fn report(
             "measured_now": s.measured,
             "space_size": s.space_size,
             "fingerprint": hw.id,
+            "isolation": s.isolation,
+            "timeout_s": s.timeout.map(|t| t.as_secs_f64()),
+            "worker_restarts": s.restarts,
+            "quarantined": s.quarantined,
+            "statuses": statuses,
+            "remeasured": s.remeasured(),
+            "remeasure_rounds": decision.map_or(0, |d| d.rounds),
+            "tie": s.tie(),
+            "winner_reason": decision.map(|d| d.reason.as_str()),
+            "winner_remeasured_median_s": decision.and_then(|d| d.winner_remeasured_s()),
+            "remeasure_error": decision.and_then(|d| d.note.clone()),
+            "median_spread": s.median_spread,
+            "median_cv": s.median_cv,
+            "timed_now": s.timed,
         }))?;
-    } else {
-        match best {
-            Some(b) => println!(
-                "{:>20}  best {:>7.1} GFLOP/s  {} {}  default {:>7.1} GFLOP/s  speedup {:.2}x  ({} trials, {} failed, {} new; space {})",
-                s.workload.key(),
-                b.gflops.unwrap_or(0.0),
-                b.kernel,
-                b.config,
-                s.default.gflops.unwrap_or(0.0),
-                s.speedup_vs_default().unwrap_or(1.0),
-                trials,
-                failures,
-                s.measured,
-                s.space_size
-            ),
-            None => println!("{:>20}  no verified config ({trials} trials, {failures} failed)", s.workload.key()),
-        }
+        return Ok(());
+    }
+    match best {
+        Some(b) => println!(
+            "{:>20}  best {:>7.1} GFLOP/s  {} {}  default {:>7.1} GFLOP/s  speedup {:.2}x  ({} trials, {} failed, {} new; space {})",
+            s.workload.key(),
+            b.gflops.unwrap_or(0.0),
+            b.kernel,
+            b.config,
+            s.default.gflops.unwrap_or(0.0),
+            s.speedup_vs_default().unwrap_or(1.0),
+            trials,
+            failures,
+            s.measured,
+            s.space_size
+        ),
+        None => println!(
+            "{:>20}  no verified config ({trials} trials, {failures} failed)",
+            s.workload.key()
+        ),
+    }
+    let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}%", 100.0 * v));
+    let verdict = match decision {
+        None if opts.finalists == 0 => "no re-measurement (--finalists 0)".to_string(),
+        None => "nothing new measured: the earlier decision stands".to_string(),
+        Some(d) if d.rounds == 0 => match &d.note {
+            Some(note) => format!("re-measurement failed ({note}); fastest trial kept"),
+            None => format!("{} finalist: {}", d.finalists.len(), d.reason),
+        },
+        Some(d) => format!(
+            "{} finalists re-measured × {} interleaved rounds: {}{}",
+            d.remeasured(),
+            d.rounds,
+            if d.tie { "tie, " } else { "" },
+            d.reason
+        ),
+    };
+    println!(
+        "{:>20}  noise: median spread {} (MAD/median), median CV {} over {} timed runs; {}",
+        "",
+        pct(s.median_spread),
+        pct(s.median_cv),
+        s.timed,
+        verdict
+    );
+    if s.isolation == "process" && (s.restarts > 0 || s.quarantined > 0) {
+        let bad: Vec<String> = ["crashed", "timeout", "oom"]
+            .iter()
+            .filter_map(|k| statuses.get(k).map(|n| format!("{n} {k}")))
+            .collect();
+        println!(
+            "{:>20}  isolation: {} worker restart(s), {} quarantined config(s) ({}), timeout {:.1} s",
+            "",
+            s.restarts,
+            s.quarantined,
+            bad.join(", "),
+            s.timeout.map_or(0.0, |t| t.as_secs_f64())
+        );
     }
     Ok(())
 }

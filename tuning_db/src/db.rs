@@ -21,7 +21,8 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const CREATED_BY: &str = concat!("autokernel tuning_db ", env!("CARGO_PKG_VERSION"));
 
 /// Columns of `trials` in the order [`record_from_row`] reads them.
-const RECORD_COLUMNS: &str = "id, fingerprint_id, workload, kernel, kernel_version, config, \
+pub(crate) const RECORD_COLUMNS: &str =
+    "id, fingerprint_id, workload, kernel, kernel_version, config, \
      status, message, median_s, spread, samples, gflops, created_at, tool_version";
 
 const FINGERPRINT_COLUMNS: &str =
@@ -35,8 +36,8 @@ const FINGERPRINT_COLUMNS: &str =
 /// Methods take `&self`; a `TuningDb` is `Send` but not `Sync` (one per thread).
 #[derive(Debug)]
 pub struct TuningDb {
-    conn: Connection,
-    path: PathBuf,
+    pub(crate) conn: Connection,
+    pub(crate) path: PathBuf,
     read_only: bool,
 }
 
@@ -350,7 +351,7 @@ impl TuningDb {
         Ok(())
     }
 
-    fn begin_write(&self, action: &str) -> Result<Transaction<'_>> {
+    pub(crate) fn begin_write(&self, action: &str) -> Result<Transaction<'_>> {
         if self.read_only {
             return Err(DbError::ReadOnly {
                 path: self.path.clone(),
@@ -517,6 +518,12 @@ impl TuningDb {
         );
         let p = &self.path;
         let mut filter = Usable::new(self.fingerprint(fingerprint_id)?);
+        // A winner decided by a tuning job (schema v2, see winners.rs) comes first.
+        if let Some(winner) = self.winner_trial(fingerprint_id, workload)? {
+            if filter.accepts(&winner) {
+                return Ok(Some(winner));
+            }
+        }
         let mut stmt = self.conn.prepare(&sql).ctx(p, "querying best")?;
         let mut rows = stmt
             .query(params![fingerprint_id, workload.key()])
@@ -541,6 +548,12 @@ impl TuningDb {
         );
         let p = &self.path;
         let mut filter = Usable::new(self.fingerprint(fingerprint_id)?);
+        let mut winners: HashMap<String, Record> = HashMap::new();
+        for w in self.winner_trials(fingerprint_id)? {
+            if filter.accepts(&w) {
+                winners.insert(w.workload.key(), w);
+            }
+        }
         let mut stmt = self.conn.prepare(&sql).ctx(p, "querying best_all")?;
         let mut rows = stmt.query([fingerprint_id]).ctx(p, "querying best_all")?;
         let mut out: Vec<Record> = Vec::new();
@@ -552,7 +565,7 @@ impl TuningDb {
             }
             if let Some(r) = record_from_row(row) {
                 if filter.accepts(&r) {
-                    out.push(r);
+                    out.push(winners.remove(&key).unwrap_or(r));
                     last_done = Some(key);
                 }
             }
@@ -843,7 +856,7 @@ fn fingerprint_from_row(r: &Row<'_>) -> rusqlite::Result<Option<HardwareFingerpr
 }
 
 /// A record from a row of [`RECORD_COLUMNS`], or `None` if anything in it does not read back.
-fn record_from_row(r: &Row<'_>) -> Option<Record> {
+pub(crate) fn record_from_row(r: &Row<'_>) -> Option<Record> {
     check_row(r).ok()
 }
 

@@ -28,10 +28,11 @@
 //! ([`TuningDb::best`], [`TuningDb::best_all`]) through a read-only handle that never waits
 //! for a writer ([`TuningDb::open_read_only`]).
 //!
-//! Winners are chosen at query time, not stored: a record only counts while its
-//! (kernel, version) is registered in [`kernels::registry`] and its config still fits that
-//! family's space for the fingerprint. Bumping a kernel's version therefore invalidates its
-//! old records without touching the file.
+//! A record only counts while its (kernel, version) is registered in [`kernels::registry`]
+//! and its config still fits that family's space for the fingerprint. Bumping a kernel's
+//! version therefore invalidates its old records without touching the file. Among usable
+//! records, the winner a tuning job recorded ([`TuningDb::record_winner`], schema v2: decided
+//! on interleaved re-measurements, ties kept stable) comes first; without one, the fastest.
 //!
 //! ## The file
 //!
@@ -77,8 +78,10 @@ mod db;
 mod error;
 mod record;
 mod schema;
+mod winners;
 
 pub use db::{is_busy, TuningDb, BUSY_TIMEOUT};
 pub use error::{DbError, Result};
 pub use record::{now_rfc3339, rfc3339, Record, Stats};
 pub use schema::{APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION};
+pub use winners::{Remeasurement, WinnerDecision};

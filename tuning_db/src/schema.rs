@@ -12,11 +12,12 @@ pub const APPLICATION_ID: i32 = i32::from_be_bytes(*b"AKTD");
 /// The schema version this build reads and writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// The tables every database at [`SCHEMA_VERSION`] has.
+/// The tables every database has (checked when a file is opened, at any version; v2 adds
+/// `winners` and `remeasurements`, see `winners.rs`).
 pub(crate) const TABLES: &[&str] = &["meta", "fingerprints", "trials"];
 
 /// Migration steps; step `i` goes from schema version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[V1];
+pub const MIGRATIONS: &[&str] = &[V1, crate::winners::V2];
 
 /// Schema v1. The status list must hold every [`kernels::Status`] string (a unit test checks).
 const V1: &str = r#"
@@ -95,6 +96,24 @@ mod tests {
             conn.execute_batch(step).unwrap();
         }
         for t in TABLES {
+            let n: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                    [t],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(n, 1, "table {t}");
+        }
+    }
+
+    #[test]
+    fn v2_adds_the_winner_tables() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        for step in MIGRATIONS {
+            conn.execute_batch(step).unwrap();
+        }
+        for t in ["winners", "remeasurements"] {
             let n: i64 = conn
                 .query_row(
                     "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",

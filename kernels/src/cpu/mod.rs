@@ -3,6 +3,8 @@
 pub mod attention;
 pub mod gemm;
 pub mod peak;
+#[cfg(feature = "planted-faults")]
+pub mod planted;
 
 use std::sync::OnceLock;
 

@@ -1,0 +1,262 @@
+//! Evaluation backends: where a candidate is built, verified and timed.
+//!
+//! The tuning loop talks to an [`Evaluator`] and does not care where the candidate runs:
+//! [`InProcess`] runs it in the tuning process itself (fastest; a candidate that segfaults or
+//! hangs takes the job down with it), [`Isolated`](crate::worker::Isolated) in a watched
+//! worker process (a crash, hang or runaway allocation becomes a record with status
+//! `crashed`, `timeout` or `oom`, and the worker is restarted).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rayon::prelude::*;
+
+use kernels::{Config, Executable, Kernel, Measurement, Problem, Reference, Status, Workload};
+
+use crate::interleaved::measure_interleaved;
+use crate::protocol::Protocol;
+use crate::{evaluate_prepared, verify, Outcome};
+
+/// One candidate's outcome and how long evaluating it took (build + verify + timing), the
+/// figure per-candidate timeouts are derived from.
+#[derive(Debug, Clone)]
+pub struct Evaluation {
+    pub outcome: Outcome,
+    pub elapsed: Duration,
+}
+
+/// Errors that stop an evaluator from evaluating anything (a candidate's failure is never one
+/// of these: it is an [`Outcome`]).
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error("no problem set up: call Evaluator::setup first")]
+    NotSetUp,
+    #[error(transparent)]
+    Worker(#[from] crate::worker::WorkerError),
+    /// A finalist failed during re-measurement (it had passed before: a flaky candidate).
+    #[error("re-measuring {kernel} {config}: {status}: {message}")]
+    Remeasure {
+        kernel: String,
+        config: String,
+        status: Status,
+        message: String,
+    },
+}
+
+/// Where candidates are built, verified against the reference and timed. See the module docs.
+pub trait Evaluator {
+    /// `"none"` (in-process) or `"process"` (a worker process), as the CLI spells it.
+    fn isolation(&self) -> &'static str;
+
+    /// Makes the test problem for `workload`: inputs from [`Problem::random`]`(workload, seed)`
+    /// and their f64 reference. Every later call measures on it.
+    fn setup(&mut self, workload: &Workload, seed: u64) -> Result<(), EvalError>;
+
+    /// Builds (or takes the prepared executable from [`prepare`](Self::prepare)), verifies and
+    /// times one config of `kernel` by `protocol`. Candidate failures come back as outcomes.
+    fn evaluate(
+        &mut self,
+        kernel: &dyn Kernel,
+        config: &Config,
+        protocol: &Protocol,
+    ) -> Result<Evaluation, EvalError>;
+
+    /// Re-verifies the finalists, then times them interleaved
+    /// ([`measure_interleaved`]) for `rounds` rounds; one measurement per finalist, in order.
+    fn remeasure(
+        &mut self,
+        finalists: &[(&dyn Kernel, Config)],
+        protocol: &Protocol,
+        rounds: usize,
+    ) -> Result<Vec<Measurement>, EvalError>;
+
+    /// Builds a batch ahead of evaluation, in parallel where that is safe. Optional.
+    fn prepare(&mut self, _batch: &[(&'static dyn Kernel, Config)]) {}
+
+    /// Sets how long one candidate may take before it is killed and recorded as `timeout`.
+    /// Ignored by evaluators that cannot enforce it.
+    fn set_timeout(&mut self, _timeout: Duration) {}
+
+    /// The per-candidate time limit in force, if this evaluator enforces one.
+    fn timeout(&self) -> Option<Duration> {
+        None
+    }
+
+    /// How many times a worker process was restarted after a candidate killed it.
+    fn restarts(&self) -> usize {
+        0
+    }
+}
+
+/// The per-candidate time limit derived from the default config's evaluation time:
+/// `max(2 s, 50 × elapsed)`. Generous on purpose: a candidate 50 times slower than the
+/// default is not worth finishing, and a limit close to real times would turn a noisy
+/// moment into a spurious `timeout`.
+pub fn derived_timeout(default_elapsed: Duration) -> Duration {
+    default_elapsed
+        .saturating_mul(50)
+        .max(Duration::from_secs(2))
+}
+
+/// Evaluates in the calling process (`--isolation none`): no protection against crashes or
+/// hangs, no process start-up or pipe overhead. [`prepare`](Evaluator::prepare) builds a
+/// batch in parallel on rayon's pool.
+#[derive(Default)]
+pub struct InProcess {
+    problem: Option<(Problem, Reference)>,
+    prepared: HashMap<(String, String), kernels::Result<Box<dyn Executable>>>,
+}
+
+impl InProcess {
+    pub fn new() -> Self {
+        InProcess::default()
+    }
+
+    fn problem(&self) -> Result<(&Problem, &Reference), EvalError> {
+        self.problem
+            .as_ref()
+            .map(|(p, r)| (p, r))
+            .ok_or(EvalError::NotSetUp)
+    }
+}
+
+fn build(
+    kernel: &dyn Kernel,
+    w: &Workload,
+    config: &Config,
+) -> kernels::Result<Box<dyn Executable>> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kernel.prepare(w, config))) {
+        Ok(built) => built,
+        Err(p) => Err(kernels::Error::InvalidConfig {
+            kernel: kernel.name().into(),
+            config: config.to_json(),
+            reason: format!("panicked while building: {}", crate::panic_message(&p)),
+        }),
+    }
+}
+
+impl Evaluator for InProcess {
+    fn isolation(&self) -> &'static str {
+        "none"
+    }
+
+    fn setup(&mut self, workload: &Workload, seed: u64) -> Result<(), EvalError> {
+        let problem = Problem::random(workload, seed);
+        let reference = problem.reference();
+        self.problem = Some((problem, reference));
+        self.prepared.clear();
+        Ok(())
+    }
+
+    fn evaluate(
+        &mut self,
+        kernel: &dyn Kernel,
+        config: &Config,
+        protocol: &Protocol,
+    ) -> Result<Evaluation, EvalError> {
+        let start = Instant::now();
+        let key = (kernel.name().to_string(), config.to_json());
+        let built = match self.prepared.remove(&key) {
+            Some(b) => b,
+            None => build(kernel, &self.problem()?.0.workload, config),
+        };
+        let (problem, reference) = self.problem()?;
+        let outcome = match built {
+            Ok(exe) => evaluate_prepared(exe.as_ref(), problem, reference, protocol),
+            Err(e) => Outcome::failed(Status::BuildFailed, e.to_string()),
+        };
+        Ok(Evaluation {
+            outcome,
+            elapsed: start.elapsed(),
+        })
+    }
+
+    fn remeasure(
+        &mut self,
+        finalists: &[(&dyn Kernel, Config)],
+        protocol: &Protocol,
+        rounds: usize,
+    ) -> Result<Vec<Measurement>, EvalError> {
+        let (problem, reference) = self.problem()?;
+        let mut exes = Vec::with_capacity(finalists.len());
+        for (kernel, config) in finalists {
+            let fail = |status: Status, message: String| EvalError::Remeasure {
+                kernel: kernel.name().into(),
+                config: config.to_json(),
+                status,
+                message,
+            };
+            let exe = build(*kernel, &problem.workload, config)
+                .map_err(|e| fail(Status::BuildFailed, e.to_string()))?;
+            verify(exe.as_ref(), problem, reference)
+                .map_err(|o| fail(o.status, o.message.unwrap_or_default()))?;
+            exes.push(exe);
+        }
+        let refs: Vec<&dyn Executable> = exes.iter().map(|e| e.as_ref()).collect();
+        let timed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            measure_interleaved(&refs, problem, protocol, rounds)
+        }));
+        timed.map_err(|p| EvalError::Remeasure {
+            kernel: "(one of the finalists)".into(),
+            config: String::new(),
+            status: Status::RunFailed,
+            message: format!("panicked while timing: {}", crate::panic_message(&p)),
+        })
+    }
+
+    fn prepare(&mut self, batch: &[(&'static dyn Kernel, Config)]) {
+        let Some((problem, _)) = self.problem.as_ref() else {
+            return;
+        };
+        let w = problem.workload;
+        let built: Vec<_> = batch
+            .par_iter()
+            .map(|(k, c)| ((k.name().to_string(), c.to_json()), build(*k, &w, c)))
+            .collect();
+        self.prepared.extend(built);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernels::{default_for, HardwareFingerprint};
+
+    #[test]
+    fn timeout_is_fifty_times_the_default_but_at_least_two_seconds() {
+        assert_eq!(
+            derived_timeout(Duration::from_millis(1)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            derived_timeout(Duration::from_millis(100)),
+            Duration::from_secs(5)
+        );
+    }
+
+    #[test]
+    fn in_process_evaluates_prepared_and_unprepared_configs_alike() {
+        let w: Workload = "gemm:12x10x8".parse().unwrap();
+        let hw = HardwareFingerprint::current();
+        let (k, c) = default_for(&w, hw);
+        let mut ev = InProcess::new();
+        assert!(matches!(
+            ev.evaluate(k, &c, &Protocol::quick()),
+            Err(EvalError::NotSetUp)
+        ));
+        ev.setup(&w, 1).unwrap();
+        ev.prepare(&[(k, c.clone())]);
+        let a = ev.evaluate(k, &c, &Protocol::quick()).unwrap();
+        let b = ev.evaluate(k, &c, &Protocol::quick()).unwrap();
+        assert_eq!(
+            (a.outcome.status, b.outcome.status),
+            (Status::Ok, Status::Ok)
+        );
+        assert!(a.elapsed > Duration::ZERO);
+        let ms = ev
+            .remeasure(&[(k, c.clone()), (k, c)], &Protocol::quick(), 5)
+            .unwrap();
+        assert_eq!(ms.len(), 2);
+        assert!(ms.iter().all(|m| m.samples.len() == 5 && m.median_s > 0.0));
+    }
+}

@@ -1,0 +1,174 @@
+//! Interleaved re-measurement of a few finalists, and the confidence interval used to decide
+//! whether one is really faster than another.
+//!
+//! Timing candidates one after the other lets slow drifts of a shared machine (another
+//! build starting, the clock ramping, a neighbour's benchmark) land on one candidate and not
+//! on the next, which is how two runs of the same job end up with different winners.
+//! [`measure_interleaved`] instead takes one sample of each finalist per round — A B C, then
+//! B C A, then C A B, ... (the starting candidate rotates, so none is always measured right
+//! after the same neighbour) — so a drift hits all of them alike, and each finalist's median
+//! comes with a 95% confidence interval ([`median_ci`]) that says how far it can be trusted.
+
+use std::time::Instant;
+
+use kernels::{Executable, Measurement, Problem};
+
+use crate::protocol::Protocol;
+
+/// Times `exes` on `problem` in interleaved rounds and returns one [`Measurement`] per
+/// executable, in order.
+///
+/// Each executable is first warmed up on its own for `protocol.warmup` (at least one call),
+/// which also fixes how many back-to-back calls one of its samples times (enough to last
+/// `protocol.min_sample`). Then `rounds` rounds each take one sample of every executable,
+/// the starting one rotating from round to round. The rounds stop early, after at least
+/// `protocol.min_samples` of them, once `2 × protocol.max_time` per executable has been spent.
+/// The inputs and the output buffer are shared and reused across calls, as in
+/// [`measure`](crate::measure).
+pub fn measure_interleaved(
+    exes: &[&dyn Executable],
+    problem: &Problem,
+    protocol: &Protocol,
+    rounds: usize,
+) -> Vec<Measurement> {
+    let n = exes.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let inputs = problem.input_slices();
+    let mut out = problem.output();
+    let start = Instant::now();
+
+    let reps: Vec<u64> = exes
+        .iter()
+        .map(|exe| {
+            let t = Instant::now();
+            let mut calls = 0u64;
+            while calls == 0 || t.elapsed() < protocol.warmup {
+                exe.run(&inputs, &mut out);
+                calls += 1;
+            }
+            let per_call = t.elapsed().as_secs_f64() / calls as f64;
+            ((protocol.min_sample.as_secs_f64() / per_call.max(1e-9)).ceil() as u64).max(1)
+        })
+        .collect();
+
+    let rounds = rounds.max(1);
+    let min_rounds = protocol.min_samples.clamp(1, rounds);
+    let cap = 2.0 * protocol.max_time.as_secs_f64() * n as f64;
+    let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); n];
+    for round in 0..rounds {
+        for j in 0..n {
+            let i = (round + j) % n;
+            let t = Instant::now();
+            for _ in 0..reps[i] {
+                exes[i].run(&inputs, &mut out);
+            }
+            samples[i].push(t.elapsed().as_secs_f64() / reps[i] as f64);
+        }
+        if round + 1 >= min_rounds && start.elapsed().as_secs_f64() >= cap {
+            break;
+        }
+    }
+    std::hint::black_box(&out);
+    samples.into_iter().map(Measurement::from_samples).collect()
+}
+
+/// The 95% confidence interval `(low, high)` of the median of `samples`, in the samples' unit,
+/// from order statistics: the sorted samples at ranks `n/2 ∓ 0.98·√n` (the same ranks as
+/// [`Protocol`]'s stopping rule). Needs no assumption about the distribution, which on a
+/// shared machine is skewed and heavy-tailed. Fewer than 3 samples give `(0, ∞)`: no
+/// confidence at all.
+pub fn median_ci(samples: &[f64]) -> (f64, f64) {
+    let n = samples.len();
+    if n < 3 {
+        return (0.0, f64::INFINITY);
+    }
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    let half = 0.98 * (n as f64).sqrt();
+    let lo = (n as f64 / 2.0 - half).floor().max(0.0) as usize;
+    let hi = ((n as f64 / 2.0 + half).ceil() as usize).min(n - 1);
+    (v[lo], v[hi])
+}
+
+/// Whether two intervals `(low, high)` share at least one point.
+pub fn overlaps(a: (f64, f64), b: (f64, f64)) -> bool {
+    a.0 <= b.1 && b.0 <= a.1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// Sleeps for its duration and logs its id, to see the interleaving order.
+    struct Sleeper<'a> {
+        id: usize,
+        dur: Duration,
+        log: &'a Mutex<Vec<usize>>,
+        calls: AtomicUsize,
+    }
+    impl Executable for Sleeper<'_> {
+        fn run(&self, _: &[&[f32]], out: &mut [f32]) {
+            std::thread::sleep(self.dur);
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            self.log.lock().unwrap().push(self.id);
+            out[0] = self.id as f32;
+        }
+    }
+
+    #[test]
+    fn interleaves_rotating_rounds_and_ranks_by_duration() {
+        let w: kernels::Workload = "gemm:1x1x1".parse().unwrap();
+        let p = Problem::random(&w, 0);
+        let log = Mutex::new(Vec::new());
+        let mk = |id, ms| Sleeper {
+            id,
+            dur: Duration::from_millis(ms),
+            log: &log,
+            calls: AtomicUsize::new(0),
+        };
+        let (a, b, c) = (mk(0, 1), mk(1, 4), mk(2, 2));
+        let protocol = Protocol {
+            warmup: Duration::ZERO,
+            min_sample: Duration::ZERO,
+            min_samples: 3,
+            max_samples: 3,
+            max_time: Duration::from_secs(10),
+            target_ci: 0.0,
+        };
+        let ms = measure_interleaved(&[&a, &b, &c], &p, &protocol, 3);
+        assert_eq!(ms.len(), 3);
+        assert!(ms.iter().all(|m| m.samples.len() == 3));
+        assert!(ms[0].median_s < ms[2].median_s && ms[2].median_s < ms[1].median_s);
+        // One warm-up call each, then rounds A B C, B C A, C A B.
+        assert_eq!(
+            *log.lock().unwrap(),
+            vec![0, 1, 2, 0, 1, 2, 1, 2, 0, 2, 0, 1]
+        );
+    }
+
+    #[test]
+    fn median_ci_brackets_the_median_and_narrows_with_more_samples() {
+        assert_eq!(median_ci(&[1.0, 2.0]), (0.0, f64::INFINITY));
+        let few: Vec<f64> = (1..=9).map(f64::from).collect();
+        let (lo, hi) = median_ci(&few);
+        assert!(lo < 5.0 && hi > 5.0, "{lo} {hi}");
+        let many: Vec<f64> = (1..=99).map(|i| 4.0 + f64::from(i) / 99.0 * 2.0).collect();
+        let (lo2, hi2) = median_ci(&many);
+        assert!(lo2 <= 5.0 && hi2 >= 5.0);
+        assert!(hi2 - lo2 < 0.5 * (hi - lo) / 4.0, "{lo2} {hi2}");
+        assert_eq!(median_ci(&[3.0; 7]), (3.0, 3.0));
+    }
+
+    #[test]
+    fn overlap_is_symmetric_and_touching_counts() {
+        assert!(overlaps((1.0, 2.0), (2.0, 3.0)));
+        assert!(overlaps((2.0, 3.0), (1.0, 2.5)));
+        assert!(!overlaps((1.0, 2.0), (2.1, 3.0)));
+        assert!(!overlaps((2.1, 3.0), (1.0, 2.0)));
+    }
+}

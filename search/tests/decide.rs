@@ -1,0 +1,360 @@
+//! Quarantine and the winner decision, driven by a scripted evaluator: every timing is chosen
+//! by the test, so ties, clear wins and failures are exact, not left to a noisy machine.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use kernels::{
+    default_for, Config, Executable, HardwareFingerprint, Kernel, Measurement, Space, Status,
+    Workload,
+};
+use runner::{EvalError, Evaluation, Evaluator, Outcome, Protocol};
+use search::{tune_with, StrategyKind, TuneOptions, WinReason};
+use tuning_db::{Record, TuningDb};
+
+/// A family whose configs are never run (the scripted evaluator times them): `x` in 0..=4.
+struct Scripted;
+struct Never;
+impl Executable for Never {
+    fn run(&self, _: &[&[f32]], _: &mut [f32]) {
+        unreachable!("the scripted evaluator never runs a kernel")
+    }
+}
+impl Kernel for Scripted {
+    fn name(&self) -> &'static str {
+        "scripted"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn supports(&self, _: &Workload) -> bool {
+        true
+    }
+    fn space(&self, _: &Workload, _: &HardwareFingerprint) -> Space {
+        Space::new().knob("x", [0usize, 1, 2, 3, 4])
+    }
+    fn default_config(&self, _: &Workload, _: &HardwareFingerprint) -> Config {
+        x(0)
+    }
+    fn build(&self, _: &Workload, _: &Config) -> kernels::Result<Box<dyn Executable>> {
+        Ok(Box::new(Never))
+    }
+}
+
+fn x(v: usize) -> Config {
+    Config::from_pairs([("x", v)])
+}
+
+fn key(kernel: &dyn Kernel, c: &Config) -> String {
+    format!("{} {}", kernel.name(), c.to_json())
+}
+
+/// Times each config as scripted: `medians` for the search (default 10 ms), `samples` for
+/// the interleaved re-measurement (default: three copies of the median).
+#[derive(Default)]
+struct Fake {
+    medians: HashMap<String, f64>,
+    statuses: HashMap<String, Status>,
+    samples: HashMap<String, Vec<f64>>,
+    fail_remeasure: bool,
+    evaluated: Vec<String>,
+    remeasured: Vec<Vec<String>>,
+}
+
+impl Fake {
+    fn median(&self, k: &str) -> f64 {
+        self.medians.get(k).copied().unwrap_or(10e-3)
+    }
+}
+
+impl Evaluator for Fake {
+    fn isolation(&self) -> &'static str {
+        "scripted"
+    }
+    fn setup(&mut self, _: &Workload, _: u64) -> Result<(), EvalError> {
+        Ok(())
+    }
+    fn evaluate(
+        &mut self,
+        kernel: &dyn Kernel,
+        config: &Config,
+        _: &Protocol,
+    ) -> Result<Evaluation, EvalError> {
+        let k = key(kernel, config);
+        self.evaluated.push(k.clone());
+        let outcome = match self.statuses.get(&k) {
+            Some(&status) => Outcome {
+                status,
+                message: Some("scripted failure".into()),
+                measurement: None,
+            },
+            None => Outcome {
+                status: Status::Ok,
+                message: None,
+                measurement: Some(Measurement::from_samples(vec![self.median(&k); 5])),
+            },
+        };
+        Ok(Evaluation {
+            outcome,
+            elapsed: Duration::from_millis(1),
+        })
+    }
+    fn remeasure(
+        &mut self,
+        finalists: &[(&dyn Kernel, Config)],
+        _: &Protocol,
+        _: usize,
+    ) -> Result<Vec<Measurement>, EvalError> {
+        let keys: Vec<String> = finalists.iter().map(|(k, c)| key(*k, c)).collect();
+        self.remeasured.push(keys.clone());
+        if self.fail_remeasure {
+            return Err(EvalError::Remeasure {
+                kernel: "scripted".into(),
+                config: "{}".into(),
+                status: Status::Crashed,
+                message: "scripted crash".into(),
+            });
+        }
+        Ok(keys
+            .iter()
+            .map(|k| {
+                let s = self
+                    .samples
+                    .get(k)
+                    .cloned()
+                    .unwrap_or_else(|| vec![self.median(k); 3]);
+                Measurement::from_samples(s)
+            })
+            .collect())
+    }
+}
+
+fn setup() -> (TuningDb, &'static HardwareFingerprint, Workload) {
+    let db = TuningDb::in_memory().unwrap();
+    let hw = HardwareFingerprint::current();
+    db.upsert_fingerprint(hw).unwrap();
+    (db, hw, "gemm:24x24x24".parse().unwrap())
+}
+
+fn opts(budget: usize) -> TuneOptions {
+    TuneOptions {
+        budget,
+        strategy: StrategyKind::Exhaustive,
+        seed: 1,
+        ..TuneOptions::default()
+    }
+}
+
+/// Samples spread ±`rel` around `m` (11 of them: a CI of about ±0.8·`rel`).
+fn around(m: f64, rel: f64) -> Vec<f64> {
+    (0..11)
+        .map(|i| m * (1.0 + rel * (i as f64 - 5.0) / 5.0))
+        .collect()
+}
+
+/// Trial medians x3 < x2 < x1 < x4 < x0, all faster than the default's 10 ms.
+fn fake() -> Fake {
+    let mut f = Fake::default();
+    for (v, ms) in [(0, 5.0), (1, 1.02), (2, 1.01), (3, 1.0), (4, 3.0)] {
+        f.medians.insert(key(&Scripted, &x(v)), ms * 1e-3);
+    }
+    f
+}
+
+fn scripted_trial(db: &TuningDb, hw: &HardwareFingerprint, w: &Workload, v: usize) -> Record {
+    db.trials(&hw.id, w)
+        .unwrap()
+        .into_iter()
+        .find(|r| r.kernel == "scripted" && r.config == x(v))
+        .unwrap()
+}
+
+#[test]
+fn overlapping_finalists_tie_to_the_simplest_config() {
+    let (db, hw, w) = setup();
+    let mut ev = fake();
+    for v in 1..=3 {
+        let k = key(&Scripted, &x(v));
+        let m = ev.medians[&k];
+        ev.samples.insert(k, around(m, 0.05));
+    }
+    let s = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
+    let d = s.decision.clone().expect("a decision");
+    assert_eq!(ev.remeasured.len(), 1);
+    assert_eq!(
+        ev.remeasured[0],
+        vec![
+            key(&Scripted, &x(3)),
+            key(&Scripted, &x(2)),
+            key(&Scripted, &x(1))
+        ],
+        "the three fastest distinct configs"
+    );
+    assert!(d.tie);
+    assert_eq!(d.reason, WinReason::TieSimpler);
+    assert_eq!(
+        d.winner.config,
+        x(1),
+        "lexicographically first of the tied group"
+    );
+    assert_eq!((d.remeasured(), d.rounds), (3, 11));
+    let stored = db.winner(&hw.id, &w).unwrap().unwrap();
+    assert_eq!(Some(stored.trial_id), d.winner.id);
+    assert_eq!((stored.reason.as_str(), stored.tie), ("tie_simpler", true));
+    assert_eq!(stored.remeasured.len(), 3);
+    assert!(s.tie() && s.remeasured() == 3);
+    assert_eq!(
+        s.median_spread,
+        Some(0.0),
+        "the scripted samples are identical"
+    );
+}
+
+#[test]
+fn separated_finalists_keep_the_fastest() {
+    let (db, hw, w) = setup();
+    let mut ev = fake();
+    for (v, m) in [(1, 1.3e-3), (2, 1.2e-3), (3, 1.0e-3)] {
+        ev.samples.insert(key(&Scripted, &x(v)), around(m, 0.01));
+    }
+    let s = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
+    let d = s.decision.unwrap();
+    assert!(!d.tie);
+    assert_eq!(d.reason, WinReason::Fastest);
+    assert_eq!(d.winner.config, x(3));
+    assert_eq!(
+        d.winner_remeasured_s(),
+        Some(kernels::measurement::median(&around(1.0e-3, 0.01)))
+    );
+}
+
+#[test]
+fn a_tied_incumbent_is_kept_and_a_resumed_job_does_not_redecide() {
+    let (db, hw, w) = setup();
+    // Job 1 (default + x0..x3): x1, x2, x3 tie and x1, the simplest, wins.
+    let mut ev = fake();
+    for v in 0..=4 {
+        let k = key(&Scripted, &x(v));
+        let m = ev.medians[&k];
+        ev.samples.insert(k, around(m, 0.05));
+    }
+    let first = tune_with(&db, &w, hw, &[&Scripted], &opts(5), &mut ev, &mut |_| {}).unwrap();
+    let d1 = first.decision.unwrap();
+    assert_eq!(
+        (d1.reason, d1.winner.config.clone()),
+        (WinReason::TieSimpler, x(1))
+    );
+
+    // Same job again: nothing new measured, no re-measurement, the decision stands.
+    let again = tune_with(&db, &w, hw, &[&Scripted], &opts(5), &mut ev, &mut |_| {}).unwrap();
+    assert_eq!(again.measured, 0);
+    assert!(again.decision.is_none());
+    assert_eq!(ev.remeasured.len(), 1);
+    assert_eq!(
+        db.winner(&hw.id, &w).unwrap().unwrap().trial_id,
+        d1.winner.id.unwrap()
+    );
+
+    // A bigger budget adds x4 (scripted to be about as fast, 0.99 ms): the finalists are the
+    // three fastest trials plus the incumbent, all tied, and the incumbent stays.
+    let k4 = key(&Scripted, &x(4));
+    ev.medians.insert(k4.clone(), 0.99e-3);
+    ev.samples.insert(k4.clone(), around(0.99e-3, 0.05));
+    let third = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
+    assert_eq!(third.measured, 1);
+    let d3 = third.decision.unwrap();
+    assert_eq!(ev.remeasured.len(), 2);
+    assert_eq!(ev.remeasured[1].len(), 4, "{:?}", ev.remeasured[1]);
+    assert_eq!(ev.remeasured[1][0], k4);
+    assert!(d3
+        .finalists
+        .iter()
+        .any(|f| f.incumbent && f.record.config == x(1)));
+    assert_eq!(
+        (d3.reason, d3.winner.config),
+        (WinReason::TieIncumbent, x(1))
+    );
+    assert!(d3.tie);
+}
+
+#[test]
+fn a_failed_remeasurement_falls_back_to_the_fastest_trial() {
+    let (db, hw, w) = setup();
+    let mut ev = fake();
+    ev.fail_remeasure = true;
+    let s = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
+    let d = s.decision.unwrap();
+    assert_eq!(d.reason, WinReason::Unconfirmed);
+    assert_eq!(d.winner.config, x(3));
+    assert!(d.note.as_deref().unwrap().contains("scripted crash"));
+    assert_eq!(d.remeasured(), 0);
+    let stored = db.winner(&hw.id, &w).unwrap().unwrap();
+    assert_eq!(
+        (stored.reason.as_str(), stored.remeasured.len()),
+        ("unconfirmed", 0)
+    );
+}
+
+#[test]
+fn quarantined_configs_are_never_measured_again() {
+    let (db, hw, w) = setup();
+    let mut ev = fake();
+    ev.statuses.insert(key(&Scripted, &x(1)), Status::Crashed);
+    ev.statuses.insert(key(&Scripted, &x(2)), Status::Timeout);
+    let s = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
+    assert_eq!(s.quarantined, 2);
+    assert_eq!(s.failures, 2);
+    assert_eq!(scripted_trial(&db, hw, &w, 1).status, Status::Crashed);
+    assert_eq!(scripted_trial(&db, hw, &w, 2).status, Status::Timeout);
+    assert_ne!(s.decision.unwrap().winner.config, x(1));
+
+    // Other strategies, seeds and bigger budgets propose them again: never re-run.
+    ev.evaluated.clear();
+    ev.statuses.clear();
+    for (strategy, seed, budget) in [
+        (StrategyKind::Random, 7, 50),
+        (StrategyKind::Exhaustive, 9, 100),
+    ] {
+        let o = TuneOptions {
+            budget,
+            strategy,
+            seed,
+            ..TuneOptions::default()
+        };
+        let again = tune_with(&db, &w, hw, &[&Scripted], &o, &mut ev, &mut |_| {}).unwrap();
+        assert_eq!(again.quarantined, 2);
+    }
+    assert!(
+        !ev.evaluated.contains(&key(&Scripted, &x(1)))
+            && !ev.evaluated.contains(&key(&Scripted, &x(2))),
+        "{:?}",
+        ev.evaluated
+    );
+    let rows = db.trials(&hw.id, &w).unwrap();
+    assert_eq!(rows.iter().filter(|r| r.config == x(1)).count(), 1);
+}
+
+#[test]
+fn a_quarantined_default_is_not_run_again() {
+    let (db, hw, w) = setup();
+    let (dk, dc) = default_for(&w, hw);
+    db.insert(&Record::failed(
+        &hw.id,
+        w,
+        dk.name(),
+        dk.version(),
+        dc.clone(),
+        Status::Oom,
+        "planted",
+        "t",
+    ))
+    .unwrap();
+    let mut ev = fake();
+    let s = tune_with(&db, &w, hw, &[&Scripted], &opts(4), &mut ev, &mut |_| {}).unwrap();
+    assert!(!ev.evaluated.contains(&key(dk, &dc)), "{:?}", ev.evaluated);
+    assert_eq!(s.default.status, Status::Oom);
+    assert_eq!(s.speedup_vs_default(), None);
+    assert_eq!(s.quarantined, 1);
+    assert_eq!(s.measured, 3, "the budget counts the quarantined default");
+    assert!(s.decision.is_some());
+}
