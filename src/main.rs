@@ -27,6 +27,8 @@ enum Command {
     Lookup(commands::lookup::LookupArgs),
     /// Run a workload through the runtime on random inputs and time it.
     Run(commands::run::RunArgs),
+    /// Re-measure the database's winners, compare with a baseline, save baselines, report.
+    Bench(commands::bench::BenchArgs),
     /// Internal: evaluate candidates for `tune --isolation process` (JSON lines on stdin/stdout).
     #[command(hide = true)]
     Worker(commands::worker::WorkerArgs),
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
         Command::Tune(a) => commands::tune::run(a),
         Command::Lookup(a) => commands::lookup::run(a),
         Command::Run(a) => commands::run::run(a),
+        Command::Bench(a) => commands::bench::run(a),
         Command::Worker(a) => commands::worker::run(a),
     };
     match result {

@@ -24,12 +24,14 @@
 //! Finalists are re-measured interleaved ([`measure_interleaved`]) and compared by the
 //! confidence intervals of their medians ([`median_ci`]).
 
+pub mod compare;
 mod evaluator;
 mod interleaved;
 mod protocol;
 #[cfg(unix)]
 pub mod worker;
 
+pub use compare::{compare, compare_rounds, CompareError, CompareOptions, Comparison, Verdict};
 pub use evaluator::{derived_timeout, EvalError, Evaluation, Evaluator, InProcess};
 pub use interleaved::{measure_interleaved, median_ci, overlaps};
 pub use protocol::{measure, Protocol};

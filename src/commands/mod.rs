@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod bench;
 pub mod hw;
 pub mod lookup;
 pub mod run;
