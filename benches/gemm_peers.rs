@@ -42,7 +42,12 @@ const IMPLS: [&str; 5] = ["tuned", "default", "matrixmultiply", "gemm", "faer"];
 
 fn shapes() -> Vec<Workload> {
     let list = std::env::var("AUTOKERNEL_BENCH_SHAPES").unwrap_or_else(|_| SHAPES.join(","));
-    list.split(',').map(|s| s.parse().unwrap_or_else(|e| panic!("AUTOKERNEL_BENCH_SHAPES: {e}"))).collect()
+    list.split(',')
+        .map(|s| {
+            s.parse()
+                .unwrap_or_else(|e| panic!("AUTOKERNEL_BENCH_SHAPES: {e}"))
+        })
+        .collect()
 }
 
 fn thread_counts() -> Vec<usize> {
@@ -58,25 +63,63 @@ fn gemm_mm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
     // SAFETY: a is m×k, b is k×n, c is m×n, all row-major and of exactly those lengths.
     unsafe {
         matrixmultiply::sgemm(
-            m, k, n, 1.0, a.as_ptr(), k as isize, 1, b.as_ptr(), n as isize, 1, 0.0, c.as_mut_ptr(), n as isize, 1,
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            k as isize,
+            1,
+            b.as_ptr(),
+            n as isize,
+            1,
+            0.0,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
         )
     }
 }
 
 fn gemm_gemm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: usize) {
-    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    let par = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
     // SAFETY: row-major views (column stride 1, row stride = row length) of buffers of
     // exactly m×k, k×n and m×n elements; read_dst is false so c's contents are not read.
     unsafe {
         gemm::gemm(
-            m, n, k, c.as_mut_ptr(), 1, n as isize, false, a.as_ptr(), 1, k as isize, b.as_ptr(), 1, n as isize,
-            0.0, 1.0, false, false, false, par,
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            1,
+            k as isize,
+            b.as_ptr(),
+            1,
+            n as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
         )
     }
 }
 
 fn gemm_faer(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: usize) {
-    let par = if threads > 1 { faer::Par::rayon(threads) } else { faer::Par::Seq };
+    let par = if threads > 1 {
+        faer::Par::rayon(threads)
+    } else {
+        faer::Par::Seq
+    };
     let lhs = faer::MatRef::from_row_major_slice(a, m, k);
     let rhs = faer::MatRef::from_row_major_slice(b, k, n);
     let dst = faer::MatMut::from_row_major_slice_mut(c, m, n);
@@ -84,12 +127,20 @@ fn gemm_faer(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32], 
 }
 
 fn ensure_tuned(db_path: &PathBuf, shapes: &[Workload], threads: &[usize]) {
-    let budget = std::env::var("AUTOKERNEL_BENCH_BUDGET").ok().and_then(|s| s.parse().ok()).unwrap_or(48);
+    let budget = std::env::var("AUTOKERNEL_BENCH_BUDGET")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(48);
     let db = TuningDb::open(db_path).expect("bench tuning database");
     for &t in threads {
         let hw = HardwareFingerprint::current().with_cores(t);
         for w in shapes {
-            let opts = TuneOptions { budget, strategy: StrategyKind::Random, seed: 1, ..TuneOptions::default() };
+            let opts = TuneOptions {
+                budget,
+                strategy: StrategyKind::Random,
+                seed: 1,
+                ..TuneOptions::default()
+            };
             let s = tune(&db, w, &hw, &opts, &mut |_| {}).expect("tuning");
             if s.measured > 0 {
                 eprintln!("tuned {w} at {t} thread(s): {} new trials", s.measured);
@@ -107,7 +158,10 @@ fn criterion_dir() -> PathBuf {
 }
 
 fn median_ns(group: &str, id: &str) -> Option<f64> {
-    let p = criterion_dir().join(group).join(id).join("new/estimates.json");
+    let p = criterion_dir()
+        .join(group)
+        .join(id)
+        .join("new/estimates.json");
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok()?;
     v["median"]["point_estimate"].as_f64()
 }
@@ -119,12 +173,16 @@ fn group_name(w: &Workload) -> String {
 fn main() {
     let shapes = shapes();
     let threads = thread_counts();
-    let db_path: PathBuf =
-        std::env::var("AUTOKERNEL_BENCH_DB").map(PathBuf::from).unwrap_or_else(|_| "target/bench-tuning.db".into());
+    let db_path: PathBuf = std::env::var("AUTOKERNEL_BENCH_DB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| "target/bench-tuning.db".into());
     ensure_tuned(&db_path, &shapes, &threads);
     let runtimes: Vec<Runtime> = threads
         .iter()
-        .map(|&t| Runtime::open_for(&db_path, HardwareFingerprint::current().with_cores(t)).expect("runtime"))
+        .map(|&t| {
+            Runtime::open_for(&db_path, HardwareFingerprint::current().with_cores(t))
+                .expect("runtime")
+        })
         .collect();
 
     let mut c = Criterion::default()
@@ -145,8 +203,10 @@ fn main() {
         for (ti, &t) in threads.iter().enumerate() {
             let rt = &runtimes[ti];
             let tuned = rt.choose(w).expect("tuned choice");
-            chosen.push(json!({"workload": w.key(), "threads": t, "level": tuned.level.as_str(),
-                               "kernel": tuned.kernel.name(), "config": tuned.config}));
+            chosen.push(
+                json!({"workload": w.key(), "threads": t, "level": tuned.level.as_str(),
+                               "kernel": tuned.kernel.name(), "config": tuned.config}),
+            );
             let hw_t = HardwareFingerprint::current().with_cores(t);
             let (dk, dc) = default_for(w, &hw_t);
             let default = dk.prepare(w, &dc).expect("default config builds");
@@ -179,7 +239,9 @@ fn write_report(shapes: &[Workload], threads: &[usize], chosen: Vec<serde_json::
     let peak: Vec<f64> = threads
         .iter()
         .map(|&t| {
-            let mut runs: Vec<f64> = (0..3).map(|_| kernels::cpu::peak::fma_peak_gflops(t, 0.5)).collect();
+            let mut runs: Vec<f64> = (0..3)
+                .map(|_| kernels::cpu::peak::fma_peak_gflops(t, 0.5))
+                .collect();
             runs.sort_by(f64::total_cmp);
             runs[1]
         })
@@ -223,12 +285,19 @@ fn write_report(shapes: &[Workload], threads: &[usize], chosen: Vec<serde_json::
     }
     md += "\nConfigs chosen by the runtime:\n\n";
     for c in &chosen {
-        md += &format!("- {} @ {}t: {} {} `{}`\n", c["workload"], c["threads"], c["level"], c["kernel"], c["config"]);
+        md += &format!(
+            "- {} @ {}t: {} {} `{}`\n",
+            c["workload"], c["threads"], c["level"], c["kernel"], c["config"]
+        );
     }
     let dir = PathBuf::from("bench_results").join(&hw.id);
     std::fs::create_dir_all(&dir).expect("bench_results directory");
     let doc = json!({"date": tuning_db::now_rfc3339(), "fingerprint": hw, "fma_peak_gflops": threads.iter().zip(&peak).map(|(t, p)| json!({"threads": t, "gflops": p})).collect::<Vec<_>>(), "rows": rows, "chosen": chosen});
-    std::fs::write(dir.join("gemm_peers.json"), serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("gemm_peers.json"),
+        serde_json::to_string_pretty(&doc).unwrap(),
+    )
+    .unwrap();
     std::fs::write(dir.join("gemm_peers.md"), &md).unwrap();
     println!("{md}");
     eprintln!("wrote {}", dir.join("gemm_peers.md").display());
