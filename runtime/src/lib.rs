@@ -121,7 +121,10 @@ impl Runtime {
 
     /// Like [`Runtime::open`], but serves the records of fingerprint `hw` (for instance this
     /// machine at another thread count, [`HardwareFingerprint::with_cores`]).
-    pub fn open_for(path: impl AsRef<Path>, hw: HardwareFingerprint) -> Result<Runtime, RuntimeError> {
+    pub fn open_for(
+        path: impl AsRef<Path>,
+        hw: HardwareFingerprint,
+    ) -> Result<Runtime, RuntimeError> {
         let db = TuningDb::open_read_only(path.as_ref())?;
         let mut rt = Runtime::with_fingerprint(hw);
         for rec in db.best_all(&rt.hw.id)? {
