@@ -184,7 +184,8 @@ fn in_process_tuning_and_pinned_workers_both_work() {
             if i == 0 { "none" } else { "process" },
             "{t}"
         );
-        assert_eq!(t["remeasured"], 3, "{t}");
+        let remeasured = t["remeasured"].as_u64().unwrap();
+        assert!((3..=4).contains(&remeasured), "{t}");
         assert_eq!(t["remeasure_rounds"], 15, "{t}");
         assert!(t["median_cv"].as_f64().is_some(), "{t}");
         if i == 0 {

@@ -570,18 +570,40 @@ fn decide(
             .then(a.id.cmp(&b.id))
     });
     let mut seen = HashSet::new();
-    let mut picked: Vec<&Record> = ok
+    let distinct: Vec<&Record> = ok
         .into_iter()
         .filter(|r| seen.insert((r.kernel.clone(), r.config.to_json())))
-        .take(opts.finalists)
         .collect();
-    if let Some(inc) = incumbent {
+    let mut picked: Vec<&Record> = distinct.iter().copied().take(opts.finalists).collect();
+    fn add<'r>(picked: &mut Vec<&'r Record>, r: &'r Record) {
         if !picked
             .iter()
-            .any(|r| r.kernel == inc.kernel && r.config == inc.config)
+            .any(|p| p.kernel == r.kernel && p.config == r.config)
         {
-            picked.push(inc);
+            picked.push(r);
         }
+    }
+    // The simplest config whose search timing is statistically tied with the fastest one's
+    // joins the finalists: which configs make the top few by median changes from run to run
+    // on a noisy machine, this one much less, and on a tie in the re-measurement it wins.
+    if let Some(fastest) = distinct.first() {
+        let ci_of = |r: &Record| {
+            r.measurement
+                .as_ref()
+                .map_or((0.0, f64::INFINITY), |m| median_ci(&m.samples))
+        };
+        let best_ci = ci_of(fastest);
+        let simplest_tied = distinct
+            .iter()
+            .copied()
+            .filter(|r| overlaps(ci_of(r), best_ci))
+            .min_by_key(|r| simplicity_key(&r.kernel, &r.config, (dk.name(), &dc)));
+        if let (Some(r), true) = (simplest_tied, opts.finalists > 0) {
+            add(&mut picked, r);
+        }
+    }
+    if let Some(inc) = incumbent {
+        add(&mut picked, inc);
     }
     if picked.is_empty() {
         return Ok(None);

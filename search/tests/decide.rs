@@ -54,6 +54,8 @@ fn key(kernel: &dyn Kernel, c: &Config) -> String {
 #[derive(Default)]
 struct Fake {
     medians: HashMap<String, f64>,
+    /// Samples of the search's timing (default: five copies of the median).
+    trial_samples: HashMap<String, Vec<f64>>,
     statuses: HashMap<String, Status>,
     samples: HashMap<String, Vec<f64>>,
     fail_remeasure: bool,
@@ -91,7 +93,12 @@ impl Evaluator for Fake {
             None => Outcome {
                 status: Status::Ok,
                 message: None,
-                measurement: Some(Measurement::from_samples(vec![self.median(&k); 5])),
+                measurement: Some(Measurement::from_samples(
+                    self.trial_samples
+                        .get(&k)
+                        .cloned()
+                        .unwrap_or_else(|| vec![self.median(&k); 5]),
+                )),
             },
         };
         Ok(Evaluation {
@@ -208,6 +215,26 @@ fn overlapping_finalists_tie_to_the_simplest_config() {
         Some(0.0),
         "the scripted samples are identical"
     );
+}
+
+#[test]
+fn the_simplest_config_tied_in_the_search_joins_the_finalists() {
+    let (db, hw, w) = setup();
+    let mut ev = fake();
+    // x0's search timing is slow by its median (5 ms) but so noisy that its confidence
+    // interval reaches the fastest one's: it is statistically tied, and the simplest config.
+    let k0 = key(&Scripted, &x(0));
+    ev.trial_samples
+        .insert(k0.clone(), vec![0.9e-3, 1.0e-3, 5e-3, 9e-3, 9.5e-3]);
+    for v in 0..=3 {
+        let k = key(&Scripted, &x(v));
+        ev.samples.insert(k, around(1.0e-3, 0.05));
+    }
+    let s = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
+    assert_eq!(ev.remeasured[0].len(), 4, "{:?}", ev.remeasured[0]);
+    assert_eq!(ev.remeasured[0][3], k0);
+    let d = s.decision.unwrap();
+    assert_eq!((d.reason, d.winner.config), (WinReason::TieSimpler, x(0)));
 }
 
 #[test]

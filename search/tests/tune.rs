@@ -38,8 +38,13 @@ fn tunes_records_everything_and_resumes() {
     // The winner was decided on an interleaved re-measurement of the three fastest trials:
     // the fastest trial is a finalist, and the database serves the decided winner.
     let d = s.decision.clone().expect("a decision");
-    assert_eq!(d.finalists.len(), 3);
-    assert_eq!(d.remeasured(), 3);
+    // The three fastest, plus the simplest config tied with the fastest if it is not one of them.
+    assert!(
+        (3..=4).contains(&d.finalists.len()),
+        "{}",
+        d.finalists.len()
+    );
+    assert_eq!(d.remeasured(), d.finalists.len());
     assert!(d
         .finalists
         .iter()

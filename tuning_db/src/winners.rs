@@ -432,7 +432,7 @@ mod tests {
             DbError::OlderSchemaReadOnly { found: 1, .. }
         ));
         let db = TuningDb::open(&path).unwrap();
-        assert_eq!(db.schema_version().unwrap(), 2);
+        assert_eq!(db.schema_version().unwrap(), crate::SCHEMA_VERSION);
         let trial = db.best(&hw.id, &w).unwrap().unwrap();
         db.record_winner(&decision(&hw, w, trial.id.unwrap()))
             .unwrap();
