@@ -71,7 +71,9 @@ static FAMILIES: &[&dyn Kernel] = &[
     &crate::cpu::gemm::Packed,
     &crate::cpu::gemm::Direct,
     &crate::cpu::gemm::epilogue::EpiloguePacked,
+    &crate::cpu::gemm::epilogue::EpilogueDirect,
     &crate::cpu::attention::Fused,
+    &crate::cpu::attention::Unfused,
 ];
 
 /// The family called `name`.

@@ -1,20 +1,130 @@
-//! Scaled dot-product attention (`attention:BxHxSxD[:causal]`) on the CPU.
+//! Scaled dot-product attention (`attention:BxHxSxD[:causal]`), f32, Q/K/V/O laid out
+//! `[B, H, S, D]`, `scale = 1/√D`: two kernel families, their search spaces and defaults.
+//!
+//! - `attention_fused` ([`fused`]): flash-style — `Br` query rows × `Bc` keys per block, an
+//!   online (running max / running sum) softmax, the `S×S` matrix never materialised; SIMD
+//!   register tiles for the scores and the `P·V` update ([`ukernel`]); causal masking skips
+//!   fully masked blocks. Knobs:
+//!   - `tile`: the register tile, `{isa}_{MR}x{NR}` (MR query rows × NR keys);
+//!   - `br`, `bc`: query rows and keys per block (rounded up to MR / NR);
+//!   - `k_layout`: `prepacked` (Kᵀ of every head packed into NR-key panels once per call)
+//!     or `blockwise` (each task packs the key block it is about to use);
+//!   - `par` / `threads`: `none`, `heads` (tasks over B·H) or `blocks` (B·H × query blocks).
+//! - `attention_unfused` ([`unfused`]): per head, `Q·Kᵀ` with the packed GEMM, a row
+//!   softmax, then `·V` with the packed GEMM. Knobs: the GEMMs' `ukernel`, and `par` =
+//!   `none`, `heads` (heads in parallel) or `gemm` (parallel inside each GEMM).
+//!
+//! ```
+//! use kernels::{default_for, HardwareFingerprint, Problem, Workload};
+//!
+//! let w: Workload = "attention:1x2x37x80:causal".parse()?;
+//! let (kernel, config) = default_for(&w, HardwareFingerprint::current());
+//! assert_eq!(kernel.name(), "attention_fused");
+//! let exe = kernel.prepare(&w, &config)?;
+//! let p = Problem::random(&w, 3);
+//! let mut o = p.output();
+//! exe.run(&p.input_slices(), &mut o); // inputs: Q, K, V
+//! p.check(&o, &p.reference())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
-use crate::error::{Error, Result};
+pub mod fused;
+pub mod ukernel;
+pub mod unfused;
+
+use crate::cpu::gemm::{
+    cap_rule, int_knob, invalid, serial_iff_one_thread, snap, str_knob, thread_values, unsupported,
+    Packed,
+};
+use crate::cpu::Isa;
+use crate::error::Result;
 use crate::hardware::HardwareFingerprint;
 use crate::kernel::{Executable, Kernel};
-use crate::space::{Config, Space};
+use crate::space::{Config, Space, Value};
 use crate::workload::Workload;
 
-/// The fused (online-softmax) family.
+use fused::{FusedAttention, KLayout};
+use unfused::{UnfusedAttention, UNFUSED_MAX_S};
+
+/// The fused (flash-style) family.
 pub struct Fused;
 
-/// The attention families, in priority order.
-pub static FAMILIES: &[&dyn Kernel] = &[&Fused];
+/// The unfused (GEMM, softmax, GEMM) family.
+pub struct Unfused;
 
-/// The fallback for an attention workload.
+/// The attention families, in priority order.
+pub static FAMILIES: &[&dyn Kernel] = &[&Fused, &Unfused];
+
+/// Values of the `br` knob (query rows per block; rounded up to MR when built).
+pub const BR_VALUES: &[usize] = &[16, 32, 64, 128, 256];
+/// Values of the `bc` knob (keys per block; rounded up to NR when built).
+pub const BC_VALUES: &[usize] = &[16, 32, 64, 128, 256, 512];
+/// Values of the `k_layout` knob.
+pub const K_LAYOUT_VALUES: &[&str] = &["prepacked", "blockwise"];
+
+/// Below this many flops the defaults stay single-threaded (a fork-join costs several µs).
+const PARALLEL_MIN_FLOPS: f64 = 4.0e6;
+
+/// How attention work is split across threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnPar {
+    /// One thread.
+    None,
+    /// Whole heads (B·H tasks) on this many rayon tasks.
+    Heads(usize),
+    /// Heads × query blocks on this many rayon tasks.
+    Blocks(usize),
+}
+
+impl AttnPar {
+    /// Tasks the work is spread over.
+    pub fn threads(self) -> usize {
+        match self {
+            AttnPar::None => 1,
+            AttnPar::Heads(t) | AttnPar::Blocks(t) => t,
+        }
+    }
+}
+
+/// The fallback for an attention workload: the fused family's default (valid for every shape).
 pub fn default_for(w: &Workload, hw: &HardwareFingerprint) -> (&'static dyn Kernel, Config) {
     (&Fused, Fused.default_config(w, hw))
+}
+
+/// `(b, h, s, d, causal)` of an attention workload; a 1-element shape for any other (the
+/// families describe spaces only for workloads they support, and `build` refuses the rest).
+fn shape(w: &Workload) -> (usize, usize, usize, usize, bool) {
+    match *w {
+        Workload::Attention { b, h, s, d, causal } => (b, h, s, d, causal),
+        _ => (1, 1, 1, 1, false),
+    }
+}
+
+fn par_values(hw: &HardwareFingerprint, parallel: &'static str) -> Vec<&'static str> {
+    if hw.cores > 1 {
+        vec!["none", "heads", parallel]
+    } else {
+        vec!["none"]
+    }
+}
+
+/// Rule: `par = heads` only with at least as many heads as threads.
+fn heads_rule(heads: usize) -> impl Fn(&Config) -> bool + Send + Sync + 'static {
+    move |c: &Config| {
+        c.str("par") != Some("heads") || c.int("threads").is_some_and(|t| t as usize <= heads)
+    }
+}
+
+fn par_from_config(kernel: &str, c: &Config, parallel: &str) -> Result<(String, usize)> {
+    let threads = int_knob(kernel, c, "threads")?.max(1);
+    let par = str_knob(kernel, c, "par")?;
+    if par != "none" && par != "heads" && par != parallel {
+        return Err(invalid(kernel, c, format!("unknown par '{par}'")));
+    }
+    if par == "none" || threads == 1 {
+        return Ok(("none".into(), 1));
+    }
+    Ok((par.into(), threads))
 }
 
 impl Kernel for Fused {
@@ -23,79 +133,187 @@ impl Kernel for Fused {
     }
 
     fn version(&self) -> u32 {
-        0
+        1
     }
 
     fn supports(&self, w: &Workload) -> bool {
         matches!(w, Workload::Attention { .. })
     }
 
-    fn space(&self, _: &Workload, _: &HardwareFingerprint) -> Space {
-        Space::new().knob("par", ["none"])
+    fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
+        let (b, h, s, _, _) = shape(w);
+        let names: Vec<&str> = ukernel::tiles_offered()
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
+        Space::new()
+            .knob("tile", names)
+            .knob("br", BR_VALUES.iter().copied())
+            .knob("bc", BC_VALUES.iter().copied())
+            .knob("k_layout", K_LAYOUT_VALUES.iter().copied())
+            .knob("par", par_values(hw, "blocks"))
+            .knob("threads", thread_values(hw))
+            .rule("serial_iff_one_thread", serial_iff_one_thread)
+            .rule("br_not_beyond_s", cap_rule("br", BR_VALUES, s))
+            .rule("bc_not_beyond_s", cap_rule("bc", BC_VALUES, s))
+            .rule("heads_split_has_a_head_per_thread", heads_rule(b * h))
     }
 
-    fn default_config(&self, _: &Workload, _: &HardwareFingerprint) -> Config {
-        Config::from_pairs([("par", "none")])
-    }
-
-    fn build(&self, w: &Workload, _: &Config) -> Result<Box<dyn Executable>> {
-        let Workload::Attention { s, d, causal, .. } = *w else {
-            return Err(Error::Unsupported {
-                kernel: self.name().into(),
-                workload: w.key(),
-            });
+    fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
+        let (b, h, s, _, _) = shape(w);
+        let tile = default_tile();
+        // 64-query × 64-key blocks keep a key block, a value block and the block's running
+        // outputs within L1 + L2 for D up to 128 (measured best on Zen 3, D = 64).
+        let br = snap(BR_VALUES, 64, s);
+        let bc = snap(BC_VALUES, 64, s);
+        let cores = hw.cores.max(1);
+        let (par, threads) = if cores == 1 || w.flops() < PARALLEL_MIN_FLOPS {
+            ("none", 1)
+        } else if b * h >= 2 * cores {
+            ("heads", cores)
+        } else {
+            ("blocks", cores)
         };
-        Ok(Box::new(Naive {
-            s,
-            d,
-            causal,
-            len: w.output_len(),
-        }))
+        Config::from_pairs([
+            ("tile", Value::from(tile.name.as_str())),
+            ("br", br.into()),
+            ("bc", bc.into()),
+            ("k_layout", "prepacked".into()),
+            ("par", par.into()),
+            ("threads", threads.into()),
+        ])
+    }
+
+    fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
+        Ok(Box::new(self.build_fused(w, c)?))
     }
 }
 
-struct Naive {
-    s: usize,
-    d: usize,
-    causal: bool,
-    len: usize,
+impl Fused {
+    /// [`Kernel::build`], returning the concrete driver.
+    pub fn build_fused(&self, w: &Workload, c: &Config) -> Result<FusedAttention> {
+        let name = self.name();
+        let Workload::Attention { b, h, s, d, causal } = *w else {
+            return Err(unsupported(name, w));
+        };
+        let tile_name = str_knob(name, c, "tile")?;
+        let tile = ukernel::tile(tile_name).ok_or_else(|| {
+            invalid(
+                name,
+                c,
+                format!("tile '{tile_name}' is unknown or not supported by this CPU"),
+            )
+        })?;
+        let k_layout = match str_knob(name, c, "k_layout")? {
+            "prepacked" => KLayout::Prepacked,
+            "blockwise" => KLayout::Blockwise,
+            other => return Err(invalid(name, c, format!("unknown k_layout '{other}'"))),
+        };
+        let par = match par_from_config(name, c, "blocks")? {
+            (p, t) if p == "heads" => AttnPar::Heads(t),
+            (p, t) if p == "blocks" => AttnPar::Blocks(t),
+            _ => AttnPar::None,
+        };
+        let (br, bc) = (int_knob(name, c, "br")?, int_knob(name, c, "bc")?);
+        if br == 0 || bc == 0 {
+            return Err(invalid(name, c, "br and bc must be at least 1".into()));
+        }
+        Ok(FusedAttention::new(
+            (b, h, s, d, causal),
+            tile,
+            br,
+            bc,
+            k_layout,
+            par,
+        ))
+    }
 }
 
-impl Executable for Naive {
-    fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
-        let (s, d) = (self.s, self.d);
-        assert_eq!(inputs.len(), 3, "attention takes Q, K and V");
-        assert!(
-            inputs.iter().all(|x| x.len() == self.len),
-            "Q, K, V must be B·H·S·D"
-        );
-        assert_eq!(out.len(), self.len, "O must be B·H·S·D");
-        let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
-        let scale = 1.0 / (d as f32).sqrt();
-        let mut sc = Vec::with_capacity(s);
-        for (row, o) in out.chunks_exact_mut(d).enumerate() {
-            let (head, i) = (row / s, row % s);
-            let base = head * s * d;
-            let keys = if self.causal { i + 1 } else { s };
-            sc.clear();
-            sc.extend((0..keys).map(|j| {
-                (0..d)
-                    .map(|c| q[base + i * d + c] * k[base + j * d + c])
-                    .sum::<f32>()
-                    * scale
-            }));
-            let m = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut l = 0.0;
-            for x in sc.iter_mut() {
-                *x = (*x - m).exp();
-                l += *x;
+/// The best ISA's first (largest-throughput) tile.
+fn default_tile() -> &'static ukernel::AttnTile {
+    let offered = ukernel::tiles_offered();
+    let best = offered.iter().map(|t| t.isa).max().unwrap_or(Isa::Portable);
+    offered
+        .into_iter()
+        .find(|t| t.isa == best)
+        .expect("at least one attention tile")
+}
+
+impl Kernel for Unfused {
+    fn name(&self) -> &'static str {
+        "attention_unfused"
+    }
+
+    fn version(&self) -> u32 {
+        1
+    }
+
+    fn supports(&self, w: &Workload) -> bool {
+        matches!(*w, Workload::Attention { s, .. } if s <= UNFUSED_MAX_S)
+    }
+
+    fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
+        let (b, h, ..) = shape(w);
+        let names: Vec<&str> = crate::cpu::gemm::ukernel::packed_offered()
+            .iter()
+            .map(|u| u.name.as_str())
+            .collect();
+        Space::new()
+            .knob("ukernel", names)
+            .knob("par", par_values(hw, "gemm"))
+            .knob("threads", thread_values(hw))
+            .rule("serial_iff_one_thread", serial_iff_one_thread)
+            .rule("heads_split_has_a_head_per_thread", heads_rule(b * h))
+    }
+
+    fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
+        let (b, h, s, d, _) = shape(w);
+        let gemm = Workload::Gemm { m: s, n: s, k: d };
+        let uk = Packed.default_config(&gemm, hw);
+        let cores = hw.cores.max(1);
+        let (par, threads) = if cores == 1 || w.flops() < PARALLEL_MIN_FLOPS {
+            ("none", 1)
+        } else if b * h >= 2 * cores {
+            ("heads", cores)
+        } else {
+            ("gemm", cores)
+        };
+        Config::from_pairs([
+            (
+                "ukernel",
+                uk.get("ukernel").cloned().unwrap_or(Value::from("")),
+            ),
+            ("par", par.into()),
+            ("threads", threads.into()),
+        ])
+    }
+
+    fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
+        let name = self.name();
+        let (b, h, s, d, causal) = match *w {
+            Workload::Attention { b, h, s, d, causal } if s <= UNFUSED_MAX_S => {
+                (b, h, s, d, causal)
             }
-            o.fill(0.0);
-            for (j, p) in sc.iter().enumerate() {
-                for c in 0..d {
-                    o[c] += p / l * v[base + j * d + c];
-                }
-            }
-        }
+            _ => return Err(unsupported(name, w)),
+        };
+        let uk = str_knob(name, c, "ukernel")?;
+        let (par, threads) = par_from_config(name, c, "gemm")?;
+        let gemm_threads = if par == "gemm" { threads } else { 1 };
+        let head_tasks = if par == "heads" { threads } else { 1 };
+        let hw = HardwareFingerprint::current().with_cores(gemm_threads);
+        let gemm = |m: usize, n: usize, k: usize| -> Result<Box<dyn Executable>> {
+            let gw = Workload::Gemm { m, n, k };
+            let mut gc = Packed.default_config(&gw, &hw);
+            gc.set("ukernel", uk);
+            Ok(Box::new(Packed.build_packed(&gw, &gc).map_err(|e| {
+                invalid(name, c, format!("its GEMM does not build: {e}"))
+            })?))
+        };
+        Ok(Box::new(UnfusedAttention::with_gemms(
+            (b, h, s, d, causal),
+            gemm(s, s, d)?,
+            gemm(s, d, s)?,
+            head_tasks,
+        )))
     }
 }

@@ -12,7 +12,7 @@
 
 use rayon::prelude::*;
 
-use super::ukernel::DirectUkernel;
+use super::ukernel::{bias_act_row, DirectUkernel, TileEpilogue};
 use super::view::CView;
 use super::Par;
 use crate::kernel::Executable;
@@ -50,8 +50,29 @@ impl DirectGemm {
         }
     }
 
-    /// Rows `i0..i0+c.rows()` × columns `j0..j0+c.cols()` of C.
-    fn block(&self, a: &[f32], b: &[f32], mut c: CView<'_>, (i0, j0): (usize, usize)) {
+    /// `C = A·B` into `c` (M×N, overwritten); with `ep` (bias of all N columns),
+    /// `C = act(A·B + bias)` applied as the last depth pass stores its tiles. Panics on
+    /// wrong buffer sizes.
+    pub fn run_with(&self, a: &[f32], b: &[f32], c: &mut [f32], ep: Option<TileEpilogue<'_>>) {
+        let (m, n, k) = (self.m, self.n, self.k);
+        assert_eq!(a.len(), m * k, "A must be M×K = {m}×{k}");
+        assert_eq!(b.len(), k * n, "B must be K×N = {k}×{n}");
+        assert_eq!(c.len(), m * n, "C must be M×N = {m}×{n}");
+        if let Some(ep) = &ep {
+            assert_eq!(ep.bias.len(), n, "bias must have N = {n} values");
+        }
+        self.gemm(a, b, CView::new(c, m, n, n), ep);
+    }
+
+    /// Rows `i0..i0+c.rows()` × columns `j0..j0+c.cols()` of C; `ep`'s bias covers all N.
+    fn block(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        mut c: CView<'_>,
+        (i0, j0): (usize, usize),
+        ep: Option<TileEpilogue<'_>>,
+    ) {
         let (n, k) = (self.n, self.k);
         let uk = self.uk;
         let lanes = uk.lanes;
@@ -61,6 +82,7 @@ impl DirectGemm {
         for pc in (0..k).step_by(self.kc) {
             let kcb = self.kc.min(k - pc);
             let accumulate = pc > 0;
+            let ep = if pc + kcb == k { ep } else { None };
             for jt in (0..cols).step_by(tw) {
                 let width = tw.min(cols - jt);
                 let (nv, rem) = (width / lanes, width % lanes);
@@ -89,6 +111,7 @@ impl DirectGemm {
                             &mut c,
                             (it, jt),
                             accumulate,
+                            ep.map(|e| e.skip(jb)),
                         );
                     }
                     if rem > 0 {
@@ -104,6 +127,7 @@ impl DirectGemm {
                             &mut tmp,
                             (0, 0),
                             false,
+                            None,
                         );
                         for rr in 0..r {
                             let src = &buf[rr * lanes..rr * lanes + rem];
@@ -113,6 +137,9 @@ impl DirectGemm {
                             } else {
                                 dst.copy_from_slice(src);
                             }
+                            if let Some(ep) = &ep {
+                                bias_act_row(dst, &ep.bias[jb + nv * lanes..], ep.act);
+                            }
                         }
                     }
                 }
@@ -120,9 +147,9 @@ impl DirectGemm {
         }
     }
 
-    fn gemm(&self, a: &[f32], b: &[f32], c: CView<'_>) {
+    fn gemm(&self, a: &[f32], b: &[f32], c: CView<'_>, ep: Option<TileEpilogue<'_>>) {
         match self.par {
-            Par::None => self.block(a, b, c, (0, 0)),
+            Par::None => self.block(a, b, c, (0, 0), ep),
             Par::M(t) => {
                 let per = self.m.div_ceil(t);
                 let mut parts = Vec::with_capacity(t);
@@ -136,7 +163,7 @@ impl DirectGemm {
                 }
                 parts
                     .into_par_iter()
-                    .for_each(|(i0, view)| self.block(a, b, view, (i0, 0)));
+                    .for_each(|(i0, view)| self.block(a, b, view, (i0, 0), ep));
             }
             Par::N(t) => {
                 let lanes = self.uk.lanes;
@@ -152,7 +179,7 @@ impl DirectGemm {
                 }
                 parts
                     .into_par_iter()
-                    .for_each(|(j0, view)| self.block(a, b, view, (0, j0)));
+                    .for_each(|(j0, view)| self.block(a, b, view, (0, j0), ep));
             }
         }
     }
@@ -165,6 +192,6 @@ impl Executable for DirectGemm {
         assert_eq!(inputs[0].len(), m * k, "A must be M×K = {m}×{k}");
         assert_eq!(inputs[1].len(), k * n, "B must be K×N = {k}×{n}");
         assert_eq!(out.len(), m * n, "C must be M×N = {m}×{n}");
-        self.gemm(inputs[0], inputs[1], CView::new(out, m, n, n));
+        self.gemm(inputs[0], inputs[1], CView::new(out, m, n, n), None);
     }
 }

@@ -150,12 +150,12 @@ pub(crate) fn thread_values(hw: &HardwareFingerprint) -> Vec<usize> {
 
 /// The smallest listed value `≥ x`, if any: every larger value behaves the same once the
 /// block size is clamped to the matrix, so the spaces only admit values up to this one.
-fn first_at_least(values: &[usize], x: usize) -> Option<usize> {
+pub(crate) fn first_at_least(values: &[usize], x: usize) -> Option<usize> {
     values.iter().copied().filter(|&v| v >= x).min()
 }
 
 /// The listed value nearest to `target`, but no more than `first_at_least(values, dim)`.
-fn snap(values: &[usize], target: usize, dim: usize) -> usize {
+pub(crate) fn snap(values: &[usize], target: usize, dim: usize) -> usize {
     let cap = first_at_least(values, dim).unwrap_or(usize::MAX);
     values
         .iter()
@@ -178,7 +178,7 @@ fn par_values(hw: &HardwareFingerprint) -> Vec<&'static str> {
 }
 
 /// Rule: knob `name` ≤ `first_at_least(values, dim)` (no cap when every value is below `dim`).
-fn cap_rule(
+pub(crate) fn cap_rule(
     name: &'static str,
     values: &[usize],
     dim: usize,
@@ -242,6 +242,14 @@ impl Kernel for Packed {
     }
 
     fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
+        Ok(Box::new(self.build_packed(w, c)?))
+    }
+}
+
+impl Packed {
+    /// [`Kernel::build`], returning the concrete driver (the epilogue and attention
+    /// families build on it).
+    pub fn build_packed(&self, w: &Workload, c: &Config) -> Result<PackedGemm> {
         let Workload::Gemm { m, n, k } = *w else {
             return Err(unsupported(self.name(), w));
         };
@@ -255,14 +263,14 @@ impl Kernel for Packed {
             )
         })?;
         let par = Par::from_config(name, c)?;
-        Ok(Box::new(PackedGemm::new(
+        Ok(PackedGemm::new(
             (m, n, k),
             uk,
             int_knob(name, c, "mc")?,
             int_knob(name, c, "kc")?,
             int_knob(name, c, "nc")?,
             par,
-        )))
+        ))
     }
 }
 
@@ -384,6 +392,13 @@ impl Kernel for Direct {
     }
 
     fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
+        Ok(Box::new(self.build_direct(w, c)?))
+    }
+}
+
+impl Direct {
+    /// [`Kernel::build`], returning the concrete driver.
+    pub fn build_direct(&self, w: &Workload, c: &Config) -> Result<DirectGemm> {
         let name = self.name();
         let (m, n, k) = match *w {
             Workload::Gemm { m, n, k } if m <= DIRECT_MAX_M => (m, n, k),
@@ -398,12 +413,12 @@ impl Kernel for Direct {
             )
         })?;
         let par = Par::from_config(name, c)?;
-        Ok(Box::new(DirectGemm::new(
+        Ok(DirectGemm::new(
             (m, n, k),
             uk,
             int_knob(name, c, "kc")?,
             par,
-        )))
+        ))
     }
 }
 

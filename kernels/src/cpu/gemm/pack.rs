@@ -29,18 +29,40 @@ impl AlignedBuf {
         // borrowed through `&mut self`.
         unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast::<f32>(), len) }
     }
+
+    /// The first `len` values, read-only. Panics if the buffer holds fewer.
+    pub fn as_slice(&self, len: usize) -> &[f32] {
+        assert!(
+            len <= self.0.len() * 16,
+            "aligned buffer shorter than {len}"
+        );
+        // SAFETY: as in `slice`: the lines are `16·lines ≥ len` initialised, contiguous
+        // `f32`s (asserted above), shared-borrowed through `&self`.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast::<f32>(), len) }
+    }
 }
 
 thread_local! {
     static POOL_A: Cell<AlignedBuf> = Cell::new(AlignedBuf::default());
     static POOL_B: Cell<AlignedBuf> = Cell::new(AlignedBuf::default());
+    static POOL_KEYS: Cell<AlignedBuf> = Cell::new(AlignedBuf::default());
+    static POOL_VALUES: Cell<AlignedBuf> = Cell::new(AlignedBuf::default());
+    static POOL_WORK: Cell<AlignedBuf> = Cell::new(AlignedBuf::default());
 }
 
 /// Which per-thread buffer to borrow.
 #[derive(Clone, Copy)]
 pub enum Pool {
+    /// Packed A blocks (GEMM).
     A,
+    /// Packed B blocks (GEMM).
     B,
+    /// Packed keys (attention).
+    Keys,
+    /// Padded values (attention).
+    Values,
+    /// Per-task working memory (attention).
+    Work,
 }
 
 /// Runs `f` with this thread's reusable buffer for `which`. The buffer is taken out of its
@@ -50,6 +72,9 @@ pub fn with_buffer<R>(which: Pool, f: impl FnOnce(&mut AlignedBuf) -> R) -> R {
     let slot = match which {
         Pool::A => &POOL_A,
         Pool::B => &POOL_B,
+        Pool::Keys => &POOL_KEYS,
+        Pool::Values => &POOL_VALUES,
+        Pool::Work => &POOL_WORK,
     };
     let mut buf = slot.with(Cell::take);
     let r = f(&mut buf);
@@ -82,6 +107,8 @@ pub fn pack_a(
             (8, 8) => pack_a_full::<8>(a, lda, i0 + r0, p0, kc, dst),
             (12, 12) => pack_a_full::<12>(a, lda, i0 + r0, p0, kc, dst),
             (14, 14) => pack_a_full::<14>(a, lda, i0 + r0, p0, kc, dst),
+            (16, 16) => pack_a_full::<16>(a, lda, i0 + r0, p0, kc, dst),
+            (32, 32) => pack_a_full::<32>(a, lda, i0 + r0, p0, kc, dst),
             _ => {
                 for r in 0..mr {
                     if r < rows {

@@ -14,11 +14,88 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::pack::{pack_a, pack_b, with_buffer, Pool};
-use super::ukernel::PackedUkernel;
+use super::pack::{pack_a, pack_b, with_buffer, AlignedBuf, Pool};
+use super::ukernel::{PackedUkernel, TileEpilogue};
 use super::view::CView;
 use super::Par;
 use crate::kernel::Executable;
+
+/// Where the B operand comes from.
+#[derive(Clone, Copy)]
+pub enum BSource<'a> {
+    /// Row-major `K×N`, packed block by block during the call.
+    RowMajor(&'a [f32]),
+    /// Packed once, ahead of the call, into this GEMM's panel layout ([`PackedGemm::pack_b`]).
+    Packed(&'a PackedB),
+}
+
+/// A `K×N` B matrix packed once into the micro-panel layout of one (`NR`, `kc`) blocking:
+/// what an inference runtime does with a constant weight, so that calls skip packing.
+///
+/// Layout: depth blocks of `kc` rows one after the other; inside the block starting at
+/// depth `pc` (with `kcb` rows), the `⌈N/NR⌉` panels of `kcb × NR` values (zero-padded past
+/// column N) in column order. The panels of any NR-aligned column range are contiguous.
+pub struct PackedB {
+    k: usize,
+    n: usize,
+    nr: usize,
+    kc: usize,
+    panels: usize,
+    data: AlignedBuf,
+}
+
+impl std::fmt::Debug for PackedB {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedB")
+            .field("k", &self.k)
+            .field("n", &self.n)
+            .field("nr", &self.nr)
+            .field("kc", &self.kc)
+            .finish()
+    }
+}
+
+impl PackedB {
+    /// Packs row-major `b` (`k×n`) for micro-kernels `nr` columns wide and depth blocks of
+    /// `kc` (clamped to `1..=k`). Panics if `b.len() != k·n` or a dimension is 0.
+    pub fn pack(b: &[f32], k: usize, n: usize, nr: usize, kc: usize) -> PackedB {
+        assert!(k >= 1 && n >= 1 && nr >= 1, "empty B");
+        assert_eq!(b.len(), k * n, "B must be K×N = {k}×{n}");
+        let kc = kc.clamp(1, k);
+        let panels = n.div_ceil(nr);
+        let mut data = AlignedBuf::default();
+        let all = data.slice(k * panels * nr);
+        for pc in (0..k).step_by(kc) {
+            let kcb = kc.min(k - pc);
+            let block = &mut all[pc * panels * nr..][..kcb * panels * nr];
+            pack_b(b, n, (pc, kcb), (0, n), nr, 0, block);
+        }
+        PackedB {
+            k,
+            n,
+            nr,
+            kc,
+            panels,
+            data,
+        }
+    }
+
+    /// `(k, n)` of the packed matrix.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.k, self.n)
+    }
+
+    /// The panels of depth block `pc..` covering columns `jc..jc+ncb` (`jc` a multiple of NR).
+    fn block(&self, pc: usize, jc: usize, ncb: usize) -> &[f32] {
+        debug_assert!(pc.is_multiple_of(self.kc) && jc.is_multiple_of(self.nr));
+        let kcb = self.kc.min(self.k - pc);
+        let all = self.data.as_slice(self.k * self.panels * self.nr);
+        let base = pc * self.panels * self.nr;
+        let q0 = jc / self.nr;
+        let np = ncb.div_ceil(self.nr);
+        &all[base + q0 * self.nr * kcb..base + (q0 + np) * self.nr * kcb]
+    }
+}
 
 /// A prepared packed GEMM: shape, micro-kernel and effective block sizes.
 pub struct PackedGemm {
@@ -59,8 +136,35 @@ impl PackedGemm {
         }
     }
 
-    /// `C = A·B` into the window `c` (the whole output).
-    fn gemm(&self, a: &[f32], b: &[f32], mut c: CView<'_>) {
+    /// Packs `b` (`K×N`, row-major) once into this GEMM's panel layout, for
+    /// [`BSource::Packed`]. Panics if `b` is not `K×N`.
+    pub fn pack_b(&self, b: &[f32]) -> PackedB {
+        PackedB::pack(b, self.k, self.n, self.uk.nr, self.kc)
+    }
+
+    /// `C = A·B` into `c` (M×N, overwritten); with `ep`, `C = act(A·B + bias)` applied as
+    /// the last depth block's tiles are stored. Panics on wrong buffer sizes, or a
+    /// pre-packed B that was not packed by [`PackedGemm::pack_b`] of an equal blocking.
+    pub fn run_with(&self, a: &[f32], b: BSource<'_>, c: &mut [f32], ep: Option<TileEpilogue<'_>>) {
+        let (m, n, k) = (self.m, self.n, self.k);
+        assert_eq!(a.len(), m * k, "A must be M×K = {m}×{k}");
+        match b {
+            BSource::RowMajor(b) => assert_eq!(b.len(), k * n, "B must be K×N = {k}×{n}"),
+            BSource::Packed(p) => assert!(
+                (p.k, p.n, p.nr, p.kc) == (k, n, self.uk.nr, self.kc),
+                "B was packed for another blocking: {p:?}"
+            ),
+        }
+        assert_eq!(c.len(), m * n, "C must be M×N = {m}×{n}");
+        if let Some(ep) = &ep {
+            assert_eq!(ep.bias.len(), n, "bias must have N = {n} values");
+        }
+        self.gemm(a, b, CView::new(c, m, n, n), ep);
+    }
+
+    /// `C = A·B` into the window `c` (the whole output), with the epilogue `ep` (bias of
+    /// all N columns) applied on the last depth block.
+    fn gemm(&self, a: &[f32], b: BSource<'_>, mut c: CView<'_>, ep: Option<TileEpilogue<'_>>) {
         let (m, n, k) = (self.m, self.n, self.k);
         let (mr, nr) = (self.uk.mr, self.uk.nr);
         let threads = self.par.threads();
@@ -70,24 +174,33 @@ impl PackedGemm {
                 let panels = ncb.div_ceil(nr);
                 for pc in (0..k).step_by(self.kc) {
                     let kcb = self.kc.min(k - pc);
-                    let bpack = bbuf.slice(panels * nr * kcb);
                     let panel_len = nr * kcb;
-                    if threads > 1 && panels > 1 {
-                        let per = panels.div_ceil(threads);
-                        bpack
-                            .par_chunks_mut(per * panel_len)
-                            .enumerate()
-                            .for_each(|(t, part)| {
-                                pack_b(b, n, (pc, kcb), (jc, ncb), nr, t * per, part)
-                            });
+                    let bpack: &[f32] = match b {
+                        BSource::Packed(p) => p.block(pc, jc, ncb),
+                        BSource::RowMajor(b) => {
+                            let bpack = bbuf.slice(panels * nr * kcb);
+                            if threads > 1 && panels > 1 {
+                                let per = panels.div_ceil(threads);
+                                bpack.par_chunks_mut(per * panel_len).enumerate().for_each(
+                                    |(t, part)| {
+                                        pack_b(b, n, (pc, kcb), (jc, ncb), nr, t * per, part)
+                                    },
+                                );
+                            } else {
+                                pack_b(b, n, (pc, kcb), (jc, ncb), nr, 0, bpack);
+                            }
+                            bpack
+                        }
+                    };
+                    let ep = if pc + kcb == k {
+                        ep.map(|e| e.skip(jc))
                     } else {
-                        pack_b(b, n, (pc, kcb), (jc, ncb), nr, 0, bpack);
-                    }
-                    let bpack: &[f32] = bpack;
+                        None
+                    };
                     let block = c.sub(0, jc, m, ncb);
                     let depth = (pc, kcb);
                     match self.par {
-                        Par::None => self.rows_task(a, bpack, block, 0, depth),
+                        Par::None => self.rows_task(a, bpack, block, 0, depth, ep),
                         Par::M(t) => {
                             // Row blocks (mc rows, fewer if that leaves a thread idle) pulled
                             // by `t` tasks as they get free, so a core that is slowed down
@@ -103,7 +216,7 @@ impl PackedGemm {
                                 rest = bottom;
                             }
                             self_scheduled(t, blocks, |(row0, view)| {
-                                self.rows_task(a, bpack, view, row0, depth)
+                                self.rows_task(a, bpack, view, row0, depth, ep)
                             });
                         }
                         Par::N(t) => {
@@ -114,13 +227,14 @@ impl PackedGemm {
                                 let take = (per * nr).min(rest.cols());
                                 let (left, right) = rest.split_cols(take);
                                 let end = ((q + per) * panel_len).min(bpack.len());
-                                parts.push((&bpack[q * panel_len..end], left));
+                                let part_ep = ep.map(|e| e.skip(q * nr));
+                                parts.push((&bpack[q * panel_len..end], left, part_ep));
                                 q += per;
                                 rest = right;
                             }
-                            parts
-                                .into_par_iter()
-                                .for_each(|(bp, view)| self.rows_task(a, bp, view, 0, depth));
+                            parts.into_par_iter().for_each(|(bp, view, ep)| {
+                                self.rows_task(a, bp, view, 0, depth, ep)
+                            });
                         }
                     }
                 }
@@ -129,7 +243,8 @@ impl PackedGemm {
     }
 
     /// All `mc` blocks of rows `row0..row0+c.rows()` against the packed B panels `bpack`
-    /// (which cover `c`'s columns), packing A into this thread's buffer.
+    /// (which cover `c`'s columns), packing A into this thread's buffer; `ep`'s bias starts
+    /// at `c`'s first column.
     fn rows_task(
         &self,
         a: &[f32],
@@ -137,6 +252,7 @@ impl PackedGemm {
         mut c: CView<'_>,
         row0: usize,
         (pc, kcb): (usize, usize),
+        ep: Option<TileEpilogue<'_>>,
     ) {
         let (mr, nr) = (self.uk.mr, self.uk.nr);
         let accumulate = pc > 0;
@@ -150,9 +266,10 @@ impl PackedGemm {
                     if j >= c.cols() {
                         break;
                     }
+                    let ep = ep.map(|e| e.skip(j));
                     for (ir, ap) in apack.chunks_exact(mr * kcb).enumerate() {
                         self.uk
-                            .tile(kcb, ap, bp, &mut c, ic + ir * mr, j, accumulate);
+                            .tile(kcb, ap, bp, &mut c, ic + ir * mr, j, accumulate, ep);
                     }
                 }
             }
@@ -162,7 +279,7 @@ impl PackedGemm {
 
 /// Runs `f` on every item with at most `threads` rayon tasks, each taking the next item
 /// from a shared queue when it is done with the previous one.
-fn self_scheduled<T: Send>(threads: usize, items: Vec<T>, f: impl Fn(T) + Sync) {
+pub(crate) fn self_scheduled<T: Send>(threads: usize, items: Vec<T>, f: impl Fn(T) + Sync) {
     let tasks = threads.min(items.len());
     if tasks <= 1 {
         items.into_iter().for_each(f);
@@ -188,6 +305,11 @@ impl Executable for PackedGemm {
         assert_eq!(inputs[0].len(), m * k, "A must be M×K = {m}×{k}");
         assert_eq!(inputs[1].len(), k * n, "B must be K×N = {k}×{n}");
         assert_eq!(out.len(), m * n, "C must be M×N = {m}×{n}");
-        self.gemm(inputs[0], inputs[1], CView::new(out, m, n, n));
+        self.gemm(
+            inputs[0],
+            BSource::RowMajor(inputs[1]),
+            CView::new(out, m, n, n),
+            None,
+        );
     }
 }

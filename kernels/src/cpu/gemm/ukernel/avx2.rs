@@ -2,7 +2,7 @@
 
 use std::arch::x86_64::*;
 
-use super::simd::{direct_body, packed_body, Simd};
+use super::simd::{bias_act_body, direct_body, packed_body, Epi, Simd};
 use super::{DirectFn, PackedFn};
 
 /// Marker for 256-bit AVX2 + FMA code.
@@ -48,6 +48,70 @@ impl Simd for Avx2 {
         // the address.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
     }
+    #[inline(always)]
+    unsafe fn set1(x: f32) -> __m256 {
+        // SAFETY: AVX is available (caller contract).
+        unsafe { _mm256_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: AVX is available (caller contract).
+        unsafe { _mm256_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: AVX is available (caller contract).
+        unsafe { _mm256_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn div(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: AVX is available (caller contract).
+        unsafe { _mm256_div_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn max(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: AVX is available (caller contract).
+        unsafe { _mm256_max_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn min(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: AVX is available (caller contract).
+        unsafe { _mm256_min_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn round(a: __m256) -> __m256 {
+        // SAFETY: AVX is available (caller contract).
+        unsafe { _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(a) }
+    }
+    #[inline(always)]
+    unsafe fn pow2i(n: __m256) -> __m256 {
+        // SAFETY: AVX2 is available (caller contract); whole numbers in [-127, 127] convert
+        // exactly, and n + 127 in [0, 254] shifted into the exponent field is 2^n (0.0 for 0).
+        unsafe {
+            let e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e))
+        }
+    }
+    #[inline(always)]
+    unsafe fn hsum(a: __m256) -> f32 {
+        // SAFETY: AVX is available (caller contract).
+        unsafe {
+            let x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+            let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+            let x = _mm_add_ss(x, _mm_movehdup_ps(x));
+            _mm_cvtss_f32(x)
+        }
+    }
+    #[inline(always)]
+    unsafe fn hmax(a: __m256) -> f32 {
+        // SAFETY: AVX is available (caller contract).
+        unsafe {
+            let x = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+            let x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+            let x = _mm_max_ss(x, _mm_movehdup_ps(x));
+            _mm_cvtss_f32(x)
+        }
+    }
 }
 
 /// Packed `MR × 8·NV` tile, compiled for AVX2 + FMA.
@@ -62,9 +126,10 @@ pub(super) unsafe fn packed<const MR: usize, const NV: usize>(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; this function is compiled with the features `Avx2` needs.
-    unsafe { packed_body::<Avx2, MR, NV>(k, a, b, c, ldc, accumulate) }
+    unsafe { packed_body::<Avx2, MR, NV>(k, a, b, c, ldc, accumulate, ep) }
 }
 
 /// Direct `R × 8·V` tile, compiled for AVX2 + FMA.
@@ -82,9 +147,20 @@ unsafe fn direct<const R: usize, const V: usize>(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; this function is compiled with the features `Avx2` needs.
-    unsafe { direct_body::<Avx2, R, V>(k, a, lda, b, ldb, c, ldc, accumulate) }
+    unsafe { direct_body::<Avx2, R, V>(k, a, lda, b, ldb, c, ldc, accumulate, ep) }
+}
+
+/// `row[j] = act(row[j] + bias[j])`, compiled for AVX2 + FMA.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA, and the pointers satisfy [`bias_act_body`]'s contract.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn bias_act(row: *mut f32, bias: *const f32, n: usize, act: u8) {
+    // SAFETY: forwarded caller contract; this function is compiled with the features `Avx2` needs.
+    unsafe { bias_act_body::<Avx2>(row, bias, n, act) }
 }
 
 /// The packed shapes: (MR, NR, kernel). Each keeps MR·NR/8 accumulators, NR/8 B vectors

@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::simd::{direct_body, packed_body, Simd};
+use super::simd::{bias_act_body, direct_body, packed_body, Epi, Simd};
 use super::{DirectFn, PackedFn};
 
 /// Marker for 512-bit AVX-512F code.
@@ -51,6 +51,60 @@ impl Simd for Avx512 {
         // the address.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
     }
+    #[inline(always)]
+    unsafe fn set1(x: f32) -> __m512 {
+        // SAFETY: AVX-512F is available (caller contract).
+        unsafe { _mm512_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: AVX-512F is available (caller contract).
+        unsafe { _mm512_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: AVX-512F is available (caller contract).
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn div(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: AVX-512F is available (caller contract).
+        unsafe { _mm512_div_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn max(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: AVX-512F is available (caller contract).
+        unsafe { _mm512_max_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn min(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: AVX-512F is available (caller contract).
+        unsafe { _mm512_min_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn round(a: __m512) -> __m512 {
+        // SAFETY: AVX-512F is available (caller contract).
+        unsafe { _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(a) }
+    }
+    #[inline(always)]
+    unsafe fn pow2i(n: __m512) -> __m512 {
+        // SAFETY: AVX-512F is available (caller contract); whole numbers in [-127, 127]
+        // convert exactly, and n + 127 in [0, 254] shifted into the exponent field is 2^n.
+        unsafe {
+            let e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e))
+        }
+    }
+    #[inline(always)]
+    unsafe fn hsum(a: __m512) -> f32 {
+        // SAFETY: AVX-512F is available (caller contract).
+        unsafe { _mm512_reduce_add_ps(a) }
+    }
+    #[inline(always)]
+    unsafe fn hmax(a: __m512) -> f32 {
+        // SAFETY: AVX-512F is available (caller contract).
+        unsafe { _mm512_reduce_max_ps(a) }
+    }
 }
 
 /// Packed `MR × 16·NV` tile, compiled for AVX-512F.
@@ -65,9 +119,10 @@ pub(super) unsafe fn packed<const MR: usize, const NV: usize>(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; this function is compiled with the features `Avx512` needs.
-    unsafe { packed_body::<Avx512, MR, NV>(k, a, b, c, ldc, accumulate) }
+    unsafe { packed_body::<Avx512, MR, NV>(k, a, b, c, ldc, accumulate, ep) }
 }
 
 /// Direct `R × 16·V` tile, compiled for AVX-512F.
@@ -85,9 +140,20 @@ unsafe fn direct<const R: usize, const V: usize>(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; this function is compiled with the features `Avx512` needs.
-    unsafe { direct_body::<Avx512, R, V>(k, a, lda, b, ldb, c, ldc, accumulate) }
+    unsafe { direct_body::<Avx512, R, V>(k, a, lda, b, ldb, c, ldc, accumulate, ep) }
+}
+
+/// `row[j] = act(row[j] + bias[j])`, compiled for AVX-512F.
+///
+/// # Safety
+/// The CPU has AVX-512F, and the pointers satisfy [`bias_act_body`]'s contract.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn bias_act(row: *mut f32, bias: *const f32, n: usize, act: u8) {
+    // SAFETY: forwarded caller contract; this function is compiled with the features `Avx512` needs.
+    unsafe { bias_act_body::<Avx512>(row, bias, n, act) }
 }
 
 /// The packed shapes: (MR, NR, kernel).

@@ -6,25 +6,72 @@
 //! [`PackedUkernel`] or [`DirectUkernel`] can only be looked up when [`Isa::available`] says the
 //! CPU runs its ISA, and its `tile` methods check every extent before calling it.
 
-mod simd;
+pub(crate) mod simd;
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
-mod portable;
+pub(crate) mod avx512;
+pub(crate) mod portable;
 
 use std::sync::OnceLock;
 
 use super::view::CView;
 use crate::cpu::Isa;
+use crate::workload::Act;
+use simd::Epi;
 
-/// `(k, a_panel, b_panel, c, ldc, accumulate)`: see [`simd::packed_body`].
-pub(crate) type PackedFn = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, bool);
+/// `(k, a_panel, b_panel, c, ldc, accumulate, epilogue)`: see [`simd::packed_body`].
+pub(crate) type PackedFn = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, bool, Epi);
 
-/// `(k, a, lda, b, ldb, c, ldc, accumulate)`: see [`simd::direct_body`].
+/// `(k, a, lda, b, ldb, c, ldc, accumulate, epilogue)`: see [`simd::direct_body`].
 pub(crate) type DirectFn =
-    unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, bool);
+    unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, bool, Epi);
+
+/// `(row, bias, n, act)`: see [`simd::bias_act_body`].
+type BiasActFn = unsafe fn(*mut f32, *const f32, usize, u8);
+
+/// A bias + activation applied as a tile is stored: `bias` holds the values of the tile's
+/// columns, starting at its first one.
+#[derive(Debug, Clone, Copy)]
+pub struct TileEpilogue<'a> {
+    pub bias: &'a [f32],
+    pub act: Act,
+}
+
+impl TileEpilogue<'_> {
+    /// The same epilogue for the columns `from..` of this one.
+    pub fn skip(&self, from: usize) -> Self {
+        TileEpilogue {
+            bias: &self.bias[from..],
+            act: self.act,
+        }
+    }
+
+    fn code(&self) -> u8 {
+        match self.act {
+            Act::Relu => Epi::RELU,
+            Act::Gelu => Epi::GELU,
+        }
+    }
+}
+
+/// `row[j] = act(row[j] + bias[j])` with the best SIMD ISA of this CPU: the separate-pass
+/// epilogue, and the edges of fused ones. Panics if `bias` is shorter than `row`.
+pub fn bias_act_row(row: &mut [f32], bias: &[f32], act: Act) {
+    assert!(bias.len() >= row.len(), "bias shorter than the row");
+    let f: BiasActFn = match Isa::detect() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => avx512::bias_act,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => avx2::bias_act,
+        _ => portable::bias_act,
+    };
+    let ep = TileEpilogue { bias, act };
+    // SAFETY: `Isa::detect` reported that this CPU runs the chosen function's ISA; `row` is
+    // writable and `bias` readable for `row.len()` values (asserted above).
+    unsafe { f(row.as_mut_ptr(), bias.as_ptr(), row.len(), ep.code()) }
+}
 
 /// Largest `MR·NR` of any packed micro-kernel (edge tiles are computed in a stack buffer).
 const MAX_TILE: usize = 14 * 32;
@@ -183,7 +230,8 @@ impl PackedUkernel {
     ///
     /// `a` holds a packed A micro-panel (`k·MR` values), `b` a packed B micro-panel (`k·NR`
     /// values). A tile that sticks out of the window is computed in a stack buffer and only
-    /// its valid part is written. Panics if a panel is too short or `(i, j)` is outside `c`.
+    /// its valid part is written. With `ep`, `act(x + bias)` is stored instead (in registers
+    /// for full tiles). Panics if a panel or the bias is too short or `(i, j)` is outside `c`.
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub fn tile(
@@ -195,6 +243,7 @@ impl PackedUkernel {
         i: usize,
         j: usize,
         accumulate: bool,
+        ep: Option<TileEpilogue<'_>>,
     ) {
         let (mr, nr) = (self.mr, self.nr);
         assert!(
@@ -207,18 +256,36 @@ impl PackedUkernel {
         );
         let rows = mr.min(c.rows() - i);
         let cols = nr.min(c.cols() - j);
+        if let Some(ep) = &ep {
+            assert!(ep.bias.len() >= cols, "bias shorter than the tile");
+        }
         if rows == mr && cols == nr {
             let (ld, p) = (c.ld(), c.block_ptr(i, j, mr, nr));
+            let epi = ep.map_or(Epi::NONE, |e| Epi {
+                bias: e.bias.as_ptr(),
+                act: e.code(),
+            });
             // SAFETY: `self` was handed out by `packed()`/`packed_offered()` only after checking
             // that the CPU runs `self.isa`; the panels hold `k·MR` and `k·NR` values (asserted
-            // above); `block_ptr` checked that the whole MR×NR block lies in `c`'s window.
-            unsafe { (self.f)(k, a.as_ptr(), b.as_ptr(), p, ld, accumulate) }
+            // above); `block_ptr` checked that the whole MR×NR block lies in `c`'s window; the
+            // bias, if any, holds at least `cols = NR` values (asserted above).
+            unsafe { (self.f)(k, a.as_ptr(), b.as_ptr(), p, ld, accumulate, epi) }
         } else {
             let mut buf = [0.0f32; MAX_TILE];
             debug_assert!(mr * nr <= MAX_TILE);
             // SAFETY: as above for the ISA and panels; the destination is `buf`, an MR×NR
             // block with stride NR (`mr·nr ≤ MAX_TILE` holds for every table entry).
-            unsafe { (self.f)(k, a.as_ptr(), b.as_ptr(), buf.as_mut_ptr(), nr, false) }
+            unsafe {
+                (self.f)(
+                    k,
+                    a.as_ptr(),
+                    b.as_ptr(),
+                    buf.as_mut_ptr(),
+                    nr,
+                    false,
+                    Epi::NONE,
+                )
+            }
             for r in 0..rows {
                 let src = &buf[r * nr..r * nr + cols];
                 let dst = &mut c.row_mut(i + r)[j..j + cols];
@@ -226,6 +293,9 @@ impl PackedUkernel {
                     dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
                 } else {
                     dst.copy_from_slice(src);
+                }
+                if let Some(ep) = &ep {
+                    bias_act_row(dst, ep.bias, ep.act);
                 }
             }
         }
@@ -236,9 +306,10 @@ impl DirectUkernel {
     /// `C[ci..ci+r, cj..cj+v·lanes] (+)= A[..r, ..k] · B[..k, ..v·lanes]` where `a` starts at
     /// the tile's first A element (row stride `lda`) and `b` at its first B element (row
     /// stride `ldb`); any tile of `r ≤ self.r` rows by `v ≤ self.v` vectors works (smaller
-    /// tiles serve the edges).
+    /// tiles serve the edges). With `ep`, `act(x + bias)` is stored instead.
     ///
-    /// Panics if any of the three blocks is outside its slice or window.
+    /// Panics if any of the three blocks is outside its slice or window, or the bias is
+    /// shorter than the tile.
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub fn tile(
@@ -252,6 +323,7 @@ impl DirectUkernel {
         c: &mut CView<'_>,
         (ci, cj): (usize, usize),
         accumulate: bool,
+        ep: Option<TileEpilogue<'_>>,
     ) {
         assert!(
             r <= self.r && v <= self.v,
@@ -264,11 +336,22 @@ impl DirectUkernel {
             (r - 1) * lda + k <= a.len() && (k - 1) * ldb + w <= b.len(),
             "direct tile reads outside A or B"
         );
+        let epi = match &ep {
+            Some(e) => {
+                assert!(e.bias.len() >= w, "bias shorter than the tile");
+                Epi {
+                    bias: e.bias.as_ptr(),
+                    act: e.code(),
+                }
+            }
+            None => Epi::NONE,
+        };
         let (ldc, p) = (c.ld(), c.block_ptr(ci, cj, r, w));
         // SAFETY: `self` was handed out only after checking that the CPU runs `self.isa`; the
         // A block (r rows of k values, stride lda) and the B block (k rows of w values, stride
         // ldb) end inside their slices (asserted above); `block_ptr` checked that the r×w C
-        // block lies in the window; `(r, v)` is within the table, so `f` exists.
-        unsafe { f(k, a.as_ptr(), lda, b.as_ptr(), ldb, p, ldc, accumulate) }
+        // block lies in the window; `(r, v)` is within the table, so `f` exists; the bias, if
+        // any, holds `w` values (asserted above).
+        unsafe { f(k, a.as_ptr(), lda, b.as_ptr(), ldb, p, ldc, accumulate, epi) }
     }
 }

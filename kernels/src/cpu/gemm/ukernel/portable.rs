@@ -1,7 +1,7 @@
 //! Plain-Rust micro-kernels for CPUs without a SIMD ISA we target (8-lane arrays that the
 //! compiler vectorises for the baseline target).
 
-use super::simd::{direct_body, packed_body, Simd};
+use super::simd::{bias_act_body, direct_body, packed_body, Epi, Simd};
 use super::{DirectFn, PackedFn};
 
 /// Marker for portable code: a "register" is `[f32; 8]`.
@@ -39,6 +39,47 @@ impl Simd for Portable {
     unsafe fn add(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
         std::array::from_fn(|i| a[i] + b[i])
     }
+    #[inline(always)]
+    unsafe fn set1(x: f32) -> [f32; 8] {
+        [x; 8]
+    }
+    #[inline(always)]
+    unsafe fn sub(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i] - b[i])
+    }
+    #[inline(always)]
+    unsafe fn mul(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i] * b[i])
+    }
+    #[inline(always)]
+    unsafe fn div(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i] / b[i])
+    }
+    #[inline(always)]
+    unsafe fn max(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        // `b` where either is NaN, like the x86 instruction.
+        std::array::from_fn(|i| if a[i] > b[i] { a[i] } else { b[i] })
+    }
+    #[inline(always)]
+    unsafe fn min(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| if a[i] < b[i] { a[i] } else { b[i] })
+    }
+    #[inline(always)]
+    unsafe fn round(a: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i].round_ties_even())
+    }
+    #[inline(always)]
+    unsafe fn pow2i(n: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| f32::from_bits((((n[i] as i32) + 127) as u32) << 23))
+    }
+    #[inline(always)]
+    unsafe fn hsum(a: [f32; 8]) -> f32 {
+        a.iter().sum()
+    }
+    #[inline(always)]
+    unsafe fn hmax(a: [f32; 8]) -> f32 {
+        a.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    }
 }
 
 /// Packed `MR × 8·NV` tile in plain Rust.
@@ -52,9 +93,10 @@ unsafe fn packed<const MR: usize, const NV: usize>(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; `Portable` needs no CPU feature.
-    unsafe { packed_body::<Portable, MR, NV>(k, a, b, c, ldc, accumulate) }
+    unsafe { packed_body::<Portable, MR, NV>(k, a, b, c, ldc, accumulate, ep) }
 }
 
 /// Direct `R × 8·V` tile in plain Rust.
@@ -71,9 +113,19 @@ unsafe fn direct<const R: usize, const V: usize>(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; `Portable` needs no CPU feature.
-    unsafe { direct_body::<Portable, R, V>(k, a, lda, b, ldb, c, ldc, accumulate) }
+    unsafe { direct_body::<Portable, R, V>(k, a, lda, b, ldb, c, ldc, accumulate, ep) }
+}
+
+/// `row[j] = act(row[j] + bias[j])` in plain Rust.
+///
+/// # Safety
+/// The pointers satisfy [`bias_act_body`]'s contract.
+pub(super) unsafe fn bias_act(row: *mut f32, bias: *const f32, n: usize, act: u8) {
+    // SAFETY: forwarded caller contract; `Portable` needs no CPU feature.
+    unsafe { bias_act_body::<Portable>(row, bias, n, act) }
 }
 
 /// The packed shapes: (MR, NR, kernel).

@@ -51,17 +51,272 @@ pub(crate) trait Simd {
     fn prefetch(p: *const f32) {
         let _ = p;
     }
+    /// All lanes set to `x`.
+    ///
+    /// # Safety
+    /// The CPU supports the ISA.
+    unsafe fn set1(x: f32) -> Self::V;
+    /// `a - b`.
+    ///
+    /// # Safety
+    /// The CPU supports the ISA.
+    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
+    /// `a * b`.
+    ///
+    /// # Safety
+    /// The CPU supports the ISA.
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// `a / b`.
+    ///
+    /// # Safety
+    /// The CPU supports the ISA.
+    unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
+    /// Lane-wise maximum (`b` where either is NaN).
+    ///
+    /// # Safety
+    /// The CPU supports the ISA.
+    unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    /// Lane-wise minimum (`b` where either is NaN).
+    ///
+    /// # Safety
+    /// The CPU supports the ISA.
+    unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
+    /// Rounds every lane to the nearest whole number (ties to even).
+    ///
+    /// # Safety
+    /// The CPU supports the ISA.
+    unsafe fn round(a: Self::V) -> Self::V;
+    /// `2^n` for lanes holding whole numbers `n` in `[-127, 127]`, built in the exponent
+    /// field (`n = -127` gives `0.0`).
+    ///
+    /// # Safety
+    /// The CPU supports the ISA.
+    unsafe fn pow2i(n: Self::V) -> Self::V;
+    /// Sum of the lanes.
+    ///
+    /// # Safety
+    /// The CPU supports the ISA.
+    unsafe fn hsum(a: Self::V) -> f32;
+    /// Largest lane.
+    ///
+    /// # Safety
+    /// The CPU supports the ISA.
+    unsafe fn hmax(a: Self::V) -> f32;
+}
+
+/// `2^f` for `f ∈ [-0.5, 0.5]`: a degree-6 polynomial fitted for relative error (measured
+/// maximum 0.81 ε_f32 in f32 Horner arithmetic), exactly 1 at `f = 0`.
+const EXP2_POLY: [f32; 7] = [
+    1.0,
+    std::f32::consts::LN_2,
+    0.240_226_46,
+    0.055_503_286,
+    0.009_618_489,
+    0.001_339_993_1,
+    0.000_153_458_1,
+];
+
+/// `2^x` lane-wise: `x` is clamped to `[-127, 127]`, split into `n + f` with `n` whole and
+/// `|f| ≤ 0.5`, and `2^n · p(f)` returned. Relative error below 2 ε_f32 for `x ≥ -126`;
+/// below that the result flushes to 0 (so `-∞` gives exactly 0).
+///
+/// # Safety
+/// The CPU supports `S`'s ISA.
+#[inline(always)]
+pub(crate) unsafe fn exp2<S: Simd>(x: S::V) -> S::V {
+    // SAFETY: the caller guarantees the ISA; only register operations follow.
+    unsafe {
+        let x = S::min(S::max(x, S::set1(-127.0)), S::set1(127.0));
+        let n = S::round(x);
+        let f = S::sub(x, n);
+        let mut p = S::set1(EXP2_POLY[6]);
+        for c in EXP2_POLY[..6].iter().rev() {
+            p = S::fmadd(p, f, S::set1(*c));
+        }
+        S::mul(p, S::pow2i(n))
+    }
+}
+
+/// `2^x` lane-wise for `x ≤ 0` (or `-∞`), as [`exp2`] without the upper clamp: the
+/// softmax exponents, which are never positive.
+///
+/// # Safety
+/// The CPU supports `S`'s ISA.
+#[inline(always)]
+pub(crate) unsafe fn exp2_nonpos<S: Simd>(x: S::V) -> S::V {
+    // SAFETY: the caller guarantees the ISA; only register operations follow.
+    unsafe {
+        let x = S::max(x, S::set1(-127.0));
+        let n = S::round(x);
+        let f = S::sub(x, n);
+        let mut p = S::set1(EXP2_POLY[6]);
+        for c in EXP2_POLY[..6].iter().rev() {
+            p = S::fmadd(p, f, S::set1(*c));
+        }
+        S::mul(p, S::pow2i(n))
+    }
+}
+
+/// GELU, tanh form, lane-wise: `0.5·x·(1 + tanh(u)) = x / (1 + e^(-2u))` with
+/// `u = √(2/π)·(x + 0.044715·x³)`, using [`exp2`]. Relative error a few ε_f32 (the exp2
+/// error enters damped by `σ(2u)·(1-σ(2u)) ≤ 1/4`); saturates to `x` and `-0` far from 0.
+///
+/// # Safety
+/// The CPU supports `S`'s ISA.
+#[inline(always)]
+pub(crate) unsafe fn gelu<S: Simd>(x: S::V) -> S::V {
+    // -2·√(2/π)·log2(e) and the cubic coefficient folded in: t = x·(c1 + c2·x²).
+    const C1: f32 = -2.0 * 0.797_884_6 * std::f32::consts::LOG2_E;
+    const C2: f32 = C1 * 0.044_715;
+    // SAFETY: the caller guarantees the ISA; only register operations follow.
+    unsafe {
+        let x2 = S::mul(x, x);
+        let t = S::mul(x, S::fmadd(x2, S::set1(C2), S::set1(C1)));
+        S::div(x, S::add(S::set1(1.0), exp2::<S>(t)))
+    }
+}
+
+/// GELU in scalar f32, the same formula as [`gelu`] (with `std`'s `exp2`).
+pub(crate) fn gelu_scalar(x: f32) -> f32 {
+    const C1: f32 = -2.0 * 0.797_884_6 * std::f32::consts::LOG2_E;
+    const C2: f32 = C1 * 0.044_715;
+    let t = x * (C1 + C2 * x * x);
+    x / (1.0 + t.clamp(-127.0, 127.0).exp2())
+}
+
+/// The epilogue applied to a tile as it is stored: nothing, or `act(x + bias[col])`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Epi {
+    /// Bias for the tile's first column (readable for the tile's width); unused for `NONE`.
+    pub bias: *const f32,
+    /// [`Epi::NONE`], [`Epi::RELU`] or [`Epi::GELU`].
+    pub act: u8,
+}
+
+impl Epi {
+    pub const NONE_ACT: u8 = 0;
+    pub const RELU: u8 = 1;
+    pub const GELU: u8 = 2;
+    /// No epilogue: plain store.
+    pub const NONE: Epi = Epi {
+        bias: std::ptr::null(),
+        act: Epi::NONE_ACT,
+    };
+}
+
+/// `act(x + bias)` for one vector, `ACT` one of the [`Epi`] codes.
+///
+/// # Safety
+/// The CPU supports `S`'s ISA; for `ACT ≠ NONE`, `bias` is readable for `W` values.
+#[inline(always)]
+pub(crate) unsafe fn epilogue<S: Simd, const ACT: u8>(x: S::V, bias: *const f32) -> S::V {
+    // SAFETY: the caller guarantees the ISA and `bias`'s extent.
+    unsafe {
+        match ACT {
+            Epi::RELU => S::max(S::add(x, S::load(bias)), S::zero()),
+            Epi::GELU => gelu::<S>(S::add(x, S::load(bias))),
+            _ => x,
+        }
+    }
+}
+
+/// Stores the `R × V` accumulator tile at `c` (row stride `ldc`), adding what is there
+/// with `accumulate`, then applying the epilogue `ACT` with `bias` (column `v·W` reads
+/// `bias + v·W`).
+///
+/// # Safety
+/// The CPU supports `S`'s ISA; `c + r·ldc + j` is readable and writable for `r < R`,
+/// `j < V·W`; for `ACT ≠ NONE`, `bias` is readable for `V·W` values.
+#[inline(always)]
+unsafe fn store_tile<S: Simd, const R: usize, const V: usize, const ACT: u8>(
+    acc: &[[S::V; V]; R],
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    bias: *const f32,
+) {
+    // SAFETY: the caller guarantees the ISA and the extents (r < R, v < V).
+    unsafe {
+        for (r, row) in acc.iter().enumerate() {
+            let cr = c.add(r * ldc);
+            for (v, x) in row.iter().enumerate() {
+                let p = cr.add(v * S::W);
+                let x = if accumulate {
+                    S::add(S::load(p), *x)
+                } else {
+                    *x
+                };
+                S::store(p, epilogue::<S, ACT>(x, bias.wrapping_add(v * S::W)));
+            }
+        }
+    }
+}
+
+/// [`store_tile`] with the epilogue chosen at run time (one branch per tile).
+///
+/// # Safety
+/// As [`store_tile`], with `ep.bias` readable for `V·W` values unless `ep.act` is none.
+#[inline(always)]
+unsafe fn store_tile_epi<S: Simd, const R: usize, const V: usize>(
+    acc: &[[S::V; V]; R],
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    ep: Epi,
+) {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        match ep.act {
+            Epi::RELU => store_tile::<S, R, V, { Epi::RELU }>(acc, c, ldc, accumulate, ep.bias),
+            Epi::GELU => store_tile::<S, R, V, { Epi::GELU }>(acc, c, ldc, accumulate, ep.bias),
+            _ => store_tile::<S, R, V, { Epi::NONE_ACT }>(acc, c, ldc, accumulate, ep.bias),
+        }
+    }
+}
+
+/// `row[j] = act(row[j] + bias[j])` for `j < n`: whole vectors, then the tail in scalar.
+///
+/// # Safety
+/// The CPU supports `S`'s ISA; `row` is readable and writable and `bias` readable for `n`
+/// values; `act` is `Epi::RELU` or `Epi::GELU`.
+#[inline(always)]
+pub(crate) unsafe fn bias_act_body<S: Simd>(row: *mut f32, bias: *const f32, n: usize, act: u8) {
+    // SAFETY: the caller guarantees the ISA and the extents; j + W ≤ n in the vector loop.
+    unsafe {
+        let mut j = 0;
+        while j + S::W <= n {
+            let p = row.add(j);
+            let x = S::load(p);
+            let y = if act == Epi::GELU {
+                epilogue::<S, { Epi::GELU }>(x, bias.add(j))
+            } else {
+                epilogue::<S, { Epi::RELU }>(x, bias.add(j))
+            };
+            S::store(p, y);
+            j += S::W;
+        }
+        while j < n {
+            let z = *row.add(j) + *bias.add(j);
+            *row.add(j) = if act == Epi::GELU {
+                gelu_scalar(z)
+            } else {
+                z.max(0.0)
+            };
+            j += 1;
+        }
+    }
 }
 
 /// Packed micro-kernel: `C[MR × NV·W] (+)= A_panel · B_panel`.
 ///
 /// `a` is a packed A micro-panel (`k` groups of `MR` values, one per row), `b` a packed B
 /// micro-panel (`k` groups of `NV·W` values). With `accumulate` the tile is added to C,
-/// otherwise C is overwritten.
+/// otherwise C is overwritten; then the epilogue `ep` is applied as the tile is stored.
 ///
 /// # Safety
 /// The CPU supports `S`'s ISA; `a` is readable for `k·MR` values, `b` for `k·NV·W` values,
-/// and `c + r·ldc + j` is writable for every `r < MR`, `j < NV·W`.
+/// and `c + r·ldc + j` is writable for every `r < MR`, `j < NV·W`; unless `ep.act` is none,
+/// `ep.bias` is readable for `NV·W` values.
 #[inline(always)]
 pub(crate) unsafe fn packed_body<S: Simd, const MR: usize, const NV: usize>(
     k: usize,
@@ -70,6 +325,7 @@ pub(crate) unsafe fn packed_body<S: Simd, const MR: usize, const NV: usize>(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    ep: Epi,
 ) {
     let nr = NV * S::W;
     // SAFETY (whole body): the caller guarantees the ISA and the extents documented above;
@@ -96,18 +352,7 @@ pub(crate) unsafe fn packed_body<S: Simd, const MR: usize, const NV: usize>(
             a = a.add(MR);
             b = b.add(nr);
         }
-        for (r, row) in acc.iter().enumerate() {
-            let cr = c.add(r * ldc);
-            for (v, x) in row.iter().enumerate() {
-                let p = cr.add(v * S::W);
-                let x = if accumulate {
-                    S::add(S::load(p), *x)
-                } else {
-                    *x
-                };
-                S::store(p, x);
-            }
-        }
+        store_tile_epi::<S, MR, NV>(&acc, c, ldc, accumulate, ep);
     }
 }
 
@@ -116,7 +361,7 @@ pub(crate) unsafe fn packed_body<S: Simd, const MR: usize, const NV: usize>(
 /// # Safety
 /// The CPU supports `S`'s ISA; `a` is readable for `MR` values and `b` for `NV·W` values.
 #[inline(always)]
-unsafe fn packed_step<S: Simd, const MR: usize, const NV: usize>(
+pub(crate) unsafe fn packed_step<S: Simd, const MR: usize, const NV: usize>(
     acc: &mut [[S::V; NV]; MR],
     a: *const f32,
     b: *const f32,
@@ -142,7 +387,7 @@ unsafe fn packed_step<S: Simd, const MR: usize, const NV: usize>(
 /// # Safety
 /// The CPU supports `S`'s ISA; `a + r·lda + p` is readable for `r < R`, `p < k`;
 /// `b + p·ldb + j` is readable for `p < k`, `j < V·W`; `c + r·ldc + j` is writable for
-/// `r < R`, `j < V·W`.
+/// `r < R`, `j < V·W`; unless `ep.act` is none, `ep.bias` is readable for `V·W` values.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn direct_body<S: Simd, const R: usize, const V: usize>(
@@ -154,6 +399,7 @@ pub(crate) unsafe fn direct_body<S: Simd, const R: usize, const V: usize>(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    ep: Epi,
 ) {
     // SAFETY (whole body): the caller guarantees the ISA and the extents documented above;
     // every pointer below stays inside them (p < k, r < R, v < V).
@@ -173,17 +419,6 @@ pub(crate) unsafe fn direct_body<S: Simd, const R: usize, const V: usize>(
             }
             b = b.add(ldb);
         }
-        for (r, row) in acc.iter().enumerate() {
-            let cr = c.add(r * ldc);
-            for (v, x) in row.iter().enumerate() {
-                let p = cr.add(v * S::W);
-                let x = if accumulate {
-                    S::add(S::load(p), *x)
-                } else {
-                    *x
-                };
-                S::store(p, x);
-            }
-        }
+        store_tile_epi::<S, R, V>(&acc, c, ldc, accumulate, ep);
     }
 }

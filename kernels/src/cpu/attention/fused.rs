@@ -1,0 +1,329 @@
+//! The fused, flash-style attention driver: query blocks of `Br` rows against key blocks of
+//! `Bc` keys with an online softmax, never materialising the `S×S` score matrix.
+//!
+//! ```text
+//! (k_layout = prepacked) pack Kᵀ of every head into NR-key panels, once per call
+//! per task (a head, or a head × query block):
+//!   pack the block's queries into MR-row groups (the scores are scaled in the softmax)
+//!   for each key block of Bc keys (causal: only up to the block's last query row)
+//!     (k_layout = blockwise) pack this block's Kᵀ panels into an L1 buffer
+//!     for each MR-row group: scores tile, mask, online softmax, O += P·V   (ukernel)
+//!   O /= running sum
+//! ```
+//!
+//! Causal masking skips fully masked key blocks and, inside a block, the key panels past a
+//! row group's last query; only the panels crossing the diagonal are masked element-wise.
+
+use rayon::prelude::*;
+
+use super::ukernel::AttnTile;
+use super::AttnPar;
+use crate::cpu::gemm::pack::{pack_a, with_buffer, Pool};
+use crate::cpu::gemm::packed::self_scheduled;
+use crate::kernel::Executable;
+
+/// Where the score kernels read Kᵀ from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KLayout {
+    /// Kᵀ of every head packed into `NR`-key panels once per call, before the main loop,
+    /// and shared by all query blocks.
+    Prepacked,
+    /// Each task packs the key block it is about to use into a small (L1) buffer.
+    Blockwise,
+}
+
+/// A prepared fused attention.
+#[derive(Debug)]
+pub struct FusedAttention {
+    pub b: usize,
+    pub h: usize,
+    pub s: usize,
+    pub d: usize,
+    pub causal: bool,
+    pub tile: &'static AttnTile,
+    /// Query rows per block: a multiple of MR, at most `⌈S/MR⌉·MR`.
+    pub br: usize,
+    /// Keys per block: a multiple of NR, at most `⌈S/NR⌉·NR`.
+    pub bc: usize,
+    pub k_layout: KLayout,
+    pub par: AttnPar,
+}
+
+/// Shared, read-only inputs of one call.
+struct Ctx<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    /// Prepacked Kᵀ panels of all heads (`heads × ⌈S/NR⌉·NR·dp`).
+    kpre: Option<&'a [f32]>,
+    /// Values padded to `dp` columns (all heads), when `D` is not a multiple of the lanes
+    /// and Kᵀ is prepacked.
+    vpre: Option<&'a [f32]>,
+    dp: usize,
+}
+
+impl FusedAttention {
+    /// Clamps and rounds the block sizes so they are usable for this shape.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        (b, h, s, d, causal): (usize, usize, usize, usize, bool),
+        tile: &'static AttnTile,
+        br: usize,
+        bc: usize,
+        k_layout: KLayout,
+        par: AttnPar,
+    ) -> Self {
+        let round = |x: usize, to: usize| x.max(1).div_ceil(to) * to;
+        FusedAttention {
+            b,
+            h,
+            s,
+            d,
+            causal,
+            tile,
+            br: round(br, tile.mr).min(round(s, tile.mr)),
+            bc: round(bc, tile.nr).min(round(s, tile.nr)),
+            k_layout,
+            par,
+        }
+    }
+
+    fn heads(&self) -> usize {
+        self.b * self.h
+    }
+
+    /// One query block `[i0, i0 + rows)` of head `hd`; `out` holds its `rows × D` outputs.
+    fn query_block(&self, cx: &Ctx<'_>, hd: usize, i0: usize, out: &mut [f32]) {
+        let (s, d, dp) = (self.s, self.d, cx.dp);
+        let (mr, nr) = (self.tile.mr, self.tile.nr);
+        let rows = out.len() / d;
+        let groups = rows.div_ceil(mr);
+        let head = hd * s * d;
+        let (qh, kh, vh) = (
+            &cx.q[head..head + s * d],
+            &cx.k[head..head + s * d],
+            &cx.v[head..head + s * d],
+        );
+        let pad_v = dp != d;
+        let blockwise = self.k_layout == KLayout::Blockwise;
+        let bcp_max = self.bc.div_ceil(nr) * nr;
+        let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
+        with_buffer(Pool::Work, |work| {
+            let kblock_len = if blockwise { bcp_max * dp } else { 0 };
+            let vblock_len = if blockwise && pad_v { self.bc * dp } else { 0 };
+            let total =
+                2 * groups * mr * dp + 2 * groups * mr + mr * bcp_max + kblock_len + vblock_len;
+            let buf = work.slice(total);
+            let (qpack, rest) = buf.split_at_mut(groups * mr * dp);
+            let (o, rest) = rest.split_at_mut(groups * mr * dp);
+            let (m, rest) = rest.split_at_mut(groups * mr);
+            let (l, rest) = rest.split_at_mut(groups * mr);
+            let (sbuf, rest) = rest.split_at_mut(mr * bcp_max);
+            let (kblock, vblock) = rest.split_at_mut(kblock_len);
+
+            pack_queries(qh, d, dp, mr, i0, rows, qpack);
+            o.fill(0.0);
+            m.fill(f32::NEG_INFINITY);
+            l.fill(0.0);
+
+            let kend = if self.causal { s.min(i0 + rows) } else { s };
+            let mut lim = [0usize; 16];
+            debug_assert!(mr <= lim.len());
+            for j0 in (0..kend).step_by(self.bc) {
+                let kvb = self.bc.min(kend - j0);
+                let kp: &[f32] = match cx.kpre {
+                    Some(kpre) => {
+                        let per_head = s.div_ceil(nr) * nr * dp;
+                        &kpre[hd * per_head + j0 * dp
+                            ..hd * per_head + (j0 + kvb).div_ceil(nr) * nr * dp]
+                    }
+                    None => {
+                        pack_keys(kh, d, dp, nr, j0, kvb, kblock);
+                        kblock
+                    }
+                };
+                let (vp, ldv): (&[f32], usize) = if !pad_v {
+                    (&vh[j0 * d..], d)
+                } else if let Some(vpre) = cx.vpre {
+                    (&vpre[(hd * s + j0) * dp..], dp)
+                } else {
+                    pad_rows(&vh[j0 * d..(j0 + kvb) * d], d, dp, vblock);
+                    (&vblock[..], dp)
+                };
+                for g in 0..groups {
+                    let r0 = i0 + g * mr;
+                    let valid = mr.min(i0 + rows - r0);
+                    let mut kv = 0;
+                    for (r, x) in lim[..mr].iter_mut().enumerate() {
+                        *x = if r >= valid {
+                            0
+                        } else if self.causal {
+                            kvb.min((r0 + r + 1).saturating_sub(j0))
+                        } else {
+                            kvb
+                        };
+                        kv = kv.max(*x);
+                    }
+                    if kv == 0 {
+                        continue;
+                    }
+                    let st = g * mr;
+                    self.tile.step(
+                        &qpack[st * dp..(st + mr) * dp],
+                        kp,
+                        (vp, ldv),
+                        (dp, scale),
+                        kv,
+                        &lim[..mr],
+                        sbuf,
+                        &mut o[st * dp..(st + mr) * dp],
+                        (&mut m[st..st + mr], &mut l[st..st + mr]),
+                    );
+                }
+            }
+            for (r, orow) in out.chunks_exact_mut(d).enumerate() {
+                let inv = 1.0 / l[r];
+                for (x, acc) in orow.iter_mut().zip(&o[r * dp..r * dp + d]) {
+                    *x = acc * inv;
+                }
+            }
+        });
+    }
+
+    fn compute(&self, cx: &Ctx<'_>, out: &mut [f32]) {
+        let (s, d) = (self.s, self.d);
+        match self.par {
+            AttnPar::None => {
+                for (hd, oh) in out.chunks_exact_mut(s * d).enumerate() {
+                    for (qb, ob) in oh.chunks_mut(self.br * d).enumerate() {
+                        self.query_block(cx, hd, qb * self.br, ob);
+                    }
+                }
+            }
+            AttnPar::Heads(t) => {
+                let items: Vec<_> = out.chunks_exact_mut(s * d).enumerate().collect();
+                self_scheduled(t, items, |(hd, oh)| {
+                    for (qb, ob) in oh.chunks_mut(self.br * d).enumerate() {
+                        self.query_block(cx, hd, qb * self.br, ob);
+                    }
+                });
+            }
+            AttnPar::Blocks(t) => {
+                let mut items: Vec<(usize, usize, &mut [f32])> = Vec::new();
+                for (hd, oh) in out.chunks_exact_mut(s * d).enumerate() {
+                    for (qb, ob) in oh.chunks_mut(self.br * d).enumerate() {
+                        items.push((hd, qb * self.br, ob));
+                    }
+                }
+                if self.causal {
+                    // Later query blocks see more keys: start them first.
+                    items.sort_by_key(|&(hd, i0, _)| (std::cmp::Reverse(i0), hd));
+                }
+                self_scheduled(t, items, |(hd, i0, ob)| self.query_block(cx, hd, i0, ob));
+            }
+        }
+    }
+}
+
+/// Packs rows `i0..i0+rows` of one head's queries (`S×D`) into MR-row groups of `dp × MR`
+/// values (column `c` of the group's rows together), zero-padded: the GEMM's A packing,
+/// plus the padding columns `D..dp`.
+fn pack_queries(
+    q: &[f32],
+    d: usize,
+    dp: usize,
+    mr: usize,
+    i0: usize,
+    rows: usize,
+    out: &mut [f32],
+) {
+    pack_rows(q, d, dp, mr, i0, rows, out);
+}
+
+/// Packs keys `j0..j0+kv` of one head (`S×D`) into `⌈kv/NR⌉` panels of `dp × NR` values
+/// (the NR keys of column `c` together), zero-padded past key `j0+kv` and column `D`.
+fn pack_keys(k: &[f32], d: usize, dp: usize, nr: usize, j0: usize, kv: usize, out: &mut [f32]) {
+    pack_rows(k, d, dp, nr, j0, kv, out);
+}
+
+/// Rows `r0..r0+rows` of a row-major `·×D` matrix as `⌈rows/P⌉` panels of `dp × P` values.
+fn pack_rows(x: &[f32], d: usize, dp: usize, p: usize, r0: usize, rows: usize, out: &mut [f32]) {
+    let panels = rows.div_ceil(p);
+    if d == dp {
+        pack_a(x, d, (r0, rows), (0, d), p, &mut out[..panels * p * dp]);
+        return;
+    }
+    for (t, panel) in out[..panels * p * dp].chunks_exact_mut(p * dp).enumerate() {
+        let n = p.min(rows - t * p);
+        pack_a(x, d, (r0 + t * p, n), (0, d), p, &mut panel[..p * d]);
+        panel[p * d..].fill(0.0);
+    }
+}
+
+/// Copies rows of `D` values into rows of `dp` values, zero-padded.
+fn pad_rows(src: &[f32], d: usize, dp: usize, out: &mut [f32]) {
+    for (s, o) in src.chunks_exact(d).zip(out.chunks_exact_mut(dp)) {
+        o[..d].copy_from_slice(s);
+        o[d..].fill(0.0);
+    }
+}
+
+impl Executable for FusedAttention {
+    fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
+        let (s, d) = (self.s, self.d);
+        let len = self.heads() * s * d;
+        assert_eq!(inputs.len(), 3, "attention takes Q, K and V");
+        for (name, x) in ["Q", "K", "V"].iter().zip(inputs) {
+            assert_eq!(x.len(), len, "{name} must be B·H·S·D = {len} values");
+        }
+        assert_eq!(out.len(), len, "O must be B·H·S·D = {len} values");
+        let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
+        let lanes = self.tile.lanes;
+        let dp = d.div_ceil(lanes) * lanes;
+        let nr = self.tile.nr;
+        let parallel = self.par.threads() > 1;
+        if self.k_layout == KLayout::Blockwise {
+            let cx = Ctx {
+                q,
+                k,
+                v,
+                kpre: None,
+                vpre: None,
+                dp,
+            };
+            return self.compute(&cx, out);
+        }
+        with_buffer(Pool::Keys, |kbuf| {
+            with_buffer(Pool::Values, |vbuf| {
+                let per_head = s.div_ceil(nr) * nr * dp;
+                let kpre = kbuf.slice(self.heads() * per_head);
+                let pack = |(kp, kh): (&mut [f32], &[f32])| pack_keys(kh, d, dp, nr, 0, s, kp);
+                if parallel {
+                    kpre.par_chunks_mut(per_head)
+                        .zip(k.par_chunks(s * d))
+                        .for_each(pack);
+                } else {
+                    kpre.chunks_mut(per_head)
+                        .zip(k.chunks(s * d))
+                        .for_each(pack);
+                }
+                let vpre = if dp != d {
+                    let vp = vbuf.slice(self.heads() * s * dp);
+                    pad_rows(v, d, dp, vp);
+                    Some(&*vp)
+                } else {
+                    None
+                };
+                let cx = Ctx {
+                    q,
+                    k,
+                    v,
+                    kpre: Some(kpre),
+                    vpre,
+                    dp,
+                };
+                self.compute(&cx, out);
+            })
+        });
+    }
+}

@@ -1,0 +1,520 @@
+//! Attention micro-kernels: the flash step (scores tile, online softmax, `P·V` update) and
+//! the row softmax of the unfused variant, written once over the GEMM micro-kernels' SIMD
+//! vocabulary ([`Simd`]) and compiled per ISA.
+//!
+//! This is the only unsafe code of the attention families. Tiles are looked up by name and
+//! only when [`Isa::available`] says the CPU runs their ISA; the safe entry points
+//! ([`AttnTile::step`], [`softmax_row`]) check every extent before calling the kernels.
+
+use std::sync::OnceLock;
+
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::gemm::ukernel::avx2::Avx2;
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::gemm::ukernel::avx512::Avx512;
+use crate::cpu::gemm::ukernel::portable::Portable;
+use crate::cpu::gemm::ukernel::simd::{exp2_nonpos, packed_step, Simd};
+use crate::cpu::Isa;
+
+/// Raw arguments of one flash step (see [`AttnTile::step`] for their meaning and extents).
+struct Step {
+    qp: *const f32,
+    kp: *const f32,
+    v: *const f32,
+    ldv: usize,
+    dp: usize,
+    kv: usize,
+    bcp: usize,
+    scale: f32,
+    lim: *const usize,
+    s: *mut f32,
+    o: *mut f32,
+    m: *mut f32,
+    l: *mut f32,
+}
+
+type StepFn = unsafe fn(&Step);
+type SoftmaxFn = unsafe fn(*mut f32, usize, usize, f32);
+
+/// One register-tile shape of the fused kernel: `MR` query rows × `NR` keys for the scores,
+/// `MR` rows × `PV` vectors of the head dimension for the `P·V` update.
+#[derive(Debug)]
+pub struct AttnTile {
+    /// Knob value, e.g. `avx2_6x16`.
+    pub name: String,
+    pub isa: Isa,
+    /// Query rows per tile.
+    pub mr: usize,
+    /// Keys per scores tile (a multiple of `lanes`).
+    pub nr: usize,
+    /// Vectors of the head dimension per `P·V` tile.
+    pub pv: usize,
+    /// f32 lanes per vector.
+    pub lanes: usize,
+    step: StepFn,
+}
+
+/// The best-ISA row softmax for the unfused variant.
+fn softmax_fn() -> SoftmaxFn {
+    match Isa::detect() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => softmax_avx512,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => softmax_avx2,
+        _ => softmax_portable,
+    }
+}
+
+/// `row[..valid]` ← `softmax(row[..valid] · scale)` with `scale` in the log2 domain
+/// (`log2(e)/√D` gives the usual softmax of `row/√D`), `row[valid..]` ← 0. Vectorised with
+/// the best ISA of this CPU. Panics unless `1 ≤ valid ≤ row.len()`.
+pub fn softmax_row(row: &mut [f32], valid: usize, scale: f32) {
+    assert!(
+        valid >= 1 && valid <= row.len(),
+        "softmax needs 1..=len valid values"
+    );
+    let f = softmax_fn();
+    // SAFETY: `softmax_fn` picks a kernel for an ISA `Isa::detect` reported; `row` is
+    // writable for `row.len()` values and `valid ≤ row.len()` (asserted above).
+    unsafe { f(row.as_mut_ptr(), row.len(), valid, scale) }
+}
+
+impl AttnTile {
+    /// One flash step for a group of `MR` query rows against one block of `kv` keys:
+    ///
+    /// 1. `S = Q·Kᵀ` for the block (`⌈kv/NR⌉·NR` columns) into `s` (`MR` rows, stride
+    ///    `bcp = ⌈kv/NR⌉·NR`); columns `lim[r]..` of row `r` are masked to `-∞`;
+    /// 2. online softmax: `m[r]` (running max of `scale·S`, log2 domain) and `l[r]` (running
+    ///    sum) are updated and `s` becomes `P = 2^(scale·S - m)`;
+    /// 3. `O = 2^(m_old - m_new)·O + P·V` for the `dp` columns of `o` (`MR` rows, stride `dp`).
+    ///
+    /// `qp`: the group's queries packed `dp × MR` (column `d` of the MR rows together),
+    /// zero-padded; `scale`: `log2(e)/√D` for the usual softmax; `kp`: the block's keys packed in panels of
+    /// `dp × NR` (keys of a panel together, zero-padded); `v`: the block's `kv` value rows,
+    /// stride `ldv ≥ dp`, each readable for `dp` values. `dp` is a multiple of the lane count.
+    ///
+    /// Panics if any extent is too short, `kv == 0`, or a `lim` exceeds `kv`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn step(
+        &self,
+        qp: &[f32],
+        kp: &[f32],
+        (v, ldv): (&[f32], usize),
+        (dp, scale): (usize, f32),
+        kv: usize,
+        lim: &[usize],
+        s: &mut [f32],
+        o: &mut [f32],
+        (m, l): (&mut [f32], &mut [f32]),
+    ) {
+        let (mr, nr) = (self.mr, self.nr);
+        assert!(
+            mr <= 16,
+            "tiles have at most 16 rows (the per-row arrays of the kernel)"
+        );
+        assert!(
+            dp >= self.lanes && dp % self.lanes == 0,
+            "dp {dp} not a multiple of the lanes"
+        );
+        assert!(kv >= 1, "empty key block");
+        assert!(scale > 0.0 && scale.is_finite(), "scale must be positive");
+        let bcp = kv.div_ceil(nr) * nr;
+        assert!(qp.len() >= mr * dp, "packed queries too short");
+        assert!(kp.len() >= bcp * dp, "packed keys too short");
+        assert!(
+            ldv >= dp && v.len() >= (kv - 1) * ldv + dp,
+            "value rows too short"
+        );
+        assert!(
+            lim.len() >= mr && lim[..mr].iter().all(|&x| x <= kv),
+            "bad key limits"
+        );
+        assert!(s.len() >= mr * bcp, "scores buffer too short");
+        assert!(
+            o.len() >= mr * dp && m.len() >= mr && l.len() >= mr,
+            "state too short"
+        );
+        let st = Step {
+            qp: qp.as_ptr(),
+            kp: kp.as_ptr(),
+            v: v.as_ptr(),
+            ldv,
+            dp,
+            kv,
+            bcp,
+            scale,
+            lim: lim.as_ptr(),
+            s: s.as_mut_ptr(),
+            o: o.as_mut_ptr(),
+            m: m.as_mut_ptr(),
+            l: l.as_mut_ptr(),
+        };
+        // SAFETY: `self` is only handed out (by `tiles_offered`/`tile`) when the CPU runs
+        // `self.isa`; every pointer is valid for the extents `step_body` reads and writes
+        // (asserted above, with `bcp` computed from the tile's NR).
+        unsafe { (self.step)(&st) }
+    }
+}
+
+/// The flash step body (see [`AttnTile::step`]), `NR = NV·W`.
+///
+/// # Safety
+/// The CPU supports `S`'s ISA and `st` satisfies the extents `AttnTile::step` asserts, with
+/// `st.bcp = ⌈kv/NR⌉·NR`, `MR` rows and `dp` a multiple of `W`.
+#[inline(always)]
+unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(st: &Step) {
+    let nr = NV * S::W;
+    let (dp, bcp) = (st.dp, st.bcp);
+    // SAFETY (whole body): the caller guarantees the ISA and the extents: qp has MR·dp
+    // values, kp bcp·dp, s MR·bcp, o MR·dp, m and l MR, lim MR; every index below stays
+    // inside them (t < bcp/NR, r < MR, j < bcp, c0 + V·W ≤ dp).
+    unsafe {
+        // 1. Scores, one MR × NR tile per key panel, and each row's running maximum.
+        let mut rowmax = [S::set1(f32::NEG_INFINITY); MR];
+        for t in 0..bcp / nr {
+            let mut acc = [[S::zero(); NV]; MR];
+            let (mut a, mut b) = (st.qp, st.kp.add(t * nr * dp));
+            for _ in 0..dp / 4 {
+                packed_step::<S, MR, NV>(&mut acc, a, b);
+                packed_step::<S, MR, NV>(&mut acc, a.add(MR), b.add(nr));
+                packed_step::<S, MR, NV>(&mut acc, a.add(2 * MR), b.add(2 * nr));
+                packed_step::<S, MR, NV>(&mut acc, a.add(3 * MR), b.add(3 * nr));
+                a = a.add(4 * MR);
+                b = b.add(4 * nr);
+            }
+            for _ in 0..dp % 4 {
+                packed_step::<S, MR, NV>(&mut acc, a, b);
+                a = a.add(MR);
+                b = b.add(nr);
+            }
+            for (r, row) in acc.iter().enumerate() {
+                for (v, x) in row.iter().enumerate() {
+                    S::store(st.s.add(r * bcp + t * nr + v * S::W), *x);
+                    rowmax[r] = S::max(*x, rowmax[r]);
+                }
+            }
+        }
+        // 2. Mask the rows that see fewer keys (block tails, the causal diagonal) and take
+        //    their maxima again; new running maxima of all rows (independent chains).
+        let mut m_new = [0.0f32; 16];
+        let mut m_old = [0.0f32; 16];
+        for r in 0..MR {
+            let row = st.s.add(r * bcp);
+            let lim = *st.lim.add(r);
+            if lim < bcp {
+                for j in lim..bcp {
+                    *row.add(j) = f32::NEG_INFINITY;
+                }
+                let mut mx = S::set1(f32::NEG_INFINITY);
+                for j in (0..lim.div_ceil(S::W) * S::W).step_by(S::W) {
+                    mx = S::max(S::load(row.add(j)), mx);
+                }
+                rowmax[r] = mx;
+            }
+            m_old[r] = *st.m.add(r);
+            // Scores are scaled here (scale > 0 keeps the maximum where it is).
+            let m = m_old[r].max(S::hmax(rowmax[r]) * st.scale);
+            *st.m.add(r) = m;
+            // A row that has seen no key yet (a padding row) keeps m = -∞; subtracting 0
+            // instead gives P = 0 and alpha = 0 without an ∞ - ∞.
+            m_new[r] = if m == f32::NEG_INFINITY { 0.0 } else { m };
+        }
+        // 3. alpha = 2^(m_old - m_new) for all rows at once (lanes past MR compute 2^0).
+        let mut alpha = [1.0f32; 16];
+        for c in (0..MR).step_by(S::W) {
+            let x = S::sub(
+                S::load(m_old.as_ptr().add(c)),
+                S::load(m_new.as_ptr().add(c)),
+            );
+            S::store(alpha.as_mut_ptr().add(c), exp2_nonpos::<S>(x));
+        }
+        // P = 2^(scale·S - m_new) in place, and the running sums.
+        let sc = S::set1(st.scale);
+        for r in 0..MR {
+            let row = st.s.add(r * bcp);
+            let mv = S::set1(-m_new[r]);
+            let mut sum = S::zero();
+            for j in (0..bcp).step_by(S::W) {
+                let p = exp2_nonpos::<S>(S::fmadd(S::load(row.add(j)), sc, mv));
+                S::store(row.add(j), p);
+                sum = S::add(sum, p);
+            }
+            *st.l.add(r) = *st.l.add(r) * alpha[r] + S::hsum(sum);
+        }
+        // 4. O = alpha·O + P·V, PV vectors of the head dimension at a time.
+        let nvec = dp / S::W;
+        let mut c0 = 0;
+        for _ in 0..nvec / PV {
+            pv_tile::<S, MR, PV>(st, &alpha, c0);
+            c0 += PV * S::W;
+        }
+        match nvec % PV {
+            1 => pv_tile::<S, MR, 1>(st, &alpha, c0),
+            2 => pv_tile::<S, MR, 2>(st, &alpha, c0),
+            3 => pv_tile::<S, MR, 3>(st, &alpha, c0),
+            _ => {}
+        }
+    }
+}
+
+/// `O[.., c0..c0+V·W] = alpha·O + P·V[.., c0..]` for the MR rows.
+///
+/// # Safety
+/// As [`step_body`], with `c0 + V·W ≤ dp`.
+#[inline(always)]
+unsafe fn pv_tile<S: Simd, const MR: usize, const V: usize>(
+    st: &Step,
+    alpha: &[f32; 16],
+    c0: usize,
+) {
+    let (dp, bcp) = (st.dp, st.bcp);
+    // SAFETY: the caller guarantees the ISA and the extents (r < MR, j < kv ≤ bcp, value row
+    // j readable for dp ≥ c0 + V·W values, o rows of dp values).
+    unsafe {
+        let mut acc = [[S::zero(); V]; MR];
+        for (r, row) in acc.iter_mut().enumerate() {
+            let a = S::set1(alpha[r]);
+            for (v, x) in row.iter_mut().enumerate() {
+                *x = S::mul(S::load(st.o.add(r * dp + c0 + v * S::W)), a);
+            }
+        }
+        let mut vrow = st.v.add(c0);
+        for j in 0..st.kv {
+            let mut bv = [S::zero(); V];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = S::load(vrow.add(v * S::W));
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let p = S::splat(st.s.add(r * bcp + j));
+                for v in 0..V {
+                    row[v] = S::fmadd(p, bv[v], row[v]);
+                }
+            }
+            vrow = vrow.add(st.ldv);
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, x) in row.iter().enumerate() {
+                S::store(st.o.add(r * dp + c0 + v * S::W), *x);
+            }
+        }
+    }
+}
+
+/// The row softmax (see [`softmax_row`]).
+///
+/// # Safety
+/// The CPU supports `S`'s ISA; `row` is writable for `n` values; `1 ≤ valid ≤ n`.
+#[inline(always)]
+unsafe fn softmax_body<S: Simd>(row: *mut f32, n: usize, valid: usize, scale: f32) {
+    // SAFETY: the caller guarantees the ISA and the extent; vector accesses cover
+    // j..j+W ≤ valid ≤ n, scalar ones j < valid or j < n.
+    unsafe {
+        let vend = valid / S::W * S::W;
+        let sc = S::set1(scale);
+        let mut mx = S::set1(f32::NEG_INFINITY);
+        for j in (0..vend).step_by(S::W) {
+            let x = S::mul(S::load(row.add(j)), sc);
+            S::store(row.add(j), x);
+            mx = S::max(x, mx);
+        }
+        let mut m = S::hmax(mx);
+        for j in vend..valid {
+            *row.add(j) *= scale;
+            m = m.max(*row.add(j));
+        }
+        let mv = S::set1(m);
+        let mut sum = S::zero();
+        for j in (0..vend).step_by(S::W) {
+            let p = exp2_nonpos::<S>(S::sub(S::load(row.add(j)), mv));
+            S::store(row.add(j), p);
+            sum = S::add(sum, p);
+        }
+        let mut total = S::hsum(sum);
+        for j in vend..valid {
+            let p = (*row.add(j) - m).exp2();
+            *row.add(j) = p;
+            total += p;
+        }
+        let inv = 1.0 / total;
+        let iv = S::set1(inv);
+        for j in (0..vend).step_by(S::W) {
+            S::store(row.add(j), S::mul(S::load(row.add(j)), iv));
+        }
+        for j in vend..valid {
+            *row.add(j) *= inv;
+        }
+        for j in valid..n {
+            *row.add(j) = 0.0;
+        }
+    }
+}
+
+macro_rules! isa_kernels {
+    ($isa:ident, $feat:literal, $step:ident, $softmax:ident) => {
+        /// The flash step compiled for this ISA.
+        ///
+        /// # Safety
+        /// The CPU supports the ISA, and `st` satisfies [`step_body`]'s contract.
+        #[target_feature(enable = $feat)]
+        unsafe fn $step<const MR: usize, const NV: usize, const PV: usize>(st: &Step) {
+            // SAFETY: forwarded caller contract; compiled with the features `$isa` needs.
+            unsafe { step_body::<$isa, MR, NV, PV>(st) }
+        }
+
+        /// The row softmax compiled for this ISA.
+        ///
+        /// # Safety
+        /// The CPU supports the ISA, and the arguments satisfy [`softmax_body`]'s contract.
+        #[target_feature(enable = $feat)]
+        unsafe fn $softmax(row: *mut f32, n: usize, valid: usize, scale: f32) {
+            // SAFETY: forwarded caller contract; compiled with the features `$isa` needs.
+            unsafe { softmax_body::<$isa>(row, n, valid, scale) }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+isa_kernels!(Avx2, "avx2,fma", step_avx2, softmax_avx2);
+#[cfg(target_arch = "x86_64")]
+isa_kernels!(Avx512, "avx512f", step_avx512, softmax_avx512);
+
+/// The flash step in plain Rust.
+///
+/// # Safety
+/// `st` satisfies [`step_body`]'s contract.
+unsafe fn step_portable<const MR: usize, const NV: usize, const PV: usize>(st: &Step) {
+    // SAFETY: forwarded caller contract; `Portable` needs no CPU feature.
+    unsafe { step_body::<Portable, MR, NV, PV>(st) }
+}
+
+/// The row softmax in plain Rust.
+///
+/// # Safety
+/// The arguments satisfy [`softmax_body`]'s contract.
+unsafe fn softmax_portable(row: *mut f32, n: usize, valid: usize, scale: f32) {
+    // SAFETY: forwarded caller contract; `Portable` needs no CPU feature.
+    unsafe { softmax_body::<Portable>(row, n, valid, scale) }
+}
+
+fn tables() -> &'static [AttnTile] {
+    static T: OnceLock<Vec<AttnTile>> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = Vec::new();
+        let mut add = |isa: Isa, lanes: usize, list: &[(usize, usize, usize, StepFn)]| {
+            for &(mr, nv, pv, step) in list {
+                t.push(AttnTile {
+                    name: format!("{}_{mr}x{}", isa.name(), nv * lanes),
+                    isa,
+                    mr,
+                    nr: nv * lanes,
+                    pv,
+                    lanes,
+                    step,
+                });
+            }
+        };
+        // Shapes keep the scores tile (MR·NV accumulators + NV key vectors + a broadcast)
+        // and the P·V tile (MR·PV accumulators + PV value vectors + a broadcast) within the
+        // register file: 16 ymm for AVX2, 32 zmm for AVX-512.
+        #[cfg(target_arch = "x86_64")]
+        {
+            add(
+                Isa::Avx512,
+                16,
+                &[
+                    (6, 2, 4, step_avx512::<6, 2, 4>),
+                    (8, 2, 3, step_avx512::<8, 2, 3>),
+                    (12, 2, 2, step_avx512::<12, 2, 2>),
+                    (4, 4, 4, step_avx512::<4, 4, 4>),
+                ],
+            );
+            add(
+                Isa::Avx2,
+                8,
+                &[
+                    (6, 2, 2, step_avx2::<6, 2, 2>),
+                    (4, 2, 3, step_avx2::<4, 2, 3>),
+                    (5, 2, 2, step_avx2::<5, 2, 2>),
+                    (8, 1, 1, step_avx2::<8, 1, 1>),
+                ],
+            );
+        }
+        add(
+            Isa::Portable,
+            8,
+            &[
+                (4, 2, 2, step_portable::<4, 2, 2>),
+                (4, 1, 2, step_portable::<4, 1, 2>),
+            ],
+        );
+        t
+    })
+}
+
+/// Whether tiles of `isa` are offered as knob values on this CPU (as for the GEMM
+/// micro-kernels: the best ISA's, AVX2's too on AVX-512 machines).
+fn offered(isa: Isa) -> bool {
+    let best = Isa::detect();
+    isa == best || (best == Isa::Avx512 && isa == Isa::Avx2)
+}
+
+/// The tiles offered on this CPU, best first.
+pub fn tiles_offered() -> Vec<&'static AttnTile> {
+    tables().iter().filter(|t| offered(t.isa)).collect()
+}
+
+/// The tile called `name`, if this CPU can run it (offered or not).
+pub fn tile(name: &str) -> Option<&'static AttnTile> {
+    tables()
+        .iter()
+        .find(|t| t.name == name && t.isa.available())
+}
+
+/// Every tile this CPU can run.
+pub fn tiles_available() -> Vec<&'static AttnTile> {
+    tables().iter().filter(|t| t.isa.available()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_row_matches_f64_and_zeroes_the_rest() {
+        for (n, valid) in [(1, 1), (7, 3), (8, 8), (37, 37), (100, 61)] {
+            let mut row: Vec<f32> = (0..n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.7).collect();
+            let orig = row.clone();
+            softmax_row(&mut row, valid, 1.3);
+            let m = orig[..valid]
+                .iter()
+                .map(|x| *x as f64 * 1.3)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = orig[..valid]
+                .iter()
+                .map(|x| (*x as f64 * 1.3 - m).exp2())
+                .sum();
+            for j in 0..valid {
+                let want = (orig[j] as f64 * 1.3 - m).exp2() / sum;
+                assert!(
+                    (row[j] as f64 - want).abs() <= 1e-6 * want + 1e-12,
+                    "{n} {valid} {j}"
+                );
+            }
+            assert!(row[valid..].iter().all(|&x| x == 0.0));
+        }
+    }
+
+    #[test]
+    fn tile_names_are_unique_and_lookups_respect_the_cpu() {
+        let all = tables();
+        for (i, t) in all.iter().enumerate() {
+            assert!(all[i + 1..].iter().all(|u| u.name != t.name), "{}", t.name);
+            assert_eq!(t.nr % t.lanes, 0);
+        }
+        assert!(!tiles_offered().is_empty());
+        for t in tiles_available() {
+            assert!(std::ptr::eq(tile(&t.name).unwrap(), t));
+        }
+        assert!(tile("avx2_7x7").is_none());
+    }
+}
