@@ -27,6 +27,8 @@ enum Command {
     Lookup(commands::lookup::LookupArgs),
     /// Run a workload through the runtime on random inputs and time it.
     Run(commands::run::RunArgs),
+    /// Tuning databases for fleets: stats, export, import, merge, verify, diff.
+    Db(commands::db::DbArgs),
     /// Re-measure the database's winners, compare with a baseline, save baselines, report.
     Bench(commands::bench::BenchArgs),
     /// Internal: evaluate candidates for `tune --isolation process` (JSON lines on stdin/stdout).
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
         Command::Tune(a) => commands::tune::run(a),
         Command::Lookup(a) => commands::lookup::run(a),
         Command::Run(a) => commands::run::run(a),
+        Command::Db(a) => commands::db::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Worker(a) => commands::worker::run(a),
     };

@@ -110,6 +110,23 @@ impl HardwareFingerprint {
         fp
     }
 
+    /// The micro-architecture and ISA, without the core count, caches or brand string:
+    /// `arch/vendor/family/model/isa+isa+...` (e.g. `x86_64/AuthenticAMD/26/2/avx2+fma`).
+    ///
+    /// Two fingerprints with the same key run the same code paths at the same speed per core,
+    /// so a config tuned on one is a sound fallback on the other (the runtime's `same_arch`
+    /// level); different keys never share configs.
+    pub fn arch_key(&self) -> String {
+        format!(
+            "{}/{}/{}/{}/{}",
+            self.arch,
+            self.vendor,
+            self.family,
+            self.model,
+            self.isa.join("+")
+        )
+    }
+
     /// Whether `id` matches the content (false for a hand-edited or foreign record).
     pub fn id_is_consistent(&self) -> bool {
         self.id == self.compute_id()
@@ -262,6 +279,23 @@ mod tests {
         b.cores = 4;
         assert!(!b.id_is_consistent());
         assert_ne!(b.compute_id(), a.id);
+    }
+
+    #[test]
+    fn arch_key_ignores_cores_caches_and_brand_but_not_the_isa() {
+        let a = sample();
+        assert_eq!(a.arch_key(), "x86_64/AuthenticAMD/26/2/avx2+fma");
+        let mut b = a.with_cores(16);
+        b.l2_bytes *= 2;
+        b.brand = "AMD EPYC (other SKU)".into();
+        b.stepping = 2;
+        assert_eq!(a.arch_key(), b.arch_key());
+        let mut c = a.clone();
+        c.isa.push("avx512f".into());
+        assert_ne!(a.arch_key(), c.arch_key());
+        let mut d = a.clone();
+        d.model = 3;
+        assert_ne!(a.arch_key(), d.arch_key());
     }
 
     #[test]

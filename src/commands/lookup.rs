@@ -1,53 +1,91 @@
-//! `autokernel lookup`: which variant the runtime would serve.
+//! `autokernel lookup`: which variant the runtime would serve, and which level answered
+//! (`exact`, `same_arch`, `nearest_shape` or `default`).
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use runtime::Runtime;
+use runtime::{Choice, Runtime};
 use serde_json::json;
 
 #[derive(Args)]
 pub struct LookupArgs {
-    /// Workload, e.g. gemm:128x768x768 (M×N×K).
-    #[arg(long, value_name = "W")]
-    workload: String,
+    /// Workload, e.g. gemm:128x768x768 (M×N×K); repeat for several.
+    #[arg(long = "workload", value_name = "W", required = true)]
+    workloads: Vec<String>,
     #[command(flatten)]
     db: crate::DbArg,
-    /// Machine-readable output.
+    #[command(flatten)]
+    threads: crate::ThreadsArg,
+    /// Machine-readable output: one JSON object per workload.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(args: LookupArgs) -> anyhow::Result<ExitCode> {
-    let w: kernels::Workload = args.workload.parse()?;
+    let workloads = super::parse_workloads(&args.workloads)?;
     super::require_db(&args.db.db)?;
+    args.threads.apply()?;
     let rt =
         Runtime::open(&args.db.db).with_context(|| format!("opening {}", args.db.db.display()))?;
     for s in rt.skipped() {
         eprintln!(
-            "warning: skipped the record for {}: {}",
-            s.workload, s.reason
+            "warning: {}: not serving the record for {}: {}",
+            args.db.db.display(),
+            s.workload,
+            s.reason
         );
     }
-    let choice = rt.choose(&w)?;
-    if args.json {
-        super::print_json(&json!({
-            "workload": w.key(),
-            "level": choice.level.as_str(),
-            "kernel": choice.kernel.name(),
-            "kernel_version": choice.kernel.version(),
-            "config": choice.config,
-            "fingerprint": rt.fingerprint().id,
-        }))?;
-    } else {
-        println!(
-            "{w}: {} {} {} (fingerprint {})",
-            choice.level,
-            choice.kernel.name(),
-            choice.config,
-            rt.fingerprint().id
-        );
+    for w in &workloads {
+        let choice = rt.lookup(w)?;
+        if args.json {
+            super::print_json(&to_json(w, &choice, &rt))?;
+        } else {
+            println!("{w}: {}", describe(&choice, rt.fingerprint()));
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `--json` object of one lookup (shared with `autokernel run`).
+pub fn to_json(w: &kernels::Workload, c: &Choice, rt: &Runtime) -> serde_json::Value {
+    json!({
+        "workload": w.key(),
+        "level": c.level.as_str(),
+        "kernel": c.kernel.name(),
+        "kernel_version": c.kernel.version(),
+        "config": c.config,
+        "fingerprint": rt.fingerprint().id,
+        "source": c.source.as_ref().map(|s| json!({
+            "workload": s.workload.key(),
+            "fingerprint": s.fingerprint_id,
+            "trial_id": s.trial_id,
+            "median_s": s.median_s,
+            "distance": s.distance,
+        })),
+    })
+}
+
+/// One-line human description of a choice.
+pub fn describe(c: &Choice, hw: &kernels::HardwareFingerprint) -> String {
+    let from = match (&c.source, c.level) {
+        (Some(s), runtime::Level::NearestShape) => format!(
+            " (config of {} on {}, log2 distance {:.3})",
+            s.workload, s.fingerprint_id, s.distance
+        ),
+        (Some(s), runtime::Level::SameArch) => {
+            format!(
+                " (record of {} of the same micro-architecture)",
+                s.fingerprint_id
+            )
+        }
+        _ => String::new(),
+    };
+    format!(
+        "{} {} {}{from} [fingerprint {}]",
+        c.level,
+        c.kernel.name(),
+        c.config,
+        hw.id
+    )
 }

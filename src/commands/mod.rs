@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod db;
 pub mod hw;
 pub mod lookup;
 pub mod run;

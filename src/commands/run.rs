@@ -31,8 +31,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Runtime::open(&args.db.db).with_context(|| format!("opening {}", args.db.db.display()))?;
     for s in rt.skipped() {
         eprintln!(
-            "warning: skipped the record for {}: {}",
-            s.workload, s.reason
+            "warning: {}: not serving the record for {}: {}",
+            args.db.db.display(),
+            s.workload,
+            s.reason
         );
     }
     let choice = rt.choose(&w)?;
@@ -55,6 +57,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             "level": choice.level.as_str(),
             "kernel": choice.kernel.name(),
             "config": choice.config,
+            "source_workload": choice.source.as_ref().map(|s| s.workload.key()),
             "median_s": m.median_s,
             "gflops": gflops,
             "spread": m.spread,

@@ -33,6 +33,10 @@ pub struct TuneArgs {
     /// Default: the BERT-base shapes and two skinny shapes.
     #[arg(long = "workload", value_name = "W")]
     workloads: Vec<String>,
+    /// Also tune every workload listed in FILE (one per line, `#` comments; e.g. the
+    /// runtime's untuned-workload log).
+    #[arg(long, value_name = "FILE")]
+    workloads_from: Option<std::path::PathBuf>,
     #[command(flatten)]
     db: crate::DbArg,
     /// Distinct configs to have tried per workload (trials already in the database count,
@@ -77,10 +81,14 @@ pub struct TuneArgs {
 }
 
 pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
-    let names: Vec<String> = if args.workloads.is_empty() {
+    let names: Vec<String> = if args.workloads.is_empty() && args.workloads_from.is_none() {
         DEFAULT_WORKLOADS.iter().map(|s| s.to_string()).collect()
     } else {
-        args.workloads.clone()
+        let mut names = args.workloads.clone();
+        if let Some(file) = &args.workloads_from {
+            names.extend(super::db::read_workload_list(file)?);
+        }
+        names
     };
     let workloads = super::parse_workloads(&names)?;
     let strategy: StrategyKind = args.strategy.parse().map_err(anyhow::Error::msg)?;

@@ -74,14 +74,26 @@
 //! CREATE INDEX trials_tried ON trials (fingerprint_id, workload, kernel, kernel_version, config);
 //! ```
 
+mod bundle;
 mod db;
+mod diff;
 mod error;
+mod merge;
 mod record;
 mod schema;
 mod winners;
 
+pub use bundle::{
+    check_file, open_existing, BundleError, CheckReport, FingerprintStats, Manifest, Summary,
+    BUNDLE_FORMAT,
+};
 pub use db::{is_busy, TuningDb, BUSY_TIMEOUT};
+pub use diff::{diff_files, DiffReport, DiffRow, DiffStatus};
 pub use error::{DbError, Result};
+pub use merge::{
+    median_ci, merge_files, BestSummary, Conflict, ImportReport, MergeReport, Outcome,
+    WorkloadOutcome,
+};
 pub use record::{now_rfc3339, rfc3339, Record, Stats};
 pub use schema::{APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION};
 pub use winners::{Remeasurement, WinnerDecision};

@@ -17,7 +17,7 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 pub(crate) const TABLES: &[&str] = &["meta", "fingerprints", "trials"];
 
 /// Migration steps; step `i` goes from schema version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[V1, crate::winners::V2];
+pub const MIGRATIONS: &[&str] = &[V1, crate::winners::V2, crate::bundle::V3];
 
 /// Schema v1. The status list must hold every [`kernels::Status`] string (a unit test checks).
 const V1: &str = r#"

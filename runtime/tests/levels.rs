@@ -1,0 +1,274 @@
+//! The runtime's fallback levels, its index snapshot and reload, its counters and its
+//! untuned-workload log, against real database files.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use kernels::{default_for, Config, HardwareFingerprint, Measurement, Problem, Workload};
+use runtime::{Level, Runtime};
+use tuning_db::{Record, TuningDb};
+
+fn gemm(m: usize, n: usize, k: usize) -> Workload {
+    Workload::gemm(m, n, k).unwrap()
+}
+
+/// A machine of another micro-architecture (other vendor, model and ISA).
+fn foreign() -> HardwareFingerprint {
+    HardwareFingerprint::new(
+        "x86_64",
+        "GenuineIntel",
+        (6, 143, 8),
+        "Test Xeon",
+        vec!["avx2".into(), "fma".into(), "avx512f".into()],
+        8,
+        (48 << 10, 2 << 20, 105 << 20),
+    )
+}
+
+/// This machine at another thread count: same arch key, another fingerprint.
+fn sibling() -> HardwareFingerprint {
+    let hw = HardwareFingerprint::current();
+    hw.with_cores(hw.cores + 7)
+}
+
+/// A valid config of the packed family for `w` on this machine that is not the default.
+fn tuned_config(w: &Workload) -> (String, Config) {
+    let hw = HardwareFingerprint::current();
+    let (k, d) = default_for(w, hw);
+    let c = k
+        .space(w, hw)
+        .iter_valid()
+        .find(|c| *c != d && c.int("threads") == Some(1))
+        .unwrap();
+    (k.name().to_string(), c)
+}
+
+fn record(fp: &HardwareFingerprint, w: Workload, config: Config, median: f64) -> Record {
+    let (name, _) = tuned_config(&w);
+    let k = kernels::kernel(&name).unwrap();
+    Record::ok(
+        &fp.id,
+        w,
+        k.name(),
+        k.version(),
+        config,
+        Measurement::from_samples(vec![median * 1.01, median, median * 0.99]),
+        "test",
+    )
+}
+
+fn add(path: &Path, fp: &HardwareFingerprint, recs: &[Record]) {
+    let db = TuningDb::open(path).unwrap();
+    db.upsert_fingerprint(fp).unwrap();
+    db.insert_many(recs).unwrap();
+}
+
+#[test]
+fn exact_then_same_arch_then_nearest_shape_then_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let here = HardwareFingerprint::current().clone();
+    let (w_exact, w_sib, w_foreign) = (gemm(64, 64, 64), gemm(96, 96, 96), gemm(128, 128, 128));
+    let (_, c_exact) = tuned_config(&w_exact);
+    let (_, c_sib) = tuned_config(&w_sib);
+    let (_, c_foreign) = tuned_config(&w_foreign);
+    add(
+        &path,
+        &here,
+        &[record(&here, w_exact, c_exact.clone(), 1e-4)],
+    );
+    add(
+        &path,
+        &sibling(),
+        &[record(&sibling(), w_sib, c_sib.clone(), 2e-4)],
+    );
+    add(
+        &path,
+        &foreign(),
+        &[record(&foreign(), w_foreign, c_foreign.clone(), 1e-5)],
+    );
+
+    let rt = Runtime::open(&path).unwrap();
+    assert!(rt.skipped().is_empty(), "{:?}", rt.skipped());
+    let info = rt.index_info();
+    assert_eq!((info.exact, info.same_arch), (1, 1), "{info:?}");
+    assert_eq!(info.same_arch_fingerprints, 1);
+
+    let c = rt.lookup(&w_exact).unwrap();
+    assert_eq!((c.level, &c.config), (Level::Exact, &c_exact));
+    let c = rt.lookup(&w_sib).unwrap();
+    assert_eq!((c.level, &c.config), (Level::SameArch, &c_sib));
+    assert_eq!(c.source.as_ref().unwrap().fingerprint_id, sibling().id);
+
+    // The foreign record is never served, even for its own workload: the nearest tuned shape
+    // of this arch (96³ is nearer to 128³ than 64³ is) lends its config instead.
+    let c = rt.lookup(&w_foreign).unwrap();
+    assert_eq!(c.level, Level::NearestShape);
+    let src = c.source.as_ref().unwrap();
+    assert_eq!(src.workload, w_sib);
+    assert!((src.distance - 3f64.sqrt() * (128f64 / 96.0).log2()).abs() < 1e-9);
+    assert_eq!(c.config, c_sib);
+
+    // An op or shape class nobody tuned: the default.
+    let tiny = gemm(1, 7, 5);
+    let c = rt.lookup(&tiny).unwrap();
+    assert!(matches!(c.level, Level::NearestShape | Level::Default));
+
+    let counts = rt.lookups();
+    assert_eq!(counts.exact, 1);
+    assert_eq!(counts.same_arch, 1);
+    assert_eq!(counts.total(), 4);
+}
+
+#[test]
+fn nearest_shape_skips_configs_invalid_for_the_new_shape_and_runs_correctly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let here = HardwareFingerprint::current().clone();
+    // A config for M = 512 with mc = 384: the space caps mc at the first listed value >= M,
+    // so it is not valid for M = 40 and must be passed over for the farther 16-row shape.
+    let big = gemm(512, 64, 64);
+    let small = gemm(16, 64, 64);
+    let (name, mut c_big) = tuned_config(&big);
+    assert_eq!(name, "gemm_packed");
+    c_big.set("mc", 384usize);
+    let (_, c_small) = tuned_config(&small);
+    add(
+        &path,
+        &here,
+        &[
+            record(&here, big, c_big.clone(), 1e-3),
+            record(&here, small, c_small.clone(), 1e-4),
+        ],
+    );
+    let rt = Runtime::open(&path).unwrap();
+    let w = gemm(40, 64, 64);
+    let c = rt.lookup(&w).unwrap();
+    assert_eq!(c.level, Level::NearestShape);
+    assert_eq!(c.source.as_ref().unwrap().workload, small, "{c:?}");
+
+    // Served through the runtime, the result is right.
+    let p = Problem::random(&w, 3);
+    let mut out = p.output();
+    assert_eq!(
+        rt.run(&w, &p.input_slices(), &mut out).unwrap(),
+        Level::NearestShape
+    );
+    p.check(&out, &p.reference()).unwrap();
+
+    // A repeated miss is served from the cache: the same handle.
+    let again = rt.lookup(&w).unwrap();
+    assert!(Arc::ptr_eq(&c, &again));
+    assert_eq!(rt.index_info().cached_misses, 1);
+    assert_eq!(rt.lookups().nearest_shape, 3);
+}
+
+#[test]
+fn a_record_whose_config_no_longer_fits_is_skipped_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let here = HardwareFingerprint::current().clone();
+    let w = gemm(64, 64, 64);
+    let (_, mut c) = tuned_config(&w);
+    c.set("mc", 1000usize);
+    add(&path, &here, &[record(&here, w, c, 1e-4)]);
+    let rt = Runtime::open(&path).unwrap();
+    let skipped = rt.skipped();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert_eq!(skipped[0].workload, "gemm:64x64x64");
+    assert!(
+        skipped[0].reason.contains("'mc' = 1000"),
+        "{}",
+        skipped[0].reason
+    );
+    assert_eq!(rt.lookup(&w).unwrap().level, Level::Default);
+}
+
+#[test]
+fn bad_files_are_errors_and_open_or_defaults_serves_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.db");
+    std::fs::write(
+        &junk,
+        b"this is not a database, just some bytes of text....",
+    )
+    .unwrap();
+    let e = Runtime::open(&junk).err().expect("refused");
+    assert!(e.to_string().contains("junk.db"), "{e}");
+    let rt = Runtime::open_or_defaults(&junk);
+    assert!(rt.load_error().unwrap().contains("junk.db"));
+    assert_eq!(rt.lookup(&gemm(8, 8, 8)).unwrap().level, Level::Default);
+
+    // Once a good file is in place, reload picks it up.
+    let here = HardwareFingerprint::current().clone();
+    std::fs::remove_file(&junk).unwrap();
+    let w = gemm(64, 64, 64);
+    add(&junk, &here, &[record(&here, w, tuned_config(&w).1, 1e-4)]);
+    let info = rt.reload().unwrap();
+    assert_eq!(info.exact, 1);
+    assert_eq!(rt.load_error(), None);
+    assert_eq!(rt.lookup(&w).unwrap().level, Level::Exact);
+}
+
+#[test]
+fn reload_swaps_the_index_while_other_threads_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let here = HardwareFingerprint::current().clone();
+    let w1 = gemm(64, 64, 64);
+    let w2 = gemm(80, 80, 80);
+    add(
+        &path,
+        &here,
+        &[record(&here, w1, tuned_config(&w1).1, 1e-4)],
+    );
+    let rt = Runtime::open(&path).unwrap();
+    assert_eq!(rt.lookup(&w2).unwrap().level, Level::NearestShape);
+
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let p = Problem::random(&w1, 1);
+                let mut out = p.output();
+                while !stop.load(Ordering::Relaxed) {
+                    assert_eq!(
+                        rt.run(&w1, &p.input_slices(), &mut out).unwrap(),
+                        Level::Exact
+                    );
+                    let l = rt.lookup(&w2).unwrap().level;
+                    assert!(matches!(l, Level::NearestShape | Level::Exact), "{l}");
+                }
+            });
+        }
+        // A writer adds a record for w2 while the runtime serves; reload makes it exact.
+        add(
+            &path,
+            &here,
+            &[record(&here, w2, tuned_config(&w2).1, 1e-4)],
+        );
+        let info = rt.reload().unwrap();
+        assert_eq!(info.exact, 2);
+        assert_eq!(info.generation, 2);
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert_eq!(rt.lookup(&w2).unwrap().level, Level::Exact);
+}
+
+#[test]
+fn fallback_workloads_are_logged_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("untuned.txt");
+    let rt = Runtime::defaults_only();
+    rt.log_fallbacks_to(&log).unwrap();
+    assert!(rt.log_fallbacks_to(&log).is_err(), "set once");
+    for _ in 0..3 {
+        rt.lookup(&gemm(3, 4, 5)).unwrap();
+        rt.lookup(&gemm(6, 7, 8)).unwrap();
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text, "gemm:3x4x5  # default\ngemm:6x7x8  # default\n");
+    assert_eq!(rt.lookups().default, 6);
+    assert_eq!(rt.fallback_log_errors().0, 0);
+}

@@ -1,0 +1,991 @@
+//! Bundles for fleets: a self-contained SQLite file holding one fingerprint's trials, with a
+//! manifest and a checksum of its content; and the full check behind `autokernel db verify`.
+//!
+//! A bundle is an ordinary tuning database (same schema, same [`crate::APPLICATION_ID`]) in
+//! rollback-journal mode, so it is one file that can be copied while nothing writes it. Its
+//! manifest lives in the `meta` table under `bundle.*` keys ([`Manifest`]).
+//!
+//! ## The content checksum
+//!
+//! [`TuningDb::content_checksum`] is `sha256:` + the SHA-256 of this text, one line each:
+//!
+//! ```text
+//! autokernel-content-v1
+//! F <fingerprint id> <canonical JSON>                 one per fingerprint, sorted
+//! T <JSON array: every trials column but id>          one per trial, sorted
+//! W <fingerprint> <workload> <trial digest> <reason> <tie> <decided_at> <tool_version>
+//! ```
+//!
+//! Trial columns are taken in column-name order; text and integers as JSON, reals as their
+//! IEEE-754 bits (`"r:3f50624dd2f1a9fc"`) so no float formatting is involved; `W` lines are
+//! the winner decisions in force (schema v2), naming their trial by the SHA-256 of its `T`
+//! line. Row ids, `first_seen`, provenance and re-measurements are not covered: the same
+//! measurements give the same checksum in any file, whatever order they were inserted in.
+//!
+//! ## Schema v3: provenance
+//!
+//! ```sql
+//! CREATE TABLE provenance (
+//!     id INTEGER PRIMARY KEY,
+//!     trial_id INTEGER NOT NULL REFERENCES trials(id),
+//!     source TEXT NOT NULL,            -- the bundle or database it was imported from
+//!     source_checksum TEXT NOT NULL,   -- that file's content checksum
+//!     imported_at TEXT NOT NULL,       -- RFC 3339 UTC
+//!     UNIQUE (trial_id, source_checksum));
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use kernels::{HardwareFingerprint, Space, SpaceError, Workload};
+use rusqlite::types::Value;
+use rusqlite::{params, Connection};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::db::TuningDb;
+use crate::error::{Ctx, DbError};
+use crate::record::{now_rfc3339, Record, Stats};
+use crate::schema::SCHEMA_VERSION;
+
+/// Schema v3: where imported trials came from.
+pub(crate) const V3: &str = r#"
+CREATE TABLE IF NOT EXISTS provenance (
+    id              INTEGER PRIMARY KEY,
+    trial_id        INTEGER NOT NULL REFERENCES trials(id),
+    source          TEXT NOT NULL,
+    source_checksum TEXT NOT NULL,
+    imported_at     TEXT NOT NULL,
+    UNIQUE (trial_id, source_checksum)
+);
+"#;
+
+/// The `bundle.format` value of bundles this version writes.
+pub const BUNDLE_FORMAT: &str = "autokernel-bundle/1";
+
+/// Errors of bundles, imports, merges, checks and diffs. Each names the file concerned and
+/// renders as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+
+    /// An output file that already exists (exports and merges never overwrite).
+    #[error("{}: already exists; choose another output path or remove it first", .path.display())]
+    OutputExists { path: PathBuf },
+
+    /// A fingerprint that is not in the database.
+    #[error("{}: no fingerprint '{id}' in this database (it has: {known})", .path.display())]
+    UnknownFingerprint {
+        path: PathBuf,
+        id: String,
+        known: String,
+    },
+
+    /// The bundle's content does not hash to its manifest's checksum.
+    #[error("{}: bundle checksum mismatch: the manifest says {expected} but the content hashes to {found} (the file was modified or damaged)", .path.display())]
+    ChecksumMismatch {
+        path: PathBuf,
+        expected: String,
+        found: String,
+    },
+
+    /// The check found problems (the first few are listed).
+    #[error("{}: {} problem(s): {}", .path.display(), .problems.len(), summarize(.problems))]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<String>,
+    },
+
+    /// A 0-byte file, or a SQLite file with no tables, where a database was expected.
+    #[error("{}: empty file, not a tuning database or bundle", .path.display())]
+    Empty { path: PathBuf },
+
+    /// Importing a database into itself.
+    #[error("{}: cannot import a database into itself", .path.display())]
+    SameFile { path: PathBuf },
+
+    /// A file-system error.
+    #[error("{}: {context}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn summarize(problems: &[String]) -> String {
+    const SHOWN: usize = 3;
+    let mut s = problems
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("; ");
+    if problems.len() > SHOWN {
+        s.push_str(&format!("; ... and {} more", problems.len() - SHOWN));
+    }
+    s
+}
+
+/// A bundle's manifest: the `bundle.*` rows of its `meta` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Manifest {
+    /// [`BUNDLE_FORMAT`].
+    pub format: String,
+    /// Schema version the bundle was written with.
+    pub schema_version: i64,
+    /// Version of the tool that wrote it.
+    pub tool_version: String,
+    /// Rows in `trials`.
+    pub record_count: u64,
+    /// The one fingerprint it holds.
+    pub fingerprint: String,
+    /// RFC 3339 UTC.
+    pub created_at: String,
+    /// [`TuningDb::content_checksum`] when it was written.
+    pub checksum: String,
+    /// The database it was exported from, as given to the exporter.
+    pub source: String,
+}
+
+const MANIFEST_KEYS: [&str; 8] = [
+    "bundle.format",
+    "bundle.schema_version",
+    "bundle.tool_version",
+    "bundle.record_count",
+    "bundle.fingerprint",
+    "bundle.created_at",
+    "bundle.checksum",
+    "bundle.source",
+];
+
+/// Per-fingerprint counts, for `autokernel db stats`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FingerprintStats {
+    pub id: String,
+    /// Marketing name, `?` when the row does not read back.
+    pub brand: String,
+    pub cores: i64,
+    /// [`HardwareFingerprint::arch_key`].
+    pub arch_key: String,
+    pub records: u64,
+    pub ok: u64,
+    pub failures: u64,
+    pub workloads: u64,
+}
+
+/// Everything `autokernel db stats` shows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    pub path: PathBuf,
+    pub schema_version: i64,
+    #[serde(flatten)]
+    pub totals: Stats,
+    pub fingerprints_detail: Vec<FingerprintStats>,
+    /// Trials with at least one provenance row (imported from a bundle or merged).
+    pub imported_records: u64,
+    /// Distinct sources (by checksum) trials were imported from.
+    pub sources: u64,
+    /// Winner decisions in force (schema v2).
+    pub winners: u64,
+    pub manifest: Option<Manifest>,
+}
+
+/// What [`check_file`] found. `problems` empty means the file passes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CheckReport {
+    pub path: PathBuf,
+    pub schema_version: i64,
+    pub records: u64,
+    pub fingerprints: u64,
+    /// The content checksum, recomputed.
+    pub checksum: String,
+    pub manifest: Option<Manifest>,
+    /// Whether the recomputed checksum equals the manifest's (`None` without a manifest).
+    pub checksum_ok: Option<bool>,
+    /// `ok` records of a current kernel version whose config was checked against its space.
+    pub configs_checked: u64,
+    /// `ok` records of kernel versions this build no longer has (kept as history, never served).
+    pub stale: u64,
+    /// Problems: each makes the check fail.
+    pub problems: Vec<String>,
+    /// Things worth knowing that are not problems.
+    pub notes: Vec<String>,
+}
+
+impl CheckReport {
+    /// Whether the file passed.
+    pub fn is_ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+
+    /// `Ok(())` if it passed, else [`BundleError::ChecksumMismatch`] (when that is the
+    /// problem) or [`BundleError::Invalid`].
+    pub fn into_result(self) -> Result<CheckReport, BundleError> {
+        if self.checksum_ok == Some(false) {
+            return Err(BundleError::ChecksumMismatch {
+                path: self.path.clone(),
+                expected: self.manifest.map(|m| m.checksum).unwrap_or_default(),
+                found: self.checksum,
+            });
+        }
+        if self.is_ok() {
+            Ok(self)
+        } else {
+            Err(BundleError::Invalid {
+                path: self.path,
+                problems: self.problems,
+            })
+        }
+    }
+}
+
+/// A raw row: column name → value, in column-name order.
+pub(crate) type RawRow = BTreeMap<String, Value>;
+
+impl TuningDb {
+    /// The content checksum of the whole file (see the module documentation).
+    pub fn content_checksum(&self) -> Result<String, DbError> {
+        let p = &self.path;
+        let ctx = "computing the content checksum";
+        let mut lines: Vec<String> = Vec::new();
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, canonical FROM fingerprints ORDER BY id")
+            .ctx(p, ctx)?;
+        let fps = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .ctx(p, ctx)?;
+        for (id, canonical) in fps {
+            lines.push(format!("F {id} {canonical}"));
+        }
+        let trials = raw_rows(&self.conn, p, "trials", "1 = 1", [])?;
+        let mut digest_of: HashMap<i64, String> = HashMap::new();
+        for row in &trials {
+            let line = trial_line(row);
+            digest_of.insert(row_id(row), hex(&Sha256::digest(line.as_bytes())));
+            lines.push(line);
+        }
+        for w in self.winners_in_force()? {
+            let digest = digest_of.get(&w.trial_id).cloned().unwrap_or_default();
+            lines.push(format!(
+                "W {} {} {} {} {} {} {}",
+                w.fingerprint_id,
+                w.workload,
+                digest,
+                w.reason,
+                u8::from(w.tie),
+                w.decided_at,
+                w.tool_version
+            ));
+        }
+        lines.sort();
+        let mut h = Sha256::new();
+        h.update(b"autokernel-content-v1\n");
+        for l in &lines {
+            h.update(l.as_bytes());
+            h.update(b"\n");
+        }
+        Ok(format!("sha256:{}", hex(&h.finalize())))
+    }
+
+    /// The bundle manifest, if this file is a bundle (has a `bundle.format` meta row).
+    pub fn manifest(&self) -> Result<Option<Manifest>, DbError> {
+        let Some(format) = self.meta("bundle.format")? else {
+            return Ok(None);
+        };
+        let get = |k: &str| -> Result<String, DbError> { Ok(self.meta(k)?.unwrap_or_default()) };
+        Ok(Some(Manifest {
+            format,
+            schema_version: get("bundle.schema_version")?.parse().unwrap_or(-1),
+            tool_version: get("bundle.tool_version")?,
+            record_count: get("bundle.record_count")?.parse().unwrap_or(u64::MAX),
+            fingerprint: get("bundle.fingerprint")?,
+            created_at: get("bundle.created_at")?,
+            checksum: get("bundle.checksum")?,
+            source: get("bundle.source")?,
+        }))
+    }
+
+    /// Resolves `id` to a stored fingerprint id: an exact id, `current` (this machine at
+    /// `cores` threads), or a unique prefix of at least 4 hex digits.
+    pub fn resolve_fingerprint(&self, id: &str) -> Result<String, BundleError> {
+        let ids = self.fingerprint_ids()?;
+        let wanted = if id == "current" {
+            HardwareFingerprint::current().id.clone()
+        } else {
+            id.to_string()
+        };
+        if ids.contains(&wanted) {
+            return Ok(wanted);
+        }
+        let matches: Vec<&String> = ids
+            .iter()
+            .filter(|x| wanted.len() >= 4 && x.starts_with(&wanted))
+            .collect();
+        if let [one] = matches[..] {
+            return Ok(one.clone());
+        }
+        Err(BundleError::UnknownFingerprint {
+            path: self.path.clone(),
+            id: id.to_string(),
+            known: if ids.is_empty() {
+                "none".into()
+            } else {
+                ids.join(", ")
+            },
+        })
+    }
+
+    /// Ids of every stored fingerprint, sorted (rows whose numbers are out of range too).
+    pub fn fingerprint_ids(&self) -> Result<Vec<String>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id FROM fingerprints ORDER BY id")
+            .ctx(&self.path, "reading fingerprints")?;
+        let ids = stmt
+            .query_map([], |r| r.get::<_, String>(0))
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .ctx(&self.path, "reading fingerprints")?;
+        Ok(ids)
+    }
+
+    /// Writes a bundle of fingerprint `fingerprint_id` to `out` (which must not exist): its
+    /// fingerprint row, every trial of it (failures too), their provenance, the winner
+    /// decisions in force with their re-measurements, and the manifest. The file appears
+    /// complete or not at all (written beside `out`, then renamed).
+    pub fn export_bundle(
+        &self,
+        fingerprint_id: &str,
+        out: &Path,
+        tool_version: &str,
+    ) -> Result<Manifest, BundleError> {
+        let id = self.resolve_fingerprint(fingerprint_id)?;
+        if out.exists() {
+            return Err(BundleError::OutputExists {
+                path: out.to_path_buf(),
+            });
+        }
+        require_parent(out)?;
+        let tmp = temp_beside(out);
+        let result = self.write_bundle(&id, &tmp, tool_version);
+        match result {
+            Ok(manifest) => {
+                if out.exists() {
+                    remove_db_files(&tmp);
+                    return Err(BundleError::OutputExists {
+                        path: out.to_path_buf(),
+                    });
+                }
+                std::fs::rename(&tmp, out).map_err(|e| {
+                    remove_db_files(&tmp);
+                    BundleError::Io {
+                        path: out.to_path_buf(),
+                        context: "moving the finished bundle into place".into(),
+                        source: e,
+                    }
+                })?;
+                Ok(manifest)
+            }
+            Err(e) => {
+                remove_db_files(&tmp);
+                Err(e)
+            }
+        }
+    }
+
+    fn write_bundle(
+        &self,
+        id: &str,
+        tmp: &Path,
+        tool_version: &str,
+    ) -> Result<Manifest, BundleError> {
+        let src = &self.conn;
+        let sp = &self.path;
+        let bundle = TuningDb::open(tmp)?;
+        let bp = bundle.path.clone();
+        let ctx = "writing the bundle";
+        let tx = bundle.begin_write(ctx)?;
+        let fp_rows = raw_rows(src, sp, "fingerprints", "id = ?1", [id])?;
+        insert_raw(&tx, &bp, "fingerprints", &fp_rows, true)?;
+        let trials = raw_rows(src, sp, "trials", "fingerprint_id = ?1", [id])?;
+        insert_raw(&tx, &bp, "trials", &trials, true)?;
+        let prov = raw_rows(
+            src,
+            sp,
+            "provenance",
+            "trial_id IN (SELECT id FROM trials WHERE fingerprint_id = ?1)",
+            [id],
+        )?;
+        insert_raw(&tx, &bp, "provenance", &prov, true)?;
+        let in_force = "id IN (SELECT max(id) FROM winners WHERE fingerprint_id = ?1 \
+                        GROUP BY workload)";
+        let winners = raw_rows(src, sp, "winners", in_force, [id])?;
+        insert_raw(&tx, &bp, "winners", &winners, true)?;
+        let remeasured = raw_rows(
+            src,
+            sp,
+            "remeasurements",
+            &format!("winner_id IN (SELECT id FROM winners WHERE {in_force})"),
+            [id],
+        )?;
+        insert_raw(&tx, &bp, "remeasurements", &remeasured, true)?;
+        tx.commit().ctx(&bp, ctx)?;
+
+        let manifest = Manifest {
+            format: BUNDLE_FORMAT.into(),
+            schema_version: SCHEMA_VERSION,
+            tool_version: tool_version.into(),
+            record_count: trials.len() as u64,
+            fingerprint: id.into(),
+            created_at: now_rfc3339(),
+            checksum: bundle.content_checksum()?,
+            source: self.path.display().to_string(),
+        };
+        let values = [
+            manifest.format.clone(),
+            manifest.schema_version.to_string(),
+            manifest.tool_version.clone(),
+            manifest.record_count.to_string(),
+            manifest.fingerprint.clone(),
+            manifest.created_at.clone(),
+            manifest.checksum.clone(),
+            manifest.source.clone(),
+        ];
+        let tx = bundle.begin_write(ctx)?;
+        for (k, v) in MANIFEST_KEYS.iter().zip(values) {
+            tx.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)",
+                params![k, v],
+            )
+            .ctx(&bp, ctx)?;
+        }
+        tx.commit().ctx(&bp, ctx)?;
+        // One self-contained file: leave WAL mode (checkpoints and removes the -wal file).
+        bundle
+            .conn
+            .query_row("PRAGMA journal_mode = DELETE", [], |r| {
+                r.get::<_, String>(0)
+            })
+            .ctx(&bp, "switching the bundle to a rollback journal")?;
+        drop(bundle);
+        Ok(manifest)
+    }
+
+    /// The workloads with at least one `ok` record on `fingerprint_id`, with how many,
+    /// sorted by key (keys that no longer parse are left out; `verify` reports them).
+    pub fn ok_workloads(&self, fingerprint_id: &str) -> Result<Vec<(Workload, u64)>, DbError> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT workload, count(*) FROM trials WHERE fingerprint_id = ?1 \
+                 AND status = 'ok' GROUP BY workload ORDER BY workload",
+            )
+            .ctx(p, "listing workloads")?;
+        let rows = stmt
+            .query_map([fingerprint_id], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .ctx(p, "listing workloads")?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(w, n)| Some((w.parse().ok()?, n.max(0) as u64)))
+            .collect())
+    }
+
+    /// Counts for `autokernel db stats`.
+    pub fn summary(&self) -> Result<Summary, DbError> {
+        let p = &self.path;
+        let ctx = "computing stats";
+        let totals = self.stats()?;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT f.id, count(t.id), coalesce(sum(t.status = 'ok'), 0), \
+                 count(DISTINCT t.workload) FROM fingerprints f \
+                 LEFT JOIN trials t ON t.fingerprint_id = f.id GROUP BY f.id ORDER BY f.id",
+            )
+            .ctx(p, ctx)?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, i64>(3)?,
+                ))
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .ctx(p, ctx)?;
+        drop(stmt);
+        let mut detail = Vec::new();
+        for (id, records, ok, workloads) in rows {
+            let fp = self.fingerprint(&id)?;
+            let u = |v: i64| v.max(0) as u64;
+            detail.push(FingerprintStats {
+                brand: fp.as_ref().map_or("?".into(), |f| f.brand.clone()),
+                cores: fp.as_ref().map_or(-1, |f| f.cores as i64),
+                arch_key: fp.as_ref().map_or("?".into(), |f| f.arch_key()),
+                id,
+                records: u(records),
+                ok: u(ok),
+                failures: u(records - ok),
+                workloads: u(workloads),
+            });
+        }
+        let (imported, sources): (i64, i64) = self
+            .conn
+            .query_row(
+                "SELECT count(DISTINCT trial_id), count(DISTINCT source_checksum) FROM provenance",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .ctx(p, ctx)?;
+        let winners: i64 = self
+            .conn
+            .query_row(
+                "SELECT count(*) FROM (SELECT DISTINCT fingerprint_id, workload FROM winners)",
+                [],
+                |r| r.get(0),
+            )
+            .ctx(p, ctx)?;
+        Ok(Summary {
+            path: p.clone(),
+            schema_version: self.schema_version()?,
+            totals,
+            fingerprints_detail: detail,
+            imported_records: imported.max(0) as u64,
+            sources: sources.max(0) as u64,
+            winners: winners.max(0) as u64,
+            manifest: self.manifest()?,
+        })
+    }
+
+    /// The winner decisions in force (the latest per fingerprint and workload).
+    pub(crate) fn winners_in_force(&self) -> Result<Vec<InForce>, DbError> {
+        let p = &self.path;
+        let ctx = "reading winners";
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT fingerprint_id, workload, trial_id, reason, tie, decided_at, \
+                 tool_version FROM winners WHERE id IN \
+                 (SELECT max(id) FROM winners GROUP BY fingerprint_id, workload) ORDER BY id",
+            )
+            .ctx(p, ctx)?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(InForce {
+                    fingerprint_id: r.get(0)?,
+                    workload: r.get(1)?,
+                    trial_id: r.get(2)?,
+                    reason: r.get(3)?,
+                    tie: r.get(4)?,
+                    decided_at: r.get(5)?,
+                    tool_version: r.get(6)?,
+                })
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .ctx(p, ctx)?;
+        Ok(rows)
+    }
+}
+
+/// A winner decision in force, as stored.
+pub(crate) struct InForce {
+    pub fingerprint_id: String,
+    pub workload: String,
+    pub trial_id: i64,
+    pub reason: String,
+    pub tie: bool,
+    pub decided_at: String,
+    pub tool_version: String,
+}
+
+/// Opens an existing database or bundle read-only for inspection, with a clear error for an
+/// empty file (which [`TuningDb::open_read_only`] would call a schema-0 database).
+pub fn open_existing(path: &Path) -> Result<TuningDb, BundleError> {
+    if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+        return Err(BundleError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    match TuningDb::open_read_only(path) {
+        Err(DbError::OlderSchemaReadOnly { found: 0, .. }) => Err(BundleError::Empty {
+            path: path.to_path_buf(),
+        }),
+        other => Ok(other?),
+    }
+}
+
+/// The full check of `path` behind `autokernel db verify`: opens it read-only (damaged,
+/// foreign and newer files are refused with their error), runs [`TuningDb::verify`]
+/// (SQLite's integrity and foreign-key checks, every row reads back), recomputes the content
+/// checksum and compares it and the record count with the manifest if there is one, and
+/// checks that every `ok` record of a current kernel version still fits its kernel's space
+/// for its fingerprint — so every record the runtime could serve is valid.
+///
+/// For fingerprints of another micro-architecture than this machine, values of name-valued
+/// knobs (micro-kernel variants this CPU may lack) are not checked; a note says so.
+pub fn check_file(path: &Path) -> Result<CheckReport, BundleError> {
+    let db = open_existing(path)?;
+    let mut problems = Vec::new();
+    let mut notes = Vec::new();
+    match db.verify() {
+        Ok(()) => {}
+        Err(DbError::Verify { problems: p, .. }) => problems.extend(p),
+        Err(e) => return Err(e.into()),
+    }
+    let stats = db.stats()?;
+    let checksum = db.content_checksum()?;
+    let manifest = db.manifest()?;
+    let mut checksum_ok = None;
+    if let Some(m) = &manifest {
+        checksum_ok = Some(m.checksum == checksum);
+        if m.checksum != checksum {
+            problems.push(format!(
+                "checksum mismatch: the manifest says {} but the content hashes to {checksum}",
+                m.checksum
+            ));
+        }
+        if m.format != BUNDLE_FORMAT {
+            problems.push(format!(
+                "unknown bundle format '{}' (this build writes {BUNDLE_FORMAT})",
+                m.format
+            ));
+        }
+        if m.record_count != stats.records {
+            problems.push(format!(
+                "the manifest counts {} records but the file holds {}",
+                m.record_count, stats.records
+            ));
+        }
+        let ids = db.fingerprint_ids()?;
+        if ids != [m.fingerprint.clone()] {
+            problems.push(format!(
+                "the manifest names fingerprint {} but the file holds {}",
+                m.fingerprint,
+                ids.join(", ")
+            ));
+        }
+    }
+    let (configs_checked, stale) = check_configs(&db, &mut problems, &mut notes)?;
+    Ok(CheckReport {
+        path: path.to_path_buf(),
+        schema_version: db.schema_version()?,
+        records: stats.records,
+        fingerprints: stats.fingerprints,
+        checksum,
+        manifest,
+        checksum_ok,
+        configs_checked,
+        stale,
+        problems,
+        notes,
+    })
+}
+
+/// Checks every `ok` record of a registered (kernel, version) against its space.
+fn check_configs(
+    db: &TuningDb,
+    problems: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) -> Result<(u64, u64), DbError> {
+    let here = HardwareFingerprint::current().arch_key();
+    let fps: HashMap<String, HardwareFingerprint> = db
+        .fingerprints()?
+        .into_iter()
+        .map(|f| (f.id.clone(), f))
+        .collect();
+    let mut spaces: HashMap<(String, &'static str, Workload), Space> = HashMap::new();
+    let (mut checked, mut stale, mut unchecked) = (0u64, 0u64, 0u64);
+    for r in db.all_ok_records()? {
+        let Ok(family) = kernels::kernel(&r.kernel) else {
+            stale += 1;
+            continue;
+        };
+        if family.version() != r.kernel_version {
+            stale += 1;
+            continue;
+        }
+        let what = format!(
+            "trial {} ({} {} on {})",
+            r.id.unwrap_or(-1),
+            r.kernel,
+            r.workload,
+            r.fingerprint_id
+        );
+        if !family.supports(&r.workload) {
+            problems.push(format!(
+                "{what}: kernel {} does not support this workload",
+                r.kernel
+            ));
+            continue;
+        }
+        let Some(fp) = fps.get(&r.fingerprint_id) else {
+            continue; // verify() reports the broken reference
+        };
+        let space = spaces
+            .entry((fp.id.clone(), family.name(), r.workload))
+            .or_insert_with(|| family.space(&r.workload, fp));
+        checked += 1;
+        match space.check(&r.config) {
+            Ok(()) => {}
+            Err(SpaceError::ValueNotListed { knob, .. })
+                if fp.arch_key() != here && is_name_knob(space, &knob) =>
+            {
+                unchecked += 1;
+            }
+            Err(e) => problems.push(format!(
+                "{what}: config {} no longer fits {} v{}: {e}",
+                r.config,
+                family.name(),
+                family.version()
+            )),
+        }
+    }
+    if stale > 0 {
+        notes.push(format!(
+            "{stale} ok record(s) of kernel versions this build does not have: kept as history, never served"
+        ));
+    }
+    if unchecked > 0 {
+        notes.push(format!(
+            "{unchecked} config(s) of another micro-architecture name variants this CPU lacks; not checked here"
+        ));
+    }
+    Ok((checked, stale))
+}
+
+fn is_name_knob(space: &Space, knob: &str) -> bool {
+    space
+        .knobs()
+        .iter()
+        .find(|k| k.name == knob)
+        .is_some_and(|k| k.values.iter().all(|v| matches!(v, kernels::Value::Str(_))))
+}
+
+impl TuningDb {
+    /// Every `ok` record that reads back, any fingerprint, in id order.
+    pub(crate) fn all_ok_records(&self) -> Result<Vec<Record>, DbError> {
+        let sql = format!(
+            "SELECT {} FROM trials WHERE status = 'ok' ORDER BY id",
+            crate::db::RECORD_COLUMNS
+        );
+        let p = &self.path;
+        let mut stmt = self.conn.prepare(&sql).ctx(p, "reading trials")?;
+        let rows = stmt
+            .query_map([], |r| Ok(crate::db::record_from_row(r)))
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .ctx(p, "reading trials")?;
+        Ok(rows.into_iter().flatten().collect())
+    }
+}
+
+/// Every row of `table` matching `filter` (SQL after WHERE), as column → value, by id.
+pub(crate) fn raw_rows<P: rusqlite::Params>(
+    conn: &Connection,
+    path: &Path,
+    table: &str,
+    filter: &str,
+    params: P,
+) -> Result<Vec<RawRow>, DbError> {
+    let ctx = format!("reading {table}");
+    let mut stmt = conn
+        .prepare(&format!("SELECT * FROM {table} WHERE {filter} ORDER BY id"))
+        .ctx(path, &ctx)?;
+    let names: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
+    let rows = stmt
+        .query_map(params, |r| {
+            let mut row = RawRow::new();
+            for (i, n) in names.iter().enumerate() {
+                row.insert(n.clone(), r.get::<_, Value>(i)?);
+            }
+            Ok(row)
+        })
+        .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+        .ctx(path, &ctx)?;
+    Ok(rows)
+}
+
+/// Inserts raw rows into `table` (with their ids when `keep_ids`); returns the new row ids.
+pub(crate) fn insert_raw(
+    conn: &Connection,
+    path: &Path,
+    table: &str,
+    rows: &[RawRow],
+    keep_ids: bool,
+) -> Result<Vec<i64>, DbError> {
+    let ctx = format!("writing {table}");
+    let mut ids = Vec::with_capacity(rows.len());
+    let Some(first) = rows.first() else {
+        return Ok(ids);
+    };
+    // Rows of one table share their columns: one statement for all.
+    let cols: Vec<&String> = first.keys().filter(|k| keep_ids || *k != "id").collect();
+    let sql = format!(
+        "INSERT INTO {table} ({}) VALUES ({})",
+        cols.iter()
+            .map(|c| c.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        (1..=cols.len())
+            .map(|i| format!("?{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut stmt = conn.prepare(&sql).ctx(path, &ctx)?;
+    for row in rows {
+        let values: Vec<&Value> = cols
+            .iter()
+            .map(|c| row.get(*c).unwrap_or(&Value::Null))
+            .collect();
+        stmt.execute(rusqlite::params_from_iter(values))
+            .ctx(path, &ctx)?;
+        ids.push(conn.last_insert_rowid());
+    }
+    Ok(ids)
+}
+
+/// The `id` column of a raw row (-1 if absent).
+pub(crate) fn row_id(row: &RawRow) -> i64 {
+    match row.get("id") {
+        Some(Value::Integer(i)) => *i,
+        _ => -1,
+    }
+}
+
+/// The canonical `T` line of a trial row: every column but `id`, in name order.
+pub(crate) fn trial_line(row: &RawRow) -> String {
+    let cells: Vec<serde_json::Value> = row
+        .iter()
+        .filter(|(k, _)| *k != "id")
+        .map(|(_, v)| canonical_value(v))
+        .collect();
+    format!("T {}", serde_json::Value::Array(cells))
+}
+
+fn canonical_value(v: &Value) -> serde_json::Value {
+    match v {
+        Value::Null => serde_json::Value::Null,
+        Value::Integer(i) => (*i).into(),
+        Value::Real(f) => format!("r:{:016x}", f.to_bits()).into(),
+        Value::Text(s) => s.clone().into(),
+        Value::Blob(b) => format!("b:{}", hex(b)).into(),
+    }
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Fails unless the directory `out` is to be written in exists.
+pub(crate) fn require_parent(out: &Path) -> Result<(), DbError> {
+    match out.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => Err(DbError::NoParentDir {
+            path: out.to_path_buf(),
+            dir: dir.to_path_buf(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// `out.tmp-<pid>-<n>` in the same directory (so the final rename is atomic).
+pub(crate) fn temp_beside(out: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let mut name = out.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    out.with_file_name(name)
+}
+
+/// Removes a database file and its WAL companions, ignoring errors.
+pub(crate) fn remove_db_files(path: &Path) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut p = path.as_os_str().to_os_string();
+        p.push(suffix);
+        let _ = std::fs::remove_file(PathBuf::from(p));
+    }
+}
+
+/// The trial a raw row of `trials` would match in `conn`: same content in every column but
+/// `id`. Uses the `trials_tried` index.
+pub(crate) fn find_same_trial(
+    conn: &Connection,
+    path: &Path,
+    row: &RawRow,
+) -> Result<Option<i64>, DbError> {
+    let ctx = "matching trials";
+    let key = |c: &str| row.get(c).cloned().unwrap_or(Value::Null);
+    let mut stmt = conn
+        .prepare(
+            "SELECT * FROM trials WHERE fingerprint_id = ?1 AND workload = ?2 AND kernel = ?3 \
+             AND kernel_version = ?4 AND config = ?5",
+        )
+        .ctx(path, ctx)?;
+    let names: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
+    let mut rows = stmt
+        .query(params![
+            key("fingerprint_id"),
+            key("workload"),
+            key("kernel"),
+            key("kernel_version"),
+            key("config")
+        ])
+        .ctx(path, ctx)?;
+    while let Some(r) = rows.next().ctx(path, ctx)? {
+        let mut id = -1;
+        let mut same = true;
+        for (i, n) in names.iter().enumerate() {
+            let v: Value = r.get(i).ctx(path, ctx)?;
+            if n == "id" {
+                if let Value::Integer(x) = v {
+                    id = x;
+                }
+            } else if row.get(n) != Some(&v) {
+                same = false;
+                break;
+            }
+        }
+        if same {
+            return Ok(Some(id));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reals_are_canonical_by_their_bits() {
+        assert_eq!(
+            canonical_value(&Value::Real(1e-3)),
+            serde_json::json!(format!("r:{:016x}", 1e-3f64.to_bits()))
+        );
+        assert_eq!(canonical_value(&Value::Integer(3)), serde_json::json!(3));
+        assert_eq!(canonical_value(&Value::Null), serde_json::Value::Null);
+    }
+
+    #[test]
+    fn temp_names_sit_beside_the_output() {
+        let t = temp_beside(Path::new("/x/y/out.db"));
+        assert_eq!(t.parent(), Some(Path::new("/x/y")));
+        assert!(t
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("out.db.tmp-"));
+    }
+}

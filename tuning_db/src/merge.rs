@@ -1,0 +1,499 @@
+//! Combining databases: [`TuningDb::import_from`] (a bundle or any tuning database into this
+//! one) and [`merge_files`] (two files into a new third).
+//!
+//! Rules:
+//! - **Every record is kept, once.** A trial is the same trial when every column but its row
+//!   id is equal (fingerprint, workload, kernel and version, config, status, timing, samples,
+//!   `created_at`, ...); such a trial is not inserted again, so importing the same bundle
+//!   twice changes nothing.
+//! - **Provenance.** Each imported trial gets a `provenance` row (schema v3) naming the source
+//!   file and its content checksum, and keeps the provenance rows it had in the source.
+//! - **The best is chosen by the measurements.** For every (fingerprint, workload) of the
+//!   source, the source's best is compared with the target's best: the one whose median is
+//!   faster *and* whose 95% confidence interval of the median does not overlap the other's
+//!   wins; when the intervals overlap (within noise) the target's best stays (the incumbent),
+//!   and if the two disagree on the config that is reported as a [`Conflict`], never hidden.
+//!   When the outcome differs from what [`TuningDb::best`] would pick on its own, a row of
+//!   `winners` records it (reason `merged_fastest`, `merged_tie_incumbent`, or the source's own
+//!   decision when its winner is taken over).
+//! - **All or nothing.** The source is checked first ([`check_file`]: integrity, checksum,
+//!   configs), then everything is written in one transaction: a failed import leaves the
+//!   target as it was.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use kernels::Config;
+use rusqlite::params;
+use rusqlite::types::Value;
+use serde::Serialize;
+
+use crate::bundle::{
+    check_file, find_same_trial, insert_raw, open_existing, raw_rows, remove_db_files,
+    require_parent, row_id, temp_beside, BundleError,
+};
+use crate::db::TuningDb;
+use crate::error::{Ctx, DbError};
+use crate::record::{now_rfc3339, Record};
+
+/// One side's best record for a (fingerprint, workload).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BestSummary {
+    /// The file it is in.
+    pub source: String,
+    /// Its row id in that file.
+    pub trial_id: i64,
+    pub kernel: String,
+    pub kernel_version: u32,
+    pub config: Config,
+    pub median_s: f64,
+    /// 95% confidence interval of the median (order statistics of the samples).
+    pub ci_low_s: f64,
+    pub ci_high_s: f64,
+}
+
+impl BestSummary {
+    /// From a timed record of file `source`.
+    pub fn of(source: &str, r: &Record) -> Option<BestSummary> {
+        let m = r.measurement.as_ref()?;
+        let (lo, hi) = median_ci(&m.samples, m.median_s, m.spread);
+        Some(BestSummary {
+            source: source.to_string(),
+            trial_id: r.id.unwrap_or(-1),
+            kernel: r.kernel.clone(),
+            kernel_version: r.kernel_version,
+            config: r.config.clone(),
+            median_s: m.median_s,
+            ci_low_s: lo,
+            ci_high_s: hi,
+        })
+    }
+
+    /// Whether the two are the same variant (kernel, version, config).
+    pub fn same_variant(&self, other: &BestSummary) -> bool {
+        self.kernel == other.kernel
+            && self.kernel_version == other.kernel_version
+            && self.config == other.config
+    }
+
+    /// Whether the two medians are within noise: their confidence intervals overlap.
+    pub fn within_noise(&self, other: &BestSummary) -> bool {
+        self.ci_low_s <= other.ci_high_s && other.ci_low_s <= self.ci_high_s
+    }
+}
+
+/// 95% confidence interval of the median from the samples' order statistics (as the runner
+/// computes it); with fewer than 3 samples, ± max(3 × spread, 2%) around the median.
+pub fn median_ci(samples: &[f64], median_s: f64, spread: f64) -> (f64, f64) {
+    let n = samples.len();
+    if n < 3 {
+        let h = (3.0 * spread).max(0.02) * median_s;
+        return (median_s - h, median_s + h);
+    }
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    let half = 0.98 * (n as f64).sqrt();
+    let lo = (n as f64 / 2.0 - half).floor().max(0.0) as usize;
+    let hi = ((n as f64 / 2.0 + half).ceil() as usize).min(n - 1);
+    (v[lo], v[hi])
+}
+
+/// Two bests of one (fingerprint, workload), within noise of each other, disagreeing on the
+/// variant. The kept one is the target's (the incumbent).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Conflict {
+    pub fingerprint_id: String,
+    pub workload: String,
+    pub kept: BestSummary,
+    pub other: BestSummary,
+}
+
+/// What happened to the best of one (fingerprint, workload) the source has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The target had no best: the source's is taken.
+    New,
+    /// Both have the same trial.
+    Same,
+    /// The source's best is faster beyond noise: it replaces the target's.
+    SourceFaster,
+    /// The target's best is faster beyond noise: it stays.
+    TargetFaster,
+    /// Within noise: the target's best stays (a [`Conflict`] when the variants differ).
+    WithinNoise,
+}
+
+/// One (fingerprint, workload) of an import.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkloadOutcome {
+    pub fingerprint_id: String,
+    pub workload: String,
+    pub outcome: Outcome,
+    /// The best after the import.
+    pub best: BestSummary,
+}
+
+/// What [`TuningDb::import_from`] did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ImportReport {
+    pub source: PathBuf,
+    pub source_checksum: String,
+    pub target: PathBuf,
+    /// Trials in the source.
+    pub source_records: u64,
+    /// Trials inserted into the target.
+    pub inserted: u64,
+    /// Source trials the target already had.
+    pub duplicates: u64,
+    pub fingerprints_added: u64,
+    pub provenance_added: u64,
+    /// Rows added to `winners`.
+    pub winners_recorded: u64,
+    pub workloads: Vec<WorkloadOutcome>,
+    pub conflicts: Vec<Conflict>,
+}
+
+impl ImportReport {
+    /// Whether the import changed the target.
+    pub fn changed(&self) -> bool {
+        self.inserted + self.fingerprints_added + self.provenance_added + self.winners_recorded > 0
+    }
+}
+
+/// What [`merge_files`] did: the import of A into an empty file, then of B.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MergeReport {
+    pub out: PathBuf,
+    pub a: ImportReport,
+    pub b: ImportReport,
+    /// Records in the result.
+    pub records: u64,
+    /// Its content checksum.
+    pub checksum: String,
+    /// Bests of A and B within noise of each other with different variants (A's is kept).
+    pub conflicts: Vec<Conflict>,
+}
+
+type Key = (String, String);
+
+impl TuningDb {
+    /// Imports every record of `source` (a bundle or any tuning database) into this
+    /// database, as described in the module documentation. The source is checked first and
+    /// refused, with nothing written, if it fails [`check_file`].
+    pub fn import_from(
+        &self,
+        source: &Path,
+        tool_version: &str,
+    ) -> Result<ImportReport, BundleError> {
+        if self.is_read_only() {
+            return Err(DbError::ReadOnly {
+                path: self.path.clone(),
+                action: "import".into(),
+            }
+            .into());
+        }
+        if let (Ok(a), Ok(b)) = (source.canonicalize(), self.path.canonicalize()) {
+            if a == b {
+                return Err(BundleError::SameFile {
+                    path: self.path.clone(),
+                });
+            }
+        }
+        let checked = check_file(source)?.into_result()?;
+        let src = open_existing(source)?;
+        let sp = src.path.clone();
+        let source_name = source.display().to_string();
+        let checksum = checked.checksum;
+
+        // Reads first: the bests on both sides, and the raw rows to copy.
+        let fp_ids = src.fingerprint_ids()?;
+        let mut src_best: Vec<Record> = Vec::new();
+        let mut tgt_best: HashMap<Key, Record> = HashMap::new();
+        for fp in &fp_ids {
+            src_best.extend(src.best_all(fp)?);
+            for r in self.best_all(fp)? {
+                tgt_best.insert((fp.clone(), r.workload.key()), r);
+            }
+        }
+        let src_decisions: HashMap<Key, i64> = src
+            .winners_in_force()?
+            .into_iter()
+            .map(|w| ((w.fingerprint_id, w.workload), w.trial_id))
+            .collect();
+        let fps = raw_rows(&src.conn, &sp, "fingerprints", "1 = 1", [])?;
+        let trials = raw_rows(&src.conn, &sp, "trials", "1 = 1", [])?;
+        let prov = raw_rows(&src.conn, &sp, "provenance", "1 = 1", [])?;
+        let winners = raw_rows(
+            &src.conn,
+            &sp,
+            "winners",
+            "id IN (SELECT max(id) FROM winners GROUP BY fingerprint_id, workload)",
+            [],
+        )?;
+        let remeasured = raw_rows(&src.conn, &sp, "remeasurements", "1 = 1", [])?;
+
+        let tp = self.path.clone();
+        let ctx = "importing";
+        let tx = self.begin_write(ctx)?;
+        let mut report = ImportReport {
+            source: source.to_path_buf(),
+            source_checksum: checksum.clone(),
+            target: tp.clone(),
+            source_records: trials.len() as u64,
+            inserted: 0,
+            duplicates: 0,
+            fingerprints_added: 0,
+            provenance_added: 0,
+            winners_recorded: 0,
+            workloads: Vec::new(),
+            conflicts: Vec::new(),
+        };
+        for row in &fps {
+            let id = row.get("id").cloned().unwrap_or(Value::Null);
+            let exists: bool = tx
+                .query_row(
+                    "SELECT count(*) FROM fingerprints WHERE id = ?1",
+                    [id],
+                    |r| r.get::<_, i64>(0),
+                )
+                .ctx(&tp, ctx)?
+                > 0;
+            if !exists {
+                insert_raw(&tx, &tp, "fingerprints", std::slice::from_ref(row), true)?;
+                report.fingerprints_added += 1;
+            }
+        }
+        let mut map: HashMap<i64, i64> = HashMap::new();
+        for row in &trials {
+            let new_id = match find_same_trial(&tx, &tp, row)? {
+                Some(id) => {
+                    report.duplicates += 1;
+                    id
+                }
+                None => {
+                    report.inserted += 1;
+                    insert_raw(&tx, &tp, "trials", std::slice::from_ref(row), false)?[0]
+                }
+            };
+            map.insert(row_id(row), new_id);
+        }
+        {
+            let mut ins = tx
+                .prepare(
+                    "INSERT OR IGNORE INTO provenance (trial_id, source, source_checksum, \
+                     imported_at) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .ctx(&tp, ctx)?;
+            for p in &prov {
+                let Some(Value::Integer(t)) = p.get("trial_id") else {
+                    continue;
+                };
+                let Some(&t) = map.get(t) else { continue };
+                report.provenance_added += ins
+                    .execute(params![
+                        t,
+                        p.get("source"),
+                        p.get("source_checksum"),
+                        p.get("imported_at")
+                    ])
+                    .ctx(&tp, ctx)? as u64;
+            }
+            let now = now_rfc3339();
+            for &t in map.values() {
+                report.provenance_added += ins
+                    .execute(params![t, source_name, checksum, now])
+                    .ctx(&tp, ctx)? as u64;
+            }
+        }
+
+        // The best of every (fingerprint, workload) the source has.
+        for s in &src_best {
+            let key: Key = (s.fingerprint_id.clone(), s.workload.key());
+            let (Some(s_sum), Some(&s_new)) = (
+                BestSummary::of(&source_name, s),
+                s.id.and_then(|id| map.get(&id)),
+            ) else {
+                continue;
+            };
+            let t = tgt_best.get(&key);
+            let t_sum = t.and_then(|t| BestSummary::of(&tp.display().to_string(), t));
+            let (outcome, chosen, chosen_sum) = match (t, t_sum) {
+                (Some(t), Some(t_sum)) => {
+                    let t_id = t.id.unwrap_or(-1);
+                    if t_id == s_new {
+                        (Outcome::Same, t_id, t_sum)
+                    } else if t_sum.within_noise(&s_sum) {
+                        if !t_sum.same_variant(&s_sum) {
+                            report.conflicts.push(Conflict {
+                                fingerprint_id: key.0.clone(),
+                                workload: key.1.clone(),
+                                kept: t_sum.clone(),
+                                other: s_sum.clone(),
+                            });
+                        }
+                        (Outcome::WithinNoise, t_id, t_sum)
+                    } else if s_sum.median_s < t_sum.median_s {
+                        (Outcome::SourceFaster, s_new, s_sum.clone())
+                    } else {
+                        (Outcome::TargetFaster, t_id, t_sum)
+                    }
+                }
+                _ => (Outcome::New, s_new, s_sum.clone()),
+            };
+            let current = self.best(&key.0, &s.workload)?.and_then(|r| r.id);
+            if current != Some(chosen) {
+                let from_source_decision =
+                    chosen == s_new && src_decisions.get(&key).is_some_and(|&w| Some(w) == s.id);
+                if from_source_decision {
+                    let w = winners
+                        .iter()
+                        .find(|w| {
+                            w.get("fingerprint_id") == Some(&Value::Text(key.0.clone()))
+                                && w.get("workload") == Some(&Value::Text(key.1.clone()))
+                        })
+                        .expect("the decision in force was read");
+                    let mut w2 = w.clone();
+                    w2.insert("trial_id".into(), Value::Integer(s_new));
+                    let wid = insert_raw(&tx, &tp, "winners", &[w2], false)?[0];
+                    let rows: Vec<_> = remeasured
+                        .iter()
+                        .filter(|r| r.get("winner_id") == w.get("id"))
+                        .filter_map(|r| {
+                            let Some(Value::Integer(t)) = r.get("trial_id") else {
+                                return None;
+                            };
+                            let mut r2 = r.clone();
+                            r2.insert("winner_id".into(), Value::Integer(wid));
+                            r2.insert("trial_id".into(), Value::Integer(*map.get(t)?));
+                            Some(r2)
+                        })
+                        .collect();
+                    insert_raw(&tx, &tp, "remeasurements", &rows, false)?;
+                } else {
+                    let reason = match outcome {
+                        Outcome::WithinNoise => "merged_tie_incumbent",
+                        _ => "merged_fastest",
+                    };
+                    tx.execute(
+                        "INSERT INTO winners (fingerprint_id, workload, trial_id, reason, tie, \
+                         decided_at, tool_version) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                        params![
+                            key.0,
+                            key.1,
+                            chosen,
+                            reason,
+                            outcome == Outcome::WithinNoise,
+                            now_rfc3339(),
+                            tool_version
+                        ],
+                    )
+                    .ctx(&tp, ctx)?;
+                }
+                report.winners_recorded += 1;
+            }
+            let mut best = chosen_sum;
+            best.trial_id = chosen;
+            best.source = tp.display().to_string();
+            report.workloads.push(WorkloadOutcome {
+                fingerprint_id: key.0,
+                workload: key.1,
+                outcome,
+                best,
+            });
+        }
+        tx.commit().ctx(&tp, "committing the import")?;
+        Ok(report)
+    }
+}
+
+/// Merges `a` and `b` into a new database `out` (which must not exist): every record of
+/// both with its provenance; per (fingerprint, workload) the best by the measurements, A's
+/// kept when the two are within noise (reported as conflicts). `out` appears complete or not
+/// at all.
+pub fn merge_files(
+    a: &Path,
+    b: &Path,
+    out: &Path,
+    tool_version: &str,
+) -> Result<MergeReport, BundleError> {
+    if out.exists() {
+        return Err(BundleError::OutputExists {
+            path: out.to_path_buf(),
+        });
+    }
+    // Check both before creating anything.
+    check_file(a)?.into_result()?;
+    check_file(b)?.into_result()?;
+    require_parent(out)?;
+    let tmp = temp_beside(out);
+    let result = (|| {
+        let db = TuningDb::open(&tmp)?;
+        let ra = db.import_from(a, tool_version)?;
+        let rb = db.import_from(b, tool_version)?;
+        let records = db.stats()?.records;
+        let checksum = db.content_checksum()?;
+        drop(db);
+        Ok::<_, BundleError>((ra, rb, records, checksum))
+    })();
+    let (mut ra, mut rb, records, checksum) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            remove_db_files(&tmp);
+            return Err(e);
+        }
+    };
+    if out.exists() {
+        remove_db_files(&tmp);
+        return Err(BundleError::OutputExists {
+            path: out.to_path_buf(),
+        });
+    }
+    std::fs::rename(&tmp, out).map_err(|e| {
+        remove_db_files(&tmp);
+        BundleError::Io {
+            path: out.to_path_buf(),
+            context: "moving the merged database into place".into(),
+            source: e,
+        }
+    })?;
+    // Report the final name, not the temporary one.
+    let name = out.display().to_string();
+    let tmp_name = tmp.display().to_string();
+    for r in [&mut ra, &mut rb] {
+        r.target = out.to_path_buf();
+        for w in &mut r.workloads {
+            if w.best.source == tmp_name {
+                w.best.source = name.clone();
+            }
+        }
+        for c in &mut r.conflicts {
+            if c.kept.source == tmp_name {
+                c.kept.source = a.display().to_string();
+            }
+        }
+    }
+    let conflicts = rb.conflicts.clone();
+    Ok(MergeReport {
+        out: out.to_path_buf(),
+        a: ra,
+        b: rb,
+        records,
+        checksum,
+        conflicts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn confidence_intervals_of_the_median() {
+        let s: Vec<f64> = (1..=11).map(f64::from).collect();
+        let (lo, hi) = median_ci(&s, 6.0, 0.1);
+        assert!(lo < 6.0 && hi > 6.0 && lo >= 1.0 && hi <= 11.0, "{lo} {hi}");
+        let (lo, hi) = median_ci(&[1.0], 1.0, 0.0);
+        assert!((lo - 0.98).abs() < 1e-12 && (hi - 1.02).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,79 @@
+//! Bundles at the library level: the content checksum depends on the content only, and an
+//! export → import round trip keeps every record and the winner.
+
+mod common;
+
+use common::*;
+use tuning_db::{check_file, TuningDb};
+
+#[test]
+fn the_checksum_ignores_insertion_order_and_row_ids_but_not_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let hw = hw();
+    let w = gemm(64, 64, 64);
+    let cs = configs(&w, &hw, 3);
+    let recs: Vec<_> = cs
+        .iter()
+        .enumerate()
+        .map(|(i, c)| ok(&hw.id, w, c.clone(), 1e-3 * (i + 1) as f64))
+        .collect();
+    let make = |name: &str, order: &[usize]| {
+        let db = TuningDb::open(dir.path().join(name)).unwrap();
+        db.upsert_fingerprint(&hw).unwrap();
+        for &i in order {
+            db.insert(&recs[i]).unwrap();
+        }
+        db.content_checksum().unwrap()
+    };
+    let a = make("a.db", &[0, 1, 2]);
+    let b = make("b.db", &[2, 0, 1]);
+    assert_eq!(a, b);
+    assert!(a.starts_with("sha256:") && a.len() == 7 + 64);
+    let c = make("c.db", &[0, 1]);
+    assert_ne!(a, c);
+}
+
+#[test]
+fn export_then_import_keeps_every_record_and_the_best() {
+    let dir = tempfile::tempdir().unwrap();
+    let hw = hw();
+    let w = gemm(32, 48, 64);
+    let src = dir.path().join("src.db");
+    let db = TuningDb::open(&src).unwrap();
+    db.upsert_fingerprint(&hw).unwrap();
+    db.upsert_fingerprint(&other_hw()).unwrap();
+    let cs = configs(&w, &hw, 2);
+    db.insert_many(&[
+        ok(&hw.id, w, cs[0].clone(), 2e-4),
+        ok(&hw.id, w, cs[1].clone(), 1e-4),
+        failed(
+            &hw.id,
+            w,
+            cs[0].clone(),
+            kernels::Status::Crashed,
+            "SIGSEGV",
+        ),
+    ])
+    .unwrap();
+    let bundle = dir.path().join("x.bundle");
+    let m = db.export_bundle(&hw.id, &bundle, "t").unwrap();
+    assert_eq!(m.record_count, 3);
+    assert_eq!(m.fingerprint, hw.id);
+    let report = check_file(&bundle).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.checksum_ok, Some(true));
+    assert_eq!(report.fingerprints, 1, "only the exported fingerprint");
+
+    let target = TuningDb::open(dir.path().join("t.db")).unwrap();
+    let r = target.import_from(&bundle, "t").unwrap();
+    assert_eq!((r.inserted, r.duplicates, r.fingerprints_added), (3, 0, 1));
+    assert_eq!(target.stats().unwrap().failures, 1);
+    assert_eq!(
+        target.best(&hw.id, &w).unwrap().unwrap().config,
+        db.best(&hw.id, &w).unwrap().unwrap().config
+    );
+    assert_eq!(target.content_checksum().unwrap(), m.checksum);
+    let again = target.import_from(&bundle, "t").unwrap();
+    assert!(!again.changed());
+    assert_eq!(target.stats().unwrap().records, 3);
+}
