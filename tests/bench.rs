@@ -115,7 +115,13 @@ fn doctor(src: &Path, dst: &Path, factor: f64) {
     std::fs::write(dst, serde_json::to_string_pretty(&b).unwrap()).unwrap();
 }
 
+/// A timing experiment, not a unit test: on a loaded machine (or a shared CI runner) a real
+/// slowdown of the machine between baseline and rerun is, correctly, a regression, so this
+/// cannot be made deterministic. Run it on a quiet machine:
+/// `cargo test --test bench -- --ignored`. The decision rule itself is unit-tested
+/// deterministically in `runner/src/compare.rs`.
 #[test]
+#[ignore = "timing experiment; run with --ignored on a quiet machine"]
 fn planted_regression_fails_and_a_fresh_baseline_does_not() {
     let _lock = timing_lock();
     let f = Fixture::new();
