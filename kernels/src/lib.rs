@@ -25,6 +25,8 @@
 //! one run-time CPU-feature detection ([`cpu::Isa::detect`]).
 
 pub mod cpu;
+pub mod cuda;
+pub mod device;
 pub mod error;
 pub mod hardware;
 pub mod kernel;
@@ -34,6 +36,7 @@ pub mod rng;
 pub mod space;
 pub mod workload;
 
+pub use device::{Device, DeviceParseError};
 pub use error::{Error, Result};
 pub use hardware::HardwareFingerprint;
 pub use kernel::{default_for, kernel, kernels_for, registry, Executable, Kernel};
