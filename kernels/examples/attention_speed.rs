@@ -1,23 +1,26 @@
 //! Times one kernel variant on one workload, after verifying it against the f64 reference:
-//! the measuring half of `scripts/bench-attention-peers.sh` (which gets the tuned configs
-//! from `autokernel lookup`), and a quick tool while working on the kernels.
+//! the measuring half of `scripts/bench-attention-peers.sh` (which tunes the configs it
+//! passes), and a quick tool while working on the kernels.
 //!
 //! ```sh
 //! cargo run --release -p kernels --example attention_speed -- \
 //!     --workload attention:1x12x512x64:causal --threads 2 \
 //!     [--kernel attention_fused --config '{"br":64,...}'] [--unfused-gemms QK_JSON PV_JSON] \
-//!     [--secs 2] [--label fused]
+//!     [--unfused-head-tasks T] [--secs 2] [--sample-ms 20] [--label fused] [--no-verify]
 //! ```
 //!
 //! Without `--kernel`, the family default is timed. `--unfused-gemms` times the unfused
 //! attention built on two given `gemm_packed` configs (for `gemm:SxSxD` and `gemm:SxDxS`,
-//! e.g. tuned ones); `--separate-gemm JSON` times `gemm_packed` with that config followed by
-//! a separate bias + activation pass (for `gemm_bias_*` workloads). Prints one JSON line:
-//! `{"label", "workload", "threads", "kernel", "config", "median_ms", "gflops", "samples",
-//! "cpu_ms", "cpu_gflops", "best_gflops"}` (`cpu_*` from this thread's CPU time, 1 thread
-//! only; `best_gflops` from the fastest sample: the least disturbed figures on a loaded
-//! machine, for development — reports quote the wall-clock median). `--sample-ms` sets the
-//! minimum sample length (default 20).
+//! e.g. tuned ones), `--unfused-head-tasks` heads at a time; `--separate-gemm JSON` times
+//! `gemm_packed` with that config followed by a separate bias + activation pass (for
+//! `gemm_bias_*` workloads). The output is checked against the f64 reference before timing
+//! (`--no-verify` skips that, for repeated runs of a variant already checked).
+//!
+//! Prints one JSON line: `{"label", "workload", "threads", "kernel", "config", "median_ms",
+//! "gflops", "samples", "cpu_ms", "cpu_gflops", "best_gflops"}` (`cpu_*` from this thread's
+//! CPU time, 1 thread only; `best_gflops` from the fastest sample: the least disturbed
+//! figures on a loaded machine, for development — reports quote the wall-clock median).
+//! `--sample-ms` sets the minimum sample length.
 
 use std::time::{Duration, Instant};
 
@@ -78,63 +81,72 @@ fn main() {
     let hw = HardwareFingerprint::current();
     let parse = |s: &str| Config::from_json(s).unwrap_or_else(|e| fail(format!("config: {e}")));
     let gemm_packed = kernel("gemm_packed").expect("registered");
-    let (name, config, exe): (String, String, Box<dyn Executable>) =
-        if let Some(qk) = arg(&args, "--unfused-gemms") {
-            let pv = args
-                .iter()
-                .position(|a| a == "--unfused-gemms")
-                .and_then(|i| args.get(i + 2))
-                .unwrap_or_else(|| fail("--unfused-gemms takes two configs".into()));
-            let Workload::Attention { b, h, s, d, causal } = w else {
-                fail("--unfused-gemms needs an attention workload".into())
-            };
-            let build = |m, n, k, c: &str| {
-                gemm_packed
-                    .prepare(&Workload::Gemm { m, n, k }, &parse(c))
-                    .unwrap_or_else(|e| fail(format!("{e}")))
-            };
-            let qk_exe = build(s, s, d, &qk);
-            let pv_exe = build(s, d, s, pv);
-            let exe = UnfusedAttention::with_gemms((b, h, s, d, causal), qk_exe, pv_exe, 1);
-            (
-                "attention_unfused(tuned gemm)".into(),
-                format!("{{\"qk\":{qk},\"pv\":{pv}}}"),
-                Box::new(exe),
-            )
-        } else if let Some(gc) = arg(&args, "--separate-gemm") {
-            let Workload::GemmBiasAct { m, n, k, act } = w else {
-                fail("--separate-gemm needs a gemm_bias_* workload".into())
-            };
-            let gemm = gemm_packed
-                .prepare(&Workload::Gemm { m, n, k }, &parse(&gc))
-                .unwrap_or_else(|e| fail(format!("{e}")));
-            (
-                "gemm_packed+separate_pass".into(),
-                gc,
-                Box::new(SeparatePass { gemm, n, act }),
-            )
-        } else {
-            let (k, c) = match arg(&args, "--kernel") {
-                Some(name) => {
-                    let k = kernel(&name).unwrap_or_else(|e| fail(format!("{e}")));
-                    let c = match arg(&args, "--config") {
-                        Some(c) => parse(&c),
-                        None => k.default_config(&w, hw),
-                    };
-                    (k, c)
-                }
-                None => default_for(&w, hw),
-            };
-            let exe = k.prepare(&w, &c).unwrap_or_else(|e| fail(format!("{e}")));
-            (k.name().to_string(), c.to_json(), exe)
+    let (name, config, exe): (String, String, Box<dyn Executable>) = if let Some(qk) =
+        arg(&args, "--unfused-gemms")
+    {
+        let pv = args
+            .iter()
+            .position(|a| a == "--unfused-gemms")
+            .and_then(|i| args.get(i + 2))
+            .unwrap_or_else(|| fail("--unfused-gemms takes two configs".into()));
+        let Workload::Attention { b, h, s, d, causal } = w else {
+            fail("--unfused-gemms needs an attention workload".into())
         };
+        let build = |m, n, k, c: &str| {
+            gemm_packed
+                .prepare(&Workload::Gemm { m, n, k }, &parse(c))
+                .unwrap_or_else(|e| fail(format!("{e}")))
+        };
+        let qk_exe = build(s, s, d, &qk);
+        let pv_exe = build(s, d, s, pv);
+        let head_tasks: usize = arg(&args, "--unfused-head-tasks")
+            .map(|t| {
+                t.parse()
+                    .unwrap_or_else(|_| fail("bad --unfused-head-tasks".into()))
+            })
+            .unwrap_or(1);
+        let exe = UnfusedAttention::with_gemms((b, h, s, d, causal), qk_exe, pv_exe, head_tasks);
+        (
+            "attention_unfused(tuned gemm)".into(),
+            format!("{{\"qk\":{qk},\"pv\":{pv}}}"),
+            Box::new(exe),
+        )
+    } else if let Some(gc) = arg(&args, "--separate-gemm") {
+        let Workload::GemmBiasAct { m, n, k, act } = w else {
+            fail("--separate-gemm needs a gemm_bias_* workload".into())
+        };
+        let gemm = gemm_packed
+            .prepare(&Workload::Gemm { m, n, k }, &parse(&gc))
+            .unwrap_or_else(|e| fail(format!("{e}")));
+        (
+            "gemm_packed+separate_pass".into(),
+            gc,
+            Box::new(SeparatePass { gemm, n, act }),
+        )
+    } else {
+        let (k, c) = match arg(&args, "--kernel") {
+            Some(name) => {
+                let k = kernel(&name).unwrap_or_else(|e| fail(format!("{e}")));
+                let c = match arg(&args, "--config") {
+                    Some(c) => parse(&c),
+                    None => k.default_config(&w, hw),
+                };
+                (k, c)
+            }
+            None => default_for(&w, hw),
+        };
+        let exe = k.prepare(&w, &c).unwrap_or_else(|e| fail(format!("{e}")));
+        (k.name().to_string(), c.to_json(), exe)
+    };
 
     let p = Problem::random(&w, 1);
     let inputs = p.input_slices();
     let mut out = vec![f32::NAN; w.output_len()];
     exe.run(&inputs, &mut out);
-    if let Err(e) = p.check(&out, &p.reference()) {
-        fail(format!("{name} {config} on {w}: {e}"));
+    if !args.iter().any(|a| a == "--no-verify") {
+        if let Err(e) = p.check(&out, &p.reference()) {
+            fail(format!("{name} {config} on {w}: {e}"));
+        }
     }
 
     // Warm-up, then samples of ≥ 20 ms each until `secs` have passed (at least 7).
