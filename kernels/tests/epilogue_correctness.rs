@@ -1,0 +1,126 @@
+//! `gemm_bias_relu` / `gemm_bias_gelu` against the f64 reference: every micro-kernel, both
+//! fusions, both weight layouts, every thread split, awkward shapes; and the vectorised GELU
+//! against its f64 definition over a wide range of inputs.
+
+use kernels::cpu::gemm::epilogue::{EpilogueDirect, EpilogueGemm, EpiloguePacked};
+use kernels::cpu::gemm::ukernel::{self, bias_act_row};
+use kernels::{Act, Config, HardwareFingerprint, Kernel, Problem, Workload};
+
+fn check_config(kernel: &dyn Kernel, w: &Workload, c: &Config, p: &Problem) {
+    let r = p.reference();
+    let exe = kernel
+        .build(w, c)
+        .unwrap_or_else(|e| panic!("{} {w} {c}: {e}", kernel.name()));
+    // Twice: the pre-packed weight is reused by the second call.
+    for _ in 0..2 {
+        let mut out = vec![f32::NAN; w.output_len()];
+        exe.run(&p.input_slices(), &mut out);
+        p.check(&out, &r)
+            .unwrap_or_else(|e| panic!("{} {w} {c}: {e}", kernel.name()));
+    }
+}
+
+#[test]
+fn packed_epilogues_for_every_ukernel_fusion_layout_and_split() {
+    let hw = HardwareFingerprint::current();
+    for text in [
+        "gemm_bias_gelu:1x1x1",
+        "gemm_bias_relu:13x17x300",
+        "gemm_bias_gelu:50x37x19",
+        "gemm_bias_gelu:7x100x64",
+    ] {
+        let w: Workload = text.parse().unwrap();
+        let p = Problem::random(&w, 3);
+        for uk in ukernel::packed_available() {
+            for (fusion, layout) in [
+                ("fused", "prepacked"),
+                ("fused", "rowmajor"),
+                ("separate", "prepacked"),
+                ("separate", "rowmajor"),
+            ] {
+                for (par, t) in [("none", 1usize), ("m", 2), ("n", 2)] {
+                    let mut c = EpiloguePacked.default_config(&w, hw);
+                    c.set("ukernel", uk.name.as_str());
+                    // Small blocks, so several depth blocks and column blocks are used.
+                    c.set("kc", 64usize);
+                    c.set("mc", 24usize);
+                    c.set("nc", 512usize);
+                    c.set("fusion", fusion);
+                    c.set("b_layout", layout);
+                    c.set("par", par);
+                    c.set("threads", t);
+                    check_config(&EpiloguePacked, &w, &c, &p);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn direct_epilogues_for_every_ukernel_and_fusion() {
+    let hw = HardwareFingerprint::current();
+    for text in [
+        "gemm_bias_gelu:1x70x33",
+        "gemm_bias_relu:5x9x100",
+        "gemm_bias_gelu:3x16x8",
+    ] {
+        let w: Workload = text.parse().unwrap();
+        let p = Problem::random(&w, 8);
+        for uk in ukernel::direct_available() {
+            for fusion in ["fused", "separate"] {
+                for kc in [0usize, 8] {
+                    let mut c = EpilogueDirect.default_config(&w, hw);
+                    c.set("ukernel", uk.name.as_str());
+                    c.set("fusion", fusion);
+                    c.set("kc", kc);
+                    check_config(&EpilogueDirect, &w, &c, &p);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn an_explicitly_packed_weight_serves_many_calls() {
+    let w: Workload = "gemm_bias_relu:20x30x40".parse().unwrap();
+    let hw = HardwareFingerprint::current();
+    let exe = EpilogueGemm::from_config(&w, &EpiloguePacked.default_config(&w, hw)).unwrap();
+    let p = Problem::random(&w, 1);
+    let weight = exe.pack_weight(&p.inputs[1]);
+    for seed in 0..3 {
+        // New activations and bias, the same weight.
+        let mut q = Problem::random(&w, 100 + seed);
+        q.inputs[1] = p.inputs[1].clone();
+        let mut out = q.output();
+        exe.run_prepacked(&q.inputs[0], &weight, &q.inputs[2], &mut out);
+        q.check(&out, &q.reference()).unwrap();
+    }
+}
+
+#[test]
+fn vectorised_gelu_stays_within_its_error_bound() {
+    // x from -60 to 60 (saturated on both sides) plus values near 0, in one row so every
+    // vector lane and the scalar tail are used.
+    let xs: Vec<f32> = (-12_000..=12_000)
+        .map(|i| i as f32 * 0.005)
+        .chain([
+            1e-30, -1e-30, 0.0, -0.0, 1e-3, -1e-3, 88.0, -88.0, 1e6, -1e6,
+        ])
+        .collect();
+    let mut row = xs.clone();
+    let zero = vec![0.0f32; xs.len()];
+    bias_act_row(&mut row, &zero, Act::Gelu);
+    let eps = f32::EPSILON as f64;
+    for (x, y) in xs.iter().zip(&row) {
+        let want = Act::Gelu.apply_f64(*x as f64);
+        // The bound the reference tolerances assume: 16 ε·|x| (plus the smallest normal).
+        let bound = 16.0 * eps * (*x as f64).abs() + f32::MIN_POSITIVE as f64;
+        assert!(
+            y.is_finite() && (*y as f64 - want).abs() <= bound,
+            "gelu({x}) = {y}, want {want} ± {bound:e}"
+        );
+    }
+    let mut relu = vec![-2.0f32, -0.0, 0.5, 3.0];
+    bias_act_row(&mut relu, &[1.0, 1.0, 1.0, 1.0], Act::Relu);
+    assert_eq!(relu, vec![0.0, 1.0, 1.5, 4.0]);
+}
