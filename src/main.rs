@@ -31,6 +31,8 @@ enum Command {
     Db(commands::db::DbArgs),
     /// Re-measure the database's winners, compare with a baseline, save baselines, report.
     Bench(commands::bench::BenchArgs),
+    /// Replay search strategies against recorded search spaces (no kernel runs); export spaces.
+    Replay(commands::replay::ReplayArgs),
     /// Internal: evaluate candidates for `tune --isolation process` (JSON lines on stdin/stdout).
     #[command(hide = true)]
     Worker(commands::worker::WorkerArgs),
@@ -73,6 +75,7 @@ fn main() -> ExitCode {
         Command::Run(a) => commands::run::run(a),
         Command::Db(a) => commands::db::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Replay(a) => commands::replay::run(a),
         Command::Worker(a) => commands::worker::run(a),
     };
     match result {

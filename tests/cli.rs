@@ -210,9 +210,9 @@ fn foreign_and_unwritable_databases_are_refused_untouched() {
 
 #[test]
 fn unknown_strategy_and_zero_budget_are_rejected() {
-    let o = autokernel(&["tune", "--strategy", "annealing"]);
+    let o = autokernel(&["tune", "--strategy", "bayes"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("annealing"));
+    assert!(stderr(&o).contains("bayes"));
     let o = autokernel(&["tune", "--budget", "0"]);
     assert!(!o.status.success());
 }

@@ -1,173 +1,124 @@
-//! # costmodel — features that explain a candidate's speed
+//! # costmodel — predict which configs are fast before measuring them
 //!
 //! ```
-//! use costmodel::{features, FEATURE_NAMES};
-//! use kernels::{default_for, HardwareFingerprint, Workload};
+//! use costmodel::{features, target, CostModel, ModelKind, TrainingSet};
+//! use kernels::{kernel, HardwareFingerprint, Rng, Workload};
 //!
-//! let w: Workload = "gemm:128x768x768".parse()?;
 //! let hw = HardwareFingerprint::current();
-//! let (kernel, config) = default_for(&w, hw);
-//! let x = features(&w, kernel.name(), &config, hw);
-//! assert_eq!(x.len(), FEATURE_NAMES.len());
-//! assert!(x.iter().all(|v| v.is_finite()));
+//! let w: Workload = "gemm:64x256x128".parse()?;
+//! let packed = kernel("gemm_packed")?;
+//! let space = packed.space(&w, hw);
+//! // Pretend-measure 30 configs (a made-up timing rule stands in for the runner here).
+//! let mut data = TrainingSet::new();
+//! let mut rng = Rng::new(1);
+//! for _ in 0..30 {
+//!     let c = space.sample(&mut rng).expect("the space is not empty");
+//!     let secs = 1e-4 * (1.0 + c.int("kc").unwrap() as f64 / 512.0);
+//!     data.push(features(&w, packed.name(), &c, hw), target(secs, &w), 1.0);
+//! }
+//! let mut model = ModelKind::DEFAULT.build(7);
+//! model.fit(&data)?;
+//! let c = space.sample(&mut rng).unwrap();
+//! let predicted = model.predict(&[features(&w, packed.name(), &c, hw)])?[0];
+//! assert!(predicted.is_finite());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! Why it exists: measuring is the expensive part of tuning. A model trained on measured
-//! records predicts which unmeasured configs are worth measuring; it can only be as good as
-//! the quantities it sees, so this crate turns a (workload, kernel, config, hardware) tuple
-//! into numbers that explain speed: problem size, register-tile shape, cache footprints
-//! relative to this machine's caches, edge waste, parallel balance, arithmetic intensity.
+//! records ranks the configs not yet measured, so a search ([`search`'s model-guided
+//! strategy](../search/index.html)) spends its measurements on the promising ones. It can
+//! only be as good as the quantities it sees, so this crate turns a (workload, kernel,
+//! config, hardware) tuple into numbers that explain speed ([`features`]: problem size,
+//! register-tile shape, cache footprints relative to this machine's caches, edge waste,
+//! packing traffic, parallel balance, arithmetic intensity), offers two models — a random
+//! forest (smartcore) and an elastic net (linfa) — trained on [`target`] (log seconds per
+//! flop), and measures them the way search uses them ([`Metrics`]: Spearman rank correlation,
+//! top-k recall, regret). The default model ([`ModelKind::DEFAULT`]) was picked by those
+//! metrics on held-out recorded spaces, not by taste: see
+//! `bench_results/<fingerprint>/costmodel.md` (`autokernel replay --models`).
+//!
+//! With fewer than [`MIN_POINTS`] usable points a model declines to fit
+//! ([`ModelError::TooFewPoints`]); callers then sample randomly.
+//!
+//! **Transfer.** Features include the workload's dimensions and are relative to the
+//! machine's caches, so records of *other* workloads (and, weighted down by
+//! [`transfer_weight`], of similar machines) train the same model: a tuning job for a new
+//! shape starts with a model instead of random guesses.
 
-use kernels::{Config, HardwareFingerprint, Workload};
+mod features;
+mod metrics;
+mod model;
 
-/// Names of the entries of [`features`], in order.
-pub const FEATURE_NAMES: [&str; 16] = [
-    "log2_m",
-    "log2_n",
-    "log2_k",
-    "is_direct",
-    "simd_lanes",
-    "tile_rows",
-    "tile_cols",
-    "log2_kc",
-    "a_panel_over_l1",
-    "b_panel_over_l1",
-    "a_block_over_l2",
-    "b_block_over_l3",
-    "edge_waste",
-    "threads",
-    "tasks_per_thread",
-    "arithmetic_intensity",
-];
+pub use features::{features, FEATURE_NAMES, N_FEATURES};
+pub use metrics::{ranks, regret, spearman, top_k_recall, Metrics};
+pub use model::{
+    CostModel, ForestModel, LinearModel, ModelError, ModelKind, TrainingSet, MIN_POINTS,
+};
 
-/// SIMD lanes of f32 for a ukernel name prefix (`avx2_6x16` → 8).
-fn lanes(isa: &str) -> f64 {
-    match isa {
-        "avx512" => 16.0,
-        "avx2" => 8.0,
-        _ => 4.0,
-    }
+use kernels::{HardwareFingerprint, Workload};
+
+/// The regression target of a measured time: `ln(seconds / flop)`. Within one workload it
+/// orders configs exactly as time does; across workloads it removes the problem size, so
+/// records of different shapes share one scale.
+pub fn target(seconds: f64, w: &Workload) -> f64 {
+    (seconds / w.flops().max(1.0)).ln()
 }
 
-/// The feature vector of one candidate (see [`FEATURE_NAMES`]). Unknown or missing knobs
-/// contribute neutral values, so records of older kernel versions still featurise.
-pub fn features(w: &Workload, kernel: &str, c: &Config, hw: &HardwareFingerprint) -> Vec<f64> {
-    // Attention has no single GEMM shape: featurise it as its Q·Kᵀ product (B·H·S × S × D).
-    let (m, n, k) = match *w {
-        Workload::Attention { b, h, s, d, .. } => (b * h * s, s, d),
-        _ => w.gemm_dims().unwrap_or((1, 1, 1)),
-    };
-    let (mf, nf, kf) = (m as f64, n as f64, k as f64);
-    let direct = kernel.contains("direct");
-    let ukernel = c.str("ukernel").unwrap_or("portable_1x1");
-    let (isa, shape) = ukernel.split_once('_').unwrap_or(("portable", "1x1"));
-    let (r, cc) = shape.split_once('x').unwrap_or(("1", "1"));
-    let rows: f64 = r.parse().unwrap_or(1.0);
-    let mut cols: f64 = cc.parse().unwrap_or(1.0);
-    if direct {
-        // Direct ukernels are named rows × vectors.
-        cols *= lanes(isa);
+/// How much a record measured on `source` should count when tuning on `target`, in
+/// `[0, 1]`: 1 for the same fingerprint, 0.5 for the same CPU (vendor, family, model, ISA,
+/// caches) with a different thread count, 0.25 for the same vendor and ISA flags with other
+/// caches or model, 0 otherwise (not used).
+pub fn transfer_weight(target: &HardwareFingerprint, source: &HardwareFingerprint) -> f64 {
+    if target.id == source.id {
+        return 1.0;
     }
-    let dim = |name: &str, full: f64| -> f64 {
-        match c.int(name) {
-            Some(v) if v > 0 => (v as f64).min(full),
-            _ => full,
-        }
-    };
-    let kc = dim("kc", kf);
-    let mc = if direct { rows } else { dim("mc", mf) };
-    let nc = if direct { nf } else { dim("nc", nf) };
-    let (l1, l2, l3) = (
-        hw.l1d_bytes.max(1) as f64,
-        hw.l2_bytes.max(1) as f64,
-        hw.l3_bytes.max(1) as f64,
-    );
-    let threads = c.int("threads").unwrap_or(1).max(1) as f64;
-    let padded = (mf / rows).ceil() * rows * (nf / cols).ceil() * cols;
-    let tasks = match c.str("par") {
-        Some("m") => (mf / mc.max(1.0)).ceil(),
-        Some("n") => (nf / cols).ceil(),
-        _ => 1.0,
-    };
-    vec![
-        mf.log2(),
-        nf.log2(),
-        kf.log2(),
-        direct as u8 as f64,
-        lanes(isa),
-        rows,
-        cols,
-        kc.log2(),
-        rows * kc * 4.0 / l1,
-        cols * kc * 4.0 / l1,
-        mc * kc * 4.0 / l2,
-        kc * nc * 4.0 / l3,
-        padded / (mf * nf),
-        threads,
-        tasks / threads,
-        2.0 * mf * nf * kf / (4.0 * (mf * kf + kf * nf + mf * nf)),
-    ]
+    let same_isa =
+        target.arch == source.arch && target.vendor == source.vendor && target.isa == source.isa;
+    if !same_isa {
+        return 0.0;
+    }
+    let same_cpu = target.family == source.family
+        && target.model == source.model
+        && (target.l1d_bytes, target.l2_bytes, target.l3_bytes)
+            == (source.l1d_bytes, source.l2_bytes, source.l3_bytes);
+    if same_cpu {
+        0.5
+    } else {
+        0.25
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kernels::Value;
 
-    fn hw() -> HardwareFingerprint {
+    fn fp(model: u32, cores: usize, isa: &[&str]) -> HardwareFingerprint {
         HardwareFingerprint::new(
             "x86_64",
-            "v",
-            (1, 2, 3),
-            "b",
-            vec![],
-            2,
+            "AuthenticAMD",
+            (25, model, 1),
+            "EPYC",
+            isa.iter().map(|s| s.to_string()).collect(),
+            cores,
             (32 << 10, 512 << 10, 32 << 20),
         )
     }
 
     #[test]
-    fn features_reflect_the_config() {
-        let w: Workload = "gemm:100x64x256".parse().unwrap();
-        let c = Config::from_pairs([
-            ("ukernel", Value::from("avx2_6x16")),
-            ("mc", 96usize.into()),
-            ("kc", 128usize.into()),
-            ("nc", 1024usize.into()),
-            ("par", "m".into()),
-            ("threads", 2usize.into()),
-        ]);
-        let x = features(&w, "gemm_packed", &c, &hw());
-        let get = |name: &str| x[FEATURE_NAMES.iter().position(|n| *n == name).unwrap()];
-        assert_eq!(get("tile_rows"), 6.0);
-        assert_eq!(get("tile_cols"), 16.0);
-        assert_eq!(get("log2_kc"), 7.0);
-        assert_eq!(get("a_panel_over_l1"), 6.0 * 128.0 * 4.0 / 32768.0);
-        // 100 rows pad to 102, 64 columns divide 16: waste 1.02.
-        assert!((get("edge_waste") - 1.02).abs() < 1e-12);
-        assert_eq!(
-            get("tasks_per_thread"),
-            1.0,
-            "ceil(100/96) = 2 blocks over 2 threads"
-        );
-        assert_eq!(get("is_direct"), 0.0);
+    fn transfer_weights_fall_with_distance() {
+        let here = fp(1, 2, &["avx2", "fma"]);
+        assert_eq!(transfer_weight(&here, &here), 1.0);
+        assert_eq!(transfer_weight(&here, &fp(1, 4, &["avx2", "fma"])), 0.5);
+        assert_eq!(transfer_weight(&here, &fp(17, 2, &["avx2", "fma"])), 0.25);
+        assert_eq!(transfer_weight(&here, &fp(1, 2, &["avx2"])), 0.0);
     }
 
     #[test]
-    fn direct_tiles_count_vectors_and_missing_knobs_are_neutral() {
-        let w: Workload = "gemm:1x3072x768".parse().unwrap();
-        let c = Config::from_pairs([("ukernel", Value::from("avx2_1x4"))]);
-        let x = features(&w, "gemm_direct", &c, &hw());
-        assert_eq!(
-            x[FEATURE_NAMES
-                .iter()
-                .position(|n| *n == "tile_cols")
-                .unwrap()],
-            32.0
-        );
-        assert_eq!(x[3], 1.0);
-        let empty = features(&w, "gemm_packed", &Config::default(), &hw());
-        assert!(empty.iter().all(|v| v.is_finite()));
+    fn target_orders_like_time_and_removes_size() {
+        let small: Workload = "gemm:10x10x10".parse().unwrap();
+        let big: Workload = "gemm:20x20x20".parse().unwrap();
+        assert!(target(1.0, &small) < target(2.0, &small));
+        // Same speed (flop/s) on both shapes: same target.
+        assert!((target(1.0, &small) - target(8.0, &big)).abs() < 1e-12);
     }
 }

@@ -1,4 +1,4 @@
-//! # search — ask/tell strategies and the tuning loop
+//! # search — ask/tell strategies, the tuning loop, and offline replay
 //!
 //! ```
 //! use kernels::{HardwareFingerprint, Workload};
@@ -22,11 +22,23 @@
 //! [`runner::Evaluator`] runs them ([`tune_with`]; a watched worker process for crash
 //! isolation), and each job ends by re-measuring its finalists interleaved and recording a
 //! [`Decision`] that keeps the incumbent or the simpler config on a statistical tie.
+//!
+//! Strategies: [`Exhaustive`], [`RandomSearch`], [`Annealing`], [`Evolutionary`] and the
+//! default, [`ModelGuided`] (a cost model refitted after every batch, warm-started from the
+//! database's records of other workloads: transfer learning). [`replay`] plays any of them
+//! against a recorded search space without running a kernel, deterministically per seed, so
+//! strategies are compared offline (`autokernel replay`).
 
+pub mod replay;
+mod strategies;
 mod strategy;
 mod tuner;
 
-pub use strategy::{Exhaustive, RandomSearch, Strategy, StrategyKind};
+pub use replay::{RecordedSpace, ReplayError, ReplayOptions, Replayer};
+pub use strategies::{Annealing, Evolutionary, Grid, ModelGuided, ModelOptions};
+pub use strategy::{
+    Exhaustive, Point, Prior, RandomSearch, SearchContext, Strategy, StrategyKind,
+};
 pub use tuner::{
     candidates, is_quarantine, simplicity_key, tune, tune_families, tune_with, Candidate, Decision,
     Event, Finalist, SearchError, TuneOptions, TuneSummary, WinReason, FALLBACK_TIMEOUT,

@@ -2,11 +2,24 @@
 //!
 //! A strategy proposes candidate indices and is told how they did; it never runs anything
 //! itself. That keeps batching, parallel preparation, resumption from the database and offline
-//! replay in the [`Tuner`](crate::Tuner), and lets a cost model plug in as just another strategy.
+//! replay in the [`Tuner`](crate::tune) and the [`Replayer`](crate::replay), and lets a cost
+//! model plug in as just another strategy.
+//!
+//! A strategy is built from a [`SearchContext`]: the candidate list (kernel name + config per
+//! index, which model-guided strategies featurise), the workload, the hardware fingerprint,
+//! the seed, and the measured history — this workload's earlier trials (a resumed job) and
+//! other workloads' trials on this or a similar machine (transfer learning).
 
+use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Arc;
 
-use kernels::Rng;
+use costmodel::{transfer_weight, ModelKind};
+use kernels::{kernels_for, Config, HardwareFingerprint, Rng, Workload};
+use tuning_db::{DbError, TuningDb};
+
+use crate::strategies::{Annealing, Evolutionary, ModelGuided, ModelOptions};
+use crate::tuner::Candidate;
 
 /// A search strategy: proposes candidates (by index into the tuner's candidate list) and
 /// learns from their measured times.
@@ -19,6 +32,146 @@ pub trait Strategy: Send {
 
     /// Results for proposed indices: seconds per call, or `None` for a failed candidate.
     fn tell(&mut self, results: &[(usize, Option<f64>)]);
+}
+
+/// One candidate as strategies see it: a kernel family's name and a config of its space.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Point {
+    pub kernel: String,
+    pub config: Config,
+}
+
+/// A measured record a strategy may learn from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prior {
+    pub workload: Workload,
+    /// The machine it was measured on (features are relative to its caches).
+    pub hw: Arc<HardwareFingerprint>,
+    pub kernel: String,
+    pub config: Config,
+    /// Median seconds per call.
+    pub seconds: f64,
+    /// How much it counts, in `(0, 1]`: [`transfer_weight`] of its machine.
+    pub weight: f64,
+}
+
+/// Everything a strategy may know when it is built.
+#[derive(Debug, Clone)]
+pub struct SearchContext {
+    pub workload: Workload,
+    pub hw: HardwareFingerprint,
+    /// The candidates; [`Strategy::ask`] returns indices into this list.
+    pub points: Vec<Point>,
+    pub seed: u64,
+    /// Measured records: this workload on this machine (earlier runs; strategies treat them
+    /// as already measured) and other workloads or similar machines (transfer).
+    pub history: Vec<Prior>,
+}
+
+impl SearchContext {
+    /// A context without history.
+    pub fn new(workload: Workload, hw: HardwareFingerprint, points: Vec<Point>, seed: u64) -> Self {
+        SearchContext {
+            workload,
+            hw,
+            points,
+            seed,
+            history: Vec::new(),
+        }
+    }
+
+    /// The tuner's context: its candidates, plus every `ok` trial in `db` on this machine or
+    /// a similar one ([`transfer_weight`] > 0) whose kernel family and version are the ones
+    /// registered now.
+    pub fn from_db(
+        db: &TuningDb,
+        w: &Workload,
+        hw: &HardwareFingerprint,
+        candidates: &[Candidate],
+        seed: u64,
+    ) -> Result<Self, DbError> {
+        let points = candidates
+            .iter()
+            .map(|c| Point {
+                kernel: c.kernel.name().to_string(),
+                config: c.config.clone(),
+            })
+            .collect();
+        let mut ctx = SearchContext::new(*w, hw.clone(), points, seed);
+        let current: HashMap<&str, u32> = kernels::registry()
+            .iter()
+            .chain(kernels_for(w).iter())
+            .map(|k| (k.name(), k.version()))
+            .collect();
+        let mut machines = db.fingerprints()?;
+        if !machines.iter().any(|f| f.id == hw.id) {
+            machines.push(hw.clone());
+        }
+        for fp in machines {
+            let weight = transfer_weight(hw, &fp);
+            if weight <= 0.0 {
+                continue;
+            }
+            let fp = Arc::new(fp);
+            for r in db.ok_records(&fp.id)? {
+                let Some(seconds) = r.median_s() else {
+                    continue;
+                };
+                if current.get(r.kernel.as_str()) != Some(&r.kernel_version) {
+                    continue;
+                }
+                ctx.history.push(Prior {
+                    workload: r.workload,
+                    hw: fp.clone(),
+                    kernel: r.kernel,
+                    config: r.config,
+                    seconds,
+                    weight,
+                });
+            }
+        }
+        Ok(ctx)
+    }
+
+    /// Whether a prior is this workload on this machine (an earlier measurement of the very
+    /// search space being explored).
+    pub fn is_own(&self, p: &Prior) -> bool {
+        p.workload == self.workload && p.hw.id == self.hw.id
+    }
+
+    /// Index of each point by (kernel, config).
+    pub fn index(&self) -> HashMap<&Point, usize> {
+        self.points
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p, i))
+            .collect()
+    }
+
+    /// Known outcomes of this workload's candidates from the history: the fastest recorded
+    /// time per candidate index, in index order.
+    pub fn own_results(&self) -> Vec<(usize, f64)> {
+        let index = self.index();
+        let mut best: HashMap<usize, f64> = HashMap::new();
+        for p in self.history.iter().filter(|p| self.is_own(p)) {
+            let key = Point {
+                kernel: p.kernel.clone(),
+                config: p.config.clone(),
+            };
+            if let Some(&i) = index.get(&key) {
+                let e = best.entry(i).or_insert(p.seconds);
+                *e = e.min(p.seconds);
+            }
+        }
+        let mut out: Vec<(usize, f64)> = best.into_iter().collect();
+        out.sort_by_key(|&(i, _)| i);
+        out
+    }
+
+    /// Priors of other workloads or machines (the transfer set), in history order.
+    pub fn transfer(&self) -> impl Iterator<Item = &Prior> {
+        self.history.iter().filter(|p| !self.is_own(p))
+    }
 }
 
 /// Tries every candidate, in the order the spaces list them.
@@ -89,17 +242,89 @@ impl Strategy for RandomSearch {
 pub enum StrategyKind {
     Exhaustive,
     Random,
+    /// Simulated annealing over measured times ([`Annealing`]).
+    Annealing,
+    /// Genetic search: tournament selection, crossover and mutation over knobs
+    /// ([`Evolutionary`]).
+    Evolutionary,
+    /// Cost-model-guided search ([`ModelGuided`]); `transfer` warm-starts the model from the
+    /// history of other workloads and similar machines.
+    Model {
+        model: ModelKind,
+        transfer: bool,
+    },
 }
 
 impl StrategyKind {
-    pub const NAMES: [&'static str; 2] = ["exhaustive", "random"];
+    /// What `autokernel tune` uses when no strategy is named: model-guided with transfer.
+    pub const DEFAULT: StrategyKind = StrategyKind::Model {
+        model: ModelKind::DEFAULT,
+        transfer: true,
+    };
 
-    /// A fresh strategy of this kind over `len` candidates.
-    pub fn build(self, len: usize, seed: u64) -> Box<dyn Strategy> {
+    pub const NAMES: [&'static str; 7] = [
+        "exhaustive",
+        "random",
+        "annealing",
+        "evolutionary",
+        "model",
+        "model-notransfer",
+        "model-linear",
+    ];
+
+    /// The name accepted by [`FromStr`].
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategyKind::Exhaustive => "exhaustive",
+            StrategyKind::Random => "random",
+            StrategyKind::Annealing => "annealing",
+            StrategyKind::Evolutionary => "evolutionary",
+            StrategyKind::Model {
+                model: ModelKind::Linear,
+                ..
+            } => "model-linear",
+            StrategyKind::Model {
+                transfer: false, ..
+            } => "model-notransfer",
+            StrategyKind::Model { .. } => "model",
+        }
+    }
+
+    /// A fresh strategy of this kind over the context's candidates.
+    pub fn build(self, mut ctx: SearchContext) -> Box<dyn Strategy> {
+        let seed = ctx.seed;
+        let len = ctx.points.len();
         match self {
             StrategyKind::Exhaustive => Box::new(Exhaustive::new(len)),
             StrategyKind::Random => Box::new(RandomSearch::new(len, seed)),
+            StrategyKind::Annealing => Box::new(Annealing::new(&ctx)),
+            StrategyKind::Evolutionary => Box::new(Evolutionary::new(&ctx)),
+            StrategyKind::Model { model, transfer } => {
+                if !transfer {
+                    let own: Vec<Prior> = ctx
+                        .history
+                        .iter()
+                        .filter(|p| ctx.is_own(p))
+                        .cloned()
+                        .collect();
+                    ctx.history = own;
+                }
+                Box::new(ModelGuided::new(
+                    ctx,
+                    ModelOptions {
+                        model,
+                        name: self.name(),
+                        ..ModelOptions::default()
+                    },
+                ))
+            }
         }
+    }
+}
+
+impl std::fmt::Display for StrategyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -110,6 +335,17 @@ impl FromStr for StrategyKind {
         match s {
             "exhaustive" => Ok(StrategyKind::Exhaustive),
             "random" => Ok(StrategyKind::Random),
+            "annealing" => Ok(StrategyKind::Annealing),
+            "evolutionary" => Ok(StrategyKind::Evolutionary),
+            "model" => Ok(StrategyKind::DEFAULT),
+            "model-notransfer" => Ok(StrategyKind::Model {
+                model: ModelKind::DEFAULT,
+                transfer: false,
+            }),
+            "model-linear" => Ok(StrategyKind::Model {
+                model: ModelKind::Linear,
+                transfer: true,
+            }),
             other => Err(format!(
                 "unknown strategy '{other}' (known: {})",
                 Self::NAMES.join(", ")
@@ -158,11 +394,15 @@ mod tests {
     }
 
     #[test]
-    fn kinds_parse() {
-        assert_eq!("random".parse::<StrategyKind>(), Ok(StrategyKind::Random));
-        assert!("annealing"
+    fn kinds_parse_and_print_their_names() {
+        for name in StrategyKind::NAMES {
+            let k: StrategyKind = name.parse().unwrap();
+            assert_eq!(k.name(), name);
+        }
+        assert_eq!("model".parse::<StrategyKind>(), Ok(StrategyKind::DEFAULT));
+        assert!("bayes"
             .parse::<StrategyKind>()
             .unwrap_err()
-            .contains("exhaustive, random"));
+            .contains("exhaustive, random, annealing"));
     }
 }

@@ -393,7 +393,9 @@ pub fn tune_with(
     };
     on_event(Event::Default { record: &default });
 
-    let mut strategy = opts.strategy.build(cands.len(), opts.seed);
+    let mut strategy = opts.strategy.build(crate::strategy::SearchContext::from_db(
+        db, w, hw, &cands, opts.seed,
+    )?);
     let (mut measured, mut resumed, mut failures) = (0, 0, 0);
     let mut done = tried.len().min(opts.budget);
     let mut best_gflops = db.best(&hw.id, w)?.and_then(|r| r.gflops);

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod db;
 pub mod hw;
 pub mod lookup;
+pub mod replay;
 pub mod run;
 pub mod tune;
 pub mod worker;

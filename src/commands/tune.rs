@@ -43,8 +43,10 @@ pub struct TuneArgs {
     /// so re-running the same command resumes).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     budget: u32,
-    /// Search strategy.
-    #[arg(long, default_value = "random", value_parser = ["exhaustive", "random"])]
+    /// Search strategy: `model` (cost-model-guided, with transfer from this machine's other
+    /// tuned workloads), `model-notransfer`, `model-linear`, `evolutionary`, `annealing`,
+    /// `random` or `exhaustive`.
+    #[arg(long, default_value = "model", value_parser = search::StrategyKind::NAMES)]
     strategy: String,
     #[command(flatten)]
     threads: crate::ThreadsArg,

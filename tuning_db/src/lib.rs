@@ -78,6 +78,7 @@ mod bundle;
 mod db;
 mod diff;
 mod error;
+mod history;
 mod merge;
 mod record;
 mod schema;

@@ -1,0 +1,271 @@
+//! The feature vector of one candidate: knobs plus derived quantities that explain speed.
+
+use kernels::{Config, HardwareFingerprint, Workload};
+
+/// Names of the entries of [`features`], in order.
+pub const FEATURE_NAMES: [&str; 30] = [
+    "log2_m",
+    "log2_n",
+    "log2_k",
+    "is_direct",
+    "simd_lanes",
+    "tile_rows",
+    "tile_cols",
+    "tile_vectors",
+    "log2_kc",
+    "log2_mc",
+    "log2_nc",
+    "a_panel_over_l1",
+    "b_panel_over_l1",
+    "a_block_over_l2",
+    "b_block_over_l2",
+    "b_block_over_l3",
+    "edge_waste",
+    "k_blocks",
+    "n_blocks",
+    "pack_bytes_per_flop",
+    "threads",
+    "par_m",
+    "par_n",
+    "tasks",
+    "tasks_per_thread",
+    "load_imbalance",
+    "log2_flops_per_thread",
+    "sync_regions",
+    "arithmetic_intensity",
+    "log2_flops",
+];
+
+/// Number of features.
+pub const N_FEATURES: usize = FEATURE_NAMES.len();
+
+/// SIMD lanes of f32 for a micro-kernel name's ISA prefix (`avx2_6x16` → 8).
+fn lanes(isa: &str) -> f64 {
+    match isa {
+        "avx512" => 16.0,
+        // AVX2 has 8 f32 lanes; the portable kernels are written over 8-wide arrays too.
+        _ => 8.0,
+    }
+}
+
+fn log2(x: f64) -> f64 {
+    x.max(1.0).log2()
+}
+
+/// The feature vector of one candidate (see [`FEATURE_NAMES`]).
+///
+/// Block sizes are the *effective* ones the kernels use (`kc` clamped to K, `mc`/`nc`
+/// rounded up to the register tile and clamped to the matrix), so two configs that run the
+/// same code get the same features. Footprints are relative to `hw`'s caches. Unknown or
+/// missing knobs contribute neutral values, so records of older kernel versions still
+/// featurise.
+pub fn features(w: &Workload, kernel: &str, c: &Config, hw: &HardwareFingerprint) -> Vec<f64> {
+    // Attention has no single GEMM shape: featurise it as its Q·Kᵀ product (B·H·S × S × D).
+    let (m, n, k) = match *w {
+        Workload::Attention { b, h, s, d, .. } => (b * h * s, s, d),
+        _ => w.gemm_dims().unwrap_or((1, 1, 1)),
+    };
+    let (mf, nf, kf) = (m as f64, n as f64, k as f64);
+    let direct = kernel.contains("direct");
+    let ukernel = c.str("ukernel").unwrap_or("portable_1x1");
+    let (isa, shape) = ukernel.split_once('_').unwrap_or(("portable", "1x1"));
+    let (r, cc) = shape.split_once('x').unwrap_or(("1", "1"));
+    let rows: f64 = r.parse::<f64>().unwrap_or(1.0).max(1.0);
+    let lanes = lanes(isa);
+    // Packed kernels are named MR × NR (floats); direct ones R × V (vectors).
+    let cols: f64 = match cc.parse::<f64>().unwrap_or(1.0).max(1.0) {
+        v if direct => v * lanes,
+        nr => nr,
+    };
+    let round = |x: f64, to: f64| (x.max(1.0) / to).ceil() * to;
+    let knob = |name: &str| c.int(name).filter(|&v| v > 0).map(|v| v as f64);
+    let kc = match knob("kc") {
+        Some(v) => v.min(kf),
+        None => kf, // direct kc = 0 means the whole of K
+    };
+    let (mc, nc) = if direct {
+        (rows.min(mf), nf)
+    } else {
+        (
+            round(knob("mc").unwrap_or(mf), rows).min(round(mf, rows)),
+            round(knob("nc").unwrap_or(nf), cols).min(round(nf, cols)),
+        )
+    };
+    let (l1, l2, l3) = (
+        hw.l1d_bytes.max(1) as f64,
+        hw.l2_bytes.max(1) as f64,
+        hw.l3_bytes.max(1) as f64,
+    );
+    let par = c.str("par").unwrap_or("none");
+    let threads = match par {
+        "none" => 1.0,
+        _ => c.int("threads").unwrap_or(1).max(1) as f64,
+    };
+    let padded = (mf / rows).ceil() * rows * (nf / cols).ceil() * cols;
+    let k_blocks = (kf / kc).ceil();
+    let n_blocks = if direct { 1.0 } else { (nf / nc).ceil() };
+    // Bytes packed per flop: A once per column block, B once (none for direct).
+    let pack_bytes = if direct {
+        0.0
+    } else {
+        4.0 * (mf * kf * n_blocks + kf * nf)
+    };
+    let flops = 2.0 * mf * nf * kf;
+    // Parallel work items per parallel region, as the kernels split them.
+    let tasks = if threads <= 1.0 {
+        1.0
+    } else {
+        match (direct, par) {
+            (false, "m") => {
+                let rows_per = mc.min(round((mf / threads).ceil(), rows));
+                (mf / rows_per).ceil()
+            }
+            (false, "n") => {
+                let panels = (nc.min(nf) / cols).ceil();
+                let per = (panels / threads).ceil();
+                (panels / per).ceil()
+            }
+            (true, "m") => (mf / (mf / threads).ceil()).ceil(),
+            (true, "n") => {
+                let per = round((nf / threads).ceil(), lanes);
+                (nf / per).ceil()
+            }
+            _ => 1.0,
+        }
+    };
+    let imbalance = (tasks / threads).ceil() * threads / tasks.max(1.0);
+    let regions = if threads <= 1.0 {
+        0.0
+    } else if direct {
+        1.0
+    } else {
+        n_blocks * k_blocks
+    };
+    vec![
+        log2(mf),
+        log2(nf),
+        log2(kf),
+        direct as u8 as f64,
+        lanes,
+        rows,
+        cols,
+        rows * cols / lanes,
+        log2(kc),
+        log2(mc),
+        log2(nc),
+        rows * kc * 4.0 / l1,
+        cols * kc * 4.0 / l1,
+        mc * kc * 4.0 / l2,
+        kc * nc * 4.0 / l2,
+        kc * nc * 4.0 / l3,
+        padded / (mf * nf),
+        k_blocks,
+        n_blocks,
+        pack_bytes / flops,
+        threads,
+        (par == "m" && threads > 1.0) as u8 as f64,
+        (par == "n" && threads > 1.0) as u8 as f64,
+        tasks,
+        tasks / threads,
+        imbalance,
+        log2(flops / threads),
+        log2(regions + 1.0),
+        flops / (4.0 * (mf * kf + kf * nf + mf * nf)),
+        log2(flops),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernels::Value;
+
+    fn hw() -> HardwareFingerprint {
+        HardwareFingerprint::new(
+            "x86_64",
+            "v",
+            (1, 2, 3),
+            "b",
+            vec![],
+            2,
+            (32 << 10, 512 << 10, 32 << 20),
+        )
+    }
+
+    fn get(x: &[f64], name: &str) -> f64 {
+        x[FEATURE_NAMES.iter().position(|n| *n == name).unwrap()]
+    }
+
+    #[test]
+    fn features_reflect_the_config() {
+        let w: Workload = "gemm:100x64x256".parse().unwrap();
+        let c = Config::from_pairs([
+            ("ukernel", Value::from("avx2_6x16")),
+            ("mc", 96usize.into()),
+            ("kc", 128usize.into()),
+            ("nc", 1024usize.into()),
+            ("par", "m".into()),
+            ("threads", 2usize.into()),
+        ]);
+        let x = features(&w, "gemm_packed", &c, &hw());
+        assert_eq!(x.len(), N_FEATURES);
+        assert_eq!(get(&x, "tile_rows"), 6.0);
+        assert_eq!(get(&x, "tile_cols"), 16.0);
+        assert_eq!(get(&x, "tile_vectors"), 12.0);
+        assert_eq!(get(&x, "log2_kc"), 7.0);
+        assert_eq!(get(&x, "log2_nc"), 6.0, "nc clamps to N = 64");
+        assert_eq!(get(&x, "a_panel_over_l1"), 6.0 * 128.0 * 4.0 / 32768.0);
+        // 100 rows pad to 102, 64 columns divide 16: waste 1.02.
+        assert!((get(&x, "edge_waste") - 1.02).abs() < 1e-12);
+        assert_eq!(get(&x, "k_blocks"), 2.0);
+        // Row blocks of min(96, ceil(50/6)*6 = 54) rows: 2 tasks on 2 threads.
+        assert_eq!(get(&x, "tasks"), 2.0);
+        assert_eq!(get(&x, "load_imbalance"), 1.0);
+        assert_eq!(get(&x, "par_m"), 1.0);
+        assert_eq!(get(&x, "is_direct"), 0.0);
+    }
+
+    #[test]
+    fn direct_tiles_count_vectors_and_missing_knobs_are_neutral() {
+        let w: Workload = "gemm:1x3072x768".parse().unwrap();
+        let c = Config::from_pairs([
+            ("ukernel", Value::from("avx2_1x4")),
+            ("kc", 0usize.into()),
+            ("par", "n".into()),
+            ("threads", 2usize.into()),
+        ]);
+        let x = features(&w, "gemm_direct", &c, &hw());
+        assert_eq!(get(&x, "tile_cols"), 32.0);
+        assert_eq!(get(&x, "is_direct"), 1.0);
+        assert_eq!(get(&x, "log2_kc"), 768f64.log2(), "kc 0 is the whole of K");
+        assert_eq!(get(&x, "tasks"), 2.0);
+        assert_eq!(get(&x, "pack_bytes_per_flop"), 0.0);
+        let empty = features(&w, "gemm_packed", &Config::default(), &hw());
+        assert!(empty.iter().all(|v| v.is_finite()));
+        assert_eq!(get(&empty, "threads"), 1.0);
+    }
+
+    #[test]
+    fn equivalent_configs_share_features() {
+        // mc 144 and 192 both clamp to the 128 rows of M (rounded to MR = 4).
+        let w: Workload = "gemm:128x768x768".parse().unwrap();
+        let cfg = |mc: usize| {
+            Config::from_pairs([
+                ("ukernel", Value::from("avx2_4x16")),
+                ("mc", mc.into()),
+                ("kc", 256usize.into()),
+                ("nc", 1024usize.into()),
+                ("par", "none".into()),
+                ("threads", 1usize.into()),
+            ])
+        };
+        assert_eq!(
+            features(&w, "gemm_packed", &cfg(144), &hw()),
+            features(&w, "gemm_packed", &cfg(192), &hw())
+        );
+        assert_ne!(
+            features(&w, "gemm_packed", &cfg(48), &hw()),
+            features(&w, "gemm_packed", &cfg(144), &hw())
+        );
+    }
+}

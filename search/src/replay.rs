@@ -1,0 +1,672 @@
+//! Offline replay: play strategies against a recorded search space, no kernel runs.
+//!
+//! ## The space file format (`autokernel-space` v1, JSON lines)
+//!
+//! The first line is a header; every other line is one candidate of the workload's joint
+//! space (every valid config of every family that supports it), with its recorded outcome:
+//!
+//! ```text
+//! {"format":"autokernel-space","version":1,"workload":"gemm:128x768x768","fingerprint":{...},"candidates":576,"exported_at":"2026-11-22T13:40:00Z","tool_version":"0.1.0"}
+//! {"kernel":"gemm_packed","kernel_version":1,"config":{"kc":64,"mc":24,...},"status":"ok","median_s":0.00205,"spread":0.012}
+//! {"kernel":"gemm_packed","kernel_version":1,"config":{...},"status":"wrong_result","median_s":null,"default":true}
+//! ```
+//!
+//! `fingerprint` is the full [`HardwareFingerprint`] of the machine that measured (its cache
+//! sizes feed the cost model's features); `default: true` marks the kernel default config.
+//! `median_s` is the median seconds per call by the tuning protocol, `null` unless `status` is
+//! `ok`. Files are written by `autokernel replay --export W --out FILE` from a database that
+//! holds an exhaustive tuning run of `W` (`autokernel tune --strategy exhaustive`).
+//!
+//! ## What replay measures
+//!
+//! A [`Replayer`] asks a strategy for batches (of the tuner's batch size), answers each
+//! candidate with its recorded time (failures as failures), and tracks the best time found
+//! after every trial. A trial is one proposal; the replay stops at the budget, or early once
+//! the space's best was found (the curve stays flat after). From the curve: trials to reach
+//! 95% and 99% of the space's best speed (`best_s / found_s ≥ 0.95`), and the fraction of the
+//! best speed found at the budget. Everything is deterministic for a seed.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use costmodel::transfer_weight;
+use kernels::{default_for, kernels_for, Config, HardwareFingerprint, Status, Workload};
+use serde::{Deserialize, Serialize};
+use tuning_db::{DbError, TuningDb};
+
+use crate::strategy::{Point, Prior, SearchContext, StrategyKind};
+use crate::tuner::candidates;
+
+/// The `format` value of a space file's header.
+pub const FORMAT: &str = "autokernel-space";
+/// The version written; readers accept this one only.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Errors reading, writing or exporting space files.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {reason}")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+    #[error("{path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("no kernel supports workload {0}")]
+    Unsupported(String),
+    #[error(
+        "{workload}: only {measured} of the {total} candidates have a trial in the database \
+         (record the whole space first: autokernel tune --workload {workload} --strategy exhaustive --budget {total})"
+    )]
+    Incomplete {
+        workload: String,
+        measured: usize,
+        total: usize,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    format: String,
+    version: u32,
+    workload: String,
+    fingerprint: HardwareFingerprint,
+    candidates: usize,
+    #[serde(default)]
+    exported_at: String,
+    #[serde(default)]
+    tool_version: String,
+}
+
+/// One recorded candidate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub kernel: String,
+    pub kernel_version: u32,
+    pub config: Config,
+    pub status: Status,
+    /// Median seconds per call, when `status` is ok.
+    pub median_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<f64>,
+    /// Whether this is the kernel default config of the workload.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub default: bool,
+}
+
+/// A workload's whole search space with one recorded outcome per candidate.
+#[derive(Debug, Clone)]
+pub struct RecordedSpace {
+    pub workload: Workload,
+    pub hw: HardwareFingerprint,
+    pub entries: Vec<Entry>,
+}
+
+impl RecordedSpace {
+    /// Reads a space file.
+    pub fn read(path: &Path) -> Result<Self, ReplayError> {
+        let file = std::fs::File::open(path).map_err(|source| ReplayError::Io {
+            path: path.into(),
+            source,
+        })?;
+        Self::from_reader(std::io::BufReader::new(file), path)
+    }
+
+    /// Parses the space file format from `r` (`path` names it in errors).
+    pub fn from_reader(r: impl BufRead, path: &Path) -> Result<Self, ReplayError> {
+        let parse = |line: usize, reason: String| ReplayError::Parse {
+            path: path.into(),
+            line,
+            reason,
+        };
+        let mut lines = r.lines().enumerate();
+        let header: Header = match lines.next() {
+            Some((_, Ok(l))) => serde_json::from_str(&l)
+                .map_err(|e| parse(1, format!("not a space file header: {e}")))?,
+            Some((_, Err(source))) => {
+                return Err(ReplayError::Io {
+                    path: path.into(),
+                    source,
+                })
+            }
+            None => return Err(parse(1, "empty file".into())),
+        };
+        if header.format != FORMAT || header.version != FORMAT_VERSION {
+            return Err(parse(
+                1,
+                format!(
+                    "format '{}' version {} (expected '{FORMAT}' version {FORMAT_VERSION})",
+                    header.format, header.version
+                ),
+            ));
+        }
+        let workload: Workload = header
+            .workload
+            .parse()
+            .map_err(|e| parse(1, format!("workload: {e}")))?;
+        let mut entries = Vec::with_capacity(header.candidates);
+        for (i, line) in lines {
+            let line = line.map_err(|source| ReplayError::Io {
+                path: path.into(),
+                source,
+            })?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let e: Entry = serde_json::from_str(&line).map_err(|e| parse(i + 1, e.to_string()))?;
+            let timed = e.median_s.is_some_and(|s| s.is_finite() && s > 0.0);
+            if (e.status == Status::Ok) != timed {
+                return Err(parse(
+                    i + 1,
+                    "median_s must be a positive time exactly when status is ok".into(),
+                ));
+            }
+            entries.push(e);
+        }
+        let space = RecordedSpace {
+            workload,
+            hw: header.fingerprint,
+            entries,
+        };
+        let invalid = |reason: String| ReplayError::Invalid {
+            path: path.into(),
+            reason,
+        };
+        if space.entries.len() != header.candidates {
+            return Err(invalid(format!(
+                "header says {} candidates, file has {}",
+                header.candidates,
+                space.entries.len()
+            )));
+        }
+        if space.best_s().is_none() {
+            return Err(invalid("no candidate has a time".into()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for e in &space.entries {
+            if !seen.insert((&e.kernel, e.config.to_json())) {
+                return Err(invalid(format!("{} {} appears twice", e.kernel, e.config)));
+            }
+        }
+        Ok(space)
+    }
+
+    /// Writes the space file format.
+    pub fn write_to(&self, mut out: impl Write, tool_version: &str) -> std::io::Result<()> {
+        let header = Header {
+            format: FORMAT.into(),
+            version: FORMAT_VERSION,
+            workload: self.workload.key(),
+            fingerprint: self.hw.clone(),
+            candidates: self.entries.len(),
+            exported_at: tuning_db::now_rfc3339(),
+            tool_version: tool_version.into(),
+        };
+        writeln!(out, "{}", serde_json::to_string(&header)?)?;
+        for e in &self.entries {
+            writeln!(out, "{}", serde_json::to_string(e)?)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the space to `path`.
+    pub fn write(&self, path: &Path, tool_version: &str) -> Result<(), ReplayError> {
+        let io = |source| ReplayError::Io {
+            path: path.into(),
+            source,
+        };
+        let file = std::fs::File::create(path).map_err(io)?;
+        let mut w = std::io::BufWriter::new(file);
+        self.write_to(&mut w, tool_version).map_err(io)?;
+        w.flush().map_err(io)
+    }
+
+    /// The space of `w` on fingerprint `hw` as recorded in `db`: every candidate of the
+    /// families that support `w` (current kernel versions), each with its trial — the fastest
+    /// ok one if there are several, else the latest failure. Fails unless every candidate has
+    /// a trial.
+    pub fn from_db(
+        db: &TuningDb,
+        w: &Workload,
+        hw: &HardwareFingerprint,
+    ) -> Result<Self, ReplayError> {
+        let families = kernels_for(w);
+        let cands = candidates(w, hw, &families);
+        if cands.is_empty() {
+            return Err(ReplayError::Unsupported(w.key()));
+        }
+        let mut trials: HashMap<(String, u32, String), tuning_db::Record> = HashMap::new();
+        for r in db.trials(&hw.id, w)? {
+            let key = (r.kernel.clone(), r.kernel_version, r.config.to_json());
+            let better = match trials.get(&key) {
+                None => true,
+                Some(old) => match (old.median_s(), r.median_s()) {
+                    (Some(a), Some(b)) => b < a,
+                    (None, _) => true,
+                    (Some(_), None) => false,
+                },
+            };
+            if better {
+                trials.insert(key, r);
+            }
+        }
+        let (dk, dc) = default_for(w, hw);
+        let mut entries = Vec::with_capacity(cands.len());
+        for c in &cands {
+            let key = (
+                c.kernel.name().to_string(),
+                c.kernel.version(),
+                c.config.to_json(),
+            );
+            if let Some(r) = trials.get(&key) {
+                entries.push(Entry {
+                    kernel: r.kernel.clone(),
+                    kernel_version: r.kernel_version,
+                    config: r.config.clone(),
+                    status: r.status,
+                    median_s: r.median_s(),
+                    spread: r.measurement.as_ref().map(|m| m.spread),
+                    default: c.kernel.name() == dk.name() && c.config == dc,
+                });
+            }
+        }
+        if entries.len() < cands.len() {
+            return Err(ReplayError::Incomplete {
+                workload: w.key(),
+                measured: entries.len(),
+                total: cands.len(),
+            });
+        }
+        Ok(RecordedSpace {
+            workload: *w,
+            hw: hw.clone(),
+            entries,
+        })
+    }
+
+    /// The fastest recorded time.
+    pub fn best_s(&self) -> Option<f64> {
+        self.entries
+            .iter()
+            .filter_map(|e| e.median_s)
+            .min_by(f64::total_cmp)
+    }
+
+    /// The candidates, in file order.
+    pub fn points(&self) -> Vec<Point> {
+        self.entries
+            .iter()
+            .map(|e| Point {
+                kernel: e.kernel.clone(),
+                config: e.config.clone(),
+            })
+            .collect()
+    }
+
+    /// Candidates reaching at least `fraction` of the best speed (`best_s / t ≥ fraction`).
+    pub fn count_within(&self, fraction: f64) -> usize {
+        let best = self.best_s().unwrap_or(f64::INFINITY);
+        self.entries
+            .iter()
+            .filter(|e| e.median_s.is_some_and(|t| best / t >= fraction))
+            .count()
+    }
+
+    /// Expected trials for uniform random sampling without replacement to hit one of the `k`
+    /// candidates within `fraction` of the best: `(N+1)/(k+1)` (the Kernel Tuner methodology).
+    pub fn random_expected_trials(&self, fraction: f64) -> f64 {
+        let k = self.count_within(fraction) as f64;
+        (self.entries.len() as f64 + 1.0) / (k + 1.0)
+    }
+
+    /// This space's ok records as transfer history for tuning on `target`, weighted by
+    /// [`transfer_weight`] (none when the machines are unrelated).
+    pub fn priors_for(&self, target: &HardwareFingerprint) -> Vec<Prior> {
+        let weight = transfer_weight(target, &self.hw);
+        if weight <= 0.0 {
+            return Vec::new();
+        }
+        let hw = Arc::new(self.hw.clone());
+        self.entries
+            .iter()
+            .filter_map(|e| {
+                Some(Prior {
+                    workload: self.workload,
+                    hw: hw.clone(),
+                    kernel: e.kernel.clone(),
+                    config: e.config.clone(),
+                    seconds: e.median_s?,
+                    weight,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The outcome of replaying one strategy with one seed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    pub seed: u64,
+    /// Best time found after each trial (seconds; infinite until the first success), padded
+    /// to the budget (or the space size, if smaller).
+    pub best_so_far: Vec<f64>,
+    /// Trials actually played (fewer than the curve's length when the best was found early).
+    pub played: usize,
+}
+
+impl Run {
+    /// The first trial (1-based) at which `fraction` of the best speed was reached.
+    pub fn trials_to(&self, best_s: f64, fraction: f64) -> Option<usize> {
+        self.best_so_far
+            .iter()
+            .position(|&t| best_s / t >= fraction)
+            .map(|p| p + 1)
+    }
+}
+
+/// Settings of a replay.
+#[derive(Debug, Clone)]
+pub struct ReplayOptions {
+    /// Trials per run.
+    pub budget: usize,
+    /// Candidates asked for at once (the tuner's batch).
+    pub batch: usize,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            budget: 100,
+            batch: 8,
+        }
+    }
+}
+
+/// Plays strategies against one recorded space, with the other recorded spaces as the
+/// transfer history (used by strategies that transfer, `model`).
+pub struct Replayer<'a> {
+    pub space: &'a RecordedSpace,
+    history: Vec<Prior>,
+    best_s: f64,
+}
+
+impl<'a> Replayer<'a> {
+    /// A replayer over `space`; `others` provide the transfer history (a space of the same
+    /// workload and machine as `space` is left out: it would be the answer itself).
+    pub fn new(space: &'a RecordedSpace, others: &[&RecordedSpace]) -> Self {
+        let history = others
+            .iter()
+            .filter(|o| !(o.workload == space.workload && o.hw.id == space.hw.id))
+            .flat_map(|o| o.priors_for(&space.hw))
+            .collect();
+        Replayer {
+            space,
+            history,
+            best_s: space.best_s().unwrap_or(f64::INFINITY),
+        }
+    }
+
+    /// The space's best time.
+    pub fn best_s(&self) -> f64 {
+        self.best_s
+    }
+
+    /// Replays `kind` with `seed`.
+    pub fn run(&self, kind: StrategyKind, seed: u64, opts: &ReplayOptions) -> Run {
+        let mut ctx = SearchContext::new(
+            self.space.workload,
+            self.space.hw.clone(),
+            self.space.points(),
+            seed,
+        );
+        ctx.history = self.history.clone();
+        let mut strategy = kind.build(ctx);
+        let n = self.space.entries.len();
+        let budget = opts.budget.min(n);
+        let mut asked = vec![false; n];
+        let mut best = f64::INFINITY;
+        let mut curve = Vec::with_capacity(budget);
+        while curve.len() < budget && best > self.best_s {
+            let batch = strategy.ask(opts.batch.min(budget - curve.len()).max(1));
+            if batch.is_empty() {
+                break;
+            }
+            let mut told = Vec::with_capacity(batch.len());
+            for i in batch {
+                let Some(e) = self.space.entries.get(i) else {
+                    continue;
+                };
+                let t = e.median_s;
+                told.push((i, t));
+                if std::mem::replace(&mut asked[i], true) {
+                    // A repeated proposal is answered but costs no trial (as in the tuner).
+                    continue;
+                }
+                if curve.len() < budget {
+                    best = best.min(t.unwrap_or(f64::INFINITY));
+                    curve.push(best);
+                }
+            }
+            strategy.tell(&told);
+        }
+        let played = curve.len();
+        curve.resize(budget, best);
+        Run {
+            seed,
+            best_so_far: curve,
+            played,
+        }
+    }
+}
+
+/// Median of values where `None` means "not reached" (sorts last); `None` if the median is.
+pub fn median_trials(values: &[Option<usize>]) -> Option<f64> {
+    let mut v: Vec<f64> = values
+        .iter()
+        .map(|x| x.map_or(f64::INFINITY, |t| t as f64))
+        .collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let m = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    m.is_finite().then_some(m)
+}
+
+/// The per (space, strategy) summary over seeds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub space: String,
+    pub workload: String,
+    pub fingerprint: String,
+    pub strategy: String,
+    pub seeds: usize,
+    pub budget: usize,
+    pub space_size: usize,
+    pub space_best_s: f64,
+    /// Median over seeds of the trials needed to reach 95% / 99% of the best speed (`None`:
+    /// the median run did not reach it within the budget).
+    pub trials_to_95: Option<f64>,
+    pub trials_to_99: Option<f64>,
+    /// Median over seeds of the best speed found at the budget, as a fraction of the space's
+    /// best (1 = found the best).
+    pub best_at_budget: f64,
+    /// Kernel Tuner reference: expected random draws to hit the top-95% configs,
+    /// `(N+1)/(k+1)`.
+    pub random_expected_95: f64,
+    /// Median over seeds of the best-so-far fraction after each trial (for plots).
+    #[serde(skip)]
+    pub curve: Vec<f64>,
+}
+
+/// Replays `kind` with seeds `first_seed..first_seed + seeds` and summarises.
+pub fn summarize(
+    replayer: &Replayer<'_>,
+    label: &str,
+    kind: StrategyKind,
+    first_seed: u64,
+    seeds: usize,
+    opts: &ReplayOptions,
+) -> Summary {
+    use rayon::prelude::*;
+    let runs: Vec<Run> = (0..seeds as u64)
+        .into_par_iter()
+        .map(|s| replayer.run(kind, first_seed + s, opts))
+        .collect();
+    let best = replayer.best_s();
+    let to = |f: f64| {
+        median_trials(
+            &runs
+                .iter()
+                .map(|r| r.trials_to(best, f))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let len = runs.first().map_or(0, |r| r.best_so_far.len());
+    let frac_median = |vals: Vec<f64>| -> f64 {
+        let mut v = vals;
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n == 0 {
+            0.0
+        } else if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    };
+    let curve: Vec<f64> = (0..len)
+        .map(|t| frac_median(runs.iter().map(|r| best / r.best_so_far[t]).collect()))
+        .collect();
+    let space = replayer.space;
+    Summary {
+        space: label.to_string(),
+        workload: space.workload.key(),
+        fingerprint: space.hw.id.clone(),
+        strategy: kind.name().to_string(),
+        seeds,
+        budget: opts.budget,
+        space_size: space.entries.len(),
+        space_best_s: best,
+        trials_to_95: to(0.95),
+        trials_to_99: to(0.99),
+        best_at_budget: curve.last().copied().unwrap_or(0.0),
+        random_expected_95: space.random_expected_trials(0.95),
+        curve,
+    }
+}
+
+/// Held-out quality of one cost model on one recorded space, mean over seeds.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelReport {
+    pub workload: String,
+    pub model: String,
+    /// Points of the space itself the model was fitted on.
+    pub train: usize,
+    /// Whether the other spaces were added as (weighted-down) transfer records.
+    pub transfer: bool,
+    pub seeds: usize,
+    pub spearman: f64,
+    pub top_k_recall: f64,
+    pub k: usize,
+    pub regret: f64,
+}
+
+/// Fits `kind` on `train` random timed candidates of `space` (plus the records of `others`
+/// as transfer, weighted as [`ModelGuided`](crate::ModelGuided) weights them) and scores
+/// its predictions on the space's remaining timed candidates: Spearman correlation, top-10
+/// recall and regret, averaged over `seeds` seeds from `first_seed`.
+pub fn evaluate_model(
+    space: &RecordedSpace,
+    others: &[&RecordedSpace],
+    kind: costmodel::ModelKind,
+    train: usize,
+    first_seed: u64,
+    seeds: usize,
+) -> Result<ModelReport, costmodel::ModelError> {
+    use costmodel::{features, target, Metrics, TrainingSet};
+    let opts = crate::ModelOptions::default();
+    let timed: Vec<(Vec<f64>, f64)> = space
+        .entries
+        .iter()
+        .filter_map(|e| {
+            Some((
+                features(&space.workload, &e.kernel, &e.config, &space.hw),
+                e.median_s?,
+            ))
+        })
+        .collect();
+    let priors: Vec<Prior> = others
+        .iter()
+        .flat_map(|o| o.priors_for(&space.hw))
+        .collect();
+    let mut sums = (0.0, 0.0, 0.0);
+    let k = 10;
+    for s in 0..seeds as u64 {
+        let seed = first_seed + s;
+        let mut rng = kernels::Rng::new(seed ^ 0xE7A1);
+        let mut order: Vec<usize> = (0..timed.len()).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let (fit_idx, test_idx) = order.split_at(train.min(timed.len().saturating_sub(1)));
+        let mut data = TrainingSet::new();
+        for &i in fit_idx {
+            data.push(timed[i].0.clone(), target(timed[i].1, &space.workload), 1.0);
+        }
+        if !priors.is_empty() {
+            let mut pick: Vec<&Prior> = priors.iter().collect();
+            if pick.len() > opts.transfer_cap {
+                for i in 0..opts.transfer_cap {
+                    let j = i + rng.below((pick.len() - i) as u64) as usize;
+                    pick.swap(i, j);
+                }
+                pick.truncate(opts.transfer_cap);
+            }
+            let total: f64 = pick.iter().map(|p| p.weight).sum();
+            let scale = (opts.transfer_weight / total).min(1.0);
+            for p in pick {
+                data.push(
+                    features(&p.workload, &p.kernel, &p.config, &p.hw),
+                    target(p.seconds, &p.workload),
+                    p.weight * scale,
+                );
+            }
+        }
+        let mut model = kind.build(seed);
+        model.fit(&data)?;
+        let test_x: Vec<Vec<f64>> = test_idx.iter().map(|&i| timed[i].0.clone()).collect();
+        let test_t: Vec<f64> = test_idx.iter().map(|&i| timed[i].1).collect();
+        let m = Metrics::of(&model.predict(&test_x)?, &test_t, k);
+        sums.0 += m.spearman;
+        sums.1 += m.top_k_recall;
+        sums.2 += m.regret;
+    }
+    let n = seeds.max(1) as f64;
+    Ok(ModelReport {
+        workload: space.workload.key(),
+        model: kind.name().to_string(),
+        train,
+        transfer: !others.is_empty(),
+        seeds,
+        spearman: sums.0 / n,
+        top_k_recall: sums.1 / n,
+        k,
+        regret: sums.2 / n,
+    })
+}

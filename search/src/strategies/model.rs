@@ -1,0 +1,287 @@
+//! Cost-model-guided search (the AutoTVM recipe): fit, rank, measure the top, repeat.
+
+use std::collections::{BTreeMap, HashSet};
+
+use costmodel::{features, target, CostModel, ModelKind, TrainingSet};
+use kernels::{Rng, Workload};
+
+use super::{Book, Grid};
+use crate::strategy::{SearchContext, Strategy};
+
+/// Settings of [`ModelGuided`].
+#[derive(Debug, Clone)]
+pub struct ModelOptions {
+    pub model: ModelKind,
+    /// The name the strategy reports (`model`, `model-notransfer`, ...).
+    pub name: &'static str,
+    /// Share of each batch drawn uniformly at random (exploration).
+    pub epsilon: f64,
+    /// Unproposed candidates scored directly when there are at most this many; above it, a
+    /// random pool of this size plus the points visited by annealing chains over the model's
+    /// predictions.
+    pub pool: usize,
+    /// Annealing chains and steps per chain (large spaces only).
+    pub chains: usize,
+    pub steps: usize,
+    /// Most transfer records used for fitting (a seeded subsample beyond it).
+    pub transfer_cap: usize,
+    /// Total weight of the transfer records, in own measurements: the transfer set counts
+    /// as this many points of the workload itself, so it leads while few are measured and
+    /// fades as they accumulate.
+    pub transfer_weight: f64,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions {
+            model: ModelKind::DEFAULT,
+            name: "model",
+            epsilon: 0.1,
+            pool: 4096,
+            chains: 32,
+            steps: 48,
+            transfer_cap: 2048,
+            transfer_weight: 16.0,
+        }
+    }
+}
+
+/// Model-guided search. After each measured batch it refits the cost model on every
+/// measurement of this workload (log seconds per flop, weight 1) plus, when the context has
+/// history of other workloads or similar machines, those records weighted down; then it ranks
+/// the unmeasured valid candidates by predicted time (all of them when there are at most
+/// [`ModelOptions::pool`], otherwise a random pool plus annealing over the model's
+/// predictions), and proposes the top of the ranking with a share ε of random picks. Within
+/// a batch it skips candidates whose features equal a measured or already chosen one (configs
+/// that run the same code, e.g. block sizes that clamp to the same value), while others are
+/// left. It never proposes a candidate twice, and never one already measured.
+///
+/// With transfer, the very first batch is already ranked by a model trained on the other
+/// workloads. Without it, until [`costmodel::MIN_POINTS`] candidates are measured the model declines to
+/// fit and the strategy samples at random.
+pub struct ModelGuided {
+    opts: ModelOptions,
+    grid: Grid,
+    book: Book,
+    rng: Rng,
+    workload: Workload,
+    /// Features of every candidate.
+    x: Vec<Vec<f64>>,
+    transfer: TrainingSet,
+    model: Box<dyn CostModel>,
+    /// Batches ranked by a fitted model, and batches drawn at random because it declined.
+    pub guided_batches: usize,
+    pub random_batches: usize,
+}
+
+impl ModelGuided {
+    pub fn new(ctx: SearchContext, opts: ModelOptions) -> Self {
+        let x: Vec<Vec<f64>> = ctx
+            .points
+            .iter()
+            .map(|p| features(&ctx.workload, &p.kernel, &p.config, &ctx.hw))
+            .collect();
+        let mut rng = Rng::new(ctx.seed ^ 0x30DE_1);
+        let mut priors: Vec<_> = ctx.transfer().collect();
+        if priors.len() > opts.transfer_cap {
+            for i in 0..opts.transfer_cap {
+                let j = i + rng.below((priors.len() - i) as u64) as usize;
+                priors.swap(i, j);
+            }
+            priors.truncate(opts.transfer_cap);
+        }
+        let mut transfer = TrainingSet::new();
+        for p in priors {
+            transfer.push(
+                features(&p.workload, &p.kernel, &p.config, &p.hw),
+                target(p.seconds, &p.workload),
+                p.weight,
+            );
+        }
+        ModelGuided {
+            grid: Grid::new(&ctx.points),
+            book: Book::new(&ctx),
+            model: opts.model.build(ctx.seed),
+            workload: ctx.workload,
+            x,
+            transfer,
+            rng,
+            opts,
+            guided_batches: 0,
+            random_batches: 0,
+        }
+    }
+
+    /// The training set of this round: own measurements plus the weighted transfer set.
+    fn training_set(&self) -> TrainingSet {
+        let mut data = TrainingSet::new();
+        let own = self.book.ranked();
+        for &(i, s) in &own {
+            data.push(self.x[i].clone(), target(s, &self.workload), 1.0);
+        }
+        let total: f64 = self.transfer.w.iter().sum();
+        if total > 0.0 {
+            let scale = (self.opts.transfer_weight / total).min(1.0);
+            for ((x, y), w) in self
+                .transfer
+                .x
+                .iter()
+                .zip(&self.transfer.y)
+                .zip(&self.transfer.w)
+            {
+                data.push(x.clone(), *y, w * scale);
+            }
+        }
+        data
+    }
+
+    fn u01(&mut self) -> f64 {
+        (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Unproposed candidates worth scoring, with their predictions, best first.
+    fn ranked_pool(&mut self) -> Option<Vec<(usize, f64)>> {
+        let mut cand: Vec<usize> = if self.book.open.len() <= self.opts.pool {
+            self.book.open.clone()
+        } else {
+            let mut picked: HashSet<usize> = HashSet::new();
+            while picked.len() < self.opts.pool {
+                picked.extend(self.book.random_open(&mut self.rng));
+            }
+            picked.extend(self.anneal_on_model()?);
+            picked.into_iter().collect()
+        };
+        cand.sort_unstable();
+        let rows: Vec<Vec<f64>> = cand.iter().map(|&i| self.x[i].clone()).collect();
+        let pred = self.model.predict(&rows).ok()?;
+        let mut scored: Vec<(usize, f64)> = cand.into_iter().zip(pred).collect();
+        scored.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        Some(scored)
+    }
+
+    /// Annealing chains over the model's predictions, from the best measured points and random
+    /// ones; returns the unproposed candidates visited.
+    fn anneal_on_model(&mut self) -> Option<Vec<usize>> {
+        let chains = self.opts.chains.max(1);
+        let mut state: Vec<usize> = self
+            .book
+            .ranked()
+            .into_iter()
+            .map(|(i, _)| i)
+            .take(chains / 2)
+            .collect();
+        while state.len() < chains {
+            match self.book.random_open(&mut self.rng) {
+                Some(i) => state.push(i),
+                None => break,
+            }
+        }
+        let rows: Vec<Vec<f64>> = state.iter().map(|&i| self.x[i].clone()).collect();
+        let mut score = self.model.predict(&rows).ok()?;
+        let mut visited: BTreeMap<usize, ()> = BTreeMap::new();
+        let mut temp = 0.05;
+        for _ in 0..self.opts.steps {
+            let next: Vec<usize> = state
+                .iter()
+                .map(|&i| self.grid.mutate(i, &mut self.rng).unwrap_or(i))
+                .collect();
+            let rows: Vec<Vec<f64>> = next.iter().map(|&i| self.x[i].clone()).collect();
+            let pred = self.model.predict(&rows).ok()?;
+            for c in 0..state.len() {
+                let delta = pred[c] - score[c];
+                if delta < 0.0 || self.u01() < (-delta / temp).exp() {
+                    state[c] = next[c];
+                    score[c] = pred[c];
+                }
+                if !self.book.proposed[next[c]] {
+                    visited.insert(next[c], ());
+                }
+            }
+            temp *= 0.9;
+        }
+        Some(visited.into_keys().collect())
+    }
+
+    fn random_batch(&mut self, n: usize) -> Vec<usize> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let Some(j) = self.book.random_open(&mut self.rng) else {
+                break;
+            };
+            self.book.mark(j);
+            out.push(j);
+        }
+        out
+    }
+}
+
+/// Exact bit pattern of a feature row, to spot configs that run the same code.
+fn key(x: &[f64]) -> Vec<u64> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+impl Strategy for ModelGuided {
+    fn name(&self) -> &'static str {
+        self.opts.name
+    }
+
+    fn ask(&mut self, n: usize) -> Vec<usize> {
+        if n == 0 || self.book.open.is_empty() {
+            return Vec::new();
+        }
+        let data = self.training_set();
+        let ranked = match self.model.fit(&data) {
+            Ok(()) => self.ranked_pool(),
+            Err(_) => None,
+        };
+        let Some(ranked) = ranked else {
+            self.random_batches += 1;
+            return self.random_batch(n);
+        };
+        self.guided_batches += 1;
+        let mut seen: HashSet<Vec<u64>> = self
+            .book
+            .ranked()
+            .iter()
+            .map(|&(i, _)| key(&self.x[i]))
+            .collect();
+        let mut out: Vec<usize> = Vec::with_capacity(n);
+        let mut skipped: Vec<usize> = Vec::new();
+        let mut next = ranked.into_iter().map(|(i, _)| i);
+        while out.len() < n {
+            if self.u01() < self.opts.epsilon {
+                if let Some(j) = self.book.random_open(&mut self.rng) {
+                    self.book.mark(j);
+                    out.push(j);
+                    continue;
+                }
+            }
+            let pick = loop {
+                match next.next() {
+                    Some(j) if self.book.proposed[j] => continue,
+                    Some(j) if !seen.insert(key(&self.x[j])) => skipped.push(j),
+                    other => break other,
+                }
+            };
+            // Configs equivalent to measured ones come last, in rank order.
+            let pick = pick.or_else(|| {
+                while let Some(j) = (!skipped.is_empty()).then(|| skipped.remove(0)) {
+                    if !self.book.proposed[j] {
+                        return Some(j);
+                    }
+                }
+                None
+            });
+            let Some(j) = pick.or_else(|| self.book.random_open(&mut self.rng)) else {
+                break;
+            };
+            self.book.mark(j);
+            out.push(j);
+        }
+        out
+    }
+
+    fn tell(&mut self, results: &[(usize, Option<f64>)]) {
+        self.book.tell(results);
+    }
+}
