@@ -32,7 +32,7 @@ impl Annealing {
         Annealing {
             grid: Grid::new(&ctx.points),
             book,
-            rng: Rng::new(ctx.seed ^ 0xA22E_A1),
+            rng: Rng::new(ctx.seed ^ 0x00A2_2EA1),
             current,
             temperature: Self::T0,
         }

@@ -81,7 +81,7 @@ impl ModelGuided {
             .iter()
             .map(|p| features(&ctx.workload, &p.kernel, &p.config, &ctx.hw))
             .collect();
-        let mut rng = Rng::new(ctx.seed ^ 0x30DE_1);
+        let mut rng = Rng::new(ctx.seed ^ 0x0003_0DE1);
         let mut priors: Vec<_> = ctx.transfer().collect();
         if priors.len() > opts.transfer_cap {
             for i in 0..opts.transfer_cap {
