@@ -30,16 +30,13 @@
 //! strategies are compared offline (`autokernel replay`).
 
 pub mod replay;
-pub mod shard;
 mod strategies;
 mod strategy;
 mod tuner;
 
 pub use replay::{RecordedSpace, ReplayError, ReplayOptions, Replayer};
 pub use strategies::{Annealing, Evolutionary, Grid, ModelGuided, ModelOptions};
-pub use strategy::{
-    Exhaustive, Point, Prior, RandomSearch, SearchContext, Strategy, StrategyKind,
-};
+pub use strategy::{Exhaustive, Point, Prior, RandomSearch, SearchContext, Strategy, StrategyKind};
 pub use tuner::{
     candidates, is_quarantine, simplicity_key, tune, tune_families, tune_with, Candidate, Decision,
     Event, Finalist, SearchError, TuneOptions, TuneSummary, WinReason, FALLBACK_TIMEOUT,
