@@ -30,6 +30,7 @@
 //! strategies are compared offline (`autokernel replay`).
 
 pub mod replay;
+pub mod shard;
 mod strategies;
 mod strategy;
 mod tuner;

@@ -80,6 +80,17 @@ pub struct TuneArgs {
     /// trial wins).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(0..=32))]
     finalists: u16,
+    /// Tune only shard I of N of the workload list (I counted from 0; workloads dealt by
+    /// estimated cost, identically in every shard of a job) into its own database: --db with
+    /// `.shard-I-of-N` before the extension. Default: from a Slurm job array
+    /// (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT) or a Kubernetes Indexed Job
+    /// (JOB_COMPLETION_INDEX, AUTOKERNEL_SHARD_COUNT) when set; `--shard 0/1` is the whole list.
+    #[arg(long, value_name = "I/N")]
+    shard: Option<search::shard::ShardSpec>,
+    /// Print what would be tuned (this shard's workloads, their estimated cost, the database)
+    /// and exit without measuring.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
@@ -93,6 +104,10 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         names
     };
     let workloads = super::parse_workloads(&names)?;
+    let (workloads, db_path) = shard_plan(&args, workloads)?;
+    if args.dry_run {
+        return Ok(ExitCode::SUCCESS);
+    }
     let strategy: StrategyKind = args.strategy.parse().map_err(anyhow::Error::msg)?;
     let isolated = args.isolation == "process";
     let timeout = match args.timeout_s {
@@ -116,8 +131,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     }
     args.threads.apply()?;
     let hw = HardwareFingerprint::current();
-    let db =
-        TuningDb::open(&args.db.db).with_context(|| format!("opening {}", args.db.db.display()))?;
+    let db = TuningDb::open(&db_path).with_context(|| format!("opening {}", db_path.display()))?;
     let opts = TuneOptions {
         budget: args.budget as usize,
         strategy,
@@ -153,7 +167,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
             pin_cpus
                 .as_ref()
                 .map_or(String::new(), |c| format!(", pinned to CPUs {c:?}")),
-            args.db.db.display()
+            db_path.display()
         );
     }
     for w in &workloads {
@@ -383,4 +397,76 @@ fn report(
         );
     }
     Ok(())
+}
+
+/// Applies `--shard` (or the batch system's shard variables): this run's workloads and its
+/// database. Prints the plan: always with `--dry-run` (one JSON object with `--json`), and a
+/// line on stderr for a shard otherwise.
+fn shard_plan(
+    args: &TuneArgs,
+    all: Vec<Workload>,
+) -> anyhow::Result<(Vec<Workload>, std::path::PathBuf)> {
+    use search::shard::{estimated_cost_s, ShardSource, ShardSpec};
+    let shard = match args.shard {
+        Some(s) => Some((s, ShardSource::Flag)),
+        None => ShardSpec::from_env().context("choosing this task's shard (--shard not given)")?,
+    };
+    let budget = args.budget as usize;
+    let (mine, db_path) = match shard {
+        Some((s, _)) => (s.select(&all, budget), s.db_path(&args.db.db)),
+        None => (all.clone(), args.db.db.clone()),
+    };
+    let cost = |ws: &[Workload]| ws.iter().map(|w| estimated_cost_s(w, budget)).sum::<f64>();
+    let name = shard.map_or("0/1".to_string(), |(s, _)| s.to_string());
+    let source = shard.map_or("none", |(_, src)| src.as_str());
+    if args.dry_run && args.json {
+        super::print_json(&json!({
+            "shard": name,
+            "shard_source": source,
+            "db": db_path.display().to_string(),
+            "workloads": mine.iter().map(|w| w.key()).collect::<Vec<_>>(),
+            "estimated_cost_s": mine.iter().map(|w| estimated_cost_s(w, budget)).collect::<Vec<_>>(),
+            "shard_estimated_cost_s": cost(&mine),
+            "job_workloads": all.len(),
+            "job_estimated_cost_s": cost(&all),
+        }))?;
+    } else if args.dry_run {
+        println!(
+            "shard {name} (from {source}): {} of {} workload(s), estimated {} of {}, into {}",
+            mine.len(),
+            all.len(),
+            duration(cost(&mine)),
+            duration(cost(&all)),
+            db_path.display()
+        );
+        for w in &mine {
+            println!(
+                "{:>24}  ~{}",
+                w.key(),
+                duration(estimated_cost_s(w, budget))
+            );
+        }
+    } else if shard.is_some() && !args.json {
+        eprintln!(
+            "shard {name} (from {source}): {} of the job's {} workload(s){}",
+            mine.len(),
+            all.len(),
+            if mine.is_empty() {
+                ", nothing to tune (more shards than workloads)"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok((mine, db_path))
+}
+
+/// `4.2 s`, `95 s`, `12 min`, `3.5 h`.
+fn duration(s: f64) -> String {
+    match s {
+        s if s < 10.0 => format!("{s:.1} s"),
+        s if s < 120.0 => format!("{s:.0} s"),
+        s if s < 7200.0 => format!("{:.0} min", s / 60.0),
+        s => format!("{:.1} h", s / 3600.0),
+    }
 }
