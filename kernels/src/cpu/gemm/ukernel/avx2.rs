@@ -93,6 +93,11 @@ impl Simd for Avx2 {
         }
     }
     #[inline(always)]
+    unsafe fn shl23(a: __m256) -> __m256 {
+        // SAFETY: AVX2 is available (caller contract).
+        unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_castps_si256(a))) }
+    }
+    #[inline(always)]
     unsafe fn hsum(a: __m256) -> f32 {
         // SAFETY: AVX is available (caller contract).
         unsafe {

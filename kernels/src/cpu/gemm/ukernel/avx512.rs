@@ -96,6 +96,11 @@ impl Simd for Avx512 {
         }
     }
     #[inline(always)]
+    unsafe fn shl23(a: __m512) -> __m512 {
+        // SAFETY: AVX-512F is available (caller contract).
+        unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_castps_si512(a))) }
+    }
+    #[inline(always)]
     unsafe fn hsum(a: __m512) -> f32 {
         // SAFETY: AVX-512F is available (caller contract).
         unsafe { _mm512_reduce_add_ps(a) }

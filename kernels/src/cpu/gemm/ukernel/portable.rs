@@ -73,6 +73,10 @@ impl Simd for Portable {
         std::array::from_fn(|i| f32::from_bits((((n[i] as i32) + 127) as u32) << 23))
     }
     #[inline(always)]
+    unsafe fn shl23(a: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| f32::from_bits(a[i].to_bits() << 23))
+    }
+    #[inline(always)]
     unsafe fn hsum(a: [f32; 8]) -> f32 {
         a.iter().sum()
     }

@@ -92,6 +92,11 @@ pub(crate) trait Simd {
     /// # Safety
     /// The CPU supports the ISA.
     unsafe fn pow2i(n: Self::V) -> Self::V;
+    /// The bit pattern of every lane shifted left by 23 (into the exponent field).
+    ///
+    /// # Safety
+    /// The CPU supports the ISA.
+    unsafe fn shl23(a: Self::V) -> Self::V;
     /// Sum of the lanes.
     ///
     /// # Safety
@@ -144,16 +149,20 @@ pub(crate) unsafe fn exp2<S: Simd>(x: S::V) -> S::V {
 /// The CPU supports `S`'s ISA.
 #[inline(always)]
 pub(crate) unsafe fn exp2_nonpos<S: Simd>(x: S::V) -> S::V {
+    // 1.5·2^23 + 127: adding it rounds x ∈ [-127, 0] to a whole number n (the ulp there is
+    // 1) and leaves n + 127 in the low mantissa bits, which `shl23` moves into the exponent
+    // field of 2^n (the bit 2^22 of 1.5·2^23 is shifted out).
+    const MAGIC: f32 = 12_583_039.0;
     // SAFETY: the caller guarantees the ISA; only register operations follow.
     unsafe {
         let x = S::max(x, S::set1(-127.0));
-        let n = S::round(x);
-        let f = S::sub(x, n);
+        let t = S::add(x, S::set1(MAGIC));
+        let f = S::sub(x, S::sub(t, S::set1(MAGIC)));
         let mut p = S::set1(EXP2_POLY[6]);
         for c in EXP2_POLY[..6].iter().rev() {
             p = S::fmadd(p, f, S::set1(*c));
         }
-        S::mul(p, S::pow2i(n))
+        S::mul(p, S::shl23(t))
     }
 }
 
