@@ -40,6 +40,10 @@
 //! appends every distinct workload served by a fallback level to a file, the input of
 //! `autokernel tune --workloads-from FILE`.
 //!
+//! Besides [`Runtime::gemm`] and the generic [`Runtime::run`]: [`Runtime::attention`],
+//! [`Runtime::gemm_bias_act`], and constant weights packed once with
+//! [`Runtime::pack_weight`] for [`Runtime::gemm_bias_act_packed`] (see the `ops` module).
+//!
 //! Why it exists: inference programs link this crate, not the tuner. Its dependency tree is
 //! `kernels` + `tuning_db` (rusqlite) + `arc-swap`: no clap, indicatif, linfa or smartcore.
 
@@ -47,6 +51,7 @@ mod counters;
 mod fallback_log;
 mod hash;
 mod index;
+mod ops;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -59,6 +64,7 @@ use tuning_db::DbError;
 pub use counters::LookupCounts;
 pub use fallback_log::parse_lines as parse_workload_list;
 pub use index::{distance, IndexInfo, MISS_CACHE_CAPACITY};
+pub use ops::PackedWeight;
 
 use counters::Counters;
 use fallback_log::FallbackLog;
