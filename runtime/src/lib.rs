@@ -485,7 +485,6 @@ fn check_buffers(
     inputs: &[&[f32]],
     output: &[f32],
 ) -> Result<(), RuntimeError> {
-    const NAMES: [&str; 4] = ["a", "b", "c", "d"];
     let bad = |name, got, expected| {
         Err(RuntimeError::BufferSize {
             name,
@@ -499,7 +498,8 @@ fn check_buffers(
     }
     for (i, (input, &len)) in inputs.iter().zip(c.input_lens.iter()).enumerate() {
         if input.len() != len {
-            return bad(NAMES.get(i).copied().unwrap_or("input"), input.len(), len);
+            let name = w.input_names().get(i).copied().unwrap_or("input");
+            return bad(name, input.len(), len);
         }
     }
     if output.len() != c.output_len {
