@@ -156,10 +156,19 @@ fn write_report(rt: &Runtime) {
             None,
         ),
     ];
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .map(|l| {
+            let l: Vec<&str> = l.split_whitespace().take(3).collect();
+            format!(
+                " Load average when written (1, 5, 15 min): {}.",
+                l.join(", ")
+            )
+        })
+        .unwrap_or_default();
     let mut md = format!(
         "# Runtime lookup latency — {}\n\nMachine: {}\n\nFingerprint `{}`. Criterion medians \
          (`cargo bench -p runtime --bench lookup`), {} tuned workloads in the index. The machine \
-         is shared (2 cores, other jobs running): treat as indicative.\n\n\
+         is shared (2 cores, other jobs running): treat as indicative.{load}\n\n\
          | case | median | target |\n|---|---|---|\n",
         tuning_db::now_rfc3339(),
         hw.summary(),
