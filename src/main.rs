@@ -67,6 +67,7 @@ impl ThreadsArg {
 }
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Hw(a) => commands::hw::run(a),
@@ -84,5 +85,16 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Rust ignores SIGPIPE, which turns `autokernel db stats | head` into a panic on the closed
+/// pipe; restore the default action so the process ends quietly like any other Unix tool.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: `signal` with SIG_DFL installs no handler code; it runs first in `main`, before
+    // any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
