@@ -69,7 +69,7 @@ impl Problem {
     /// dropped or doubled term.
     ///
     /// `gemm_bias_*`: `z = A·B + bias` as above (plus `2ε·|bias|`), then the activation in
-    /// f64; ReLU keeps `z`'s tolerance (it is 1-Lipschitz), GELU allows `1.2·tol(z)` (its
+    /// f64; identity and ReLU keep `z`'s tolerance (ReLU is 1-Lipschitz), GELU allows `1.2·tol(z)` (its
     /// slope stays below 1.13) plus `16ε·|z|` for a vectorised tanh/exp approximation.
     ///
     /// Attention: per query row, f64 scores `s_j = q·k_j/√D`, their f32 rounding bound
@@ -97,7 +97,7 @@ impl Problem {
                             let tz = tol[j] + 2.0 * eps * (bias[j] as f64).abs();
                             row[j] = act.apply_f64(z);
                             tol[j] = match act {
-                                Act::Relu => tz,
+                                Act::Identity | Act::Relu => tz,
                                 Act::Gelu => 1.2 * tz + 16.0 * eps * z.abs(),
                             };
                         }
@@ -337,7 +337,7 @@ mod tests {
 
     #[test]
     fn gemm_bias_act_reference_accepts_f32_and_catches_a_missing_bias() {
-        for act in [Act::Relu, Act::Gelu] {
+        for act in Act::ALL {
             let w = Workload::gemm_bias_act(5, 7, 300, act).unwrap();
             let p = Problem::random(&w, 3);
             let r = p.reference();
@@ -350,6 +350,7 @@ mod tests {
                 .map(|(i, z)| {
                     let z = z + bias[i % 7];
                     match act {
+                        Act::Identity => z,
                         Act::Relu => z.max(0.0),
                         Act::Gelu => gelu(z),
                     }
@@ -359,6 +360,7 @@ mod tests {
             // Without the bias: wrong (bias values are O(1), tolerances O(1e-4)).
             for (i, x) in c.iter_mut().enumerate() {
                 *x = match act {
+                    Act::Identity => *x,
                     Act::Relu => x.max(0.0),
                     Act::Gelu => gelu(*x),
                 };

@@ -6,6 +6,7 @@
 //! | text form                       | computes                                              |
 //! |---------------------------------|-------------------------------------------------------|
 //! | `gemm:MxNxK`                    | `C = A·B`                                             |
+//! | `gemm_bias:MxNxK`               | `C = A·B + bias`, bias of length N                    |
 //! | `gemm_bias_relu:MxNxK`          | `C = relu(A·B + bias)`, bias of length N              |
 //! | `gemm_bias_gelu:MxNxK`          | `C = gelu(A·B + bias)` (tanh form)                    |
 //! | `attention:BxHxSxD`             | `O = softmax(Q·Kᵀ/√D)·V` per batch and head           |
@@ -19,6 +20,9 @@
 //! assert_eq!(w.key(), "attention:1x12x128x64:causal");
 //! let g: Workload = "gemm_bias_gelu:128x3072x768".parse()?;
 //! assert_eq!(g, Workload::GemmBiasAct { m: 128, n: 3072, k: 768, act: Act::Gelu });
+//! let p: Workload = "gemm_bias:128x2304x768".parse()?;
+//! assert_eq!(p, Workload::GemmBiasAct { m: 128, n: 2304, k: 768, act: Act::Identity });
+//! assert_eq!(p.key(), "gemm_bias:128x2304x768");
 //! assert!("attention:1x12x128x64:sideways".parse::<Workload>().is_err());
 //! # Ok::<(), kernels::Error>(())
 //! ```
@@ -43,6 +47,8 @@ pub const MAX_ELEMENTS: u128 = 1 << 32;
 pub enum Op {
     /// `C = A·B`, f32, row-major; A is M×K, B is K×N, C is M×N.
     Gemm,
+    /// `C = A·B + bias`; bias has N values, added to every row (no activation).
+    GemmBias,
     /// `C = relu(A·B + bias)`; bias has N values, added to every row.
     GemmBiasRelu,
     /// `C = gelu(A·B + bias)`, GELU in its tanh form.
@@ -53,12 +59,19 @@ pub enum Op {
 
 impl Op {
     /// Every op, for error messages and listings.
-    pub const ALL: [Op; 4] = [Op::Gemm, Op::GemmBiasRelu, Op::GemmBiasGelu, Op::Attention];
+    pub const ALL: [Op; 5] = [
+        Op::Gemm,
+        Op::GemmBias,
+        Op::GemmBiasRelu,
+        Op::GemmBiasGelu,
+        Op::Attention,
+    ];
 
     /// The name used in workload strings.
     pub fn name(self) -> &'static str {
         match self {
             Op::Gemm => "gemm",
+            Op::GemmBias => "gemm_bias",
             Op::GemmBiasRelu => "gemm_bias_relu",
             Op::GemmBiasGelu => "gemm_bias_gelu",
             Op::Attention => "attention",
@@ -69,6 +82,8 @@ impl Op {
 /// The activation of a fused GEMM epilogue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Act {
+    /// No activation: `C = A·B + bias` (the `gemm_bias` op).
+    Identity,
     /// `max(x, 0)`.
     Relu,
     /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, the tanh form of GELU.
@@ -79,14 +94,19 @@ impl Act {
     /// The op of `gemm_bias_<act>`.
     pub fn op(self) -> Op {
         match self {
+            Act::Identity => Op::GemmBias,
             Act::Relu => Op::GemmBiasRelu,
             Act::Gelu => Op::GemmBiasGelu,
         }
     }
 
-    /// `relu` or `gelu`.
+    /// Every activation, in op order.
+    pub const ALL: [Act; 3] = [Act::Identity, Act::Relu, Act::Gelu];
+
+    /// `identity`, `relu` or `gelu`.
     pub fn name(self) -> &'static str {
         match self {
+            Act::Identity => "identity",
             Act::Relu => "relu",
             Act::Gelu => "gelu",
         }
@@ -95,6 +115,7 @@ impl Act {
     /// The activation in f64, the reference the kernels are checked against.
     pub fn apply_f64(self, x: f64) -> f64 {
         match self {
+            Act::Identity => x,
             Act::Relu => x.max(0.0),
             Act::Gelu => {
                 let c = (2.0 / std::f64::consts::PI).sqrt();
@@ -280,7 +301,9 @@ impl fmt::Display for Workload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Workload::Gemm { m, n, k } => write!(f, "gemm:{m}x{n}x{k}"),
-            Workload::GemmBiasAct { m, n, k, act } => write!(f, "gemm_bias_{act}:{m}x{n}x{k}"),
+            Workload::GemmBiasAct { m, n, k, act } => {
+                write!(f, "{}:{m}x{n}x{k}", act.op().name())
+            }
             Workload::Attention { b, h, s, d, causal } => {
                 write!(f, "attention:{b}x{h}x{s}x{d}")?;
                 if causal {
@@ -295,7 +318,7 @@ impl fmt::Display for Workload {
 impl FromStr for Workload {
     type Err = Error;
 
-    /// Parses `gemm:MxNxK`, `gemm_bias_relu:MxNxK`, `gemm_bias_gelu:MxNxK`,
+    /// Parses `gemm:MxNxK`, `gemm_bias:MxNxK`, `gemm_bias_relu:MxNxK`, `gemm_bias_gelu:MxNxK`,
     /// `attention:BxHxSxD` and `attention:BxHxSxD:causal` (surrounding white space is ignored).
     fn from_str(s: &str) -> Result<Self> {
         let input = s.trim();
@@ -347,14 +370,13 @@ impl FromStr for Workload {
                 let (m, n, k) = gemm_dims("gemm")?;
                 Workload::Gemm { m, n, k }
             }
-            Op::GemmBiasRelu | Op::GemmBiasGelu => {
+            Op::GemmBias | Op::GemmBiasRelu | Op::GemmBiasGelu => {
                 no_suffix(op.name())?;
                 let (m, n, k) = gemm_dims(op.name())?;
-                let act = if op == Op::GemmBiasRelu {
-                    Act::Relu
-                } else {
-                    Act::Gelu
-                };
+                let act = Act::ALL
+                    .into_iter()
+                    .find(|a| a.op() == op)
+                    .expect("every gemm_bias op has an activation");
                 Workload::GemmBiasAct { m, n, k, act }
             }
             Op::Attention => {
@@ -466,6 +488,15 @@ mod tests {
                 },
             ),
             (
+                "gemm_bias:4x5x6",
+                Workload::GemmBiasAct {
+                    m: 4,
+                    n: 5,
+                    k: 6,
+                    act: Act::Identity,
+                },
+            ),
+            (
                 "gemm_bias_relu:4x5x6",
                 Workload::GemmBiasAct {
                     m: 4,
@@ -543,6 +574,7 @@ mod tests {
         assert!((Act::Gelu.apply_f64(-1.0) + 0.158_808_009_391_723_2).abs() < 1e-12);
         assert_eq!(Act::Relu.apply_f64(-2.0), 0.0);
         assert_eq!(Act::Relu.apply_f64(2.5), 2.5);
+        assert_eq!(Act::Identity.apply_f64(-2.5), -2.5);
     }
 
     #[test]

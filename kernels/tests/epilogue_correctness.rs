@@ -1,4 +1,4 @@
-//! `gemm_bias_relu` / `gemm_bias_gelu` against the f64 reference: every micro-kernel, both
+//! `gemm_bias` / `gemm_bias_relu` / `gemm_bias_gelu` against the f64 reference: every micro-kernel, both
 //! fusions, both weight layouts, every thread split, awkward shapes; and the vectorised GELU
 //! against its f64 definition over a wide range of inputs.
 
@@ -25,7 +25,9 @@ fn packed_epilogues_for_every_ukernel_fusion_layout_and_split() {
     let hw = HardwareFingerprint::current();
     for text in [
         "gemm_bias_gelu:1x1x1",
+        "gemm_bias:1x1x1",
         "gemm_bias_relu:13x17x300",
+        "gemm_bias:29x41x70",
         "gemm_bias_gelu:50x37x19",
         "gemm_bias_gelu:7x100x64",
     ] {
@@ -61,6 +63,7 @@ fn direct_epilogues_for_every_ukernel_and_fusion() {
     let hw = HardwareFingerprint::current();
     for text in [
         "gemm_bias_gelu:1x70x33",
+        "gemm_bias:2x70x33",
         "gemm_bias_relu:5x9x100",
         "gemm_bias_gelu:3x16x8",
     ] {
@@ -123,4 +126,9 @@ fn vectorised_gelu_stays_within_its_error_bound() {
     let mut relu = vec![-2.0f32, -0.0, 0.5, 3.0];
     bias_act_row(&mut relu, &[1.0, 1.0, 1.0, 1.0], Act::Relu);
     assert_eq!(relu, vec![0.0, 1.0, 1.5, 4.0]);
+    // Bias only: nine values, so the scalar tail after one AVX2 vector is used too.
+    let mut plain: Vec<f32> = (0..9).map(|i| i as f32 - 4.0).collect();
+    bias_act_row(&mut plain, &[0.5; 9], Act::Identity);
+    let want: Vec<f32> = (0..9).map(|i| i as f32 - 3.5).collect();
+    assert_eq!(plain, want);
 }

@@ -219,7 +219,7 @@ mod tests {
             assert_eq!(level, Level::Default);
             p.check(&o, &p.reference()).unwrap();
         }
-        for act in [Act::Relu, Act::Gelu] {
+        for act in Act::ALL {
             let w = Workload::gemm_bias_act(20, 33, 17, act).unwrap();
             let p = Problem::random(&w, 3);
             let (a, b, bias) = (&p.inputs[0], &p.inputs[1], &p.inputs[2]);

@@ -1,4 +1,5 @@
-//! Fused GEMM epilogues: `C = act(A·B + bias)` (`gemm_bias_relu`, `gemm_bias_gelu`).
+//! Fused GEMM epilogues: `C = act(A·B + bias)` (`gemm_bias` with no activation,
+//! `gemm_bias_relu`, `gemm_bias_gelu`).
 //!
 //! Two families, both built on the GEMM drivers of this module:
 //!

@@ -50,6 +50,7 @@ impl TileEpilogue<'_> {
 
     fn code(&self) -> u8 {
         match self.act {
+            Act::Identity => Epi::BIAS,
             Act::Relu => Epi::RELU,
             Act::Gelu => Epi::GELU,
         }

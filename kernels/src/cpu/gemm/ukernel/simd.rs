@@ -198,7 +198,7 @@ pub(crate) fn gelu_scalar(x: f32) -> f32 {
 pub(crate) struct Epi {
     /// Bias for the tile's first column (readable for the tile's width); unused for `NONE`.
     pub bias: *const f32,
-    /// [`Epi::NONE`], [`Epi::RELU`] or [`Epi::GELU`].
+    /// [`Epi::NONE_ACT`], [`Epi::BIAS`], [`Epi::RELU`] or [`Epi::GELU`].
     pub act: u8,
 }
 
@@ -206,6 +206,8 @@ impl Epi {
     pub const NONE_ACT: u8 = 0;
     pub const RELU: u8 = 1;
     pub const GELU: u8 = 2;
+    /// Bias only, no activation.
+    pub const BIAS: u8 = 3;
     /// No epilogue: plain store.
     pub const NONE: Epi = Epi {
         bias: std::ptr::null(),
@@ -222,6 +224,7 @@ pub(crate) unsafe fn epilogue<S: Simd, const ACT: u8>(x: S::V, bias: *const f32)
     // SAFETY: the caller guarantees the ISA and `bias`'s extent.
     unsafe {
         match ACT {
+            Epi::BIAS => S::add(x, S::load(bias)),
             Epi::RELU => S::max(S::add(x, S::load(bias)), S::zero()),
             Epi::GELU => gelu::<S>(S::add(x, S::load(bias))),
             _ => x,
@@ -276,6 +279,7 @@ unsafe fn store_tile_epi<S: Simd, const R: usize, const V: usize>(
     // SAFETY: forwarded caller contract.
     unsafe {
         match ep.act {
+            Epi::BIAS => store_tile::<S, R, V, { Epi::BIAS }>(acc, c, ldc, accumulate, ep.bias),
             Epi::RELU => store_tile::<S, R, V, { Epi::RELU }>(acc, c, ldc, accumulate, ep.bias),
             Epi::GELU => store_tile::<S, R, V, { Epi::GELU }>(acc, c, ldc, accumulate, ep.bias),
             _ => store_tile::<S, R, V, { Epi::NONE_ACT }>(acc, c, ldc, accumulate, ep.bias),
@@ -287,7 +291,7 @@ unsafe fn store_tile_epi<S: Simd, const R: usize, const V: usize>(
 ///
 /// # Safety
 /// The CPU supports `S`'s ISA; `row` is readable and writable and `bias` readable for `n`
-/// values; `act` is `Epi::RELU` or `Epi::GELU`.
+/// values; `act` is `Epi::BIAS`, `Epi::RELU` or `Epi::GELU`.
 #[inline(always)]
 pub(crate) unsafe fn bias_act_body<S: Simd>(row: *mut f32, bias: *const f32, n: usize, act: u8) {
     // SAFETY: the caller guarantees the ISA and the extents; j + W ≤ n in the vector loop.
@@ -296,20 +300,20 @@ pub(crate) unsafe fn bias_act_body<S: Simd>(row: *mut f32, bias: *const f32, n: 
         while j + S::W <= n {
             let p = row.add(j);
             let x = S::load(p);
-            let y = if act == Epi::GELU {
-                epilogue::<S, { Epi::GELU }>(x, bias.add(j))
-            } else {
-                epilogue::<S, { Epi::RELU }>(x, bias.add(j))
+            let y = match act {
+                Epi::GELU => epilogue::<S, { Epi::GELU }>(x, bias.add(j)),
+                Epi::BIAS => epilogue::<S, { Epi::BIAS }>(x, bias.add(j)),
+                _ => epilogue::<S, { Epi::RELU }>(x, bias.add(j)),
             };
             S::store(p, y);
             j += S::W;
         }
         while j < n {
             let z = *row.add(j) + *bias.add(j);
-            *row.add(j) = if act == Epi::GELU {
-                gelu_scalar(z)
-            } else {
-                z.max(0.0)
+            *row.add(j) = match act {
+                Epi::GELU => gelu_scalar(z),
+                Epi::BIAS => z,
+                _ => z.max(0.0),
             };
             j += 1;
         }
