@@ -67,6 +67,7 @@ pub mod gemm_bf16;
 pub mod gemm_f32;
 pub mod gpu;
 pub mod shape;
+pub mod task;
 pub mod template;
 
 use std::sync::OnceLock;
@@ -82,6 +83,7 @@ pub use gemm_bf16::GemmBf16;
 pub use gemm_f32::GemmF32;
 pub use gpu::{Gpu, GpuOutcome, GpuTiming};
 pub use shape::{AttentionShape, GemmShape};
+pub use task::{GpuFamily, GpuTask};
 pub use template::Template;
 
 /// Everything that can go wrong on the CUDA side.
@@ -109,6 +111,9 @@ pub enum CudaError {
     /// A shape outside what the kernels accept.
     #[error("bad shape: {0}")]
     BadShape(String),
+    /// A workload no CUDA family runs (the message names what does).
+    #[error("{0}")]
+    Unsupported(String),
     /// Buffers that do not match the shape a kernel was prepared for.
     #[error("buffer '{name}' holds {got} elements, the shape needs {need}")]
     BufferSize {
