@@ -705,6 +705,26 @@ fn check_configs(
     let mut spaces: HashMap<(String, &'static str, Workload), Space> = HashMap::new();
     let (mut checked, mut stale, mut unchecked) = (0u64, 0u64, 0u64);
     for r in db.all_ok_records()? {
+        if let Some(gpu) = kernels::cuda::GpuFamily::by_name(&r.kernel) {
+            if gpu.version() != r.kernel_version {
+                stale += 1;
+            } else if let Some(fp) = fps.get(&r.fingerprint_id) {
+                checked += 1;
+                if let Err(e) = gpu.check_config(&r.workload, &r.config, fp) {
+                    problems.push(format!(
+                        "trial {} ({} {} on {}): config {} does not fit {} v{}: {e}",
+                        r.id.unwrap_or(-1),
+                        r.kernel,
+                        r.workload,
+                        r.fingerprint_id,
+                        r.config,
+                        gpu.name(),
+                        gpu.version()
+                    ));
+                }
+            }
+            continue;
+        }
         let Ok(family) = kernels::kernel(&r.kernel) else {
             stale += 1;
             continue;

@@ -6,6 +6,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use kernels::cuda::GpuFamily;
 use kernels::{Config, HardwareFingerprint, Kernel, Measurement, Space, Status, Workload};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, Transaction};
 use rusqlite::{ErrorCode, TransactionBehavior};
@@ -506,7 +507,8 @@ impl TuningDb {
 
     /// The fastest usable `ok` record for `workload` on fingerprint `fingerprint_id`.
     ///
-    /// Usable means: its (kernel, version) is a family in [`kernels::registry`] that supports
+    /// Usable means: its (kernel, version) is a family in [`kernels::registry`] (or a CUDA
+    /// family, [`GpuFamily`], checked against the GPU's compute capability) that supports
     /// the workload (records of other versions are stale and ignored), and its config parses
     /// and still fits that family's space for the stored fingerprint. Rows that fail any of
     /// this are skipped, never an error.
@@ -923,6 +925,15 @@ impl Usable {
     }
 
     fn accepts(&mut self, r: &Record) -> bool {
+        if let Some(gpu) = kernels::cuda::GpuFamily::by_name(&r.kernel) {
+            if gpu.version() != r.kernel_version {
+                return false;
+            }
+            return match &self.fingerprint {
+                Some(hw) => gpu.check_config(&r.workload, &r.config, hw).is_ok(),
+                None => GpuFamily::for_workload(&r.workload).is_ok_and(|f| f == gpu),
+            };
+        }
         let Some(family): Option<&'static dyn Kernel> = kernels::registry()
             .iter()
             .copied()

@@ -103,6 +103,21 @@ impl GpuFamily {
         })
     }
 
+    /// Whether a stored `config` of this family fits `w` on the GPU that `hw` describes (a row
+    /// made by [`GpuFingerprint::hardware`]): the tuning database's check before it serves a
+    /// record, the GPU twin of checking a CPU family's space.
+    pub fn check_config(
+        self,
+        w: &Workload,
+        config: &Config,
+        hw: &HardwareFingerprint,
+    ) -> Result<(), String> {
+        let arch = gpu_arch(hw)
+            .ok_or_else(|| format!("{} is a CUDA family, {} is not a GPU", self.name(), hw.id))?;
+        let space = self.space(w, arch).map_err(|e| e.to_string())?;
+        space.check(config).map_err(|e| e.to_string())
+    }
+
     fn check(self, w: &Workload, arch: Arch) -> Result<(), CudaError> {
         if GpuFamily::for_workload(w)? != self {
             return Err(CudaError::Unsupported(format!(
@@ -118,6 +133,12 @@ impl GpuFamily {
         }
         Ok(())
     }
+}
+
+/// The compute capability of a GPU fingerprint row ([`GpuFingerprint::hardware`]); `None` for
+/// a CPU's fingerprint.
+pub fn gpu_arch(hw: &HardwareFingerprint) -> Option<Arch> {
+    (hw.arch == "cuda").then(|| Arch::new(hw.family, hw.model))
 }
 
 enum Shape {
@@ -254,6 +275,18 @@ mod tests {
         assert!(hw.id_is_consistent());
         assert_eq!(hw.arch_key(), "cuda/NVIDIA/9/0/sm_90");
         assert_eq!(hw.cores, 132);
+        assert_eq!(gpu_arch(&hw), Some(Arch::SM90));
+        assert_eq!(gpu_arch(crate::HardwareFingerprint::current()), None);
+        let w: Workload = "gemm:256x256x256".parse().unwrap();
+        let good = GpuFamily::GemmF32.default_config(&w, Arch::SM90).unwrap();
+        GpuFamily::GemmF32.check_config(&w, &good, &hw).unwrap();
+        let mut bad = good.clone();
+        bad.set("bm", 3i64);
+        assert!(GpuFamily::GemmF32.check_config(&w, &bad, &hw).is_err());
+        assert!(GpuFamily::GemmF32
+            .check_config(&w, &good, crate::HardwareFingerprint::current())
+            .unwrap_err()
+            .contains("not a GPU"));
         assert!(hw.brand.contains("H100") && hw.brand.contains("550.54.15"));
         let newer = GpuFingerprint::new(
             "NVIDIA H100 80GB HBM3",
