@@ -22,46 +22,203 @@
 //! # Ok::<(), runtime::RuntimeError>(())
 //! ```
 
-use kernels::cpu::gemm::epilogue::{EpilogueGemm, EpiloguePacked};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kernels::cpu::gemm::epilogue::{EpilogueDirect, EpilogueGemm, EpiloguePacked};
 use kernels::cpu::gemm::packed::PackedB;
 use kernels::{Act, Config, Kernel, Workload};
 
-use crate::{Level, Runtime, RuntimeError};
+use crate::{Choice, Level, Runtime, RuntimeError};
 
 /// A constant weight (the `K×N` B operand of `gemm_bias_*`) packed once into the panel
-/// layout of the variant that serves its workload: calls with it skip packing B.
+/// layouts of the variants that serve it: calls with it skip packing B.
+///
+/// One packed weight serves **any M**. The panel layout depends only on the micro-kernel
+/// width NR and the depth block KC ([`EpilogueGemm::weight_layout`]), not on M, so
+/// [`Runtime::pack_weight_for`] looks up the variant of every M it is given, packs the
+/// weight once per *distinct* layout among them, and keeps a prepared plan per M. A call
+/// with an M that was not planned resolves it on first use: the tuned variant when its
+/// layout is one of those packed (at the level that answered), otherwise the packed
+/// family's default with its packing knobs set to a packed layout (reported as `default`).
+/// An M whose tuned variant is the direct (unpacked) family is served by it from a row-major
+/// copy kept only for that case.
 pub struct PackedWeight {
+    n: usize,
+    k: usize,
+    act: Act,
+    /// The plan of the first M given at packing time.
+    primary: Arc<Plan>,
+    /// One packed copy per distinct layout `(NR, KC)`, with a micro-kernel of that NR.
+    layouts: Vec<PackedLayout>,
+    /// Row-major copy, kept only when a planned M is served by the direct family.
+    rowmajor: Option<Arc<[f32]>>,
+    /// Prepared plans by M (planned at packing time, or resolved on first use).
+    plans: Mutex<HashMap<usize, Arc<Plan>>>,
+}
+
+struct PackedLayout {
+    layout: (usize, usize),
+    ukernel: String,
+    weight: PackedB,
+}
+
+/// How one M is served.
+struct Plan {
     workload: Workload,
     config: Config,
     level: Level,
-    gemm: EpilogueGemm,
-    weight: PackedB,
+    exec: PlanExec,
+}
+
+enum PlanExec {
+    /// The packed family with the packed copy `layouts[layout]`.
+    Packed { gemm: EpilogueGemm, layout: usize },
+    /// The chosen (direct) variant over the row-major copy.
+    RowMajor(Arc<Choice>),
 }
 
 impl std::fmt::Debug for PackedWeight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PackedWeight")
-            .field("workload", &self.workload.key())
-            .field("config", &self.config)
-            .field("level", &self.level)
+            .field("workload", &self.primary.workload.key())
+            .field("config", &self.primary.config)
+            .field("level", &self.primary.level)
+            .field("layouts", &self.layouts())
+            .field("rowmajor_copy", &self.rowmajor.is_some())
             .finish()
     }
 }
 
 impl PackedWeight {
-    /// The `gemm_bias_*` workload it serves.
+    /// The `gemm_bias_*` workload of the first M it was packed for.
     pub fn workload(&self) -> Workload {
-        self.workload
+        self.primary.workload
     }
 
-    /// The `gemm_bias_act_packed` config it runs (with `b_layout = prepacked`).
+    /// The config that serves [`PackedWeight::workload`] (`b_layout = prepacked` for the
+    /// packed family).
     pub fn config(&self) -> &Config {
-        &self.config
+        &self.primary.config
     }
 
     /// Where that config came from: the tuned record's level, or `default`.
     pub fn level(&self) -> Level {
-        self.level
+        self.primary.level
+    }
+
+    /// `(n, k)` of the weight.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// The distinct panel layouts `(NR, KC)` it is packed in.
+    pub fn layouts(&self) -> Vec<(usize, usize)> {
+        self.layouts.iter().map(|l| l.layout).collect()
+    }
+
+    /// Bytes held: the packed copies plus the row-major copy, if any.
+    pub fn bytes(&self) -> usize {
+        let packed = self
+            .layouts
+            .iter()
+            .map(|l| self.k * self.n.div_ceil(l.layout.0) * l.layout.0)
+            .sum::<usize>();
+        4 * (packed + self.rowmajor.as_ref().map_or(0, |r| r.len()))
+    }
+
+    /// The level and config that serve M = `m`, resolving it if it was not planned.
+    pub fn plan_for(&self, rt: &Runtime, m: usize) -> Result<(Level, Config), RuntimeError> {
+        let p = self.plan(rt, m)?;
+        Ok((p.level, p.config.clone()))
+    }
+
+    fn plan(&self, rt: &Runtime, m: usize) -> Result<Arc<Plan>, RuntimeError> {
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = plans.get(&m) {
+            return Ok(p.clone());
+        }
+        let w = Workload::gemm_bias_act(m, self.n, self.k, self.act)?;
+        let choice = rt.lookup(&w)?;
+        let plan = match Candidate::of(rt, &w, &choice)? {
+            Candidate::Packed(gemm, config) => {
+                match self
+                    .layouts
+                    .iter()
+                    .position(|l| l.layout == gemm.weight_layout())
+                {
+                    Some(layout) => Plan {
+                        workload: w,
+                        config,
+                        level: choice.level,
+                        exec: PlanExec::Packed { gemm, layout },
+                    },
+                    None => self.adapted(rt, &w)?,
+                }
+            }
+            Candidate::Direct if self.rowmajor.is_some() => Plan {
+                workload: w,
+                config: choice.config.clone(),
+                level: choice.level,
+                exec: PlanExec::RowMajor(choice),
+            },
+            Candidate::Direct => self.adapted(rt, &w)?,
+        };
+        let plan = Arc::new(plan);
+        plans.insert(m, plan.clone());
+        Ok(plan)
+    }
+
+    /// The packed family's default for `w` with the packing knobs of the first layout.
+    fn adapted(&self, rt: &Runtime, w: &Workload) -> Result<Plan, RuntimeError> {
+        let l = &self.layouts[0];
+        let mut config = EpiloguePacked.default_config(w, rt.fingerprint());
+        config.set("ukernel", l.ukernel.as_str());
+        config.set("kc", l.layout.1);
+        config.set("b_layout", "prepacked");
+        let gemm = EpilogueGemm::from_config(w, &config)?;
+        if gemm.weight_layout() != l.layout {
+            // Cannot happen while KC only depends on K; an error, never a wrong result.
+            return Err(kernels::Error::BadWorkload {
+                input: w.key(),
+                reason: format!(
+                    "no packed layout of this weight fits (have {:?}, got {:?})",
+                    l.layout,
+                    gemm.weight_layout()
+                ),
+            }
+            .into());
+        }
+        Ok(Plan {
+            workload: *w,
+            config,
+            level: Level::Default,
+            exec: PlanExec::Packed { gemm, layout: 0 },
+        })
+    }
+}
+
+/// What a lookup chose, seen from the packing side.
+enum Candidate {
+    /// A packed-family variant, prepared with `b_layout = prepacked`.
+    Packed(EpilogueGemm, Config),
+    /// A direct-family variant (reads B row-major).
+    Direct,
+}
+
+impl Candidate {
+    fn of(rt: &Runtime, w: &Workload, choice: &Choice) -> Result<Candidate, RuntimeError> {
+        if choice.kernel.name() == EpilogueDirect.name() {
+            return Ok(Candidate::Direct);
+        }
+        let mut config = if choice.kernel.name() == EpiloguePacked.name() {
+            choice.config.clone()
+        } else {
+            EpiloguePacked.default_config(w, rt.fingerprint())
+        };
+        config.set("b_layout", "prepacked");
+        let gemm = EpilogueGemm::from_config(w, &config)?;
+        Ok(Candidate::Packed(gemm, config))
     }
 }
 
@@ -144,10 +301,10 @@ impl Runtime {
         self.run(&w, &[a, b, bias], c)
     }
 
-    /// Packs the constant weight `b` (`k×n`, row-major) once for `act(A·B + bias)` calls of
-    /// shape `m×n×k`, in the layout of the tuned `gemm_bias_act_packed` variant for that
-    /// workload (the family default when the tuned one is another family or nothing is
-    /// tuned). Use it with [`Runtime::gemm_bias_act_packed`].
+    /// Packs the constant weight `b` (`k×n`, row-major) once for `act(A·B + bias)` calls,
+    /// planned for M = `m` (other M work too: see [`PackedWeight`]), in the layout of the
+    /// tuned `gemm_bias_act_packed` variant for that workload (the family default when
+    /// nothing is tuned). Use it with [`Runtime::gemm_bias_act_packed`].
     pub fn pack_weight(
         &self,
         m: usize,
@@ -156,31 +313,103 @@ impl Runtime {
         act: Act,
         b: &[f32],
     ) -> Result<PackedWeight, RuntimeError> {
-        let w = Workload::gemm_bias_act(m, n, k, act)?;
-        buffer(&w, "b", b.len(), k * n)?;
-        let choice = self.lookup(&w)?;
-        let (mut config, level) = if choice.kernel.name() == EpiloguePacked.name() {
-            (choice.config.clone(), choice.level)
-        } else {
-            (
-                EpiloguePacked.default_config(&w, self.fingerprint()),
-                Level::Default,
-            )
-        };
-        config.set("b_layout", "prepacked");
-        let gemm = EpilogueGemm::from_config(&w, &config)?;
-        let weight = gemm.pack_weight(b);
+        self.pack_weight_for(n, k, act, b, &[m])
+    }
+
+    /// Packs the constant weight `b` (`k×n`, row-major) once per distinct panel layout among
+    /// the variants that serve `act(A·B + bias)` at each M of `ms` (at least one), and
+    /// prepares a plan for each: what a model does at load time for the batch shapes it
+    /// expects. See [`PackedWeight`] for other M.
+    pub fn pack_weight_for(
+        &self,
+        n: usize,
+        k: usize,
+        act: Act,
+        b: &[f32],
+        ms: &[usize],
+    ) -> Result<PackedWeight, RuntimeError> {
+        let first = *ms.first().ok_or_else(|| kernels::Error::BadWorkload {
+            input: format!("{}:?x{n}x{k}", act.op().name()),
+            reason: "pack_weight_for needs at least one M".into(),
+        })?;
+        let w0 = Workload::gemm_bias_act(first, n, k, act)?;
+        buffer(&w0, "b", b.len(), k * n)?;
+        let mut layouts: Vec<PackedLayout> = Vec::new();
+        let mut plans = HashMap::new();
+        let mut pending: Vec<(Workload, Arc<Choice>)> = Vec::new();
+        let mut need_rowmajor = false;
+        for &m in ms {
+            let w = Workload::gemm_bias_act(m, n, k, act)?;
+            if plans.contains_key(&m) || pending.iter().any(|(pw, _)| *pw == w) {
+                continue;
+            }
+            let choice = self.lookup(&w)?;
+            match Candidate::of(self, &w, &choice)? {
+                Candidate::Packed(gemm, config) => {
+                    let layout = gemm.weight_layout();
+                    let idx = match layouts.iter().position(|l| l.layout == layout) {
+                        Some(i) => i,
+                        None => {
+                            layouts.push(PackedLayout {
+                                layout,
+                                ukernel: config.str("ukernel").unwrap_or_default().to_string(),
+                                weight: gemm.pack_weight(b),
+                            });
+                            layouts.len() - 1
+                        }
+                    };
+                    let plan = Plan {
+                        workload: w,
+                        config,
+                        level: choice.level,
+                        exec: PlanExec::Packed { gemm, layout: idx },
+                    };
+                    plans.insert(m, Arc::new(plan));
+                }
+                Candidate::Direct => {
+                    need_rowmajor = true;
+                    pending.push((w, choice));
+                }
+            }
+        }
+        if layouts.is_empty() {
+            // Only direct variants: still pack the family default, so unplanned M have a
+            // layout to fall back on.
+            let mut config = EpiloguePacked.default_config(&w0, self.fingerprint());
+            config.set("b_layout", "prepacked");
+            let gemm = EpilogueGemm::from_config(&w0, &config)?;
+            layouts.push(PackedLayout {
+                layout: gemm.weight_layout(),
+                ukernel: config.str("ukernel").unwrap_or_default().to_string(),
+                weight: gemm.pack_weight(b),
+            });
+        }
+        let rowmajor: Option<Arc<[f32]>> = need_rowmajor.then(|| Arc::from(b));
+        for (w, choice) in pending {
+            let (m, _, _) = w.gemm_dims().expect("a gemm_bias workload");
+            let plan = Plan {
+                workload: w,
+                config: choice.config.clone(),
+                level: choice.level,
+                exec: PlanExec::RowMajor(choice),
+            };
+            plans.insert(m, Arc::new(plan));
+        }
+        let primary = plans[&first].clone();
         Ok(PackedWeight {
-            workload: w,
-            config,
-            level,
-            gemm,
-            weight,
+            n,
+            k,
+            act,
+            primary,
+            layouts,
+            rowmajor,
+            plans: Mutex::new(plans),
         })
     }
 
-    /// `C = act(A·B + bias)` with a weight packed by [`Runtime::pack_weight`] (A `m×k`,
-    /// bias `n`, C `m×n` of its workload). Returns the level its config came from.
+    /// `C = act(A·B + bias)` with a weight packed by [`Runtime::pack_weight`] or
+    /// [`Runtime::pack_weight_for`]: A is `m×k` for any `m ≥ 1` (taken from its length), bias
+    /// `n`, C `m×n`. Returns the level the config serving this M came from.
     pub fn gemm_bias_act_packed(
         &self,
         weight: &PackedWeight,
@@ -188,13 +417,23 @@ impl Runtime {
         bias: &[f32],
         c: &mut [f32],
     ) -> Result<Level, RuntimeError> {
-        let w = weight.workload;
-        let (m, n, k) = w.gemm_dims().expect("a gemm_bias workload");
-        buffer(&w, "a", a.len(), m * k)?;
+        let (n, k) = (weight.n, weight.k);
+        let m = a.len() / k;
+        let w = Workload::gemm_bias_act(m.max(1), n, k, weight.act)?;
+        buffer(&w, "a", a.len(), m.max(1) * k)?;
         buffer(&w, "bias", bias.len(), n)?;
         buffer(&w, "c", c.len(), m * n)?;
-        weight.gemm.run_prepacked(a, &weight.weight, bias, c);
-        Ok(weight.level)
+        let plan = weight.plan(self, m)?;
+        match &plan.exec {
+            PlanExec::Packed { gemm, layout } => {
+                gemm.run_prepacked(a, &weight.layouts[*layout].weight, bias, c)
+            }
+            PlanExec::RowMajor(choice) => {
+                let b = weight.rowmajor.as_deref().expect("kept for direct plans");
+                choice.run(&[a, b, bias], c);
+            }
+        }
+        Ok(plan.level)
     }
 }
 
@@ -239,6 +478,55 @@ mod tests {
     }
 
     #[test]
+    fn one_packed_weight_serves_every_m() {
+        let rt = Runtime::defaults_only();
+        let (n, k) = (37, 70);
+        let w = Workload::gemm_bias_act(1, n, k, Act::Identity).unwrap();
+        let b = Problem::random(&w, 5).inputs[1].clone();
+        // 3 is served by the direct family (row-major copy kept), 20 and 64 by packed
+        // variants sharing one layout; 2, 33 and 130 are resolved on first use.
+        let packed = rt
+            .pack_weight_for(n, k, Act::Identity, &b, &[20, 3, 64, 20])
+            .unwrap();
+        assert_eq!(packed.layouts().len(), 1, "{packed:?}");
+        assert!(
+            packed.bytes() >= 4 * (n * k) * 2,
+            "packed + row-major copies"
+        );
+        for m in [20, 3, 64, 2, 33, 130] {
+            let w = Workload::gemm_bias_act(m, n, k, Act::Identity).unwrap();
+            let mut p = Problem::random(&w, 100 + m as u64);
+            p.inputs[1] = b.clone();
+            let mut c = p.output();
+            rt.gemm_bias_act_packed(&packed, &p.inputs[0], &p.inputs[2], &mut c)
+                .unwrap();
+            p.check(&c, &p.reference())
+                .unwrap_or_else(|e| panic!("m = {m}: {e}"));
+        }
+        // Without a direct M at packing time there is no row-major copy: a small M is
+        // served by the packed default on the packed layout, reported as `default`.
+        let only_packed = rt.pack_weight_for(n, k, Act::Identity, &b, &[40]).unwrap();
+        assert_eq!(
+            only_packed.bytes(),
+            4 * k * n.div_ceil(only_packed.layouts()[0].0) * only_packed.layouts()[0].0
+        );
+        let w = Workload::gemm_bias_act(4, n, k, Act::Identity).unwrap();
+        let mut p = Problem::random(&w, 7);
+        p.inputs[1] = b.clone();
+        let mut c = p.output();
+        let level = rt
+            .gemm_bias_act_packed(&only_packed, &p.inputs[0], &p.inputs[2], &mut c)
+            .unwrap();
+        assert_eq!(level, Level::Default);
+        p.check(&c, &p.reference()).unwrap();
+        assert_eq!(
+            only_packed.plan_for(&rt, 4).unwrap().1.str("b_layout"),
+            Some("prepacked")
+        );
+        assert!(rt.pack_weight_for(n, k, Act::Identity, &b, &[]).is_err());
+    }
+
+    #[test]
     fn bad_sizes_and_shapes_are_errors_not_panics() {
         let rt = Runtime::defaults_only();
         let x = vec![0.0f32; 64];
@@ -260,5 +548,10 @@ mod tests {
             .gemm_bias_act_packed(&packed, &x[..8], &x[..3], &mut o[..5])
             .unwrap_err();
         assert!(e.to_string().contains("'c' has 5 elements"), "{e}");
+        // A is not a whole number of rows of K = 4.
+        let e = rt
+            .gemm_bias_act_packed(&packed, &x[..9], &x[..3], &mut o[..6])
+            .unwrap_err();
+        assert!(e.to_string().contains("'a' has 9 elements"), "{e}");
     }
 }

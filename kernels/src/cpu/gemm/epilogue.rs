@@ -224,6 +224,13 @@ impl EpilogueGemm {
         self.cache.is_some()
     }
 
+    /// `(NR, KC)`: the panel layout [`EpilogueGemm::pack_weight`] produces. Two variants of
+    /// the same `K×N` with equal layouts can share one packed weight, whatever their M,
+    /// `mc`, `nc` or parallelisation.
+    pub fn weight_layout(&self) -> (usize, usize) {
+        (self.gemm.uk.nr, self.gemm.kc)
+    }
+
     /// Packs a `K×N` weight once into this variant's panel layout, for
     /// [`EpilogueGemm::run_prepacked`]. Panics if `b` is not `K×N`.
     pub fn pack_weight(&self, b: &[f32]) -> PackedB {
