@@ -12,6 +12,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use kernels::cuda::{Gpu, GpuTask, GpuTiming};
 use kernels::{
     default_for, Config, Executable, HardwareFingerprint, Kernel, Measurement, Problem, Workload,
 };
@@ -63,6 +64,8 @@ pub struct BenchArgs {
     rounds: u32,
     #[command(flatten)]
     threads: crate::ThreadsArg,
+    #[command(flatten)]
+    device: super::device::DeviceArg,
     /// One JSON object per workload per line, then a summary line.
     #[arg(long)]
     json: bool,
@@ -90,7 +93,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let requested = super::parse_workloads(&args.workloads)?;
     super::require_db(&args.db.db)?;
     args.threads.apply()?;
-    let hw = HardwareFingerprint::current();
+    let gpu = args
+        .device
+        .cuda()
+        .map(super::device::open_gpu)
+        .transpose()?;
+    let hw = &match &gpu {
+        Some(g) => g.fingerprint().hardware(),
+        None => HardwareFingerprint::current().clone(),
+    };
     let opts = CompareOptions {
         threshold: args.threshold,
         alpha: ALPHA,
@@ -107,14 +118,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let rt =
-        Runtime::open(&args.db.db).with_context(|| format!("opening {}", args.db.db.display()))?;
-    for s in rt.skipped() {
-        eprintln!(
-            "warning: skipped the record for {}: {}",
-            s.workload, s.reason
-        );
-    }
     let workloads = if requested.is_empty() {
         tuned_workloads(&args.db.db, hw)?
     } else {
@@ -137,33 +140,57 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or_default()
         );
     }
-    let prepared: Vec<Prepared> = workloads
-        .iter()
-        .map(|w| Prepared::new(&rt, w, hw))
-        .collect::<anyhow::Result<_>>()?;
+    let mut prepared: Vec<Box<dyn Subject + '_>> = match &gpu {
+        Some(gpu) => {
+            let db = TuningDb::open_read_only(&args.db.db)
+                .with_context(|| format!("opening {}", args.db.db.display()))?;
+            let timing = if args.quick {
+                GpuTiming::quick()
+            } else {
+                GpuTiming::thorough()
+            };
+            workloads
+                .iter()
+                .map(|w| {
+                    GpuPrepared::new(&db, gpu, w, hw, timing.clone())
+                        .map(|p| Box::new(p) as Box<dyn Subject>)
+                })
+                .collect::<anyhow::Result<_>>()?
+        }
+        None => {
+            let rt = Runtime::open(&args.db.db)
+                .with_context(|| format!("opening {}", args.db.db.display()))?;
+            for s in rt.skipped() {
+                eprintln!(
+                    "warning: skipped the record for {}: {}",
+                    s.workload, s.reason
+                );
+            }
+            workloads
+                .iter()
+                .map(|w| {
+                    Prepared::new(&rt, w, hw, protocol.clone())
+                        .map(|p| Box::new(p) as Box<dyn Subject>)
+                })
+                .collect::<anyhow::Result<_>>()?
+        }
+    };
     let rounds = args.rounds as usize;
     let mut timings: Vec<(Vec<Measurement>, Vec<Measurement>)> =
         vec![(Vec::with_capacity(rounds), Vec::with_capacity(rounds)); prepared.len()];
+    let count = prepared.len();
     for round in 0..rounds {
-        for (i, p) in prepared.iter().enumerate() {
+        for (i, p) in prepared.iter_mut().enumerate() {
             if !args.json {
                 eprintln!(
-                    "  round {}/{rounds}  [{}/{}] {}",
+                    "  round {}/{rounds}  [{}/{count}] {}",
                     round + 1,
                     i + 1,
-                    prepared.len(),
-                    p.workload
+                    p.workload()
                 );
             }
-            let tuned = RuntimeExe(&p.choice);
             // Alternate which goes first, so neither always follows the other.
-            let (t, d) = if round % 2 == 0 {
-                let t = measure(&tuned, &p.problem, &protocol);
-                (t, measure(p.default.as_ref(), &p.problem, &protocol))
-            } else {
-                let d = measure(p.default.as_ref(), &p.problem, &protocol);
-                (measure(&tuned, &p.problem, &protocol), d)
-            };
+            let (t, d) = p.measure_pair(round % 2 == 0)?;
             timings[i].0.push(t);
             timings[i].1.push(d);
         }
@@ -300,7 +327,21 @@ fn tuned_workloads(db: &Path, hw: &HardwareFingerprint) -> anyhow::Result<Vec<Wo
     Ok(ws)
 }
 
-/// A workload ready to time: the runtime's choice and the kernel default, both verified.
+/// A workload ready to time on its device: the tuned choice and the default, both verified.
+trait Subject {
+    fn workload(&self) -> &Workload;
+
+    /// The tuned choice and the default, measured back to back (`tuned_first` picks the order).
+    fn measure_pair(&mut self, tuned_first: bool) -> anyhow::Result<(Measurement, Measurement)>;
+
+    fn result(
+        self: Box<Self>,
+        tuned: Vec<Measurement>,
+        default: Vec<Measurement>,
+    ) -> WorkloadResult;
+}
+
+/// A CPU workload: the runtime's choice and the kernel default.
 struct Prepared {
     workload: Workload,
     choice: runtime::Choice,
@@ -308,10 +349,16 @@ struct Prepared {
     default_config: Config,
     default: Box<dyn Executable>,
     problem: Problem,
+    protocol: Protocol,
 }
 
 impl Prepared {
-    fn new(rt: &Runtime, w: &Workload, hw: &HardwareFingerprint) -> anyhow::Result<Prepared> {
+    fn new(
+        rt: &Runtime,
+        w: &Workload,
+        hw: &HardwareFingerprint,
+        protocol: Protocol,
+    ) -> anyhow::Result<Prepared> {
         let choice = rt.choose(w)?;
         let (dk, dc) = default_for(w, hw);
         let default = dk
@@ -341,10 +388,34 @@ impl Prepared {
             default_config: dc,
             default,
             problem,
+            protocol,
+        })
+    }
+}
+
+impl Subject for Prepared {
+    fn workload(&self) -> &Workload {
+        &self.workload
+    }
+
+    fn measure_pair(&mut self, tuned_first: bool) -> anyhow::Result<(Measurement, Measurement)> {
+        let tuned = RuntimeExe(&self.choice);
+        let default = self.default.as_ref();
+        let (p, protocol) = (&self.problem, &self.protocol);
+        Ok(if tuned_first {
+            let t = measure(&tuned, p, protocol);
+            (t, measure(default, p, protocol))
+        } else {
+            let d = measure(default, p, protocol);
+            (measure(&tuned, p, protocol), d)
         })
     }
 
-    fn result(self, tuned: Vec<Measurement>, default: Vec<Measurement>) -> WorkloadResult {
+    fn result(
+        self: Box<Self>,
+        tuned: Vec<Measurement>,
+        default: Vec<Measurement>,
+    ) -> WorkloadResult {
         let w = &self.workload;
         WorkloadResult {
             workload: w.key(),
@@ -353,6 +424,75 @@ impl Prepared {
             config: self.choice.config.clone(),
             tuned: Timing::new(tuned, w),
             default_kernel: self.default_kernel.name().into(),
+            default_config: self.default_config,
+            default: Timing::new(default, w),
+        }
+    }
+}
+
+/// A workload on a CUDA device: the database's choice for this GPU and the family default,
+/// both verified on every measurement (against cuBLAS or the f64 reference).
+struct GpuPrepared<'g> {
+    gpu: &'g Gpu,
+    workload: Workload,
+    choice: super::device::GpuChoice,
+    default_config: Config,
+    task: GpuTask,
+    timing: GpuTiming,
+}
+
+impl<'g> GpuPrepared<'g> {
+    fn new(
+        db: &TuningDb,
+        gpu: &'g Gpu,
+        w: &Workload,
+        hw: &HardwareFingerprint,
+        timing: GpuTiming,
+    ) -> anyhow::Result<Self> {
+        let choice = super::device::choose(Some(db), w, hw, gpu)?;
+        let default_config = choice.family.default_config(w, gpu.arch())?;
+        let task = GpuTask::new(gpu, w, INPUT_SEED)?;
+        Ok(GpuPrepared {
+            gpu,
+            workload: *w,
+            choice,
+            default_config,
+            task,
+            timing,
+        })
+    }
+}
+
+impl Subject for GpuPrepared<'_> {
+    fn workload(&self) -> &Workload {
+        &self.workload
+    }
+
+    fn measure_pair(&mut self, tuned_first: bool) -> anyhow::Result<(Measurement, Measurement)> {
+        let (gpu, timing) = (self.gpu, &self.timing);
+        let mut one = |c: &Config| super::device::measure(&mut self.task, gpu, c, timing);
+        Ok(if tuned_first {
+            let t = one(&self.choice.config)?;
+            (t, one(&self.default_config)?)
+        } else {
+            let d = one(&self.default_config)?;
+            (one(&self.choice.config)?, d)
+        })
+    }
+
+    fn result(
+        self: Box<Self>,
+        tuned: Vec<Measurement>,
+        default: Vec<Measurement>,
+    ) -> WorkloadResult {
+        let w = &self.workload;
+        WorkloadResult {
+            workload: w.key(),
+            level: self.choice.level.as_str().into(),
+            kernel: self.choice.family.name().into(),
+            config: self.choice.config.clone(),
+            tuned: Timing::new(tuned, w),
+            default_kernel: self.choice.family.name().into(),
             default_config: self.default_config,
             default: Timing::new(default, w),
         }

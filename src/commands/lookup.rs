@@ -17,6 +17,8 @@ pub struct LookupArgs {
     db: crate::DbArg,
     #[command(flatten)]
     threads: crate::ThreadsArg,
+    #[command(flatten)]
+    device: super::device::DeviceArg,
     /// Machine-readable output: one JSON object per workload.
     #[arg(long)]
     json: bool,
@@ -25,6 +27,10 @@ pub struct LookupArgs {
 pub fn run(args: LookupArgs) -> anyhow::Result<ExitCode> {
     let workloads = super::parse_workloads(&args.workloads)?;
     super::require_db(&args.db.db)?;
+    if let Some(n) = args.device.cuda() {
+        super::device::lookup(&args.db.db, &workloads, n, args.json)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     args.threads.apply()?;
     let rt =
         Runtime::open(&args.db.db).with_context(|| format!("opening {}", args.db.db.display()))?;

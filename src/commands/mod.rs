@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod db;
+pub mod device;
 pub mod hw;
 pub mod lookup;
 pub mod replay;

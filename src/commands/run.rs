@@ -18,6 +18,8 @@ pub struct RunArgs {
     db: crate::DbArg,
     #[command(flatten)]
     threads: crate::ThreadsArg,
+    #[command(flatten)]
+    device: super::device::DeviceArg,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -26,6 +28,10 @@ pub struct RunArgs {
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let w: kernels::Workload = args.workload.parse()?;
     super::require_db(&args.db.db)?;
+    if let Some(n) = args.device.cuda() {
+        super::device::run(&args.db.db, &w, n, args.json)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     args.threads.apply()?;
     let rt =
         Runtime::open(&args.db.db).with_context(|| format!("opening {}", args.db.db.display()))?;
