@@ -50,6 +50,10 @@ pub struct TuneArgs {
     strategy: String,
     #[command(flatten)]
     threads: crate::ThreadsArg,
+    /// Where candidates run: `cpu`, or CUDA device `cuda:N` (NVRTC-compiled templates,
+    /// verified and timed on the device; records under the GPU's fingerprint).
+    #[command(flatten)]
+    device: super::device::DeviceArg,
     /// Seed of the strategy and of the test inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -118,6 +122,9 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     if !isolated && (args.timeout_s.is_some() || args.mem_limit_mb.is_some()) {
         bail!("--timeout-s and --mem-limit-mb need --isolation process (in-process candidates cannot be stopped)");
     }
+    if let Some(n) = args.device.cuda() {
+        return tune_gpu(&args, &workloads, &db_path, strategy, n);
+    }
     let families = select_families(&args.kernels, &workloads)?;
     let pin_cpus = if args.pin {
         let threads = args.threads.threads.map_or(usize::MAX, usize::from);
@@ -173,8 +180,59 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     for w in &workloads {
         let fams: Vec<&'static dyn Kernel> =
             families.iter().copied().filter(|k| k.supports(w)).collect();
-        let summary = tune_one(&db, w, hw, &fams, &opts, evaluator.as_mut())?;
+        let summary = tune_one(w, &opts, &mut |on_event| {
+            tune_with(&db, w, hw, &fams, &opts, evaluator.as_mut(), on_event)
+        })?;
         report(&db, &summary, hw, &opts, args.json)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `tune --device cuda:N`: the same job on a GPU (search::gpu), in this process — a CUDA
+/// context cannot be shared with a worker, and NVRTC reports a bad config as a compile error
+/// rather than a crash.
+fn tune_gpu(
+    args: &TuneArgs,
+    workloads: &[Workload],
+    db_path: &std::path::Path,
+    strategy: StrategyKind,
+    n: usize,
+) -> anyhow::Result<ExitCode> {
+    if !args.kernels.is_empty() || args.pin || args.timeout_s.is_some() {
+        bail!(
+            "--kernel, --pin and --timeout-s apply to CPU tuning; drop them with --device cuda:{n}"
+        );
+    }
+    for w in workloads {
+        kernels::cuda::GpuFamily::for_workload(w).with_context(|| format!("--device cuda:{n}"))?;
+    }
+    let gpu = super::device::open_gpu(n)?;
+    let hw = gpu.fingerprint().hardware();
+    let db = TuningDb::open(db_path).with_context(|| format!("opening {}", db_path.display()))?;
+    let opts = TuneOptions {
+        budget: args.budget as usize,
+        strategy,
+        seed: args.seed,
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        finalists: 0,
+        ..TuneOptions::default()
+    };
+    if !args.json {
+        eprintln!(
+            "tuning {} workload(s) on cuda:{n} {} [{}], budget {} per workload, strategy {}, into {}",
+            workloads.len(),
+            gpu.fingerprint().summary(),
+            hw.id,
+            opts.budget,
+            args.strategy,
+            db_path.display()
+        );
+    }
+    for w in workloads {
+        let summary = tune_one(w, &opts, &mut |on_event| {
+            search::gpu::tune_gpu(&db, w, &gpu, &opts, on_event)
+        })?;
+        report(&db, &summary, &hw, &opts, args.json)?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -228,13 +286,11 @@ fn pin_here(_cpus: &[usize]) -> anyhow::Result<()> {
     bail!("--pin is only supported on Linux")
 }
 
+/// Runs one workload's tuning (`job`, given the event sink) behind a progress bar.
 fn tune_one(
-    db: &TuningDb,
     w: &Workload,
-    hw: &HardwareFingerprint,
-    families: &[&'static dyn Kernel],
     opts: &TuneOptions,
-    evaluator: &mut dyn Evaluator,
+    job: &mut dyn FnMut(&mut dyn FnMut(Event<'_>)) -> Result<TuneSummary, search::SearchError>,
 ) -> anyhow::Result<TuneSummary> {
     let bar = ProgressBar::new(opts.budget as u64);
     bar.set_style(
@@ -244,42 +300,34 @@ fn tune_one(
     );
     bar.set_prefix(w.key());
     bar.enable_steady_tick(Duration::from_millis(200));
-    let summary = tune_with(
-        db,
-        w,
-        hw,
-        families,
-        opts,
-        evaluator,
-        &mut |event| match event {
-            Event::Started {
-                already_tried,
-                budget,
-                ..
-            } => bar.set_position(already_tried.min(budget) as u64),
-            Event::Default { record } => {
-                bar.set_message(format!(
-                    "default {:.1} GFLOP/s",
-                    record.gflops.unwrap_or(0.0)
-                ));
-            }
-            Event::Trial {
-                record,
-                done,
-                best_gflops,
-                ..
-            } => {
-                bar.set_position(done as u64);
-                let current = record
-                    .gflops
-                    .map_or_else(|| record.status.to_string(), |g| format!("{g:.1}"));
-                bar.set_message(format!(
-                    "current {current}, best {:.1} GFLOP/s",
-                    best_gflops.unwrap_or(0.0)
-                ));
-            }
-        },
-    )
+    let summary = job(&mut |event| match event {
+        Event::Started {
+            already_tried,
+            budget,
+            ..
+        } => bar.set_position(already_tried.min(budget) as u64),
+        Event::Default { record } => {
+            bar.set_message(format!(
+                "default {:.1} GFLOP/s",
+                record.gflops.unwrap_or(0.0)
+            ));
+        }
+        Event::Trial {
+            record,
+            done,
+            best_gflops,
+            ..
+        } => {
+            bar.set_position(done as u64);
+            let current = record
+                .gflops
+                .map_or_else(|| record.status.to_string(), |g| format!("{g:.1}"));
+            bar.set_message(format!(
+                "current {current}, best {:.1} GFLOP/s",
+                best_gflops.unwrap_or(0.0)
+            ));
+        }
+    })
     .with_context(|| format!("tuning {w}"))?;
     bar.finish_and_clear();
     Ok(summary)
