@@ -1,0 +1,164 @@
+//! Model sizes and the workloads they call.
+
+use std::fmt;
+
+use kernels::{Act, Workload};
+
+/// The sizes of a BERT encoder (post-LayerNorm, GELU in its tanh form).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BertConfig {
+    /// Name used in reports and on the command line (`bert-base`, `bert-tiny`).
+    pub name: &'static str,
+    /// Encoder layers.
+    pub layers: usize,
+    /// Hidden size H (the width of every token's vector).
+    pub hidden: usize,
+    /// Attention heads; `hidden` is a multiple of it.
+    pub heads: usize,
+    /// Width of the feed-forward block.
+    pub ffn: usize,
+    /// LayerNorm epsilon.
+    pub ln_eps: f32,
+    /// Standard deviation of the random weights (BERT's `initializer_range`).
+    pub init_std: f32,
+}
+
+impl BertConfig {
+    /// BERT-base: 12 layers, hidden 768, 12 heads of 64, FFN 3072 (about 85 M encoder weights).
+    pub fn bert_base() -> BertConfig {
+        BertConfig {
+            name: "bert-base",
+            layers: 12,
+            hidden: 768,
+            heads: 12,
+            ffn: 3072,
+            ln_eps: 1e-12,
+            init_std: 0.02,
+        }
+    }
+
+    /// A 2-layer model for tests: hidden 64, 4 heads of 16, FFN 128. Its weights are drawn
+    /// 5× wider than BERT's, so attention is far from uniform and every path matters.
+    pub fn tiny() -> BertConfig {
+        BertConfig {
+            name: "bert-tiny",
+            layers: 2,
+            hidden: 64,
+            heads: 4,
+            ffn: 128,
+            ln_eps: 1e-12,
+            init_std: 0.1,
+        }
+    }
+
+    /// The model called `name` (`bert-base` or `bert-tiny`).
+    pub fn by_name(name: &str) -> Option<BertConfig> {
+        [BertConfig::bert_base(), BertConfig::tiny()]
+            .into_iter()
+            .find(|c| c.name == name)
+    }
+
+    /// Names accepted by [`BertConfig::by_name`].
+    pub const NAMES: [&'static str; 2] = ["bert-base", "bert-tiny"];
+
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.hidden / self.heads
+    }
+
+    /// Encoder weights (matrices, biases and LayerNorm parameters).
+    pub fn parameters(&self) -> usize {
+        let (h, f) = (self.hidden, self.ffn);
+        self.layers * (h * 3 * h + 3 * h + h * h + h + h * f + f + f * h + h + 4 * h)
+    }
+
+    /// Floating-point operations of one forward pass over `batch` sequences of `seq`
+    /// tokens, counted as the kernels count them (`2·M·N·K` per GEMM, `4·B·H·S²·D` per
+    /// attention).
+    pub fn flops(&self, batch: usize, seq: usize) -> f64 {
+        self.workloads(batch, seq)
+            .iter()
+            .map(|w| w.flops())
+            .sum::<f64>()
+            * self.layers as f64
+    }
+
+    /// The five kernel calls of one layer at `batch × seq`, in call order: fused QKV
+    /// projection, attention, output projection, FFN up (+GELU), FFN down. Every layer
+    /// makes the same calls.
+    pub fn workloads(&self, batch: usize, seq: usize) -> Vec<Workload> {
+        let (h, f, m) = (self.hidden, self.ffn, batch * seq);
+        vec![
+            Workload::GemmBiasAct {
+                m,
+                n: 3 * h,
+                k: h,
+                act: Act::Identity,
+            },
+            Workload::Attention {
+                b: batch,
+                h: self.heads,
+                s: seq,
+                d: self.head_dim(),
+                causal: false,
+            },
+            Workload::GemmBiasAct {
+                m,
+                n: h,
+                k: h,
+                act: Act::Identity,
+            },
+            Workload::GemmBiasAct {
+                m,
+                n: f,
+                k: h,
+                act: Act::Gelu,
+            },
+            Workload::GemmBiasAct {
+                m,
+                n: h,
+                k: f,
+                act: Act::Identity,
+            },
+        ]
+    }
+
+    /// The distinct workloads of every `(batch, seq)` in `shapes`, in first-use order: the
+    /// list to tune for this model.
+    pub fn workload_list(&self, shapes: &[(usize, usize)]) -> Vec<Workload> {
+        let mut out: Vec<Workload> = Vec::new();
+        for &(b, s) in shapes {
+            for w in self.workloads(b, s) {
+                if !out.contains(&w) {
+                    out.push(w);
+                }
+            }
+        }
+        out
+    }
+
+    /// Checks the sizes: every one at least 1, `hidden` a multiple of `heads`.
+    pub fn validate(&self) -> Result<(), crate::BertError> {
+        let bad = |reason: String| Err(crate::BertError::Config { reason });
+        if self.layers == 0 || self.hidden == 0 || self.heads == 0 || self.ffn == 0 {
+            return bad("every size must be at least 1".into());
+        }
+        if !self.hidden.is_multiple_of(self.heads) {
+            return bad(format!(
+                "hidden {} is not a multiple of heads {}",
+                self.hidden, self.heads
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for BertConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({} layers, hidden {}, {} heads, FFN {})",
+            self.name, self.layers, self.hidden, self.heads, self.ffn
+        )
+    }
+}

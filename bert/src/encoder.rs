@@ -1,0 +1,286 @@
+//! The encoder: weights packed once at load, a forward pass where every GEMM and attention
+//! call goes through the runtime.
+
+use std::time::Instant;
+
+use kernels::Act;
+use rayon::prelude::*;
+use runtime::{Level, PackedWeight, Runtime};
+
+use crate::layer_ops::{add_layer_norm, merge_heads, split_heads};
+use crate::{BertConfig, BertError, LayerWeights};
+
+/// How many kernel calls each runtime level served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LevelCounts {
+    pub exact: u64,
+    pub same_arch: u64,
+    pub nearest_shape: u64,
+    pub default: u64,
+}
+
+impl LevelCounts {
+    /// Counts one call served at `level`.
+    pub fn add(&mut self, level: Level) {
+        match level {
+            Level::Exact => self.exact += 1,
+            Level::SameArch => self.same_arch += 1,
+            Level::NearestShape => self.nearest_shape += 1,
+            Level::Default => self.default += 1,
+        }
+    }
+
+    /// All calls.
+    pub fn total(&self) -> u64 {
+        self.exact + self.same_arch + self.nearest_shape + self.default
+    }
+
+    /// `(level name, count)` in fallback order.
+    pub fn by_level(&self) -> [(&'static str, u64); 4] {
+        [
+            ("exact", self.exact),
+            ("same_arch", self.same_arch),
+            ("nearest_shape", self.nearest_shape),
+            ("default", self.default),
+        ]
+    }
+}
+
+impl std::ops::AddAssign for LevelCounts {
+    fn add_assign(&mut self, o: LevelCounts) {
+        self.exact += o.exact;
+        self.same_arch += o.same_arch;
+        self.nearest_shape += o.nearest_shape;
+        self.default += o.default;
+    }
+}
+
+/// One layer with its matrices packed for the runtime.
+struct PackedLayer {
+    qkv: PackedWeight,
+    b_qkv: Vec<f32>,
+    o: PackedWeight,
+    b_o: Vec<f32>,
+    ln1: (Vec<f32>, Vec<f32>),
+    ffn1: PackedWeight,
+    b_ffn1: Vec<f32>,
+    ffn2: PackedWeight,
+    b_ffn2: Vec<f32>,
+    ln2: (Vec<f32>, Vec<f32>),
+}
+
+/// A BERT encoder whose weights live packed in the layouts the runtime's tuned variants use.
+pub struct Encoder {
+    config: BertConfig,
+    layers: Vec<PackedLayer>,
+    load_s: f64,
+}
+
+impl std::fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Encoder")
+            .field("config", &self.config)
+            .field("weight_bytes", &self.weight_bytes())
+            .finish()
+    }
+}
+
+/// Reusable activation buffers of one forward pass (sized for the largest batch × seq seen).
+#[derive(Debug, Default)]
+pub struct Scratch {
+    x: Vec<f32>,
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    ctx: Vec<f32>,
+    rows: Vec<f32>,
+    proj: Vec<f32>,
+    ffn: Vec<f32>,
+}
+
+fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buf.resize(len, 0.0);
+    &mut buf[..len]
+}
+
+impl Encoder {
+    /// Generates the weights of `config` from `seed` and packs each matrix once, through
+    /// `rt`, for every `(batch, seq)` of `shapes` (one copy per distinct panel layout among
+    /// the variants the database picks for those M = batch·seq; other shapes work too, see
+    /// [`runtime::PackedWeight`]). Layers are generated and packed in parallel.
+    pub fn load(
+        rt: &Runtime,
+        config: BertConfig,
+        seed: u64,
+        shapes: &[(usize, usize)],
+    ) -> Result<Encoder, BertError> {
+        config.validate()?;
+        let mut ms: Vec<usize> = shapes.iter().map(|&(b, s)| b * s).collect();
+        if ms.is_empty() || ms.contains(&0) {
+            return Err(BertError::Shape {
+                reason: "load needs at least one (batch, seq) shape, each at least 1".into(),
+            });
+        }
+        ms.dedup();
+        let start = Instant::now();
+        let (h, f) = (config.hidden, config.ffn);
+        let layers = (0..config.layers)
+            .into_par_iter()
+            .map(|l| {
+                let w = LayerWeights::generate(&config, seed, l);
+                Ok(PackedLayer {
+                    qkv: rt.pack_weight_for(3 * h, h, Act::Identity, &w.w_qkv, &ms)?,
+                    b_qkv: w.b_qkv,
+                    o: rt.pack_weight_for(h, h, Act::Identity, &w.w_o, &ms)?,
+                    b_o: w.b_o,
+                    ln1: (w.ln1_gamma, w.ln1_beta),
+                    ffn1: rt.pack_weight_for(f, h, Act::Gelu, &w.w_ffn1, &ms)?,
+                    b_ffn1: w.b_ffn1,
+                    ffn2: rt.pack_weight_for(h, f, Act::Identity, &w.w_ffn2, &ms)?,
+                    b_ffn2: w.b_ffn2,
+                    ln2: (w.ln2_gamma, w.ln2_beta),
+                })
+            })
+            .collect::<Result<Vec<_>, BertError>>()?;
+        Ok(Encoder {
+            config,
+            layers,
+            load_s: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The model's sizes.
+    pub fn config(&self) -> &BertConfig {
+        &self.config
+    }
+
+    /// Seconds [`Encoder::load`] took (generating and packing).
+    pub fn load_seconds(&self) -> f64 {
+        self.load_s
+    }
+
+    /// Bytes of weights held (packed copies, row-major copies, biases and LayerNorm).
+    pub fn weight_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| {
+                let small = l.b_qkv.len()
+                    + l.b_o.len()
+                    + l.b_ffn1.len()
+                    + l.b_ffn2.len()
+                    + 2 * (l.ln1.0.len() + l.ln2.0.len());
+                l.qkv.bytes() + l.o.bytes() + l.ffn1.bytes() + l.ffn2.bytes() + 4 * small
+            })
+            .sum()
+    }
+
+    /// The largest number of packed copies of any weight (1 when every M the encoder was
+    /// loaded for agrees on the panel layout).
+    pub fn max_layouts(&self) -> usize {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.o, &l.ffn1, &l.ffn2])
+            .map(|w| w.layouts().len())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Adds `delta` to one bias value of the last layer's FFN down projection: a planted
+    /// fault, to show that the reference check catches a wrong result.
+    pub fn plant_fault(&mut self, delta: f32) {
+        if let Some(l) = self.layers.last_mut() {
+            l.b_ffn2[0] += delta;
+        }
+    }
+
+    /// The encoder over `batch` sequences of `seq` tokens: `input` is `batch × seq × hidden`
+    /// (the embedding block's output); returns the last layer's hidden states (same shape)
+    /// and how many kernel calls each runtime level served.
+    pub fn forward(
+        &self,
+        rt: &Runtime,
+        batch: usize,
+        seq: usize,
+        input: &[f32],
+    ) -> Result<(Vec<f32>, LevelCounts), BertError> {
+        let mut scratch = Scratch::default();
+        let counts = self.forward_with(rt, batch, seq, input, &mut scratch)?;
+        Ok((scratch.x, counts))
+    }
+
+    /// [`Encoder::forward`] reusing `scratch` (no allocation once it has grown); the result
+    /// is [`Scratch::output`].
+    pub fn forward_with(
+        &self,
+        rt: &Runtime,
+        batch: usize,
+        seq: usize,
+        input: &[f32],
+        scratch: &mut Scratch,
+    ) -> Result<LevelCounts, BertError> {
+        let c = &self.config;
+        let (h, f, heads, d) = (c.hidden, c.ffn, c.heads, c.head_dim());
+        let m = batch * seq;
+        if batch == 0 || seq == 0 {
+            return Err(BertError::Shape {
+                reason: format!("batch {batch} and seq {seq} must be at least 1"),
+            });
+        }
+        if input.len() != m * h {
+            return Err(BertError::Shape {
+                reason: format!(
+                    "input has {} values, batch {batch} × seq {seq} × hidden {h} needs {}",
+                    input.len(),
+                    m * h
+                ),
+            });
+        }
+        let mut counts = LevelCounts::default();
+        let Scratch {
+            x,
+            qkv,
+            q,
+            k,
+            v,
+            ctx,
+            rows,
+            proj,
+            ffn,
+        } = scratch;
+        x.clear();
+        x.extend_from_slice(input);
+        let (qkv, q, k, v) = (
+            sized(qkv, m * 3 * h),
+            sized(q, m * h),
+            sized(k, m * h),
+            sized(v, m * h),
+        );
+        let (ctx, rows, proj, ffn) = (
+            sized(ctx, m * h),
+            sized(rows, m * h),
+            sized(proj, m * h),
+            sized(ffn, m * f),
+        );
+        let dims = (batch, seq, heads, d);
+        for l in &self.layers {
+            counts.add(rt.gemm_bias_act_packed(&l.qkv, x, &l.b_qkv, qkv)?);
+            split_heads(qkv, dims, q, k, v);
+            counts.add(rt.attention(batch, heads, seq, d, false, q, k, v, ctx)?);
+            merge_heads(ctx, dims, rows);
+            counts.add(rt.gemm_bias_act_packed(&l.o, rows, &l.b_o, proj)?);
+            add_layer_norm(x, proj, &l.ln1.0, &l.ln1.1, c.ln_eps);
+            counts.add(rt.gemm_bias_act_packed(&l.ffn1, x, &l.b_ffn1, ffn)?);
+            counts.add(rt.gemm_bias_act_packed(&l.ffn2, ffn, &l.b_ffn2, proj)?);
+            add_layer_norm(x, proj, &l.ln2.0, &l.ln2.1, c.ln_eps);
+        }
+        Ok(counts)
+    }
+}
+
+impl Scratch {
+    /// The output of the last [`Encoder::forward_with`].
+    pub fn output(&self) -> &[f32] {
+        &self.x
+    }
+}

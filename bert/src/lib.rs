@@ -1,0 +1,86 @@
+//! # bert — a BERT encoder served by the autokernel runtime
+//!
+//! ```
+//! use bert::{batch_input, check, reference_forward, sequence_input, BertConfig, Encoder};
+//! use runtime::Runtime;
+//!
+//! let rt = Runtime::defaults_only(); // or Runtime::open("tuning.db")?
+//! let config = BertConfig::tiny(); // BertConfig::bert_base() for the real thing
+//! let (batch, seq, seed) = (2, 7, 42);
+//! // Weights from the seed, every matrix packed once for M = batch·seq.
+//! let encoder = Encoder::load(&rt, config, seed, &[(batch, seq)])?;
+//! let input = batch_input(&config, seed, batch, seq);
+//! let (out, calls) = encoder.forward(&rt, batch, seq, &input)?;
+//! assert_eq!(calls.default, 5 * config.layers as u64); // no database: all defaults
+//! // Sequence 1 against the f64 reference forward.
+//! let h = config.hidden;
+//! let want = reference_forward(&config, seed, seq, &sequence_input(&config, seed, seq, 1));
+//! check(&out[seq * h..2 * seq * h], &want).expect("within tolerance");
+//! # Ok::<(), bert::BertError>(())
+//! ```
+//!
+//! Why it exists: a tuning database only matters if it makes a real model faster. This
+//! crate is the proof — an encoder-only transformer (BERT-base: 12 layers, hidden 768, 12
+//! heads, FFN 3072, post-LayerNorm, GELU in its tanh form) where **every** GEMM (the fused
+//! QKV projection `gemm_bias:M×2304×768`, the attention output `gemm_bias:M×768×768`, the
+//! FFN `gemm_bias_gelu:M×3072×768` and `gemm_bias:M×768×3072`, M = batch·seq) and every
+//! attention (`attention:B×12×S×64`) is a [`runtime::Runtime`] call, so the database
+//! decides each variant, and [`LevelCounts`] says which level (exact, same_arch,
+//! nearest_shape, default) served them. It is not a framework: one config struct, seeded
+//! weights (no download, no tokenizer, no embeddings — the input is the embedding block's
+//! output), no attention mask (every sequence is full length).
+//!
+//! The weights are **packed once at load** ([`runtime::Runtime::pack_weight_for`]): one
+//! copy per distinct panel layout among the variants the database picks for the shapes
+//! given, usually one (BERT-base: ~340 MB of f32). LayerNorm, residual adds and the head
+//! split / merge are plain Rust, vectorised by the compiler, rayon over rows.
+//!
+//! [`reference_forward`] recomputes one sequence with naive f64 loops; [`check`] compares
+//! within [`TOLERANCE`] (its documentation says why that bound).
+
+mod config;
+mod encoder;
+mod layer_ops;
+mod reference;
+mod weights;
+
+pub use config::BertConfig;
+pub use encoder::{Encoder, LevelCounts, Scratch};
+pub use reference::{check, reference_forward, Agreement, TOLERANCE};
+pub use weights::{batch_input, sequence_input, LayerWeights};
+
+/// Errors of the model.
+#[derive(Debug)]
+pub enum BertError {
+    /// A runtime call failed (a bad buffer or workload).
+    Runtime(runtime::RuntimeError),
+    /// The model sizes are inconsistent.
+    Config { reason: String },
+    /// A batch / sequence shape or input that does not fit.
+    Shape { reason: String },
+}
+
+impl std::fmt::Display for BertError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BertError::Runtime(e) => write!(f, "{e}"),
+            BertError::Config { reason } => write!(f, "bad model config: {reason}"),
+            BertError::Shape { reason } => write!(f, "bad shape: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for BertError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BertError::Runtime(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<runtime::RuntimeError> for BertError {
+    fn from(e: runtime::RuntimeError) -> Self {
+        BertError::Runtime(e)
+    }
+}
