@@ -33,8 +33,8 @@ pub mod ukernel;
 pub mod unfused;
 
 use crate::cpu::gemm::{
-    cap_rule, int_knob, invalid, serial_iff_one_thread, snap, str_knob, thread_values, unsupported,
-    Packed,
+    cap_rule, int_knob, int_listed, invalid, par_threads_listed, serial_iff_one_thread, snap,
+    str_knob, str_listed, thread_values, unsupported, Packed,
 };
 use crate::cpu::Isa;
 use crate::error::Result;
@@ -138,6 +138,21 @@ impl Kernel for Fused {
 
     fn supports(&self, w: &Workload) -> bool {
         matches!(w, Workload::Attention { .. })
+    }
+
+    fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
+        let (b, h, s, _, _) = shape(w);
+        c.0.len() == 6
+            && c.str("tile")
+                .is_some_and(|t| ukernel::tiles_offered().iter().any(|o| o.name == t))
+            && int_listed(c, "br", BR_VALUES)
+            && int_listed(c, "bc", BC_VALUES)
+            && str_listed(c, "k_layout", K_LAYOUT_VALUES)
+            && par_threads_listed(c, hw, &["none", "heads", "blocks"])
+            && serial_iff_one_thread(c)
+            && cap_rule("br", BR_VALUES, s)(c)
+            && cap_rule("bc", BC_VALUES, s)(c)
+            && heads_rule(b * h)(c)
     }
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
@@ -251,6 +266,19 @@ impl Kernel for Unfused {
 
     fn supports(&self, w: &Workload) -> bool {
         matches!(*w, Workload::Attention { s, .. } if s <= UNFUSED_MAX_S)
+    }
+
+    fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
+        let (b, h, ..) = shape(w);
+        c.0.len() == 3
+            && c.str("ukernel").is_some_and(|u| {
+                crate::cpu::gemm::ukernel::packed_offered()
+                    .iter()
+                    .any(|o| o.name == u)
+            })
+            && par_threads_listed(c, hw, &["none", "heads", "gemm"])
+            && serial_iff_one_thread(c)
+            && heads_rule(b * h)(c)
     }
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {

@@ -110,6 +110,13 @@ impl Kernel for EpiloguePacked {
         matches!(w, Workload::GemmBiasAct { .. })
     }
 
+    fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
+        c.0.len() == 8
+            && super::str_listed(c, "fusion", FUSION_VALUES)
+            && super::str_listed(c, "b_layout", B_LAYOUT_VALUES)
+            && super::packed_knobs_fit(&inner(w), hw, c)
+    }
+
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
         Packed
             .space(&inner(w), hw)
@@ -140,6 +147,12 @@ impl Kernel for EpilogueDirect {
 
     fn supports(&self, w: &Workload) -> bool {
         matches!(w, Workload::GemmBiasAct { .. }) && Direct.supports(&inner(w))
+    }
+
+    fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
+        c.0.len() == 5
+            && super::str_listed(c, "fusion", FUSION_VALUES)
+            && super::direct_knobs_fit(&inner(w), hw, c)
     }
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {

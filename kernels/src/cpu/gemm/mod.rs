@@ -187,6 +187,59 @@ pub(crate) fn cap_rule(
     move |c: &Config| c.int(name).is_some_and(|v| v <= cap)
 }
 
+/// Whether knob `name` of `c` is a whole number listed in `values` (a [`Space::check`]
+/// membership test without building the space).
+pub(crate) fn int_listed(c: &Config, name: &str, values: &[usize]) -> bool {
+    c.int(name)
+        .is_some_and(|v| values.iter().any(|&x| x as i64 == v))
+}
+
+/// Whether knob `name` of `c` is a name listed in `values`.
+pub(crate) fn str_listed(c: &Config, name: &str, values: &[&str]) -> bool {
+    c.str(name).is_some_and(|v| values.contains(&v))
+}
+
+/// Whether `par` and `threads` are listed for `hw` ([`par_values`], [`thread_values`]).
+pub(crate) fn par_threads_listed(c: &Config, hw: &HardwareFingerprint, par: &[&str]) -> bool {
+    let par_ok = if hw.cores > 1 {
+        str_listed(c, "par", par)
+    } else {
+        c.str("par") == Some("none")
+    };
+    par_ok && int_listed(c, "threads", &thread_values(hw))
+}
+
+/// The knobs and rules of [`Packed`]'s space for `w` on `hw`, checked directly (extra knobs
+/// are the caller's to count): what [`Kernel::config_fits`] of the packed families tests.
+pub(crate) fn packed_knobs_fit(w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
+    let (m, n, k) = gemm_dims(w);
+    c.str("ukernel")
+        .is_some_and(|u| ukernel::packed_offered().iter().any(|o| o.name == u))
+        && int_listed(c, "mc", MC_VALUES)
+        && int_listed(c, "kc", KC_VALUES)
+        && int_listed(c, "nc", NC_VALUES)
+        && par_threads_listed(c, hw, &["none", "m", "n"])
+        && serial_iff_one_thread(c)
+        && cap_rule("mc", MC_VALUES, m)(c)
+        && cap_rule("kc", KC_VALUES, k)(c)
+        && cap_rule("nc", NC_VALUES, n)(c)
+}
+
+/// The knobs and rules of [`Direct`]'s space for `w` on `hw`, checked directly.
+pub(crate) fn direct_knobs_fit(w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
+    let (m, n, k) = gemm_dims(w);
+    let offered = ukernel::direct_offered();
+    let lanes = offered[0].lanes;
+    c.str("ukernel")
+        .is_some_and(|u| offered.iter().any(|o| o.name == u))
+        && int_listed(c, "kc", DIRECT_KC_VALUES)
+        && par_threads_listed(c, hw, &["none", "m", "n"])
+        && serial_iff_one_thread(c)
+        && c.int("kc").is_some_and(|v| v == 0 || (v as usize) < k)
+        && (c.str("par") != Some("m") || c.int("threads").is_some_and(|t| t as usize <= m))
+        && (c.str("par") != Some("n") || c.int("threads").is_some_and(|t| t as usize * lanes <= n))
+}
+
 impl Kernel for Packed {
     fn name(&self) -> &'static str {
         "gemm_packed"
@@ -198,6 +251,10 @@ impl Kernel for Packed {
 
     fn supports(&self, w: &Workload) -> bool {
         matches!(w, Workload::Gemm { .. })
+    }
+
+    fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
+        c.0.len() == 6 && packed_knobs_fit(w, hw, c)
     }
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
@@ -322,6 +379,10 @@ impl Kernel for Direct {
 
     fn supports(&self, w: &Workload) -> bool {
         matches!(*w, Workload::Gemm { m, .. } if m <= DIRECT_MAX_M)
+    }
+
+    fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
+        c.0.len() == 4 && direct_knobs_fit(w, hw, c)
     }
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
