@@ -286,11 +286,15 @@ fn pin_here(_cpus: &[usize]) -> anyhow::Result<()> {
     bail!("--pin is only supported on Linux")
 }
 
+/// One workload's tuning on some device, given the sink for its progress events.
+type TuneJob<'a> =
+    dyn FnMut(&mut dyn FnMut(Event<'_>)) -> Result<TuneSummary, search::SearchError> + 'a;
+
 /// Runs one workload's tuning (`job`, given the event sink) behind a progress bar.
 fn tune_one(
     w: &Workload,
     opts: &TuneOptions,
-    job: &mut dyn FnMut(&mut dyn FnMut(Event<'_>)) -> Result<TuneSummary, search::SearchError>,
+    job: &mut TuneJob<'_>,
 ) -> anyhow::Result<TuneSummary> {
     let bar = ProgressBar::new(opts.budget as u64);
     bar.set_style(
