@@ -1,36 +1,43 @@
 //! The in-memory index a [`Runtime`](crate::Runtime) serves from: built once per database
 //! load, immutable afterwards except for its cache of resolved misses.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use kernels::{default_for, Config, Executable, HardwareFingerprint, Kernel, Space, Workload};
 use tuning_db::{Record, TuningDb};
 
-use crate::hash::FxMap;
+use crate::hash::{class, dims4, Key, Table};
 use crate::{Choice, Level, RuntimeError, Skipped, Source};
 
 /// Resolved misses kept per index; past this, further misses are resolved on every call
 /// (still correct, just slower) so a stream of random shapes cannot grow memory without bound.
 pub const MISS_CACHE_CAPACITY: usize = 4096;
 
+/// Source of [`Index::uid`]: unique over every index of every runtime in the process.
+static NEXT_UID: AtomicU64 = AtomicU64::new(1);
+
 /// A tuned shape the nearest-shape level may borrow a config from.
 pub(crate) struct Candidate {
-    class: String,
-    log2: Vec<f64>,
+    log2: [f64; 4],
     choice: Arc<Choice>,
     workload: Workload,
 }
 
 pub(crate) struct Index {
+    /// Unique in the process (never reused), so a thread's cached handle on an index can
+    /// be checked against the runtime's current one by comparing two integers.
+    pub(crate) uid: u64,
     pub(crate) generation: u64,
-    /// Exact and same-arch choices: the hot path is one probe here.
-    pub(crate) hits: FxMap<Workload, Arc<Choice>>,
-    candidates: Vec<Candidate>,
-    /// Resolved misses (nearest-shape or default), copy-on-write so a repeated miss is a probe
-    /// without a lock.
-    pub(crate) misses: ArcSwap<FxMap<Workload, Arc<Choice>>>,
+    /// Every workload served so far: exact and same-arch choices from the load, then
+    /// resolved misses (nearest-shape or default) as they come. The hot path is one probe.
+    pub(crate) table: Table,
+    exact: usize,
+    same_arch: usize,
+    /// Tuned shapes by class ([`crate::hash::class`]), exact before same_arch, then by dims.
+    candidates: Vec<(u8, Vec<Candidate>)>,
     pub(crate) skipped: Vec<Skipped>,
     pub(crate) same_arch_fingerprints: usize,
     pub(crate) loaded_from: Option<PathBuf>,
@@ -57,14 +64,64 @@ pub struct IndexInfo {
 
 impl Index {
     pub(crate) fn empty(generation: u64) -> Index {
+        Index::new(generation, HashMap::new(), Vec::new(), 0, None)
+    }
+
+    fn new(
+        generation: u64,
+        hits: HashMap<Workload, Arc<Choice>>,
+        mut skipped: Vec<Skipped>,
+        same_arch_fingerprints: usize,
+        loaded_from: Option<PathBuf>,
+    ) -> Index {
+        let table = Table::with_capacity(hits.len() + MISS_CACHE_CAPACITY);
+        let mut cands: Vec<(u8, Candidate)> = Vec::new();
+        let (mut exact, mut same_arch) = (0, 0);
+        for (w, c) in hits {
+            let Some(key) = Key::of(&w) else {
+                // Unreachable for a parsed (validated) workload; refused, not mis-served.
+                skipped.push(Skipped {
+                    workload: w.key(),
+                    reason: "a dimension is too large to index".into(),
+                });
+                continue;
+            };
+            match c.level {
+                Level::Exact => exact += 1,
+                _ => same_arch += 1,
+            }
+            table.insert(key, c.clone());
+            cands.push((
+                class(&w),
+                Candidate {
+                    log2: log2_dims(&w),
+                    choice: c,
+                    workload: w,
+                },
+            ));
+        }
+        // Deterministic order for equal distances: exact before same_arch, then by dims.
+        cands.sort_by(|(_, a), (_, b)| {
+            (a.choice.level as u8, a.workload.dims())
+                .cmp(&(b.choice.level as u8, b.workload.dims()))
+        });
+        let mut candidates: Vec<(u8, Vec<Candidate>)> = Vec::new();
+        for (cl, c) in cands {
+            match candidates.iter_mut().find(|(k, _)| *k == cl) {
+                Some((_, v)) => v.push(c),
+                None => candidates.push((cl, vec![c])),
+            }
+        }
         Index {
+            uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
             generation,
-            hits: FxMap::default(),
-            candidates: Vec::new(),
-            misses: ArcSwap::from_pointee(FxMap::default()),
-            skipped: Vec::new(),
-            same_arch_fingerprints: 0,
-            loaded_from: None,
+            table,
+            exact,
+            same_arch,
+            candidates,
+            skipped,
+            same_arch_fingerprints,
+            loaded_from,
         }
     }
 
@@ -79,14 +136,14 @@ impl Index {
         generation: u64,
     ) -> Result<Index, RuntimeError> {
         let db = TuningDb::open_read_only(path)?;
-        let mut idx = Index::empty(generation);
-        idx.loaded_from = Some(path.to_path_buf());
+        let mut hits: HashMap<Workload, Arc<Choice>> = HashMap::new();
+        let mut skipped: Vec<Skipped> = Vec::new();
         for rec in db.best_all(&hw.id)? {
             match serve(&rec, hw, Level::Exact) {
                 Ok(choice) => {
-                    idx.hits.insert(rec.workload, Arc::new(choice));
+                    hits.insert(rec.workload, Arc::new(choice));
                 }
-                Err(reason) => idx.skipped.push(Skipped {
+                Err(reason) => skipped.push(Skipped {
                     workload: rec.workload.key(),
                     reason,
                 }),
@@ -94,7 +151,7 @@ impl Index {
         }
         // Workloads with ok records on hw that best_all found nothing usable in: say why.
         for (w, _) in db.ok_workloads(&hw.id)? {
-            if idx.hits.contains_key(&w) || idx.skipped.iter().any(|s| s.workload == w.key()) {
+            if hits.contains_key(&w) || skipped.iter().any(|s| s.workload == w.key()) {
                 continue;
             }
             let reason = db
@@ -110,7 +167,7 @@ impl Index {
                     || "no ok record reads back".to_string(),
                     |r| unusable_reason(r, hw),
                 );
-            idx.skipped.push(Skipped {
+            skipped.push(Skipped {
                 workload: w.key(),
                 reason,
             });
@@ -124,107 +181,97 @@ impl Index {
         siblings.sort_by(|a, b| {
             (a.cores.abs_diff(hw.cores), &a.id).cmp(&(b.cores.abs_diff(hw.cores), &b.id))
         });
-        idx.same_arch_fingerprints = siblings.len();
         for sib in &siblings {
             for rec in db.best_all(&sib.id)? {
-                if idx.hits.contains_key(&rec.workload) {
+                if hits.contains_key(&rec.workload) {
                     continue;
                 }
                 if let Ok(choice) = serve(&rec, hw, Level::SameArch) {
-                    idx.hits.insert(rec.workload, Arc::new(choice));
+                    hits.insert(rec.workload, Arc::new(choice));
                 }
             }
         }
-        let mut cands: Vec<Candidate> = idx
-            .hits
-            .iter()
-            .map(|(w, c)| Candidate {
-                class: shape_class(w),
-                log2: log2_dims(w),
-                choice: c.clone(),
-                workload: *w,
-            })
-            .collect();
-        // Deterministic order for equal distances: exact before same_arch, then by key.
-        cands.sort_by(|a, b| {
-            (a.choice.level as u8, a.workload.dims())
-                .cmp(&(b.choice.level as u8, b.workload.dims()))
-        });
-        idx.candidates = cands;
-        Ok(idx)
+        Ok(Index::new(
+            generation,
+            hits,
+            skipped,
+            siblings.len(),
+            Some(path.to_path_buf()),
+        ))
     }
 
     pub(crate) fn info(&self) -> IndexInfo {
         IndexInfo {
             generation: self.generation,
-            exact: self
-                .hits
-                .values()
-                .filter(|c| c.level == Level::Exact)
-                .count(),
-            same_arch: self
-                .hits
-                .values()
-                .filter(|c| c.level == Level::SameArch)
-                .count(),
+            exact: self.exact,
+            same_arch: self.same_arch,
             same_arch_fingerprints: self.same_arch_fingerprints,
-            cached_misses: self.misses.load().len(),
+            cached_misses: self.cached_misses(),
             skipped: self.skipped.len(),
             path: self.loaded_from.clone(),
+        }
+    }
+
+    fn cached_misses(&self) -> usize {
+        self.table.len().saturating_sub(self.exact + self.same_arch)
+    }
+
+    /// Keeps the resolved miss `c` of `key` for later lookups, unless the cache is full;
+    /// returns the choice to serve (another thread's, if it stored one first).
+    pub(crate) fn cache_miss(&self, key: Key, c: Arc<Choice>) -> Arc<Choice> {
+        if self.cached_misses() >= MISS_CACHE_CAPACITY {
+            return c;
+        }
+        match self.table.insert(key, c.clone()) {
+            Some(stored) => stored.clone(),
+            None => c,
         }
     }
 
     /// Resolves a workload that has no exact or same-arch record, without caching: the
     /// tuned shape of the same op nearest in log space whose config is valid for `w`
     /// (`nearest_shape`), else the kernel default (`default`).
+    ///
+    /// Validity is [`Kernel::config_fits`] (the space check without building the space)
+    /// plus a successful build; the nearest candidate is found in one pass, and the rest
+    /// are ranked only if it does not fit.
     pub(crate) fn resolve_miss(
         &self,
         w: &Workload,
         hw: &HardwareFingerprint,
     ) -> Result<Choice, RuntimeError> {
-        let target = log2_dims(w);
-        let class = shape_class(w);
-        let mut ranked: Vec<(f64, usize)> = self
+        let cl = class(w);
+        let cands: &[Candidate] = self
             .candidates
             .iter()
-            .enumerate()
-            .filter(|(_, c)| c.class == class)
-            .map(|(i, c)| (distance(&target, &c.log2), i))
-            .collect();
-        // Stable: equal distances keep the index order (exact first).
-        ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let mut spaces: Vec<(&'static str, Option<Space>)> = Vec::new();
-        for (d, i) in ranked {
-            let c = &self.candidates[i];
-            let kernel = c.choice.kernel;
-            let space = match spaces.iter().position(|(n, _)| *n == kernel.name()) {
-                Some(p) => &spaces[p].1,
-                None => {
-                    let s = kernel.supports(w).then(|| space_for(kernel, w, hw));
-                    spaces.push((kernel.name(), s));
-                    &spaces.last().expect("just pushed").1
+            .find(|(k, _)| *k == cl)
+            .map_or(&[], |(_, v)| v.as_slice());
+        if !cands.is_empty() {
+            let target = log2_dims(w);
+            let fit_hw = fit_hardware(hw);
+            // Nearest first (ties: index order, exact before same_arch).
+            let dist = |c: &Candidate| distance(&target, &c.log2);
+            let nearest = cands
+                .iter()
+                .enumerate()
+                .min_by(|a, b| dist(a.1).total_cmp(&dist(b.1)).then(a.0.cmp(&b.0)));
+            if let Some((i, c)) = nearest {
+                if let Some(choice) = borrow(w, c, dist(c), fit_hw) {
+                    return Ok(choice);
                 }
-            };
-            let Some(space) = space else { continue };
-            if space.check(&c.choice.config).is_err() {
-                continue;
-            }
-            if let Ok(exe) = kernel.build(w, &c.choice.config) {
-                let from = c.choice.source.as_ref();
-                return Ok(Choice::new(
-                    w,
-                    kernel,
-                    c.choice.config.clone(),
-                    Level::NearestShape,
-                    Some(Source {
-                        workload: c.workload,
-                        fingerprint_id: from.map(|s| s.fingerprint_id.clone()).unwrap_or_default(),
-                        trial_id: from.and_then(|s| s.trial_id),
-                        median_s: from.and_then(|s| s.median_s),
-                        distance: d,
-                    }),
-                    exe.into(),
-                ));
+                let mut ranked: Vec<(f64, usize)> = cands
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != i)
+                    .map(|(j, c)| (dist(c), j))
+                    .collect();
+                // Stable: equal distances keep the index order.
+                ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
+                for (d, j) in ranked {
+                    if let Some(choice) = borrow(w, &cands[j], d, fit_hw) {
+                        return Ok(choice);
+                    }
+                }
             }
         }
         let (kernel, config) = default_for(w, hw);
@@ -233,15 +280,46 @@ impl Index {
     }
 }
 
+/// The nearest-shape choice for `w` from candidate `c` at distance `d`, if its config fits
+/// `w` on `fit_hw` and builds.
+fn borrow(w: &Workload, c: &Candidate, d: f64, fit_hw: &HardwareFingerprint) -> Option<Choice> {
+    let kernel = c.choice.kernel;
+    if !kernel.supports(w) || !kernel.config_fits(w, fit_hw, &c.choice.config) {
+        return None;
+    }
+    let exe = kernel.build(w, &c.choice.config).ok()?;
+    let from = c.choice.source.as_ref();
+    Some(Choice::new(
+        w,
+        kernel,
+        c.choice.config.clone(),
+        Level::NearestShape,
+        Some(Source {
+            workload: c.workload,
+            fingerprint_id: from.map(|s| s.fingerprint_id.clone()).unwrap_or_default(),
+            trial_id: from.and_then(|s| s.trial_id),
+            median_s: from.and_then(|s| s.median_s),
+            distance: d,
+        }),
+        exe.into(),
+    ))
+}
+
+/// The hardware whose space a config must fit on this machine: the running CPU (what
+/// `prepare` checks), or `hw` when the runtime serves another fingerprint with fewer cores.
+fn fit_hardware(hw: &HardwareFingerprint) -> &HardwareFingerprint {
+    let current = HardwareFingerprint::current();
+    if hw.id == current.id || hw.cores >= current.cores {
+        current
+    } else {
+        hw
+    }
+}
+
 /// The space a config must fit on this machine: the running CPU's (what `prepare` checks),
 /// narrowed to `hw` when the runtime serves another fingerprint (e.g. fewer threads).
 fn space_for(kernel: &dyn Kernel, w: &Workload, hw: &HardwareFingerprint) -> Space {
-    let current = HardwareFingerprint::current();
-    if hw.id == current.id || hw.cores >= current.cores {
-        kernel.space(w, current)
-    } else {
-        kernel.space(w, hw)
-    }
+    kernel.space(w, fit_hardware(hw))
 }
 
 fn serve(rec: &Record, hw: &HardwareFingerprint, level: Level) -> Result<Choice, String> {
@@ -302,20 +380,15 @@ fn unusable_reason(r: &Record, hw: &HardwareFingerprint) -> String {
     }
 }
 
-/// What must match for a tuned shape to lend its config: the workload's text form without
-/// its dimensions (`gemm:`, `attention::causal`), i.e. the op and any non-shape attributes.
-pub(crate) fn shape_class(w: &Workload) -> String {
-    let key = w.key();
-    let mut parts: Vec<&str> = key.split(':').collect();
-    if parts.len() > 1 {
-        parts[1] = "";
+/// log2 of each dimension (zeros past the last): the coordinates of the nearest-shape
+/// distance.
+pub(crate) fn log2_dims(w: &Workload) -> [f64; 4] {
+    let (dims, n) = dims4(w);
+    let mut out = [0.0; 4];
+    for (o, &d) in out.iter_mut().zip(&dims[..n]) {
+        *o = (d as f64).log2();
     }
-    parts.join(":")
-}
-
-/// log2 of each dimension: the coordinates of the nearest-shape distance.
-pub(crate) fn log2_dims(w: &Workload) -> Vec<f64> {
-    w.dims().into_iter().map(|d| (d as f64).log2()).collect()
+    out
 }
 
 /// Euclidean distance between two shapes in log2 space: `sqrt(Σ (log2 a_i − log2 b_i)²)`.

@@ -53,8 +53,9 @@ mod hash;
 mod index;
 mod ops;
 
+use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
@@ -68,6 +69,7 @@ pub use ops::PackedWeight;
 
 use counters::Counters;
 use fallback_log::FallbackLog;
+use hash::Key;
 use index::Index;
 
 /// The environment variable that turns on the untuned-workload log for every
@@ -237,6 +239,10 @@ pub struct Runtime {
     hw: HardwareFingerprint,
     path: Option<PathBuf>,
     index: ArcSwap<Index>,
+    /// `uid` of the index in `index`, stored after it (see [`Runtime::hit`]).
+    uid: AtomicU64,
+    /// This runtime's slot in each thread's [`Local::indexes`].
+    slot: usize,
     counters: Counters,
     log: OnceLock<FallbackLog>,
     load_error: Mutex<Option<String>>,
@@ -293,9 +299,12 @@ impl Runtime {
     }
 
     fn with_index(hw: HardwareFingerprint, path: Option<PathBuf>, idx: Index) -> Runtime {
+        static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
         Runtime {
             hw,
             path,
+            uid: AtomicU64::new(idx.uid),
+            slot: NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % LOCAL_SLOTS,
             index: ArcSwap::from_pointee(idx),
             counters: Counters::default(),
             log: OnceLock::new(),
@@ -343,7 +352,10 @@ impl Runtime {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let idx = Index::load(path, &self.hw, generation)?;
         let info = idx.info();
+        let uid = idx.uid;
         self.index.store(Arc::new(idx));
+        // After the store: a thread that sees the new uid finds the new index in `index`.
+        self.uid.store(uid, Ordering::Release);
         *self.load_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(info)
     }
@@ -388,56 +400,83 @@ impl Runtime {
     }
 
     /// The variant that serves `w` (see the crate documentation for the levels). A workload
-    /// seen before costs one hash probe on the index snapshot and a reference-count
-    /// increment: no lock, no SQL, no allocation. The handle is shared, not copied.
+    /// seen before costs one probe of this thread's handle on the index and a
+    /// reference-count increment: no lock, no SQL, no allocation. The handle is shared, not
+    /// copied ([`Runtime::run`] skips even the increment).
     pub fn lookup(&self, w: &Workload) -> Result<Arc<Choice>, RuntimeError> {
-        let idx = self.index.load();
-        let c = match idx.hits.get(w) {
-            Some(c) => c.clone(),
-            None => self.miss(&idx, w)?,
-        };
-        self.served(w, &c);
-        Ok(c)
+        let key = Key::of(w);
+        if let Some(c) =
+            key.and_then(|k| self.hit(k, |c, shard| self.served(w, c, shard, c.clone())))
+        {
+            return Ok(c);
+        }
+        let c = self.miss(w, key)?;
+        Ok(self.served(w, &c, local_shard(), c.clone()))
     }
 
     /// Like [`Runtime::choose`] but resolves `w` afresh, bypassing and not filling the cache,
     /// and without counting or logging: what the first lookup of `w` would decide.
     pub fn resolve(&self, w: &Workload) -> Result<Choice, RuntimeError> {
         let idx = self.index.load();
-        match idx.hits.get(w) {
-            Some(c) => Ok((**c).clone()),
-            None => idx.resolve_miss(w, &self.hw),
+        match Key::of(w).and_then(|k| idx.table.get(k)) {
+            Some(c) if matches!(c.level, Level::Exact | Level::SameArch) => Ok((**c).clone()),
+            _ => idx.resolve_miss(w, &self.hw),
         }
     }
 
+    /// The hot path: `f(choice, shard)` if this thread's handle on the current index holds
+    /// `key`; `None` (without calling `f`) otherwise.
+    ///
+    /// Each thread keeps an `Arc` of the index it last used per runtime slot, tagged with
+    /// the index's process-unique `uid`. It is current if it has the uid `reload` stored
+    /// (after storing the index), so a hit costs a thread-local access, one load of
+    /// `self.uid` and one table probe; only a thread whose handle is stale goes through
+    /// `arc-swap`. A handle on an old index keeps it alive until that thread's next lookup
+    /// on this slot, or until the thread ends.
     #[inline]
-    fn served(&self, w: &Workload, c: &Choice) {
-        self.counters.count(c.level);
-        if c.level != Level::Exact {
+    fn hit<R>(&self, key: Key, f: impl FnOnce(&Arc<Choice>, usize) -> R) -> Option<R> {
+        let uid = self.uid.load(Ordering::Acquire);
+        LOCAL
+            .try_with(|local| {
+                let indexes = local.indexes.try_borrow().ok()?;
+                let idx = indexes[self.slot].as_ref().filter(|i| i.uid == uid)?;
+                let c = idx.table.get(key)?;
+                Some(f(c, local.shard()))
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// Counts (and if asked, logs) one lookup served by `c`; returns `out`.
+    #[inline]
+    fn served<R>(&self, w: &Workload, c: &Choice, shard: usize, out: R) -> R {
+        self.counters.count(shard, c.level);
+        if c.level != Level::Exact && !c.logged.load(Ordering::Relaxed) {
             if let Some(log) = self.log.get() {
-                if !c.logged.swap(true, Ordering::Relaxed) {
-                    log.record(w, c.level);
-                }
+                log_once(log, w, c);
             }
         }
+        out
     }
 
-    fn miss(&self, idx: &Index, w: &Workload) -> Result<Arc<Choice>, RuntimeError> {
-        if let Some(c) = idx.misses.load().get(w) {
+    /// The slow path: refreshes this thread's handle on the index, then serves `w` from the
+    /// table, or resolves it (nearest shape, else default) and caches the result.
+    #[cold]
+    fn miss(&self, w: &Workload, key: Option<Key>) -> Result<Arc<Choice>, RuntimeError> {
+        let idx = self.index.load_full();
+        let _ = LOCAL.try_with(|local| {
+            if let Ok(mut indexes) = local.indexes.try_borrow_mut() {
+                indexes[self.slot] = Some(idx.clone());
+            }
+        });
+        let Some(key) = key else {
+            return Ok(Arc::new(idx.resolve_miss(w, &self.hw)?));
+        };
+        if let Some(c) = idx.table.get(key) {
             return Ok(c.clone());
         }
         let c = Arc::new(idx.resolve_miss(w, &self.hw)?);
-        let mut out = c.clone();
-        idx.misses.rcu(|m| {
-            let mut m2 = (**m).clone();
-            if let Some(existing) = m2.get(w) {
-                out = existing.clone(); // another thread resolved it first: share theirs
-            } else if m2.len() < MISS_CACHE_CAPACITY {
-                m2.insert(*w, c.clone());
-            }
-            m2
-        });
-        Ok(out)
+        Ok(idx.cache_miss(key, c))
     }
 
     /// Runs `w` on `inputs` into `output` with the chosen variant; returns the level that
@@ -448,19 +487,18 @@ impl Runtime {
         inputs: &[&[f32]],
         output: &mut [f32],
     ) -> Result<Level, RuntimeError> {
-        let idx = self.index.load();
-        let miss;
-        let c: &Choice = match idx.hits.get(w) {
-            Some(c) => c,
-            None => {
-                miss = self.miss(&idx, w)?;
-                &miss
-            }
+        let mut serve = |c: &Choice, shard: usize| {
+            check_buffers(w, c, inputs, output)?;
+            self.served(w, c, shard, ());
+            c.run(inputs, output);
+            Ok(c.level)
         };
-        check_buffers(w, c, inputs, output)?;
-        self.served(w, c);
-        c.run(inputs, output);
-        Ok(c.level)
+        let key = Key::of(w);
+        if let Some(r) = key.and_then(|k| self.hit(k, |c, shard| serve(c, shard))) {
+            return r;
+        }
+        let c = self.miss(w, key)?;
+        serve(&c, local_shard())
     }
 
     /// `C = A·B` (row-major f32; A is m×k, B is k×n, C is m×n, overwritten).
@@ -476,6 +514,58 @@ impl Runtime {
         let w = Workload::gemm(m, n, k)?;
         self.run(&w, &[a, b], c)
     }
+}
+
+/// Runtime slots per thread ([`Local::indexes`]): runtimes beyond this many, used from one
+/// thread in turn, share slots and refresh each other's handles (correct, a little slower).
+const LOCAL_SLOTS: usize = 4;
+
+/// What a thread keeps for the hot path: its handles on the indexes in service, and its
+/// counter shard.
+struct Local {
+    indexes: RefCell<[Option<Arc<Index>>; LOCAL_SLOTS]>,
+    shard: Cell<usize>,
+}
+
+impl Local {
+    #[inline]
+    fn shard(&self) -> usize {
+        let s = self.shard.get();
+        if s != counters::UNASSIGNED {
+            return s;
+        }
+        let s = counters::acquire_shard();
+        self.shard.set(s);
+        s
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        counters::release_shard(self.shard.get());
+    }
+}
+
+thread_local! {
+    static LOCAL: Local = const {
+        Local {
+            indexes: RefCell::new([None, None, None, None]),
+            shard: Cell::new(counters::UNASSIGNED),
+        }
+    };
+}
+
+/// Appends `w` to the untuned-workload log, once per choice.
+#[cold]
+fn log_once(log: &FallbackLog, w: &Workload, c: &Choice) {
+    if !c.logged.swap(true, Ordering::Relaxed) {
+        log.record(w, c.level);
+    }
+}
+
+/// This thread's counter shard (the shared one while its thread-locals are being torn down).
+fn local_shard() -> usize {
+    LOCAL.try_with(Local::shard).unwrap_or(counters::SHARDS)
 }
 
 /// Checks buffer lengths against those `c` was prepared for (no allocation).
