@@ -27,6 +27,8 @@ enum Command {
     Lookup(commands::lookup::LookupArgs),
     /// Run a workload through the runtime on random inputs and time it.
     Run(commands::run::RunArgs),
+    /// Run a BERT encoder through the runtime: latency, throughput, levels, tuned vs defaults.
+    Infer(commands::infer::InferArgs),
     /// Tuning databases for fleets: stats, export, import, merge, verify, diff.
     Db(commands::db::DbArgs),
     /// Re-measure the database's winners, compare with a baseline, save baselines, report.
@@ -74,6 +76,7 @@ fn main() -> ExitCode {
         Command::Tune(a) => commands::tune::run(a),
         Command::Lookup(a) => commands::lookup::run(a),
         Command::Run(a) => commands::run::run(a),
+        Command::Infer(a) => commands::infer::run(a),
         Command::Db(a) => commands::db::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Replay(a) => commands::replay::run(a),

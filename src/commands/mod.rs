@@ -4,6 +4,7 @@ pub mod bench;
 pub mod db;
 pub mod device;
 pub mod hw;
+pub mod infer;
 pub mod lookup;
 pub mod replay;
 pub mod run;

@@ -37,6 +37,16 @@ pub struct TuneArgs {
     /// runtime's untuned-workload log).
     #[arg(long, value_name = "FILE")]
     workloads_from: Option<std::path::PathBuf>,
+    /// Also tune every workload of this model's forward pass (`bert-base`, `bert-tiny`) at
+    /// each --batch × --seq, deduplicated: the list `autokernel infer` calls.
+    #[arg(long, value_name = "MODEL")]
+    model: Option<String>,
+    /// Batch sizes for --model, comma-separated.
+    #[arg(long, value_name = "B,..", requires = "model", value_parser = super::infer::positive_list)]
+    batch: Option<super::infer::PositiveList>,
+    /// Sequence lengths for --model, comma-separated.
+    #[arg(long, value_name = "S,..", requires = "model", value_parser = super::infer::positive_list)]
+    seq: Option<super::infer::PositiveList>,
     #[command(flatten)]
     db: crate::DbArg,
     /// Distinct configs to have tried per workload (trials already in the database count,
@@ -98,15 +108,29 @@ pub struct TuneArgs {
 }
 
 pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
-    let names: Vec<String> = if args.workloads.is_empty() && args.workloads_from.is_none() {
-        DEFAULT_WORKLOADS.iter().map(|s| s.to_string()).collect()
-    } else {
-        let mut names = args.workloads.clone();
-        if let Some(file) = &args.workloads_from {
-            names.extend(super::db::read_workload_list(file)?);
-        }
-        names
-    };
+    let names: Vec<String> =
+        if args.workloads.is_empty() && args.workloads_from.is_none() && args.model.is_none() {
+            DEFAULT_WORKLOADS.iter().map(|s| s.to_string()).collect()
+        } else {
+            let mut names = args.workloads.clone();
+            if let Some(file) = &args.workloads_from {
+                names.extend(super::db::read_workload_list(file)?);
+            }
+            if let Some(name) = &args.model {
+                let config = super::infer::model(name)?;
+                let batches = args
+                    .batch
+                    .as_ref()
+                    .map_or(vec![1, 2, 4, 8], |b| b.0.clone());
+                let seqs = args.seq.as_ref().map_or(vec![32, 64, 128], |s| s.0.clone());
+                let shapes: Vec<(usize, usize)> = batches
+                    .iter()
+                    .flat_map(|&b| seqs.iter().map(move |&s| (b, s)))
+                    .collect();
+                names.extend(config.workload_list(&shapes).iter().map(|w| w.key()));
+            }
+            names
+        };
     let workloads = super::parse_workloads(&names)?;
     let (workloads, db_path) = shard_plan(&args, workloads)?;
     if args.dry_run {

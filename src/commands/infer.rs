@@ -1,0 +1,355 @@
+//! `autokernel infer`: a BERT encoder through the runtime — latency, throughput and which
+//! level served each kernel call, tuned database vs kernel defaults, output checked against
+//! the f64 reference.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use bert::{
+    batch_input, check, reference_forward, sequence_input, BertConfig, Encoder, LevelCounts,
+};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use runtime::Runtime;
+use serde_json::json;
+
+#[derive(Args)]
+pub struct InferArgs {
+    /// The model: `bert-base` (12 layers, hidden 768, 12 heads, FFN 3072) or `bert-tiny`
+    /// (2 layers, hidden 64; for tests).
+    #[arg(long, default_value = "bert-base", value_name = "MODEL")]
+    pub model: String,
+    #[command(flatten)]
+    pub db: crate::DbArg,
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_name = "B,..", default_value = "1,2,4,8", value_parser = positive_list)]
+    pub batch: PositiveList,
+    /// Sequence lengths, comma-separated.
+    #[arg(long, value_name = "S,..", default_value = "32,64,128", value_parser = positive_list)]
+    pub seq: PositiveList,
+    #[command(flatten)]
+    pub threads: crate::ThreadsArg,
+    /// Timed forward passes per (batch, seq), for each of tuned and untuned (interleaved).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub iters: u32,
+    /// Seed of the weights and inputs.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Which sequences of each batch are checked against the f64 reference: `ends` (the
+    /// first and the last), `all`, or `none`.
+    #[arg(long, default_value = "ends", value_parser = ["ends", "all", "none"])]
+    pub check: String,
+    /// Skip the untuned (kernel defaults) comparison.
+    #[arg(long)]
+    pub no_untuned: bool,
+    /// One JSON object per (batch, seq) per line.
+    #[arg(long)]
+    pub json: bool,
+    /// Test hook: plant a wrong bias value after loading, so the check must fail.
+    #[arg(long, hide = true)]
+    pub plant_fault: bool,
+}
+
+/// A comma-separated list of positive whole numbers, deduplicated, in the order given.
+#[derive(Debug, Clone)]
+pub struct PositiveList(pub Vec<usize>);
+
+/// Parses `1,2,8` into a [`PositiveList`], naming the bad item.
+pub fn positive_list(s: &str) -> Result<PositiveList, String> {
+    let mut out = Vec::new();
+    for item in s.split(',') {
+        let item = item.trim();
+        match item.parse::<usize>() {
+            Ok(v) if (1..=1 << 20).contains(&v) => {
+                if !out.contains(&v) {
+                    out.push(v)
+                }
+            }
+            _ => {
+                return Err(format!(
+                "'{item}' is not a whole number from 1 to 1048576 (expected a list such as 1,2,8)"
+            ))
+            }
+        }
+    }
+    Ok(PositiveList(out))
+}
+
+/// The model called `name`, or an error listing the known ones.
+pub fn model(name: &str) -> anyhow::Result<BertConfig> {
+    BertConfig::by_name(name).with_context(|| {
+        format!(
+            "unknown model '{name}' (known models: {})",
+            BertConfig::NAMES.join(", ")
+        )
+    })
+}
+
+/// Latency statistics of one variant at one shape.
+struct Timing {
+    p50: f64,
+    p90: f64,
+    p99: f64,
+}
+
+impl Timing {
+    fn of(mut samples: Vec<f64>) -> Timing {
+        samples.sort_by(f64::total_cmp);
+        // Nearest rank: the smallest sample with at least q of them at or below it.
+        let q = |q: f64| {
+            samples[((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1]
+        };
+        Timing {
+            p50: q(0.5),
+            p90: q(0.9),
+            p99: q(0.99),
+        }
+    }
+}
+
+fn counts_json(c: &LevelCounts) -> serde_json::Value {
+    json!({
+        "exact": c.exact,
+        "same_arch": c.same_arch,
+        "nearest_shape": c.nearest_shape,
+        "default": c.default,
+    })
+}
+
+pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
+    let config = model(&args.model)?;
+    super::require_db(&args.db.db)?;
+    args.threads.apply()?;
+    let rt =
+        Runtime::open(&args.db.db).with_context(|| format!("opening {}", args.db.db.display()))?;
+    for s in rt.skipped() {
+        eprintln!(
+            "warning: {}: not serving the record for {}: {}",
+            args.db.db.display(),
+            s.workload,
+            s.reason
+        );
+    }
+    let untuned_rt = Runtime::defaults_only();
+    let shapes: Vec<(usize, usize)> = args
+        .batch
+        .0
+        .iter()
+        .flat_map(|&b| args.seq.0.iter().map(move |&s| (b, s)))
+        .collect();
+    let threads = rt.fingerprint().cores;
+    if !args.json {
+        eprintln!(
+            "{config}, {} shape(s), {threads} thread(s), {} iterations each, database {} ({} workloads tuned here)",
+            shapes.len(),
+            args.iters,
+            args.db.db.display(),
+            rt.tuned_workloads()
+        );
+    }
+    let mut tuned = Encoder::load(&rt, config, args.seed, &shapes)?;
+    let untuned = if args.no_untuned {
+        None
+    } else {
+        Some(Encoder::load(&untuned_rt, config, args.seed, &shapes)?)
+    };
+    if args.plant_fault {
+        tuned.plant_fault(0.1);
+    }
+    if !args.json {
+        eprintln!(
+            "loaded in {:.2} s: {:.0} MB of weights, {} packed layout(s) per weight at most",
+            tuned.load_seconds(),
+            tuned.weight_bytes() as f64 / 1e6,
+            tuned.max_layouts()
+        );
+    }
+
+    let work: u64 = shapes
+        .iter()
+        .map(|&(b, s)| {
+            ((b * s) as u64) * (args.iters as u64 + 1) * if untuned.is_some() { 2 } else { 1 }
+        })
+        .sum();
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(work)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} tokens [{elapsed_precise} < {eta}] {msg}",
+        )
+        .expect("a valid template"),
+    );
+    let mut references: HashMap<(usize, usize), Vec<f64>> = HashMap::new();
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for &(batch, seq) in &shapes {
+        bar.set_message(format!("batch {batch} seq {seq}"));
+        let tokens = (batch * seq) as u64;
+        let input = batch_input(&config, args.seed, batch, seq);
+        let mut scratch = bert::Scratch::default();
+        let mut scratch_u = bert::Scratch::default();
+        // One untimed pass each (warm-up: caches, page faults, lazily planned shapes).
+        let calls = tuned.forward_with(&rt, batch, seq, &input, &mut scratch)?;
+        bar.inc(tokens);
+        let untuned_calls = match &untuned {
+            Some(u) => {
+                let c = u.forward_with(&untuned_rt, batch, seq, &input, &mut scratch_u)?;
+                bar.inc(tokens);
+                Some(c)
+            }
+            None => None,
+        };
+        // Check the outputs of the warm-up passes.
+        let h = config.hidden;
+        let which: Vec<usize> = match args.check.as_str() {
+            "all" => (0..batch).collect(),
+            "none" => vec![],
+            _ => {
+                let mut v = vec![0];
+                if batch > 1 {
+                    v.push(batch - 1);
+                }
+                v
+            }
+        };
+        let mut worst = 0.0f64;
+        for &i in &which {
+            bar.set_message(format!(
+                "batch {batch} seq {seq}: reference of sequence {i}"
+            ));
+            let reference = references.entry((seq, i)).or_insert_with(|| {
+                reference_forward(
+                    &config,
+                    args.seed,
+                    seq,
+                    &sequence_input(&config, args.seed, seq, i),
+                )
+            });
+            let mut outputs = vec![("tuned", scratch.output())];
+            if untuned.is_some() {
+                outputs.push(("untuned", scratch_u.output()));
+            }
+            for (name, out) in outputs {
+                match check(&out[i * seq * h..(i + 1) * seq * h], reference) {
+                    Ok(a) => worst = worst.max(a.max_abs_err),
+                    Err(a) => {
+                        worst = worst.max(a.max_abs_err);
+                        failures.push(format!(
+                            "batch {batch} seq {seq}, sequence {i} ({name}): max |output - reference| = {:.3e} at token {}, dim {} (tolerance {:.0e})",
+                            a.max_abs_err,
+                            a.at / h,
+                            a.at % h,
+                            bert::TOLERANCE
+                        ));
+                    }
+                }
+            }
+        }
+        bar.set_message(format!("batch {batch} seq {seq}"));
+        let (mut t, mut u) = (Vec::new(), Vec::new());
+        for _ in 0..args.iters {
+            let start = Instant::now();
+            tuned.forward_with(&rt, batch, seq, &input, &mut scratch)?;
+            t.push(start.elapsed().as_secs_f64());
+            bar.inc(tokens);
+            if let Some(enc) = &untuned {
+                let start = Instant::now();
+                enc.forward_with(&untuned_rt, batch, seq, &input, &mut scratch_u)?;
+                u.push(start.elapsed().as_secs_f64());
+                bar.inc(tokens);
+            }
+        }
+        let tt = Timing::of(t);
+        let ut = (!u.is_empty()).then(|| Timing::of(u));
+        let seqs = |p50: f64| batch as f64 / p50;
+        let gflops = config.flops(batch, seq) / tt.p50 / 1e9;
+        let row = json!({
+            "model": config.name,
+            "batch": batch,
+            "seq": seq,
+            "threads": threads,
+            "iters": args.iters,
+            "p50_ms": tt.p50 * 1e3,
+            "p90_ms": tt.p90 * 1e3,
+            "p99_ms": tt.p99 * 1e3,
+            "seqs_per_s": seqs(tt.p50),
+            "gflops": gflops,
+            "untuned_p50_ms": ut.as_ref().map(|u| u.p50 * 1e3),
+            "untuned_seqs_per_s": ut.as_ref().map(|u| seqs(u.p50)),
+            "speedup_vs_untuned": ut.as_ref().map(|u| u.p50 / tt.p50),
+            "exact": calls.exact,
+            "same_arch": calls.same_arch,
+            "nearest_shape": calls.nearest_shape,
+            "default": calls.default,
+            "calls": counts_json(&calls),
+            "untuned_calls": untuned_calls.as_ref().map(counts_json),
+            "checked_sequences": which.len(),
+            "max_abs_err": if which.is_empty() { None } else { Some(worst) },
+            "tolerance": bert::TOLERANCE,
+        });
+        if args.json {
+            super::print_json(&row)?;
+        }
+        rows.push(row);
+    }
+    bar.finish_and_clear();
+    if !args.json {
+        print_table(&rows);
+    }
+    if !failures.is_empty() {
+        bail!(
+            "{} output(s) differ from the f64 reference forward:\n  {}",
+            failures.len(),
+            failures.join("\n  ")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(rows: &[serde_json::Value]) {
+    println!(
+        "{:>5} {:>5} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>8}  {:<24} {:>8}",
+        "batch",
+        "seq",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "seq/s",
+        "GFLOP/s",
+        "untuned/s",
+        "speedup",
+        "exact/arch/near/default",
+        "max err"
+    );
+    for r in rows {
+        let f = |k: &str| r[k].as_f64();
+        let u = |k: &str| r[k].as_u64().unwrap_or(0);
+        let opt =
+            |x: Option<f64>, suffix: &str| x.map_or("-".to_string(), |x| format!("{x:.2}{suffix}"));
+        println!(
+            "{:>5} {:>5} {:>9.2} {:>9.2} {:>9.2} {:>9.1} {:>8.1} {:>10} {:>8}  {:<24} {:>8}",
+            u("batch"),
+            u("seq"),
+            f("p50_ms").unwrap_or(0.0),
+            f("p90_ms").unwrap_or(0.0),
+            f("p99_ms").unwrap_or(0.0),
+            f("seqs_per_s").unwrap_or(0.0),
+            f("gflops").unwrap_or(0.0),
+            opt(f("untuned_seqs_per_s"), ""),
+            opt(f("speedup_vs_untuned"), "x"),
+            format!(
+                "{}/{}/{}/{}",
+                u("exact"),
+                u("same_arch"),
+                u("nearest_shape"),
+                u("default")
+            ),
+            f("max_abs_err").map_or("-".to_string(), |e| format!("{e:.1e}")),
+        );
+    }
+}
