@@ -133,8 +133,8 @@ fn bad_input_is_a_clear_error() {
         ),
         (vec!["tune", "--model", "gpt-7"], "unknown model 'gpt-7'"),
         (
-            vec!["tune", "--model", "bert-tiny", "--seq", "-1"],
-            "'-1' is not a whole number",
+            vec!["tune", "--model", "bert-tiny", "--seq", "8,x"],
+            "'x' is not a whole number",
         ),
         (vec!["tune", "--batch", "2"], "--model"),
     ] {
