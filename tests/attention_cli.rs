@@ -1,27 +1,8 @@
 //! `tune` / `lookup` / `run` on attention and fused-epilogue workloads: the new workload
 //! strings go through the same commands as GEMM, and bad ones fail with a one-line error.
 
-use std::process::{Command, Output};
-
-use serde_json::Value;
-
-fn autokernel(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_autokernel"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-fn json_lines(o: &Output) -> Vec<Value> {
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
-        .collect()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+mod common;
+use common::{autokernel, json_lines, stderr};
 
 #[test]
 fn tune_lookup_run_attention_and_gemm_bias_gelu() {

@@ -4,10 +4,13 @@
 //! The timed tests share one lock, so they never measure while another one of them runs.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::{Mutex, MutexGuard};
 
 use serde_json::Value;
+
+mod common;
+use common::{autokernel, json_lines, stderr};
 
 const W: &str = "gemm:16x16x16";
 
@@ -15,24 +18,6 @@ static TIMING: Mutex<()> = Mutex::new(());
 
 fn timing_lock() -> MutexGuard<'static, ()> {
     TIMING.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn autokernel(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_autokernel"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn json_lines(o: &Output) -> Vec<Value> {
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
-        .collect()
 }
 
 /// A tuned database with one tiny workload, in a fresh directory.

@@ -1,27 +1,9 @@
 //! End-to-end tests of the `autokernel` binary: the command-line contract users script against.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-use serde_json::Value;
-
-fn autokernel(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_autokernel"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-fn stdout_json_lines(o: &Output) -> Vec<Value> {
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
-        .collect()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+mod common;
+use common::{autokernel, json_lines, stderr};
 
 fn file_bytes(p: &Path) -> Option<Vec<u8>> {
     std::fs::read(p).ok()
@@ -31,13 +13,13 @@ fn file_bytes(p: &Path) -> Option<Vec<u8>> {
 fn hw_reports_a_fingerprint() {
     let o = autokernel(&["hw", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let v = &stdout_json_lines(&o)[0];
+    let v = &json_lines(&o)[0];
     assert_eq!(v["id"].as_str().unwrap().len(), 16);
     assert!(v["cores"].as_u64().unwrap() >= 1);
     assert!(v["l1d_bytes"].as_u64().unwrap() > 0);
     let o = autokernel(&["hw", "--json", "--threads", "1"]);
     assert_eq!(
-        stdout_json_lines(&o)[0]["cores"],
+        json_lines(&o)[0]["cores"],
         1,
         "--threads is the core count used"
     );
@@ -62,7 +44,7 @@ fn tune_lookup_run_round_trip() {
         "--json",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let lines = stdout_json_lines(&o);
+    let lines = json_lines(&o);
     assert_eq!(lines.len(), 1);
     let t = &lines[0];
     for field in [
@@ -97,7 +79,7 @@ fn tune_lookup_run_round_trip() {
         "--json",
     ]);
     assert!(again.status.success(), "{}", stderr(&again));
-    assert_eq!(stdout_json_lines(&again)[0]["measured_now"], 0);
+    assert_eq!(json_lines(&again)[0]["measured_now"], 0);
 
     let o = autokernel(&[
         "lookup",
@@ -108,14 +90,14 @@ fn tune_lookup_run_round_trip() {
         "--json",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let l = &stdout_json_lines(&o)[0];
+    let l = &json_lines(&o)[0];
     assert_eq!(l["level"], "exact");
     assert_eq!(l["kernel"], t["kernel"]);
     assert_eq!(l["config"], t["config"]);
 
     // Never tuned: the nearest tuned shape lends its config if it is valid for this one.
     let o = autokernel(&["lookup", "--workload", "gemm:5x7x9", "--db", db, "--json"]);
-    let l = &stdout_json_lines(&o)[0];
+    let l = &json_lines(&o)[0];
     assert!(
         l["level"] == "nearest_shape" || l["level"] == "default",
         "{l}"
@@ -126,7 +108,7 @@ fn tune_lookup_run_round_trip() {
 
     let o = autokernel(&["run", "--workload", "gemm:24x20x16", "--db", db, "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let r = &stdout_json_lines(&o)[0];
+    let r = &json_lines(&o)[0];
     assert_eq!(r["level"], "exact");
     assert!(r["gflops"].as_f64().unwrap() > 0.0);
     assert!(r["median_s"].as_f64().unwrap() > 0.0);

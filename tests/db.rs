@@ -2,18 +2,14 @@
 //! bad inputs each must refuse with a one-line error, exit code 2 and no change to any file.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use kernels::{default_for, Config, HardwareFingerprint, Measurement, Workload};
 use serde_json::Value;
 use tuning_db::{Record, TuningDb};
 
-fn ak(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_autokernel"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
+mod common;
+use common::autokernel as ak;
 
 fn ok_json(o: &Output) -> Value {
     assert!(

@@ -5,27 +5,9 @@
 //! a small real job on it instead.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-use serde_json::Value;
-
-fn autokernel(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_autokernel"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn json_lines(o: &Output) -> Vec<Value> {
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
-        .collect()
-}
+mod common;
+use common::{autokernel, json_lines, stderr};
 
 /// A small CPU-tuned database to point the commands at.
 fn cpu_db(dir: &Path) -> String {

@@ -3,30 +3,14 @@
 //! `tune --workloads-from`, and the `same_arch` level.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
+mod common;
+use common::{autokernel as ak, ok_json_lines as lines};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_autokernel"))
-}
-
-fn ak(args: &[&str]) -> Output {
-    bin().args(args).output().expect("binary runs")
-}
-
-fn lines(o: &Output) -> Vec<Value> {
-    assert!(
-        o.status.success(),
-        "failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
-        .collect()
 }
 
 fn s(p: &Path) -> &str {

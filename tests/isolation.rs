@@ -9,33 +9,24 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use kernels::{Config, Status};
 use serde_json::Value;
 use tuning_db::TuningDb;
 
+mod common;
+use common::{json_lines, stderr};
+
+/// `autokernel ARGS`, with the planted faulty family registered or not.
 fn autokernel(args: &[&str], planted: bool) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_autokernel"));
-    cmd.args(args);
+    const VAR: &str = "AUTOKERNEL_PLANTED_FAULTS";
     if planted {
-        cmd.env("AUTOKERNEL_PLANTED_FAULTS", "1");
+        common::autokernel_env(args, &[(VAR, "1")], &[])
     } else {
-        cmd.env_remove("AUTOKERNEL_PLANTED_FAULTS");
+        common::autokernel_env(args, &[], &[VAR])
     }
-    cmd.output().expect("binary runs")
-}
-
-fn json_lines(o: &Output) -> Vec<Value> {
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
-        .collect()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 const WORKLOAD: &str = "gemm:16x12x8";

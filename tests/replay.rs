@@ -1,16 +1,9 @@
 //! `autokernel replay`: strategies replayed against recorded spaces, model metrics, export.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-use serde_json::Value;
-
-fn autokernel(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_autokernel"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
+mod common;
+use common::{autokernel, json_lines, stderr};
 
 fn space(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -18,17 +11,6 @@ fn space(name: &str) -> String {
         .join(name)
         .display()
         .to_string()
-}
-
-fn json_lines(o: &Output) -> Vec<Value> {
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
-        .collect()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 #[test]

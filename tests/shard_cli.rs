@@ -5,9 +5,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
+
+mod common;
+use common::ok_json_lines as json_lines;
 
 /// Every variable a batch system could set to name a shard: cleared so that a test run
 /// inside a Slurm array or a Kubernetes pod is not sharded by accident.
@@ -21,25 +24,9 @@ const SHARD_VARS: [&str; 7] = [
     "AUTOKERNEL_SHARD_COUNT",
 ];
 
+/// `autokernel ARGS` with `env` and none of the scheduler's shard variables of this process.
 fn autokernel(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_autokernel"));
-    for v in SHARD_VARS {
-        cmd.env_remove(v);
-    }
-    cmd.args(args).envs(env.iter().copied());
-    cmd.output().expect("binary runs")
-}
-
-fn json_lines(o: &Output) -> Vec<Value> {
-    assert!(
-        o.status.success(),
-        "autokernel failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
-        .collect()
+    common::autokernel_env(args, env, &SHARD_VARS)
 }
 
 fn keys(v: &Value) -> Vec<String> {
