@@ -20,6 +20,10 @@ use crate::kernel::Executable;
 /// Largest `rows × lanes` of a direct tail tile (8 rows × 16 lanes).
 const MAX_TAIL: usize = 8 * 16;
 
+/// Bytes of the B slab (`kc` rows × a chunk of columns) that the row tiles of one depth pass
+/// share: half of a 32 KiB L1d, the size of every x86-64 core's L1d this targets.
+const SLAB_BYTES: usize = 16 * 1024;
+
 /// A prepared direct GEMM.
 pub struct DirectGemm {
     pub m: usize,
@@ -83,30 +87,39 @@ impl DirectGemm {
             let kcb = self.kc.min(k - pc);
             let accumulate = pc > 0;
             let ep = if pc + kcb == k { ep } else { None };
-            for jt in (0..cols).step_by(tw) {
-                let width = tw.min(cols - jt);
-                let (nv, rem) = (width / lanes, width % lanes);
+            // Column chunks whose B slab (kcb rows) stays in L1 while every row tile reads
+            // it; a single row tile has no reuse and sweeps the whole width in one call.
+            let chunk = if rows <= uk.r {
+                cols.max(1)
+            } else {
+                (SLAB_BYTES / (kcb * std::mem::size_of::<f32>()) / tw).max(1) * tw
+            };
+            for jt in (0..cols).step_by(chunk) {
+                let width = chunk.min(cols - jt);
+                let tiles = width / tw;
+                let (nv, rem) = ((width % tw) / lanes, width % lanes);
                 let jb = j0 + jt;
+                let jv = jt + tiles * tw;
+                let jr = jv + nv * lanes;
                 if rem > 0 {
                     // Zero-padded copy of the last `rem` columns, `lanes` wide.
                     tail_b.clear();
                     tail_b.resize(kcb * lanes, 0.0);
-                    let c0 = jb + nv * lanes;
                     for (p, d) in tail_b.chunks_exact_mut(lanes).enumerate() {
-                        d[..rem].copy_from_slice(&b[(pc + p) * n + c0..][..rem]);
+                        d[..rem].copy_from_slice(&b[(pc + p) * n + j0 + jr..][..rem]);
                     }
                 }
                 for it in (0..rows).step_by(uk.r) {
                     let r = uk.r.min(rows - it);
                     let a_tile = &a[(i0 + it) * k + pc..];
-                    if nv > 0 {
-                        let b_tile = &b[pc * n + jb..];
+                    if tiles > 0 {
                         uk.tile(
-                            (r, nv),
+                            (r, uk.v),
+                            tiles,
                             kcb,
                             a_tile,
                             k,
-                            b_tile,
+                            &b[pc * n + jb..],
                             n,
                             &mut c,
                             (it, jt),
@@ -114,11 +127,27 @@ impl DirectGemm {
                             ep.map(|e| e.skip(jb)),
                         );
                     }
+                    if nv > 0 {
+                        uk.tile(
+                            (r, nv),
+                            1,
+                            kcb,
+                            a_tile,
+                            k,
+                            &b[pc * n + j0 + jv..],
+                            n,
+                            &mut c,
+                            (it, jv),
+                            accumulate,
+                            ep.map(|e| e.skip(j0 + jv)),
+                        );
+                    }
                     if rem > 0 {
                         let mut buf = [0.0f32; MAX_TAIL];
                         let mut tmp = CView::new(&mut buf[..r * lanes], r, lanes, lanes);
                         uk.tile(
                             (r, 1),
+                            1,
                             kcb,
                             a_tile,
                             k,
@@ -131,14 +160,14 @@ impl DirectGemm {
                         );
                         for rr in 0..r {
                             let src = &buf[rr * lanes..rr * lanes + rem];
-                            let dst = &mut c.row_mut(it + rr)[jt + nv * lanes..jt + width];
+                            let dst = &mut c.row_mut(it + rr)[jr..jr + rem];
                             if accumulate {
                                 dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
                             } else {
                                 dst.copy_from_slice(src);
                             }
                             if let Some(ep) = &ep {
-                                bias_act_row(dst, &ep.bias[jb + nv * lanes..], ep.act);
+                                bias_act_row(dst, &ep.bias[j0 + jr..], ep.act);
                             }
                         }
                     }

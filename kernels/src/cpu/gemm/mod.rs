@@ -48,7 +48,7 @@ pub const KC_VALUES: &[usize] = &[64, 128, 192, 256, 384, 512];
 /// Values of the packed `nc` knob (rounded up to a multiple of NR when built).
 pub const NC_VALUES: &[usize] = &[512, 1024, 2048, 4096, 8192];
 /// Values of the direct `kc` knob; 0 means the whole of K.
-pub const DIRECT_KC_VALUES: &[usize] = &[0, 8, 16, 32, 64, 128, 256, 512];
+pub const DIRECT_KC_VALUES: &[usize] = &[0, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 
 /// Below this many flops (2·M·N·K) the defaults stay single-threaded: a rayon fork-join
 /// (several µs) would cost more than it saves.
@@ -416,10 +416,11 @@ impl Kernel for Direct {
         let uk = default_direct_ukernel(&offered, m);
         let f = std::mem::size_of::<f32>();
         // kc: the B slab (kc × V·lanes) reused by every row tile stays in half of L1. A single
-        // row (GEMV) has no reuse; short passes (8 rows of B at a time) measured best there.
+        // row (GEMV) has no reuse and is bound by streaming B: passes over 4 rows of B at a
+        // time (4 sequential streams, C in L1) measured best there.
         let kc = if m == 1 {
-            if k > 8 {
-                8
+            if k > 4 {
+                4
             } else {
                 0
             }

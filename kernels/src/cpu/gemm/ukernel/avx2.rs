@@ -151,11 +151,12 @@ unsafe fn direct<const R: usize, const V: usize>(
     ldb: usize,
     c: *mut f32,
     ldc: usize,
+    tiles: usize,
     accumulate: bool,
     ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; this function is compiled with the features `Avx2` needs.
-    unsafe { direct_body::<Avx2, R, V>(k, a, lda, b, ldb, c, ldc, accumulate, ep) }
+    unsafe { direct_body::<Avx2, R, V>(k, a, lda, b, ldb, c, ldc, tiles, accumulate, ep) }
 }
 
 /// `row[j] = act(row[j] + bias[j])`, compiled for AVX2 + FMA.

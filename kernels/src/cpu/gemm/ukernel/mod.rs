@@ -24,9 +24,9 @@ use simd::Epi;
 /// `(k, a_panel, b_panel, c, ldc, accumulate, epilogue)`: see [`simd::packed_body`].
 pub(crate) type PackedFn = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, bool, Epi);
 
-/// `(k, a, lda, b, ldb, c, ldc, accumulate, epilogue)`: see [`simd::direct_body`].
+/// `(k, a, lda, b, ldb, c, ldc, tiles, accumulate, epilogue)`: see [`simd::direct_body`].
 pub(crate) type DirectFn =
-    unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, bool, Epi);
+    unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, usize, bool, Epi);
 
 /// `(row, bias, n, act)`: see [`simd::bias_act_body`].
 type BiasActFn = unsafe fn(*mut f32, *const f32, usize, u8);
@@ -304,18 +304,20 @@ impl PackedUkernel {
 }
 
 impl DirectUkernel {
-    /// `C[ci..ci+r, cj..cj+v·lanes] (+)= A[..r, ..k] · B[..k, ..v·lanes]` where `a` starts at
-    /// the tile's first A element (row stride `lda`) and `b` at its first B element (row
-    /// stride `ldb`); any tile of `r ≤ self.r` rows by `v ≤ self.v` vectors works (smaller
-    /// tiles serve the edges). With `ep`, `act(x + bias)` is stored instead.
+    /// `tiles` tiles side by side: `C[ci..ci+r, cj..cj+tiles·v·lanes] (+)= A[..r, ..k] ·
+    /// B[..k, ..tiles·v·lanes]` where `a` starts at the first A element (row stride `lda`) and
+    /// `b` at the first B element (row stride `ldb`); any tile of `r ≤ self.r` rows by
+    /// `v ≤ self.v` vectors works (smaller tiles serve the edges). With `ep`, `act(x + bias)`
+    /// is stored instead.
     ///
     /// Panics if any of the three blocks is outside its slice or window, or the bias is
-    /// shorter than the tile.
+    /// shorter than the tiles.
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub fn tile(
         &self,
         (r, v): (usize, usize),
+        tiles: usize,
         k: usize,
         a: &[f32],
         lda: usize,
@@ -331,8 +333,8 @@ impl DirectUkernel {
             "tile larger than the micro-kernel"
         );
         let f = (self.table)(r, v).expect("direct tile shape within the table");
-        let w = v * self.lanes;
-        assert!(k >= 1 && r >= 1, "empty direct tile");
+        let w = tiles * v * self.lanes;
+        assert!(k >= 1 && r >= 1 && tiles >= 1, "empty direct tile");
         assert!(
             (r - 1) * lda + k <= a.len() && (k - 1) * ldb + w <= b.len(),
             "direct tile reads outside A or B"
@@ -349,10 +351,23 @@ impl DirectUkernel {
         };
         let (ldc, p) = (c.ld(), c.block_ptr(ci, cj, r, w));
         // SAFETY: `self` was handed out only after checking that the CPU runs `self.isa`; the
-        // A block (r rows of k values, stride lda) and the B block (k rows of w values, stride
-        // ldb) end inside their slices (asserted above); `block_ptr` checked that the r×w C
-        // block lies in the window; `(r, v)` is within the table, so `f` exists; the bias, if
-        // any, holds `w` values (asserted above).
-        unsafe { f(k, a.as_ptr(), lda, b.as_ptr(), ldb, p, ldc, accumulate, epi) }
+        // A block (r rows of k values, stride lda) and the B block (k rows of w = tiles·v·lanes
+        // values, stride ldb) end inside their slices (asserted above); `block_ptr` checked
+        // that the r×w C block lies in the window; `(r, v)` is within the table, so `f`
+        // exists; the bias, if any, holds `w` values (asserted above).
+        unsafe {
+            f(
+                k,
+                a.as_ptr(),
+                lda,
+                b.as_ptr(),
+                ldb,
+                p,
+                ldc,
+                tiles,
+                accumulate,
+                epi,
+            )
+        }
     }
 }

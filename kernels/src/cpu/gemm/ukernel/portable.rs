@@ -116,11 +116,12 @@ unsafe fn direct<const R: usize, const V: usize>(
     ldb: usize,
     c: *mut f32,
     ldc: usize,
+    tiles: usize,
     accumulate: bool,
     ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; `Portable` needs no CPU feature.
-    unsafe { direct_body::<Portable, R, V>(k, a, lda, b, ldb, c, ldc, accumulate, ep) }
+    unsafe { direct_body::<Portable, R, V>(k, a, lda, b, ldb, c, ldc, tiles, accumulate, ep) }
 }
 
 /// `row[j] = act(row[j] + bias[j])` in plain Rust.

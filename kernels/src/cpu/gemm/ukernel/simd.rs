@@ -394,13 +394,16 @@ pub(crate) unsafe fn packed_step<S: Simd, const MR: usize, const NV: usize>(
     }
 }
 
-/// Direct (unpacked) micro-kernel: `C[R × V·W] (+)= A[R × k] · B[k × V·W]`, reading row-major
-/// A (row stride `lda`) and B (row stride `ldb`) in place.
+/// Direct (unpacked) micro-kernel: `tiles` tiles side by side, each
+/// `C[R × V·W] (+)= A[R × k] · B[k × V·W]`, reading row-major A (row stride `lda`) and B
+/// (row stride `ldb`) in place. Tile `t` covers columns `t·V·W..(t+1)·V·W` of B, C and the
+/// bias; sweeping them in one call keeps the per-tile cost to the loop itself.
 ///
 /// # Safety
 /// The CPU supports `S`'s ISA; `a + r·lda + p` is readable for `r < R`, `p < k`;
-/// `b + p·ldb + j` is readable for `p < k`, `j < V·W`; `c + r·ldc + j` is writable for
-/// `r < R`, `j < V·W`; unless `ep.act` is none, `ep.bias` is readable for `V·W` values.
+/// `b + p·ldb + j` is readable for `p < k`, `j < tiles·V·W`; `c + r·ldc + j` is writable for
+/// `r < R`, `j < tiles·V·W`; unless `ep.act` is none, `ep.bias` is readable for `tiles·V·W`
+/// values.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn direct_body<S: Simd, const R: usize, const V: usize>(
@@ -411,27 +414,35 @@ pub(crate) unsafe fn direct_body<S: Simd, const R: usize, const V: usize>(
     ldb: usize,
     c: *mut f32,
     ldc: usize,
+    tiles: usize,
     accumulate: bool,
     ep: Epi,
 ) {
     // SAFETY (whole body): the caller guarantees the ISA and the extents documented above;
-    // every pointer below stays inside them (p < k, r < R, v < V).
+    // every pointer below stays inside them (t < tiles, p < k, r < R, v < V).
     unsafe {
-        let mut acc = [[S::zero(); V]; R];
-        let mut b = b;
-        for p in 0..k {
-            let mut bv = [S::zero(); V];
-            for (v, x) in bv.iter_mut().enumerate() {
-                *x = S::load(b.add(v * S::W));
-            }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let ar = S::splat(a.add(r * lda + p));
-                for v in 0..V {
-                    row[v] = S::fmadd(ar, bv[v], row[v]);
+        for t in 0..tiles {
+            let off = t * V * S::W;
+            let mut acc = [[S::zero(); V]; R];
+            let mut bp = b.add(off);
+            for p in 0..k {
+                let mut bv = [S::zero(); V];
+                for (v, x) in bv.iter_mut().enumerate() {
+                    *x = S::load(bp.add(v * S::W));
                 }
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let ar = S::splat(a.add(r * lda + p));
+                    for v in 0..V {
+                        row[v] = S::fmadd(ar, bv[v], row[v]);
+                    }
+                }
+                bp = bp.add(ldb);
             }
-            b = b.add(ldb);
+            let ep_t = Epi {
+                bias: ep.bias.wrapping_add(off),
+                act: ep.act,
+            };
+            store_tile_epi::<S, R, V>(&acc, c.add(off), ldc, accumulate, ep_t);
         }
-        store_tile_epi::<S, R, V>(&acc, c, ldc, accumulate, ep);
     }
 }
