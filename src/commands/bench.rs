@@ -158,14 +158,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 .collect::<anyhow::Result<_>>()?
         }
         None => {
-            let rt = Runtime::open(&args.db.db)
-                .with_context(|| format!("opening {}", args.db.db.display()))?;
-            for s in rt.skipped() {
-                eprintln!(
-                    "warning: skipped the record for {}: {}",
-                    s.workload, s.reason
-                );
-            }
+            let rt = super::open_runtime(&args.db.db)?;
             workloads
                 .iter()
                 .map(|w| {

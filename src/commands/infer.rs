@@ -122,16 +122,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
     let config = model(&args.model)?;
     super::require_db(&args.db.db)?;
     args.threads.apply()?;
-    let rt =
-        Runtime::open(&args.db.db).with_context(|| format!("opening {}", args.db.db.display()))?;
-    for s in rt.skipped() {
-        eprintln!(
-            "warning: {}: not serving the record for {}: {}",
-            args.db.db.display(),
-            s.workload,
-            s.reason
-        );
-    }
+    let rt = super::open_runtime(&args.db.db)?;
     let untuned_rt = Runtime::defaults_only();
     let shapes: Vec<(usize, usize)> = args
         .batch

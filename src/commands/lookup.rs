@@ -3,7 +3,6 @@
 
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::Args;
 use runtime::{Choice, Runtime};
 use serde_json::json;
@@ -32,16 +31,7 @@ pub fn run(args: LookupArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     args.threads.apply()?;
-    let rt =
-        Runtime::open(&args.db.db).with_context(|| format!("opening {}", args.db.db.display()))?;
-    for s in rt.skipped() {
-        eprintln!(
-            "warning: {}: not serving the record for {}: {}",
-            args.db.db.display(),
-            s.workload,
-            s.reason
-        );
-    }
+    let rt = super::open_runtime(&args.db.db)?;
     for w in &workloads {
         let choice = rt.lookup(w)?;
         if args.json {

@@ -40,6 +40,20 @@ pub fn require_db(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Opens the runtime on `path`, warning on stderr about each record it will not serve.
+pub fn open_runtime(path: &Path) -> anyhow::Result<runtime::Runtime> {
+    let rt = runtime::Runtime::open(path).with_context(|| format!("opening {}", path.display()))?;
+    for s in rt.skipped() {
+        eprintln!(
+            "warning: {}: not serving the record for {}: {}",
+            path.display(),
+            s.workload,
+            s.reason
+        );
+    }
+    Ok(rt)
+}
+
 /// Prints one JSON value on its own line.
 pub fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
     println!(

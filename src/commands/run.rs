@@ -2,11 +2,10 @@
 
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Args;
 use kernels::Problem;
 use runner::{measure, verify, Protocol};
-use runtime::Runtime;
 use serde_json::json;
 
 #[derive(Args)]
@@ -33,16 +32,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     args.threads.apply()?;
-    let rt =
-        Runtime::open(&args.db.db).with_context(|| format!("opening {}", args.db.db.display()))?;
-    for s in rt.skipped() {
-        eprintln!(
-            "warning: {}: not serving the record for {}: {}",
-            args.db.db.display(),
-            s.workload,
-            s.reason
-        );
-    }
+    let rt = super::open_runtime(&args.db.db)?;
     let choice = rt.choose(&w)?;
     let problem = Problem::random(&w, 0xA0C0);
     let reference = problem.reference();
