@@ -2,11 +2,13 @@
 //! `Bc` keys with an online softmax, never materialising the `S×S` score matrix.
 //!
 //! ```text
-//! (k_layout = prepacked) pack Kᵀ of every head into NR-key panels, once per call
+//! (k_layout = prepacked) pack Kᵀ of every head into NR-key panels and V into the P·V
+//!                        tile's column stripes, once per call
 //! per task (a head, or a head × query block):
-//!   pack the block's queries into MR-row groups (the scores are scaled in the softmax)
+//!   pack the block's queries into MR-row groups, times log2(e)/√D (scores come out in
+//!   the log2 domain, ready for exp2)
 //!   for each key block of Bc keys (causal: only up to the block's last query row)
-//!     (k_layout = blockwise) pack this block's Kᵀ panels into an L1 buffer
+//!     (k_layout = blockwise) pack this block's Kᵀ panels and V stripes into L1 buffers
 //!     for each MR-row group: scores tile, mask, online softmax, O += P·V   (ukernel)
 //!   O /= running sum
 //! ```
@@ -56,8 +58,7 @@ struct Ctx<'a> {
     v: &'a [f32],
     /// Prepacked Kᵀ panels of all heads (`heads × ⌈S/NR⌉·NR·dp`).
     kpre: Option<&'a [f32]>,
-    /// Values padded to `dp` columns (all heads), when `D` is not a multiple of the lanes
-    /// and Kᵀ is prepacked.
+    /// Values of all heads packed into the tile's stripes (`heads × S·dp`), with `kpre`.
     vpre: Option<&'a [f32]>,
     dp: usize,
 }
@@ -104,13 +105,12 @@ impl FusedAttention {
             &cx.k[head..head + s * d],
             &cx.v[head..head + s * d],
         );
-        let pad_v = dp != d;
         let blockwise = self.k_layout == KLayout::Blockwise;
         let bcp_max = self.bc.div_ceil(nr) * nr;
         let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
         with_buffer(Pool::Work, |work| {
             let kblock_len = if blockwise { bcp_max * dp } else { 0 };
-            let vblock_len = if blockwise && pad_v { self.bc * dp } else { 0 };
+            let vblock_len = if blockwise { self.bc * dp } else { 0 };
             let total =
                 2 * groups * mr * dp + 2 * groups * mr + mr * bcp_max + kblock_len + vblock_len;
             let buf = work.slice(total);
@@ -122,6 +122,8 @@ impl FusedAttention {
             let (kblock, vblock) = rest.split_at_mut(kblock_len);
 
             pack_queries(qh, d, dp, mr, i0, rows, qpack);
+            // Scores come out in the log2 domain, ready for exp2, with the scale folded in.
+            qpack.iter_mut().for_each(|x| *x *= scale);
             o.fill(0.0);
             m.fill(f32::NEG_INFINITY);
             l.fill(0.0);
@@ -142,13 +144,13 @@ impl FusedAttention {
                         kblock
                     }
                 };
-                let (vp, ldv): (&[f32], usize) = if !pad_v {
-                    (&vh[j0 * d..], d)
-                } else if let Some(vpre) = cx.vpre {
-                    (&vpre[(hd * s + j0) * dp..], dp)
-                } else {
-                    pad_rows(&vh[j0 * d..(j0 + kvb) * d], d, dp, vblock);
-                    (&vblock[..], dp)
+                let vp: (&[f32], usize, usize) = match cx.vpre {
+                    Some(vpre) => (&vpre[hd * s * dp..(hd + 1) * s * dp], s, j0),
+                    None => {
+                        let src = &vh[j0 * d..(j0 + kvb) * d];
+                        self.tile.pack_values(src, d, dp, kvb, vblock);
+                        (&vblock[..kvb * dp], kvb, 0)
+                    }
                 };
                 for g in 0..groups {
                     let r0 = i0 + g * mr;
@@ -171,8 +173,8 @@ impl FusedAttention {
                     self.tile.step(
                         &qpack[st * dp..(st + mr) * dp],
                         kp,
-                        (vp, ldv),
-                        (dp, scale),
+                        vp,
+                        dp,
                         kv,
                         &lim[..mr],
                         sbuf,
@@ -260,14 +262,6 @@ fn pack_rows(x: &[f32], d: usize, dp: usize, p: usize, r0: usize, rows: usize, o
     }
 }
 
-/// Copies rows of `D` values into rows of `dp` values, zero-padded.
-fn pad_rows(src: &[f32], d: usize, dp: usize, out: &mut [f32]) {
-    for (s, o) in src.chunks_exact(d).zip(out.chunks_exact_mut(dp)) {
-        o[..d].copy_from_slice(s);
-        o[d..].fill(0.0);
-    }
-}
-
 impl Executable for FusedAttention {
     fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
         let (s, d) = (self.s, self.d);
@@ -297,23 +291,24 @@ impl Executable for FusedAttention {
             with_buffer(Pool::Values, |vbuf| {
                 let per_head = s.div_ceil(nr) * nr * dp;
                 let kpre = kbuf.slice(self.heads() * per_head);
-                let pack = |(kp, kh): (&mut [f32], &[f32])| pack_keys(kh, d, dp, nr, 0, s, kp);
+                let vpre = vbuf.slice(self.heads() * s * dp);
+                let tile = self.tile;
+                let pack = |((kp, kh), (vp, vh)): ((&mut [f32], &[f32]), (&mut [f32], &[f32]))| {
+                    pack_keys(kh, d, dp, nr, 0, s, kp);
+                    tile.pack_values(vh, d, dp, s, vp);
+                };
                 if parallel {
                     kpre.par_chunks_mut(per_head)
                         .zip(k.par_chunks(s * d))
+                        .zip(vpre.par_chunks_mut(s * dp).zip(v.par_chunks(s * d)))
                         .for_each(pack);
                 } else {
                     kpre.chunks_mut(per_head)
                         .zip(k.chunks(s * d))
+                        .zip(vpre.chunks_mut(s * dp).zip(v.chunks(s * d)))
                         .for_each(pack);
                 }
-                let vpre = if dp != d {
-                    let vp = vbuf.slice(self.heads() * s * dp);
-                    pad_rows(v, d, dp, vp);
-                    Some(&*vp)
-                } else {
-                    None
-                };
+                let vpre = Some(&*vpre);
                 let cx = Ctx {
                     q,
                     k,

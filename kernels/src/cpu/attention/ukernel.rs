@@ -21,11 +21,11 @@ struct Step {
     qp: *const f32,
     kp: *const f32,
     v: *const f32,
-    ldv: usize,
+    vrows: usize,
+    j0: usize,
     dp: usize,
     kv: usize,
     bcp: usize,
-    scale: f32,
     lim: *const usize,
     s: *mut f32,
     o: *mut f32,
@@ -84,14 +84,16 @@ impl AttnTile {
     ///
     /// 1. `S = Q·Kᵀ` for the block (`⌈kv/NR⌉·NR` columns) into `s` (`MR` rows, stride
     ///    `bcp = ⌈kv/NR⌉·NR`); columns `lim[r]..` of row `r` are masked to `-∞`;
-    /// 2. online softmax: `m[r]` (running max of `scale·S`, log2 domain) and `l[r]` (running
-    ///    sum) are updated and `s` becomes `P = 2^(scale·S - m)`;
+    /// 2. online softmax: `m[r]` (running max of `S`, log2 domain) and `l[r]` (running sum)
+    ///    are updated and `s` becomes `P = 2^(S - m)`;
     /// 3. `O = 2^(m_old - m_new)·O + P·V` for the `dp` columns of `o` (`MR` rows, stride `dp`).
     ///
     /// `qp`: the group's queries packed `dp × MR` (column `d` of the MR rows together),
-    /// zero-padded; `scale`: `log2(e)/√D` for the usual softmax; `kp`: the block's keys packed in panels of
-    /// `dp × NR` (keys of a panel together, zero-padded); `v`: the block's `kv` value rows,
-    /// stride `ldv ≥ dp`, each readable for `dp` values. `dp` is a multiple of the lane count.
+    /// zero-padded and already multiplied by the softmax scale in the log2 domain
+    /// (`log2(e)/√D` for the usual softmax); `kp`: the block's keys packed in panels of
+    /// `dp × NR` (keys of a panel together, zero-padded); `v`: values packed by
+    /// [`AttnTile::pack_values`] (`vrows` rows), of which rows `j0..j0 + kv` are this
+    /// block's. `dp` is a multiple of the lane count.
     ///
     /// Panics if any extent is too short, `kv == 0`, or a `lim` exceeds `kv`.
     #[allow(clippy::too_many_arguments)]
@@ -99,8 +101,8 @@ impl AttnTile {
         &self,
         qp: &[f32],
         kp: &[f32],
-        (v, ldv): (&[f32], usize),
-        (dp, scale): (usize, f32),
+        (v, vrows, j0): (&[f32], usize, usize),
+        dp: usize,
         kv: usize,
         lim: &[usize],
         s: &mut [f32],
@@ -117,13 +119,12 @@ impl AttnTile {
             "dp {dp} not a multiple of the lanes"
         );
         assert!(kv >= 1, "empty key block");
-        assert!(scale > 0.0 && scale.is_finite(), "scale must be positive");
         let bcp = kv.div_ceil(nr) * nr;
         assert!(qp.len() >= mr * dp, "packed queries too short");
         assert!(kp.len() >= bcp * dp, "packed keys too short");
         assert!(
-            ldv >= dp && v.len() >= (kv - 1) * ldv + dp,
-            "value rows too short"
+            v.len() >= vrows * dp && j0 + kv <= vrows,
+            "packed values too short"
         );
         assert!(
             lim.len() >= mr && lim[..mr].iter().all(|&x| x <= kv),
@@ -138,11 +139,11 @@ impl AttnTile {
             qp: qp.as_ptr(),
             kp: kp.as_ptr(),
             v: v.as_ptr(),
-            ldv,
+            vrows,
+            j0,
             dp,
             kv,
             bcp,
-            scale,
             lim: lim.as_ptr(),
             s: s.as_mut_ptr(),
             o: o.as_mut_ptr(),
@@ -156,6 +157,68 @@ impl AttnTile {
     }
 }
 
+impl AttnTile {
+    /// Columns per value stripe: the `P·V` tile's width.
+    pub fn value_stripe(&self) -> usize {
+        self.pv * self.lanes
+    }
+
+    /// Packs `rows` value rows (`src`, row-major, `d` columns) for [`AttnTile::step`]:
+    /// stripes of [`AttnTile::value_stripe`] columns (the last one narrower when `dp` is not
+    /// a multiple), each holding its columns of every row contiguously (stripe at column
+    /// `c0`, of width `w`, starts at `c0·rows`; row `j` at `+ j·w`), zero-padded past `d`.
+    /// The `P·V` tile then streams one contiguous, aligned run per stripe.
+    /// `out` needs `rows·dp` values; panics if `src` or `out` is too short.
+    pub fn pack_values(&self, src: &[f32], d: usize, dp: usize, rows: usize, out: &mut [f32]) {
+        assert!(d >= 1 && dp >= d && src.len() >= rows * d && out.len() >= rows * dp);
+        let sw = self.value_stripe();
+        let mut c0 = 0;
+        while c0 < dp {
+            let w = sw.min(dp - c0);
+            let n = w.min(d.saturating_sub(c0));
+            let stripe = &mut out[c0 * rows..(c0 + w) * rows];
+            for (dst, row) in stripe.chunks_exact_mut(w).zip(src.chunks_exact(d)) {
+                dst[..n].copy_from_slice(&row[c0..c0 + n]);
+                dst[n..].fill(0.0);
+            }
+            c0 += w;
+        }
+    }
+}
+
+/// `2^x` lane-wise for `x ≤ 0` (or `-∞`, which gives 0): the softmax weights. As the
+/// crate's `exp2_nonpos`, with a degree-5 polynomial on `[-½, ½]` (relative error ≤ 2.4e-7,
+/// two f32 ulps; the attention reference allows tens) instead of degree 6: one FMA less
+/// per 8 weights.
+///
+/// # Safety
+/// The CPU supports `S`'s ISA.
+#[inline(always)]
+unsafe fn exp2_softmax<S: Simd>(x: S::V) -> S::V {
+    // 1.5·2^23 + 127: adding it rounds x ∈ [-127, 0] to a whole number n and leaves n + 127
+    // in the low mantissa bits, which `shl23` moves into the exponent field of 2^n.
+    const MAGIC: f32 = 12_583_039.0;
+    const P: [f32; 6] = [
+        1.000_000_1,
+        0.693_146_94,
+        0.240_221_2,
+        0.055_507_135,
+        0.009_675_542,
+        0.001_327_646_7,
+    ];
+    // SAFETY: the caller guarantees the ISA; only register operations follow.
+    unsafe {
+        let x = S::max(x, S::set1(-127.0));
+        let t = S::add(x, S::set1(MAGIC));
+        let f = S::sub(x, S::sub(t, S::set1(MAGIC)));
+        let mut p = S::set1(P[5]);
+        for c in P[..5].iter().rev() {
+            p = S::fmadd(p, f, S::set1(*c));
+        }
+        S::mul(p, S::shl23(t))
+    }
+}
+
 /// The flash step body (see [`AttnTile::step`]), `NR = NV·W`.
 ///
 /// # Safety
@@ -165,6 +228,11 @@ impl AttnTile {
 unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(st: &Step) {
     let nr = NV * S::W;
     let (dp, bcp) = (st.dp, st.bcp);
+    // The scores / weights buffer holds chunks of W keys × MR rows: element (r, j) at
+    // (j / W · MR + r) · W + j % W. Rows store and load whole vectors, and the P·V loop
+    // broadcasts the MR weights of a key from one chunk at constant offsets (rows a full
+    // stride apart would make it chain address adds and load from MR far-apart lines).
+    let chunk = MR * S::W;
     // SAFETY (whole body): the caller guarantees the ISA and the extents: qp has MR·dp
     // values, kp bcp·dp, s MR·bcp, o MR·dp, m and l MR, lim MR; every index below stays
     // inside them (t < bcp/NR, r < MR, j < bcp, c0 + V·W ≤ dp).
@@ -189,7 +257,7 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
             }
             for (r, row) in acc.iter().enumerate() {
                 for (v, x) in row.iter().enumerate() {
-                    S::store(st.s.add(r * bcp + t * nr + v * S::W), *x);
+                    S::store(st.s.add(((t * NV + v) * MR + r) * S::W), *x);
                     rowmax[r] = S::max(*x, rowmax[r]);
                 }
             }
@@ -199,21 +267,20 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
         let mut m_new = [0.0f32; 16];
         let mut m_old = [0.0f32; 16];
         for r in 0..MR {
-            let row = st.s.add(r * bcp);
+            let row = st.s.add(r * S::W);
             let lim = *st.lim.add(r);
             if lim < bcp {
                 for j in lim..bcp {
-                    *row.add(j) = f32::NEG_INFINITY;
+                    *row.add(j / S::W * chunk + j % S::W) = f32::NEG_INFINITY;
                 }
                 let mut mx = S::set1(f32::NEG_INFINITY);
-                for j in (0..lim.div_ceil(S::W) * S::W).step_by(S::W) {
-                    mx = S::max(S::load(row.add(j)), mx);
+                for c in 0..lim.div_ceil(S::W) {
+                    mx = S::max(S::load(row.add(c * chunk)), mx);
                 }
                 rowmax[r] = mx;
             }
             m_old[r] = *st.m.add(r);
-            // Scores are scaled here (scale > 0 keeps the maximum where it is).
-            let m = m_old[r].max(S::hmax(rowmax[r]) * st.scale);
+            let m = m_old[r].max(S::hmax(rowmax[r]));
             *st.m.add(r) = m;
             // A row that has seen no key yet (a padding row) keeps m = -∞; subtracting 0
             // instead gives P = 0 and alpha = 0 without an ∞ - ∞.
@@ -226,17 +293,16 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
                 S::load(m_old.as_ptr().add(c)),
                 S::load(m_new.as_ptr().add(c)),
             );
-            S::store(alpha.as_mut_ptr().add(c), exp2_nonpos::<S>(x));
+            S::store(alpha.as_mut_ptr().add(c), exp2_softmax::<S>(x));
         }
-        // P = 2^(scale·S - m_new) in place, and the running sums.
-        let sc = S::set1(st.scale);
+        // P = 2^(S - m_new) in place, and the running sums.
         for r in 0..MR {
-            let row = st.s.add(r * bcp);
+            let row = st.s.add(r * S::W);
             let mv = S::set1(-m_new[r]);
             let mut sum = S::zero();
-            for j in (0..bcp).step_by(S::W) {
-                let p = exp2_nonpos::<S>(S::fmadd(S::load(row.add(j)), sc, mv));
-                S::store(row.add(j), p);
+            for c in 0..bcp / S::W {
+                let p = exp2_softmax::<S>(S::add(S::load(row.add(c * chunk)), mv));
+                S::store(row.add(c * chunk), p);
                 sum = S::add(sum, p);
             }
             *st.l.add(r) = *st.l.add(r) * alpha[r] + S::hsum(sum);
@@ -267,9 +333,9 @@ unsafe fn pv_tile<S: Simd, const MR: usize, const V: usize>(
     alpha: &[f32; 16],
     c0: usize,
 ) {
-    let (dp, bcp) = (st.dp, st.bcp);
-    // SAFETY: the caller guarantees the ISA and the extents (r < MR, j < kv ≤ bcp, value row
-    // j readable for dp ≥ c0 + V·W values, o rows of dp values).
+    let dp = st.dp;
+    // SAFETY: the caller guarantees the ISA and the extents (r < MR, j < kv ≤ bcp; the
+    // stripe at c0 holds vrows ≥ j0 + kv rows of V·W values; o rows of dp values).
     unsafe {
         let mut acc = [[S::zero(); V]; MR];
         for (r, row) in acc.iter_mut().enumerate() {
@@ -278,23 +344,55 @@ unsafe fn pv_tile<S: Simd, const MR: usize, const V: usize>(
                 *x = S::mul(S::load(st.o.add(r * dp + c0 + v * S::W)), a);
             }
         }
-        let mut vrow = st.v.add(c0);
-        for j in 0..st.kv {
-            let mut bv = [S::zero(); V];
-            for (v, x) in bv.iter_mut().enumerate() {
-                *x = S::load(vrow.add(v * S::W));
+        // This stripe of the packed values: V·W columns of every row, contiguous.
+        let ldv = V * S::W;
+        let mut vrow = st.v.add(c0 * st.vrows + st.j0 * ldv);
+        // Four keys per iteration (W is a multiple of 4, so they share a chunk): a longer
+        // body lets the compiler hoist value loads past the register file and spill an
+        // accumulator (seen with 6x16).
+        let chunk = MR * S::W;
+        let at = |j: usize| st.s.add(j / S::W * chunk + j % S::W).cast_const();
+        let quads = st.kv / 4;
+        for q in 0..quads {
+            let pc = at(4 * q);
+            for u in 0..4 {
+                pv_key::<S, MR, V>(&mut acc, pc.add(u), vrow);
+                vrow = vrow.add(ldv);
             }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let p = S::splat(st.s.add(r * bcp + j));
-                for v in 0..V {
-                    row[v] = S::fmadd(p, bv[v], row[v]);
-                }
-            }
-            vrow = vrow.add(st.ldv);
+        }
+        for j in 4 * quads..st.kv {
+            pv_key::<S, MR, V>(&mut acc, at(j), vrow);
+            vrow = vrow.add(ldv);
         }
         for (r, row) in acc.iter().enumerate() {
             for (v, x) in row.iter().enumerate() {
                 S::store(st.o.add(r * dp + c0 + v * S::W), *x);
+            }
+        }
+    }
+}
+
+/// One key of the `P·V` tile: `acc[r] += P[r, key] · V[key, stripe]`, the MR weights at
+/// `pc + r·W`, the stripe's V·W values at `vrow`.
+///
+/// # Safety
+/// The CPU supports `S`'s ISA; `pc + r·W` is readable for `r < MR`, `vrow` for `V·W` values.
+#[inline(always)]
+unsafe fn pv_key<S: Simd, const MR: usize, const V: usize>(
+    acc: &mut [[S::V; V]; MR],
+    pc: *const f32,
+    vrow: *const f32,
+) {
+    // SAFETY: the caller guarantees the ISA and the extents.
+    unsafe {
+        let mut bv = [S::zero(); V];
+        for (v, x) in bv.iter_mut().enumerate() {
+            *x = S::load(vrow.add(v * S::W));
+        }
+        for (r, row) in acc.iter_mut().enumerate() {
+            let p = S::splat(pc.add(r * S::W));
+            for v in 0..V {
+                row[v] = S::fmadd(p, bv[v], row[v]);
             }
         }
     }
