@@ -1,23 +1,33 @@
 //! Lookup latency of the runtime (criterion): a cached exact hit, a nearest-shape miss (first
-//! resolution and repeated), the default level, and the owned-copy `choose`.
+//! resolution, through `resolve` and through `lookup`, and repeated), the default level, the
+//! owned-copy `choose`, and the dispatch overhead of `run` on a 1×1×1 GEMM.
 //!
 //! ```sh
 //! cargo bench -p runtime --bench lookup
 //! ```
 //!
-//! Writes `bench_results/<fingerprint>/runtime_lookup.md` with the criterion medians.
+//! Writes the criterion medians at the top of `bench_results/<fingerprint>/runtime_lookup.md`
+//! (everything from a `## Earlier runs` line on is kept).
 //! Targets (issue 5): ≤ 50 ns for a cached workload, ≤ 2 µs for a nearest-shape miss.
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use criterion::measurement::{Measurement as CriterionMeasurement, ValueFormatter, WallTime};
 use criterion::Criterion;
 use kernels::{default_for, HardwareFingerprint, Measurement, Workload};
-use runtime::{Level, Runtime};
+use runtime::{Level, Runtime, MISS_CACHE_CAPACITY};
 use tuning_db::{Record, TuningDb};
 
 const GROUP: &str = "runtime_lookup";
+
+/// The same cases timed in this thread's CPU time: what the lookup costs, without the time
+/// the thread spends descheduled on a loaded machine.
+const CPU_GROUP: &str = "runtime_lookup_cpu";
+
+/// The heading above which the report is rewritten by each run.
+const EARLIER: &str = "## Earlier runs";
 
 /// The tuned shapes: M ∈ {1, 8, 16, ..., 512} × the BERT-base N/K pairs (30 workloads).
 fn tuned_shapes() -> Vec<Workload> {
@@ -57,9 +67,75 @@ fn criterion_dir() -> PathBuf {
         .unwrap_or_else(|| root().join("target/criterion"))
 }
 
-fn median_ns(id: &str) -> Option<f64> {
+/// CPU time of the calling thread.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID is supported on
+    // every Linux this crate targets (on failure `ts` stays zero, which only spoils timings).
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Criterion measurement: CPU time of the benchmarking thread.
+struct ThreadCpu(WallTime);
+
+impl CriterionMeasurement for ThreadCpu {
+    type Intermediate = Duration;
+    type Value = Duration;
+
+    fn start(&self) -> Duration {
+        thread_cpu_time()
+    }
+    fn end(&self, start: Duration) -> Duration {
+        thread_cpu_time().saturating_sub(start)
+    }
+    fn add(&self, a: &Duration, b: &Duration) -> Duration {
+        *a + *b
+    }
+    fn zero(&self) -> Duration {
+        Duration::ZERO
+    }
+    fn to_f64(&self, v: &Duration) -> f64 {
+        v.as_nanos() as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        self.0.formatter()
+    }
+}
+
+/// Times `n` first lookups of distinct untuned shapes with `clock`, each resolved and
+/// cached: a fresh runtime (not timed) whenever the miss cache is full. The fresh runtime's
+/// first lookup (not timed either) refreshes this thread's handle, which drops the previous
+/// runtime's index.
+fn first_lookups(
+    path: &Path,
+    fresh: &[Workload],
+    n: u64,
+    clock: impl Fn() -> Duration,
+) -> Duration {
+    let warm = Workload::gemm(128, 768, 768).unwrap();
+    let mut total = Duration::ZERO;
+    let mut left = n as usize;
+    while left > 0 {
+        let r = Runtime::open(path).unwrap();
+        r.lookup(&warm).unwrap();
+        let k = left.min(fresh.len());
+        let t = clock();
+        for w in &fresh[..k] {
+            black_box(r.lookup(black_box(w)).unwrap());
+        }
+        total += clock().saturating_sub(t);
+        left -= k;
+    }
+    total
+}
+
+fn median_ns(group: &str, id: &str) -> Option<f64> {
     let p = criterion_dir()
-        .join(GROUP)
+        .join(group)
         .join(id)
         .join("new/estimates.json");
     let text = std::fs::read_to_string(p).ok()?;
@@ -89,6 +165,11 @@ fn main() {
     assert_eq!(rt.resolve(&miss).unwrap().level, Level::NearestShape);
     assert_eq!(none.lookup(&untuned).unwrap().level, Level::Default);
 
+    // Untuned shapes for the first-lookup cases (nearest tuned shape: 1024x768x768).
+    let fresh: Vec<Workload> = (0..MISS_CACHE_CAPACITY)
+        .map(|i| Workload::gemm(2000 + i, 768, 768).unwrap())
+        .collect();
+
     let mut c = Criterion::default()
         .output_directory(&criterion_dir())
         .warm_up_time(Duration::from_millis(500))
@@ -101,6 +182,11 @@ fn main() {
         });
         g.bench_function("nearest_shape_first", |b| {
             b.iter(|| rt.resolve(black_box(&miss)).unwrap())
+        });
+        let start = Instant::now();
+        let wall = move || start.elapsed();
+        g.bench_function("nearest_shape_first_lookup", |b| {
+            b.iter_custom(|iters| first_lookups(&path, &fresh, iters, wall))
         });
         rt.lookup(&miss).unwrap();
         g.bench_function("nearest_shape_repeated", |b| {
@@ -115,6 +201,45 @@ fn main() {
         });
         g.bench_function("choose_owned_copy", |b| {
             b.iter(|| rt.choose(black_box(&exact)).unwrap())
+        });
+        // `run` on a 1×1×1 GEMM against the prepared executable itself: the dispatch cost.
+        let one = Workload::gemm(1, 1, 1).unwrap();
+        let (a, bm, mut out) = ([1.5f32], [2.0f32], [0.0f32]);
+        g.bench_function("run_1x1x1", |b| {
+            b.iter(|| rt.run(black_box(&one), &[&a, &bm], &mut out).unwrap())
+        });
+        let exe = rt.lookup(&one).unwrap();
+        g.bench_function("exe_run_1x1x1", |b| {
+            b.iter(|| exe.run(black_box(&[&a, &bm]), &mut out))
+        });
+        g.finish();
+    }
+    c.final_summary();
+    let mut c = Criterion::default()
+        .with_measurement(ThreadCpu(WallTime))
+        .output_directory(&criterion_dir())
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .configure_from_args();
+    {
+        let mut g = c.benchmark_group(CPU_GROUP);
+        g.bench_function("exact_hit", |b| {
+            b.iter(|| rt.lookup(black_box(&exact)).unwrap())
+        });
+        g.bench_function("nearest_shape_first", |b| {
+            b.iter(|| rt.resolve(black_box(&miss)).unwrap())
+        });
+        g.bench_function("nearest_shape_first_lookup", |b| {
+            b.iter_custom(|iters| first_lookups(&path, &fresh, iters, thread_cpu_time))
+        });
+        g.bench_function("nearest_shape_repeated", |b| {
+            b.iter(|| rt.lookup(black_box(&miss)).unwrap())
+        });
+        g.bench_function("default_first", |b| {
+            b.iter(|| none.resolve(black_box(&untuned)).unwrap())
+        });
+        g.bench_function("default_repeated", |b| {
+            b.iter(|| none.lookup(black_box(&untuned)).unwrap())
         });
         g.finish();
     }
@@ -133,6 +258,12 @@ fn write_report(rt: &Runtime) {
         (
             "nearest_shape_first",
             "nearest-shape miss, first time: `resolve` (rank 30 tuned shapes, check + build)",
+            Some(2000.0),
+        ),
+        (
+            "nearest_shape_first_lookup",
+            "nearest-shape miss, first time: `lookup` (resolve + insert into the cache; \
+             distinct shapes)",
             Some(2000.0),
         ),
         (
@@ -155,6 +286,16 @@ fn write_report(rt: &Runtime) {
             "`choose` (owned copy: clones the config map)",
             None,
         ),
+        (
+            "run_1x1x1",
+            "`run` of a cached gemm:1x1x1: probe, buffer checks, count, kernel",
+            None,
+        ),
+        (
+            "exe_run_1x1x1",
+            "the same kernel called directly (`Choice::run`), for comparison",
+            None,
+        ),
     ];
     let load = std::fs::read_to_string("/proc/loadavg")
         .map(|l| {
@@ -169,30 +310,52 @@ fn write_report(rt: &Runtime) {
         "# Runtime lookup latency — {}\n\nMachine: {}\n\nFingerprint `{}`. Criterion medians \
          (`cargo bench -p runtime --bench lookup`), {} tuned workloads in the index. The machine \
          is shared (2 cores, other jobs running): treat as indicative.{load}\n\n\
-         | case | median | target |\n|---|---|---|\n",
+         Two medians per case: wall-clock (criterion's default) and this thread's CPU time \
+         (the same loop, without the time spent descheduled).\n\n\
+         | case | median, wall | median, thread CPU | target |\n|---|---|---|---|\n",
         tuning_db::now_rfc3339(),
         hw.summary(),
         hw.id,
         rt.tuned_workloads()
     );
-    for (id, what, target) in rows {
-        let m = median_ns(id);
-        md += &format!(
-            "| {what} | {} | {} |\n",
-            m.map_or("—".into(), |ns| if ns < 1000.0 {
+    let fmt = |m: Option<f64>| {
+        m.map_or("—".into(), |ns| {
+            if ns < 1000.0 {
                 format!("{ns:.1} ns")
             } else {
                 format!("{:.2} µs", ns / 1000.0)
-            }),
-            target.map_or("—".to_string(), |t| {
-                let ok = m.is_some_and(|ns| ns <= t);
-                format!("≤ {} ns {}", t, if ok { "✓" } else { "✗" })
-            })
+            }
+        })
+    };
+    for (id, what, target) in rows {
+        let (wall, cpu) = (median_ns(GROUP, id), median_ns(CPU_GROUP, id));
+        let mark = |m: Option<f64>, t: f64| match m {
+            Some(ns) if ns <= t => "✓",
+            Some(_) => "✗",
+            None => "—",
+        };
+        md += &format!(
+            "| {what} | {} | {} | {} |\n",
+            fmt(wall),
+            fmt(cpu),
+            target.map_or("—".to_string(), |t| format!(
+                "≤ {t} ns (wall {}, CPU {})",
+                mark(wall, t),
+                mark(cpu, t)
+            ))
         );
     }
     let dir = root().join("bench_results").join(&hw.id);
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("runtime_lookup.md"), &md).unwrap();
+    let file = dir.join("runtime_lookup.md");
+    // Keep the history below the latest run.
+    if let Some(at) = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|old| old.find(EARLIER).map(|at| old[at..].to_string()))
+    {
+        md = format!("{md}\n{at}");
+    }
+    std::fs::write(&file, &md).unwrap();
     println!("{md}");
     eprintln!("wrote {}", dir.join("runtime_lookup.md").display());
 }

@@ -249,13 +249,18 @@ impl Index {
         if !cands.is_empty() {
             let target = log2_dims(w);
             let fit_hw = fit_hardware(hw);
-            // Nearest first (ties: index order, exact before same_arch).
             let dist = |c: &Candidate| distance(&target, &c.log2);
-            let nearest = cands
-                .iter()
-                .enumerate()
-                .min_by(|a, b| dist(a.1).total_cmp(&dist(b.1)).then(a.0.cmp(&b.0)));
-            if let Some((i, c)) = nearest {
+            // Nearest first (ties: index order, exact before same_arch), by the squared
+            // distance: same order, no square root per candidate.
+            let mut nearest: Option<(f64, usize)> = None;
+            for (j, c) in cands.iter().enumerate() {
+                let d2 = squared_distance(&target, &c.log2);
+                if nearest.is_none_or(|(best, _)| d2 < best) {
+                    nearest = Some((d2, j));
+                }
+            }
+            if let Some((_, i)) = nearest {
+                let c = &cands[i];
                 if let Some(choice) = borrow(w, c, dist(c), fit_hw) {
                     return Ok(choice);
                 }
@@ -389,6 +394,10 @@ pub(crate) fn log2_dims(w: &Workload) -> [f64; 4] {
         *o = (d as f64).log2();
     }
     out
+}
+
+fn squared_distance(a: &[f64; 4], b: &[f64; 4]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum()
 }
 
 /// Euclidean distance between two shapes in log2 space: `sqrt(Σ (log2 a_i − log2 b_i)²)`.
