@@ -280,7 +280,16 @@ impl Index {
             }
         }
         let (kernel, config) = default_for(w, hw);
-        let exe: Arc<dyn Executable> = kernel.prepare(w, &config)?.into();
+        // `prepare` without building the space when the default fits (it always should);
+        // otherwise `prepare` itself, for its error.
+        let current = HardwareFingerprint::current();
+        let exe: Arc<dyn Executable> =
+            if kernel.supports(w) && kernel.config_fits(w, current, &config) {
+                kernel.build(w, &config)?
+            } else {
+                kernel.prepare(w, &config)?
+            }
+            .into();
         Ok(Choice::new(w, kernel, config, Level::Default, None, exe))
     }
 }
