@@ -32,9 +32,13 @@
 //! its config passes this machine's space check and builds; those that do not are listed by
 //! [`Runtime::skipped`] and their workloads fall through to the next level.
 //!
-//! A lookup of a workload seen before is a hash probe on an immutable snapshot (no SQL, no
-//! lock, no allocation); the first lookup of an untuned shape resolves it once and caches
-//! the result. [`Runtime::reload`] swaps in a newer database atomically while other threads
+//! A lookup of a workload seen before is one probe of a hash table keyed by the workload
+//! packed into 128 bits, through this thread's handle on the index in service: no SQL, no
+//! lock, no allocation, no read-modify-write (counters are per-thread shards). The first
+//! lookup of an untuned shape resolves it once (nearest tuned shape of the same op whose
+//! config passes [`kernels::Kernel::config_fits`], without building a `Space`) and caches
+//! the result in the same table, so a repeated miss costs what a hit costs.
+//! [`Runtime::reload`] swaps in a newer database atomically while other threads
 //! keep serving. [`Runtime::lookups`] counts lookups by level, and
 //! [`Runtime::log_fallbacks_to`] (or the `AUTOKERNEL_UNTUNED_LOG` environment variable)
 //! appends every distinct workload served by a fallback level to a file, the input of
