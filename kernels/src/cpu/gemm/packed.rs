@@ -261,15 +261,28 @@ impl PackedGemm {
                 let mcb = self.mc.min(c.rows() - ic);
                 let apack = abuf.slice(mcb.div_ceil(mr) * mr * kcb);
                 pack_a(a, self.k, (row0 + ic, mcb), (pc, kcb), mr, apack);
+                // Whole row tiles go through one call per B panel; a partial last row
+                // tile or column panel through the clipping `tile`.
+                let full = mcb / mr;
+                let (a_full, a_edge) = apack.split_at(full * mr * kcb);
                 for (jr, bp) in bpack.chunks_exact(nr * kcb).enumerate() {
                     let j = jr * nr;
                     if j >= c.cols() {
                         break;
                     }
                     let ep = ep.map(|e| e.skip(j));
-                    for (ir, ap) in apack.chunks_exact(mr * kcb).enumerate() {
+                    if j + nr <= c.cols() {
                         self.uk
-                            .tile(kcb, ap, bp, &mut c, ic + ir * mr, j, accumulate, ep);
+                            .tiles(kcb, a_full, full, bp, &mut c, (ic, j), accumulate, ep);
+                    } else {
+                        for (ir, ap) in a_full.chunks_exact(mr * kcb).enumerate() {
+                            self.uk
+                                .tile(kcb, ap, bp, &mut c, ic + ir * mr, j, accumulate, ep);
+                        }
+                    }
+                    if !a_edge.is_empty() {
+                        self.uk
+                            .tile(kcb, a_edge, bp, &mut c, ic + full * mr, j, accumulate, ep);
                     }
                 }
             }

@@ -124,17 +124,19 @@ impl Simd for Avx2 {
 /// # Safety
 /// The CPU has AVX2 and FMA, and the pointers satisfy [`packed_body`]'s contract.
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn packed<const MR: usize, const NV: usize>(
     k: usize,
     a: *const f32,
     b: *const f32,
     c: *mut f32,
     ldc: usize,
+    tiles: usize,
     accumulate: bool,
     ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; this function is compiled with the features `Avx2` needs.
-    unsafe { packed_body::<Avx2, MR, NV>(k, a, b, c, ldc, accumulate, ep) }
+    unsafe { packed_body::<Avx2, MR, NV>(k, a, b, c, ldc, tiles, accumulate, ep) }
 }
 
 /// Direct `R × 8·V` tile, compiled for AVX2 + FMA.

@@ -21,8 +21,9 @@ use crate::cpu::Isa;
 use crate::workload::Act;
 use simd::Epi;
 
-/// `(k, a_panel, b_panel, c, ldc, accumulate, epilogue)`: see [`simd::packed_body`].
-pub(crate) type PackedFn = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, bool, Epi);
+/// `(k, a_panels, b_panel, c, ldc, tiles, accumulate, epilogue)`: see [`simd::packed_body`].
+pub(crate) type PackedFn =
+    unsafe fn(usize, *const f32, *const f32, *mut f32, usize, usize, bool, Epi);
 
 /// `(k, a, lda, b, ldb, c, ldc, tiles, accumulate, epilogue)`: see [`simd::direct_body`].
 pub(crate) type DirectFn =
@@ -270,7 +271,7 @@ impl PackedUkernel {
             // that the CPU runs `self.isa`; the panels hold `k·MR` and `k·NR` values (asserted
             // above); `block_ptr` checked that the whole MR×NR block lies in `c`'s window; the
             // bias, if any, holds at least `cols = NR` values (asserted above).
-            unsafe { (self.f)(k, a.as_ptr(), b.as_ptr(), p, ld, accumulate, epi) }
+            unsafe { (self.f)(k, a.as_ptr(), b.as_ptr(), p, ld, 1, accumulate, epi) }
         } else {
             let mut buf = [0.0f32; MAX_TILE];
             debug_assert!(mr * nr <= MAX_TILE);
@@ -283,6 +284,7 @@ impl PackedUkernel {
                     b.as_ptr(),
                     buf.as_mut_ptr(),
                     nr,
+                    1,
                     false,
                     Epi::NONE,
                 )
@@ -299,6 +301,65 @@ impl PackedUkernel {
                     bias_act_row(dst, ep.bias, ep.act);
                 }
             }
+        }
+    }
+}
+
+impl PackedUkernel {
+    /// `tiles` whole `MR × NR` tiles stacked vertically from `(i, j)`: tile `t` is
+    /// `C[i + t·MR.., j..] (+)= A_panel[t] · B_panel`, all in one call (the B micro-panel
+    /// stays in L1 while the A panels stream by). `a` holds the `tiles` packed A micro-panels
+    /// one after the other. With `ep`, `act(x + bias)` is stored instead.
+    ///
+    /// Panics if the panels or the bias are too short or the `tiles·MR × NR` block is not
+    /// inside `c`'s window (edge tiles go through [`PackedUkernel::tile`]).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn tiles(
+        &self,
+        k: usize,
+        a: &[f32],
+        tiles: usize,
+        b: &[f32],
+        c: &mut CView<'_>,
+        (i, j): (usize, usize),
+        accumulate: bool,
+        ep: Option<TileEpilogue<'_>>,
+    ) {
+        let (mr, nr) = (self.mr, self.nr);
+        if tiles == 0 {
+            return;
+        }
+        assert!(
+            a.len() >= tiles * k * mr && b.len() >= k * nr,
+            "micro-panels too short"
+        );
+        let epi = match &ep {
+            Some(e) => {
+                assert!(e.bias.len() >= nr, "bias shorter than the tile");
+                Epi {
+                    bias: e.bias.as_ptr(),
+                    act: e.code(),
+                }
+            }
+            None => Epi::NONE,
+        };
+        let (ld, p) = (c.ld(), c.block_ptr(i, j, tiles * mr, nr));
+        // SAFETY: `self` was handed out by `packed()`/`packed_offered()` only after checking
+        // that the CPU runs `self.isa`; the A panels hold `tiles·k·MR` values and the B panel
+        // `k·NR` (asserted above); `block_ptr` checked that the whole `tiles·MR × NR` block
+        // lies in `c`'s window; the bias, if any, holds at least NR values (asserted above).
+        unsafe {
+            (self.f)(
+                k,
+                a.as_ptr(),
+                b.as_ptr(),
+                p,
+                ld,
+                tiles,
+                accumulate,
+                epi,
+            )
         }
     }
 }

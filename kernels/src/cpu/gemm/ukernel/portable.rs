@@ -90,17 +90,19 @@ impl Simd for Portable {
 ///
 /// # Safety
 /// The pointers satisfy [`packed_body`]'s contract.
+#[allow(clippy::too_many_arguments)]
 unsafe fn packed<const MR: usize, const NV: usize>(
     k: usize,
     a: *const f32,
     b: *const f32,
     c: *mut f32,
     ldc: usize,
+    tiles: usize,
     accumulate: bool,
     ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; `Portable` needs no CPU feature.
-    unsafe { packed_body::<Portable, MR, NV>(k, a, b, c, ldc, accumulate, ep) }
+    unsafe { packed_body::<Portable, MR, NV>(k, a, b, c, ldc, tiles, accumulate, ep) }
 }
 
 /// Direct `R × 8·V` tile in plain Rust.

@@ -320,52 +320,60 @@ pub(crate) unsafe fn bias_act_body<S: Simd>(row: *mut f32, bias: *const f32, n: 
     }
 }
 
-/// Packed micro-kernel: `C[MR × NV·W] (+)= A_panel · B_panel`.
+/// Packed micro-kernel: `tiles` tiles stacked vertically, tile `t` computing
+/// `C[t·MR.., MR × NV·W] (+)= A_panel[t] · B_panel` against the same B micro-panel (which
+/// stays in L1 while the A panels stream by).
 ///
-/// `a` is a packed A micro-panel (`k` groups of `MR` values, one per row), `b` a packed B
-/// micro-panel (`k` groups of `NV·W` values). With `accumulate` the tile is added to C,
-/// otherwise C is overwritten; then the epilogue `ep` is applied as the tile is stored.
+/// `a` holds `tiles` packed A micro-panels one after the other (each `k` groups of `MR`
+/// values, one per row), `b` a packed B micro-panel (`k` groups of `NV·W` values). With
+/// `accumulate` the tiles are added to C, otherwise C is overwritten; then the epilogue `ep`
+/// is applied as each tile is stored.
 ///
 /// # Safety
-/// The CPU supports `S`'s ISA; `a` is readable for `k·MR` values, `b` for `k·NV·W` values,
-/// and `c + r·ldc + j` is writable for every `r < MR`, `j < NV·W`; unless `ep.act` is none,
-/// `ep.bias` is readable for `NV·W` values.
+/// The CPU supports `S`'s ISA; `a` is readable for `tiles·k·MR` values, `b` for `k·NV·W`
+/// values, and `c + r·ldc + j` is writable for every `r < tiles·MR`, `j < NV·W`; unless
+/// `ep.act` is none, `ep.bias` is readable for `NV·W` values.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn packed_body<S: Simd, const MR: usize, const NV: usize>(
     k: usize,
     a: *const f32,
     b: *const f32,
     c: *mut f32,
     ldc: usize,
+    tiles: usize,
     accumulate: bool,
     ep: Epi,
 ) {
     let nr = NV * S::W;
     // SAFETY (whole body): the caller guarantees the ISA and the extents documented above;
-    // every pointer below stays inside them (p < k, r < MR, v < NV).
+    // every pointer below stays inside them (t < tiles, p < k, r < MR, v < NV).
     unsafe {
-        // Fetch the C tile while the k loop runs: its rows are a whole row stride apart and
-        // would otherwise miss in every cache at the final update.
-        for r in 0..MR {
-            S::prefetch(c.add(r * ldc));
-            S::prefetch(c.add(r * ldc + nr - 1));
+        for t in 0..tiles {
+            let c = c.add(t * MR * ldc);
+            // Fetch the C tile while the k loop runs: its rows are a whole row stride apart
+            // and would otherwise miss in every cache at the final update.
+            for r in 0..MR {
+                S::prefetch(c.add(r * ldc));
+                S::prefetch(c.add(r * ldc + nr - 1));
+            }
+            let mut acc = [[S::zero(); NV]; MR];
+            let (mut a, mut b) = (a.add(t * MR * k), b);
+            for _ in 0..k / 4 {
+                packed_step::<S, MR, NV>(&mut acc, a, b);
+                packed_step::<S, MR, NV>(&mut acc, a.add(MR), b.add(nr));
+                packed_step::<S, MR, NV>(&mut acc, a.add(2 * MR), b.add(2 * nr));
+                packed_step::<S, MR, NV>(&mut acc, a.add(3 * MR), b.add(3 * nr));
+                a = a.add(4 * MR);
+                b = b.add(4 * nr);
+            }
+            for _ in 0..k % 4 {
+                packed_step::<S, MR, NV>(&mut acc, a, b);
+                a = a.add(MR);
+                b = b.add(nr);
+            }
+            store_tile_epi::<S, MR, NV>(&acc, c, ldc, accumulate, ep);
         }
-        let mut acc = [[S::zero(); NV]; MR];
-        let (mut a, mut b) = (a, b);
-        for _ in 0..k / 4 {
-            packed_step::<S, MR, NV>(&mut acc, a, b);
-            packed_step::<S, MR, NV>(&mut acc, a.add(MR), b.add(nr));
-            packed_step::<S, MR, NV>(&mut acc, a.add(2 * MR), b.add(2 * nr));
-            packed_step::<S, MR, NV>(&mut acc, a.add(3 * MR), b.add(3 * nr));
-            a = a.add(4 * MR);
-            b = b.add(4 * nr);
-        }
-        for _ in 0..k % 4 {
-            packed_step::<S, MR, NV>(&mut acc, a, b);
-            a = a.add(MR);
-            b = b.add(nr);
-        }
-        store_tile_epi::<S, MR, NV>(&acc, c, ldc, accumulate, ep);
     }
 }
 
