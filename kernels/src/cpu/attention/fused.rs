@@ -52,14 +52,17 @@ pub struct FusedAttention {
 }
 
 /// Shared, read-only inputs of one call.
+#[derive(Clone, Copy)]
 struct Ctx<'a> {
     q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
     /// Prepacked Kᵀ panels of all heads (`heads × ⌈S/NR⌉·NR·dp`).
     kpre: Option<&'a [f32]>,
-    /// Values of all heads packed into the tile's stripes (`heads × S·dp`), with `kpre`.
+    /// Values packed into the tile's stripes (`S·dp` per head), with `kpre`.
     vpre: Option<&'a [f32]>,
+    /// The head whose packed keys and values `kpre` and `vpre` start with.
+    first_head: usize,
     dp: usize,
 }
 
@@ -133,11 +136,12 @@ impl FusedAttention {
             debug_assert!(mr <= lim.len());
             for j0 in (0..kend).step_by(self.bc) {
                 let kvb = self.bc.min(kend - j0);
+                let ph = hd - cx.first_head;
                 let kp: &[f32] = match cx.kpre {
                     Some(kpre) => {
                         let per_head = s.div_ceil(nr) * nr * dp;
-                        &kpre[hd * per_head + j0 * dp
-                            ..hd * per_head + (j0 + kvb).div_ceil(nr) * nr * dp]
+                        &kpre[ph * per_head + j0 * dp
+                            ..ph * per_head + (j0 + kvb).div_ceil(nr) * nr * dp]
                     }
                     None => {
                         pack_keys(kh, d, dp, nr, j0, kvb, kblock);
@@ -145,7 +149,7 @@ impl FusedAttention {
                     }
                 };
                 let vp: (&[f32], usize, usize) = match cx.vpre {
-                    Some(vpre) => (&vpre[hd * s * dp..(hd + 1) * s * dp], s, j0),
+                    Some(vpre) => (&vpre[ph * s * dp..(ph + 1) * s * dp], s, j0),
                     None => {
                         let src = &vh[j0 * d..(j0 + kvb) * d];
                         self.tile.pack_values(src, d, dp, kvb, vblock);
@@ -192,23 +196,49 @@ impl FusedAttention {
         });
     }
 
+    /// All query blocks of head `hd` (`out`: its `S × D` outputs). With `k_layout =
+    /// prepacked` and nothing packed yet, packs this head's keys and values first, into this
+    /// thread's buffers: the head's query blocks then find them in L2, where packing every
+    /// head up front would have evicted them.
+    fn head(&self, cx: &Ctx<'_>, hd: usize, out: &mut [f32]) {
+        let blocks = |cx: &Ctx<'_>, out: &mut [f32]| {
+            for (qb, ob) in out.chunks_mut(self.br * self.d).enumerate() {
+                self.query_block(cx, hd, qb * self.br, ob);
+            }
+        };
+        if self.k_layout == KLayout::Blockwise || cx.kpre.is_some() {
+            return blocks(cx, out);
+        }
+        let (s, d, dp, nr) = (self.s, self.d, cx.dp, self.tile.nr);
+        with_buffer(Pool::Keys, |kbuf| {
+            with_buffer(Pool::Values, |vbuf| {
+                let kp = kbuf.slice(s.div_ceil(nr) * nr * dp);
+                let vp = vbuf.slice(s * dp);
+                let head = hd * s * d..(hd + 1) * s * d;
+                pack_keys(&cx.k[head.clone()], d, dp, nr, 0, s, kp);
+                self.tile.pack_values(&cx.v[head], d, dp, s, vp);
+                let local = Ctx {
+                    kpre: Some(kp),
+                    vpre: Some(vp),
+                    first_head: hd,
+                    ..*cx
+                };
+                blocks(&local, out);
+            })
+        });
+    }
+
     fn compute(&self, cx: &Ctx<'_>, out: &mut [f32]) {
         let (s, d) = (self.s, self.d);
         match self.par {
             AttnPar::None => {
                 for (hd, oh) in out.chunks_exact_mut(s * d).enumerate() {
-                    for (qb, ob) in oh.chunks_mut(self.br * d).enumerate() {
-                        self.query_block(cx, hd, qb * self.br, ob);
-                    }
+                    self.head(cx, hd, oh);
                 }
             }
             AttnPar::Heads(t) => {
                 let items: Vec<_> = out.chunks_exact_mut(s * d).enumerate().collect();
-                self_scheduled(t, items, |(hd, oh)| {
-                    for (qb, ob) in oh.chunks_mut(self.br * d).enumerate() {
-                        self.query_block(cx, hd, qb * self.br, ob);
-                    }
-                });
+                self_scheduled(t, items, |(hd, oh)| self.head(cx, hd, oh));
             }
             AttnPar::Blocks(t) => {
                 let mut items: Vec<(usize, usize, &mut [f32])> = Vec::new();
@@ -245,7 +275,7 @@ fn pack_queries(
 /// Packs keys `j0..j0+kv` of one head (`S×D`) into `⌈kv/NR⌉` panels of `dp × NR` values
 /// (the NR keys of column `c` together), zero-padded past key `j0+kv` and column `D`.
 fn pack_keys(k: &[f32], d: usize, dp: usize, nr: usize, j0: usize, kv: usize, out: &mut [f32]) {
-    pack_rows(k, d, dp, nr, j0, kv, out);
+    super::ukernel::pack_keys(k, d, dp, nr, (j0, kv), out);
 }
 
 /// Rows `r0..r0+rows` of a row-major `·×D` matrix as `⌈rows/P⌉` panels of `dp × P` values.
@@ -276,13 +306,16 @@ impl Executable for FusedAttention {
         let dp = d.div_ceil(lanes) * lanes;
         let nr = self.tile.nr;
         let parallel = self.par.threads() > 1;
-        if self.k_layout == KLayout::Blockwise {
+        // Keys and values packed up front only when tasks split heads (`par = blocks`);
+        // otherwise each head packs its own when its task starts (see `head`).
+        if self.k_layout == KLayout::Blockwise || !matches!(self.par, AttnPar::Blocks(_)) {
             let cx = Ctx {
                 q,
                 k,
                 v,
                 kpre: None,
                 vpre: None,
+                first_head: 0,
                 dp,
             };
             return self.compute(&cx, out);
@@ -315,6 +348,7 @@ impl Executable for FusedAttention {
                     v,
                     kpre: Some(kpre),
                     vpre,
+                    first_head: 0,
                     dp,
                 };
                 self.compute(&cx, out);
