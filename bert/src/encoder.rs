@@ -219,6 +219,31 @@ impl Encoder {
         input: &[f32],
         scratch: &mut Scratch,
     ) -> Result<LevelCounts, BertError> {
+        self.forward_inner(rt, batch, seq, input, scratch, None)
+    }
+
+    /// [`Encoder::forward_with`], adding the seconds spent in each stage to `times`.
+    pub fn forward_profiled(
+        &self,
+        rt: &Runtime,
+        batch: usize,
+        seq: usize,
+        input: &[f32],
+        scratch: &mut Scratch,
+        times: &mut StageTimes,
+    ) -> Result<LevelCounts, BertError> {
+        self.forward_inner(rt, batch, seq, input, scratch, Some(times))
+    }
+
+    fn forward_inner(
+        &self,
+        rt: &Runtime,
+        batch: usize,
+        seq: usize,
+        input: &[f32],
+        scratch: &mut Scratch,
+        mut times: Option<&mut StageTimes>,
+    ) -> Result<LevelCounts, BertError> {
         let c = &self.config;
         let (h, f, heads, d) = (c.hidden, c.ffn, c.heads, c.head_dim());
         let m = batch * seq;
@@ -263,18 +288,58 @@ impl Encoder {
             sized(ffn, m * f),
         );
         let dims = (batch, seq, heads, d);
+        let mut t = Instant::now();
+        let mut lap = |stage: usize| {
+            if let Some(times) = times.as_deref_mut() {
+                let now = Instant::now();
+                times.0[stage] += (now - t).as_secs_f64();
+                t = now;
+            }
+        };
         for l in &self.layers {
             counts.add(rt.gemm_bias_act_packed(&l.qkv, x, &l.b_qkv, qkv)?);
+            lap(0);
             split_heads(qkv, dims, q, k, v);
+            lap(5);
             counts.add(rt.attention(batch, heads, seq, d, false, q, k, v, ctx)?);
+            lap(1);
             merge_heads(ctx, dims, rows);
+            lap(5);
             counts.add(rt.gemm_bias_act_packed(&l.o, rows, &l.b_o, proj)?);
+            lap(2);
             add_layer_norm(x, proj, &l.ln1.0, &l.ln1.1, c.ln_eps);
+            lap(5);
             counts.add(rt.gemm_bias_act_packed(&l.ffn1, x, &l.b_ffn1, ffn)?);
+            lap(3);
             counts.add(rt.gemm_bias_act_packed(&l.ffn2, ffn, &l.b_ffn2, proj)?);
+            lap(4);
             add_layer_norm(x, proj, &l.ln2.0, &l.ln2.1, c.ln_eps);
+            lap(5);
         }
         Ok(counts)
+    }
+}
+
+/// Seconds per stage of the forward pass, summed over layers and calls: see
+/// [`StageTimes::NAMES`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StageTimes(pub [f64; 6]);
+
+impl StageTimes {
+    /// The stages: the four GEMMs, attention, and everything else (LayerNorm, residual adds,
+    /// head split / merge).
+    pub const NAMES: [&'static str; 6] = [
+        "qkv",
+        "attention",
+        "out_proj",
+        "ffn_up",
+        "ffn_down",
+        "other",
+    ];
+
+    /// `(name, seconds)` per stage.
+    pub fn by_stage(&self) -> impl Iterator<Item = (&'static str, f64)> + '_ {
+        Self::NAMES.into_iter().zip(self.0)
     }
 }
 

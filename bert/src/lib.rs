@@ -45,7 +45,7 @@ mod reference;
 mod weights;
 
 pub use config::BertConfig;
-pub use encoder::{Encoder, LevelCounts, Scratch};
+pub use encoder::{Encoder, LevelCounts, Scratch, StageTimes};
 pub use reference::{check, reference_forward, Agreement, TOLERANCE};
 pub use weights::{batch_input, sequence_input, LayerWeights};
 

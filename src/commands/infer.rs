@@ -47,6 +47,10 @@ pub struct InferArgs {
     /// One JSON object per (batch, seq) per line.
     #[arg(long)]
     pub json: bool,
+    /// Also print where the time goes: seconds per stage (each GEMM, attention, the rest)
+    /// of one extra pass, tuned and untuned.
+    #[arg(long)]
+    pub profile: bool,
     /// Test hook: plant a wrong bias value after loading, so the check must fail.
     #[arg(long, hide = true)]
     pub plant_fault: bool,
@@ -255,6 +259,33 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
                 bar.inc(tokens);
             }
         }
+        let profile = if args.profile {
+            let mut pt = bert::StageTimes::default();
+            tuned.forward_profiled(&rt, batch, seq, &input, &mut scratch, &mut pt)?;
+            let mut pu = bert::StageTimes::default();
+            if let Some(enc) = &untuned {
+                enc.forward_profiled(&untuned_rt, batch, seq, &input, &mut scratch_u, &mut pu)?;
+            }
+            let ms = |p: &bert::StageTimes| {
+                p.by_stage()
+                    .map(|(k, v)| (k.to_string(), json!(v * 1e3)))
+                    .collect::<serde_json::Map<_, _>>()
+            };
+            if !args.json {
+                let line = format!(
+                    "batch {batch} seq {seq} profile, ms tuned / untuned: {}",
+                    pt.by_stage()
+                        .zip(pu.0)
+                        .map(|((k, a), b)| format!("{k} {:.1} / {:.1}", a * 1e3, b * 1e3))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                bar.suspend(|| eprintln!("{line}"));
+            }
+            Some(json!({"tuned_ms": ms(&pt), "untuned_ms": ms(&pu)}))
+        } else {
+            None
+        };
         let tt = Timing::of(t);
         let ut = (!u.is_empty()).then(|| Timing::of(u));
         let seqs = |p50: f64| batch as f64 / p50;
@@ -282,6 +313,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
             "checked_sequences": which.len(),
             "max_abs_err": if which.is_empty() { None } else { Some(worst) },
             "tolerance": bert::TOLERANCE,
+            "profile": profile,
         });
         if args.json {
             super::print_json(&row)?;
