@@ -70,7 +70,8 @@ def cmd_torch(args):
                     "torch": torch.__version__,
                 }
                 for name, fn in variants.items():
-                    fn()  # warm-up
+                    for _ in range(3):  # warm-up (lazy init, oneDNN kernels)
+                        fn()
                     times = []
                     for _ in range(args.iters):
                         t0 = time.perf_counter()
