@@ -34,11 +34,12 @@ fn packed_epilogues_for_every_ukernel_fusion_layout_and_split() {
         let w: Workload = text.parse().unwrap();
         let p = Problem::random(&w, 3);
         for uk in ukernel::packed_available() {
-            for (fusion, layout) in [
-                ("fused", "prepacked"),
-                ("fused", "rowmajor"),
-                ("separate", "prepacked"),
-                ("separate", "rowmajor"),
+            for (fusion, layout, a_layout) in [
+                ("fused", "prepacked", "packed"),
+                ("fused", "prepacked", "inplace"),
+                ("fused", "rowmajor", "inplace"),
+                ("separate", "prepacked", "packed"),
+                ("separate", "rowmajor", "packed"),
             ] {
                 for (par, t) in [("none", 1usize), ("m", 2), ("n", 2)] {
                     let mut c = EpiloguePacked.default_config(&w, hw);
@@ -49,6 +50,7 @@ fn packed_epilogues_for_every_ukernel_fusion_layout_and_split() {
                     c.set("nc", 512usize);
                     c.set("fusion", fusion);
                     c.set("b_layout", layout);
+                    c.set("a_layout", a_layout);
                     c.set("par", par);
                     c.set("threads", t);
                     check_config(&EpiloguePacked, &w, &c, &p);

@@ -81,17 +81,20 @@ fn packed_every_ukernel_par_and_blocking() {
             // Every par mode on the two small blockings; the big one only serially.
             let pars = if i == 2 { &PARS[..1] } else { PARS };
             for &(par, threads) in pars {
-                let c = cfg(&[
-                    ("ukernel", uk.name.as_str().into()),
-                    ("mc", mc.into()),
-                    ("kc", kc.into()),
-                    ("nc", nc.into()),
-                    ("par", par.into()),
-                    ("threads", threads.into()),
-                ]);
-                // Tiny blocks on the biggest shape are slow in debug builds and add nothing.
-                for case in cases.iter().filter(|c| i > 0 || c.w.flops() < 2e6) {
-                    check(packed, case, &c);
+                for &a_layout in gemm::A_LAYOUT_VALUES {
+                    let c = cfg(&[
+                        ("ukernel", uk.name.as_str().into()),
+                        ("mc", mc.into()),
+                        ("kc", kc.into()),
+                        ("nc", nc.into()),
+                        ("a_layout", a_layout.into()),
+                        ("par", par.into()),
+                        ("threads", threads.into()),
+                    ]);
+                    // Tiny blocks on the biggest shape are slow in debug builds and add nothing.
+                    for case in cases.iter().filter(|c| i > 0 || c.w.flops() < 2e6) {
+                        check(packed, case, &c);
+                    }
                 }
             }
         }
@@ -105,7 +108,7 @@ fn direct_every_ukernel_par_and_blocking() {
     let uks = ukernel::direct_available();
     assert!(!uks.is_empty());
     for uk in uks {
-        for kc in [0usize, 7, 64] {
+        for kc in [0usize, 1, 2, 7, 64] {
             for &(par, threads) in PARS {
                 let c = cfg(&[
                     ("ukernel", uk.name.as_str().into()),
@@ -135,7 +138,8 @@ fn direct_supports_only_small_m() {
 fn families_and_versions() {
     let names: Vec<_> = gemm::FAMILIES.iter().map(|k| k.name()).collect();
     assert_eq!(names, ["gemm_packed", "gemm_direct"]);
-    assert!(gemm::FAMILIES.iter().all(|k| k.version() == 1));
+    let versions: Vec<_> = gemm::FAMILIES.iter().map(|k| k.version()).collect();
+    assert_eq!(versions, [2, 1]);
 }
 
 /// Shapes for the default / space checks (no reference needed, so they can be big).
@@ -201,7 +205,10 @@ fn spaces_are_small_nonempty_and_named() {
         let w = Workload::gemm(m, n, k).unwrap();
         let s = packed.space(&w, hw);
         let names: Vec<_> = s.knobs().iter().map(|k| k.name.as_str()).collect();
-        assert_eq!(names, ["ukernel", "mc", "kc", "nc", "par", "threads"]);
+        assert_eq!(
+            names,
+            ["ukernel", "mc", "kc", "nc", "a_layout", "par", "threads"]
+        );
         let count = s.count_valid();
         assert!((1..=10_000).contains(&count), "{w}: {count} packed configs");
         assert!(s.rule_names().contains(&"serial_iff_one_thread"));

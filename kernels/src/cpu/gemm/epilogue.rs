@@ -102,8 +102,9 @@ impl Kernel for EpiloguePacked {
         "gemm_bias_act_packed"
     }
 
+    /// 3: the packed GEMM's `a_layout` knob.
     fn version(&self) -> u32 {
-        2
+        3
     }
 
     fn supports(&self, w: &Workload) -> bool {
@@ -111,7 +112,7 @@ impl Kernel for EpiloguePacked {
     }
 
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
-        c.0.len() == 8
+        c.0.len() == 9
             && super::str_listed(c, "fusion", FUSION_VALUES)
             && super::str_listed(c, "b_layout", B_LAYOUT_VALUES)
             && super::packed_knobs_fit(&inner(w), hw, c)

@@ -47,6 +47,8 @@ pub const MC_VALUES: &[usize] = &[24, 48, 96, 144, 192, 256, 384];
 pub const KC_VALUES: &[usize] = &[64, 128, 192, 256, 384, 512];
 /// Values of the packed `nc` knob (rounded up to a multiple of NR when built).
 pub const NC_VALUES: &[usize] = &[512, 1024, 2048, 4096, 8192];
+/// Values of the packed `a_layout` knob: A packed into micro-panels, or read in place.
+pub const A_LAYOUT_VALUES: &[&str] = &["packed", "inplace"];
 /// Values of the direct `kc` knob; 0 means the whole of K.
 pub const DIRECT_KC_VALUES: &[usize] = &[0, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 
@@ -218,6 +220,7 @@ pub(crate) fn packed_knobs_fit(w: &Workload, hw: &HardwareFingerprint, c: &Confi
         && int_listed(c, "mc", MC_VALUES)
         && int_listed(c, "kc", KC_VALUES)
         && int_listed(c, "nc", NC_VALUES)
+        && str_listed(c, "a_layout", A_LAYOUT_VALUES)
         && par_threads_listed(c, hw, &["none", "m", "n"])
         && serial_iff_one_thread(c)
         && cap_rule("mc", MC_VALUES, m)(c)
@@ -245,8 +248,9 @@ impl Kernel for Packed {
         "gemm_packed"
     }
 
+    /// 2: the `a_layout` knob.
     fn version(&self) -> u32 {
-        1
+        2
     }
 
     fn supports(&self, w: &Workload) -> bool {
@@ -254,7 +258,7 @@ impl Kernel for Packed {
     }
 
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
-        c.0.len() == 6 && packed_knobs_fit(w, hw, c)
+        c.0.len() == 7 && packed_knobs_fit(w, hw, c)
     }
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
@@ -268,6 +272,7 @@ impl Kernel for Packed {
             .knob("mc", MC_VALUES.iter().copied())
             .knob("kc", KC_VALUES.iter().copied())
             .knob("nc", NC_VALUES.iter().copied())
+            .knob("a_layout", A_LAYOUT_VALUES.iter().copied())
             .knob("par", par_values(hw))
             .knob("threads", thread_values(hw))
             .rule("serial_iff_one_thread", serial_iff_one_thread)
@@ -293,6 +298,7 @@ impl Kernel for Packed {
             ("mc", mc.into()),
             ("kc", kc.into()),
             ("nc", nc.into()),
+            ("a_layout", default_a_layout(m, n, k).into()),
             ("par", par.into()),
             ("threads", threads.into()),
         ])
@@ -320,6 +326,11 @@ impl Packed {
             )
         })?;
         let par = Par::from_config(name, c)?;
+        let pack_a = match str_knob(name, c, "a_layout")? {
+            "packed" => true,
+            "inplace" => false,
+            other => return Err(invalid(name, c, format!("unknown a_layout '{other}'"))),
+        };
         Ok(PackedGemm::new(
             (m, n, k),
             uk,
@@ -327,8 +338,15 @@ impl Packed {
             int_knob(name, c, "kc")?,
             int_knob(name, c, "nc")?,
             par,
+            pack_a,
         ))
     }
+}
+
+/// The default `a_layout`: packing A pays for itself when each packed A block is reused
+/// against many B panels.
+fn default_a_layout(_m: usize, _n: usize, _k: usize) -> &'static str {
+    "packed"
 }
 
 /// The packed micro-kernel for `m` rows: the best ISA's first (largest) shape for tall

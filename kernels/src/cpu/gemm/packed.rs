@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::pack::{pack_a, pack_b, with_buffer, AlignedBuf, Pool};
-use super::ukernel::{PackedUkernel, TileEpilogue};
+use super::ukernel::{ATiles, PackedUkernel, TileEpilogue};
 use super::view::CView;
 use super::Par;
 use crate::kernel::Executable;
@@ -110,6 +110,9 @@ pub struct PackedGemm {
     /// Columns of B per packed block, a multiple of NR, at most ⌈N/NR⌉·NR.
     pub nc: usize,
     pub par: Par,
+    /// Pack A into micro-panels (`a_layout = packed`), or read whole row tiles of A in place
+    /// (`inplace`; only a partial last row tile is packed, zero-padded).
+    pub pack_a: bool,
 }
 
 impl PackedGemm {
@@ -122,6 +125,7 @@ impl PackedGemm {
         kc: usize,
         nc: usize,
         par: Par,
+        pack_a: bool,
     ) -> Self {
         let round = |x: usize, to: usize| x.max(1).div_ceil(to) * to;
         PackedGemm {
@@ -133,6 +137,7 @@ impl PackedGemm {
             kc: kc.clamp(1, k),
             nc: round(nc, uk.nr).min(round(n, uk.nr)),
             par,
+            pack_a,
         }
     }
 
@@ -259,30 +264,47 @@ impl PackedGemm {
         with_buffer(Pool::A, |abuf| {
             for ic in (0..c.rows()).step_by(self.mc) {
                 let mcb = self.mc.min(c.rows() - ic);
-                let apack = abuf.slice(mcb.div_ceil(mr) * mr * kcb);
-                pack_a(a, self.k, (row0 + ic, mcb), (pc, kcb), mr, apack);
+                let full = mcb / mr;
+                let i0 = row0 + ic;
+                // The whole row tiles (packed, or in place) and a packed partial last one.
+                let (a_full, a_edge): (ATiles<'_>, &[f32]) = if self.pack_a {
+                    let apack = abuf.slice(mcb.div_ceil(mr) * mr * kcb);
+                    pack_a(a, self.k, (i0, mcb), (pc, kcb), mr, apack);
+                    let (f, e) = apack.split_at(full * mr * kcb);
+                    (ATiles::Packed(f), e)
+                } else {
+                    let edge = mcb - full * mr;
+                    let apack = abuf.slice(if edge > 0 { mr * kcb } else { 0 });
+                    if edge > 0 {
+                        pack_a(a, self.k, (i0 + full * mr, edge), (pc, kcb), mr, apack);
+                    }
+                    (ATiles::Rows(&a[i0 * self.k + pc..], self.k), apack)
+                };
                 // Whole row tiles go through one call per B panel; a partial last row
                 // tile or column panel through the clipping `tile`.
-                let full = mcb / mr;
-                let (a_full, a_edge) = apack.split_at(full * mr * kcb);
                 for (jr, bp) in bpack.chunks_exact(nr * kcb).enumerate() {
                     let j = jr * nr;
                     if j >= c.cols() {
                         break;
                     }
                     let ep = ep.map(|e| e.skip(j));
-                    if j + nr <= c.cols() {
+                    if full > 0 && j + nr <= c.cols() {
                         self.uk
                             .tiles(kcb, a_full, full, bp, &mut c, (ic, j), accumulate, ep);
                     } else {
-                        for (ir, ap) in a_full.chunks_exact(mr * kcb).enumerate() {
+                        for ir in 0..full {
+                            let at = match a_full {
+                                ATiles::Packed(p) => ATiles::Packed(&p[ir * mr * kcb..]),
+                                ATiles::Rows(r, lda) => ATiles::Rows(&r[ir * mr * lda..], lda),
+                            };
                             self.uk
-                                .tile(kcb, ap, bp, &mut c, ic + ir * mr, j, accumulate, ep);
+                                .tile(kcb, at, bp, &mut c, ic + ir * mr, j, accumulate, ep);
                         }
                     }
                     if !a_edge.is_empty() {
+                        let at = ATiles::Packed(a_edge);
                         self.uk
-                            .tile(kcb, a_edge, bp, &mut c, ic + full * mr, j, accumulate, ep);
+                            .tile(kcb, at, bp, &mut c, ic + full * mr, j, accumulate, ep);
                     }
                 }
             }

@@ -118,9 +118,10 @@ impl Simd for Avx512 {
 /// The CPU has AVX-512F, and the pointers satisfy [`packed_body`]'s contract.
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn packed<const MR: usize, const NV: usize>(
+pub(super) unsafe fn packed<const MR: usize, const NV: usize, const PA: bool>(
     k: usize,
     a: *const f32,
+    lda: usize,
     b: *const f32,
     c: *mut f32,
     ldc: usize,
@@ -129,7 +130,7 @@ pub(super) unsafe fn packed<const MR: usize, const NV: usize>(
     ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; this function is compiled with the features `Avx512` needs.
-    unsafe { packed_body::<Avx512, MR, NV>(k, a, b, c, ldc, tiles, accumulate, ep) }
+    unsafe { packed_body::<Avx512, MR, NV, PA>(k, a, lda, b, c, ldc, tiles, accumulate, ep) }
 }
 
 /// Direct `R × 16·V` tile, compiled for AVX-512F.
@@ -164,12 +165,12 @@ pub(super) unsafe fn bias_act(row: *mut f32, bias: *const f32, n: usize, act: u8
     unsafe { bias_act_body::<Avx512>(row, bias, n, act) }
 }
 
-/// The packed shapes: (MR, NR, kernel).
-pub(super) const PACKED: &[(usize, usize, PackedFn)] = &[
-    (14, 32, packed::<14, 2>),
-    (12, 32, packed::<12, 2>),
-    (8, 48, packed::<8, 3>),
-    (6, 64, packed::<6, 4>),
+/// The packed shapes: (MR, NR, kernel over packed A, kernel over row-major A).
+pub(super) const PACKED: &[(usize, usize, PackedFn, PackedFn)] = &[
+    (14, 32, packed::<14, 2, true>, packed::<14, 2, false>),
+    (12, 32, packed::<12, 2, true>, packed::<12, 2, false>),
+    (8, 48, packed::<8, 3, true>, packed::<8, 3, false>),
+    (6, 64, packed::<6, 4, true>, packed::<6, 4, false>),
 ];
 
 /// The direct tile shapes offered as knob values: (rows, vectors).

@@ -21,9 +21,9 @@ use crate::cpu::Isa;
 use crate::workload::Act;
 use simd::Epi;
 
-/// `(k, a_panels, b_panel, c, ldc, tiles, accumulate, epilogue)`: see [`simd::packed_body`].
+/// `(k, a, lda, b_panel, c, ldc, tiles, accumulate, epilogue)`: see [`simd::packed_body`].
 pub(crate) type PackedFn =
-    unsafe fn(usize, *const f32, *const f32, *mut f32, usize, usize, bool, Epi);
+    unsafe fn(usize, *const f32, usize, *const f32, *mut f32, usize, usize, bool, Epi);
 
 /// `(k, a, lda, b, ldb, c, ldc, tiles, accumulate, epilogue)`: see [`simd::direct_body`].
 pub(crate) type DirectFn =
@@ -88,7 +88,30 @@ pub struct PackedUkernel {
     pub mr: usize,
     /// Columns of the register tile (a multiple of the ISA's lane count).
     pub nr: usize,
+    /// Over packed A micro-panels.
     f: PackedFn,
+    /// Over row-major A, read in place.
+    f_rows: PackedFn,
+}
+
+/// Where a packed micro-kernel reads its A tiles from.
+#[derive(Debug, Clone, Copy)]
+pub enum ATiles<'a> {
+    /// Packed micro-panels (`k·MR` values per tile), one after the other.
+    Packed(&'a [f32]),
+    /// Row-major A in place: the slice starts at the first tile's first element, rows
+    /// `lda` apart.
+    Rows(&'a [f32], usize),
+}
+
+impl ATiles<'_> {
+    /// Whether `tiles` tiles of `mr` rows × `k` values are inside the slice.
+    fn holds(&self, tiles: usize, mr: usize, k: usize) -> bool {
+        match *self {
+            ATiles::Packed(a) => a.len() >= tiles * mr * k,
+            ATiles::Rows(a, lda) => k <= lda && (tiles * mr - 1) * lda + k <= a.len(),
+        }
+    }
 }
 
 /// A direct micro-kernel family: tiles of up to `r × v` registers over unpacked A and B.
@@ -120,17 +143,18 @@ fn tables() -> &'static Tables {
         };
         let mut add = |isa: Isa,
                        lanes: usize,
-                       packed: &[(usize, usize, PackedFn)],
+                       packed: &[(usize, usize, PackedFn, PackedFn)],
                        direct: &[(usize, usize)],
                        max: (usize, usize),
                        table: fn(usize, usize) -> Option<DirectFn>| {
-            for &(mr, nr, f) in packed {
+            for &(mr, nr, f, f_rows) in packed {
                 t.packed.push(PackedUkernel {
                     name: format!("{}_{mr}x{nr}", isa.name()),
                     isa,
                     mr,
                     nr,
                     f,
+                    f_rows,
                 });
             }
             for &(r, v) in direct {
@@ -228,18 +252,27 @@ pub fn direct(name: &str) -> Option<&'static DirectUkernel> {
 }
 
 impl PackedUkernel {
-    /// `C[i.., j..] (+)= A_panel · B_panel` for one `MR × NR` tile, clipped to `c`'s window.
+    /// The kernel for `a` and its pointer and row stride (unused for packed panels).
+    fn source(&self, a: ATiles<'_>) -> (PackedFn, *const f32, usize) {
+        match a {
+            ATiles::Packed(a) => (self.f, a.as_ptr(), 0),
+            ATiles::Rows(a, lda) => (self.f_rows, a.as_ptr(), lda),
+        }
+    }
+
+    /// `C[i.., j..] (+)= A_tile · B_panel` for one `MR × NR` tile, clipped to `c`'s window.
     ///
-    /// `a` holds a packed A micro-panel (`k·MR` values), `b` a packed B micro-panel (`k·NR`
-    /// values). A tile that sticks out of the window is computed in a stack buffer and only
-    /// its valid part is written. With `ep`, `act(x + bias)` is stored instead (in registers
-    /// for full tiles). Panics if a panel or the bias is too short or `(i, j)` is outside `c`.
+    /// `a` holds the A tile (`MR` rows of `k` values, packed or in place), `b` a packed B
+    /// micro-panel (`k·NR` values). A tile that sticks out of the window is computed in a
+    /// stack buffer and only its valid part is written. With `ep`, `act(x + bias)` is stored
+    /// instead (in registers for full tiles). Panics if the A tile, the panel or the bias is
+    /// too short or `(i, j)` is outside `c`.
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub fn tile(
         &self,
         k: usize,
-        a: &[f32],
+        a: ATiles<'_>,
         b: &[f32],
         c: &mut CView<'_>,
         i: usize,
@@ -249,7 +282,7 @@ impl PackedUkernel {
     ) {
         let (mr, nr) = (self.mr, self.nr);
         assert!(
-            a.len() >= k * mr && b.len() >= k * nr,
+            a.holds(1, mr, k) && b.len() >= k * nr,
             "micro-panel too short"
         );
         assert!(
@@ -261,6 +294,7 @@ impl PackedUkernel {
         if let Some(ep) = &ep {
             assert!(ep.bias.len() >= cols, "bias shorter than the tile");
         }
+        let (f, ap, lda) = self.source(a);
         if rows == mr && cols == nr {
             let (ld, p) = (c.ld(), c.block_ptr(i, j, mr, nr));
             let epi = ep.map_or(Epi::NONE, |e| Epi {
@@ -268,19 +302,21 @@ impl PackedUkernel {
                 act: e.code(),
             });
             // SAFETY: `self` was handed out by `packed()`/`packed_offered()` only after checking
-            // that the CPU runs `self.isa`; the panels hold `k·MR` and `k·NR` values (asserted
-            // above); `block_ptr` checked that the whole MR×NR block lies in `c`'s window; the
-            // bias, if any, holds at least `cols = NR` values (asserted above).
-            unsafe { (self.f)(k, a.as_ptr(), b.as_ptr(), p, ld, 1, accumulate, epi) }
+            // that the CPU runs `self.isa`; the A tile and the B panel are inside their slices
+            // (asserted above); `block_ptr` checked that the whole MR×NR block lies in `c`'s
+            // window; the bias, if any, holds at least `cols = NR` values (asserted above).
+            unsafe { f(k, ap, lda, b.as_ptr(), p, ld, 1, accumulate, epi) }
         } else {
             let mut buf = [0.0f32; MAX_TILE];
             debug_assert!(mr * nr <= MAX_TILE);
-            // SAFETY: as above for the ISA and panels; the destination is `buf`, an MR×NR
-            // block with stride NR (`mr·nr ≤ MAX_TILE` holds for every table entry).
+            // SAFETY: as above for the ISA, the A tile and the panel; the destination is
+            // `buf`, an MR×NR block with stride NR (`mr·nr ≤ MAX_TILE` holds for every table
+            // entry).
             unsafe {
-                (self.f)(
+                f(
                     k,
-                    a.as_ptr(),
+                    ap,
+                    lda,
                     b.as_ptr(),
                     buf.as_mut_ptr(),
                     nr,
@@ -303,22 +339,20 @@ impl PackedUkernel {
             }
         }
     }
-}
 
-impl PackedUkernel {
     /// `tiles` whole `MR × NR` tiles stacked vertically from `(i, j)`: tile `t` is
-    /// `C[i + t·MR.., j..] (+)= A_panel[t] · B_panel`, all in one call (the B micro-panel
-    /// stays in L1 while the A panels stream by). `a` holds the `tiles` packed A micro-panels
-    /// one after the other. With `ep`, `act(x + bias)` is stored instead.
+    /// `C[i + t·MR.., j..] (+)= A_tile[t] · B_panel`, all in one call (the B micro-panel
+    /// stays in L1 while the A tiles stream by). With `ep`, `act(x + bias)` is stored
+    /// instead.
     ///
-    /// Panics if the panels or the bias are too short or the `tiles·MR × NR` block is not
-    /// inside `c`'s window (edge tiles go through [`PackedUkernel::tile`]).
+    /// Panics if the A tiles, the panel or the bias are too short or the `tiles·MR × NR`
+    /// block is not inside `c`'s window (edge tiles go through [`PackedUkernel::tile`]).
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub fn tiles(
         &self,
         k: usize,
-        a: &[f32],
+        a: ATiles<'_>,
         tiles: usize,
         b: &[f32],
         c: &mut CView<'_>,
@@ -331,7 +365,7 @@ impl PackedUkernel {
             return;
         }
         assert!(
-            a.len() >= tiles * k * mr && b.len() >= k * nr,
+            a.holds(tiles, mr, k) && b.len() >= k * nr,
             "micro-panels too short"
         );
         let epi = match &ep {
@@ -344,23 +378,13 @@ impl PackedUkernel {
             }
             None => Epi::NONE,
         };
+        let (f, ap, lda) = self.source(a);
         let (ld, p) = (c.ld(), c.block_ptr(i, j, tiles * mr, nr));
         // SAFETY: `self` was handed out by `packed()`/`packed_offered()` only after checking
-        // that the CPU runs `self.isa`; the A panels hold `tiles·k·MR` values and the B panel
-        // `k·NR` (asserted above); `block_ptr` checked that the whole `tiles·MR × NR` block
+        // that the CPU runs `self.isa`; the `tiles` A tiles and the B panel are inside their
+        // slices (asserted above); `block_ptr` checked that the whole `tiles·MR × NR` block
         // lies in `c`'s window; the bias, if any, holds at least NR values (asserted above).
-        unsafe {
-            (self.f)(
-                k,
-                a.as_ptr(),
-                b.as_ptr(),
-                p,
-                ld,
-                tiles,
-                accumulate,
-                epi,
-            )
-        }
+        unsafe { f(k, ap, lda, b.as_ptr(), p, ld, tiles, accumulate, epi) }
     }
 }
 

@@ -91,9 +91,10 @@ impl Simd for Portable {
 /// # Safety
 /// The pointers satisfy [`packed_body`]'s contract.
 #[allow(clippy::too_many_arguments)]
-unsafe fn packed<const MR: usize, const NV: usize>(
+unsafe fn packed<const MR: usize, const NV: usize, const PA: bool>(
     k: usize,
     a: *const f32,
+    lda: usize,
     b: *const f32,
     c: *mut f32,
     ldc: usize,
@@ -102,7 +103,7 @@ unsafe fn packed<const MR: usize, const NV: usize>(
     ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; `Portable` needs no CPU feature.
-    unsafe { packed_body::<Portable, MR, NV>(k, a, b, c, ldc, tiles, accumulate, ep) }
+    unsafe { packed_body::<Portable, MR, NV, PA>(k, a, lda, b, c, ldc, tiles, accumulate, ep) }
 }
 
 /// Direct `R × 8·V` tile in plain Rust.
@@ -135,9 +136,11 @@ pub(super) unsafe fn bias_act(row: *mut f32, bias: *const f32, n: usize, act: u8
     unsafe { bias_act_body::<Portable>(row, bias, n, act) }
 }
 
-/// The packed shapes: (MR, NR, kernel).
-pub(super) const PACKED: &[(usize, usize, PackedFn)] =
-    &[(4, 8, packed::<4, 1>), (4, 16, packed::<4, 2>)];
+/// The packed shapes: (MR, NR, kernel over packed A, kernel over row-major A).
+pub(super) const PACKED: &[(usize, usize, PackedFn, PackedFn)] = &[
+    (4, 8, packed::<4, 1, true>, packed::<4, 1, false>),
+    (4, 16, packed::<4, 2, true>, packed::<4, 2, false>),
+];
 
 /// The direct tile shapes offered as knob values: (rows, vectors).
 pub(super) const DIRECT: &[(usize, usize)] = &[(1, 4), (4, 1), (2, 2)];

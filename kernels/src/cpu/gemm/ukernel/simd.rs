@@ -321,23 +321,27 @@ pub(crate) unsafe fn bias_act_body<S: Simd>(row: *mut f32, bias: *const f32, n: 
 }
 
 /// Packed micro-kernel: `tiles` tiles stacked vertically, tile `t` computing
-/// `C[t·MR.., MR × NV·W] (+)= A_panel[t] · B_panel` against the same B micro-panel (which
-/// stays in L1 while the A panels stream by).
+/// `C[t·MR.., MR × NV·W] (+)= A[t] · B_panel` against the same B micro-panel (which stays in
+/// L1 while the A tiles stream by).
 ///
-/// `a` holds `tiles` packed A micro-panels one after the other (each `k` groups of `MR`
-/// values, one per row), `b` a packed B micro-panel (`k` groups of `NV·W` values). With
-/// `accumulate` the tiles are added to C, otherwise C is overwritten; then the epilogue `ep`
-/// is applied as each tile is stored.
+/// With `PA` (packed A), `a` holds `tiles` packed A micro-panels one after the other (each
+/// `k` groups of `MR` values, one per row) and `lda` is unused; without, `a` points at
+/// `A[i, p0]` of row-major A with row stride `lda`, and tile `t` reads rows `t·MR..` in
+/// place (no packing: small problems where the copy costs more than it saves). `b` is a
+/// packed B micro-panel (`k` groups of `NV·W` values). With `accumulate` the tiles are added
+/// to C, otherwise C is overwritten; then the epilogue `ep` is applied as each tile is stored.
 ///
 /// # Safety
-/// The CPU supports `S`'s ISA; `a` is readable for `tiles·k·MR` values, `b` for `k·NV·W`
+/// The CPU supports `S`'s ISA; with `PA`, `a` is readable for `tiles·k·MR` values, without,
+/// `a + r·lda + p` is readable for `r < tiles·MR`, `p < k`; `b` is readable for `k·NV·W`
 /// values, and `c + r·ldc + j` is writable for every `r < tiles·MR`, `j < NV·W`; unless
 /// `ep.act` is none, `ep.bias` is readable for `NV·W` values.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn packed_body<S: Simd, const MR: usize, const NV: usize>(
+pub(crate) unsafe fn packed_body<S: Simd, const MR: usize, const NV: usize, const PA: bool>(
     k: usize,
     a: *const f32,
+    lda: usize,
     b: *const f32,
     c: *mut f32,
     ldc: usize,
@@ -346,6 +350,12 @@ pub(crate) unsafe fn packed_body<S: Simd, const MR: usize, const NV: usize>(
     ep: Epi,
 ) {
     let nr = NV * S::W;
+    // Strides of A between rows, between depth steps and between tiles.
+    let (a_rs, a_ps, a_ts) = if PA {
+        (1, MR, MR * k)
+    } else {
+        (lda, 1, MR * lda)
+    };
     // SAFETY (whole body): the caller guarantees the ISA and the extents documented above;
     // every pointer below stays inside them (t < tiles, p < k, r < MR, v < NV).
     unsafe {
@@ -358,18 +368,18 @@ pub(crate) unsafe fn packed_body<S: Simd, const MR: usize, const NV: usize>(
                 S::prefetch(c.add(r * ldc + nr - 1));
             }
             let mut acc = [[S::zero(); NV]; MR];
-            let (mut a, mut b) = (a.add(t * MR * k), b);
+            let (mut a, mut b) = (a.add(t * a_ts), b);
             for _ in 0..k / 4 {
-                packed_step::<S, MR, NV>(&mut acc, a, b);
-                packed_step::<S, MR, NV>(&mut acc, a.add(MR), b.add(nr));
-                packed_step::<S, MR, NV>(&mut acc, a.add(2 * MR), b.add(2 * nr));
-                packed_step::<S, MR, NV>(&mut acc, a.add(3 * MR), b.add(3 * nr));
-                a = a.add(4 * MR);
+                packed_step_strided::<S, MR, NV>(&mut acc, a, a_rs, b);
+                packed_step_strided::<S, MR, NV>(&mut acc, a.add(a_ps), a_rs, b.add(nr));
+                packed_step_strided::<S, MR, NV>(&mut acc, a.add(2 * a_ps), a_rs, b.add(2 * nr));
+                packed_step_strided::<S, MR, NV>(&mut acc, a.add(3 * a_ps), a_rs, b.add(3 * nr));
+                a = a.add(4 * a_ps);
                 b = b.add(4 * nr);
             }
             for _ in 0..k % 4 {
-                packed_step::<S, MR, NV>(&mut acc, a, b);
-                a = a.add(MR);
+                packed_step_strided::<S, MR, NV>(&mut acc, a, a_rs, b);
+                a = a.add(a_ps);
                 b = b.add(nr);
             }
             store_tile_epi::<S, MR, NV>(&acc, c, ldc, accumulate, ep);
@@ -377,7 +387,8 @@ pub(crate) unsafe fn packed_body<S: Simd, const MR: usize, const NV: usize>(
     }
 }
 
-/// One k step of [`packed_body`]: NV vectors of B, MR broadcasts of A, MR·NV FMAs.
+/// One k step of [`packed_body`] over a packed A micro-panel: NV vectors of B, MR
+/// broadcasts of A, MR·NV FMAs.
 ///
 /// # Safety
 /// The CPU supports `S`'s ISA; `a` is readable for `MR` values and `b` for `NV·W` values.
@@ -387,6 +398,22 @@ pub(crate) unsafe fn packed_step<S: Simd, const MR: usize, const NV: usize>(
     a: *const f32,
     b: *const f32,
 ) {
+    // SAFETY: forwarded caller contract (row stride 1).
+    unsafe { packed_step_strided::<S, MR, NV>(acc, a, 1, b) }
+}
+
+/// [`packed_step`] with A's MR values `a_rs` apart.
+///
+/// # Safety
+/// The CPU supports `S`'s ISA; `a + r·a_rs` is readable for `r < MR` and `b` for `NV·W`
+/// values.
+#[inline(always)]
+unsafe fn packed_step_strided<S: Simd, const MR: usize, const NV: usize>(
+    acc: &mut [[S::V; NV]; MR],
+    a: *const f32,
+    a_rs: usize,
+    b: *const f32,
+) {
     // SAFETY: the caller guarantees the ISA and the extents (r < MR, v < NV).
     unsafe {
         let mut bv = [S::zero(); NV];
@@ -394,7 +421,7 @@ pub(crate) unsafe fn packed_step<S: Simd, const MR: usize, const NV: usize>(
             *x = S::load(b.add(v * S::W));
         }
         for (r, row) in acc.iter_mut().enumerate() {
-            let ar = S::splat(a.add(r));
+            let ar = S::splat(a.add(r * a_rs));
             for v in 0..NV {
                 row[v] = S::fmadd(ar, bv[v], row[v]);
             }
