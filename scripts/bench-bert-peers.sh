@@ -31,6 +31,9 @@ Options:
   --db PATH        tuning database (default target/bert.db)
   --venv DIR       python venv (default target/torch-venv)
   --results DIR    where to write (default bench_results)
+  --autokernel BIN the autokernel binary to use (default: cargo build --release, then
+                   target/release/autokernel); pass the binary that tuned --db, so a
+                   rebuild with changed kernel spaces does not invalidate its records
   -h, --help       this help
 USAGE
 }
@@ -43,6 +46,7 @@ ITERS=10
 DB=target/bert.db
 VENV=target/torch-venv
 RESULTS=bench_results
+AK=
 while [ $# -gt 0 ]; do
     case "$1" in
     --batch) BATCH="$2"; shift 2 ;;
@@ -53,6 +57,7 @@ while [ $# -gt 0 ]; do
     --db) DB="$2"; shift 2 ;;
     --venv) VENV="$2"; shift 2 ;;
     --results) RESULTS="$2"; shift 2 ;;
+    --autokernel) AK="$2"; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -61,8 +66,10 @@ done
 cd "$(dirname "$0")/.."
 CMDLINE="scripts/bench-bert-peers.sh --batch $BATCH --seq $SEQ --threads $THREADS --rounds $ROUNDS --iters $ITERS --db $DB"
 [ -f "$DB" ] || { echo "database $DB not found: tune it first (see --help)" >&2; exit 2; }
-cargo build --release -q
-AK=./target/release/autokernel
+if [ -z "$AK" ]; then
+    cargo build --release -q
+    AK=./target/release/autokernel
+fi
 if ! "$VENV/bin/python" -c 'import torch, transformers' 2>/dev/null; then
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q torch transformers
