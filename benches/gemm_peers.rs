@@ -7,25 +7,33 @@
 //! ```
 //! Environment: `AUTOKERNEL_BENCH_DB` (tuning database, default `target/bench-tuning.db`; shapes
 //! not tuned there yet are tuned first, resumably), `AUTOKERNEL_BENCH_BUDGET` (trials per shape
-//! and thread count, default 48), `AUTOKERNEL_BENCH_SHAPES` (comma-separated workloads).
-//! Writes `bench_results/<fingerprint>/gemm_peers.{json,md}`: criterion medians as GFLOP/s and
-//! the ratio of the tuned kernel to the fastest peer, plus the measured FMA peak.
+//! and thread count, default 48), `AUTOKERNEL_BENCH_SHAPES` (comma-separated workloads),
+//! `AUTOKERNEL_BENCH_ROUNDS` (default 3), `AUTOKERNEL_BENCH_THREADS` (e.g. `1`; default 1 and 2).
+//!
+//! On a shared, noisy machine one long measurement per implementation lets a burst of load
+//! land on one of them; so every shape is measured in `ROUNDS` rounds, each a short criterion
+//! run of every implementation in turn (flat sampling, 10 samples), and the report takes the
+//! median over the rounds of criterion's medians: the implementations are interleaved.
+//! Writes `bench_results/<fingerprint>/gemm_peers.{json,md}`: those medians as GFLOP/s and
+//! the ratio of the tuned kernel to the fastest peer, plus the measured FMA peak and the load
+//! average before and after the run.
 //!
 //! Peers at their fastest: `gemm` with its `x86-v4` feature, `faer` with `nightly` (AVX-512
 //! paths where the CPU has them), both with rayon at 2 threads; `matrixmultiply` runs single
 //! threaded (its thread count is fixed per process by an environment variable).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use criterion::{BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use kernels::{default_for, HardwareFingerprint, Problem, Workload};
 use runtime::Runtime;
 use search::{tune, StrategyKind, TuneOptions};
 use serde_json::json;
 use tuning_db::TuningDb;
 
-const SHAPES: [&str; 10] = [
+const SHAPES: [&str; 12] = [
     "gemm:64x64x64",
     "gemm:256x256x256",
     "gemm:512x512x512",
@@ -34,8 +42,10 @@ const SHAPES: [&str; 10] = [
     "gemm:128x768x768",
     "gemm:128x3072x768",
     "gemm:128x768x3072",
+    "gemm:128x2304x768",
     "gemm:1x3072x768",
     "gemm:8x3072x768",
+    "gemm:32x3072x768",
 ];
 
 const IMPLS: [&str; 5] = ["tuned", "default", "matrixmultiply", "gemm", "faer"];
@@ -52,11 +62,34 @@ fn shapes() -> Vec<Workload> {
 
 fn thread_counts() -> Vec<usize> {
     let cores = HardwareFingerprint::current().cores;
-    if cores >= 2 {
-        vec![1, 2]
-    } else {
-        vec![1]
+    let all = if cores >= 2 { vec![1, 2] } else { vec![1] };
+    match std::env::var("AUTOKERNEL_BENCH_THREADS") {
+        Ok(list) => list
+            .split(',')
+            .map(|t| {
+                t.trim()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("AUTOKERNEL_BENCH_THREADS: {e}"))
+            })
+            .filter(|t| all.contains(t))
+            .collect(),
+        Err(_) => all,
     }
+}
+
+fn rounds() -> usize {
+    std::env::var("AUTOKERNEL_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3usize)
+        .max(1)
+}
+
+/// The 1-, 5- and 15-minute load averages (Linux), or an empty string.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 fn gemm_mm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
@@ -185,12 +218,16 @@ fn main() {
         })
         .collect();
 
+    let load_before = load_average();
+    let rounds = rounds();
     let mut c = Criterion::default()
-        .sample_size(20)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2))
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_millis(800))
         .configure_from_args();
     let mut chosen = Vec::new();
+    // (group, id) -> criterion's median of every round, in ns.
+    let mut medians: HashMap<(String, String), Vec<f64>> = HashMap::new();
     for w in &shapes {
         let Workload::Gemm { m, n, k } = *w else {
             unreachable!("this bench only lists gemm shapes")
@@ -198,43 +235,76 @@ fn main() {
         let p = Problem::random(w, 11);
         let (a, b) = (&p.inputs[0], &p.inputs[1]);
         let mut out = p.output();
-        let mut g = c.benchmark_group(group_name(w));
-        g.throughput(Throughput::Elements(w.flops() as u64));
+        let defaults: Vec<_> = threads
+            .iter()
+            .map(|&t| {
+                let (dk, dc) = default_for(w, &HardwareFingerprint::current().with_cores(t));
+                dk.prepare(w, &dc).expect("default config builds")
+            })
+            .collect();
         for (ti, &t) in threads.iter().enumerate() {
-            let rt = &runtimes[ti];
-            let tuned = rt.choose(w).expect("tuned choice");
+            let tuned = runtimes[ti].choose(w).expect("tuned choice");
             chosen.push(
                 json!({"workload": w.key(), "threads": t, "level": tuned.level.as_str(),
                                "kernel": tuned.kernel.name(), "config": tuned.config}),
             );
-            let hw_t = HardwareFingerprint::current().with_cores(t);
-            let (dk, dc) = default_for(w, &hw_t);
-            let default = dk.prepare(w, &dc).expect("default config builds");
-            g.bench_function(BenchmarkId::new("tuned", format!("{t}t")), |bch| {
-                bch.iter(|| rt.gemm(m, n, k, a, b, &mut out).unwrap())
-            });
-            g.bench_function(BenchmarkId::new("default", format!("{t}t")), |bch| {
-                bch.iter(|| default.run(&[a, b], &mut out))
-            });
-            if t == 1 {
-                g.bench_function(BenchmarkId::new("matrixmultiply", "1t"), |bch| {
-                    bch.iter(|| gemm_mm(m, n, k, a, b, &mut out))
-                });
-            }
-            g.bench_function(BenchmarkId::new("gemm", format!("{t}t")), |bch| {
-                bch.iter(|| gemm_gemm(m, n, k, a, b, &mut out, t))
-            });
-            g.bench_function(BenchmarkId::new("faer", format!("{t}t")), |bch| {
-                bch.iter(|| gemm_faer(m, n, k, a, b, &mut out, t))
-            });
         }
-        g.finish();
+        for _ in 0..rounds {
+            let mut g = c.benchmark_group(group_name(w));
+            g.throughput(Throughput::Elements(w.flops() as u64));
+            g.sampling_mode(SamplingMode::Flat);
+            let mut ids = Vec::new();
+            for (ti, &t) in threads.iter().enumerate() {
+                let rt = &runtimes[ti];
+                let default = &defaults[ti];
+                g.bench_function(BenchmarkId::new("tuned", format!("{t}t")), |bch| {
+                    bch.iter(|| rt.gemm(m, n, k, a, b, &mut out).unwrap())
+                });
+                g.bench_function(BenchmarkId::new("default", format!("{t}t")), |bch| {
+                    bch.iter(|| default.run(&[a, b], &mut out))
+                });
+                if t == 1 {
+                    g.bench_function(BenchmarkId::new("matrixmultiply", "1t"), |bch| {
+                        bch.iter(|| gemm_mm(m, n, k, a, b, &mut out))
+                    });
+                    ids.push("matrixmultiply/1t".to_string());
+                }
+                g.bench_function(BenchmarkId::new("gemm", format!("{t}t")), |bch| {
+                    bch.iter(|| gemm_gemm(m, n, k, a, b, &mut out, t))
+                });
+                g.bench_function(BenchmarkId::new("faer", format!("{t}t")), |bch| {
+                    bch.iter(|| gemm_faer(m, n, k, a, b, &mut out, t))
+                });
+                for imp in ["tuned", "default", "gemm", "faer"] {
+                    ids.push(format!("{imp}/{t}t"));
+                }
+            }
+            g.finish();
+            for id in ids {
+                if let Some(ns) = median_ns(&group_name(w), &id) {
+                    medians.entry((group_name(w), id)).or_default().push(ns);
+                }
+            }
+        }
     }
     c.final_summary();
-    write_report(&shapes, &threads, chosen);
+    let load = format!("{load_before} before, {} after", load_average());
+    write_report(&shapes, &threads, chosen, &medians, rounds, &load);
 }
 
-fn write_report(shapes: &[Workload], threads: &[usize], chosen: Vec<serde_json::Value>) {
+fn write_report(
+    shapes: &[Workload],
+    threads: &[usize],
+    chosen: Vec<serde_json::Value>,
+    medians: &HashMap<(String, String), Vec<f64>>,
+    rounds: usize,
+    load: &str,
+) {
+    let median_of = |group: &str, id: &str| {
+        let mut v = medians.get(&(group.to_string(), id.to_string()))?.clone();
+        v.sort_by(f64::total_cmp);
+        Some(v[v.len() / 2])
+    };
     let hw = HardwareFingerprint::current();
     let peak: Vec<f64> = threads
         .iter()
@@ -248,12 +318,15 @@ fn write_report(shapes: &[Workload], threads: &[usize], chosen: Vec<serde_json::
         .collect();
     let mut rows = Vec::new();
     let mut md = format!(
-        "# GEMM vs peers — {}\n\nMachine: {}\n\nFingerprint `{}`. Criterion medians in GFLOP/s (2·M·N·K / median time); \
+        "# GEMM vs peers — {}\n\nMachine: {}\n\nFingerprint `{}`. GFLOP/s (2·M·N·K / time), time = median over {} interleaved \
+         rounds of criterion's median (10 flat samples per round); \
          `ratio` = tuned ÷ fastest peer (matrixmultiply, gemm, faer) in the same run. \
-         FMA peak (median of 3): {}.\n",
+         Load average (1/5/15 min): {}. FMA peak (median of 3): {}.\n",
         tuning_db::now_rfc3339(),
         hw.summary(),
         hw.id,
+        rounds,
+        load,
         threads.iter().zip(&peak).map(|(t, p)| format!("{t} thread(s) {p:.1} GFLOP/s")).collect::<Vec<_>>().join(", ")
     );
     for (ti, &t) in threads.iter().enumerate() {
@@ -261,7 +334,7 @@ fn write_report(shapes: &[Workload], threads: &[usize], chosen: Vec<serde_json::
         for w in shapes {
             let gf = |imp: &str| {
                 let id = format!("{imp}/{t}t");
-                median_ns(&group_name(w), &id).map(|ns| w.flops() / ns)
+                median_of(&group_name(w), &id).map(|ns| w.flops() / ns)
             };
             let vals: Vec<Option<f64>> = IMPLS.iter().map(|i| gf(i)).collect();
             let best_peer = vals[2..].iter().flatten().copied().fold(f64::NAN, f64::max);
@@ -292,7 +365,7 @@ fn write_report(shapes: &[Workload], threads: &[usize], chosen: Vec<serde_json::
     }
     let dir = PathBuf::from("bench_results").join(&hw.id);
     std::fs::create_dir_all(&dir).expect("bench_results directory");
-    let doc = json!({"date": tuning_db::now_rfc3339(), "fingerprint": hw, "fma_peak_gflops": threads.iter().zip(&peak).map(|(t, p)| json!({"threads": t, "gflops": p})).collect::<Vec<_>>(), "rows": rows, "chosen": chosen});
+    let doc = json!({"date": tuning_db::now_rfc3339(), "fingerprint": hw, "rounds": rounds, "load_average": load, "fma_peak_gflops": threads.iter().zip(&peak).map(|(t, p)| json!({"threads": t, "gflops": p})).collect::<Vec<_>>(), "rows": rows, "chosen": chosen});
     std::fs::write(
         dir.join("gemm_peers.json"),
         serde_json::to_string_pretty(&doc).unwrap(),
