@@ -51,6 +51,9 @@ pub struct FusedAttention {
     pub par: AttnPar,
 }
 
+/// A packing destination and its source.
+type Dst<'a> = (&'a mut [f32], &'a [f32]);
+
 /// Shared, read-only inputs of one call.
 #[derive(Clone, Copy)]
 struct Ctx<'a> {
@@ -326,7 +329,7 @@ impl Executable for FusedAttention {
                 let kpre = kbuf.slice(self.heads() * per_head);
                 let vpre = vbuf.slice(self.heads() * s * dp);
                 let tile = self.tile;
-                let pack = |((kp, kh), (vp, vh)): ((&mut [f32], &[f32]), (&mut [f32], &[f32]))| {
+                let pack = |((kp, kh), (vp, vh)): (Dst<'_>, Dst<'_>)| {
                     pack_keys(kh, d, dp, nr, 0, s, kp);
                     tile.pack_values(vh, d, dp, s, vp);
                 };

@@ -115,7 +115,7 @@ impl AttnTile {
             "tiles have at most 16 rows (the per-row arrays of the kernel)"
         );
         assert!(
-            dp >= self.lanes && dp % self.lanes == 0,
+            dp >= self.lanes && dp.is_multiple_of(self.lanes),
             "dp {dp} not a multiple of the lanes"
         );
         assert!(kv >= 1, "empty key block");
@@ -177,26 +177,33 @@ impl AttnTile {
             let w = sw.min(dp - c0);
             let n = w.min(d.saturating_sub(c0));
             let stripe = &mut out[c0 * rows..(c0 + w) * rows];
-            for (dst, row) in stripe.chunks_exact_mut(w).zip(src.chunks_exact(d)) {
-                let src = &row[c0..c0 + n];
-                let whole = n / 8 * 8;
-                // In fixed 8-value pieces: a short copy_from_slice of run-time length is a
-                // memcpy call per row (measured: 4% of a 128-key head).
-                for (x, y) in dst[..whole]
-                    .chunks_exact_mut(8)
-                    .zip(src[..whole].chunks_exact(8))
-                {
-                    let x: &mut [f32; 8] = x.try_into().expect("8 values");
-                    let y: &[f32; 8] = y.try_into().expect("8 values");
-                    *x = *y;
+            // Copies of a compile-time length for the usual widths: a short copy_from_slice
+            // of run-time length is a memcpy call per row (measured: 4% of a 128-key head).
+            match (w, n) {
+                (8, 8) => copy_rows::<8>(stripe, src, d, c0),
+                (16, 16) => copy_rows::<16>(stripe, src, d, c0),
+                (24, 24) => copy_rows::<24>(stripe, src, d, c0),
+                (32, 32) => copy_rows::<32>(stripe, src, d, c0),
+                (48, 48) => copy_rows::<48>(stripe, src, d, c0),
+                (64, 64) => copy_rows::<64>(stripe, src, d, c0),
+                _ => {
+                    for (dst, row) in stripe.chunks_exact_mut(w).zip(src.chunks_exact(d)) {
+                        dst[..n].copy_from_slice(&row[c0..c0 + n]);
+                        dst[n..].fill(0.0);
+                    }
                 }
-                for (x, y) in dst[whole..n].iter_mut().zip(&src[whole..]) {
-                    *x = *y;
-                }
-                dst[n..].fill(0.0);
             }
             c0 += w;
         }
+    }
+}
+
+/// `dst` row `j` (N values) ← `src[j·d + c0..][..N]`, for every N-value row of `dst`.
+fn copy_rows<const N: usize>(dst: &mut [f32], src: &[f32], d: usize, c0: usize) {
+    for (x, row) in dst.chunks_exact_mut(N).zip(src.chunks_exact(d)) {
+        let x: &mut [f32; N] = x.try_into().expect("N values");
+        let y: &[f32; N] = row[c0..c0 + N].try_into().expect("N values");
+        *x = *y;
     }
 }
 
@@ -218,7 +225,7 @@ pub fn pack_keys(
     assert!(d >= 1 && dp >= d && nr >= 1 && k.len() >= (j0 + kv) * d);
     assert!(out.len() >= panels * nr * dp, "key panels too short");
     #[cfg(target_arch = "x86_64")]
-    let simd = nr % 8 == 0 && Isa::Avx2.available();
+    let simd = nr.is_multiple_of(8) && Isa::Avx2.available();
     #[cfg(not(target_arch = "x86_64"))]
     let simd = false;
     for (t, panel) in out[..panels * nr * dp]
@@ -712,6 +719,54 @@ mod tests {
                 );
             }
             assert!(row[valid..].iter().all(|&x| x == 0.0));
+        }
+    }
+
+    #[test]
+    fn key_and_value_packing_match_their_layouts() {
+        for (rows, d, j0, kv, nr) in [
+            (1usize, 1usize, 0usize, 1usize, 8usize),
+            (40, 64, 3, 37, 16),
+            (17, 7, 0, 17, 8),
+            (33, 80, 8, 25, 16),
+            (20, 128, 1, 19, 32),
+            (9, 9, 0, 9, 4),
+        ] {
+            let k: Vec<f32> = (0..rows * d).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let dp = d.div_ceil(8) * 8;
+            let panels = kv.div_ceil(nr);
+            let mut out = vec![f32::NAN; panels * nr * dp];
+            pack_keys(&k, d, dp, nr, (j0, kv), &mut out);
+            for t in 0..panels {
+                for c in 0..dp {
+                    for r in 0..nr {
+                        let key = t * nr + r;
+                        let want = if key < kv && c < d {
+                            k[(j0 + key) * d + c]
+                        } else {
+                            0.0
+                        };
+                        let got = out[t * nr * dp + c * nr + r];
+                        assert_eq!(got, want, "{rows} {d} {j0} {kv} {nr}: {t} {c} {r}");
+                    }
+                }
+            }
+        }
+        for tile in tiles_available() {
+            for (rows, d) in [(5usize, 64usize), (3, 7), (4, 80), (2, 128)] {
+                let dp = d.div_ceil(tile.lanes) * tile.lanes;
+                let v: Vec<f32> = (0..rows * d).map(|i| i as f32).collect();
+                let mut out = vec![f32::NAN; rows * dp];
+                tile.pack_values(&v, d, dp, rows, &mut out);
+                let sw = tile.value_stripe();
+                for j in 0..rows {
+                    for c in 0..dp {
+                        let (c0, w) = (c / sw * sw, sw.min(dp - c / sw * sw));
+                        let want = if c < d { v[j * d + c] } else { 0.0 };
+                        assert_eq!(out[c0 * rows + j * w + c - c0], want, "{} {d}", tile.name);
+                    }
+                }
+            }
         }
     }
 
