@@ -103,6 +103,14 @@ pub trait CostModel: Send {
 
     /// Predicted targets (lower is faster), one per row.
     fn predict(&self, x: &[Vec<f64>]) -> Result<Vec<f64>, ModelError>;
+
+    /// Predicted targets with their uncertainty, one `(mean, spread)` per row: the spread is
+    /// a standard deviation in target units (for the forest, across its trees). Models
+    /// without an uncertainty estimate report a spread of 0, so an acquisition function
+    /// built on it falls back to the plain prediction.
+    fn predict_spread(&self, x: &[Vec<f64>]) -> Result<Vec<(f64, f64)>, ModelError> {
+        Ok(self.predict(x)?.into_iter().map(|m| (m, 0.0)).collect())
+    }
 }
 
 /// The models autokernel offers.
@@ -159,13 +167,19 @@ type Forest = RandomForestRegressor<f64, f64, DenseMatrix<f64>, Vec<f64>>;
 
 /// Random forest regression on the raw features (trees need no scaling), with sample
 /// weights. Deterministic for a seed.
+///
+/// Each tree is grown as its own one-tree smartcore forest (weighted bootstrap, a third of
+/// the features per split), so that the trees' individual predictions are available: their
+/// mean is the prediction and their standard deviation the uncertainty
+/// ([`CostModel::predict_spread`]) — large where the bootstrap samples disagree, e.g. on
+/// configs unlike anything measured, or where transferred records contradict each other.
 pub struct ForestModel {
     /// Trees in the forest.
     pub trees: usize,
     /// Smallest leaf.
     pub min_leaf: usize,
     seed: u64,
-    fitted: Option<Forest>,
+    fitted: Vec<Forest>,
 }
 
 impl ForestModel {
@@ -175,7 +189,7 @@ impl ForestModel {
             trees: 48,
             min_leaf: 1,
             seed,
-            fitted: None,
+            fitted: Vec::new(),
         }
     }
 }
@@ -195,31 +209,59 @@ impl CostModel for ForestModel {
     fn fit(&mut self, data: &TrainingSet) -> Result<(), ModelError> {
         let p = data.validate()?;
         let x = dense(&data.x)?;
-        let params = RandomForestRegressorParameters::default()
-            .with_n_trees(self.trees)
-            .with_min_samples_leaf(self.min_leaf)
-            .with_min_samples_split(2)
-            .with_m(p.div_ceil(3))
-            .with_seed(self.seed);
-        let forest = Forest::fit_with_weights(&x, &data.y, &data.w, params).map_err(|e| {
-            ModelError::Backend {
-                model: "forest",
-                reason: e.to_string(),
-            }
-        })?;
-        self.fitted = Some(forest);
+        let mut trees = Vec::with_capacity(self.trees);
+        for t in 0..self.trees.max(1) as u64 {
+            let params = RandomForestRegressorParameters::default()
+                .with_n_trees(1)
+                .with_min_samples_leaf(self.min_leaf)
+                .with_min_samples_split(2)
+                .with_m(p.div_ceil(3))
+                .with_seed(self.seed.wrapping_add(t.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+            let tree = Forest::fit_with_weights(&x, &data.y, &data.w, params).map_err(|e| {
+                ModelError::Backend {
+                    model: "forest",
+                    reason: e.to_string(),
+                }
+            })?;
+            trees.push(tree);
+        }
+        self.fitted = trees;
         Ok(())
     }
 
     fn predict(&self, x: &[Vec<f64>]) -> Result<Vec<f64>, ModelError> {
-        let forest = self.fitted.as_ref().ok_or(ModelError::NotFitted)?;
+        Ok(self.predict_spread(x)?.into_iter().map(|(m, _)| m).collect())
+    }
+
+    fn predict_spread(&self, x: &[Vec<f64>]) -> Result<Vec<(f64, f64)>, ModelError> {
+        if self.fitted.is_empty() {
+            return Err(ModelError::NotFitted);
+        }
         if x.is_empty() {
             return Ok(Vec::new());
         }
-        forest.predict(&dense(x)?).map_err(|e| ModelError::Backend {
-            model: "forest",
-            reason: e.to_string(),
-        })
+        let xm = dense(x)?;
+        let mut sum = vec![0.0; x.len()];
+        let mut sq = vec![0.0; x.len()];
+        for tree in &self.fitted {
+            let p = tree.predict(&xm).map_err(|e| ModelError::Backend {
+                model: "forest",
+                reason: e.to_string(),
+            })?;
+            for ((s, q), v) in sum.iter_mut().zip(&mut sq).zip(p) {
+                *s += v;
+                *q += v * v;
+            }
+        }
+        let n = self.fitted.len() as f64;
+        Ok(sum
+            .into_iter()
+            .zip(sq)
+            .map(|(s, q)| {
+                let mean = s / n;
+                (mean, (q / n - mean * mean).max(0.0).sqrt())
+            })
+            .collect())
     }
 }
 

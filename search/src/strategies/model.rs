@@ -16,6 +16,11 @@ pub struct ModelOptions {
     pub name: &'static str,
     /// Share of each batch drawn uniformly at random (exploration).
     pub epsilon: f64,
+    /// Optimism of the acquisition: candidates are ranked by the lower confidence bound
+    /// `mean − kappa · spread` of the model's prediction (spread: the forest's per-tree
+    /// standard deviation), so configs the model is unsure about get measured before
+    /// confidently mediocre ones. 0 ranks by the mean alone (greedy).
+    pub kappa: f64,
     /// Unproposed candidates scored directly when there are at most this many; above it, a
     /// random pool of this size plus the points visited by annealing chains over the model's
     /// predictions.
@@ -37,6 +42,7 @@ impl Default for ModelOptions {
             model: ModelKind::DEFAULT,
             name: "model",
             epsilon: 0.1,
+            kappa: 1.0,
             pool: 4096,
             chains: 32,
             steps: 48,
@@ -139,6 +145,18 @@ impl ModelGuided {
         (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
+    /// The acquisition score of candidates (lower is more worth measuring): the lower
+    /// confidence bound `mean − kappa · spread` of the predicted target.
+    fn score(&self, cand: &[usize]) -> Option<Vec<f64>> {
+        let rows: Vec<Vec<f64>> = cand.iter().map(|&i| self.x[i].clone()).collect();
+        let pred = self.model.predict_spread(&rows).ok()?;
+        Some(
+            pred.into_iter()
+                .map(|(mean, spread)| mean - self.opts.kappa * spread)
+                .collect(),
+        )
+    }
+
     /// Unproposed candidates worth scoring, with their predictions, best first.
     fn ranked_pool(&mut self) -> Option<Vec<(usize, f64)>> {
         let mut cand: Vec<usize> = if self.book.open.len() <= self.opts.pool {
@@ -152,8 +170,7 @@ impl ModelGuided {
             picked.into_iter().collect()
         };
         cand.sort_unstable();
-        let rows: Vec<Vec<f64>> = cand.iter().map(|&i| self.x[i].clone()).collect();
-        let pred = self.model.predict(&rows).ok()?;
+        let pred = self.score(&cand)?;
         let mut scored: Vec<(usize, f64)> = cand.into_iter().zip(pred).collect();
         scored.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
         Some(scored)
@@ -176,8 +193,7 @@ impl ModelGuided {
                 None => break,
             }
         }
-        let rows: Vec<Vec<f64>> = state.iter().map(|&i| self.x[i].clone()).collect();
-        let mut score = self.model.predict(&rows).ok()?;
+        let mut score = self.score(&state)?;
         let mut visited: BTreeMap<usize, ()> = BTreeMap::new();
         let mut temp = 0.05;
         for _ in 0..self.opts.steps {
@@ -185,8 +201,7 @@ impl ModelGuided {
                 .iter()
                 .map(|&i| self.grid.mutate(i, &mut self.rng).unwrap_or(i))
                 .collect();
-            let rows: Vec<Vec<f64>> = next.iter().map(|&i| self.x[i].clone()).collect();
-            let pred = self.model.predict(&rows).ok()?;
+            let pred = self.score(&next)?;
             for c in 0..state.len() {
                 let delta = pred[c] - score[c];
                 if delta < 0.0 || self.u01() < (-delta / temp).exp() {
