@@ -249,7 +249,7 @@ fn main() {
                                "kernel": tuned.kernel.name(), "config": tuned.config}),
             );
         }
-        for _ in 0..rounds {
+        for round in 0..rounds {
             let mut g = c.benchmark_group(group_name(w));
             g.throughput(Throughput::Elements(w.flops() as u64));
             g.sampling_mode(SamplingMode::Flat);
@@ -281,7 +281,13 @@ fn main() {
             }
             g.finish();
             for id in ids {
-                if let Some(ns) = median_ns(&group_name(w), &id) {
+                // Criterion files the n-th run of one id in a process under `<id>_<n>`.
+                let dir = if round == 0 {
+                    id.clone()
+                } else {
+                    format!("{id}_{}", round + 1)
+                };
+                if let Some(ns) = median_ns(&group_name(w), &dir) {
                     medians.entry((group_name(w), id)).or_default().push(ns);
                 }
             }
