@@ -78,7 +78,9 @@ pub struct TuneOptions {
     /// Stored in every record.
     pub tool_version: String,
     /// Finalists re-measured interleaved before a winner is declared: the fastest distinct
-    /// configs by trial median, plus the incumbent. 0 turns re-measurement and the recorded
+    /// configs by trial median, plus the simplest config tied with the fastest, the incumbent
+    /// and the default config (so a winner beats the default head to head). 0 turns
+    /// re-measurement and the recorded
     /// decision off (the fastest trial then wins, as [`TuningDb::best`] finds it).
     pub finalists: usize,
     /// Rounds of the interleaved re-measurement (one sample of every finalist per round).
@@ -606,6 +608,14 @@ fn decide(
     }
     if let Some(inc) = incumbent {
         add(&mut picked, inc);
+    }
+    // The default config joins too: it is what an untuned runtime serves, so a winner must
+    // beat it head to head, not only by trial medians taken minutes apart under another load.
+    if let Some(d) = distinct
+        .iter()
+        .find(|r| r.kernel == dk.name() && r.config == dc)
+    {
+        add(&mut picked, d);
     }
     if picked.is_empty() {
         return Ok(None);

@@ -188,14 +188,16 @@ fn overlapping_finalists_tie_to_the_simplest_config() {
     let s = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
     let d = s.decision.clone().expect("a decision");
     assert_eq!(ev.remeasured.len(), 1);
+    let (dk, dc) = default_for(&w, hw);
     assert_eq!(
         ev.remeasured[0],
         vec![
             key(&Scripted, &x(3)),
             key(&Scripted, &x(2)),
-            key(&Scripted, &x(1))
+            key(&Scripted, &x(1)),
+            key(dk, &dc),
         ],
-        "the three fastest distinct configs"
+        "the three fastest distinct configs, then the default"
     );
     assert!(d.tie);
     assert_eq!(d.reason, WinReason::TieSimpler);
@@ -204,12 +206,12 @@ fn overlapping_finalists_tie_to_the_simplest_config() {
         x(1),
         "lexicographically first of the tied group"
     );
-    assert_eq!((d.remeasured(), d.rounds), (3, 11));
+    assert_eq!((d.remeasured(), d.rounds), (4, 11));
     let stored = db.winner(&hw.id, &w).unwrap().unwrap();
     assert_eq!(Some(stored.trial_id), d.winner.id);
     assert_eq!((stored.reason.as_str(), stored.tie), ("tie_simpler", true));
-    assert_eq!(stored.remeasured.len(), 3);
-    assert!(s.tie() && s.remeasured() == 3);
+    assert_eq!(stored.remeasured.len(), 4);
+    assert!(s.tie() && s.remeasured() == 4);
     assert_eq!(
         s.median_spread,
         Some(0.0),
@@ -231,8 +233,10 @@ fn the_simplest_config_tied_in_the_search_joins_the_finalists() {
         ev.samples.insert(k, around(1.0e-3, 0.05));
     }
     let s = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
-    assert_eq!(ev.remeasured[0].len(), 4, "{:?}", ev.remeasured[0]);
+    assert_eq!(ev.remeasured[0].len(), 5, "{:?}", ev.remeasured[0]);
     assert_eq!(ev.remeasured[0][3], k0);
+    let (dk, dc) = default_for(&w, hw);
+    assert_eq!(ev.remeasured[0][4], key(dk, &dc), "the default comes last");
     let d = s.decision.unwrap();
     assert_eq!((d.reason, d.winner.config), (WinReason::TieSimpler, x(0)));
 }
@@ -283,7 +287,8 @@ fn a_tied_incumbent_is_kept_and_a_resumed_job_does_not_redecide() {
     );
 
     // A bigger budget adds x4 (scripted to be about as fast, 0.99 ms): the finalists are the
-    // three fastest trials plus the incumbent, all tied, and the incumbent stays.
+    // three fastest trials plus the incumbent, all tied, and the (slow) default; the
+    // incumbent stays.
     let k4 = key(&Scripted, &x(4));
     ev.medians.insert(k4.clone(), 0.99e-3);
     ev.samples.insert(k4.clone(), around(0.99e-3, 0.05));
@@ -291,7 +296,7 @@ fn a_tied_incumbent_is_kept_and_a_resumed_job_does_not_redecide() {
     assert_eq!(third.measured, 1);
     let d3 = third.decision.unwrap();
     assert_eq!(ev.remeasured.len(), 2);
-    assert_eq!(ev.remeasured[1].len(), 4, "{:?}", ev.remeasured[1]);
+    assert_eq!(ev.remeasured[1].len(), 5, "{:?}", ev.remeasured[1]);
     assert_eq!(ev.remeasured[1][0], k4);
     assert!(d3
         .finalists
@@ -384,4 +389,30 @@ fn a_quarantined_default_is_not_run_again() {
     assert_eq!(s.quarantined, 1);
     assert_eq!(s.measured, 3, "the budget counts the quarantined default");
     assert!(s.decision.is_some());
+}
+
+#[test]
+fn the_default_is_a_finalist_and_wins_when_it_is_faster_head_to_head() {
+    let (db, hw, w) = setup();
+    let mut ev = fake();
+    // The default's search timing (10 ms) was taken under load; interleaved with the others
+    // it is clearly the fastest.
+    let (dk, dc) = default_for(&w, hw);
+    ev.samples.insert(key(dk, &dc), around(0.5e-3, 0.01));
+    for (v, m) in [(1, 1.02e-3), (2, 1.01e-3), (3, 1.0e-3)] {
+        ev.samples.insert(key(&Scripted, &x(v)), around(m, 0.01));
+    }
+    let s = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
+    assert!(
+        ev.remeasured[0].contains(&key(dk, &dc)),
+        "{:?}",
+        ev.remeasured[0]
+    );
+    let d = s.decision.unwrap();
+    assert_eq!(
+        (d.winner.kernel.as_str(), &d.winner.config),
+        (dk.name(), &dc)
+    );
+    assert_eq!(d.reason, WinReason::Fastest);
+    assert_eq!(db.best(&hw.id, &w).unwrap().unwrap().config, dc);
 }
