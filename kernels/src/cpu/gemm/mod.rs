@@ -344,11 +344,12 @@ impl Packed {
 }
 
 /// The default `a_layout`: A read in place when all of its rows for one depth block
-/// (`m × kc`) fit in a quarter of L2, so the row tiles stay cached without the copy (measured
-/// on Zen 3: +12% at 64³, +5% at 128×768×768, even at 128×3072×768); packed otherwise
-/// (-6% in place at 256³, -13% at 1024³, where the strided rows cost more than the copy).
+/// (`m × kc`) fit in half of L1d, so the row tiles stay in L1 without the copy (measured on
+/// Zen 3: +12–28% at 64³); packed otherwise (in place lost 6% at 256³, 13% at 1024³ and,
+/// on a loaded machine, 5–7% on the M = 128 BERT shapes: strided rows cost more than the
+/// copy once they spill out of L1).
 fn default_a_layout(m: usize, kc: usize, hw: &HardwareFingerprint) -> &'static str {
-    if m * kc * std::mem::size_of::<f32>() <= hw.l2_bytes / 4 {
+    if m * kc * std::mem::size_of::<f32>() <= hw.l1d_bytes / 2 {
         "inplace"
     } else {
         "packed"
