@@ -216,7 +216,10 @@ impl CostModel for ForestModel {
                 .with_min_samples_leaf(self.min_leaf)
                 .with_min_samples_split(2)
                 .with_m(p.div_ceil(3))
-                .with_seed(self.seed.wrapping_add(t.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+                .with_seed(
+                    self.seed
+                        .wrapping_add(t.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                );
             let tree = Forest::fit_with_weights(&x, &data.y, &data.w, params).map_err(|e| {
                 ModelError::Backend {
                     model: "forest",
@@ -230,7 +233,11 @@ impl CostModel for ForestModel {
     }
 
     fn predict(&self, x: &[Vec<f64>]) -> Result<Vec<f64>, ModelError> {
-        Ok(self.predict_spread(x)?.into_iter().map(|(m, _)| m).collect())
+        Ok(self
+            .predict_spread(x)?
+            .into_iter()
+            .map(|(m, _)| m)
+            .collect())
     }
 
     fn predict_spread(&self, x: &[Vec<f64>]) -> Result<Vec<(f64, f64)>, ModelError> {
@@ -475,6 +482,47 @@ mod tests {
             *w = 0.0;
         }
         assert_ne!(fit(3, &train), fit(3, &half));
+    }
+
+    #[test]
+    fn forest_spread_is_larger_where_the_data_disagree() {
+        // y depends smoothly on x0 for x1 < 0.5 and is pure noise for x1 ≥ 0.5.
+        let mut rng = Rng::new(11);
+        let mut u = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        let mut t = TrainingSet::new();
+        for _ in 0..200 {
+            let x = vec![u(), u()];
+            let y = if x[1] < 0.5 { x[0] } else { 4.0 * (u() - 0.5) };
+            t.push(x, y, 1.0);
+        }
+        let mut m = ModelKind::Forest.build(2);
+        m.fit(&t).unwrap();
+        let probe: Vec<Vec<f64>> = (0..20)
+            .flat_map(|i| [vec![i as f64 / 20.0, 0.25], vec![i as f64 / 20.0, 0.75]])
+            .collect();
+        let ps = m.predict_spread(&probe).unwrap();
+        assert_eq!(
+            ps.iter().map(|p| p.0).collect::<Vec<_>>(),
+            m.predict(&probe).unwrap(),
+            "the mean is the prediction"
+        );
+        let mean_spread =
+            |noisy: usize| ps.iter().skip(noisy).step_by(2).map(|p| p.1).sum::<f64>() / 20.0;
+        assert!(ps.iter().all(|p| p.1 >= 0.0 && p.1.is_finite()));
+        assert!(
+            mean_spread(1) > 3.0 * mean_spread(0),
+            "smooth {} noisy {}",
+            mean_spread(0),
+            mean_spread(1)
+        );
+        // A model without an uncertainty estimate reports none.
+        let mut lin = ModelKind::Linear.build(2);
+        lin.fit(&t).unwrap();
+        assert!(lin
+            .predict_spread(&probe)
+            .unwrap()
+            .iter()
+            .all(|p| p.1 == 0.0));
     }
 
     #[test]
