@@ -302,9 +302,25 @@ impl PackedGemm {
                         }
                     }
                     if !a_edge.is_empty() {
-                        let at = ATiles::Packed(a_edge);
-                        self.uk
-                            .tile(kcb, at, bp, &mut c, ic + full * mr, j, accumulate, ep);
+                        // A partial row tile of a whole column panel: exactly its rows,
+                        // straight into C, where the ISA has a direct kernel that size.
+                        let (ie, edge) = (ic + full * mr, mcb - full * mr);
+                        let done = j + nr <= c.cols()
+                            && self.uk.edge_rows(
+                                kcb,
+                                &a[(row0 + ie) * self.k + pc..],
+                                self.k,
+                                edge,
+                                bp,
+                                &mut c,
+                                (ie, j),
+                                accumulate,
+                                ep,
+                            );
+                        if !done {
+                            let at = ATiles::Packed(a_edge);
+                            self.uk.tile(kcb, at, bp, &mut c, ie, j, accumulate, ep);
+                        }
                     }
                 }
             }

@@ -92,6 +92,8 @@ pub struct PackedUkernel {
     f: PackedFn,
     /// Over row-major A, read in place.
     f_rows: PackedFn,
+    /// The ISA's lanes and direct kernels, for tiles of fewer than MR rows.
+    edge: (usize, fn(usize, usize) -> Option<DirectFn>),
 }
 
 /// Where a packed micro-kernel reads its A tiles from.
@@ -155,6 +157,7 @@ fn tables() -> &'static Tables {
                     nr,
                     f,
                     f_rows,
+                    edge: (lanes, table),
                 });
             }
             for &(r, v) in direct {
@@ -338,6 +341,74 @@ impl PackedUkernel {
                 }
             }
         }
+    }
+
+    /// `C[i..i+rows, j..j+NR] (+)= A[..rows, ..k] · B_panel` for a partial row tile
+    /// (`rows < MR`) of a whole column panel, with no padding rows computed: A is read in place
+    /// (`rows` rows `lda` apart from the start of `a`), the packed B micro-panel as a
+    /// row-major `k × NR` block, by the ISA's direct kernel of exactly `rows` rows. With `ep`,
+    /// `act(x + bias)` is stored. Returns false, doing nothing, when the ISA has no direct
+    /// kernel that size (the caller then uses [`PackedUkernel::tile`]).
+    ///
+    /// Panics if A, the panel or the bias are too short or the block is not inside `c`.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn edge_rows(
+        &self,
+        k: usize,
+        a: &[f32],
+        lda: usize,
+        rows: usize,
+        b: &[f32],
+        c: &mut CView<'_>,
+        (i, j): (usize, usize),
+        accumulate: bool,
+        ep: Option<TileEpilogue<'_>>,
+    ) -> bool {
+        let (lanes, table) = self.edge;
+        let nr = self.nr;
+        if rows == 0 || rows >= self.mr || !nr.is_multiple_of(lanes) {
+            return false;
+        }
+        let Some(f) = table(rows, nr / lanes) else {
+            return false;
+        };
+        assert!(k >= 1 && k <= lda, "depth beyond the row stride");
+        assert!(
+            (rows - 1) * lda + k <= a.len() && b.len() >= k * nr,
+            "edge tile reads outside A or the panel"
+        );
+        let epi = match &ep {
+            Some(e) => {
+                assert!(e.bias.len() >= nr, "bias shorter than the tile");
+                Epi {
+                    bias: e.bias.as_ptr(),
+                    act: e.code(),
+                }
+            }
+            None => Epi::NONE,
+        };
+        let (ldc, p) = (c.ld(), c.block_ptr(i, j, rows, nr));
+        // SAFETY: `self` was handed out only after checking that the CPU runs `self.isa`, and
+        // `table` is that ISA's direct table; A (rows × k, stride lda) and the panel (k rows
+        // of NR = (NR/lanes)·lanes values, stride NR) are inside their slices (asserted
+        // above); `block_ptr` checked that the rows × NR block lies in `c`'s window; the
+        // bias, if any, holds NR values (asserted above).
+        unsafe {
+            f(
+                k,
+                a.as_ptr(),
+                lda,
+                b.as_ptr(),
+                nr,
+                p,
+                ldc,
+                1,
+                accumulate,
+                epi,
+            )
+        }
+        true
     }
 
     /// `tiles` whole `MR × NR` tiles stacked vertically from `(i, j)`: tile `t` is
