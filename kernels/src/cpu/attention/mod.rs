@@ -7,8 +7,10 @@
 //!   fully masked blocks. Knobs:
 //!   - `tile`: the register tile, `{isa}_{MR}x{NR}` (MR query rows × NR keys);
 //!   - `br`, `bc`: query rows and keys per block (rounded up to MR / NR);
-//!   - `k_layout`: `prepacked` (Kᵀ of every head packed into NR-key panels once per call)
-//!     or `blockwise` (each task packs the key block it is about to use);
+//!   - `k_layout`: `prepacked` (Kᵀ of every head packed into NR-key panels and V into the
+//!     P·V tile's column stripes once per call: up front for `par = blocks`, else by each
+//!     head's task as it starts) or `blockwise` (each task packs the key and value block it
+//!     is about to use);
 //!   - `par` / `threads`: `none`, `heads` (tasks over B·H) or `blocks` (B·H × query blocks).
 //! - `attention_unfused` ([`unfused`]): per head, `Q·Kᵀ` with the packed GEMM, a row
 //!   softmax, then `·V` with the packed GEMM. Knobs: the GEMMs' `ukernel`, and `par` =
