@@ -55,9 +55,10 @@ impl Default for ModelOptions {
 /// Model-guided search. After each measured batch it refits the cost model on every
 /// measurement of this workload (log seconds per flop, weight 1) plus, when the context has
 /// history of other workloads or similar machines, those records weighted down; then it ranks
-/// the unmeasured valid candidates by predicted time (all of them when there are at most
-/// [`ModelOptions::pool`], otherwise a random pool plus annealing over the model's
-/// predictions), and proposes the top of the ranking with a share ε of random picks. Within
+/// the unmeasured valid candidates by the lower confidence bound of their predicted time,
+/// `mean − κ·spread` over the forest's trees ([`ModelOptions::kappa`]; all candidates when
+/// there are at most [`ModelOptions::pool`], otherwise a random pool plus annealing over the
+/// same score), and proposes the top of the ranking with a share ε of random picks. Within
 /// a batch it skips candidates whose features equal a measured or already chosen one (configs
 /// that run the same code, e.g. block sizes that clamp to the same value), while others are
 /// left. It never proposes a candidate twice, and never one already measured.
