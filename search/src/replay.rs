@@ -392,6 +392,23 @@ impl Default for ReplayOptions {
     }
 }
 
+/// The other spaces' records as transfer history for `space`, in an order that does not
+/// depend on the order the spaces were given in (sorted by workload, then machine), so a
+/// replay is the same whatever order the command line lists the files in. A space of the same
+/// workload and machine as `space` is left out: it would be the answer itself.
+fn transfer_priors(space: &RecordedSpace, others: &[&RecordedSpace]) -> Vec<Prior> {
+    let mut others: Vec<&RecordedSpace> = others
+        .iter()
+        .copied()
+        .filter(|o| !(o.workload == space.workload && o.hw.id == space.hw.id))
+        .collect();
+    others.sort_by(|a, b| (a.workload.key(), &a.hw.id).cmp(&(b.workload.key(), &b.hw.id)));
+    others
+        .iter()
+        .flat_map(|o| o.priors_for(&space.hw))
+        .collect()
+}
+
 /// Plays strategies against one recorded space, with the other recorded spaces as the
 /// transfer history (used by strategies that transfer, `model`).
 pub struct Replayer<'a> {
@@ -404,11 +421,7 @@ impl<'a> Replayer<'a> {
     /// A replayer over `space`; `others` provide the transfer history (a space of the same
     /// workload and machine as `space` is left out: it would be the answer itself).
     pub fn new(space: &'a RecordedSpace, others: &[&RecordedSpace]) -> Self {
-        let history = others
-            .iter()
-            .filter(|o| !(o.workload == space.workload && o.hw.id == space.hw.id))
-            .flat_map(|o| o.priors_for(&space.hw))
-            .collect();
+        let history = transfer_priors(space, others);
         Replayer {
             space,
             history,
@@ -611,10 +624,7 @@ pub fn evaluate_model(
             ))
         })
         .collect();
-    let priors: Vec<Prior> = others
-        .iter()
-        .flat_map(|o| o.priors_for(&space.hw))
-        .collect();
+    let priors = transfer_priors(space, others);
     let mut sums = (0.0, 0.0, 0.0);
     let k = 10;
     for s in 0..seeds as u64 {

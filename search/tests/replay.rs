@@ -163,6 +163,14 @@ fn summaries_report_medians_over_seeds_and_transfer_helps() {
     let alone = Replayer::new(&s, &[]);
     let kind: StrategyKind = "model".parse().unwrap();
     assert_eq!(selfish.run(kind, 1, &opts), alone.run(kind, 1, &opts));
+    // The order the other spaces are listed in does not matter.
+    let one_order = Replayer::new(&s, &[&o, &s]);
+    let other_order = Replayer::new(&s, &[&s, &o]);
+    assert_eq!(
+        one_order.run(kind, 2, &opts),
+        other_order.run(kind, 2, &opts)
+    );
+    assert_eq!(one_order.run(kind, 2, &opts), r.run(kind, 2, &opts));
 }
 
 #[test]
