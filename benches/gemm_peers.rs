@@ -204,6 +204,11 @@ fn group_name(w: &Workload) -> String {
 }
 
 fn main() {
+    // matrixmultiply's `threading` feature sizes its pool once, from MATMUL_NUM_THREADS or
+    // else the physical core count: pin it to the single thread its column claims.
+    if std::env::var_os("MATMUL_NUM_THREADS").is_none() {
+        std::env::set_var("MATMUL_NUM_THREADS", "1");
+    }
     let shapes = shapes();
     let threads = thread_counts();
     let db_path: PathBuf = std::env::var("AUTOKERNEL_BENCH_DB")

@@ -29,6 +29,9 @@ pub(crate) type PackedFn =
 pub(crate) type DirectFn =
     unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, usize, bool, Epi);
 
+/// An ISA's direct kernels by tile shape: `(rows, vectors)` to the kernel, if listed.
+type DirectTable = fn(usize, usize) -> Option<DirectFn>;
+
 /// `(row, bias, n, act)`: see [`simd::bias_act_body`].
 type BiasActFn = unsafe fn(*mut f32, *const f32, usize, u8);
 
@@ -93,7 +96,7 @@ pub struct PackedUkernel {
     /// Over row-major A, read in place.
     f_rows: PackedFn,
     /// The ISA's lanes and direct kernels, for tiles of fewer than MR rows.
-    edge: (usize, fn(usize, usize) -> Option<DirectFn>),
+    edge: (usize, DirectTable),
 }
 
 /// Where a packed micro-kernel reads its A tiles from.
