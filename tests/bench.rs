@@ -14,6 +14,11 @@ use common::{autokernel, json_lines, stderr};
 
 const W: &str = "gemm:16x16x16";
 
+/// The timing experiment's workload: ~0.1 ms a call, long enough that one call's time is not
+/// at the mercy of a timer tick or a frequency step (16³ takes 0.2 µs and drifts ±20% from run
+/// to run on this kind of machine).
+const W_TIMED: &str = "gemm:128x256x256";
+
 static TIMING: Mutex<()> = Mutex::new(());
 
 fn timing_lock() -> MutexGuard<'static, ()> {
@@ -27,12 +32,17 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Fixture {
+        Fixture::with(W)
+    }
+
+    /// A database with `w` tuned (budget 2, one thread).
+    fn with(w: &str) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let f = Fixture { dir };
         let o = autokernel(&[
             "tune",
             "--workload",
-            W,
+            w,
             "--db",
             f.s("t.db"),
             "--budget",
@@ -109,7 +119,7 @@ fn doctor(src: &Path, dst: &Path, factor: f64) {
 #[ignore = "timing experiment; run with --ignored on a quiet machine"]
 fn planted_regression_fails_and_a_fresh_baseline_does_not() {
     let _lock = timing_lock();
-    let f = Fixture::new();
+    let f = Fixture::with(W_TIMED);
     // Eight short rounds: the interval has enough rounds to resolve a 30% change even when
     // the machine's speed drifts between rounds.
     let rounds = ["--rounds", "8"];
@@ -122,7 +132,7 @@ fn planted_regression_fails_and_a_fresh_baseline_does_not() {
     assert_eq!(fresh["protocol"], "quick");
     assert_eq!(fresh["fingerprint"]["cores"], 1);
     let w = &fresh["workloads"][0];
-    assert_eq!(w["workload"], W);
+    assert_eq!(w["workload"], W_TIMED);
     assert_eq!(w["level"], "exact");
     let sizes: Vec<u64> = w["tuned"]["round_sizes"]
         .as_array()
