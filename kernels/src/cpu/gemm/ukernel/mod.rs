@@ -61,6 +61,21 @@ impl TileEpilogue<'_> {
     }
 }
 
+/// The store epilogue of a tile `width` values wide: none, or `ep`'s bias and activation.
+/// Panics if the bias is shorter than the tile.
+fn epi_for(ep: Option<&TileEpilogue<'_>>, width: usize) -> Epi {
+    match ep {
+        Some(e) => {
+            assert!(e.bias.len() >= width, "bias shorter than the tile");
+            Epi {
+                bias: e.bias.as_ptr(),
+                act: e.code(),
+            }
+        }
+        None => Epi::NONE,
+    }
+}
+
 /// `row[j] = act(row[j] + bias[j])` with the best SIMD ISA of this CPU: the separate-pass
 /// epilogue, and the edges of fused ones. Panics if `bias` is shorter than `row`.
 pub fn bias_act_row(row: &mut [f32], bias: &[f32], act: Act) {
@@ -381,16 +396,7 @@ impl PackedUkernel {
             (rows - 1) * lda + k <= a.len() && b.len() >= k * nr,
             "edge tile reads outside A or the panel"
         );
-        let epi = match &ep {
-            Some(e) => {
-                assert!(e.bias.len() >= nr, "bias shorter than the tile");
-                Epi {
-                    bias: e.bias.as_ptr(),
-                    act: e.code(),
-                }
-            }
-            None => Epi::NONE,
-        };
+        let epi = epi_for(ep.as_ref(), nr);
         let (ldc, p) = (c.ld(), c.block_ptr(i, j, rows, nr));
         // SAFETY: `self` was handed out only after checking that the CPU runs `self.isa`, and
         // `table` is that ISA's direct table; A (rows × k, stride lda) and the panel (k rows
@@ -442,16 +448,7 @@ impl PackedUkernel {
             a.holds(tiles, mr, k) && b.len() >= k * nr,
             "micro-panels too short"
         );
-        let epi = match &ep {
-            Some(e) => {
-                assert!(e.bias.len() >= nr, "bias shorter than the tile");
-                Epi {
-                    bias: e.bias.as_ptr(),
-                    act: e.code(),
-                }
-            }
-            None => Epi::NONE,
-        };
+        let epi = epi_for(ep.as_ref(), nr);
         let (f, ap, lda) = self.source(a);
         let (ld, p) = (c.ld(), c.block_ptr(i, j, tiles * mr, nr));
         // SAFETY: `self` was handed out by `packed()`/`packed_offered()` only after checking
@@ -498,16 +495,7 @@ impl DirectUkernel {
             (r - 1) * lda + k <= a.len() && (k - 1) * ldb + w <= b.len(),
             "direct tile reads outside A or B"
         );
-        let epi = match &ep {
-            Some(e) => {
-                assert!(e.bias.len() >= w, "bias shorter than the tile");
-                Epi {
-                    bias: e.bias.as_ptr(),
-                    act: e.code(),
-                }
-            }
-            None => Epi::NONE,
-        };
+        let epi = epi_for(ep.as_ref(), w);
         let (ldc, p) = (c.ld(), c.block_ptr(ci, cj, r, w));
         // SAFETY: `self` was handed out only after checking that the CPU runs `self.isa`; the
         // A block (r rows of k values, stride lda) and the B block (k rows of w = tiles·v·lanes
