@@ -16,6 +16,7 @@
 
 use std::time::{Duration, Instant};
 
+pub use kernels::measurement::median_ci_halfwidth;
 use kernels::{Executable, Measurement, Problem};
 
 /// Parameters of the timing protocol (see the module docs).
@@ -54,24 +55,6 @@ impl Protocol {
             target_ci: 0.01,
         }
     }
-}
-
-/// Relative half-width of the 95% CI of the median of `samples` (order statistics).
-pub fn median_ci_halfwidth(samples: &[f64]) -> f64 {
-    let n = samples.len();
-    if n < 3 {
-        return f64::INFINITY;
-    }
-    let mut v = samples.to_vec();
-    v.sort_by(f64::total_cmp);
-    let half = 0.98 * (n as f64).sqrt();
-    let lo = ((n as f64 / 2.0 - half).floor().max(0.0)) as usize;
-    let hi = ((n as f64 / 2.0 + half).ceil() as usize).min(n - 1);
-    let med = kernels::measurement::median(&v);
-    if med <= 0.0 {
-        return 0.0;
-    }
-    (v[hi] - v[lo]) / 2.0 / med
 }
 
 /// Times `exe` on `problem` by `protocol`. The output buffer is reused across calls.

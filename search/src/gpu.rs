@@ -35,7 +35,7 @@ use kernels::{Config, HardwareFingerprint, Measurement, Status, Workload};
 use tuning_db::{Record, TuningDb};
 
 use crate::strategy::{Point, Prior, SearchContext, StrategyKind};
-use crate::tuner::{Event, SearchError, TuneOptions, TuneSummary};
+use crate::tuner::{median_of, Event, SearchError, TuneOptions, TuneSummary};
 
 /// Tunes `w` on `gpu`: verifies against cuBLAS (GEMM) or the f64 reference (attention), times
 /// by [`GpuTiming::quick`], and writes every trial to `db` under the GPU's fingerprint.
@@ -208,7 +208,6 @@ pub fn tune_gpu_with(
         strategy.tell(&told);
     }
 
-    let median = |v: Vec<f64>| (!v.is_empty()).then(|| kernels::measurement::median(&v));
     Ok(TuneSummary {
         workload: *w,
         best: db.best(&hw.id, w)?,
@@ -219,7 +218,7 @@ pub fn tune_gpu_with(
         failures,
         decision: None,
         timed: timed.len(),
-        median_spread: median(timed.iter().map(|m| m.spread).collect()),
+        median_spread: median_of(timed.iter().map(|m| m.spread)),
         median_cv: None,
         isolation: "none",
         timeout: None,

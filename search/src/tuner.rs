@@ -489,7 +489,7 @@ pub fn is_quarantine(status: Status) -> bool {
 }
 
 /// Median of the finite values, `None` if there are none.
-fn median_of(values: impl Iterator<Item = f64>) -> Option<f64> {
+pub(crate) fn median_of(values: impl Iterator<Item = f64>) -> Option<f64> {
     let v: Vec<f64> = values.filter(|x| x.is_finite()).collect();
     (!v.is_empty()).then(|| kernels::measurement::median(&v))
 }

@@ -369,7 +369,7 @@ impl Gpu {
             let n = samples.len();
             if n >= timing.max_samples.max(1)
                 || (n >= timing.min_samples
-                    && (median_ci_halfwidth(&samples) <= timing.target_ci
+                    && (crate::measurement::median_ci_halfwidth(&samples) <= timing.target_ci
                         || started.elapsed() >= timing.max_time))
             {
                 break;
@@ -414,36 +414,9 @@ pub(crate) fn trial(
     }
 }
 
-/// Relative half-width of the 95% CI of the median (order statistics, ranks n/2 ± 0.98√n);
-/// the same rule as `runner::protocol::median_ci_halfwidth`.
-pub(crate) fn median_ci_halfwidth(samples: &[f64]) -> f64 {
-    let n = samples.len();
-    if n < 3 {
-        return f64::INFINITY;
-    }
-    let mut v = samples.to_vec();
-    v.sort_by(f64::total_cmp);
-    let half = 0.98 * (n as f64).sqrt();
-    let lo = ((n as f64 / 2.0 - half).floor().max(0.0)) as usize;
-    let hi = ((n as f64 / 2.0 + half).ceil() as usize).min(n - 1);
-    let med = crate::measurement::median(&v);
-    if med <= 0.0 {
-        return 0.0;
-    }
-    (v[hi] - v[lo]) / 2.0 / med
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ci_shrinks_with_agreeing_samples() {
-        assert_eq!(median_ci_halfwidth(&[1.0, 2.0]), f64::INFINITY);
-        assert_eq!(median_ci_halfwidth(&[1.0; 9]), 0.0);
-        let spread = median_ci_halfwidth(&[1.0, 1.1, 0.9, 1.05, 0.95, 1.0, 1.02]);
-        assert!(spread > 0.0 && spread < 0.2, "{spread}");
-    }
 
     #[test]
     fn opening_without_a_device_is_a_clear_error() {
