@@ -6,8 +6,9 @@
 //! AUTOKERNEL_BENCH_SHAPES=gemm:1024x1024x1024 cargo bench --bench gemm_peers
 //! ```
 //! Environment: `AUTOKERNEL_BENCH_DB` (tuning database, default `target/bench-tuning.db`; shapes
-//! not tuned there yet are tuned first, resumably), `AUTOKERNEL_BENCH_BUDGET` (trials per shape
-//! and thread count, default 48), `AUTOKERNEL_BENCH_SHAPES` (comma-separated workloads),
+//! not tuned there yet are tuned first, resumably, with the default (cost-model) strategy, as
+//! `autokernel tune` does), `AUTOKERNEL_BENCH_BUDGET` (trials per shape and thread count,
+//! default 64), `AUTOKERNEL_BENCH_SHAPES` (comma-separated workloads),
 //! `AUTOKERNEL_BENCH_ROUNDS` (default 3), `AUTOKERNEL_BENCH_THREADS` (e.g. `1`; default 1 and 2).
 //!
 //! On a shared, noisy machine one long measurement per implementation lets a burst of load
@@ -163,14 +164,14 @@ fn ensure_tuned(db_path: &PathBuf, shapes: &[Workload], threads: &[usize]) {
     let budget = std::env::var("AUTOKERNEL_BENCH_BUDGET")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(48);
+        .unwrap_or(64);
     let db = TuningDb::open(db_path).expect("bench tuning database");
     for &t in threads {
         let hw = HardwareFingerprint::current().with_cores(t);
         for w in shapes {
             let opts = TuneOptions {
                 budget,
-                strategy: StrategyKind::Random,
+                strategy: StrategyKind::DEFAULT,
                 seed: 1,
                 ..TuneOptions::default()
             };

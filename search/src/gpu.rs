@@ -35,7 +35,7 @@ use kernels::{Config, HardwareFingerprint, Measurement, Status, Workload};
 use tuning_db::{Record, TuningDb};
 
 use crate::strategy::{Point, Prior, SearchContext, StrategyKind};
-use crate::tuner::{median_of, Event, SearchError, TuneOptions, TuneSummary};
+use crate::tuner::{cv, median_of, Event, SearchError, TuneOptions, TuneSummary};
 
 /// Tunes `w` on `gpu`: verifies against cuBLAS (GEMM) or the f64 reference (attention), times
 /// by [`GpuTiming::quick`], and writes every trial to `db` under the GPU's fingerprint.
@@ -219,7 +219,7 @@ pub fn tune_gpu_with(
         decision: None,
         timed: timed.len(),
         median_spread: median_of(timed.iter().map(|m| m.spread)),
-        median_cv: None,
+        median_cv: median_of(timed.iter().filter_map(cv)),
         isolation: "none",
         timeout: None,
         restarts: 0,

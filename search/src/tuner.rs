@@ -495,7 +495,7 @@ pub(crate) fn median_of(values: impl Iterator<Item = f64>) -> Option<f64> {
 }
 
 /// Coefficient of variation of a measurement's samples (sample standard deviation ÷ mean).
-fn cv(m: &Measurement) -> Option<f64> {
+pub(crate) fn cv(m: &Measurement) -> Option<f64> {
     let n = m.samples.len();
     if n < 2 {
         return None;
