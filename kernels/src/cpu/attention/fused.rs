@@ -5,12 +5,13 @@
 //! (k_layout = prepacked) pack Kᵀ of every head into NR-key panels and V into the P·V
 //!                        tile's column stripes, once per call
 //! per task (a head, or a head × query block):
-//!   pack the block's queries into MR-row groups, times log2(e)/√D (scores come out in
-//!   the log2 domain, ready for exp2)
 //!   for each key block of Bc keys (causal: only up to the block's last query row)
 //!     (k_layout = blockwise) pack this block's Kᵀ panels and V stripes into L1 buffers
-//!     for each MR-row group: scores tile, mask, online softmax, O += P·V   (ukernel)
-//!   O /= running sum
+//!     for each MR-row group (the last one by smaller tail kernels, no padding rows):
+//!       scores tile from the queries in place, mask, online softmax with the scale
+//!       log2(e)/√D inside the exp2's FMA, O = alpha·O + P·V   (ukernel)
+//!       (the first block starts O at zero, the last one stores O / running sum straight
+//!       into the output when D is a multiple of the lanes)
 //! ```
 //!
 //! Causal masking skips fully masked key blocks and, inside a block, the key panels past a
@@ -18,9 +19,9 @@
 
 use rayon::prelude::*;
 
-use super::ukernel::AttnTile;
+use super::ukernel::{AttnTile, StepArgs, Values};
 use super::AttnPar;
-use crate::cpu::gemm::pack::{pack_a, with_buffer, Pool};
+use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::packed::self_scheduled;
 use crate::kernel::Executable;
 
@@ -104,7 +105,6 @@ impl FusedAttention {
         let (s, d, dp) = (self.s, self.d, cx.dp);
         let (mr, nr) = (self.tile.mr, self.tile.nr);
         let rows = out.len() / d;
-        let groups = rows.div_ceil(mr);
         let head = hd * s * d;
         let (qh, kh, vh) = (
             &cx.q[head..head + s * d],
@@ -112,27 +112,28 @@ impl FusedAttention {
             &cx.v[head..head + s * d],
         );
         let blockwise = self.k_layout == KLayout::Blockwise;
+        // With D a multiple of the lanes, outputs are written in place.
+        let in_place = d == dp;
         let bcp_max = self.bc.div_ceil(nr) * nr;
         let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
         with_buffer(Pool::Work, |work| {
             let kblock_len = if blockwise { bcp_max * dp } else { 0 };
             let vblock_len = if blockwise { self.bc * dp } else { 0 };
-            let total =
-                2 * groups * mr * dp + 2 * groups * mr + mr * bcp_max + kblock_len + vblock_len;
+            let o_len = if in_place { 0 } else { rows * dp };
+            let total = o_len + 2 * rows + mr * bcp_max + kblock_len + vblock_len;
             let buf = work.slice(total);
-            let (qpack, rest) = buf.split_at_mut(groups * mr * dp);
-            let (o, rest) = rest.split_at_mut(groups * mr * dp);
-            let (m, rest) = rest.split_at_mut(groups * mr);
-            let (l, rest) = rest.split_at_mut(groups * mr);
+            let (oscr, rest) = buf.split_at_mut(o_len);
+            let (m, rest) = rest.split_at_mut(rows);
+            let (l, rest) = rest.split_at_mut(rows);
             let (sbuf, rest) = rest.split_at_mut(mr * bcp_max);
             let (kblock, vblock) = rest.split_at_mut(kblock_len);
-
-            pack_queries(qh, d, dp, mr, i0, rows, qpack);
-            // Scores come out in the log2 domain, ready for exp2, with the scale folded in.
-            qpack.iter_mut().for_each(|x| *x *= scale);
-            o.fill(0.0);
             m.fill(f32::NEG_INFINITY);
             l.fill(0.0);
+            let (o, ldo): (&mut [f32], usize) = if in_place {
+                (&mut *out, d)
+            } else {
+                (&mut *oscr, dp)
+            };
 
             let kend = if self.causal { s.min(i0 + rows) } else { s };
             let mut lim = [0usize; 16];
@@ -151,22 +152,20 @@ impl FusedAttention {
                         kblock
                     }
                 };
-                let vp: (&[f32], usize, usize) = match cx.vpre {
-                    Some(vpre) => (&vpre[ph * s * dp..(ph + 1) * s * dp], s, j0),
+                let vals = match cx.vpre {
+                    Some(vpre) => Values(&vpre[ph * s * dp..(ph + 1) * s * dp], s, j0),
                     None => {
                         let src = &vh[j0 * d..(j0 + kvb) * d];
                         self.tile.pack_values(src, d, dp, kvb, vblock);
-                        (&vblock[..kvb * dp], kvb, 0)
+                        Values(&vblock[..kvb * dp], kvb, 0)
                     }
                 };
-                for g in 0..groups {
-                    let r0 = i0 + g * mr;
-                    let valid = mr.min(i0 + rows - r0);
+                for g0 in (0..rows).step_by(mr) {
+                    let r0 = i0 + g0;
+                    let valid = mr.min(rows - g0);
                     let mut kv = 0;
-                    for (r, x) in lim[..mr].iter_mut().enumerate() {
-                        *x = if r >= valid {
-                            0
-                        } else if self.causal {
+                    for (r, x) in lim[..valid].iter_mut().enumerate() {
+                        *x = if self.causal {
                             kvb.min((r0 + r + 1).saturating_sub(j0))
                         } else {
                             kvb
@@ -176,24 +175,34 @@ impl FusedAttention {
                     if kv == 0 {
                         continue;
                     }
-                    let st = g * mr;
+                    // The group's last key block: no later one holds a key it sees.
+                    let group_kend = if self.causal { s.min(r0 + valid) } else { s };
                     self.tile.step(
-                        &qpack[st * dp..(st + mr) * dp],
-                        kp,
-                        vp,
-                        dp,
-                        kv,
-                        &lim[..mr],
-                        sbuf,
-                        &mut o[st * dp..(st + mr) * dp],
-                        (&mut m[st..st + mr], &mut l[st..st + mr]),
+                        valid,
+                        StepArgs {
+                            q: &qh[r0 * d..],
+                            ldq: d,
+                            d,
+                            scale,
+                            kp,
+                            v: vals,
+                            dp,
+                            kv,
+                            lim: &lim[..valid],
+                            s: sbuf,
+                            o: &mut o[g0 * ldo..],
+                            ldo,
+                            m: &mut m[g0..g0 + valid],
+                            l: &mut l[g0..g0 + valid],
+                            first: j0 == 0,
+                            last: j0 + self.bc >= group_kend,
+                        },
                     );
                 }
             }
-            for (r, orow) in out.chunks_exact_mut(d).enumerate() {
-                let inv = 1.0 / l[r];
-                for (x, acc) in orow.iter_mut().zip(&o[r * dp..r * dp + d]) {
-                    *x = acc * inv;
+            if !in_place {
+                for (r, orow) in out.chunks_exact_mut(d).enumerate() {
+                    orow.copy_from_slice(&oscr[r * dp..r * dp + d]);
                 }
             }
         });
@@ -216,9 +225,9 @@ impl FusedAttention {
         with_buffer(Pool::Keys, |kbuf| {
             with_buffer(Pool::Values, |vbuf| {
                 let kp = kbuf.slice(s.div_ceil(nr) * nr * dp);
-                let vp = vbuf.slice(s * dp);
                 let head = hd * s * d..(hd + 1) * s * d;
                 pack_keys(&cx.k[head.clone()], d, dp, nr, 0, s, kp);
+                let vp = vbuf.slice(s * dp);
                 self.tile.pack_values(&cx.v[head], d, dp, s, vp);
                 let local = Ctx {
                     kpre: Some(kp),
@@ -260,39 +269,10 @@ impl FusedAttention {
     }
 }
 
-/// Packs rows `i0..i0+rows` of one head's queries (`S×D`) into MR-row groups of `dp × MR`
-/// values (column `c` of the group's rows together), zero-padded: the GEMM's A packing,
-/// plus the padding columns `D..dp`.
-fn pack_queries(
-    q: &[f32],
-    d: usize,
-    dp: usize,
-    mr: usize,
-    i0: usize,
-    rows: usize,
-    out: &mut [f32],
-) {
-    pack_rows(q, d, dp, mr, i0, rows, out);
-}
-
 /// Packs keys `j0..j0+kv` of one head (`S×D`) into `⌈kv/NR⌉` panels of `dp × NR` values
 /// (the NR keys of column `c` together), zero-padded past key `j0+kv` and column `D`.
 fn pack_keys(k: &[f32], d: usize, dp: usize, nr: usize, j0: usize, kv: usize, out: &mut [f32]) {
     super::ukernel::pack_keys(k, d, dp, nr, (j0, kv), out);
-}
-
-/// Rows `r0..r0+rows` of a row-major `·×D` matrix as `⌈rows/P⌉` panels of `dp × P` values.
-fn pack_rows(x: &[f32], d: usize, dp: usize, p: usize, r0: usize, rows: usize, out: &mut [f32]) {
-    let panels = rows.div_ceil(p);
-    if d == dp {
-        pack_a(x, d, (r0, rows), (0, d), p, &mut out[..panels * p * dp]);
-        return;
-    }
-    for (t, panel) in out[..panels * p * dp].chunks_exact_mut(p * dp).enumerate() {
-        let n = p.min(rows - t * p);
-        pack_a(x, d, (r0 + t * p, n), (0, d), p, &mut panel[..p * d]);
-        panel[p * d..].fill(0.0);
-    }
 }
 
 impl Executable for FusedAttention {

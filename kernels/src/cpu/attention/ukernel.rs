@@ -18,8 +18,14 @@ use crate::cpu::Isa;
 
 /// Raw arguments of one flash step (see [`AttnTile::step`] for their meaning and extents).
 struct Step {
-    qp: *const f32,
+    /// The group's first query row; row `r` at `q + r·ldq`, `d` values each.
+    q: *const f32,
+    ldq: usize,
+    d: usize,
+    /// Softmax scale in the log2 domain, applied to the scores inside the exponent.
+    scale: f32,
     kp: *const f32,
+    /// Packed values (`vrows` rows, see [`AttnTile::pack_values`]).
     v: *const f32,
     vrows: usize,
     j0: usize,
@@ -28,9 +34,49 @@ struct Step {
     bcp: usize,
     lim: *const usize,
     s: *mut f32,
+    /// Running outputs: row `r` at `o + r·ldo`, `dp` values.
     o: *mut f32,
+    ldo: usize,
     m: *mut f32,
     l: *mut f32,
+    /// The group's first key block: `o` holds nothing yet (it is not read).
+    first: bool,
+    /// The group's last key block: `o` is divided by the running sum when stored.
+    last: bool,
+}
+
+/// Values packed by [`AttnTile::pack_values`] for [`AttnTile::step`]: `(packed, rows, j0)`,
+/// rows `j0..j0 + kv` of the `rows` packed ones being the block's.
+#[derive(Clone, Copy)]
+pub struct Values<'a>(pub &'a [f32], pub usize, pub usize);
+
+/// The arguments of one [`AttnTile::step`] call.
+pub struct StepArgs<'a, 'b> {
+    /// The query rows, row-major: row `r` of the group at `q[r·ldq..]`, `d` values.
+    pub q: &'a [f32],
+    pub ldq: usize,
+    pub d: usize,
+    /// The softmax scale in the log2 domain (`log2(e)/√D` for the usual softmax).
+    pub scale: f32,
+    /// The block's keys packed in panels of `dp × NR` (keys of a panel together, zero-padded).
+    pub kp: &'a [f32],
+    pub v: Values<'a>,
+    /// `d` rounded up to the lanes.
+    pub dp: usize,
+    /// Keys in the block.
+    pub kv: usize,
+    /// Keys each row sees (`lim[r] ≤ kv`); the rest are masked.
+    pub lim: &'a [usize],
+    /// Scores scratch, `MR·⌈kv/NR⌉·NR` values.
+    pub s: &'b mut [f32],
+    /// Running outputs, row `r` at `o[r·ldo..]`, `dp` values.
+    pub o: &'b mut [f32],
+    pub ldo: usize,
+    /// Running maxima (log2 domain, scaled) and sums, one per row.
+    pub m: &'b mut [f32],
+    pub l: &'b mut [f32],
+    pub first: bool,
+    pub last: bool,
 }
 
 type StepFn = unsafe fn(&Step);
@@ -52,6 +98,8 @@ pub struct AttnTile {
     /// f32 lanes per vector.
     pub lanes: usize,
     step: StepFn,
+    /// Kernels of fewer rows (same NR), largest first, for a group's last `< MR` rows.
+    tails: Vec<(usize, StepFn)>,
 }
 
 /// The best-ISA row softmax for the unfused variant.
@@ -80,80 +128,87 @@ pub fn softmax_row(row: &mut [f32], valid: usize, scale: f32) {
 }
 
 impl AttnTile {
-    /// One flash step for a group of `MR` query rows against one block of `kv` keys:
+    /// One flash step for a group of `rows ≤ MR` query rows against one block of `kv` keys:
     ///
-    /// 1. `S = Q·Kᵀ` for the block (`⌈kv/NR⌉·NR` columns) into `s` (`MR` rows, stride
-    ///    `bcp = ⌈kv/NR⌉·NR`); columns `lim[r]..` of row `r` are masked to `-∞`;
-    /// 2. online softmax: `m[r]` (running max of `S`, log2 domain) and `l[r]` (running sum)
-    ///    are updated and `s` becomes `P = 2^(S - m)`;
-    /// 3. `O = 2^(m_old - m_new)·O + P·V` for the `dp` columns of `o` (`MR` rows, stride `dp`).
+    /// 1. `S = Q·Kᵀ` for the block (`⌈kv/NR⌉·NR` columns) into `s`; columns `lim[r]..` of
+    ///    row `r` are masked to `-∞`;
+    /// 2. online softmax: `m[r]` (running max of `scale·S`, log2 domain) and `l[r]` (running
+    ///    sum) are updated and `s` becomes `P = 2^(scale·S - m)`;
+    /// 3. `O = 2^(m_old - m_new)·O + P·V` for the `dp` columns of `o` (not read when
+    ///    `first`); when `last`, `O / l` is stored instead.
     ///
-    /// `qp`: the group's queries packed `dp × MR` (column `d` of the MR rows together),
-    /// zero-padded and already multiplied by the softmax scale in the log2 domain
-    /// (`log2(e)/√D` for the usual softmax); `kp`: the block's keys packed in panels of
-    /// `dp × NR` (keys of a panel together, zero-padded); `v`: values packed by
-    /// [`AttnTile::pack_values`] (`vrows` rows), of which rows `j0..j0 + kv` are this
-    /// block's. `dp` is a multiple of the lane count.
-    ///
+    /// A group of fewer than MR rows runs smaller kernels of the same NR (no padding rows).
     /// Panics if any extent is too short, `kv == 0`, or a `lim` exceeds `kv`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn step(
-        &self,
-        qp: &[f32],
-        kp: &[f32],
-        (v, vrows, j0): (&[f32], usize, usize),
-        dp: usize,
-        kv: usize,
-        lim: &[usize],
-        s: &mut [f32],
-        o: &mut [f32],
-        (m, l): (&mut [f32], &mut [f32]),
-    ) {
-        let (mr, nr) = (self.mr, self.nr);
+    pub fn step(&self, rows: usize, a: StepArgs<'_, '_>) {
+        let (mr, nr, dp, kv) = (self.mr, self.nr, a.dp, a.kv);
         assert!(
-            mr <= 16,
-            "tiles have at most 16 rows (the per-row arrays of the kernel)"
+            mr <= 16 && (1..=mr).contains(&rows),
+            "1..=MR rows, tiles have at most 16 (the per-row arrays of the kernel)"
         );
         assert!(
-            dp >= self.lanes && dp.is_multiple_of(self.lanes),
+            dp >= self.lanes && dp.is_multiple_of(self.lanes) && a.d <= dp && a.d >= 1,
             "dp {dp} not a multiple of the lanes"
         );
         assert!(kv >= 1, "empty key block");
         let bcp = kv.div_ceil(nr) * nr;
-        assert!(qp.len() >= mr * dp, "packed queries too short");
-        assert!(kp.len() >= bcp * dp, "packed keys too short");
+        assert!(a.q.len() >= (rows - 1) * a.ldq + a.d, "queries too short");
+        assert!(a.kp.len() >= bcp * dp, "packed keys too short");
+        let Values(v, vrows, j0) = a.v;
         assert!(
             v.len() >= vrows * dp && j0 + kv <= vrows,
             "packed values too short"
         );
         assert!(
-            lim.len() >= mr && lim[..mr].iter().all(|&x| x <= kv),
+            a.lim.len() >= rows && a.lim[..rows].iter().all(|&x| x <= kv),
             "bad key limits"
         );
-        assert!(s.len() >= mr * bcp, "scores buffer too short");
+        assert!(a.s.len() >= mr * bcp, "scores buffer too short");
         assert!(
-            o.len() >= mr * dp && m.len() >= mr && l.len() >= mr,
+            a.o.len() >= (rows - 1) * a.ldo + dp && a.m.len() >= rows && a.l.len() >= rows,
             "state too short"
         );
-        let st = Step {
-            qp: qp.as_ptr(),
-            kp: kp.as_ptr(),
-            v: v.as_ptr(),
-            vrows,
-            j0,
-            dp,
-            kv,
-            bcp,
-            lim: lim.as_ptr(),
-            s: s.as_mut_ptr(),
-            o: o.as_mut_ptr(),
-            m: m.as_mut_ptr(),
-            l: l.as_mut_ptr(),
-        };
-        // SAFETY: `self` is only handed out (by `tiles_offered`/`tile`) when the CPU runs
-        // `self.isa`; every pointer is valid for the extents `step_body` reads and writes
-        // (asserted above, with `bcp` computed from the tile's NR).
-        unsafe { (self.step)(&st) }
+        // Whole tile, or the tail kernels, largest first (binary pieces of `rows`).
+        let mut r0 = 0;
+        while r0 < rows {
+            let left = rows - r0;
+            let (n, f) = if left == mr {
+                (mr, self.step)
+            } else {
+                *self
+                    .tails
+                    .iter()
+                    .find(|t| t.0 <= left)
+                    .expect("a one-row tail kernel")
+            };
+            let st = Step {
+                // SAFETY: r0 < rows; the offsets stay inside the slices asserted above.
+                q: unsafe { a.q.as_ptr().add(r0 * a.ldq) },
+                ldq: a.ldq,
+                d: a.d,
+                scale: a.scale,
+                kp: a.kp.as_ptr(),
+                v: v.as_ptr(),
+                vrows,
+                j0,
+                dp,
+                kv,
+                bcp,
+                lim: a.lim[r0..].as_ptr(),
+                s: a.s.as_mut_ptr(),
+                o: a.o[r0 * a.ldo..].as_mut_ptr(),
+                ldo: a.ldo,
+                m: a.m[r0..].as_mut_ptr(),
+                l: a.l[r0..].as_mut_ptr(),
+                first: a.first,
+                last: a.last,
+            };
+            // SAFETY: `self` is only handed out (by `tiles_offered`/`tile`) when the CPU runs
+            // `self.isa`, and its tails share it; the kernel runs n ≤ rows - r0 rows, and
+            // every pointer is valid for the extents `step_body` reads and writes (asserted
+            // above, with `bcp` computed from the tile's NR, shared by the tails).
+            unsafe { f(&st) }
+            r0 += n;
+        }
     }
 }
 
@@ -353,26 +408,29 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
     // broadcasts the MR weights of a key from one chunk at constant offsets (rows a full
     // stride apart would make it chain address adds and load from MR far-apart lines).
     let chunk = MR * S::W;
-    // SAFETY (whole body): the caller guarantees the ISA and the extents: qp has MR·dp
-    // values, kp bcp·dp, s MR·bcp, o MR·dp, m and l MR, lim MR; every index below stays
-    // inside them (t < bcp/NR, r < MR, j < bcp, c0 + V·W ≤ dp).
+    // SAFETY (whole body): the caller guarantees the ISA and the extents: q has MR rows of
+    // d values (stride ldq), kp bcp·dp, s MR·bcp, o MR rows of dp (stride ldo), m and l
+    // MR, lim MR; every index below stays inside them (t < bcp/NR, r < MR, j < bcp,
+    // c0 + V·W ≤ dp, k < d ≤ dp).
     unsafe {
-        // 1. Scores, one MR × NR tile per key panel, and each row's running maximum.
+        // 1. Scores, one MR × NR tile per key panel, and each row's running maximum. The
+        //    queries are read in place (broadcasts need no packing); the key panels' columns
+        //    past d are zero and skipped.
         let mut rowmax = [S::set1(f32::NEG_INFINITY); MR];
+        let (d, ldq) = (st.d, st.ldq);
         for t in 0..bcp / nr {
             let mut acc = [[S::zero(); NV]; MR];
-            let (mut a, mut b) = (st.qp, st.kp.add(t * nr * dp));
-            for _ in 0..dp / 4 {
-                packed_step::<S, MR, NV>(&mut acc, a, b);
-                packed_step::<S, MR, NV>(&mut acc, a.add(MR), b.add(nr));
-                packed_step::<S, MR, NV>(&mut acc, a.add(2 * MR), b.add(2 * nr));
-                packed_step::<S, MR, NV>(&mut acc, a.add(3 * MR), b.add(3 * nr));
-                a = a.add(4 * MR);
+            let (mut a, mut b) = (st.q, st.kp.add(t * nr * dp));
+            for _ in 0..d / 4 {
+                for u in 0..4 {
+                    qk_step::<S, MR, NV>(&mut acc, a.add(u), ldq, b.add(u * nr));
+                }
+                a = a.add(4);
                 b = b.add(4 * nr);
             }
-            for _ in 0..dp % 4 {
-                packed_step::<S, MR, NV>(&mut acc, a, b);
-                a = a.add(MR);
+            for _ in 0..d % 4 {
+                qk_step::<S, MR, NV>(&mut acc, a, ldq, b);
+                a = a.add(1);
                 b = b.add(nr);
             }
             for (r, row) in acc.iter().enumerate() {
@@ -384,26 +442,33 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
         }
         // 2. Mask the rows that see fewer keys (block tails, the causal diagonal) and take
         //    their maxima again; new running maxima of all rows (independent chains).
+        let scale = st.scale;
         let mut m_new = [0.0f32; 16];
         let mut m_old = [0.0f32; 16];
+        let ninf = S::set1(f32::NEG_INFINITY);
         for r in 0..MR {
             let row = st.s.add(r * S::W);
             let lim = *st.lim.add(r);
             if lim < bcp {
-                for j in lim..bcp {
+                let whole = lim.div_ceil(S::W);
+                for j in lim..whole * S::W {
                     *row.add(j / S::W * chunk + j % S::W) = f32::NEG_INFINITY;
                 }
-                let mut mx = S::set1(f32::NEG_INFINITY);
-                for c in 0..lim.div_ceil(S::W) {
+                for c in whole..bcp / S::W {
+                    S::store(row.add(c * chunk), ninf);
+                }
+                let mut mx = ninf;
+                for c in 0..whole {
                     mx = S::max(S::load(row.add(c * chunk)), mx);
                 }
                 rowmax[r] = mx;
             }
             m_old[r] = *st.m.add(r);
-            let m = m_old[r].max(S::hmax(rowmax[r]));
+            // Maxima of the raw scores; scale > 0 keeps them the maxima of the scaled ones.
+            let m = m_old[r].max(S::hmax(rowmax[r]) * scale);
             *st.m.add(r) = m;
-            // A row that has seen no key yet (a padding row) keeps m = -∞; subtracting 0
-            // instead gives P = 0 and alpha = 0 without an ∞ - ∞.
+            // A row that has seen no key yet keeps m = -∞; subtracting 0 instead gives
+            // P = 0 and alpha = 0 without an ∞ - ∞.
             m_new[r] = if m == f32::NEG_INFINITY { 0.0 } else { m };
         }
         // 3. alpha = 2^(m_old - m_new) for all rows at once (lanes past MR compute 2^0).
@@ -415,35 +480,74 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
             );
             S::store(alpha.as_mut_ptr().add(c), exp2_softmax::<S>(x));
         }
-        // P = 2^(S - m_new) in place, and the running sums.
+        // P = 2^(scale·S - m_new) in place (one FMA: the scale costs nothing), and the
+        // running sums; with `last`, the factors 1/l that finish the rows.
+        let sc = S::set1(scale);
+        let mut fin = [0.0f32; 16];
         for r in 0..MR {
             let row = st.s.add(r * S::W);
             let mv = S::set1(-m_new[r]);
             let mut sum = S::zero();
             for c in 0..bcp / S::W {
-                let p = exp2_softmax::<S>(S::add(S::load(row.add(c * chunk)), mv));
+                let p = exp2_softmax::<S>(S::fmadd(S::load(row.add(c * chunk)), sc, mv));
                 S::store(row.add(c * chunk), p);
                 sum = S::add(sum, p);
             }
-            *st.l.add(r) = *st.l.add(r) * alpha[r] + S::hsum(sum);
+            let l = *st.l.add(r) * alpha[r] + S::hsum(sum);
+            *st.l.add(r) = l;
+            fin[r] = if l > 0.0 { 1.0 / l } else { 0.0 };
         }
         // 4. O = alpha·O + P·V, PV vectors of the head dimension at a time.
         let nvec = dp / S::W;
         let mut c0 = 0;
         for _ in 0..nvec / PV {
-            pv_tile::<S, MR, PV>(st, &alpha, c0);
+            pv_tile::<S, MR, PV>(st, &alpha, &fin, c0);
             c0 += PV * S::W;
         }
         match nvec % PV {
-            1 => pv_tile::<S, MR, 1>(st, &alpha, c0),
-            2 => pv_tile::<S, MR, 2>(st, &alpha, c0),
-            3 => pv_tile::<S, MR, 3>(st, &alpha, c0),
+            1 => pv_tile::<S, MR, 1>(st, &alpha, &fin, c0),
+            2 => pv_tile::<S, MR, 2>(st, &alpha, &fin, c0),
+            3 => pv_tile::<S, MR, 3>(st, &alpha, &fin, c0),
             _ => {}
         }
     }
 }
 
-/// `O[.., c0..c0+V·W] = alpha·O + P·V[.., c0..]` for the MR rows.
+/// One k step of the scores tile: NV vectors of keys, MR broadcasts of queries (`a + r·ldq`),
+/// MR·NV FMAs.
+///
+/// # Safety
+/// The CPU supports `S`'s ISA; `a + r·ldq` is readable for `r < MR` and `b` for `NV·W`
+/// values.
+#[inline(always)]
+unsafe fn qk_step<S: Simd, const MR: usize, const NV: usize>(
+    acc: &mut [[S::V; NV]; MR],
+    a: *const f32,
+    ldq: usize,
+    b: *const f32,
+) {
+    // SAFETY: the caller guarantees the ISA and the extents (r < MR, v < NV).
+    unsafe {
+        if MR == 1 {
+            // One row: the stride does not matter, the GEMM's packed step is this step.
+            let acc1 = &mut *(acc as *mut [[S::V; NV]; MR]).cast::<[[S::V; NV]; 1]>();
+            return packed_step::<S, 1, NV>(acc1, a, b);
+        }
+        let mut bv = [S::zero(); NV];
+        for (v, x) in bv.iter_mut().enumerate() {
+            *x = S::load(b.add(v * S::W));
+        }
+        for (r, row) in acc.iter_mut().enumerate() {
+            let ar = S::splat(a.add(r * ldq));
+            for v in 0..NV {
+                row[v] = S::fmadd(ar, bv[v], row[v]);
+            }
+        }
+    }
+}
+
+/// `O[.., c0..c0+V·W] = alpha·O + P·V[.., c0..]` for the MR rows (`O` taken as zero on the
+/// first block, stored times `fin` on the last).
 ///
 /// # Safety
 /// As [`step_body`], with `c0 + V·W ≤ dp`.
@@ -451,17 +555,20 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
 unsafe fn pv_tile<S: Simd, const MR: usize, const V: usize>(
     st: &Step,
     alpha: &[f32; 16],
+    fin: &[f32; 16],
     c0: usize,
 ) {
-    let dp = st.dp;
+    let ldo = st.ldo;
     // SAFETY: the caller guarantees the ISA and the extents (r < MR, j < kv ≤ bcp; the
-    // stripe at c0 holds vrows ≥ j0 + kv rows of V·W values; o rows of dp values).
+    // stripe at c0 holds rows j0..j0 + kv of V·W values; o rows of dp values).
     unsafe {
         let mut acc = [[S::zero(); V]; MR];
-        for (r, row) in acc.iter_mut().enumerate() {
-            let a = S::set1(alpha[r]);
-            for (v, x) in row.iter_mut().enumerate() {
-                *x = S::mul(S::load(st.o.add(r * dp + c0 + v * S::W)), a);
+        if !st.first {
+            for (r, row) in acc.iter_mut().enumerate() {
+                let a = S::set1(alpha[r]);
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = S::mul(S::load(st.o.add(r * ldo + c0 + v * S::W)), a);
+                }
             }
         }
         // This stripe of the packed values: V·W columns of every row, contiguous.
@@ -484,9 +591,17 @@ unsafe fn pv_tile<S: Simd, const MR: usize, const V: usize>(
             pv_key::<S, MR, V>(&mut acc, at(j), vrow);
             vrow = vrow.add(ldv);
         }
+        if st.last {
+            for (r, row) in acc.iter_mut().enumerate() {
+                let f = S::set1(fin[r]);
+                for x in row.iter_mut() {
+                    *x = S::mul(*x, f);
+                }
+            }
+        }
         for (r, row) in acc.iter().enumerate() {
             for (v, x) in row.iter().enumerate() {
-                S::store(st.o.add(r * dp + c0 + v * S::W), *x);
+                S::store(st.o.add(r * ldo + c0 + v * S::W), *x);
             }
         }
     }
@@ -618,7 +733,13 @@ fn tables() -> &'static [AttnTile] {
     static T: OnceLock<Vec<AttnTile>> = OnceLock::new();
     T.get_or_init(|| {
         let mut t = Vec::new();
-        let mut add = |isa: Isa, lanes: usize, list: &[(usize, usize, usize, StepFn)]| {
+        // `tails`: kernels of fewer rows with the same NV and PV (the packed value stripes
+        // are PV vectors wide), largest first; a tile keeps those below its MR (1 row always
+        // among them). Fewer rows always fit the registers the tile's shape fits.
+        let mut add = |isa: Isa,
+                       lanes: usize,
+                       list: &[(usize, usize, usize, StepFn)],
+                       tails: &[(usize, usize, usize, StepFn)]| {
             for &(mr, nv, pv, step) in list {
                 t.push(AttnTile {
                     name: format!("{}_{mr}x{}", isa.name(), nv * lanes),
@@ -628,6 +749,11 @@ fn tables() -> &'static [AttnTile] {
                     pv,
                     lanes,
                     step,
+                    tails: tails
+                        .iter()
+                        .filter(|x| x.1 == nv && x.2 == pv && x.0 < mr)
+                        .map(|x| (x.0, x.3))
+                        .collect(),
                 });
             }
         };
@@ -645,6 +771,20 @@ fn tables() -> &'static [AttnTile] {
                     (12, 2, 2, step_avx512::<12, 2, 2>),
                     (4, 4, 4, step_avx512::<4, 4, 4>),
                 ],
+                &[
+                    (4, 2, 4, step_avx512::<4, 2, 4>),
+                    (2, 2, 4, step_avx512::<2, 2, 4>),
+                    (1, 2, 4, step_avx512::<1, 2, 4>),
+                    (4, 2, 3, step_avx512::<4, 2, 3>),
+                    (2, 2, 3, step_avx512::<2, 2, 3>),
+                    (1, 2, 3, step_avx512::<1, 2, 3>),
+                    (8, 2, 2, step_avx512::<8, 2, 2>),
+                    (4, 2, 2, step_avx512::<4, 2, 2>),
+                    (2, 2, 2, step_avx512::<2, 2, 2>),
+                    (1, 2, 2, step_avx512::<1, 2, 2>),
+                    (2, 4, 4, step_avx512::<2, 4, 4>),
+                    (1, 4, 4, step_avx512::<1, 4, 4>),
+                ],
             );
             add(
                 Isa::Avx2,
@@ -655,6 +795,17 @@ fn tables() -> &'static [AttnTile] {
                     (5, 2, 2, step_avx2::<5, 2, 2>),
                     (8, 1, 1, step_avx2::<8, 1, 1>),
                 ],
+                &[
+                    (5, 2, 2, step_avx2::<5, 2, 2>),
+                    (4, 2, 2, step_avx2::<4, 2, 2>),
+                    (2, 2, 2, step_avx2::<2, 2, 2>),
+                    (1, 2, 2, step_avx2::<1, 2, 2>),
+                    (2, 2, 3, step_avx2::<2, 2, 3>),
+                    (1, 2, 3, step_avx2::<1, 2, 3>),
+                    (4, 1, 1, step_avx2::<4, 1, 1>),
+                    (2, 1, 1, step_avx2::<2, 1, 1>),
+                    (1, 1, 1, step_avx2::<1, 1, 1>),
+                ],
             );
         }
         add(
@@ -663,6 +814,12 @@ fn tables() -> &'static [AttnTile] {
             &[
                 (4, 2, 2, step_portable::<4, 2, 2>),
                 (4, 1, 2, step_portable::<4, 1, 2>),
+            ],
+            &[
+                (2, 2, 2, step_portable::<2, 2, 2>),
+                (1, 2, 2, step_portable::<1, 2, 2>),
+                (2, 1, 2, step_portable::<2, 1, 2>),
+                (1, 1, 2, step_portable::<1, 1, 2>),
             ],
         );
         t
@@ -776,6 +933,13 @@ mod tests {
         for (i, t) in all.iter().enumerate() {
             assert!(all[i + 1..].iter().all(|u| u.name != t.name), "{}", t.name);
             assert_eq!(t.nr % t.lanes, 0);
+            // The tails cover any row count (down to 1), largest first.
+            assert!(
+                t.tails.last().is_some_and(|x| x.0 == 1) || t.mr == 1,
+                "{}",
+                t.name
+            );
+            assert!(t.tails.windows(2).all(|w| w[0].0 > w[1].0), "{}", t.name);
         }
         assert!(!tiles_offered().is_empty());
         for t in tiles_available() {
