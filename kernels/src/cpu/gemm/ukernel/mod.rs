@@ -93,6 +93,24 @@ pub fn bias_act_row(row: &mut [f32], bias: &[f32], act: Act) {
     unsafe { f(row.as_mut_ptr(), bias.as_ptr(), row.len(), ep.code()) }
 }
 
+/// Hints that every cache line of `data` will be read soon (the next B micro-panel, while
+/// the current one is in use). Only a hint: a no-op where the ISA has no prefetch.
+#[inline]
+pub(crate) fn prefetch_lines(data: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in data.chunks(16) {
+        // SAFETY: SSE is part of the x86_64 baseline, and a prefetch never faults (here the
+        // address is inside a live slice anyway).
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}
+
 /// Largest `MR·NR` of any packed micro-kernel (edge tiles are computed in a stack buffer).
 const MAX_TILE: usize = 14 * 32;
 
