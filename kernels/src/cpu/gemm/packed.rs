@@ -301,31 +301,17 @@ impl PackedGemm {
                         None
                     };
                     if let Some(next) = next {
-                        // One call per row tile, each preceded by the prefetch of its
-                        // share of the next panel (whole cache lines).
-                        let share = next.len().div_ceil(16).div_ceil(full) * 16;
-                        for (ir, part) in next
-                            .chunks(share)
-                            .chain(std::iter::repeat(&[][..]))
-                            .take(full)
-                            .enumerate()
-                        {
-                            prefetch_lines(part);
-                            let at = match a_full {
-                                ATiles::Packed(p) => ATiles::Packed(&p[ir * mr * kcb..]),
-                                ATiles::Rows(r, lda) => ATiles::Rows(&r[ir * mr * lda..], lda),
-                            };
-                            self.uk.tiles(
-                                kcb,
-                                at,
-                                1,
-                                bp,
-                                &mut c,
-                                (ic + ir * mr, j),
-                                accumulate,
-                                ep,
-                            );
-                        }
+                        self.tiles_prefetching(
+                            kcb,
+                            a_full,
+                            full,
+                            bp,
+                            next,
+                            &mut c,
+                            (ic, j),
+                            accumulate,
+                            ep,
+                        );
                     } else if full > 0 && j + nr <= c.cols() {
                         self.uk
                             .tiles(kcb, a_full, full, bp, &mut c, (ic, j), accumulate, ep);
@@ -363,6 +349,37 @@ impl PackedGemm {
                 }
             }
         });
+    }
+
+    /// The `full` whole row tiles of one B panel, one micro-kernel call per row tile, each
+    /// preceded by the prefetch of its share of the `next` panel (whole cache lines). Kept
+    /// out of line so the row-major B path around it compiles as before.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn tiles_prefetching(
+        &self,
+        kcb: usize,
+        a_full: ATiles<'_>,
+        full: usize,
+        bp: &[f32],
+        next: &[f32],
+        c: &mut CView<'_>,
+        (ic, j): (usize, usize),
+        accumulate: bool,
+        ep: Option<TileEpilogue<'_>>,
+    ) {
+        let mr = self.uk.mr;
+        let share = next.len().div_ceil(16).div_ceil(full.max(1)) * 16;
+        let parts = next.chunks(share.max(16)).chain(std::iter::repeat(&[][..]));
+        for (ir, part) in parts.take(full).enumerate() {
+            prefetch_lines(part);
+            let at = match a_full {
+                ATiles::Packed(p) => ATiles::Packed(&p[ir * mr * kcb..]),
+                ATiles::Rows(r, lda) => ATiles::Rows(&r[ir * mr * lda..], lda),
+            };
+            self.uk
+                .tiles(kcb, at, 1, bp, c, (ic + ir * mr, j), accumulate, ep);
+        }
     }
 }
 
