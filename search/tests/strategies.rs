@@ -243,3 +243,49 @@ fn history_of_the_same_workload_counts_as_measured() {
         );
     }
 }
+
+#[test]
+fn transfer_sources_count_by_ranking_not_by_absolute_speed() {
+    // Two source workloads, one of them measured 64× slower per flop (as a memory-bound
+    // shape would be): with per-workload normalised targets both still point the first batch
+    // at the fast configs, and scaling a source's times changes nothing but rounding.
+    let hw = hw();
+    let target: Workload = "gemm:96x512x384".parse().unwrap();
+    let fp = Arc::new(hw.clone());
+    let history = |slow: f64| -> Vec<Prior> {
+        [("gemm:128x768x512", 1.0), ("gemm:64x384x256", slow)]
+            .into_iter()
+            .flat_map(|(w, scale)| {
+                let w: Workload = w.parse().unwrap();
+                let fp = fp.clone();
+                points(&w, &hw).into_iter().map(move |p| Prior {
+                    workload: w,
+                    hw: fp.clone(),
+                    seconds: scale * fake_time(&w, &p.config),
+                    kernel: p.kernel,
+                    config: p.config,
+                    weight: 1.0,
+                })
+            })
+            .collect()
+    };
+    let best = points(&target, &hw)
+        .iter()
+        .map(|p| fake_time(&target, &p.config))
+        .fold(f64::INFINITY, f64::min);
+    for slow in [1.0, 64.0] {
+        let mut c = ctx(&target, 3);
+        c.history = history(slow);
+        let mut s = StrategyKind::DEFAULT.build(c.clone());
+        let first = s
+            .ask(8)
+            .iter()
+            .map(|&i| fake_time(&target, &c.points[i].config))
+            .fold(f64::INFINITY, f64::min);
+        assert!(
+            best / first >= 0.9,
+            "sources {slow}x apart: {}",
+            best / first
+        );
+    }
+}

@@ -34,6 +34,13 @@ pub struct ModelOptions {
     /// as this many points of the workload itself, so it leads while few are measured and
     /// fades as they accumulate.
     pub transfer_weight: f64,
+    /// Fit on per-workload normalised targets: each transfer source's targets (one workload
+    /// on one machine) minus their median, and this workload's own targets minus their
+    /// median offset from a model fitted on the normalised transfer records alone. Sources
+    /// then agree on which configs are fast whatever their absolute speed per flop (a GEMV
+    /// is memory-bound, a 128-row GEMM is not), and the trees split on configs instead of
+    /// on the level of each workload.
+    pub normalise: bool,
 }
 
 impl Default for ModelOptions {
@@ -48,13 +55,15 @@ impl Default for ModelOptions {
             steps: 48,
             transfer_cap: 2048,
             transfer_weight: 16.0,
+            normalise: true,
         }
     }
 }
 
 /// Model-guided search. After each measured batch it refits the cost model on every
 /// measurement of this workload (log seconds per flop, weight 1) plus, when the context has
-/// history of other workloads or similar machines, those records weighted down; then it ranks
+/// history of other workloads or similar machines, those records weighted down — each
+/// workload's targets normalised to its own level ([`ModelOptions::normalise`]); then it ranks
 /// the unmeasured valid candidates by the lower confidence bound of their predicted time,
 /// `mean − κ·spread` over the forest's trees ([`ModelOptions::kappa`]; all candidates when
 /// there are at most [`ModelOptions::pool`], otherwise a random pool plus annealing over the
@@ -75,6 +84,9 @@ pub struct ModelGuided {
     /// Features of every candidate.
     x: Vec<Vec<f64>>,
     transfer: TrainingSet,
+    /// The transfer model's prediction for every candidate (with [`ModelOptions::normalise`]
+    /// and transfer records).
+    prior: Option<Vec<f64>>,
     model: Box<dyn CostModel>,
     /// Batches ranked by a fitted model, and batches drawn at random because it declined.
     pub guided_batches: usize,
@@ -98,13 +110,55 @@ impl ModelGuided {
             priors.truncate(opts.transfer_cap);
         }
         let mut transfer = TrainingSet::new();
+        // Records of one source (workload on a machine) share a group.
+        let mut groups: Vec<(Workload, &str)> = Vec::new();
+        let mut group_of: Vec<usize> = Vec::new();
         for p in priors {
+            let g = match groups
+                .iter()
+                .position(|&(w, h)| w == p.workload && h == p.hw.id)
+            {
+                Some(g) => g,
+                None => {
+                    groups.push((p.workload, &p.hw.id));
+                    groups.len() - 1
+                }
+            };
+            group_of.push(g);
             transfer.push(
                 features(&p.workload, &p.kernel, &p.config, &p.hw),
                 target(p.seconds, &p.workload),
                 p.weight,
             );
         }
+        if opts.normalise {
+            for g in 0..groups.len() {
+                let ys: Vec<f64> = (0..group_of.len())
+                    .filter(|&i| group_of[i] == g)
+                    .map(|i| transfer.y[i])
+                    .collect();
+                let m = median(ys);
+                for (y, _) in transfer
+                    .y
+                    .iter_mut()
+                    .zip(&group_of)
+                    .filter(|(_, &h)| h == g)
+                {
+                    *y -= m;
+                }
+            }
+        }
+        // The transfer model alone, once: it puts this workload's own targets on the
+        // sources' normalised scale (see `training_set`).
+        let prior = if opts.normalise && !transfer.is_empty() {
+            let mut m = opts.model.build(ctx.seed ^ 0x0005_EED5);
+            match m.fit(&transfer) {
+                Ok(()) => m.predict(&x).ok(),
+                Err(_) => None,
+            }
+        } else {
+            None
+        };
         ModelGuided {
             grid: Grid::new(&ctx.points),
             book: Book::new(&ctx),
@@ -112,6 +166,7 @@ impl ModelGuided {
             workload: ctx.workload,
             x,
             transfer,
+            prior,
             rng,
             opts,
             guided_batches: 0,
@@ -123,8 +178,26 @@ impl ModelGuided {
     fn training_set(&self) -> TrainingSet {
         let mut data = TrainingSet::new();
         let own = self.book.ranked();
-        for &(i, s) in &own {
-            data.push(self.x[i].clone(), target(s, &self.workload), 1.0);
+        let mut y: Vec<f64> = own
+            .iter()
+            .map(|&(_, s)| target(s, &self.workload))
+            .collect();
+        if let Some(prior) = &self.prior {
+            // On the sources' scale: minus the median offset from the transfer model. (The
+            // median of the own targets would be biased, since the measured configs are the
+            // ones predicted fast.) A constant shift, so it leaves the own ranking as it is.
+            let offset = median(
+                own.iter()
+                    .zip(&y)
+                    .map(|(&(i, _), y)| y - prior[i])
+                    .collect(),
+            );
+            for v in &mut y {
+                *v -= offset;
+            }
+        }
+        for (&(i, _), y) in own.iter().zip(y) {
+            data.push(self.x[i].clone(), y, 1.0);
         }
         let total: f64 = self.transfer.w.iter().sum();
         if total > 0.0 {
@@ -228,6 +301,20 @@ impl ModelGuided {
             out.push(j);
         }
         out
+    }
+}
+
+/// Median of values (0 when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
 
