@@ -92,6 +92,21 @@ pub fn median_ci(samples: &[f64]) -> (f64, f64) {
     (v[lo], v[hi])
 }
 
+/// Whether `a` is statistically no slower than `b`, from samples taken in the same
+/// interleaved rounds (`a[r]` and `b[r]` in round `r`, as [`measure_interleaved`] returns
+/// them): the 95% confidence interval of the median of the per-round ratios `a[r] / b[r]`
+/// reaches down to 1. Pairing cancels what drifts from round to round (the machine's load,
+/// its clock), so this sees a few-percent difference that two unpaired intervals, each as
+/// wide as the drift, would call a tie. Unpaired inputs (different lengths, fewer than 3
+/// rounds) fall back to [`overlaps`] of the two medians' intervals.
+pub fn not_slower(a: &[f64], b: &[f64]) -> bool {
+    if a.len() != b.len() || a.len() < 3 {
+        return overlaps(median_ci(a), median_ci(b));
+    }
+    let ratios: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    median_ci(&ratios).0 <= 1.0
+}
+
 /// Whether two intervals `(low, high)` share at least one point.
 pub fn overlaps(a: (f64, f64), b: (f64, f64)) -> bool {
     a.0 <= b.1 && b.0 <= a.1
@@ -100,6 +115,29 @@ pub fn overlaps(a: (f64, f64), b: (f64, f64)) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paired_rounds_see_a_steady_gap_that_unpaired_intervals_call_a_tie() {
+        // Each round's load multiplies both candidates alike (1.0 .. 1.3); `b` is always 4%
+        // slower than `a` in the same round.
+        let load: Vec<f64> = (0..15)
+            .map(|r| 1.0 + 0.3 * ((r * 7) % 15) as f64 / 15.0)
+            .collect();
+        let a: Vec<f64> = load.iter().map(|l| 10.0 * l).collect();
+        let b: Vec<f64> = load.iter().map(|l| 10.4 * l).collect();
+        assert!(overlaps(median_ci(&a), median_ci(&b)), "unpaired: a tie");
+        assert!(!not_slower(&b, &a), "paired: b is slower");
+        assert!(not_slower(&a, &b));
+        // The same numbers, the gap alternating in sign: a real tie.
+        let c: Vec<f64> = a
+            .iter()
+            .enumerate()
+            .map(|(r, x)| if r % 2 == 0 { x * 1.04 } else { x / 1.04 })
+            .collect();
+        assert!(not_slower(&c, &a) && not_slower(&a, &c));
+        // Unpaired lengths fall back to the intervals.
+        assert!(not_slower(&b, &a[..10]));
+    }
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
     use std::time::Duration;

@@ -33,7 +33,7 @@ pub mod worker;
 
 pub use compare::{compare, compare_rounds, CompareError, CompareOptions, Comparison, Verdict};
 pub use evaluator::{derived_timeout, EvalError, Evaluation, Evaluator, InProcess};
-pub use interleaved::{measure_interleaved, median_ci, overlaps};
+pub use interleaved::{measure_interleaved, median_ci, not_slower, overlaps};
 pub use protocol::{measure, Protocol};
 #[cfg(unix)]
 pub use worker::{Isolated, Worker, WorkerError, WorkerSpec};

@@ -16,8 +16,8 @@ use kernels::{
     default_for, kernels_for, Config, HardwareFingerprint, Kernel, Measurement, Status, Workload,
 };
 use runner::{
-    derived_timeout, median_ci, overlaps, EvalError, Evaluation, Evaluator, InProcess, Outcome,
-    Protocol,
+    derived_timeout, median_ci, not_slower, overlaps, EvalError, Evaluation, Evaluator, InProcess,
+    Outcome, Protocol,
 };
 use tuning_db::{DbError, Record, Remeasurement, TuningDb, WinnerDecision};
 
@@ -132,9 +132,10 @@ pub enum Event<'a> {
 pub enum WinReason {
     /// The only verified config.
     OnlyCandidate,
-    /// Fastest after re-measurement, and no other finalist's interval overlaps its own.
+    /// Fastest after re-measurement, every other finalist significantly slower (paired by
+    /// round, [`runner::not_slower`]).
     Fastest,
-    /// Tied with the fastest (overlapping confidence intervals): the incumbent stays.
+    /// Tied with the fastest (not significantly slower, round by round): the incumbent stays.
     TieIncumbent,
     /// Tied with the fastest, no incumbent among them: the simplest config wins.
     TieSimpler,
@@ -179,7 +180,7 @@ pub struct Finalist {
 pub struct Decision {
     pub winner: Record,
     pub reason: WinReason,
-    /// Whether another finalist's confidence interval overlapped the fastest one's.
+    /// Whether another finalist was statistically tied with the fastest one.
     pub tie: bool,
     pub finalists: Vec<Finalist>,
     /// Rounds each finalist was re-measured for (0 when not re-measured).
@@ -671,8 +672,16 @@ fn decide(
                 let fastest = (0..finalists.len())
                     .min_by(|&a, &b| median(&finalists[a]).total_cmp(&median(&finalists[b])))
                     .expect("at least two finalists");
+                // Tied with the fastest: not slower than it, judged round by round (the
+                // rounds are interleaved, so each pairs samples taken moments apart).
+                let samples = |i: usize| {
+                    finalists[i]
+                        .remeasured
+                        .as_ref()
+                        .map_or(&[][..], |m| &m.samples[..])
+                };
                 let group: Vec<usize> = (0..finalists.len())
-                    .filter(|&i| overlaps(finalists[i].ci, finalists[fastest].ci))
+                    .filter(|&i| i == fastest || not_slower(samples(i), samples(fastest)))
                     .collect();
                 let tie = group.len() > 1;
                 let (winner, reason) =

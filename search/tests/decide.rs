@@ -159,6 +159,14 @@ fn around(m: f64, rel: f64) -> Vec<f64> {
         .collect()
 }
 
+/// [`around`] with its samples rotated by `rot` rounds: finalists whose noise does not move
+/// together from round to round, as on a machine whose load comes and goes.
+fn around_rotated(m: f64, rel: f64, rot: usize) -> Vec<f64> {
+    let mut v = around(m, rel);
+    v.rotate_left(rot % 11);
+    v
+}
+
 /// Trial medians x3 < x2 < x1 < x4 < x0, all faster than the default's 10 ms.
 fn fake() -> Fake {
     let mut f = Fake::default();
@@ -183,7 +191,7 @@ fn overlapping_finalists_tie_to_the_simplest_config() {
     for v in 1..=3 {
         let k = key(&Scripted, &x(v));
         let m = ev.medians[&k];
-        ev.samples.insert(k, around(m, 0.05));
+        ev.samples.insert(k, around_rotated(m, 0.05, 4 * v));
     }
     let s = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
     let d = s.decision.clone().expect("a decision");
@@ -242,6 +250,27 @@ fn the_simplest_config_tied_in_the_search_joins_the_finalists() {
 }
 
 #[test]
+fn a_steady_gap_round_by_round_is_not_a_tie() {
+    // The same round-to-round drift (±8%) hits every finalist alike, as in interleaved
+    // rounds; x3 is 3% faster than x2 and x1 in every round. The medians' intervals overlap,
+    // the per-round ratios do not reach 1: x3 wins outright.
+    let (db, hw, w) = setup();
+    let mut ev = fake();
+    for (v, m) in [(1, 1.03e-3), (2, 1.03e-3), (3, 1.0e-3)] {
+        ev.samples.insert(key(&Scripted, &x(v)), around(m, 0.08));
+    }
+    let s = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
+    let d = s.decision.unwrap();
+    let ci = |v| runner::median_ci(&around(if v == 3 { 1.0e-3 } else { 1.03e-3 }, 0.08));
+    assert!(
+        runner::overlaps(ci(3), ci(1)),
+        "unpaired, this would be a tie"
+    );
+    assert!(!d.tie, "{:?}", d.reason);
+    assert_eq!((d.reason, d.winner.config), (WinReason::Fastest, x(3)));
+}
+
+#[test]
 fn separated_finalists_keep_the_fastest() {
     let (db, hw, w) = setup();
     let mut ev = fake();
@@ -267,7 +296,7 @@ fn a_tied_incumbent_is_kept_and_a_resumed_job_does_not_redecide() {
     for v in 0..=4 {
         let k = key(&Scripted, &x(v));
         let m = ev.medians[&k];
-        ev.samples.insert(k, around(m, 0.05));
+        ev.samples.insert(k, around_rotated(m, 0.05, 4 * v));
     }
     let first = tune_with(&db, &w, hw, &[&Scripted], &opts(5), &mut ev, &mut |_| {}).unwrap();
     let d1 = first.decision.unwrap();
@@ -291,7 +320,8 @@ fn a_tied_incumbent_is_kept_and_a_resumed_job_does_not_redecide() {
     // incumbent stays.
     let k4 = key(&Scripted, &x(4));
     ev.medians.insert(k4.clone(), 0.99e-3);
-    ev.samples.insert(k4.clone(), around(0.99e-3, 0.05));
+    ev.samples
+        .insert(k4.clone(), around_rotated(0.99e-3, 0.05, 9));
     let third = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
     assert_eq!(third.measured, 1);
     let d3 = third.decision.unwrap();
