@@ -100,7 +100,7 @@ impl Default for TuneOptions {
             batch: 8,
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
             finalists: 3,
-            remeasure_rounds: 15,
+            remeasure_rounds: 31,
             timeout: None,
         }
     }
