@@ -305,17 +305,11 @@ impl ModelGuided {
 }
 
 /// Median of values (0 when empty).
-fn median(mut v: Vec<f64>) -> f64 {
+fn median(v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    kernels::measurement::median(&v)
 }
 
 /// Exact bit pattern of a feature row, to spot configs that run the same code.
