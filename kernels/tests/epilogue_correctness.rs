@@ -30,6 +30,16 @@ fn packed_epilogues_for_every_ukernel_fusion_layout_and_split() {
         "gemm_bias:29x41x70",
         "gemm_bias_gelu:50x37x19",
         "gemm_bias_gelu:7x100x64",
+        // One or many row tiles, partial tiles, one or many column panels (a partial last
+        // one), several depth and column blocks: the pre-packed B path prefetches the next
+        // panel a slice per row tile.
+        "gemm_bias_gelu:7x67x5",
+        "gemm_bias_gelu:13x65x63",
+        "gemm_bias_gelu:63x17x67",
+        "gemm_bias_gelu:65x131x1",
+        "gemm_bias_gelu:67x33x129",
+        "gemm_bias_gelu:2x47x67",
+        "gemm_bias_gelu:37x16x3",
     ] {
         let w: Workload = text.parse().unwrap();
         let p = Problem::random(&w, 3);

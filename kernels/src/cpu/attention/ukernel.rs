@@ -13,7 +13,7 @@ use crate::cpu::gemm::ukernel::avx2::Avx2;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::gemm::ukernel::avx512::Avx512;
 use crate::cpu::gemm::ukernel::portable::Portable;
-use crate::cpu::gemm::ukernel::simd::{exp2_nonpos, packed_step, Simd};
+use crate::cpu::gemm::ukernel::simd::{exp2_nonpos, packed_step_strided, Simd};
 use crate::cpu::Isa;
 
 /// Raw arguments of one flash step (see [`AttnTile::step`] for their meaning and extents).
@@ -423,13 +423,13 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
             let (mut a, mut b) = (st.q, st.kp.add(t * nr * dp));
             for _ in 0..d / 4 {
                 for u in 0..4 {
-                    qk_step::<S, MR, NV>(&mut acc, a.add(u), ldq, b.add(u * nr));
+                    packed_step_strided::<S, MR, NV>(&mut acc, a.add(u), ldq, b.add(u * nr));
                 }
                 a = a.add(4);
                 b = b.add(4 * nr);
             }
             for _ in 0..d % 4 {
-                qk_step::<S, MR, NV>(&mut acc, a, ldq, b);
+                packed_step_strided::<S, MR, NV>(&mut acc, a, ldq, b);
                 a = a.add(1);
                 b = b.add(nr);
             }
@@ -509,39 +509,6 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
             2 => pv_tile::<S, MR, 2>(st, &alpha, &fin, c0),
             3 => pv_tile::<S, MR, 3>(st, &alpha, &fin, c0),
             _ => {}
-        }
-    }
-}
-
-/// One k step of the scores tile: NV vectors of keys, MR broadcasts of queries (`a + r·ldq`),
-/// MR·NV FMAs.
-///
-/// # Safety
-/// The CPU supports `S`'s ISA; `a + r·ldq` is readable for `r < MR` and `b` for `NV·W`
-/// values.
-#[inline(always)]
-unsafe fn qk_step<S: Simd, const MR: usize, const NV: usize>(
-    acc: &mut [[S::V; NV]; MR],
-    a: *const f32,
-    ldq: usize,
-    b: *const f32,
-) {
-    // SAFETY: the caller guarantees the ISA and the extents (r < MR, v < NV).
-    unsafe {
-        if MR == 1 {
-            // One row: the stride does not matter, the GEMM's packed step is this step.
-            let acc1 = &mut *(acc as *mut [[S::V; NV]; MR]).cast::<[[S::V; NV]; 1]>();
-            return packed_step::<S, 1, NV>(acc1, a, b);
-        }
-        let mut bv = [S::zero(); NV];
-        for (v, x) in bv.iter_mut().enumerate() {
-            *x = S::load(b.add(v * S::W));
-        }
-        for (r, row) in acc.iter_mut().enumerate() {
-            let ar = S::splat(a.add(r * ldq));
-            for v in 0..NV {
-                row[v] = S::fmadd(ar, bv[v], row[v]);
-            }
         }
     }
 }

@@ -423,51 +423,6 @@ mod tests {
     }
 
     #[test]
-    fn prepacked_panel_prefetch_path_is_correct_on_awkward_shapes() {
-        // Pre-packed B runs one micro-kernel call per row tile with the next panel
-        // prefetched: shapes with one or many row tiles, partial tiles, one or many column
-        // panels (partial last one), several depth and column blocks, every thread split.
-        let hw = HardwareFingerprint::current();
-        for (m, n, k) in [
-            (1, 1, 1),
-            (7, 67, 5),
-            (13, 65, 63),
-            (63, 17, 67),
-            (65, 131, 1),
-            (67, 33, 129),
-            (2, 47, 67),
-            (37, 16, 3),
-        ] {
-            let w: Workload = format!("gemm_bias_gelu:{m}x{n}x{k}").parse().unwrap();
-            let p = Problem::random(&w, 11);
-            let r = p.reference();
-            for uk in ukernel::packed_available() {
-                for fusion in FUSION_VALUES {
-                    for layout in B_LAYOUT_VALUES {
-                        for (par, t) in [("none", 1usize), ("m", 2), ("n", 2)] {
-                            let mut c = EpiloguePacked.default_config(&w, hw);
-                            c.set("ukernel", uk.name.as_str());
-                            c.set("kc", 64usize);
-                            c.set("mc", 24usize);
-                            c.set("nc", 512usize);
-                            c.set("fusion", *fusion);
-                            c.set("b_layout", *layout);
-                            c.set("par", par);
-                            c.set("threads", t);
-                            let exe = EpiloguePacked.build(&w, &c).unwrap();
-                            for _ in 0..2 {
-                                let mut out = vec![f32::NAN; w.output_len()];
-                                exe.run(&p.input_slices(), &mut out);
-                                p.check(&out, &r).unwrap_or_else(|e| panic!("{w} {c}: {e}"));
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
     fn a_prepacked_variant_notices_a_different_weight() {
         let w: Workload = "gemm_bias_relu:9x20x11".parse().unwrap();
         let hw = HardwareFingerprint::current();

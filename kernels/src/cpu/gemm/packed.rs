@@ -295,32 +295,34 @@ impl PackedGemm {
                         break;
                     }
                     let ep = ep.map(|e| e.skip(j));
-                    let next = if prefetch && full > 0 && j + nr <= c.cols() {
-                        bpack.get((jr + 1) * nr * kcb..(jr + 2) * nr * kcb)
-                    } else {
-                        None
-                    };
-                    if let Some(next) = next {
-                        self.tiles_prefetching(
-                            kcb,
-                            a_full,
-                            full,
-                            bp,
-                            next,
-                            &mut c,
-                            (ic, j),
-                            accumulate,
-                            ep,
-                        );
-                    } else if full > 0 && j + nr <= c.cols() {
-                        self.uk
-                            .tiles(kcb, a_full, full, bp, &mut c, (ic, j), accumulate, ep);
+                    if full > 0 && j + nr <= c.cols() {
+                        let next = bpack.get((jr + 1) * nr * kcb..(jr + 2) * nr * kcb);
+                        match next.filter(|_| prefetch) {
+                            Some(next) => self.tiles_prefetching(
+                                kcb,
+                                a_full,
+                                full,
+                                bp,
+                                next,
+                                &mut c,
+                                (ic, j),
+                                accumulate,
+                                ep,
+                            ),
+                            None => self.uk.tiles(
+                                kcb,
+                                a_full,
+                                full,
+                                bp,
+                                &mut c,
+                                (ic, j),
+                                accumulate,
+                                ep,
+                            ),
+                        }
                     } else {
                         for ir in 0..full {
-                            let at = match a_full {
-                                ATiles::Packed(p) => ATiles::Packed(&p[ir * mr * kcb..]),
-                                ATiles::Rows(r, lda) => ATiles::Rows(&r[ir * mr * lda..], lda),
-                            };
+                            let at = a_full.skip(ir, mr, kcb);
                             self.uk
                                 .tile(kcb, at, bp, &mut c, ic + ir * mr, j, accumulate, ep);
                         }
@@ -373,10 +375,7 @@ impl PackedGemm {
         let parts = next.chunks(share.max(16)).chain(std::iter::repeat(&[][..]));
         for (ir, part) in parts.take(full).enumerate() {
             prefetch_lines(part);
-            let at = match a_full {
-                ATiles::Packed(p) => ATiles::Packed(&p[ir * mr * kcb..]),
-                ATiles::Rows(r, lda) => ATiles::Rows(&r[ir * mr * lda..], lda),
-            };
+            let at = a_full.skip(ir, mr, kcb);
             self.uk
                 .tiles(kcb, at, 1, bp, c, (ic + ir * mr, j), accumulate, ep);
         }

@@ -142,7 +142,15 @@ pub enum ATiles<'a> {
     Rows(&'a [f32], usize),
 }
 
-impl ATiles<'_> {
+impl<'a> ATiles<'a> {
+    /// The tiles from tile `t` on (tiles of `mr` rows × `k` values).
+    pub(crate) fn skip(self, t: usize, mr: usize, k: usize) -> ATiles<'a> {
+        match self {
+            ATiles::Packed(p) => ATiles::Packed(&p[t * mr * k..]),
+            ATiles::Rows(r, lda) => ATiles::Rows(&r[t * mr * lda..], lda),
+        }
+    }
+
     /// Whether `tiles` tiles of `mr` rows × `k` values are inside the slice.
     fn holds(&self, tiles: usize, mr: usize, k: usize) -> bool {
         match *self {

@@ -387,28 +387,14 @@ pub(crate) unsafe fn packed_body<S: Simd, const MR: usize, const NV: usize, cons
     }
 }
 
-/// One k step of [`packed_body`] over a packed A micro-panel: NV vectors of B, MR
-/// broadcasts of A, MR·NV FMAs.
-///
-/// # Safety
-/// The CPU supports `S`'s ISA; `a` is readable for `MR` values and `b` for `NV·W` values.
-#[inline(always)]
-pub(crate) unsafe fn packed_step<S: Simd, const MR: usize, const NV: usize>(
-    acc: &mut [[S::V; NV]; MR],
-    a: *const f32,
-    b: *const f32,
-) {
-    // SAFETY: forwarded caller contract (row stride 1).
-    unsafe { packed_step_strided::<S, MR, NV>(acc, a, 1, b) }
-}
-
-/// [`packed_step`] with A's MR values `a_rs` apart.
+/// One k step of [`packed_body`] (and of the attention scores tile): NV vectors of B, MR
+/// broadcasts of A `a_rs` apart (1 for a packed A micro-panel), MR·NV FMAs.
 ///
 /// # Safety
 /// The CPU supports `S`'s ISA; `a + r·a_rs` is readable for `r < MR` and `b` for `NV·W`
 /// values.
 #[inline(always)]
-unsafe fn packed_step_strided<S: Simd, const MR: usize, const NV: usize>(
+pub(crate) unsafe fn packed_step_strided<S: Simd, const MR: usize, const NV: usize>(
     acc: &mut [[S::V; NV]; MR],
     a: *const f32,
     a_rs: usize,
