@@ -116,6 +116,10 @@ pub fn overlaps(a: (f64, f64), b: (f64, f64)) -> bool {
 mod tests {
     use super::*;
 
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
     #[test]
     fn paired_rounds_see_a_steady_gap_that_unpaired_intervals_call_a_tie() {
         // Each round's load multiplies both candidates alike (1.0 .. 1.3); `b` is always 4%
@@ -138,9 +142,6 @@ mod tests {
         // Unpaired lengths fall back to the intervals.
         assert!(not_slower(&b, &a[..10]));
     }
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Mutex;
-    use std::time::Duration;
 
     /// Sleeps for its duration and logs its id, to see the interleaving order.
     struct Sleeper<'a> {

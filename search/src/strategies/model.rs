@@ -132,20 +132,13 @@ impl ModelGuided {
             );
         }
         if opts.normalise {
-            for g in 0..groups.len() {
-                let ys: Vec<f64> = (0..group_of.len())
-                    .filter(|&i| group_of[i] == g)
-                    .map(|i| transfer.y[i])
-                    .collect();
-                let m = median(ys);
-                for (y, _) in transfer
-                    .y
-                    .iter_mut()
-                    .zip(&group_of)
-                    .filter(|(_, &h)| h == g)
-                {
-                    *y -= m;
-                }
+            let mut ys: Vec<Vec<f64>> = vec![Vec::new(); groups.len()];
+            for (&y, &g) in transfer.y.iter().zip(&group_of) {
+                ys[g].push(y);
+            }
+            let medians: Vec<f64> = ys.into_iter().map(median).collect();
+            for (y, &g) in transfer.y.iter_mut().zip(&group_of) {
+                *y -= medians[g];
             }
         }
         // The transfer model alone, once: it puts this workload's own targets on the
