@@ -3,7 +3,7 @@
 use kernels::{Config, HardwareFingerprint, Workload};
 
 /// Names of the entries of [`features`], in order.
-pub const FEATURE_NAMES: [&str; 30] = [
+pub const FEATURE_NAMES: [&str; 31] = [
     "log2_m",
     "log2_n",
     "log2_k",
@@ -24,6 +24,7 @@ pub const FEATURE_NAMES: [&str; 30] = [
     "k_blocks",
     "n_blocks",
     "pack_bytes_per_flop",
+    "log2_b_streams",
     "threads",
     "par_m",
     "par_n",
@@ -111,6 +112,9 @@ pub fn features(w: &Workload, kernel: &str, c: &Config, hw: &HardwareFingerprint
         4.0 * (mf * kf * n_blocks + kf * nf)
     };
     let flops = 2.0 * mf * nf * kf;
+    // Times B is streamed from its row-major home: once per row tile for direct kernels,
+    // once (into packed panels, re-read from cache after) for packed ones.
+    let b_streams = if direct { (mf / rows).ceil() } else { 1.0 };
     // Parallel work items per parallel region, as the kernels split them.
     let tasks = if threads <= 1.0 {
         1.0
@@ -162,6 +166,7 @@ pub fn features(w: &Workload, kernel: &str, c: &Config, hw: &HardwareFingerprint
         k_blocks,
         n_blocks,
         pack_bytes / flops,
+        log2(b_streams),
         threads,
         (par == "m" && threads > 1.0) as u8 as f64,
         (par == "n" && threads > 1.0) as u8 as f64,
@@ -223,6 +228,7 @@ mod tests {
         assert_eq!(get(&x, "load_imbalance"), 1.0);
         assert_eq!(get(&x, "par_m"), 1.0);
         assert_eq!(get(&x, "is_direct"), 0.0);
+        assert_eq!(get(&x, "log2_b_streams"), 0.0, "B is packed once");
     }
 
     #[test]
@@ -240,6 +246,17 @@ mod tests {
         assert_eq!(get(&x, "log2_kc"), 768f64.log2(), "kc 0 is the whole of K");
         assert_eq!(get(&x, "tasks"), 2.0);
         assert_eq!(get(&x, "pack_bytes_per_flop"), 0.0);
+        assert_eq!(get(&x, "log2_b_streams"), 0.0, "one row: B streams once");
+        // 32 rows in tiles of 6: B streams from memory once per tile, 6 times.
+        let six = Config::from_pairs([
+            ("ukernel", Value::from("avx2_6x2")),
+            ("kc", 0usize.into()),
+            ("par", "n".into()),
+            ("threads", 2usize.into()),
+        ]);
+        let w32: Workload = "gemm:32x768x768".parse().unwrap();
+        let x = features(&w32, "gemm_direct", &six, &hw());
+        assert_eq!(get(&x, "log2_b_streams"), 6f64.log2());
         let empty = features(&w, "gemm_packed", &Config::default(), &hw());
         assert!(empty.iter().all(|v| v.is_finite()));
         assert_eq!(get(&empty, "threads"), 1.0);

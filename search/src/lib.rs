@@ -37,7 +37,7 @@ mod strategy;
 mod tuner;
 
 pub use replay::{RecordedSpace, ReplayError, ReplayOptions, Replayer};
-pub use strategies::{Annealing, Evolutionary, Grid, ModelGuided, ModelOptions};
+pub use strategies::{Annealing, Evolutionary, Grid, ModelGuided, ModelOptions, Transfer};
 pub use strategy::{Exhaustive, Point, Prior, RandomSearch, SearchContext, Strategy, StrategyKind};
 pub use tuner::{
     candidates, is_quarantine, simplicity_key, tune, tune_families, tune_with, Candidate, Decision,

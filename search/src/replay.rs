@@ -36,6 +36,7 @@ use kernels::{default_for, kernels_for, Config, HardwareFingerprint, Status, Wor
 use serde::{Deserialize, Serialize};
 use tuning_db::{DbError, TuningDb};
 
+use crate::strategies::Transfer;
 use crate::strategy::{Point, Prior, SearchContext, StrategyKind};
 use crate::tuner::candidates;
 
@@ -601,7 +602,8 @@ pub struct ModelReport {
 }
 
 /// Fits `kind` on `train` random timed candidates of `space` (plus the records of `others`
-/// as transfer, weighted as [`ModelGuided`](crate::ModelGuided) weights them) and scores
+/// as transfer, normalised, judged and weighted as [`ModelGuided`](crate::ModelGuided) does:
+/// [`Transfer`]) and scores
 /// its predictions on the space's remaining timed candidates: Spearman correlation, top-10
 /// recall and regret, averaged over `seeds` seeds from `first_seed`.
 pub fn evaluate_model(
@@ -612,18 +614,25 @@ pub fn evaluate_model(
     first_seed: u64,
     seeds: usize,
 ) -> Result<ModelReport, costmodel::ModelError> {
-    use costmodel::{features, target, Metrics, TrainingSet};
-    let opts = crate::ModelOptions::default();
-    let timed: Vec<(Vec<f64>, f64)> = space
+    use costmodel::{features, target, Metrics};
+    let opts = crate::ModelOptions {
+        model: kind,
+        ..crate::ModelOptions::default()
+    };
+    let timed_entries: Vec<(&Entry, f64)> = space
         .entries
         .iter()
-        .filter_map(|e| {
-            Some((
-                features(&space.workload, &e.kernel, &e.config, &space.hw),
-                e.median_s?,
-            ))
-        })
+        .filter_map(|e| Some((e, e.median_s?)))
         .collect();
+    let x: Vec<Vec<f64>> = timed_entries
+        .iter()
+        .map(|(e, _)| features(&space.workload, &e.kernel, &e.config, &space.hw))
+        .collect();
+    let kernels: Vec<&str> = timed_entries
+        .iter()
+        .map(|(e, _)| e.kernel.as_str())
+        .collect();
+    let timed: Vec<f64> = timed_entries.iter().map(|&(_, t)| t).collect();
     let priors = transfer_priors(space, others);
     let mut sums = (0.0, 0.0, 0.0);
     let k = 10;
@@ -635,34 +644,25 @@ pub fn evaluate_model(
             order.swap(i, rng.below(i as u64 + 1) as usize);
         }
         let (fit_idx, test_idx) = order.split_at(train.min(timed.len().saturating_sub(1)));
-        let mut data = TrainingSet::new();
-        for &i in fit_idx {
-            data.push(timed[i].0.clone(), target(timed[i].1, &space.workload), 1.0);
-        }
-        if !priors.is_empty() {
-            let mut pick: Vec<&Prior> = priors.iter().collect();
-            if pick.len() > opts.transfer_cap {
-                for i in 0..opts.transfer_cap {
-                    let j = i + rng.below((pick.len() - i) as u64) as usize;
-                    pick.swap(i, j);
-                }
-                pick.truncate(opts.transfer_cap);
-            }
-            let total: f64 = pick.iter().map(|p| p.weight).sum();
-            let scale = (opts.transfer_weight / total).min(1.0);
-            for p in pick {
-                data.push(
-                    features(&p.workload, &p.kernel, &p.config, &p.hw),
-                    target(p.seconds, &p.workload),
-                    p.weight * scale,
-                );
-            }
-        }
+        let own: Vec<(usize, f64)> = fit_idx
+            .iter()
+            .map(|&i| (i, target(timed[i], &space.workload)))
+            .collect();
+        let mut transfer =
+            Transfer::new(priors.iter().collect(), &x, &kernels, &opts, &mut rng, seed);
+        transfer.update(&own, &x, &mut rng);
+        let data = transfer.training_set(&own, &x);
         let mut model = kind.build(seed);
         model.fit(&data)?;
-        let test_x: Vec<Vec<f64>> = test_idx.iter().map(|&i| timed[i].0.clone()).collect();
-        let test_t: Vec<f64> = test_idx.iter().map(|&i| timed[i].1).collect();
-        let m = Metrics::of(&model.predict(&test_x)?, &test_t, k);
+        let test_x: Vec<Vec<f64>> = test_idx.iter().map(|&i| x[i].clone()).collect();
+        let test_t: Vec<f64> = test_idx.iter().map(|&i| timed[i]).collect();
+        let pred: Vec<f64> = model
+            .predict(&test_x)?
+            .into_iter()
+            .zip(test_idx)
+            .map(|(p, &i)| p + transfer.level(i))
+            .collect();
+        let m = Metrics::of(&pred, &test_t, k);
         sums.0 += m.spearman;
         sums.1 += m.top_k_recall;
         sums.2 += m.regret;

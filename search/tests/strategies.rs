@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use kernels::{kernel, Config, HardwareFingerprint, Workload};
-use search::{Point, Prior, SearchContext, Strategy, StrategyKind};
+use search::{ModelGuided, ModelOptions, Point, Prior, SearchContext, Strategy, StrategyKind};
 
 const ADAPTIVE: [&str; 5] = [
     "annealing",
@@ -288,4 +288,184 @@ fn transfer_sources_count_by_ranking_not_by_absolute_speed() {
             best / first
         );
     }
+}
+
+/// A source measured with the ranking turned upside down: its fastest configs are the
+/// target's slowest.
+fn backwards_history(source: &Workload, hw: &HardwareFingerprint) -> Vec<Prior> {
+    let fp = Arc::new(hw.clone());
+    points(source, hw)
+        .into_iter()
+        .map(|p| Prior {
+            workload: *source,
+            hw: fp.clone(),
+            seconds: source.flops() * source.flops() * 1e-22 / fake_time(source, &p.config),
+            kernel: p.kernel,
+            config: p.config,
+            weight: 1.0,
+        })
+        .collect()
+}
+
+fn honest_history(source: &Workload, hw: &HardwareFingerprint) -> Vec<Prior> {
+    let fp = Arc::new(hw.clone());
+    points(source, hw)
+        .into_iter()
+        .map(|p| Prior {
+            workload: *source,
+            hw: fp.clone(),
+            seconds: fake_time(source, &p.config),
+            kernel: p.kernel,
+            config: p.config,
+            weight: 1.0,
+        })
+        .collect()
+}
+
+#[test]
+fn a_source_that_ranks_the_workload_backwards_loses_its_share() {
+    let hw = hw();
+    let target: Workload = "gemm:96x512x384".parse().unwrap();
+    let honest: Workload = "gemm:128x768x512".parse().unwrap();
+    let liar: Workload = "gemm:64x384x256".parse().unwrap();
+    let mut c = ctx(&target, 5);
+    c.history = honest_history(&honest, &hw);
+    c.history.extend(backwards_history(&liar, &hw));
+    let mut s = ModelGuided::new(c.clone(), ModelOptions::default());
+    assert_eq!(
+        s.transfer_shares(),
+        vec![None, None],
+        "not judged before any measurement"
+    );
+    drive(&mut s, &c, 8, 32);
+    let shares = s.transfer_shares();
+    let (h, l) = (shares[0].unwrap(), shares[1].unwrap());
+    assert!(l <= 0.05, "the backwards source keeps a share of {l}");
+    assert!(h > l, "honest {h} vs backwards {l}");
+}
+
+#[test]
+fn misleading_transfer_fades_instead_of_steering_the_search() {
+    // Only a backwards source: unjudged, the first batches chase the target's slowest configs
+    // for as long as the transfer weight leads; judged, the source loses its weight once the
+    // own measurements rank better, and the search gets within two batches of what it needs
+    // without any transfer. (16 seeds: judged 25.5, unjudged 30, no transfer 14 trials.)
+    let hw = hw();
+    let target: Workload = "gemm:96x512x384".parse().unwrap();
+    let liar: Workload = "gemm:128x768x512".parse().unwrap();
+    let trials = |judge: bool, transfer: bool| -> Vec<usize> {
+        (0..16)
+            .map(|seed| {
+                let mut c = ctx(&target, 100 + seed);
+                if transfer {
+                    c.history = backwards_history(&liar, &hw);
+                }
+                let opts = ModelOptions {
+                    judge,
+                    ..ModelOptions::default()
+                };
+                let mut s = ModelGuided::new(c.clone(), opts);
+                trials_to_best(&drive(&mut s, &c, 8, 64), &c, 0.95)
+            })
+            .collect()
+    };
+    let judged = median(trials(true, true));
+    let unjudged = median(trials(false, true));
+    let none = median(trials(true, false));
+    assert!(
+        judged < unjudged,
+        "judged {judged} vs unjudged {unjudged} trials"
+    );
+    assert!(
+        judged <= none + 16,
+        "judged {judged} vs no transfer {none} trials"
+    );
+}
+
+/// Every config of both GEMM families for `w` (the direct kernel takes M ≤ 32).
+fn two_family_points(w: &Workload, hw: &HardwareFingerprint) -> Vec<Point> {
+    ["gemm_packed", "gemm_direct"]
+        .into_iter()
+        .flat_map(|name| {
+            let k = kernel(name).unwrap();
+            k.space(w, hw)
+                .iter_valid()
+                .map(|config| Point {
+                    kernel: name.to_string(),
+                    config,
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// As on real hardware: the direct kernel is the faster family at M ≤ 8 and the slower one
+/// beyond; within a family the same kc rule holds at every size.
+fn two_family_time(w: &Workload, p: &Point) -> f64 {
+    let (m, _, _) = w.gemm_dims().unwrap();
+    let family = match (p.kernel.as_str(), m) {
+        ("gemm_direct", m) if m <= 8 => 0.5,
+        ("gemm_direct", _) => 2.0,
+        _ => 1.0,
+    };
+    let kc = (p.config.int("kc").unwrap_or(0).max(1) as f64).log2();
+    let wobble = 1.0
+        + 0.03 * ((kernels::hardware::fnv1a64(p.config.to_json().as_bytes()) % 100) as f64 / 100.0);
+    w.flops() * 1e-11 * family * (1.0 + 0.1 * (kc - 7.0).powi(2)) * wobble
+}
+
+#[test]
+fn how_kernel_families_compare_is_learned_from_the_workload_itself() {
+    // The source (M = 8) says the direct family is the fast one; at M = 32 it is the slow
+    // one. The transfer still ranks configs within each family, but the search must not keep
+    // measuring direct configs because the source liked them.
+    let hw = hw();
+    let target: Workload = "gemm:32x96x64".parse().unwrap();
+    let source: Workload = "gemm:8x96x64".parse().unwrap();
+    let fp = Arc::new(hw.clone());
+    let history: Vec<Prior> = two_family_points(&source, &hw)
+        .into_iter()
+        .map(|p| Prior {
+            workload: source,
+            hw: fp.clone(),
+            seconds: two_family_time(&source, &p),
+            kernel: p.kernel,
+            config: p.config,
+            weight: 1.0,
+        })
+        .collect();
+    let points = two_family_points(&target, &hw);
+    let times: Vec<f64> = points.iter().map(|p| two_family_time(&target, p)).collect();
+    let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+    let direct: Vec<bool> = points.iter().map(|p| p.kernel == "gemm_direct").collect();
+    let mut direct_share = Vec::new();
+    for seed in 0..6 {
+        let mut c = SearchContext::new(target, hw.clone(), points.clone(), seed);
+        c.history = history.clone();
+        let mut s = StrategyKind::DEFAULT.build(c);
+        let mut measured = Vec::new();
+        while measured.len() < 32 {
+            let b = s.ask(8);
+            let told: Vec<(usize, Option<f64>)> = b.iter().map(|&i| (i, Some(times[i]))).collect();
+            s.tell(&told);
+            measured.extend(b);
+        }
+        let found = measured
+            .iter()
+            .map(|&i| times[i])
+            .fold(f64::INFINITY, f64::min);
+        assert!(
+            best / found >= 0.95,
+            "seed {seed}: {:.3} of the best",
+            best / found
+        );
+        // After the first batch, the direct family's measured level keeps it out of the way.
+        let later = &measured[8..];
+        direct_share.push(later.iter().filter(|&&i| direct[i]).count() as f64 / later.len() as f64);
+    }
+    let mean = direct_share.iter().sum::<f64>() / direct_share.len() as f64;
+    assert!(
+        mean <= 0.25,
+        "direct configs are {mean:.2} of the later batches"
+    );
 }

@@ -53,8 +53,8 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "SVG")]
     plot: Option<PathBuf>,
     /// Evaluate the cost models instead of strategies: fit on TRAIN random points of each
-    /// space (with and without the other spaces as transfer), score the rest (Spearman,
-    /// top-10 recall, regret), mean over seeds.
+    /// space (with and without the other spaces as transfer, prepared as the `model` strategy
+    /// prepares it), score the rest (Spearman, top-10 recall, regret), mean over seeds.
     #[arg(long, conflicts_with_all = ["strategies", "plot", "export"])]
     models: bool,
     /// Points of the space itself each model is fitted on (with --models).

@@ -11,10 +11,12 @@
 mod annealing;
 mod evolutionary;
 mod model;
+mod transfer;
 
 pub use annealing::Annealing;
 pub use evolutionary::Evolutionary;
 pub use model::{ModelGuided, ModelOptions};
+pub use transfer::Transfer;
 
 use std::collections::HashMap;
 

@@ -2,9 +2,10 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use costmodel::{features, target, CostModel, ModelKind, TrainingSet};
+use costmodel::{features, target, CostModel, ModelKind};
 use kernels::{Rng, Workload};
 
+use super::transfer::Transfer;
 use super::{Book, Grid};
 use crate::strategy::{SearchContext, Strategy};
 
@@ -19,7 +20,11 @@ pub struct ModelOptions {
     /// Optimism of the acquisition: candidates are ranked by the lower confidence bound
     /// `mean − kappa · spread` of the model's prediction (spread: the forest's per-tree
     /// standard deviation), so configs the model is unsure about get measured before
-    /// confidently mediocre ones. 0 ranks by the mean alone (greedy).
+    /// confidently mediocre ones. 0 ranks by the mean alone (greedy). The default, 0.5, was
+    /// chosen on the recorded spaces (`bench_results/<fingerprint>/costmodel.md`): with
+    /// transfer, part of the trees' spread is sources disagreeing with this workload's own
+    /// measurements, not ignorance, and 1 spent whole batches re-exploring a family the own
+    /// data had already ranked lower.
     pub kappa: f64,
     /// Unproposed candidates scored directly when there are at most this many; above it, a
     /// random pool of this size plus the points visited by annealing chains over the model's
@@ -36,11 +41,15 @@ pub struct ModelOptions {
     pub transfer_weight: f64,
     /// Fit on per-workload normalised targets: each transfer source's targets (one workload
     /// on one machine) minus their median, and this workload's own targets minus their
-    /// median offset from a model fitted on the normalised transfer records alone. Sources
+    /// median offset, per kernel family, from a model fitted on the normalised transfer
+    /// records alone (see [`Transfer`]). Sources
     /// then agree on which configs are fast whatever their absolute speed per flop (a GEMV
     /// is memory-bound, a 128-row GEMM is not), and the trees split on configs instead of
     /// on the level of each workload.
     pub normalise: bool,
+    /// Judge the transfer sources against the own measurements and fade those that rank this
+    /// workload worse than its own data does (see [`Transfer`]).
+    pub judge: bool,
 }
 
 impl Default for ModelOptions {
@@ -49,21 +58,23 @@ impl Default for ModelOptions {
             model: ModelKind::DEFAULT,
             name: "model",
             epsilon: 0.1,
-            kappa: 1.0,
+            kappa: 0.5,
             pool: 4096,
             chains: 32,
             steps: 48,
             transfer_cap: 2048,
             transfer_weight: 16.0,
             normalise: true,
+            judge: true,
         }
     }
 }
 
 /// Model-guided search. After each measured batch it refits the cost model on every
 /// measurement of this workload (log seconds per flop, weight 1) plus, when the context has
-/// history of other workloads or similar machines, those records weighted down — each
-/// workload's targets normalised to its own level ([`ModelOptions::normalise`]); then it ranks
+/// history of other workloads or similar machines, those records weighted down, each source
+/// normalised to its own level, the own targets placed against them per kernel family, and
+/// sources that rank this workload badly faded out ([`Transfer`]); then it ranks
 /// the unmeasured valid candidates by the lower confidence bound of their predicted time,
 /// `mean − κ·spread` over the forest's trees ([`ModelOptions::kappa`]; all candidates when
 /// there are at most [`ModelOptions::pool`], otherwise a random pool plus annealing over the
@@ -83,10 +94,7 @@ pub struct ModelGuided {
     workload: Workload,
     /// Features of every candidate.
     x: Vec<Vec<f64>>,
-    transfer: TrainingSet,
-    /// The transfer model's prediction for every candidate (with [`ModelOptions::normalise`]
-    /// and transfer records).
-    prior: Option<Vec<f64>>,
+    transfer: Transfer,
     model: Box<dyn CostModel>,
     /// Batches ranked by a fitted model, and batches drawn at random because it declined.
     pub guided_batches: usize,
@@ -101,57 +109,15 @@ impl ModelGuided {
             .map(|p| features(&ctx.workload, &p.kernel, &p.config, &ctx.hw))
             .collect();
         let mut rng = Rng::new(ctx.seed ^ 0x0003_0DE1);
-        let mut priors: Vec<_> = ctx.transfer().collect();
-        if priors.len() > opts.transfer_cap {
-            for i in 0..opts.transfer_cap {
-                let j = i + rng.below((priors.len() - i) as u64) as usize;
-                priors.swap(i, j);
-            }
-            priors.truncate(opts.transfer_cap);
-        }
-        let mut transfer = TrainingSet::new();
-        // Records of one source (workload on a machine) share a group.
-        let mut groups: Vec<(Workload, &str)> = Vec::new();
-        let mut group_of: Vec<usize> = Vec::new();
-        for p in priors {
-            let g = match groups
-                .iter()
-                .position(|&(w, h)| w == p.workload && h == p.hw.id)
-            {
-                Some(g) => g,
-                None => {
-                    groups.push((p.workload, &p.hw.id));
-                    groups.len() - 1
-                }
-            };
-            group_of.push(g);
-            transfer.push(
-                features(&p.workload, &p.kernel, &p.config, &p.hw),
-                target(p.seconds, &p.workload),
-                p.weight,
-            );
-        }
-        if opts.normalise {
-            let mut ys: Vec<Vec<f64>> = vec![Vec::new(); groups.len()];
-            for (&y, &g) in transfer.y.iter().zip(&group_of) {
-                ys[g].push(y);
-            }
-            let medians: Vec<f64> = ys.into_iter().map(median).collect();
-            for (y, &g) in transfer.y.iter_mut().zip(&group_of) {
-                *y -= medians[g];
-            }
-        }
-        // The transfer model alone, once: it puts this workload's own targets on the
-        // sources' normalised scale (see `training_set`).
-        let prior = if opts.normalise && !transfer.is_empty() {
-            let mut m = opts.model.build(ctx.seed ^ 0x0005_EED5);
-            match m.fit(&transfer) {
-                Ok(()) => m.predict(&x).ok(),
-                Err(_) => None,
-            }
-        } else {
-            None
-        };
+        let kernels: Vec<&str> = ctx.points.iter().map(|p| p.kernel.as_str()).collect();
+        let transfer = Transfer::new(
+            ctx.transfer().collect(),
+            &x,
+            &kernels,
+            &opts,
+            &mut rng,
+            ctx.seed,
+        );
         ModelGuided {
             grid: Grid::new(&ctx.points),
             book: Book::new(&ctx),
@@ -159,7 +125,6 @@ impl ModelGuided {
             workload: ctx.workload,
             x,
             transfer,
-            prior,
             rng,
             opts,
             guided_batches: 0,
@@ -167,45 +132,19 @@ impl ModelGuided {
         }
     }
 
-    /// The training set of this round: own measurements plus the weighted transfer set.
-    fn training_set(&self) -> TrainingSet {
-        let mut data = TrainingSet::new();
-        let own = self.book.ranked();
-        let mut y: Vec<f64> = own
-            .iter()
-            .map(|&(_, s)| target(s, &self.workload))
-            .collect();
-        if let Some(prior) = &self.prior {
-            // On the sources' scale: minus the median offset from the transfer model. (The
-            // median of the own targets would be biased, since the measured configs are the
-            // ones predicted fast.) A constant shift, so it leaves the own ranking as it is.
-            let offset = median(
-                own.iter()
-                    .zip(&y)
-                    .map(|(&(i, _), y)| y - prior[i])
-                    .collect(),
-            );
-            for v in &mut y {
-                *v -= offset;
-            }
-        }
-        for (&(i, _), y) in own.iter().zip(y) {
-            data.push(self.x[i].clone(), y, 1.0);
-        }
-        let total: f64 = self.transfer.w.iter().sum();
-        if total > 0.0 {
-            let scale = (self.opts.transfer_weight / total).min(1.0);
-            for ((x, y), w) in self
-                .transfer
-                .x
-                .iter()
-                .zip(&self.transfer.y)
-                .zip(&self.transfer.w)
-            {
-                data.push(x.clone(), *y, w * scale);
-            }
-        }
-        data
+    /// Each transfer source's share of the transfer weight (`None` until judged; see
+    /// [`Transfer::judge`]).
+    pub fn transfer_shares(&self) -> Vec<Option<f64>> {
+        self.transfer.shares()
+    }
+
+    /// The own measurements as (candidate, target), best first.
+    fn own(&self) -> Vec<(usize, f64)> {
+        self.book
+            .ranked()
+            .into_iter()
+            .map(|(i, s)| (i, target(s, &self.workload)))
+            .collect()
     }
 
     fn u01(&mut self) -> f64 {
@@ -219,7 +158,10 @@ impl ModelGuided {
         let pred = self.model.predict_spread(&rows).ok()?;
         Some(
             pred.into_iter()
-                .map(|(mean, spread)| mean - self.opts.kappa * spread)
+                .zip(cand)
+                .map(|((mean, spread), &i)| {
+                    mean + self.transfer.level(i) - self.opts.kappa * spread
+                })
                 .collect(),
         )
     }
@@ -297,14 +239,6 @@ impl ModelGuided {
     }
 }
 
-/// Median of values (0 when empty).
-fn median(v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    kernels::measurement::median(&v)
-}
-
 /// Exact bit pattern of a feature row, to spot configs that run the same code.
 fn key(x: &[f64]) -> Vec<u64> {
     x.iter().map(|v| v.to_bits()).collect()
@@ -319,7 +253,9 @@ impl Strategy for ModelGuided {
         if n == 0 || self.book.open.is_empty() {
             return Vec::new();
         }
-        let data = self.training_set();
+        let own = self.own();
+        self.transfer.update(&own, &self.x, &mut self.rng);
+        let data = self.transfer.training_set(&own, &self.x);
         let ranked = match self.model.fit(&data) {
             Ok(()) => self.ranked_pool(),
             Err(_) => None,
@@ -336,6 +272,19 @@ impl Strategy for ModelGuided {
             .map(|&(i, _)| key(&self.x[i]))
             .collect();
         let mut out: Vec<usize> = Vec::with_capacity(n);
+        // A family's level on this workload comes from its own measurements
+        // ([`Transfer::level`]), so with transfer each kernel family that has none proposed
+        // yet gets its best-ranked config into the batch.
+        let mut untried = self.transfer.untried_families(&self.book.proposed);
+        for &(j, _) in &ranked {
+            let f = self.transfer.family(j);
+            if out.len() < n && untried[f] && !self.book.proposed[j] {
+                untried[f] = false;
+                seen.insert(key(&self.x[j]));
+                self.book.mark(j);
+                out.push(j);
+            }
+        }
         let mut skipped: Vec<usize> = Vec::new();
         let mut next = ranked.into_iter().map(|(i, _)| i);
         while out.len() < n {
