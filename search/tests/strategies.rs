@@ -179,18 +179,7 @@ fn transfer_from_another_workload_ranks_the_first_batch() {
     let hw = hw();
     let target: Workload = "gemm:96x512x384".parse().unwrap();
     let source: Workload = "gemm:128x768x512".parse().unwrap();
-    let fp = Arc::new(hw.clone());
-    let history: Vec<Prior> = points(&source, &hw)
-        .into_iter()
-        .map(|p| Prior {
-            workload: source,
-            hw: fp.clone(),
-            seconds: fake_time(&source, &p.config),
-            kernel: p.kernel,
-            config: p.config,
-            weight: 1.0,
-        })
-        .collect();
+    let history = honest_history(&source, &hw);
     let mut with = ctx(&target, 1);
     with.history = history;
     let first = |kind: &str, c: &SearchContext| {
@@ -290,16 +279,20 @@ fn transfer_sources_count_by_ranking_not_by_absolute_speed() {
     }
 }
 
-/// A source measured with the ranking turned upside down: its fastest configs are the
-/// target's slowest.
-fn backwards_history(source: &Workload, hw: &HardwareFingerprint) -> Vec<Prior> {
+/// `points` of `source` as transfer history measured on `hw`, timed by `time`.
+fn history(
+    source: Workload,
+    hw: &HardwareFingerprint,
+    points: Vec<Point>,
+    time: impl Fn(&Point) -> f64,
+) -> Vec<Prior> {
     let fp = Arc::new(hw.clone());
-    points(source, hw)
+    points
         .into_iter()
         .map(|p| Prior {
-            workload: *source,
+            workload: source,
             hw: fp.clone(),
-            seconds: source.flops() * source.flops() * 1e-22 / fake_time(source, &p.config),
+            seconds: time(&p),
             kernel: p.kernel,
             config: p.config,
             weight: 1.0,
@@ -308,18 +301,17 @@ fn backwards_history(source: &Workload, hw: &HardwareFingerprint) -> Vec<Prior> 
 }
 
 fn honest_history(source: &Workload, hw: &HardwareFingerprint) -> Vec<Prior> {
-    let fp = Arc::new(hw.clone());
-    points(source, hw)
-        .into_iter()
-        .map(|p| Prior {
-            workload: *source,
-            hw: fp.clone(),
-            seconds: fake_time(source, &p.config),
-            kernel: p.kernel,
-            config: p.config,
-            weight: 1.0,
-        })
-        .collect()
+    history(*source, hw, points(source, hw), |p| {
+        fake_time(source, &p.config)
+    })
+}
+
+/// A source measured with the ranking turned upside down: its fastest configs are the
+/// target's slowest.
+fn backwards_history(source: &Workload, hw: &HardwareFingerprint) -> Vec<Prior> {
+    history(*source, hw, points(source, hw), |p| {
+        source.flops() * source.flops() * 1e-22 / fake_time(source, &p.config)
+    })
 }
 
 #[test]
@@ -422,18 +414,9 @@ fn how_kernel_families_compare_is_learned_from_the_workload_itself() {
     let hw = hw();
     let target: Workload = "gemm:32x96x64".parse().unwrap();
     let source: Workload = "gemm:8x96x64".parse().unwrap();
-    let fp = Arc::new(hw.clone());
-    let history: Vec<Prior> = two_family_points(&source, &hw)
-        .into_iter()
-        .map(|p| Prior {
-            workload: source,
-            hw: fp.clone(),
-            seconds: two_family_time(&source, &p),
-            kernel: p.kernel,
-            config: p.config,
-            weight: 1.0,
-        })
-        .collect();
+    let history = history(source, &hw, two_family_points(&source, &hw), |p| {
+        two_family_time(&source, p)
+    });
     let points = two_family_points(&target, &hw);
     let times: Vec<f64> = points.iter().map(|p| two_family_time(&target, p)).collect();
     let best = times.iter().copied().fold(f64::INFINITY, f64::min);
