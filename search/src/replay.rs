@@ -603,9 +603,9 @@ pub struct ModelReport {
 
 /// Fits `kind` on `train` random timed candidates of `space` (plus the records of `others`
 /// as transfer, normalised, judged and weighted as [`ModelGuided`](crate::ModelGuided) does:
-/// [`Transfer`]) and scores
-/// its predictions on the space's remaining timed candidates: Spearman correlation, top-10
-/// recall and regret, averaged over `seeds` seeds from `first_seed`.
+/// [`Transfer`]) and scores its predictions on the space's remaining timed candidates:
+/// Spearman correlation, top-10 recall and regret, averaged over `seeds` seeds from
+/// `first_seed`.
 pub fn evaluate_model(
     space: &RecordedSpace,
     others: &[&RecordedSpace],

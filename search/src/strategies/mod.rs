@@ -42,23 +42,28 @@ pub struct Grid {
     lookup: HashMap<(usize, Vec<u16>), usize>,
 }
 
+/// Each kernel name's family as an index (in order of first appearance), and the number of
+/// families.
+fn family_indices<'a>(kernels: impl IntoIterator<Item = &'a str>) -> (Vec<usize>, usize) {
+    let mut names: Vec<&str> = Vec::new();
+    let family = kernels
+        .into_iter()
+        .map(|k| match names.iter().position(|n| *n == k) {
+            Some(f) => f,
+            None => {
+                names.push(k);
+                names.len() - 1
+            }
+        })
+        .collect();
+    (family, names.len())
+}
+
 impl Grid {
     /// The grid of `points`.
     pub fn new(points: &[Point]) -> Grid {
-        let mut names: Vec<&str> = Vec::new();
-        let mut family_of = Vec::with_capacity(points.len());
-        for p in points {
-            let f = match names.iter().position(|n| *n == p.kernel) {
-                Some(f) => f,
-                None => {
-                    names.push(&p.kernel);
-                    names.len() - 1
-                }
-            };
-            family_of.push(f);
-        }
-        let mut families: Vec<Family> = names
-            .iter()
+        let (family_of, count) = family_indices(points.iter().map(|p| p.kernel.as_str()));
+        let mut families: Vec<Family> = (0..count)
             .map(|_| Family {
                 knobs: Vec::new(),
                 members: Vec::new(),

@@ -42,10 +42,9 @@ pub struct ModelOptions {
     /// Fit on per-workload normalised targets: each transfer source's targets (one workload
     /// on one machine) minus their median, and this workload's own targets minus their
     /// median offset, per kernel family, from a model fitted on the normalised transfer
-    /// records alone (see [`Transfer`]). Sources
-    /// then agree on which configs are fast whatever their absolute speed per flop (a GEMV
-    /// is memory-bound, a 128-row GEMM is not), and the trees split on configs instead of
-    /// on the level of each workload.
+    /// records alone (see [`Transfer`]). Sources then agree on which configs are fast
+    /// whatever their absolute speed per flop (a GEMV is memory-bound, a 128-row GEMM is
+    /// not), and the trees split on configs instead of on the level of each workload.
     pub normalise: bool,
     /// Judge the transfer sources against the own measurements and fade those that rank this
     /// workload worse than its own data does (see [`Transfer`]).
@@ -133,7 +132,7 @@ impl ModelGuided {
     }
 
     /// Each transfer source's share of the transfer weight (`None` until judged; see
-    /// [`Transfer::judge`]).
+    /// [`Transfer`]).
     pub fn transfer_shares(&self) -> Vec<Option<f64>> {
         self.transfer.shares()
     }

@@ -24,12 +24,12 @@
 use costmodel::{features, target, ModelKind, TrainingSet};
 use kernels::{Rng, Workload};
 
-use super::ModelOptions;
+use super::{family_indices, ModelOptions};
 use crate::strategy::Prior;
 
 /// Own measurements before the sources are judged; until then each source counts by its
 /// number of records.
-pub const JUDGE_FROM: usize = 12;
+const JUDGE_FROM: usize = 12;
 /// Own measurements beyond which the judgement is kept as it is: by then the transfer set is
 /// a small share of the training data whatever its split.
 const JUDGE_UPTO: usize = 160;
@@ -82,17 +82,7 @@ impl Transfer {
         rng: &mut Rng,
         seed: u64,
     ) -> Self {
-        let mut names: Vec<&str> = Vec::new();
-        let family = kernels
-            .iter()
-            .map(|k| match names.iter().position(|n| n == k) {
-                Some(f) => f,
-                None => {
-                    names.push(k);
-                    names.len() - 1
-                }
-            })
-            .collect();
+        let (family, families) = family_indices(kernels.iter().copied());
         if history.len() > opts.transfer_cap {
             for i in 0..opts.transfer_cap {
                 let j = i + rng.below((history.len() - i) as u64) as usize;
@@ -152,7 +142,7 @@ impl Transfer {
             None
         };
         Transfer {
-            levels: vec![0.0; names.len()],
+            levels: vec![0.0; families],
             family,
             set,
             sources,
@@ -349,7 +339,7 @@ fn misordered(pick: &[usize], pred: &[f64], y: &[f64]) -> f64 {
 }
 
 /// Median of values (0 when empty).
-pub(super) fn median(v: Vec<f64>) -> f64 {
+fn median(v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
