@@ -71,6 +71,12 @@ impl ThreadsArg {
 fn main() -> ExitCode {
     restore_sigpipe();
     let cli = Cli::parse();
+    // An ISA cap the CPU cannot honour is refused before anything runs (the library would
+    // only warn and ignore it).
+    if let Err(e) = kernels::cpu::Isa::cap() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Hw(a) => commands::hw::run(a),
         Command::Tune(a) => commands::tune::run(a),

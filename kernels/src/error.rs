@@ -21,6 +21,9 @@ pub enum Error {
     /// A kernel name that no registered family answers to.
     #[error("unknown kernel '{0}'")]
     UnknownKernel(String),
+    /// An `AUTOKERNEL_ISA` cap that names no level, or one the CPU does not run.
+    #[error("AUTOKERNEL_ISA={value}: {reason}")]
+    IsaCap { value: String, reason: String },
 }
 
 /// Result alias of this crate.

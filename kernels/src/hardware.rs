@@ -127,6 +127,24 @@ impl HardwareFingerprint {
         )
     }
 
+    /// A named reference machine, `zen3`: the 2-core AMD EPYC Zen 3 VM (AVX2 + FMA) whose
+    /// recorded search spaces are under `bench_results/e328fcad30c0f803/spaces/` (this is
+    /// its fingerprint, id `e328fcad30c0f803`). Tests that judge search behaviour or
+    /// structure build spaces for it instead of [`current`](Self::current), so they judge the
+    /// same problem on every CPU.
+    pub fn reference_zen3() -> HardwareFingerprint {
+        let isa = ["avx", "avx2", "f16c", "fma", "sse4.2"];
+        HardwareFingerprint::new(
+            "x86_64",
+            "AuthenticAMD",
+            (25, 1, 1),
+            "AMD EPYC",
+            isa.iter().map(|f| f.to_string()).collect(),
+            2,
+            (32 << 10, 512 << 10, 32 << 20),
+        )
+    }
+
     /// Whether `id` matches the content (false for a hand-edited or foreign record).
     pub fn id_is_consistent(&self) -> bool {
         self.id == self.compute_id()
@@ -187,8 +205,19 @@ fn detect() -> HardwareFingerprint {
     )
 }
 
-#[cfg(target_arch = "x86_64")]
+/// The ISA flags this process reports: the CPU's, without those above the
+/// [`Isa::detect`](crate::cpu::Isa::detect) level when `AUTOKERNEL_ISA` caps it.
 fn detect_isa() -> Vec<String> {
+    let level = crate::cpu::Isa::detect();
+    cpu_isa_flags()
+        .into_iter()
+        .filter(|f| crate::cpu::Isa::of_flag(f) <= level)
+        .collect()
+}
+
+/// The ISA flags the CPU reports, uncapped.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn cpu_isa_flags() -> Vec<String> {
     ISA_FLAGS
         .iter()
         .filter(|f| match **f {
@@ -210,7 +239,7 @@ fn detect_isa() -> Vec<String> {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn detect_isa() -> Vec<String> {
+pub(crate) fn cpu_isa_flags() -> Vec<String> {
     Vec::new()
 }
 
@@ -296,6 +325,11 @@ mod tests {
         let mut d = a.clone();
         d.model = 3;
         assert_ne!(a.arch_key(), d.arch_key());
+    }
+
+    #[test]
+    fn the_reference_machine_is_the_one_the_spaces_were_recorded_on() {
+        assert_eq!(HardwareFingerprint::reference_zen3().id, "e328fcad30c0f803");
     }
 
     #[test]

@@ -5,6 +5,18 @@
 use kernels::cpu::attention::{self, ukernel, Fused, Unfused, BC_VALUES, BR_VALUES};
 use kernels::{default_for, Config, HardwareFingerprint, Kernel, Problem, Workload};
 
+const NAME: &str = "attention_correctness";
+
+/// Says which ISA level these tests ran at and which they skipped (written past the test
+/// harness's capture, so it shows in every run); an invalid `AUTOKERNEL_ISA` fails here.
+#[test]
+fn isa_level_under_test() {
+    use std::io::Write;
+    kernels::cpu::Isa::cap().unwrap_or_else(|e| panic!("{e}"));
+    let line = format!("{}: {}\n", NAME, kernels::cpu::level_report());
+    std::io::stderr().write_all(line.as_bytes()).unwrap();
+}
+
 fn check(kernel: &dyn Kernel, w: &Workload, c: &Config, p: &Problem, r: &kernels::Reference) {
     let exe = kernel
         .build(w, c)
@@ -61,7 +73,7 @@ fn fused_is_correct_on_awkward_shapes_for_every_tile_and_layout() {
                 }
             }
             // One block covering all of S.
-            let tile = &ukernel::tiles_offered()[0].name;
+            let tile = &ukernel::tiles_offered(kernels::cpu::Isa::detect())[0].name;
             check(
                 &Fused,
                 &w,
@@ -79,7 +91,7 @@ fn fused_parallel_splits_match_the_reference() {
         let w: Workload = text.parse().unwrap();
         let p = Problem::random(&w, 5);
         let r = p.reference();
-        let tile = &ukernel::tiles_offered()[0].name;
+        let tile = &ukernel::tiles_offered(kernels::cpu::Isa::detect())[0].name;
         for par in ["heads", "blocks"] {
             for k_layout in ["prepacked", "blockwise"] {
                 let c = fused_config(tile, 16, 32, k_layout, par, 2);

@@ -15,9 +15,10 @@ const ADAPTIVE: [&str; 5] = [
     "model-linear",
 ];
 
-/// Two threads, so the `par`/`threads` knobs and their rules are part of the space.
+/// A named machine (not this CPU), so every test here judges the same space everywhere; two
+/// threads, so the `par`/`threads` knobs and their rules are part of the space.
 fn hw() -> HardwareFingerprint {
-    HardwareFingerprint::current().with_cores(2)
+    HardwareFingerprint::reference_zen3().with_cores(2)
 }
 
 fn points(w: &Workload, hw: &HardwareFingerprint) -> Vec<Point> {

@@ -20,6 +20,14 @@ pub fn run(args: HwArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         let mut v = serde_json::to_value(fp)?;
         v["simd"] = Isa::detect().name().into();
+        v["cpu_simd"] = Isa::cpu_best().name().into();
+        v["isa_cap"] = Isa::cap()?.map(Isa::name).into();
+        let levels: Vec<&str> = Isa::ALL
+            .iter()
+            .filter(|&&i| i <= Isa::cpu_best())
+            .map(|i| i.name())
+            .collect();
+        v["simd_levels"] = levels.into();
         super::print_json(&v)?;
     } else {
         println!("fingerprint {}", fp.id);
@@ -27,8 +35,16 @@ pub fn run(args: HwArgs) -> anyhow::Result<ExitCode> {
             "  cpu      {} ({}, family {} model {} stepping {})",
             fp.brand, fp.vendor, fp.family, fp.model, fp.stepping
         );
+        let cap = match Isa::cap()? {
+            Some(_) => format!(
+                ", capped by {}; the CPU runs {}",
+                kernels::cpu::ISA_ENV,
+                Isa::cpu_best().name()
+            ),
+            None => String::new(),
+        };
         println!(
-            "  isa      {} (kernels use {})",
+            "  isa      {} (kernels use {}{cap})",
             fp.isa.join(" "),
             Isa::detect().name()
         );

@@ -147,8 +147,10 @@ impl Kernel for Fused {
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
         let (b, h, s, _, _) = shape(w);
         c.0.len() == 6
-            && c.str("tile")
-                .is_some_and(|t| ukernel::tiles_offered().iter().any(|o| o.name == t))
+            && c.str("tile").is_some_and(|t| {
+                let offered = ukernel::tiles_offered(Isa::of(hw));
+                offered.iter().any(|o| o.name == t)
+            })
             && int_listed(c, "br", BR_VALUES)
             && int_listed(c, "bc", BC_VALUES)
             && str_listed(c, "k_layout", K_LAYOUT_VALUES)
@@ -161,7 +163,7 @@ impl Kernel for Fused {
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
         let (b, h, s, _, _) = shape(w);
-        let names: Vec<&str> = ukernel::tiles_offered()
+        let names: Vec<&str> = ukernel::tiles_offered(Isa::of(hw))
             .iter()
             .map(|t| t.name.as_str())
             .collect();
@@ -180,7 +182,7 @@ impl Kernel for Fused {
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
         let (b, h, s, _, _) = shape(w);
-        let tile = default_tile();
+        let tile = default_tile(hw);
         // 64 queries × 256 keys per block: few per-block softmax updates (their fixed cost
         // per row group is what larger key blocks amortise), and a key block, a value block
         // and the block's running outputs stay within L2 for D ≤ 128 (measured on Zen 3 at
@@ -251,9 +253,9 @@ impl Fused {
     }
 }
 
-/// The best ISA's first (largest-throughput) tile.
-fn default_tile() -> &'static ukernel::AttnTile {
-    let offered = ukernel::tiles_offered();
+/// The best ISA's first (largest-throughput) tile on `hw`.
+fn default_tile(hw: &HardwareFingerprint) -> &'static ukernel::AttnTile {
+    let offered = ukernel::tiles_offered(Isa::of(hw));
     let best = offered.iter().map(|t| t.isa).max().unwrap_or(Isa::Portable);
     offered
         .into_iter()
@@ -278,7 +280,7 @@ impl Kernel for Unfused {
         let (b, h, ..) = shape(w);
         c.0.len() == 3
             && c.str("ukernel").is_some_and(|u| {
-                crate::cpu::gemm::ukernel::packed_offered()
+                crate::cpu::gemm::ukernel::packed_offered(Isa::of(hw))
                     .iter()
                     .any(|o| o.name == u)
             })
@@ -289,7 +291,7 @@ impl Kernel for Unfused {
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
         let (b, h, ..) = shape(w);
-        let names: Vec<&str> = crate::cpu::gemm::ukernel::packed_offered()
+        let names: Vec<&str> = crate::cpu::gemm::ukernel::packed_offered(Isa::of(hw))
             .iter()
             .map(|u| u.name.as_str())
             .collect();

@@ -793,16 +793,13 @@ fn tables() -> &'static [AttnTile] {
     })
 }
 
-/// Whether tiles of `isa` are offered as knob values on this CPU (as for the GEMM
-/// micro-kernels: the best ISA's, AVX2's too on AVX-512 machines).
-fn offered(isa: Isa) -> bool {
-    let best = Isa::detect();
-    isa == best || (best == Isa::Avx512 && isa == Isa::Avx2)
-}
-
-/// The tiles offered on this CPU, best first.
-pub fn tiles_offered() -> Vec<&'static AttnTile> {
-    tables().iter().filter(|t| offered(t.isa)).collect()
+/// The tiles offered as knob values where `best` is the best ISA level, best first (as for
+/// the GEMM micro-kernels: [`Isa::offered_under`]).
+pub fn tiles_offered(best: Isa) -> Vec<&'static AttnTile> {
+    tables()
+        .iter()
+        .filter(|t| t.isa.offered_under(best))
+        .collect()
 }
 
 /// The tile called `name`, if this CPU can run it (offered or not).
@@ -908,7 +905,7 @@ mod tests {
             );
             assert!(t.tails.windows(2).all(|w| w[0].0 > w[1].0), "{}", t.name);
         }
-        assert!(!tiles_offered().is_empty());
+        assert!(!tiles_offered(Isa::detect()).is_empty());
         for t in tiles_available() {
             assert!(std::ptr::eq(tile(&t.name).unwrap(), t));
         }

@@ -215,9 +215,10 @@ pub(crate) fn par_threads_listed(c: &Config, hw: &HardwareFingerprint, par: &[&s
 /// are the caller's to count): what [`Kernel::config_fits`] of the packed families tests.
 pub(crate) fn packed_knobs_fit(w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
     let (m, n, k) = gemm_dims(w);
-    c.str("ukernel")
-        .is_some_and(|u| ukernel::packed_offered().iter().any(|o| o.name == u))
-        && int_listed(c, "mc", MC_VALUES)
+    c.str("ukernel").is_some_and(|u| {
+        let offered = ukernel::packed_offered(Isa::of(hw));
+        offered.iter().any(|o| o.name == u)
+    }) && int_listed(c, "mc", MC_VALUES)
         && int_listed(c, "kc", KC_VALUES)
         && int_listed(c, "nc", NC_VALUES)
         && str_listed(c, "a_layout", A_LAYOUT_VALUES)
@@ -231,7 +232,7 @@ pub(crate) fn packed_knobs_fit(w: &Workload, hw: &HardwareFingerprint, c: &Confi
 /// The knobs and rules of [`Direct`]'s space for `w` on `hw`, checked directly.
 pub(crate) fn direct_knobs_fit(w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
     let (m, n, k) = gemm_dims(w);
-    let offered = ukernel::direct_offered();
+    let offered = ukernel::direct_offered(Isa::of(hw));
     let lanes = offered[0].lanes;
     c.str("ukernel")
         .is_some_and(|u| offered.iter().any(|o| o.name == u))
@@ -263,7 +264,7 @@ impl Kernel for Packed {
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
         let (m, n, k) = gemm_dims(w);
-        let names: Vec<&str> = ukernel::packed_offered()
+        let names: Vec<&str> = ukernel::packed_offered(Isa::of(hw))
             .iter()
             .map(|u| u.name.as_str())
             .collect();
@@ -283,7 +284,7 @@ impl Kernel for Packed {
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
         let (m, n, k) = gemm_dims(w);
-        let uk = default_packed_ukernel(m);
+        let uk = default_packed_ukernel(m, hw);
         let (mr, nr) = (uk.mr, uk.nr);
         let f = std::mem::size_of::<f32>();
         // kc: an A micro-panel (MR×kc) and a B micro-panel (kc×NR) fill ~3/4 of L1.
@@ -360,8 +361,8 @@ fn default_a_layout(m: usize, kc: usize, hw: &HardwareFingerprint) -> &'static s
 /// several of its row tiles (a partial last row tile runs a direct kernel of exactly its rows,
 /// so it costs little; measured on Zen 3: 6×16 +2–4% over 4×16 at M = 128); below 64 rows
 /// the shape that pads M the least (ties: listed first).
-fn default_packed_ukernel(m: usize) -> &'static ukernel::PackedUkernel {
-    let offered = ukernel::packed_offered();
+fn default_packed_ukernel(m: usize, hw: &HardwareFingerprint) -> &'static ukernel::PackedUkernel {
+    let offered = ukernel::packed_offered(Isa::of(hw));
     let best_isa = offered.iter().map(|u| u.isa).max().unwrap_or(Isa::Portable);
     let mut same_isa = offered.iter().copied().filter(|u| u.isa == best_isa);
     if m >= 64 {
@@ -413,11 +414,9 @@ impl Kernel for Direct {
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
         let (m, n, k) = gemm_dims(w);
-        let names: Vec<&str> = ukernel::direct_offered()
-            .iter()
-            .map(|u| u.name.as_str())
-            .collect();
-        let lanes = ukernel::direct_offered()[0].lanes;
+        let offered = ukernel::direct_offered(Isa::of(hw));
+        let names: Vec<&str> = offered.iter().map(|u| u.name.as_str()).collect();
+        let lanes = offered[0].lanes;
         Space::new()
             .knob("ukernel", names)
             .knob("kc", DIRECT_KC_VALUES.iter().copied())
@@ -438,7 +437,7 @@ impl Kernel for Direct {
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
         let (m, n, k) = gemm_dims(w);
-        let offered = ukernel::direct_offered();
+        let offered = ukernel::direct_offered(Isa::of(hw));
         let uk = default_direct_ukernel(&offered, m);
         let f = std::mem::size_of::<f32>();
         // kc: the B slab (kc × V·lanes) reused by every row tile stays in half of L1. A single

@@ -247,21 +247,23 @@ fn tables() -> &'static Tables {
     })
 }
 
-/// Whether shapes of `isa` are offered as knob values on this CPU: the best ISA's shapes, the
-/// AVX2 shapes too on AVX-512 machines, portable shapes only when no SIMD ISA is available.
-fn offered(isa: Isa) -> bool {
-    let best = Isa::detect();
-    isa == best || (best == Isa::Avx512 && isa == Isa::Avx2)
+/// The packed micro-kernels offered as knob values where `best` is the best ISA level
+/// ([`Isa::of`] the fingerprint), best first ([`Isa::offered_under`]).
+pub fn packed_offered(best: Isa) -> Vec<&'static PackedUkernel> {
+    let t = tables();
+    t.packed
+        .iter()
+        .filter(|u| u.isa.offered_under(best))
+        .collect()
 }
 
-/// The packed micro-kernels offered on this CPU, best first.
-pub fn packed_offered() -> Vec<&'static PackedUkernel> {
-    tables().packed.iter().filter(|u| offered(u.isa)).collect()
-}
-
-/// The direct micro-kernels offered on this CPU, best first.
-pub fn direct_offered() -> Vec<&'static DirectUkernel> {
-    tables().direct.iter().filter(|u| offered(u.isa)).collect()
+/// The direct micro-kernels offered where `best` is the best ISA level, best first.
+pub fn direct_offered(best: Isa) -> Vec<&'static DirectUkernel> {
+    let t = tables();
+    t.direct
+        .iter()
+        .filter(|u| u.isa.offered_under(best))
+        .collect()
 }
 
 /// Every packed micro-kernel this CPU can run (offered or not, e.g. portable ones).
