@@ -200,10 +200,17 @@ mod tests {
 
     #[test]
     fn config_fits_agrees_with_space_check() {
+        // Every ISA level (spaces follow the fingerprint, whatever this CPU runs) and
+        // several thread counts.
         let here = HardwareFingerprint::current();
-        let hws: Vec<HardwareFingerprint> = [1, 2, 3, 4, here.cores]
-            .into_iter()
-            .map(|c| here.with_cores(c))
+        let levels: [&[&str]; 3] = [&["sse4.2"], &["avx2", "fma"], &["avx2", "fma", "avx512f"]];
+        let hws: Vec<HardwareFingerprint> = levels
+            .iter()
+            .flat_map(|flags| {
+                let mut hw = here.clone();
+                hw.isa = flags.iter().map(|f| f.to_string()).collect();
+                [1, 2, 3, 4, here.cores].map(|c| hw.with_cores(c))
+            })
             .collect();
         for k in registry().iter().copied() {
             let ws = workloads_of(k);

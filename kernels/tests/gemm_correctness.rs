@@ -203,40 +203,59 @@ fn defaults_compute_correctly() {
     }
 }
 
+/// Named machines, not this CPU (the counts depend on the ISA level and the threads): the
+/// Zen 3 reference and the same with AVX-512.
+fn named_machines() -> [HardwareFingerprint; 2] {
+    let zen3 = HardwareFingerprint::reference_zen3();
+    let mut isa = zen3.isa.clone();
+    isa.extend(["avx512f".to_string(), "avx512bw".to_string()]);
+    let avx512 = HardwareFingerprint::new(
+        "x86_64",
+        "AuthenticAMD",
+        (26, 2, 1),
+        "AMD EPYC (AVX-512)",
+        isa,
+        2,
+        (48 << 10, 1 << 20, 32 << 20),
+    );
+    [zen3, avx512]
+}
+
 #[test]
 fn spaces_are_small_nonempty_and_named() {
-    let hw = HardwareFingerprint::current();
     let packed = kernel("gemm_packed").unwrap();
     let direct = kernel("gemm_direct").unwrap();
-    for (m, n, k) in [
-        (1, 1, 1),
-        (8, 3072, 768),
-        (128, 768, 3072),
-        (2048, 2048, 2048),
-    ] {
-        let w = Workload::gemm(m, n, k).unwrap();
-        let s = packed.space(&w, hw);
-        let names: Vec<_> = s.knobs().iter().map(|k| k.name.as_str()).collect();
-        assert_eq!(
-            names,
-            ["ukernel", "mc", "kc", "nc", "a_layout", "par", "threads"]
-        );
-        let count = s.count_valid();
-        assert!((1..=10_000).contains(&count), "{w}: {count} packed configs");
-        assert!(s.rule_names().contains(&"serial_iff_one_thread"));
-        if m <= gemm::DIRECT_MAX_M {
-            let s = direct.space(&w, hw);
+    for hw in &named_machines() {
+        for (m, n, k) in [
+            (1, 1, 1),
+            (8, 3072, 768),
+            (128, 768, 3072),
+            (2048, 2048, 2048),
+        ] {
+            let w = Workload::gemm(m, n, k).unwrap();
+            let s = packed.space(&w, hw);
             let names: Vec<_> = s.knobs().iter().map(|k| k.name.as_str()).collect();
-            assert_eq!(names, ["ukernel", "kc", "par", "threads"]);
-            assert!(s.count_valid() >= 1);
+            assert_eq!(
+                names,
+                ["ukernel", "mc", "kc", "nc", "a_layout", "par", "threads"]
+            );
+            let count = s.count_valid();
+            assert!((1..=10_000).contains(&count), "{w}: {count} packed configs");
+            assert!(s.rule_names().contains(&"serial_iff_one_thread"));
+            if m <= gemm::DIRECT_MAX_M {
+                let s = direct.space(&w, hw);
+                let names: Vec<_> = s.knobs().iter().map(|k| k.name.as_str()).collect();
+                assert_eq!(names, ["ukernel", "kc", "par", "threads"]);
+                assert!(s.count_valid() >= 1);
+            }
         }
-    }
-    // Redundant block sizes are cut: for a 1×1×1 problem only the smallest values remain.
-    let tiny = packed.space(&Workload::gemm(1, 1, 1).unwrap(), hw);
-    for c in tiny.iter_valid() {
-        assert_eq!(c.int("mc"), Some(gemm::MC_VALUES[0] as i64));
-        assert_eq!(c.int("kc"), Some(gemm::KC_VALUES[0] as i64));
-        assert_eq!(c.int("nc"), Some(gemm::NC_VALUES[0] as i64));
+        // Redundant block sizes are cut: for a 1×1×1 problem only the smallest values remain.
+        let tiny = packed.space(&Workload::gemm(1, 1, 1).unwrap(), hw);
+        for c in tiny.iter_valid() {
+            assert_eq!(c.int("mc"), Some(gemm::MC_VALUES[0] as i64));
+            assert_eq!(c.int("kc"), Some(gemm::KC_VALUES[0] as i64));
+            assert_eq!(c.int("nc"), Some(gemm::NC_VALUES[0] as i64));
+        }
     }
 }
 

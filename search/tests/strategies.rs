@@ -1,6 +1,10 @@
 //! Strategies over a real kernel space with a synthetic, structured timing function: every
 //! proposal valid and new, deterministic per seed, model guidance and transfer paying off.
 
+// The named reference machine's micro-kernels are x86-64 code: on other architectures its
+// spaces would be empty.
+#![cfg(target_arch = "x86_64")]
+
 use std::collections::HashSet;
 use std::sync::Arc;
 

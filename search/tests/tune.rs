@@ -38,9 +38,10 @@ fn tunes_records_everything_and_resumes() {
     // The winner was decided on an interleaved re-measurement of the three fastest trials:
     // the fastest trial is a finalist, and the database serves the decided winner.
     let d = s.decision.clone().expect("a decision");
-    // The three fastest, plus the simplest config tied with the fastest if it is not one of them.
+    // The three fastest, plus the simplest config tied with the fastest and the default if
+    // they are not among them (which ones tie depends on this machine's timings).
     assert!(
-        (3..=4).contains(&d.finalists.len()),
+        (3..=5).contains(&d.finalists.len()),
         "{}",
         d.finalists.len()
     );
@@ -65,9 +66,11 @@ fn tunes_records_everything_and_resumes() {
     assert_eq!(db.trials(&hw.id, &w).unwrap().len(), 6);
 
     // A bigger budget continues where the first job stopped.
+    // (Capped by the space, which is smallest on a portable machine at one thread.)
+    let total = 9.min(search::candidates(&w, hw, kernels::registry()).len());
     let more = tune(&db, &w, hw, &opts(9, StrategyKind::Random), &mut |_| {}).unwrap();
-    assert_eq!(more.measured, 3);
-    assert_eq!(db.trials(&hw.id, &w).unwrap().len(), 9);
+    assert_eq!(more.measured, total - 6);
+    assert_eq!(db.trials(&hw.id, &w).unwrap().len(), total);
 }
 
 #[test]
