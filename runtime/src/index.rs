@@ -248,7 +248,6 @@ impl Index {
             .map_or(&[], |(_, v)| v.as_slice());
         if !cands.is_empty() {
             let target = log2_dims(w);
-            let fit_hw = fit_hardware(hw);
             let dist = |c: &Candidate| distance(&target, &c.log2);
             // Nearest first (ties: index order, exact before same_arch), by the squared
             // distance: same order, no square root per candidate.
@@ -261,7 +260,7 @@ impl Index {
             }
             if let Some((_, i)) = nearest {
                 let c = &cands[i];
-                if let Some(choice) = borrow(w, c, dist(c), fit_hw) {
+                if let Some(choice) = borrow(w, c, dist(c), hw) {
                     return Ok(choice);
                 }
                 let mut ranked: Vec<(f64, usize)> = cands
@@ -273,7 +272,7 @@ impl Index {
                 // Stable: equal distances keep the index order.
                 ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
                 for (d, j) in ranked {
-                    if let Some(choice) = borrow(w, &cands[j], d, fit_hw) {
+                    if let Some(choice) = borrow(w, &cands[j], d, hw) {
                         return Ok(choice);
                     }
                 }
@@ -294,11 +293,31 @@ impl Index {
     }
 }
 
-/// The nearest-shape choice for `w` from candidate `c` at distance `d`, if its config fits
-/// `w` on `fit_hw` and builds.
-fn borrow(w: &Workload, c: &Candidate, d: f64, fit_hw: &HardwareFingerprint) -> Option<Choice> {
+/// The farthest (log2 distance, [`distance`]) a tuned shape lends its config: a factor of 4
+/// in one dimension, or about 2.5 in each of three. Past it the blocking and the tile choice
+/// of the tuned shape say little about the new one (measured: borrowed configs at distance
+/// 4–10 ran 3–30× slower than the default; `bench_results/<fingerprint>/nearest_shape.md`).
+pub const NEAREST_MAX_DISTANCE: f64 = 2.0;
+
+/// Whether the config of tuned shape `c`, at distance `d`, is expected to beat the default
+/// for `w`: within [`NEAREST_MAX_DISTANCE`], and splitting the work over as many threads as
+/// the default does for `w`. The default's thread count follows the work per thread; a
+/// borrowed count does not (a two-thread config of a large shape on a tiny one ran 28×
+/// slower than the serial default, a serial config of a small shape on a large one 1.6×),
+/// so only the tile and blocking choices are borrowed.
+pub(crate) fn suits(w: &Workload, c: &Config, d: f64, hw: &HardwareFingerprint) -> bool {
+    let (_, default) = default_for(w, hw);
+    d <= NEAREST_MAX_DISTANCE && c.int("threads") == default.int("threads")
+}
+
+/// The nearest-shape choice for `w` on `hw` from candidate `c` at distance `d`, if it
+/// [`suits`] `w`, fits `w` on this machine ([`fit_hardware`]) and builds.
+fn borrow(w: &Workload, c: &Candidate, d: f64, hw: &HardwareFingerprint) -> Option<Choice> {
     let kernel = c.choice.kernel;
-    if !kernel.supports(w) || !kernel.config_fits(w, fit_hw, &c.choice.config) {
+    if !kernel.supports(w)
+        || !suits(w, &c.choice.config, d, hw)
+        || !kernel.config_fits(w, fit_hardware(hw), &c.choice.config)
+    {
         return None;
     }
     let exe = kernel.build(w, &c.choice.config).ok()?;

@@ -68,7 +68,7 @@ use tuning_db::DbError;
 
 pub use counters::LookupCounts;
 pub use fallback_log::parse_lines as parse_workload_list;
-pub use index::{distance, IndexInfo, MISS_CACHE_CAPACITY};
+pub use index::{distance, IndexInfo, MISS_CACHE_CAPACITY, NEAREST_MAX_DISTANCE};
 pub use ops::PackedWeight;
 
 use counters::Counters;

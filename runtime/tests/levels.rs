@@ -272,3 +272,50 @@ fn fallback_workloads_are_logged_once() {
     assert_eq!(rt.lookups().default, 6);
     assert_eq!(rt.fallback_log_errors().0, 0);
 }
+
+/// A tuned shape lends its config only where it is expected to beat the default: within
+/// `NEAREST_MAX_DISTANCE` and with the default's thread count (the case: a
+/// two-thread config of `gemm:8x3072x768` had served `gemm:4x96x96` 28× slower than the
+/// serial default). Served for this machine at two threads, so the rule means the same on
+/// every CPU.
+#[test]
+fn a_borrowed_config_must_suit_the_new_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let hw = HardwareFingerprint::current().with_cores(2);
+    let threads = |w: &Workload| default_for(w, &hw).1.int("threads").unwrap();
+    let config_with = |w: &Workload, t: i64| {
+        let (k, d) = default_for(w, &hw);
+        k.space(w, &hw)
+            .iter_valid()
+            .find(|c| *c != d && c.int("threads") == Some(t))
+            .unwrap()
+    };
+    let (big, small) = (gemm(8, 3072, 768), gemm(24, 24, 24));
+    assert_eq!(threads(&big), 2, "a large shape splits over both threads");
+    assert_eq!(threads(&small), 1);
+    let (c_big, c_small) = (config_with(&big, 2), config_with(&small, 1));
+    add(
+        &path,
+        &hw,
+        &[
+            record(&hw, big, c_big, 1e-4),
+            record(&hw, small, c_small.clone(), 1e-6),
+        ],
+    );
+    let rt = Runtime::open_for(&path, hw.clone()).unwrap();
+    // Near and with the same thread count: borrowed.
+    let near = gemm(30, 30, 30);
+    let c = rt.lookup(&near).unwrap();
+    assert_eq!((c.level, &c.config), (Level::NearestShape, &c_small));
+    let d = c.source.as_ref().unwrap().distance;
+    assert!(d < runtime::NEAREST_MAX_DISTANCE, "{d}");
+    // The serial default for a tiny shape, not the large shape's two-thread config.
+    let tiny = gemm(4, 96, 96);
+    assert_eq!(threads(&tiny), 1);
+    assert_eq!(rt.lookup(&tiny).unwrap().level, Level::Default);
+    // Same thread count but too far (distance 3.6 from 24³): the default.
+    let far = gemm(100, 100, 100);
+    assert_eq!(threads(&far), 1);
+    assert_eq!(rt.lookup(&far).unwrap().level, Level::Default);
+}

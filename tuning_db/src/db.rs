@@ -109,17 +109,44 @@ impl TuningDb {
             }
         }
         precheck_file(&path)?;
+        // A WAL database is read through its -wal and -shm files, which SQLite creates when
+        // they are missing and leaves behind: impossible in a directory this process cannot
+        // write (a read-only deployment), litter anywhere else. Without a -wal file no
+        // connection has the database open and every change is in the main file, so it is
+        // read `immutable` (no locks, no side files; a writer that starts meanwhile would not
+        // be seen, as with any snapshot). A -wal file means a writer is at work, or crashed
+        // before its checkpoint: read through it.
+        let through_wal = sidecar(&path, "-wal").exists();
+        let (mode, context) = if through_wal {
+            (
+                "mode=ro",
+                "reading through its -wal file (a writer has it open or did not finish; \
+                 where this process cannot write its directory, let a writer finish there \
+                 or deploy a bundle made by `autokernel db export`)",
+            )
+        } else {
+            ("immutable=1", "opening the database read-only")
+        };
         let conn = Connection::open_with_flags(
-            &path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            sqlite_uri(&path, mode),
+            OpenFlags::SQLITE_OPEN_READ_ONLY
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_URI,
         )
-        .ctx(&path, "opening the database read-only")?;
+        .ctx(&path, context)?;
         let db = TuningDb {
             conn,
             path,
             read_only: true,
         };
-        db.configure()?;
+        db.configure().map_err(|e| match e {
+            DbError::Sqlite { path, source, .. } if through_wal => DbError::Sqlite {
+                path,
+                context: context.into(),
+                source,
+            },
+            e => e,
+        })?;
         let found = match db.identify()? {
             Identity::Blank => 0,
             Identity::Ours(v) => v,
@@ -785,9 +812,29 @@ fn precheck_file(path: &Path) -> Result<()> {
 }
 
 fn wal_has_content(path: &Path) -> bool {
-    let mut wal = OsString::from(path.as_os_str());
-    wal.push("-wal");
-    std::fs::metadata(PathBuf::from(wal)).is_ok_and(|m| m.len() > 0)
+    std::fs::metadata(sidecar(path, "-wal")).is_ok_and(|m| m.len() > 0)
+}
+
+/// `path` with `suffix` appended (`-wal`, `-shm`).
+fn sidecar(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = OsString::from(path.as_os_str());
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+/// An SQLite `file:` URI for `path` with the query `query`: every byte outside the URI's
+/// unreserved set and `/` percent-encoded, so `?`, `#`, `%` and non-UTF-8 names survive.
+fn sqlite_uri(path: &Path, query: &str) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut uri = String::from("file:");
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"/-._~".contains(&b) {
+            uri.push(b as char);
+        } else {
+            uri += &format!("%{b:02X}");
+        }
+    }
+    uri + "?" + query
 }
 
 fn upsert_fingerprint_in(
