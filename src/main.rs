@@ -57,9 +57,18 @@ pub struct ThreadsArg {
 }
 
 impl ThreadsArg {
-    /// Sizes rayon's global pool; must run before the fingerprint is first detected.
+    /// Sizes rayon's global pool; must run before the fingerprint is first detected. More
+    /// threads than the CPUs this process may use is refused: it would name a fingerprint no
+    /// machine has, and oversubscribed cores run many times slower.
     pub fn apply(&self) -> anyhow::Result<()> {
         if let Some(t) = self.threads {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if usize::from(t) > cpus {
+                anyhow::bail!(
+                    "--threads {t}: this process may use {cpus} CPU(s) (its affinity and \
+                     cgroup limits); use at most {cpus}"
+                );
+            }
             rayon::ThreadPoolBuilder::new()
                 .num_threads(t as usize)
                 .build_global()?;

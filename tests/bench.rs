@@ -236,7 +236,21 @@ fn report_renders_markdown_and_well_formed_svgs() {
             texts.iter().any(|t| t.contains(W)),
             "{svg} does not name {W}: {texts:?}"
         );
+        // Every label readable at 1:1 (plotters' default tick labels were 5.6 px).
+        for size in text.split("font-size=\"").skip(1) {
+            let px: f64 = size
+                .split('"')
+                .next()
+                .unwrap()
+                .trim_end_matches("px")
+                .parse()
+                .unwrap();
+            assert!(px >= 12.0, "{svg}: a {px} px label");
+        }
     }
+    // One protocol named: the run's, in the header and in the method.
+    assert!(md.contains("timed by the `quick` protocol"), "{md}");
+    assert!(!md.contains("tuning protocol"), "{md}");
     // Two baselines plus... the current run was saved, so it is one of the two.
     let history = std::fs::read_to_string(f.p("rep/report.md")).unwrap();
     assert!(history.contains("2 run(s)"), "{history}");

@@ -368,7 +368,11 @@ fn bad_inputs_get_one_line_errors_and_change_nothing() {
         .unwrap();
         drop(conn);
         // Re-stamp the checksum so that only the config is wrong.
-        let sum = TuningDb::open(&p).unwrap().content_checksum().unwrap();
+        // (Read-only: a writer refuses bundles.)
+        let sum = TuningDb::open_read_only(&p)
+            .unwrap()
+            .content_checksum()
+            .unwrap();
         raw(&p)
             .execute(
                 "UPDATE meta SET value = ?1 WHERE key = 'bundle.checksum'",

@@ -4,6 +4,9 @@ use std::fmt;
 
 use kernels::{Act, Workload};
 
+/// The longest sequence a BERT model takes: its checkpoints carry 512 position embeddings.
+pub const MAX_SEQ: usize = 512;
+
 /// The sizes of a BERT encoder (post-LayerNorm, GELU in its tanh form).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BertConfig {

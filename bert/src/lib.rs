@@ -44,7 +44,7 @@ mod layer_ops;
 mod reference;
 mod weights;
 
-pub use config::BertConfig;
+pub use config::{BertConfig, MAX_SEQ};
 pub use encoder::{Encoder, LevelCounts, Scratch, StageTimes};
 pub use reference::{check, reference_forward, Agreement, TOLERANCE};
 pub use weights::{batch_input, sequence_input, LayerWeights};

@@ -38,6 +38,31 @@ pub struct Mismatch {
 
 impl Problem {
     /// Random inputs for `w`, fixed by `seed`.
+    /// Refuses, before anything is allocated, a problem whose buffers (inputs, two outputs,
+    /// the f64 reference with its tolerances) this process cannot allocate: a one-line error
+    /// instead of an abort under a memory limit (`ulimit -v`, overcommit off). The probe
+    /// reserves address space only; nothing is touched.
+    pub fn check_memory(w: &Workload) -> crate::Result<()> {
+        let out = w.output_len();
+        let bytes = (|| {
+            let floats =
+                (w.input_lens().iter()).try_fold(out.checked_mul(2)?, |a, &l| a.checked_add(l))?;
+            floats.checked_mul(4)?.checked_add(out.checked_mul(16)?)
+        })();
+        let mut probe: Vec<u8> = Vec::new();
+        match bytes {
+            Some(b) if probe.try_reserve_exact(b).is_ok() => Ok(()),
+            _ => Err(crate::Error::BadWorkload {
+                input: w.key(),
+                reason: format!(
+                    "its operands and f64 reference need {:.1} GB, more than this process can allocate",
+                    bytes.map_or(f64::INFINITY, |b| b as f64 / 1e9)
+                ),
+            }),
+        }
+    }
+
+    /// Random operands for `w` (see [`Problem::check_memory`] for huge workloads).
     pub fn random(w: &Workload, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         let inputs = w

@@ -344,10 +344,13 @@ impl FromStr for Workload {
         let dims = shape
             .split('x')
             .map(|d| {
-                d.trim().parse::<usize>().map_err(|_| {
-                    bad(format!(
-                        "'{d}' is not a positive whole number (shape is {shape})"
-                    ))
+                d.trim().parse::<usize>().map_err(|e| {
+                    bad(match e.kind() {
+                        std::num::IntErrorKind::PosOverflow => format!(
+                            "dimension '{d}' exceeds the maximum of {MAX_DIM} (shape is {shape})"
+                        ),
+                        _ => format!("'{d}' is not a positive whole number (shape is {shape})"),
+                    })
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -456,7 +459,7 @@ mod tests {
             ("conv:1x2x3", "unknown op 'conv'"),
             ("gemm:99999999x1x1", "exceeds the maximum"),
             ("gemm:1000000x1000000x1000", "more than the limit"),
-            ("gemm:99999999999999999999999x1x1", "not a positive"),
+            ("gemm:99999999999999999999999x1x1", "exceeds the maximum"),
         ] {
             let err = s.parse::<Workload>().unwrap_err().to_string();
             assert!(err.contains(needle), "{s}: {err}");

@@ -89,6 +89,8 @@ impl FallbackLog {
 /// skipped. Each entry is the line's workload or the reason it does not parse, with its
 /// 1-based line number in the error.
 pub fn parse_lines(text: &str) -> Vec<Result<Workload, String>> {
+    // A byte-order mark (editors on Windows write one) is not part of the first workload.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     text.lines()
         .enumerate()
         .filter_map(|(i, line)| {
@@ -113,6 +115,8 @@ mod tests {
         assert_eq!(got[1], Ok(Workload::gemm(4, 5, 6).unwrap()));
         let e = got[2].clone().unwrap_err();
         assert!(e.starts_with("line 5: ") && e.contains("unknown op"), "{e}");
+        let bom = parse_lines("\u{feff}gemm:1x2x3\n");
+        assert_eq!(bom, [Ok(Workload::gemm(1, 2, 3).unwrap())]);
     }
 
     #[test]

@@ -125,6 +125,9 @@ pub enum Event<'a> {
         budget: usize,
         best_gflops: Option<f64>,
     },
+    /// The search is over; the finalists are being re-measured to decide the winner (when
+    /// [`TuneOptions::finalists`] is not 0).
+    Deciding,
 }
 
 /// Why the winner won.
@@ -245,11 +248,35 @@ pub struct TuneSummary {
 }
 
 impl TuneSummary {
-    /// Default time ÷ best time (1.0 when the default is the best).
+    /// Default time ÷ best time (1.0 when the default is the best), as the decision saw
+    /// them ([`TuneSummary::decided_medians`]).
     pub fn speedup_vs_default(&self) -> Option<f64> {
-        let best = self.best.as_ref()?.measurement.as_ref()?.median_s;
-        let default = self.default.measurement.as_ref()?.median_s;
+        let (best, default) = self.decided_medians()?;
         Some(default / best)
+    }
+
+    /// (best, default) median seconds from the interleaved re-measurement when this run
+    /// re-measured both (what decided the winner), else from their search trials.
+    pub fn decided_medians(&self) -> Option<(f64, f64)> {
+        let best = self.best.as_ref()?;
+        if let Some((b, d)) = self
+            .remeasured_s(best)
+            .zip(self.remeasured_s(&self.default))
+        {
+            return Some((b, d));
+        }
+        let trial = |r: &Record| r.measurement.as_ref().map(|m| m.median_s);
+        trial(best).zip(trial(&self.default))
+    }
+
+    /// The re-measured median of the finalist with `r`'s kernel and config, if any.
+    pub fn remeasured_s(&self, r: &Record) -> Option<f64> {
+        let d = self.decision.as_ref()?;
+        d.finalists
+            .iter()
+            .find(|f| f.record.kernel == r.kernel && f.record.config == r.config)
+            .and_then(|f| f.remeasured.as_ref())
+            .map(|m| m.median_s)
     }
 
     /// Whether the decision of this run declared a tie.
@@ -457,6 +484,9 @@ pub fn tune_with(
         strategy.tell(&told);
     }
 
+    if opts.finalists > 0 {
+        on_event(Event::Deciding);
+    }
     let decision = decide(db, w, hw, families, opts, evaluator, measured)?;
     let quarantined_now = db
         .trials(&hw.id, w)?

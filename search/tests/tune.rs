@@ -18,13 +18,23 @@ fn tunes_records_everything_and_resumes() {
     let db = TuningDb::in_memory().unwrap();
     let hw = HardwareFingerprint::current();
     let w: Workload = "gemm:40x36x20".parse().unwrap();
-    let mut trials_seen = 0;
-    let s = tune(&db, &w, hw, &opts(6, StrategyKind::Random), &mut |e| {
-        if let Event::Trial { .. } = e {
-            trials_seen += 1
-        }
-    })
+    let (mut trials_seen, mut deciding) = (0, 0);
+    let s = tune(
+        &db,
+        &w,
+        hw,
+        &opts(6, StrategyKind::Random),
+        &mut |e| match e {
+            Event::Trial { .. } => {
+                assert_eq!(deciding, 0, "a trial after the search ended");
+                trials_seen += 1
+            }
+            Event::Deciding => deciding += 1,
+            _ => {}
+        },
+    )
     .unwrap();
+    assert_eq!(deciding, 1, "the re-measurement phase is announced");
     let history = db.trials(&hw.id, &w).unwrap();
     assert_eq!(history.len(), 6, "budget counts distinct configs tried");
     assert_eq!(trials_seen, s.measured);
@@ -57,6 +67,12 @@ fn tunes_records_everything_and_resumes() {
         best.id.unwrap()
     );
     assert!(s.speedup_vs_default().unwrap() > 0.0);
+    // The speedup reported is the one the decision saw: re-measured side by side.
+    let (win, def) = (s.remeasured_s(&best), s.remeasured_s(&s.default));
+    assert!(def.is_some(), "the default is a finalist");
+    if let (Some(win), Some(def)) = (win, def) {
+        assert_eq!(s.speedup_vs_default(), Some(def / win));
+    }
     assert!(s.median_spread.is_some() && s.timed >= 5);
     assert_eq!(s.isolation, "none");
 

@@ -109,6 +109,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     };
 
     // Everything that can be refused is checked before anything is measured.
+    if let Some(Some(p)) = &args.save_baseline {
+        if p.exists() && !p.is_dir() {
+            bail!(
+                "--save-baseline {}: the file exists; refusing to overwrite it (name a new file or a directory)",
+                p.display()
+            );
+        }
+    }
+    if let Some(dir) = args.report.as_ref().filter(|d| d.exists() && !d.is_dir()) {
+        bail!(
+            "--report {}: exists and is not a directory (the report is a directory of report.md and SVG charts)",
+            dir.display()
+        );
+    }
     let base = match &args.baseline {
         Some(spec) => {
             let path = resolve_baseline(spec, &args.results, hw)?;
@@ -142,8 +156,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let mut prepared: Vec<Box<dyn Subject + '_>> = match &gpu {
         Some(gpu) => {
-            let db = TuningDb::open_read_only(&args.db.db)
-                .with_context(|| format!("opening {}", args.db.db.display()))?;
+            let db = TuningDb::open_read_only(&args.db.db)?;
             let timing = if args.quick {
                 GpuTiming::quick()
             } else {
@@ -302,7 +315,7 @@ fn resolve_baseline(
 
 /// The workloads with a verified winner for `hw` in the database, in key order.
 fn tuned_workloads(db: &Path, hw: &HardwareFingerprint) -> anyhow::Result<Vec<Workload>> {
-    let db = TuningDb::open_read_only(db).with_context(|| format!("opening {}", db.display()))?;
+    let db = TuningDb::open_read_only(db)?;
     let mut ws: Vec<Workload> = db
         .best_all(&hw.id)?
         .into_iter()
@@ -357,6 +370,7 @@ impl Prepared {
         let default = dk
             .prepare(w, &dc)
             .with_context(|| format!("building the default {} {dc} for {w}", dk.name()))?;
+        Problem::check_memory(w)?;
         let problem = Problem::random(w, INPUT_SEED);
         let reference = problem.reference();
         for (exe, kernel, config) in [

@@ -439,5 +439,11 @@ pub fn read_workload_list(path: &Path) -> anyhow::Result<Vec<String>> {
             }
         }
     }
+    if out.is_empty() {
+        anyhow::bail!(
+            "{}: lists no workloads (one per line, e.g. gemm:128x768x768; `#` starts a comment)",
+            path.display()
+        );
+    }
     Ok(out)
 }

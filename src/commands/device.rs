@@ -122,8 +122,7 @@ pub fn lookup(
 ) -> anyhow::Result<()> {
     let gpu = open_gpu(n)?;
     let hw = gpu.fingerprint().hardware();
-    let db = TuningDb::open_read_only(db_path)
-        .with_context(|| format!("opening {}", db_path.display()))?;
+    let db = TuningDb::open_read_only(db_path)?;
     for w in workloads {
         let c = choose(Some(&db), w, &hw, &gpu)?;
         if as_json {
@@ -187,8 +186,7 @@ pub fn measure(
 pub fn run(db_path: &Path, w: &Workload, n: usize, as_json: bool) -> anyhow::Result<()> {
     let gpu = open_gpu(n)?;
     let hw = gpu.fingerprint().hardware();
-    let db = TuningDb::open_read_only(db_path)
-        .with_context(|| format!("opening {}", db_path.display()))?;
+    let db = TuningDb::open_read_only(db_path)?;
     let c = choose(Some(&db), w, &hw, &gpu)?;
     let mut task = GpuTask::new(&gpu, w, 0xA0C0)?;
     let m = measure(&mut task, &gpu, &c.config, &GpuTiming::thorough())?;

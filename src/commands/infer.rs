@@ -134,6 +134,12 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .flat_map(|&b| args.seq.0.iter().map(move |&s| (b, s)))
         .collect();
+    if let Some(s) = args.seq.0.iter().find(|&&s| s > bert::MAX_SEQ) {
+        bail!(
+            "--seq {s}: BERT takes at most {} tokens (its position embeddings)",
+            bert::MAX_SEQ
+        );
+    }
     let threads = rt.fingerprint().cores;
     if !args.json {
         eprintln!(
@@ -143,6 +149,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
             args.db.db.display(),
             rt.tuned_workloads()
         );
+        eprintln!("loading the weights and planning every shape's kernels ...");
     }
     let mut tuned = Encoder::load(&rt, config, args.seed, &shapes)?;
     let untuned = if args.no_untuned {
@@ -315,15 +322,20 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
             "tolerance": bert::TOLERANCE,
             "profile": profile,
         });
+        // Each row as soon as its shape is done.
         if args.json {
             super::print_json(&row)?;
+        } else {
+            bar.suspend(|| {
+                if rows.is_empty() {
+                    print_header();
+                }
+                print_row(&row);
+            });
         }
         rows.push(row);
     }
     bar.finish_and_clear();
-    if !args.json {
-        print_table(&rows);
-    }
     if !failures.is_empty() {
         bail!(
             "{} output(s) differ from the f64 reference forward:\n  {}",
@@ -334,7 +346,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_table(rows: &[serde_json::Value]) {
+fn print_header() {
     println!(
         "{:>5} {:>5} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>8}  {:<24} {:>8}",
         "batch",
@@ -349,7 +361,10 @@ fn print_table(rows: &[serde_json::Value]) {
         "exact/arch/near/default",
         "max err"
     );
-    for r in rows {
+}
+
+fn print_row(r: &serde_json::Value) {
+    {
         let f = |k: &str| r[k].as_f64();
         let u = |k: &str| r[k].as_u64().unwrap_or(0);
         let opt =

@@ -42,7 +42,7 @@ pub fn require_db(path: &Path) -> anyhow::Result<()> {
 
 /// Opens the runtime on `path`, warning on stderr about each record it will not serve.
 pub fn open_runtime(path: &Path) -> anyhow::Result<runtime::Runtime> {
-    let rt = runtime::Runtime::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let rt = runtime::Runtime::open(path)?;
     for s in rt.skipped() {
         eprintln!(
             "warning: {}: not serving the record for {}: {}",

@@ -342,8 +342,7 @@ fn export(args: &ReplayArgs, w: &str) -> anyhow::Result<ExitCode> {
     };
     let w: kernels::Workload = w.parse()?;
     super::require_db(&args.db.db)?;
-    let db = TuningDb::open_read_only(&args.db.db)
-        .with_context(|| format!("opening {}", args.db.db.display()))?;
+    let db = TuningDb::open_read_only(&args.db.db)?;
     let hw: HardwareFingerprint = match &args.fingerprint {
         Some(id) => db
             .fingerprint(id)?

@@ -113,6 +113,16 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
             DEFAULT_WORKLOADS.iter().map(|s| s.to_string()).collect()
         } else {
             let mut names = args.workloads.clone();
+            if let Some(s) = args
+                .seq
+                .as_ref()
+                .and_then(|s| s.0.iter().find(|&&s| s > bert::MAX_SEQ))
+            {
+                bail!(
+                    "--seq {s}: BERT takes at most {} tokens (its position embeddings)",
+                    bert::MAX_SEQ
+                );
+            }
             if let Some(file) = &args.workloads_from {
                 names.extend(super::db::read_workload_list(file)?);
             }
@@ -162,7 +172,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     }
     args.threads.apply()?;
     let hw = HardwareFingerprint::current();
-    let db = TuningDb::open(&db_path).with_context(|| format!("opening {}", db_path.display()))?;
+    let db = TuningDb::open(&db_path)?;
     let opts = TuneOptions {
         budget: args.budget as usize,
         strategy,
@@ -232,7 +242,7 @@ fn tune_gpu(
     }
     let gpu = super::device::open_gpu(n)?;
     let hw = gpu.fingerprint().hardware();
-    let db = TuningDb::open(db_path).with_context(|| format!("opening {}", db_path.display()))?;
+    let db = TuningDb::open(db_path)?;
     let opts = TuneOptions {
         budget: args.budget as usize,
         strategy,
@@ -333,7 +343,10 @@ fn tune_one(
             already_tried,
             budget,
             ..
-        } => bar.set_position(already_tried.min(budget) as u64),
+        } => {
+            bar.set_position(already_tried.min(budget) as u64);
+            bar.set_message("measuring the default config");
+        }
         Event::Default { record } => {
             bar.set_message(format!(
                 "default {:.1} GFLOP/s",
@@ -355,6 +368,7 @@ fn tune_one(
                 best_gflops.unwrap_or(0.0)
             ));
         }
+        Event::Deciding => bar.set_message("re-measuring the finalists, interleaved"),
     })
     .with_context(|| format!("tuning {w}"))?;
     bar.finish_and_clear();
@@ -408,6 +422,7 @@ fn report(
             "tie": s.tie(),
             "winner_reason": decision.map(|d| d.reason.as_str()),
             "winner_remeasured_median_s": decision.and_then(|d| d.winner_remeasured_s()),
+            "default_remeasured_median_s": s.remeasured_s(&s.default),
             "remeasure_error": decision.and_then(|d| d.note.clone()),
             "median_spread": s.median_spread,
             "median_cv": s.median_cv,
@@ -415,15 +430,20 @@ fn report(
         }))?;
         return Ok(());
     }
+    // The speeds the decision saw: re-measured side by side when both were finalists.
+    let decided = s.decided_medians();
+    let gflops = |t: Option<f64>| t.map_or(0.0, |t| s.workload.flops() / t / 1e9);
+    let remeasured = s.decision.is_some() && best.is_some_and(|b| s.remeasured_s(b).is_some());
     match best {
         Some(b) => println!(
-            "{:>20}  best {:>7.1} GFLOP/s  {} {}  default {:>7.1} GFLOP/s  speedup {:.2}x  ({} trials, {} failed, {} new; space {})",
+            "{:>20}  best {:>7.1} GFLOP/s  {} {}  default {:>7.1} GFLOP/s  speedup {:.2}x{}  ({} trials, {} failed, {} new; space {})",
             s.workload.key(),
-            b.gflops.unwrap_or(0.0),
+            gflops(decided.map(|d| d.0)),
             b.kernel,
             b.config,
-            s.default.gflops.unwrap_or(0.0),
+            gflops(decided.map(|d| d.1)),
             s.speedup_vs_default().unwrap_or(1.0),
+            if remeasured { " (re-measured)" } else { "" },
             trials,
             failures,
             s.measured,

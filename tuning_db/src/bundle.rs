@@ -97,8 +97,9 @@ pub enum BundleError {
         problems: Vec<String>,
     },
 
-    /// A 0-byte file, or a SQLite file with no tables, where a database was expected.
-    #[error("{}: empty file, not a tuning database or bundle", .path.display())]
+    /// A SQLite file with no tables where a database was expected (a 0-byte file is
+    /// [`DbError::Empty`]).
+    #[error("{}: an empty SQLite file (no tables), not a tuning database or bundle", .path.display())]
     Empty { path: PathBuf },
 
     /// Importing a database into itself.
@@ -150,8 +151,11 @@ pub struct Manifest {
     pub source: String,
 }
 
+/// The `meta` key that marks a file as a bundle.
+pub(crate) const FORMAT_KEY: &str = "bundle.format";
+
 const MANIFEST_KEYS: [&str; 8] = [
-    "bundle.format",
+    FORMAT_KEY,
     "bundle.schema_version",
     "bundle.tool_version",
     "bundle.record_count",
@@ -294,7 +298,7 @@ impl TuningDb {
 
     /// The bundle manifest, if this file is a bundle (has a `bundle.format` meta row).
     pub fn manifest(&self) -> Result<Option<Manifest>, DbError> {
-        let Some(format) = self.meta("bundle.format")? else {
+        let Some(format) = self.meta(FORMAT_KEY)? else {
             return Ok(None);
         };
         let get = |k: &str| -> Result<String, DbError> { Ok(self.meta(k)?.unwrap_or_default()) };
@@ -607,14 +611,10 @@ pub(crate) struct InForce {
     pub tool_version: String,
 }
 
-/// Opens an existing database or bundle read-only for inspection, with a clear error for an
-/// empty file (which [`TuningDb::open_read_only`] would call a schema-0 database).
+/// Opens an existing database or bundle read-only for inspection, with a clear error for a
+/// SQLite file without tables (which [`TuningDb::open_read_only`] would call a schema-0
+/// database).
 pub fn open_existing(path: &Path) -> Result<TuningDb, BundleError> {
-    if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
-        return Err(BundleError::Empty {
-            path: path.to_path_buf(),
-        });
-    }
     match TuningDb::open_read_only(path) {
         Err(DbError::OlderSchemaReadOnly { found: 0, .. }) => Err(BundleError::Empty {
             path: path.to_path_buf(),

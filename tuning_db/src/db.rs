@@ -13,7 +13,7 @@ use rusqlite::{ErrorCode, TransactionBehavior};
 
 use crate::error::{Ctx, DbError, Result};
 use crate::record::{now_rfc3339, Record, Stats};
-use crate::schema::{APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, TABLES};
+use crate::schema::{tables_of, APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION};
 
 /// How long a writer waits for another writer's transaction before giving up.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -68,6 +68,10 @@ impl TuningDb {
             }
         }
         precheck_file(&path)?;
+        refuse_empty(&path)?;
+        if !path.exists() {
+            create_complete(&path)?;
+        }
         let conn = Connection::open_with_flags(
             &path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -85,6 +89,9 @@ impl TuningDb {
             Identity::Blank => 0,
             Identity::Ours(v) => v,
         };
+        if version >= 3 && db.meta(crate::bundle::FORMAT_KEY)?.is_some() {
+            return Err(DbError::Bundle { path: db.path });
+        }
         // Everything below writes; the file is known to be ours or blank.
         db.ensure_wal()?;
         db.migrate(version)?;
@@ -109,6 +116,7 @@ impl TuningDb {
             }
         }
         precheck_file(&path)?;
+        refuse_empty(&path)?;
         // A WAL database is read through its -wal and -shm files, which SQLite creates when
         // they are missing and leaves behind: impossible in a directory this process cannot
         // write (a read-only deployment), litter anywhere else. Without a -wal file no
@@ -291,14 +299,14 @@ impl TuningDb {
                 ),
             });
         }
-        if let Some(missing) = TABLES.iter().find(|t| !tables.iter().any(|x| x == *t)) {
+        if let Some(missing) = tables_of(version).find(|t| !tables.iter().any(|x| x == t)) {
             return Err(DbError::NotSqlite {
                 path: p.clone(),
-                detail: format!("autokernel table '{missing}' is missing"),
+                detail: format!("autokernel table '{missing}' of schema v{version} is missing"),
             });
         }
         // Touch the root page of each table: cheap, and catches files cut short.
-        for t in TABLES {
+        for t in tables_of(version) {
             self.conn
                 .query_row(
                     &format!("SELECT count(*) FROM (SELECT 1 FROM {t} LIMIT 1)"),
@@ -807,6 +815,51 @@ fn precheck_file(path: &Path) -> Result<()> {
             "it is truncated: its header promises {pages} pages of {page_size} bytes \
              ({expected} bytes) but the file holds {len}"
         )));
+    }
+    Ok(())
+}
+
+/// Creates the database at `path`, which did not exist, so that it appears complete: made
+/// and migrated under a private name beside it, then linked into place (never over a file
+/// another process created meanwhile; then that one is used). So no process ever sees a
+/// half-made or empty database of ours, and an empty file is always refused.
+fn create_complete(path: &Path) -> Result<()> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = sidecar(path, &format!(".init-{}-{nanos}", std::process::id()));
+    let made = (|| {
+        let conn = Connection::open(&tmp).ctx(&tmp, "creating the database")?;
+        let db = TuningDb {
+            conn,
+            path: tmp.clone(),
+            read_only: false,
+        };
+        db.configure()?;
+        db.ensure_wal()?;
+        db.migrate(0)
+    })();
+    let linked = made.and_then(|()| match std::fs::hard_link(&tmp, path) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(DbError::Io {
+            path: path.to_path_buf(),
+            context: "creating the database".into(),
+            source: e,
+        }),
+        _ => Ok(()),
+    });
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(sidecar(&tmp, suffix));
+    }
+    linked
+}
+
+/// A 0-byte file is refused by every open, reader or writer alike: it is no database, and
+/// a tuning job creates its database at a path that does not exist yet.
+fn refuse_empty(path: &Path) -> Result<()> {
+    if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+        return Err(DbError::Empty {
+            path: path.to_path_buf(),
+        });
     }
     Ok(())
 }

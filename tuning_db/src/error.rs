@@ -22,6 +22,15 @@ pub enum DbError {
     #[error("{} is not a SQLite database (or is corrupt): {detail}", .path.display())]
     NotSqlite { path: PathBuf, detail: String },
 
+    /// A 0-byte file: not a database (a new one is created at a path that does not exist).
+    #[error("{}: empty file, not a tuning database (a tuning job creates its database at a path that does not exist yet)", .path.display())]
+    Empty { path: PathBuf },
+
+    /// A bundle (`autokernel db export`) opened for writing: bundles are shipped, verified
+    /// by their checksum and imported, never written to.
+    #[error("{} is a bundle made by `autokernel db export`, not a database to write to: import it into one (`autokernel db import {} --db FILE`)", .path.display(), .path.display())]
+    Bundle { path: PathBuf },
+
     /// A valid SQLite file that belongs to some other program; it is left untouched.
     #[error("{} is a SQLite database of another application ({detail}); refusing to touch it", .path.display())]
     ForeignApplication { path: PathBuf, detail: String },

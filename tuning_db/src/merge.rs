@@ -193,8 +193,10 @@ impl TuningDb {
             }
             .into());
         }
-        if let (Ok(a), Ok(b)) = (source.canonicalize(), self.path.canonicalize()) {
-            if a == b {
+        // The same file by device and inode: a second path, a symlink or a hard link.
+        use std::os::unix::fs::MetadataExt;
+        if let (Ok(a), Ok(b)) = (std::fs::metadata(source), std::fs::metadata(&self.path)) {
+            if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
                 return Err(BundleError::SameFile {
                     path: self.path.clone(),
                 });

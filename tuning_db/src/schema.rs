@@ -16,6 +16,16 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// `winners` and `remeasurements`, see `winners.rs`).
 pub(crate) const TABLES: &[&str] = &["meta", "fingerprints", "trials"];
 
+/// The tables each schema version adds (index 0: version 1), checked up front when a file
+/// is opened, so a damaged schema is refused before anything is measured or written.
+const TABLES_ADDED: &[&[&str]] = &[TABLES, &["winners", "remeasurements"], &["provenance"]];
+
+/// Every table a database of schema `version` must hold.
+pub(crate) fn tables_of(version: i64) -> impl Iterator<Item = &'static str> {
+    let n = usize::try_from(version).unwrap_or(0);
+    TABLES_ADDED.iter().take(n).flat_map(|t| t.iter().copied())
+}
+
 /// Migration steps; step `i` goes from schema version `i` to `i + 1`.
 pub const MIGRATIONS: &[&str] = &[V1, crate::winners::V2, crate::bundle::V3];
 

@@ -87,23 +87,30 @@ fn an_empty_sqlite_file_made_elsewhere_is_initialised() {
 }
 
 #[test]
-fn an_empty_file_initialises_but_cannot_be_read_only() {
+fn an_empty_file_is_refused_by_readers_and_writers_alike() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("empty.db");
     std::fs::write(&path, b"").unwrap();
-    let err = TuningDb::open_read_only(&path).unwrap_err();
-    assert!(
-        matches!(err, DbError::OlderSchemaReadOnly { found: 0, .. }),
-        "{err}"
-    );
-    assert!(err.to_string().contains("writer"), "{err}");
-    assert!(bytes(&path).is_empty(), "read-only open wrote nothing");
-
-    let db = TuningDb::open(&path).unwrap();
+    for err in [
+        TuningDb::open_read_only(&path).unwrap_err(),
+        TuningDb::open(&path).unwrap_err(),
+    ] {
+        assert!(matches!(err, DbError::Empty { .. }), "{err}");
+        assert!(err.to_string().contains("empty file"), "{err}");
+    }
+    assert!(bytes(&path).is_empty(), "nothing was written");
+    // A new database appears complete: no process ever sees it empty (so an empty file
+    // is always someone else's).
+    let new = dir.path().join("new.db");
+    let db = TuningDb::open(&new).unwrap();
     assert_eq!(db.schema_version().unwrap(), SCHEMA_VERSION);
     drop(db);
-    assert!(!bytes(&path).is_empty());
-    TuningDb::open_read_only(&path).unwrap();
+    TuningDb::open_read_only(&new).unwrap();
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains(".init-")), "{names:?}");
 }
 
 #[test]

@@ -186,7 +186,13 @@ impl Baseline {
                 .with_context(|| format!("creating directory {}", dir.display()))?;
         }
         let text = serde_json::to_string_pretty(self).context("serialising the baseline")?;
-        std::fs::write(path, text + "\n")
+        // Never over an existing file (checked up front too; this closes the race).
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .with_context(|| format!("creating baseline {}", path.display()))?;
+        std::io::Write::write_all(&mut f, (text + "\n").as_bytes())
             .with_context(|| format!("writing baseline {}", path.display()))
     }
 }

@@ -152,6 +152,8 @@ fn speed_chart(path: &Path, input: &ReportInput) -> anyhow::Result<()> {
     };
     chart
         .configure_mesh()
+        .label_style(("sans-serif", 16))
+        .axis_desc_style(("sans-serif", 16))
         .y_labels(n)
         .y_label_formatter(&label)
         .x_label_formatter(&|x| format!("{x:.2}"))
@@ -182,7 +184,7 @@ fn speed_chart(path: &Path, input: &ReportInput) -> anyhow::Result<()> {
             + Text::new(
                 format!("{:.3}× {}", c.speed_ratio(), c.verdict),
                 (8, -7),
-                ("sans-serif", 13).into_font().color(&color),
+                ("sans-serif", 16).into_font().color(&color),
             )])?;
     }
     root.present()?;
@@ -220,6 +222,8 @@ fn speedup_chart(path: &Path, current: &Baseline) -> anyhow::Result<()> {
     };
     chart
         .configure_mesh()
+        .label_style(("sans-serif", 16))
+        .axis_desc_style(("sans-serif", 16))
         .y_labels(n)
         .y_label_formatter(&label)
         .x_label_formatter(&|x| format!("{x:.1}"))
@@ -246,7 +250,7 @@ fn speedup_chart(path: &Path, current: &Baseline) -> anyhow::Result<()> {
             + Text::new(
                 format!("{s:.2}×  {}", current.workloads[i].kernel),
                 (6, -7),
-                ("sans-serif", 13).into_font(),
+                ("sans-serif", 16).into_font(),
             )])?;
     }
     chart.draw_series([PathElement::new(
@@ -302,6 +306,8 @@ fn history_chart(path: &Path, runs: &[&Baseline]) -> anyhow::Result<()> {
     };
     chart
         .configure_mesh()
+        .label_style(("sans-serif", 16))
+        .axis_desc_style(("sans-serif", 16))
         .x_labels(h.min(8))
         .x_label_formatter(&label)
         .y_desc("GFLOP/s (median)")
@@ -335,7 +341,7 @@ fn history_chart(path: &Path, runs: &[&Baseline]) -> anyhow::Result<()> {
         .position(SeriesLabelPosition::LowerRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK.mix(0.4))
-        .label_font(("sans-serif", 13))
+        .label_font(("sans-serif", 16))
         .draw()?;
     root.present()?;
     Ok(())
@@ -490,10 +496,11 @@ fn markdown(input: &ReportInput, runs: &[&Baseline], have_comparisons: bool) -> 
         md,
         "\n## Method\n\nEach workload is run through the runtime's choice (the database's verified winner, or the \
          kernel default when untuned) and through the kernel default, both verified against the f64 reference, then \
-         timed by the tuning protocol (`runner/src/protocol.rs`). Speed vs baseline is the ratio of median times; \
+         timed by the `{}` protocol (`runner/src/protocol.rs`), the one named above. Speed vs baseline is the ratio of median times; \
          its 95% interval is a percentile bootstrap ({} resamples of each run's samples). A workload is a \
          regression only when a two-sided Mann–Whitney U test on the samples gives p < {} **and** the whole \
          interval lies beyond the {:.1}% threshold; improvements mirror that; everything else is unchanged.",
+        input.current.protocol,
         runner::CompareOptions::default().resamples,
         input.alpha,
         100.0 * input.threshold
