@@ -53,24 +53,30 @@ fn tune_a_model_then_infer_with_exact_and_nearest_shape_levels() {
         "{tuned:?}"
     );
 
-    let o = autokernel(&[
-        "infer",
-        "--model",
-        "bert-tiny",
-        "--batch",
-        "2",
-        "--seq",
-        "4,5",
-        "--db",
-        db,
-        "--iters",
-        "2",
-        "--threads",
-        "1",
-        "--check",
-        "all",
-        "--json",
-    ]);
+    // The first-use check off: which borrowed configs beat the default is the machine's call;
+    // the structural levels are what this test pins down.
+    let o = common::autokernel_env(
+        &[
+            "infer",
+            "--model",
+            "bert-tiny",
+            "--batch",
+            "2",
+            "--seq",
+            "4,5",
+            "--db",
+            db,
+            "--iters",
+            "2",
+            "--threads",
+            "1",
+            "--check",
+            "all",
+            "--json",
+        ],
+        &[(runtime::FALLBACK_CHECK_ENV, "0")],
+        &[],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let rows = json_lines(&o);
     assert_eq!(rows.len(), 2);

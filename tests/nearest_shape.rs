@@ -8,10 +8,11 @@
 //! job tunes (the BERT-base shapes and two skinny ones) plus a single-threaded-scale square
 //! (`gemm:256x256x256`); a set of untuned shapes spanning tiny to large and skinny to square
 //! is served from it. For each untuned shape it times, interleaved on the same inputs: what
-//! the runtime serves (`nearest_shape` under the guard of `runtime::NEAREST_MAX_DISTANCE` and
-//! the thread rule, else `default`), what the unguarded nearest tuned shape would lend (the
-//! policy before the guard), the kernel default, and the shape's own tuned winner (tuned
-//! into a second database with the same command). Writes
+//! the runtime serves (the structural rules of `runtime::NEAREST_MAX_DISTANCE` and the thread
+//! count, then the first-use check against the default), what the rules alone would serve
+//! (`set_fallback_check(false)`), what the unguarded nearest tuned shape would lend (the policy
+//! before both), the kernel default, and the shape's own tuned winner (tuned into a second
+//! database with the same command). Writes
 //! `bench_results/<fingerprint>/nearest_shape.md`. `AUTOKERNEL_NS_BUDGET` sets the per-shape
 //! budget (default 12).
 
@@ -159,12 +160,15 @@ fn nearest_shape_regret_against_the_default() {
 
     let hw = HardwareFingerprint::current();
     let train = Runtime::open(&train_db).unwrap();
+    let rules_only = Runtime::open(&train_db).unwrap();
+    rules_only.set_fallback_check(false);
     let held = Runtime::open(&held_db).unwrap();
     let train_records = TuningDb::open_read_only(&train_db).unwrap();
     let mut rows = Vec::new();
-    let (mut served_ratios, mut old_ratios) = (Vec::new(), Vec::new());
+    let (mut served_ratios, mut rule_ratios, mut old_ratios) = (Vec::new(), Vec::new(), Vec::new());
     for w in shapes(&HELD_OUT) {
         let served = train.lookup(&w).unwrap();
+        let rule = rules_only.lookup(&w).unwrap();
         let own = held.lookup(&w).unwrap();
         assert_eq!(own.level, Level::Exact, "{w}");
         let (dk, dc) = default_for(&w, hw);
@@ -173,8 +177,12 @@ fn nearest_shape_regret_against_the_default() {
         let old = kernels::kernel(&ok).unwrap().prepare(&w, &oc).unwrap();
         let p = Problem::random(&w, 9);
         let reference = p.reference();
-        let (a, b) = (ChoiceExe(served.clone()), ChoiceExe(own.clone()));
-        let exes: [&dyn Executable; 4] = [&a, old.as_ref(), default.as_ref(), &b];
+        let (a, r, b) = (
+            ChoiceExe(served.clone()),
+            ChoiceExe(rule.clone()),
+            ChoiceExe(own.clone()),
+        );
+        let exes: [&dyn Executable; 5] = [&a, &r, old.as_ref(), default.as_ref(), &b];
         for e in exes {
             let mut out = p.output();
             e.run(&p.input_slices(), &mut out);
@@ -183,13 +191,18 @@ fn nearest_shape_regret_against_the_default() {
         let rounds = if w.flops() > 4e9 { 9 } else { 21 };
         let t = interleaved(&exes, &p, rounds);
         // Serving the default itself is the default: ratio 1 by construction.
-        let served_vs_default = if served.level == Level::Default {
-            1.0
-        } else {
-            t[2] / t[0]
+        let vs_default = |c: &runtime::Choice, t_c: f64| {
+            if c.level == Level::Default {
+                1.0
+            } else {
+                t[3] / t_c
+            }
         };
-        let old_vs_default = t[2] / t[1];
+        let served_vs_default = vs_default(&served, t[0]);
+        let rule_vs_default = vs_default(&rule, t[1]);
+        let old_vs_default = t[3] / t[2];
         served_ratios.push(served_vs_default);
+        rule_ratios.push(rule_vs_default);
         old_ratios.push(old_vs_default);
         let gf = |s: f64| w.flops() / s / 1e9;
         let served_text = match &served.source {
@@ -202,16 +215,18 @@ fn nearest_shape_regret_against_the_default() {
             None => format!("default `{}`", served.config),
         };
         rows.push(format!(
-            "| {} | {} | {osrc} (d = {od:.2}) `{oc}` | {:.1} | {:.1} | {:.1} | {:.1} | **{:.2}** | {:.2} | {:.2} |",
+            "| {} | {} | {osrc} (d = {od:.2}) `{oc}` | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | **{:.2}** | {:.2} | {:.2} | {:.2} |",
             w.key(),
             served_text,
             gf(t[0]),
             gf(t[1]),
             gf(t[2]),
             gf(t[3]),
+            gf(t[4]),
             served_vs_default,
+            rule_vs_default,
             old_vs_default,
-            t[2] / t[3],
+            t[3] / t[4],
         ));
         eprintln!("{}", rows.last().unwrap());
     }
@@ -222,6 +237,7 @@ fn nearest_shape_regret_against_the_default() {
     };
     let (served_median, served_worst) = stats(&served_ratios);
     let (old_median, old_worst) = stats(&old_ratios);
+    let (rule_median, rule_worst) = stats(&rule_ratios);
     let slower = served_ratios.iter().filter(|&&r| r < 1.0 / 1.10).count();
     let md = format!(
         "# Nearest-shape regret: served fallback vs the default — {date}\n\n\
@@ -233,19 +249,24 @@ fn nearest_shape_regret_against_the_default() {
          tuned the same way into a second database, for its own winner.\n\
          - Served: what the runtime on the training database serves: the nearest tuned \
          shape's config only within log2 distance {maxd} and with the default's thread count \
-         (`runtime::index::suits`), else the default. Unguarded: the nearest tuned config \
-         that fits, at any distance and thread count (the policy before the guard).\n\
-         - All four checked against the f64 reference, then timed interleaved (21 rounds, 9 \
+         (`runtime::index::suits`), and only if the first-use check (`runtime::probe`: 5 \
+         alternating rounds on the new shape, best of each) timed it at least as fast as the \
+         default; else the default. Rules only: the same without the first-use check. \
+         Unguarded: the nearest tuned config that fits, at any distance and thread count (the \
+         policy before this change).\n\
+         - All five checked against the f64 reference, then timed interleaved (21 rounds, 9 \
          above 4 GFLOP; each ≥ 5 ms of back-to-back calls per variant, starting variant \
          rotating), medians. Ratios are speed ÷ the default's speed (above 1 is faster than \
          the default); a shape served the default is 1 by construction.\n\n\
          Tuning both sets took {tuning_s:.0} s.\n\n\
-         | untuned shape | served | unguarded nearest | served GFLOP/s | unguarded GFLOP/s | \
-         default GFLOP/s | own tuned GFLOP/s | served ÷ default | unguarded ÷ default | \
-         own ÷ default |\n|---|---|---|---|---|---|---|---|---|---|\n{rows}\n\n\
+         | untuned shape | served | unguarded nearest | served GFLOP/s | rules-only GFLOP/s | \
+         unguarded GFLOP/s | default GFLOP/s | own tuned GFLOP/s | served ÷ default | \
+         rules only ÷ default | unguarded ÷ default | own ÷ default |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n{rows}\n\n\
          **Served vs default: median {served_median:.2}×, worst {served_worst:.2}×** \
          ({slower} of {nh} shapes more than 10% slower than the default; target: none, \
-         median ≥ 1.0). Unguarded, as before: median {old_median:.2}×, worst {old_worst:.2}×.\n",
+         median ≥ 1.0). Rules only: median {rule_median:.2}×, worst {rule_worst:.2}×. Unguarded, as \
+         before: median {old_median:.2}×, worst {old_worst:.2}×.\n",
         date = tuning_db::now_rfc3339(),
         summary = hw.summary(),
         id = hw.id,

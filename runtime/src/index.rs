@@ -229,8 +229,9 @@ impl Index {
     }
 
     /// Resolves a workload that has no exact or same-arch record, without caching: the
-    /// tuned shape of the same op nearest in log space whose config is valid for `w`
-    /// (`nearest_shape`), else the kernel default (`default`).
+    /// tuned shape of the same op nearest in log space whose config [`suits`] `w`, is valid
+    /// for it and, when `check` is on, runs it at least as fast as the default on first use
+    /// ([`crate::probe`]) (`nearest_shape`), else the kernel default (`default`).
     ///
     /// Validity is [`Kernel::config_fits`] (the space check without building the space)
     /// plus a successful build; the nearest candidate is found in one pass, and the rest
@@ -239,58 +240,69 @@ impl Index {
         &self,
         w: &Workload,
         hw: &HardwareFingerprint,
+        check: bool,
     ) -> Result<Choice, RuntimeError> {
+        let borrowed = self.nearest(w, hw);
+        let default = default_choice(w, hw)?;
+        match borrowed {
+            Some(b) if !check || crate::probe::borrowed_is_faster(w, &*b.exe, &*default.exe) => {
+                Ok(b)
+            }
+            _ => Ok(default),
+        }
+    }
+
+    /// The nearest tuned shape's config that [`borrow`] accepts for `w`, if any.
+    fn nearest(&self, w: &Workload, hw: &HardwareFingerprint) -> Option<Choice> {
         let cl = class(w);
         let cands: &[Candidate] = self
             .candidates
             .iter()
             .find(|(k, _)| *k == cl)
             .map_or(&[], |(_, v)| v.as_slice());
-        if !cands.is_empty() {
-            let target = log2_dims(w);
-            let dist = |c: &Candidate| distance(&target, &c.log2);
-            // Nearest first (ties: index order, exact before same_arch), by the squared
-            // distance: same order, no square root per candidate.
-            let mut nearest: Option<(f64, usize)> = None;
-            for (j, c) in cands.iter().enumerate() {
-                let d2 = squared_distance(&target, &c.log2);
-                if nearest.is_none_or(|(best, _)| d2 < best) {
-                    nearest = Some((d2, j));
-                }
-            }
-            if let Some((_, i)) = nearest {
-                let c = &cands[i];
-                if let Some(choice) = borrow(w, c, dist(c), hw) {
-                    return Ok(choice);
-                }
-                let mut ranked: Vec<(f64, usize)> = cands
-                    .iter()
-                    .enumerate()
-                    .filter(|&(j, _)| j != i)
-                    .map(|(j, c)| (dist(c), j))
-                    .collect();
-                // Stable: equal distances keep the index order.
-                ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
-                for (d, j) in ranked {
-                    if let Some(choice) = borrow(w, &cands[j], d, hw) {
-                        return Ok(choice);
-                    }
-                }
+        let target = log2_dims(w);
+        let dist = |c: &Candidate| distance(&target, &c.log2);
+        // Nearest first (ties: index order, exact before same_arch), by the squared
+        // distance: same order, no square root per candidate.
+        let mut nearest: Option<(f64, usize)> = None;
+        for (j, c) in cands.iter().enumerate() {
+            let d2 = squared_distance(&target, &c.log2);
+            if nearest.is_none_or(|(best, _)| d2 < best) {
+                nearest = Some((d2, j));
             }
         }
-        let (kernel, config) = default_for(w, hw);
-        // `prepare` without building the space when the default fits (it always should);
-        // otherwise `prepare` itself, for its error.
-        let current = HardwareFingerprint::current();
-        let exe: Arc<dyn Executable> =
-            if kernel.supports(w) && kernel.config_fits(w, current, &config) {
-                kernel.build(w, &config)?
-            } else {
-                kernel.prepare(w, &config)?
-            }
-            .into();
-        Ok(Choice::new(w, kernel, config, Level::Default, None, exe))
+        let (_, i) = nearest?;
+        if let Some(choice) = borrow(w, &cands[i], dist(&cands[i]), hw) {
+            return Some(choice);
+        }
+        let mut ranked: Vec<(f64, usize)> = cands
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != i)
+            .map(|(j, c)| (dist(c), j))
+            .collect();
+        // Stable: equal distances keep the index order.
+        ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
+        ranked
+            .into_iter()
+            .find_map(|(d, j)| borrow(w, &cands[j], d, hw))
     }
+}
+
+/// The kernel default for `w` on `hw`, built.
+fn default_choice(w: &Workload, hw: &HardwareFingerprint) -> Result<Choice, RuntimeError> {
+    let (kernel, config) = default_for(w, hw);
+    // `prepare` without building the space when the default fits (it always should);
+    // otherwise `prepare` itself, for its error.
+    let current = HardwareFingerprint::current();
+    let exe: Arc<dyn Executable> = if kernel.supports(w) && kernel.config_fits(w, current, &config)
+    {
+        kernel.build(w, &config)?
+    } else {
+        kernel.prepare(w, &config)?
+    }
+    .into();
+    Ok(Choice::new(w, kernel, config, Level::Default, None, exe))
 }
 
 /// The farthest (log2 distance, [`distance`]) a tuned shape lends its config: a factor of 4

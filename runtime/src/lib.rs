@@ -25,7 +25,12 @@
 //!    any core count or cache size), the closest core count first;
 //! 3. `nearest_shape` — the workload was never tuned: the tuned shape of the same op nearest
 //!    in log space ([`distance`]: Euclidean over log2 of the dimensions) whose config is valid
-//!    for the new shape;
+//!    for the new shape and expected to beat the default there: within
+//!    [`NEAREST_MAX_DISTANCE`], with the default's thread count, and — the first-use check,
+//!    on unless [`FALLBACK_CHECK_ENV`]`=0` or [`Runtime::set_fallback_check`] turns it off —
+//!    timed at least as fast as the default on the new shape (up to
+//!    [`probe::CHECK_MAX_FLOPS`]; larger untuned shapes get the default). A borrowed config
+//!    is never slower than not having tuned at all;
 //! 4. `default` — the kernel family's default config, valid for every shape.
 //!
 //! Records of another micro-architecture are never served, and a record is only served if
@@ -56,6 +61,7 @@ mod fallback_log;
 mod hash;
 mod index;
 mod ops;
+pub mod probe;
 
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -79,6 +85,10 @@ use index::Index;
 /// The environment variable that turns on the untuned-workload log for every
 /// [`Runtime::open`]: the path of the file to append to.
 pub const UNTUNED_LOG_ENV: &str = "AUTOKERNEL_UNTUNED_LOG";
+
+/// The environment variable that, set to `0`, turns the first-use check of borrowed
+/// configs off for every runtime of the process ([`Runtime::set_fallback_check`]).
+pub const FALLBACK_CHECK_ENV: &str = "AUTOKERNEL_FALLBACK_CHECK";
 
 /// Which level answered a lookup (see the crate documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -252,6 +262,8 @@ pub struct Runtime {
     load_error: Mutex<Option<String>>,
     reload_lock: Mutex<()>,
     generation: AtomicU64,
+    /// Whether a borrowed config is timed against the default before it is served.
+    fallback_check: AtomicBool,
 }
 
 impl Runtime {
@@ -315,6 +327,9 @@ impl Runtime {
             load_error: Mutex::new(None),
             reload_lock: Mutex::new(()),
             generation: AtomicU64::new(1),
+            fallback_check: AtomicBool::new(
+                std::env::var(FALLBACK_CHECK_ENV).map_or(true, |v| v.trim() != "0"),
+            ),
         }
     }
 
@@ -418,13 +433,25 @@ impl Runtime {
         Ok(self.served(w, &c, local_shard(), c.clone()))
     }
 
+    /// Turns the first-use check of borrowed configs on or off (on by default; see the crate
+    /// documentation). Off, a borrowed config that passes the structural rules is served
+    /// without being timed: deterministic, for tests and for callers that cannot afford the
+    /// check's few milliseconds on the first call of a shape. Affects later misses only.
+    pub fn set_fallback_check(&self, on: bool) {
+        self.fallback_check.store(on, Ordering::Relaxed);
+    }
+
+    fn check(&self) -> bool {
+        self.fallback_check.load(Ordering::Relaxed)
+    }
+
     /// Like [`Runtime::choose`] but resolves `w` afresh, bypassing and not filling the cache,
     /// and without counting or logging: what the first lookup of `w` would decide.
     pub fn resolve(&self, w: &Workload) -> Result<Choice, RuntimeError> {
         let idx = self.index.load();
         match Key::of(w).and_then(|k| idx.table.get(k)) {
             Some(c) if matches!(c.level, Level::Exact | Level::SameArch) => Ok((**c).clone()),
-            _ => idx.resolve_miss(w, &self.hw),
+            _ => idx.resolve_miss(w, &self.hw, self.check()),
         }
     }
 
@@ -474,12 +501,12 @@ impl Runtime {
             }
         });
         let Some(key) = key else {
-            return Ok(Arc::new(idx.resolve_miss(w, &self.hw)?));
+            return Ok(Arc::new(idx.resolve_miss(w, &self.hw, self.check())?));
         };
         if let Some(c) = idx.table.get(key) {
             return Ok(c.clone());
         }
-        let c = Arc::new(idx.resolve_miss(w, &self.hw)?);
+        let c = Arc::new(idx.resolve_miss(w, &self.hw, self.check())?);
         Ok(idx.cache_miss(key, c))
     }
 

@@ -35,6 +35,7 @@ fn concurrent_misses_share_one_cached_choice_per_workload() {
     let tuned: Vec<Workload> = [16, 64, 256].iter().map(|&m| gemm(m, 96, 96)).collect();
     db_with(&path, &tuned);
     let rt = Runtime::open(&path).unwrap();
+    rt.set_fallback_check(false); // the structural levels, deterministically
     let untuned: Vec<Workload> = (0..200).map(|i| gemm(300 + i, 96, 96)).collect();
     let threads = 4;
     let rounds = 3;
@@ -98,7 +99,9 @@ fn many_runtimes_on_one_thread_each_serve_their_own_index() {
     for i in 0..7 {
         let path = dir.path().join(format!("t{i}.db"));
         db_with(&path, &[gemm(40 + i, 64, 64)]);
-        rts.push(Runtime::open(&path).unwrap());
+        let rt = Runtime::open(&path).unwrap();
+        rt.set_fallback_check(false); // the structural levels, deterministically
+        rts.push(rt);
     }
     for round in 0..3 {
         for (i, rt) in rts.iter().enumerate() {
@@ -123,6 +126,7 @@ fn many_runtimes_on_one_thread_each_serve_their_own_index() {
     let path = dir.path().join("fresh.db");
     db_with(&path, &[gemm(99, 64, 64)]);
     let rt = Runtime::open(&path).unwrap();
+    rt.set_fallback_check(false); // the structural levels, deterministically
     assert_eq!(rt.lookup(&gemm(99, 64, 64)).unwrap().level, Level::Exact);
     assert_ne!(rt.lookup(&gemm(40, 64, 64)).unwrap().level, Level::Exact);
 }

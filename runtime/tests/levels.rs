@@ -90,6 +90,7 @@ fn exact_then_same_arch_then_nearest_shape_then_default() {
     );
 
     let rt = Runtime::open(&path).unwrap();
+    rt.set_fallback_check(false); // the structural levels, deterministically
     assert!(rt.skipped().is_empty(), "{:?}", rt.skipped());
     let info = rt.index_info();
     assert_eq!((info.exact, info.same_arch), (1, 1), "{info:?}");
@@ -143,6 +144,7 @@ fn nearest_shape_skips_configs_invalid_for_the_new_shape_and_runs_correctly() {
         ],
     );
     let rt = Runtime::open(&path).unwrap();
+    rt.set_fallback_check(false); // the structural levels, deterministically
     let w = gemm(40, 64, 64);
     let c = rt.lookup(&w).unwrap();
     assert_eq!(c.level, Level::NearestShape);
@@ -174,6 +176,7 @@ fn a_record_whose_config_no_longer_fits_is_skipped_with_a_reason() {
     c.set("mc", 1000usize);
     add(&path, &here, &[record(&here, w, c, 1e-4)]);
     let rt = Runtime::open(&path).unwrap();
+    rt.set_fallback_check(false); // the structural levels, deterministically
     let skipped = rt.skipped();
     assert_eq!(skipped.len(), 1, "{skipped:?}");
     assert_eq!(skipped[0].workload, "gemm:64x64x64");
@@ -224,6 +227,7 @@ fn reload_swaps_the_index_while_other_threads_serve() {
         &[record(&here, w1, tuned_config(&w1).1, 1e-4)],
     );
     let rt = Runtime::open(&path).unwrap();
+    rt.set_fallback_check(false); // the structural levels, deterministically
     assert_eq!(rt.lookup(&w2).unwrap().level, Level::NearestShape);
 
     let stop = AtomicBool::new(false);
@@ -304,7 +308,8 @@ fn a_borrowed_config_must_suit_the_new_shape() {
         ],
     );
     let rt = Runtime::open_for(&path, hw.clone()).unwrap();
-    // Near and with the same thread count: borrowed.
+    rt.set_fallback_check(false); // the structural rules alone
+                                  // Near and with the same thread count: borrowed.
     let near = gemm(30, 30, 30);
     let c = rt.lookup(&near).unwrap();
     assert_eq!((c.level, &c.config), (Level::NearestShape, &c_small));
