@@ -119,7 +119,8 @@ fn log2(w: &Workload) -> Vec<f64> {
 }
 
 /// What the runtime served before the guard: the nearest tuned shape's config that fits
-/// and builds, at any distance and thread count. (kernel, config, source, distance).
+/// and builds, at any distance and thread count (kernel, config, source, distance); the
+/// default when none fits.
 fn unguarded(
     db: &TuningDb,
     hw: &HardwareFingerprint,
@@ -138,7 +139,8 @@ fn unguarded(
             return (r.kernel.clone(), r.config.clone(), r.workload.key(), d);
         }
     }
-    panic!("no tuned config fits {w}")
+    let (k, c) = default_for(w, hw);
+    (k.name().to_string(), c, "none fits: default".into(), 0.0)
 }
 
 #[test]
