@@ -12,13 +12,14 @@ use common::{autokernel, ok_json_lines, stderr};
 
 const W: &str = "gemm:24x20x16";
 
-/// `autokernel ARGS` as a user who cannot write the deployment directory.
-fn unprivileged(args: &[&str]) -> Output {
-    let bin = env!("CARGO_BIN_EXE_autokernel");
+/// `autokernel ARGS` as a user who cannot write the deployment directory, running `bin` (a
+/// copy of the binary in a directory that user can enter: the checkout may not be).
+fn unprivileged(bin: &Path, args: &[&str]) -> Output {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let mut cmd = if unsafe { libc::geteuid() } == 0 {
         let mut c = Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", bin]);
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(bin);
         c
     } else {
         Command::new(bin)
@@ -46,6 +47,10 @@ fn listing(dir: &Path) -> Vec<String> {
 fn every_read_command_works_on_a_read_only_deployment() {
     let root = tempfile::tempdir().unwrap();
     chmod(root.path(), 0o755);
+    let bin = root.path().join("autokernel");
+    std::fs::copy(env!("CARGO_BIN_EXE_autokernel"), &bin).unwrap();
+    chmod(&bin, 0o755);
+    let unprivileged = |args: &[&str]| unprivileged(&bin, args);
     let deploy = root.path().join("models");
     std::fs::create_dir(&deploy).unwrap();
     let db = deploy.join("tuning.db");
