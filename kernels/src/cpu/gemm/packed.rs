@@ -184,6 +184,20 @@ impl PackedGemm {
                 for pc in (0..k).step_by(self.kc) {
                     let kcb = self.kc.min(k - pc);
                     let panel_len = nr * kcb;
+                    let ep = if pc + kcb == k {
+                        ep.map(|e| e.skip(jc))
+                    } else {
+                        None
+                    };
+                    let block = c.sub(0, jc, m, ncb);
+                    let depth = (pc, kcb);
+                    if let (BSource::RowMajor(b), Par::N(t)) = (b, self.par) {
+                        if t > 1 && panels > 1 {
+                            let bpack = bbuf.slice(panels * panel_len);
+                            self.cols_packing(a, b, bpack, block, (jc, ncb), depth, ep, t);
+                            continue;
+                        }
+                    }
                     let bpack: &[f32] = match b {
                         BSource::Packed(p) => p.block(pc, jc, ncb),
                         BSource::RowMajor(b) => {
@@ -201,13 +215,6 @@ impl PackedGemm {
                             bpack
                         }
                     };
-                    let ep = if pc + kcb == k {
-                        ep.map(|e| e.skip(jc))
-                    } else {
-                        None
-                    };
-                    let block = c.sub(0, jc, m, ncb);
-                    let depth = (pc, kcb);
                     match self.par {
                         Par::None => self.rows_task(a, bpack, block, 0, depth, ep, prefetch),
                         Par::M(t) => {
@@ -248,6 +255,43 @@ impl PackedGemm {
                     }
                 }
             }
+        });
+    }
+
+    /// `Par::N` over a row-major B: the columns of `c` (the block at columns `jc..jc+ncb`)
+    /// split in `t` parts, each task packing the B panels of its own part into its slice
+    /// of `bpack` and running its rows on them. One fork-join per block instead of two (a
+    /// parallel pack, then a parallel compute), and each core computes on the panels it
+    /// packed, from its own L2, instead of half of them from the other core's.
+    #[allow(clippy::too_many_arguments)]
+    fn cols_packing(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        bpack: &mut [f32],
+        block: CView<'_>,
+        (jc, ncb): (usize, usize),
+        (pc, kcb): (usize, usize),
+        ep: Option<TileEpilogue<'_>>,
+        t: usize,
+    ) {
+        let nr = self.uk.nr;
+        let panel_len = nr * kcb;
+        let per = ncb.div_ceil(nr).div_ceil(t);
+        let mut parts = Vec::with_capacity(t);
+        let (mut rest, mut q) = (block, 0);
+        let mut chunks = bpack.chunks_mut(per * panel_len);
+        while rest.cols() > 0 {
+            let take = (per * nr).min(rest.cols());
+            let (left, right) = rest.split_cols(take);
+            let chunk = chunks.next().expect("one B chunk per column part");
+            parts.push((q, chunk, left, ep.map(|e| e.skip(q * nr))));
+            q += per;
+            rest = right;
+        }
+        parts.into_par_iter().for_each(|(q, chunk, view, ep)| {
+            pack_b(b, self.n, (pc, kcb), (jc, ncb), nr, q, chunk);
+            self.rows_task(a, chunk, view, 0, (pc, kcb), ep, false);
         });
     }
 
