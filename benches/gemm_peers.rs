@@ -34,8 +34,9 @@ use search::{tune, StrategyKind, TuneOptions};
 use serde_json::json;
 use tuning_db::TuningDb;
 
-const SHAPES: [&str; 12] = [
+const SHAPES: [&str; 13] = [
     "gemm:64x64x64",
+    "gemm:100x100x100",
     "gemm:256x256x256",
     "gemm:512x512x512",
     "gemm:1024x1024x1024",
