@@ -5,16 +5,11 @@
 use kernels::cpu::attention::{self, ukernel, Fused, Unfused, BC_VALUES, BR_VALUES};
 use kernels::{default_for, Config, HardwareFingerprint, Kernel, Problem, Workload};
 
-const NAME: &str = "attention_correctness";
-
-/// Says which ISA level these tests ran at and which they skipped (written past the test
-/// harness's capture, so it shows in every run); an invalid `AUTOKERNEL_ISA` fails here.
+/// Says which ISA level these tests ran at and which they skipped, in every run; an invalid
+/// `AUTOKERNEL_ISA` fails here.
 #[test]
 fn isa_level_under_test() {
-    use std::io::Write;
-    kernels::cpu::Isa::cap().unwrap_or_else(|e| panic!("{e}"));
-    let line = format!("{}: {}\n", NAME, kernels::cpu::level_report());
-    std::io::stderr().write_all(line.as_bytes()).unwrap();
+    kernels::cpu::announce_level("attention_correctness").unwrap();
 }
 
 fn check(kernel: &dyn Kernel, w: &Workload, c: &Config, p: &Problem, r: &kernels::Reference) {

@@ -6,16 +6,11 @@ use kernels::cpu::gemm::epilogue::{EpilogueDirect, EpilogueGemm, EpiloguePacked}
 use kernels::cpu::gemm::ukernel::{self, bias_act_row};
 use kernels::{Act, Config, HardwareFingerprint, Kernel, Problem, Workload};
 
-const NAME: &str = "epilogue_correctness";
-
-/// Says which ISA level these tests ran at and which they skipped (written past the test
-/// harness's capture, so it shows in every run); an invalid `AUTOKERNEL_ISA` fails here.
+/// Says which ISA level these tests ran at and which they skipped, in every run; an invalid
+/// `AUTOKERNEL_ISA` fails here.
 #[test]
 fn isa_level_under_test() {
-    use std::io::Write;
-    kernels::cpu::Isa::cap().unwrap_or_else(|e| panic!("{e}"));
-    let line = format!("{}: {}\n", NAME, kernels::cpu::level_report());
-    std::io::stderr().write_all(line.as_bytes()).unwrap();
+    kernels::cpu::announce_level("epilogue_correctness").unwrap();
 }
 
 fn check_config(kernel: &dyn Kernel, w: &Workload, c: &Config, p: &Problem) {

@@ -7,16 +7,11 @@
 use kernels::cpu::gemm::{self, ukernel};
 use kernels::{kernel, Config, HardwareFingerprint, Kernel, Problem, Value, Workload};
 
-const NAME: &str = "gemm_correctness";
-
-/// Says which ISA level these tests ran at and which they skipped (written past the test
-/// harness's capture, so it shows in every run); an invalid `AUTOKERNEL_ISA` fails here.
+/// Says which ISA level these tests ran at and which they skipped, in every run; an invalid
+/// `AUTOKERNEL_ISA` fails here.
 #[test]
 fn isa_level_under_test() {
-    use std::io::Write;
-    kernels::cpu::Isa::cap().unwrap_or_else(|e| panic!("{e}"));
-    let line = format!("{}: {}\n", NAME, kernels::cpu::level_report());
-    std::io::stderr().write_all(line.as_bytes()).unwrap();
+    kernels::cpu::announce_level("gemm_correctness").unwrap();
 }
 
 /// Shapes (M, N, K) that divide no tile or block size.
