@@ -242,13 +242,17 @@ impl Index {
         hw: &HardwareFingerprint,
         check: bool,
     ) -> Result<Choice, RuntimeError> {
-        let borrowed = self.nearest(w, hw);
+        let Some(borrowed) = self.nearest(w, hw) else {
+            return default_choice(w, hw);
+        };
+        if !check {
+            return Ok(borrowed);
+        }
         let default = default_choice(w, hw)?;
-        match borrowed {
-            Some(b) if !check || crate::probe::borrowed_is_faster(w, &*b.exe, &*default.exe) => {
-                Ok(b)
-            }
-            _ => Ok(default),
+        if crate::probe::borrowed_is_faster(w, &*borrowed.exe, &*default.exe) {
+            Ok(borrowed)
+        } else {
+            Ok(default)
         }
     }
 
@@ -260,8 +264,12 @@ impl Index {
             .iter()
             .find(|(k, _)| *k == cl)
             .map_or(&[], |(_, v)| v.as_slice());
+        if cands.is_empty() {
+            return None;
+        }
         let target = log2_dims(w);
         let dist = |c: &Candidate| distance(&target, &c.log2);
+        let threads = default_for(w, hw).1.int("threads");
         // Nearest first (ties: index order, exact before same_arch), by the squared
         // distance: same order, no square root per candidate.
         let mut nearest: Option<(f64, usize)> = None;
@@ -272,7 +280,7 @@ impl Index {
             }
         }
         let (_, i) = nearest?;
-        if let Some(choice) = borrow(w, &cands[i], dist(&cands[i]), hw) {
+        if let Some(choice) = borrow(w, &cands[i], dist(&cands[i]), threads, hw) {
             return Some(choice);
         }
         let mut ranked: Vec<(f64, usize)> = cands
@@ -285,7 +293,7 @@ impl Index {
         ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
         ranked
             .into_iter()
-            .find_map(|(d, j)| borrow(w, &cands[j], d, hw))
+            .find_map(|(d, j)| borrow(w, &cands[j], d, threads, hw))
     }
 }
 
@@ -311,23 +319,29 @@ fn default_choice(w: &Workload, hw: &HardwareFingerprint) -> Result<Choice, Runt
 /// 4–10 ran 3–30× slower than the default; `bench_results/<fingerprint>/nearest_shape.md`).
 pub const NEAREST_MAX_DISTANCE: f64 = 2.0;
 
-/// Whether the config of tuned shape `c`, at distance `d`, is expected to beat the default
-/// for `w`: within [`NEAREST_MAX_DISTANCE`], and splitting the work over as many threads as
-/// the default does for `w`. The default's thread count follows the work per thread; a
+/// Whether a tuned shape's config `c`, at distance `d`, is expected to beat the default for
+/// the new shape: within [`NEAREST_MAX_DISTANCE`], and splitting the work over as many
+/// threads as the default does there (`default_threads`). The default's thread count follows the work per thread; a
 /// borrowed count does not (a two-thread config of a large shape on a tiny one ran 28×
 /// slower than the serial default, a serial config of a small shape on a large one 1.6×),
 /// so only the tile and blocking choices are borrowed.
-pub(crate) fn suits(w: &Workload, c: &Config, d: f64, hw: &HardwareFingerprint) -> bool {
-    let (_, default) = default_for(w, hw);
-    d <= NEAREST_MAX_DISTANCE && c.int("threads") == default.int("threads")
+pub(crate) fn suits(c: &Config, d: f64, default_threads: Option<i64>) -> bool {
+    d <= NEAREST_MAX_DISTANCE && c.int("threads") == default_threads
 }
 
 /// The nearest-shape choice for `w` on `hw` from candidate `c` at distance `d`, if it
-/// [`suits`] `w`, fits `w` on this machine ([`fit_hardware`]) and builds.
-fn borrow(w: &Workload, c: &Candidate, d: f64, hw: &HardwareFingerprint) -> Option<Choice> {
+/// [`suits`] `w` (whose default runs `threads` threads), fits `w` on this machine
+/// ([`fit_hardware`]) and builds.
+fn borrow(
+    w: &Workload,
+    c: &Candidate,
+    d: f64,
+    threads: Option<i64>,
+    hw: &HardwareFingerprint,
+) -> Option<Choice> {
     let kernel = c.choice.kernel;
     if !kernel.supports(w)
-        || !suits(w, &c.choice.config, d, hw)
+        || !suits(&c.choice.config, d, threads)
         || !kernel.config_fits(w, fit_hardware(hw), &c.choice.config)
     {
         return None;
