@@ -197,9 +197,9 @@ fn impossible_sizes_are_clean_errors() {
     ]);
     refused(&o, "BERT takes at most 512 tokens");
     // A workload whose operands cannot be allocated under a memory limit: an error, not
-    // an abort (4 GB of address space; the operands need 29 GB).
+    // an abort (8 GB of address space; the operands need 29 GB).
     let script = format!(
-        "ulimit -v 4000000 && exec {} run --workload gemm:30000x30000x30000 --db {}",
+        "ulimit -v 8000000 && exec {} run --workload gemm:30000x30000x30000 --db {}",
         env!("CARGO_BIN_EXE_autokernel"),
         s(&db)
     );
