@@ -48,18 +48,6 @@ use crate::error::{Ctx, DbError};
 use crate::record::{now_rfc3339, Record, Stats};
 use crate::schema::SCHEMA_VERSION;
 
-/// Schema v3: where imported trials came from.
-pub(crate) const V3: &str = r#"
-CREATE TABLE IF NOT EXISTS provenance (
-    id              INTEGER PRIMARY KEY,
-    trial_id        INTEGER NOT NULL REFERENCES trials(id),
-    source          TEXT NOT NULL,
-    source_checksum TEXT NOT NULL,
-    imported_at     TEXT NOT NULL,
-    UNIQUE (trial_id, source_checksum)
-);
-"#;
-
 /// The `bundle.format` value of bundles this version writes.
 pub const BUNDLE_FORMAT: &str = "autokernel-bundle/1";
 

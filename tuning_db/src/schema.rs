@@ -1,9 +1,10 @@
 //! The on-disk schema and its migrations.
 //!
 //! A database's schema version lives in `PRAGMA user_version`; [`MIGRATIONS`]`[i]` takes a
-//! file from version `i` to `i + 1`, each in its own `BEGIN IMMEDIATE` transaction. To make
-//! schema v2, append one SQL step to [`MIGRATIONS`] (never edit a released step) and describe
-//! it in `SCHEMA.md`; [`SCHEMA_VERSION`] follows.
+//! file from version `i` to `i + 1`, each in its own `BEGIN IMMEDIATE` transaction. For the
+//! next schema version, append one SQL step to [`MIGRATIONS`] (never edit a released step),
+//! its tables to `TABLES_ADDED`, and describe it in `SCHEMA.md`; [`SCHEMA_VERSION`] follows.
+//! Every step lives in this file.
 
 /// `PRAGMA application_id` of every autokernel tuning database: the bytes `"AKTD"`
 /// (0x414B5444), so `file(1)` and this crate can tell our files from other SQLite files.
@@ -12,8 +13,7 @@ pub const APPLICATION_ID: i32 = i32::from_be_bytes(*b"AKTD");
 /// The schema version this build reads and writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// The tables every database has (checked when a file is opened, at any version; v2 adds
-/// `winners` and `remeasurements`, see `winners.rs`).
+/// The tables every database has (v1; later versions add theirs, [`tables_of`]).
 pub(crate) const TABLES: &[&str] = &["meta", "fingerprints", "trials"];
 
 /// The tables each schema version adds (index 0: version 1), checked up front when a file
@@ -27,7 +27,7 @@ pub(crate) fn tables_of(version: i64) -> impl Iterator<Item = &'static str> {
 }
 
 /// Migration steps; step `i` goes from schema version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[V1, crate::winners::V2, crate::bundle::V3];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// Schema v1. The status list must hold every [`kernels::Status`] string (a unit test checks).
 const V1: &str = r#"
@@ -76,6 +76,47 @@ CREATE TABLE trials (
 
 CREATE INDEX trials_best ON trials (fingerprint_id, workload, status, median_s);
 CREATE INDEX trials_tried ON trials (fingerprint_id, workload, kernel, kernel_version, config);
+"#;
+
+/// Schema v2: the `winners` and `remeasurements` tables.
+const V2: &str = r#"
+CREATE TABLE winners (
+    id             INTEGER PRIMARY KEY,
+    fingerprint_id TEXT NOT NULL REFERENCES fingerprints(id),
+    workload       TEXT NOT NULL,
+    trial_id       INTEGER NOT NULL REFERENCES trials(id),
+    reason         TEXT NOT NULL,
+    tie            INTEGER NOT NULL CHECK (tie IN (0, 1)),
+    decided_at     TEXT NOT NULL,
+    tool_version   TEXT NOT NULL
+);
+
+CREATE INDEX winners_latest ON winners (fingerprint_id, workload, id);
+
+CREATE TABLE remeasurements (
+    id        INTEGER PRIMARY KEY,
+    winner_id INTEGER NOT NULL REFERENCES winners(id),
+    trial_id  INTEGER NOT NULL REFERENCES trials(id),
+    median_s  REAL NOT NULL CHECK (median_s > 0),
+    spread    REAL NOT NULL,
+    ci_low_s  REAL NOT NULL,
+    ci_high_s REAL,
+    samples   TEXT NOT NULL
+);
+
+CREATE INDEX remeasurements_winner ON remeasurements (winner_id);
+"#;
+
+/// Schema v3: where imported trials came from.
+const V3: &str = r#"
+CREATE TABLE IF NOT EXISTS provenance (
+    id              INTEGER PRIMARY KEY,
+    trial_id        INTEGER NOT NULL REFERENCES trials(id),
+    source          TEXT NOT NULL,
+    source_checksum TEXT NOT NULL,
+    imported_at     TEXT NOT NULL,
+    UNIQUE (trial_id, source_checksum)
+);
 "#;
 
 #[cfg(test)]

@@ -34,35 +34,6 @@ use crate::db::{record_from_row, TuningDb, RECORD_COLUMNS};
 use crate::error::{Ctx, DbError, Result};
 use crate::record::{now_rfc3339, Record};
 
-/// Schema v2: the `winners` and `remeasurements` tables.
-pub(crate) const V2: &str = r#"
-CREATE TABLE winners (
-    id             INTEGER PRIMARY KEY,
-    fingerprint_id TEXT NOT NULL REFERENCES fingerprints(id),
-    workload       TEXT NOT NULL,
-    trial_id       INTEGER NOT NULL REFERENCES trials(id),
-    reason         TEXT NOT NULL,
-    tie            INTEGER NOT NULL CHECK (tie IN (0, 1)),
-    decided_at     TEXT NOT NULL,
-    tool_version   TEXT NOT NULL
-);
-
-CREATE INDEX winners_latest ON winners (fingerprint_id, workload, id);
-
-CREATE TABLE remeasurements (
-    id        INTEGER PRIMARY KEY,
-    winner_id INTEGER NOT NULL REFERENCES winners(id),
-    trial_id  INTEGER NOT NULL REFERENCES trials(id),
-    median_s  REAL NOT NULL CHECK (median_s > 0),
-    spread    REAL NOT NULL,
-    ci_low_s  REAL NOT NULL,
-    ci_high_s REAL,
-    samples   TEXT NOT NULL
-);
-
-CREATE INDEX remeasurements_winner ON remeasurements (winner_id);
-"#;
-
 /// One finalist's interleaved re-measurement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Remeasurement {
