@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod gemm;
 mod isa;
+pub(crate) mod knobs;
 pub mod peak;
 #[cfg(feature = "planted-faults")]
 pub mod planted;

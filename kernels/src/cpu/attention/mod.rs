@@ -34,9 +34,10 @@ pub mod fused;
 pub mod ukernel;
 pub mod unfused;
 
-use crate::cpu::gemm::{
+use crate::cpu::gemm::Packed;
+use crate::cpu::knobs::{
     cap_rule, int_knob, int_listed, invalid, par_threads_listed, serial_iff_one_thread, snap,
-    str_knob, str_listed, thread_values, unsupported, Packed,
+    str_knob, str_listed, thread_values, unsupported,
 };
 use crate::cpu::Isa;
 use crate::error::Result;

@@ -41,7 +41,8 @@ use std::sync::{Arc, Mutex};
 use super::direct::DirectGemm;
 use super::packed::{BSource, PackedB, PackedGemm};
 use super::ukernel::{bias_act_row, TileEpilogue};
-use super::{gemm_dims, invalid, str_knob, unsupported, Direct, Packed, DIRECT_DEFAULT_MAX_M};
+use super::{gemm_dims, Direct, Packed, DIRECT_DEFAULT_MAX_M};
+use crate::cpu::knobs::{invalid, str_knob, str_listed, unsupported};
 use crate::error::Result;
 use crate::hardware::HardwareFingerprint;
 use crate::kernel::{Executable, Kernel};
@@ -114,8 +115,8 @@ impl Kernel for EpiloguePacked {
 
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
         c.0.len() == 9
-            && super::str_listed(c, "fusion", FUSION_VALUES)
-            && super::str_listed(c, "b_layout", B_LAYOUT_VALUES)
+            && str_listed(c, "fusion", FUSION_VALUES)
+            && str_listed(c, "b_layout", B_LAYOUT_VALUES)
             && super::packed_knobs_fit(&inner(w), hw, c)
     }
 
@@ -153,7 +154,7 @@ impl Kernel for EpilogueDirect {
 
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
         c.0.len() == 5
-            && super::str_listed(c, "fusion", FUSION_VALUES)
+            && str_listed(c, "fusion", FUSION_VALUES)
             && super::direct_knobs_fit(&inner(w), hw, c)
     }
 
