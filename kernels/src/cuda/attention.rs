@@ -5,7 +5,7 @@
 //! `br / warps` rows). The head dimension and the element type are compile-time constants
 //! too (they come from the shape and the family), causality is a run-time flag.
 //!
-//! Verification is against [`reference`], an f64 CPU computation on the same inputs.
+//! Verification is against [`reference()`], an f64 CPU computation on the same inputs.
 
 use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use rayon::prelude::*;

@@ -1,6 +1,6 @@
 //! Attention micro-kernels: the flash step (scores tile, online softmax, `P·V` update) and
 //! the row softmax of the unfused variant, written once over the GEMM micro-kernels' SIMD
-//! vocabulary ([`Simd`]) and compiled per ISA.
+//! vocabulary (`Simd`) and compiled per ISA.
 //!
 //! This is the only unsafe code of the attention families. Tiles are looked up by name and
 //! only when [`Isa::available`] says the CPU runs their ISA; the safe entry points

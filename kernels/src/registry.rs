@@ -1,0 +1,190 @@
+//! The registry of kernel families: every family this build serves, looked up by name or by
+//! workload, and the fallback default for a workload. Depends on the [`Kernel`] trait and on
+//! the families; the families depend on the trait only.
+
+use crate::error::{Error, Result};
+use crate::hardware::HardwareFingerprint;
+use crate::kernel::Kernel;
+use crate::space::Config;
+use crate::workload::Workload;
+
+/// Every registered kernel family, in priority order.
+///
+/// Builds with the `planted-faults` feature append the test-only `planted_faults` family
+/// (`kernels/src/cpu/planted.rs`) when the environment has `AUTOKERNEL_PLANTED_FAULTS=1`.
+pub fn registry() -> &'static [&'static dyn Kernel] {
+    #[cfg(feature = "planted-faults")]
+    if crate::cpu::planted::enabled() {
+        return crate::cpu::planted::with_planted(FAMILIES);
+    }
+    FAMILIES
+}
+
+/// The CPU families: GEMM, GEMM with a fused epilogue, attention.
+static FAMILIES: &[&dyn Kernel] = &[
+    &crate::cpu::gemm::Packed,
+    &crate::cpu::gemm::Direct,
+    &crate::cpu::gemm::epilogue::EpiloguePacked,
+    &crate::cpu::gemm::epilogue::EpilogueDirect,
+    &crate::cpu::attention::Fused,
+    &crate::cpu::attention::Unfused,
+];
+
+/// The family called `name`.
+pub fn kernel(name: &str) -> Result<&'static dyn Kernel> {
+    registry()
+        .iter()
+        .copied()
+        .find(|k| k.name() == name)
+        .ok_or_else(|| Error::UnknownKernel(name.to_string()))
+}
+
+/// The families that support `w`.
+pub fn kernels_for(w: &Workload) -> Vec<&'static dyn Kernel> {
+    registry()
+        .iter()
+        .copied()
+        .filter(|k| k.supports(w))
+        .collect()
+}
+
+/// The fallback for `w`: the family and config used when nothing was tuned.
+pub fn default_for(w: &Workload, hw: &HardwareFingerprint) -> (&'static dyn Kernel, Config) {
+    match w {
+        Workload::Gemm { .. } => crate::cpu::gemm::default_for(w, hw),
+        Workload::GemmBiasAct { .. } => crate::cpu::gemm::epilogue::default_for(w, hw),
+        Workload::Attention { .. } => crate::cpu::attention::default_for(w, hw),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::space::Value;
+    use crate::workload::Act;
+
+    fn workloads_of(k: &dyn Kernel) -> Vec<Workload> {
+        let mut all = Vec::new();
+        for (m, n, kk) in [
+            (1, 1, 1),
+            (1, 768, 768),
+            (5, 7, 9),
+            (8, 64, 3072),
+            (17, 3, 100),
+            (32, 1000, 16),
+            (33, 64, 64),
+            (200, 768, 900),
+            (1024, 4096, 512),
+            (3000, 9000, 130),
+        ] {
+            all.push(Workload::Gemm { m, n, k: kk });
+            for act in [Act::Identity, Act::Relu, Act::Gelu] {
+                all.push(Workload::GemmBiasAct { m, n, k: kk, act });
+            }
+        }
+        for (b, h, s, d) in [
+            (1, 1, 1, 1),
+            (1, 1, 17, 64),
+            (1, 2, 64, 80),
+            (2, 12, 128, 64),
+            (1, 1, 300, 32),
+            (4, 16, 1024, 64),
+        ] {
+            for causal in [false, true] {
+                all.push(Workload::Attention { b, h, s, d, causal });
+            }
+        }
+        // The families' own workloads, plus one of another op (space and check are
+        // defined for every workload, supported or not).
+        let mut own: Vec<Workload> = all.iter().copied().filter(|w| k.supports(w)).collect();
+        own.extend(all.iter().copied().find(|w| !k.supports(w)));
+        own
+    }
+
+    /// Configs of the unconstrained product of `k`'s knobs on `hw` (valid or not by the
+    /// rules: all of them for small spaces, 300 drawn at random otherwise), and broken
+    /// variants: a knob missing, an extra knob, an unlisted value, a value of the wrong kind.
+    fn configs_of(k: &dyn Kernel, w: &Workload, hw: &HardwareFingerprint) -> Vec<Config> {
+        let space = k.space(w, hw);
+        let n = space.cardinality();
+        let mut v: Vec<Config> = if n <= 300 {
+            (0..n).map(|i| space.config_at(i)).collect()
+        } else {
+            let mut rng = crate::rng::Rng::new(n as u64 ^ hw.cores as u64);
+            (0..300)
+                .map(|_| space.config_at(u128::from(rng.below(n as u64))))
+                .collect()
+        };
+        // The defaults of every own workload: configs that fit some shapes, not others.
+        for w in workloads_of(k) {
+            v.push(k.default_config(&w, hw));
+        }
+        let base = k.default_config(w, hw);
+        for knob in space.knobs() {
+            let mut missing = base.clone();
+            missing.0.remove(&knob.name);
+            v.push(missing);
+            for bad in [
+                Value::Int(-1),
+                Value::Int(7),
+                Value::Int(1 << 40),
+                "x".into(),
+            ] {
+                let mut c = base.clone();
+                c.0.insert(knob.name.clone(), bad);
+                v.push(c);
+            }
+        }
+        let mut extra = base.clone();
+        extra.set("unrolled", 4usize);
+        v.push(extra);
+        v.push(Config::default());
+        v
+    }
+
+    #[test]
+    fn config_fits_agrees_with_space_check() {
+        // Every ISA level (spaces follow the fingerprint, whatever this CPU runs) and
+        // several thread counts.
+        let here = HardwareFingerprint::current();
+        let levels: [&[&str]; 3] = [&["sse4.2"], &["avx2", "fma"], &["avx2", "fma", "avx512f"]];
+        let hws: Vec<HardwareFingerprint> = levels
+            .iter()
+            .flat_map(|flags| {
+                let mut hw = here.clone();
+                hw.isa = flags.iter().map(|f| f.to_string()).collect();
+                [1, 2, 3, 4, here.cores].map(|c| hw.with_cores(c))
+            })
+            .collect();
+        for k in registry().iter().copied() {
+            let ws = workloads_of(k);
+            let mut configs = Vec::new();
+            for hw in &hws {
+                configs.extend(configs_of(k, &ws[0], hw));
+            }
+            configs.sort();
+            configs.dedup();
+            let (mut fit, mut total) = (0usize, 0usize);
+            for w in &ws {
+                for hw in &hws {
+                    let space = k.space(w, hw);
+                    for c in &configs {
+                        let want = space.check(c).is_ok();
+                        assert_eq!(
+                            k.config_fits(w, hw, c),
+                            want,
+                            "{} on {w} ({} cores): {c} (space check: {:?})",
+                            k.name(),
+                            hw.cores,
+                            space.check(c)
+                        );
+                        fit += usize::from(want);
+                        total += 1;
+                    }
+                }
+            }
+            // The comparison covers both answers.
+            assert!(fit > 0 && fit < total, "{}: {fit} of {total} fit", k.name());
+        }
+    }
+}
