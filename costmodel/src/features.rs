@@ -98,10 +98,7 @@ pub fn features(w: &Workload, kernel: &str, c: &Config, hw: &HardwareFingerprint
         hw.l3_bytes.max(1) as f64,
     );
     let par = c.str("par").unwrap_or("none");
-    let threads = match par {
-        "none" => 1.0,
-        _ => c.int("threads").unwrap_or(1).max(1) as f64,
-    };
+    let threads = c.threads() as f64;
     let padded = (mf / rows).ceil() * rows * (nf / cols).ceil() * cols;
     let k_blocks = (kf / kc).ceil();
     let n_blocks = if direct { 1.0 } else { (nf / nc).ceil() };

@@ -73,6 +73,16 @@ impl Config {
         self.0.get(name)
     }
 
+    /// The threads a config computes with: one for `par: none` (or no `par` knob), else its
+    /// `threads` knob (at least one). The one reading of the CPU families' parallel knobs
+    /// for the tuner's tie-break, the cost model's features and the runtime's fallback rule.
+    pub fn threads(&self) -> usize {
+        match self.str("par") {
+            None | Some("none") => 1,
+            Some(_) => self.int("threads").map_or(1, |t| t.max(1) as usize),
+        }
+    }
+
     /// The whole-number value of knob `name`, if set and a number.
     pub fn int(&self, name: &str) -> Option<i64> {
         match self.0.get(name)? {
@@ -307,6 +317,25 @@ impl Space {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn threads_reads_the_parallel_knobs() {
+        let c = |pairs: &[(&str, Value)]| Config::from_pairs(pairs.iter().cloned());
+        assert_eq!(
+            c(&[]).threads(),
+            1,
+            "no par knob: serial (e.g. GPU configs)"
+        );
+        let none = c(&[("par", "none".into()), ("threads", 1usize.into())]);
+        assert_eq!(none.threads(), 1);
+        let n2 = c(&[("par", "n".into()), ("threads", 2usize.into())]);
+        assert_eq!(n2.threads(), 2);
+        assert_eq!(
+            c(&[("par", "heads".into())]).threads(),
+            1,
+            "no threads knob"
+        );
+    }
 
     fn space() -> Space {
         Space::new()

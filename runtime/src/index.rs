@@ -269,7 +269,7 @@ impl Index {
         }
         let target = log2_dims(w);
         let dist = |c: &Candidate| distance(&target, &c.log2);
-        let threads = default_for(w, hw).1.int("threads");
+        let threads = default_for(w, hw).1.threads();
         // Nearest first (ties: index order, exact before same_arch), by the squared
         // distance: same order, no square root per candidate.
         let mut nearest: Option<(f64, usize)> = None;
@@ -325,8 +325,8 @@ pub const NEAREST_MAX_DISTANCE: f64 = 2.0;
 /// borrowed count does not (a two-thread config of a large shape on a tiny one ran 28×
 /// slower than the serial default, a serial config of a small shape on a large one 1.6×),
 /// so only the tile and blocking choices are borrowed.
-pub(crate) fn suits(c: &Config, d: f64, default_threads: Option<i64>) -> bool {
-    d <= NEAREST_MAX_DISTANCE && c.int("threads") == default_threads
+pub(crate) fn suits(c: &Config, d: f64, default_threads: usize) -> bool {
+    d <= NEAREST_MAX_DISTANCE && c.threads() == default_threads
 }
 
 /// The nearest-shape choice for `w` on `hw` from candidate `c` at distance `d`, if it
@@ -336,7 +336,7 @@ fn borrow(
     w: &Workload,
     c: &Candidate,
     d: f64,
-    threads: Option<i64>,
+    threads: usize,
     hw: &HardwareFingerprint,
 ) -> Option<Choice> {
     let kernel = c.choice.kernel;

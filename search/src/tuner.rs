@@ -536,15 +536,6 @@ pub(crate) fn cv(m: &Measurement) -> Option<f64> {
     (mean > 0.0).then(|| var.sqrt() / mean)
 }
 
-/// Threads a config computes with (`par: none` means one), for the simplicity order.
-fn threads_of(c: &Config) -> i64 {
-    if c.str("par") == Some("none") {
-        1
-    } else {
-        c.int("threads").unwrap_or(1).max(1)
-    }
-}
-
 /// The deterministic "simpler" order used to break ties: fewer threads, then kernel name
 /// (`gemm_direct` before `gemm_packed`: no packing), then the default config before others,
 /// then the config's JSON.
@@ -554,7 +545,7 @@ pub fn simplicity_key(
     default: (&str, &Config),
 ) -> (i64, String, bool, String) {
     (
-        threads_of(config),
+        config.threads() as i64,
         kernel.to_string(),
         !(kernel == default.0 && config == default.1),
         config.to_json(),
