@@ -25,7 +25,6 @@ fn unprivileged(bin: &Path, args: &[&str]) -> Output {
         Command::new(bin)
     };
     cmd.args(args)
-        .env_remove("AUTOKERNEL_ISA")
         .output()
         .expect("setpriv (util-linux) runs the binary")
 }
