@@ -68,7 +68,6 @@ impl TuningDb {
             }
         }
         precheck_file(&path)?;
-        refuse_empty(&path)?;
         if !path.exists() {
             create_complete(&path)?;
         }
@@ -116,7 +115,6 @@ impl TuningDb {
             }
         }
         precheck_file(&path)?;
-        refuse_empty(&path)?;
         // A WAL database is read through its -wal and -shm files, which SQLite creates when
         // they are missing and leaves behind: impossible in a directory this process cannot
         // write (a read-only deployment), litter anywhere else. Without a -wal file no
@@ -761,7 +759,9 @@ fn list(names: &[String]) -> String {
 
 /// Reads the first 100 bytes (the SQLite header) of an existing file and refuses what cannot
 /// be one of ours: directories, non-SQLite files, files shorter than their header promises.
-/// A missing or 0-byte file passes (SQLite treats it as an empty database).
+/// A missing file passes (a writer creates it); a 0-byte file is refused by every open,
+/// reader or writer alike: it is no database, and a tuning job creates its database at a path
+/// that does not exist yet ([`create_complete`]).
 fn precheck_file(path: &Path) -> Result<()> {
     let not_sqlite = |detail: String| DbError::NotSqlite {
         path: path.to_path_buf(),
@@ -781,8 +781,13 @@ fn precheck_file(path: &Path) -> Result<()> {
         return Err(not_sqlite("it is a directory".into()));
     }
     let len = meta.len();
+    if len == 0 && meta.is_file() {
+        return Err(DbError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
     if len == 0 {
-        return Ok(());
+        return Ok(()); // not a regular file (a device): SQLite's to judge
     }
     let mut header = Vec::with_capacity(100);
     std::fs::File::open(path)
@@ -851,17 +856,6 @@ fn create_complete(path: &Path) -> Result<()> {
         let _ = std::fs::remove_file(sidecar(&tmp, suffix));
     }
     linked
-}
-
-/// A 0-byte file is refused by every open, reader or writer alike: it is no database, and
-/// a tuning job creates its database at a path that does not exist yet.
-fn refuse_empty(path: &Path) -> Result<()> {
-    if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
-        return Err(DbError::Empty {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(())
 }
 
 fn wal_has_content(path: &Path) -> bool {
