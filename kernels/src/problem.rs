@@ -38,11 +38,18 @@ pub struct Mismatch {
 
 impl Problem {
     /// Random inputs for `w`, fixed by `seed`.
-    /// Refuses, before anything is allocated, a problem whose buffers (inputs, two outputs,
-    /// the f64 reference with its tolerances) this process cannot allocate: a one-line error
-    /// instead of an abort under a memory limit (`ulimit -v`, overcommit off). The probe
-    /// reserves address space only; nothing is touched.
-    pub fn check_memory(w: &Workload) -> crate::Result<()> {
+    /// [`Problem::random`], refused before anything is allocated when its buffers (inputs,
+    /// two outputs, the f64 reference with its tolerances) cannot be allocated by this
+    /// process: a one-line error instead of an abort under a memory limit (`ulimit -v`,
+    /// overcommit off).
+    pub fn try_random(w: &Workload, seed: u64) -> crate::Result<Self> {
+        Problem::check_memory(w)?;
+        Ok(Problem::random(w, seed))
+    }
+
+    /// The allocation check of [`Problem::try_random`]: reserves address space only;
+    /// nothing is touched.
+    fn check_memory(w: &Workload) -> crate::Result<()> {
         let out = w.output_len();
         let bytes = (|| {
             let floats =
@@ -62,7 +69,7 @@ impl Problem {
         }
     }
 
-    /// Random operands for `w` (see [`Problem::check_memory`] for huge workloads).
+    /// Random operands for `w` (see [`Problem::try_random`] for huge workloads).
     pub fn random(w: &Workload, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         let inputs = w

@@ -370,8 +370,7 @@ impl Prepared {
         let default = dk
             .prepare(w, &dc)
             .with_context(|| format!("building the default {} {dc} for {w}", dk.name()))?;
-        Problem::check_memory(w)?;
-        let problem = Problem::random(w, INPUT_SEED);
+        let problem = Problem::try_random(w, INPUT_SEED)?;
         let reference = problem.reference();
         for (exe, kernel, config) in [
             (

@@ -34,8 +34,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     args.threads.apply()?;
     let rt = super::open_runtime(&args.db.db)?;
     let choice = rt.choose(&w)?;
-    Problem::check_memory(&w)?;
-    let problem = Problem::random(&w, 0xA0C0);
+    let problem = Problem::try_random(&w, 0xA0C0)?;
     let reference = problem.reference();
     let exe = RuntimeExe(&choice);
     if let Err(failure) = verify(&exe, &problem, &reference) {
