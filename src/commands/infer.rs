@@ -91,6 +91,17 @@ pub fn model(name: &str) -> anyhow::Result<BertConfig> {
     })
 }
 
+/// Refuses a `--seq` longer than BERT takes (`infer` and `tune --model`).
+pub fn check_seqs(seqs: &[usize]) -> anyhow::Result<()> {
+    if let Some(s) = seqs.iter().find(|&&s| s > bert::MAX_SEQ) {
+        bail!(
+            "--seq {s}: BERT takes at most {} tokens (its position embeddings)",
+            bert::MAX_SEQ
+        );
+    }
+    Ok(())
+}
+
 /// Latency statistics of one variant at one shape.
 struct Timing {
     p50: f64,
@@ -134,12 +145,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .flat_map(|&b| args.seq.0.iter().map(move |&s| (b, s)))
         .collect();
-    if let Some(s) = args.seq.0.iter().find(|&&s| s > bert::MAX_SEQ) {
-        bail!(
-            "--seq {s}: BERT takes at most {} tokens (its position embeddings)",
-            bert::MAX_SEQ
-        );
-    }
+    check_seqs(&args.seq.0)?;
     let threads = rt.fingerprint().cores;
     if !args.json {
         eprintln!(

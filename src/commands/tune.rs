@@ -113,15 +113,8 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
             DEFAULT_WORKLOADS.iter().map(|s| s.to_string()).collect()
         } else {
             let mut names = args.workloads.clone();
-            if let Some(s) = args
-                .seq
-                .as_ref()
-                .and_then(|s| s.0.iter().find(|&&s| s > bert::MAX_SEQ))
-            {
-                bail!(
-                    "--seq {s}: BERT takes at most {} tokens (its position embeddings)",
-                    bert::MAX_SEQ
-                );
+            if let Some(seq) = &args.seq {
+                super::infer::check_seqs(&seq.0)?;
             }
             if let Some(file) = &args.workloads_from {
                 names.extend(super::db::read_workload_list(file)?);
