@@ -251,22 +251,24 @@ impl TuneSummary {
     /// Default time ÷ best time (1.0 when the default is the best), as the decision saw
     /// them ([`TuneSummary::decided_medians`]).
     pub fn speedup_vs_default(&self) -> Option<f64> {
-        let (best, default) = self.decided_medians()?;
+        let (best, default, _) = self.decided_medians()?;
         Some(default / best)
     }
 
     /// (best, default) median seconds from the interleaved re-measurement when this run
-    /// re-measured both (what decided the winner), else from their search trials.
-    pub fn decided_medians(&self) -> Option<(f64, f64)> {
+    /// re-measured both (what decided the winner), else from their search trials; and which
+    /// of the two they are (`true`: re-measured).
+    pub fn decided_medians(&self) -> Option<(f64, f64, bool)> {
         let best = self.best.as_ref()?;
         if let Some((b, d)) = self
             .remeasured_s(best)
             .zip(self.remeasured_s(&self.default))
         {
-            return Some((b, d));
+            return Some((b, d, true));
         }
         let trial = |r: &Record| r.measurement.as_ref().map(|m| m.median_s);
-        trial(best).zip(trial(&self.default))
+        let (b, d) = trial(best).zip(trial(&self.default))?;
+        Some((b, d, false))
     }
 
     /// The re-measured median of the finalist with `r`'s kernel and config, if any.

@@ -426,7 +426,6 @@ fn report(
     // The speeds the decision saw: re-measured side by side when both were finalists.
     let decided = s.decided_medians();
     let gflops = |t: Option<f64>| t.map_or(0.0, |t| s.workload.flops() / t / 1e9);
-    let remeasured = s.decision.is_some() && best.is_some_and(|b| s.remeasured_s(b).is_some());
     match best {
         Some(b) => println!(
             "{:>20}  best {:>7.1} GFLOP/s  {} {}  default {:>7.1} GFLOP/s  speedup {:.2}x{}  ({} trials, {} failed, {} new; space {})",
@@ -436,7 +435,11 @@ fn report(
             b.config,
             gflops(decided.map(|d| d.1)),
             s.speedup_vs_default().unwrap_or(1.0),
-            if remeasured { " (re-measured)" } else { "" },
+            if decided.is_some_and(|d| d.2) {
+                " (re-measured)"
+            } else {
+                ""
+            },
             trials,
             failures,
             s.measured,
