@@ -237,18 +237,11 @@ impl PackedGemm {
                         }
                         Par::N(t) => {
                             let per = panels.div_ceil(t);
-                            let mut parts = Vec::with_capacity(t);
-                            let (mut rest, mut q) = (block, 0);
-                            while rest.cols() > 0 {
-                                let take = (per * nr).min(rest.cols());
-                                let (left, right) = rest.split_cols(take);
+                            let parts = column_parts(block, per, nr);
+                            parts.into_par_iter().for_each(|(q, view)| {
                                 let end = ((q + per) * panel_len).min(bpack.len());
-                                let part_ep = ep.map(|e| e.skip(q * nr));
-                                parts.push((&bpack[q * panel_len..end], left, part_ep));
-                                q += per;
-                                rest = right;
-                            }
-                            parts.into_par_iter().for_each(|(bp, view, ep)| {
+                                let bp = &bpack[q * panel_len..end];
+                                let ep = ep.map(|e| e.skip(q * nr));
                                 self.rows_task(a, bp, view, 0, depth, ep, prefetch)
                             });
                         }
@@ -278,19 +271,14 @@ impl PackedGemm {
         let nr = self.uk.nr;
         let panel_len = nr * kcb;
         let per = ncb.div_ceil(nr).div_ceil(t);
-        let mut parts = Vec::with_capacity(t);
-        let (mut rest, mut q) = (block, 0);
-        let mut chunks = bpack.chunks_mut(per * panel_len);
-        while rest.cols() > 0 {
-            let take = (per * nr).min(rest.cols());
-            let (left, right) = rest.split_cols(take);
-            let chunk = chunks.next().expect("one B chunk per column part");
-            parts.push((q, chunk, left, ep.map(|e| e.skip(q * nr))));
-            q += per;
-            rest = right;
-        }
-        parts.into_par_iter().for_each(|(q, chunk, view, ep)| {
+        // One B chunk per part: both count ⌈panels ÷ per⌉.
+        let parts: Vec<_> = column_parts(block, per, nr)
+            .into_iter()
+            .zip(bpack.chunks_mut(per * panel_len))
+            .collect();
+        parts.into_par_iter().for_each(|((q, view), chunk)| {
             pack_b(b, self.n, (pc, kcb), (jc, ncb), nr, q, chunk);
+            let ep = ep.map(|e| e.skip(q * nr));
             self.rows_task(a, chunk, view, 0, (pc, kcb), ep, false);
         });
     }
@@ -424,6 +412,21 @@ impl PackedGemm {
                 .tiles(kcb, at, 1, bp, c, (ic + ir * mr, j), accumulate, ep);
         }
     }
+}
+
+/// `block` split by columns, left to right, into parts of `per` panels of `nr` columns (the
+/// last may be narrower): each part's first panel index and its view.
+fn column_parts(block: CView<'_>, per: usize, nr: usize) -> Vec<(usize, CView<'_>)> {
+    let mut parts = Vec::new();
+    let (mut rest, mut q) = (block, 0);
+    while rest.cols() > 0 {
+        let take = (per * nr).min(rest.cols());
+        let (left, right) = rest.split_cols(take);
+        parts.push((q, left));
+        q += per;
+        rest = right;
+    }
+    parts
 }
 
 /// Runs `f` on every item with at most `threads` rayon tasks, each taking the next item
