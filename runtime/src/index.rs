@@ -321,10 +321,10 @@ pub const NEAREST_MAX_DISTANCE: f64 = 2.0;
 
 /// Whether a tuned shape's config `c`, at distance `d`, is expected to beat the default for
 /// the new shape: within [`NEAREST_MAX_DISTANCE`], and splitting the work over as many
-/// threads as the default does there (`default_threads`). The default's thread count follows the work per thread; a
-/// borrowed count does not (a two-thread config of a large shape on a tiny one ran 28×
-/// slower than the serial default, a serial config of a small shape on a large one 1.6×),
-/// so only the tile and blocking choices are borrowed.
+/// threads as the default does there (`default_threads`). The default's thread count
+/// follows the work per thread; a borrowed count does not (a two-thread config of a large
+/// shape on a tiny one ran 28× slower than the serial default, a serial config of a small
+/// shape on a large one 1.6×), so only the tile and blocking choices are borrowed.
 pub(crate) fn suits(c: &Config, d: f64, default_threads: usize) -> bool {
     d <= NEAREST_MAX_DISTANCE && c.threads() == default_threads
 }
