@@ -250,8 +250,8 @@ fn tables() -> &'static Tables {
 /// The packed micro-kernels offered as knob values where `best` is the best ISA level
 /// ([`Isa::of`] the fingerprint), best first ([`Isa::offered_under`]).
 pub fn packed_offered(best: Isa) -> Vec<&'static PackedUkernel> {
-    let t = tables();
-    t.packed
+    tables()
+        .packed
         .iter()
         .filter(|u| u.isa.offered_under(best))
         .collect()
@@ -259,8 +259,8 @@ pub fn packed_offered(best: Isa) -> Vec<&'static PackedUkernel> {
 
 /// The direct micro-kernels offered where `best` is the best ISA level, best first.
 pub fn direct_offered(best: Isa) -> Vec<&'static DirectUkernel> {
-    let t = tables();
-    t.direct
+    tables()
+        .direct
         .iter()
         .filter(|u| u.isa.offered_under(best))
         .collect()
