@@ -239,7 +239,7 @@ fn main() {
     // (group, id) -> criterion's median of every round, in ns.
     let mut medians: HashMap<(String, String), Vec<f64>> = HashMap::new();
     for w in &shapes {
-        let Workload::Gemm { m, n, k } = *w else {
+        let Workload::Gemm { m, n, k, .. } = *w else {
             unreachable!("this bench only lists gemm shapes")
         };
         let p = Problem::random(w, 11);
@@ -248,7 +248,8 @@ fn main() {
         let defaults: Vec<_> = threads
             .iter()
             .map(|&t| {
-                let (dk, dc) = default_for(w, &HardwareFingerprint::current().with_cores(t));
+                let (dk, dc) =
+                    default_for(w, &HardwareFingerprint::current().with_cores(t)).unwrap();
                 dk.prepare(w, &dc).expect("default config builds")
             })
             .collect();

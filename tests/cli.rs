@@ -94,6 +94,36 @@ fn tune_lookup_run_round_trip() {
     assert_eq!(l["level"], "exact");
     assert_eq!(l["kernel"], t["kernel"]);
     assert_eq!(l["config"], t["config"]);
+    assert_eq!((&l["dtype"], &l["device"]), (&"f32".into(), &"cpu".into()));
+
+    // An element-type suffix: `:f32` is the same workload; an element type no family of
+    // this build serves is a one-line error from every command, and the database is kept.
+    let o = autokernel(&[
+        "lookup",
+        "--workload",
+        "gemm:24x20x16:f32",
+        "--db",
+        db,
+        "--json",
+    ]);
+    assert_eq!(json_lines(&o)[0]["config"], t["config"]);
+    assert_eq!(json_lines(&o)[0]["workload"], "gemm:24x20x16");
+    let before = file_bytes(Path::new(db));
+    for cmd in ["lookup", "run", "tune"] {
+        let o = autokernel(&[cmd, "--workload", "gemm:24x20x16:bf16", "--db", db]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{cmd}: {err}");
+        assert!(
+            err.contains("gemm:24x20x16:bf16") && err.contains("bf16 workloads"),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        file_bytes(Path::new(db)),
+        before,
+        "the database is untouched"
+    );
 
     // Never tuned: the nearest tuned shape lends its config if it is valid for this one.
     let o = autokernel(&["lookup", "--workload", "gemm:5x7x9", "--db", db, "--json"]);
@@ -126,6 +156,8 @@ fn bad_workloads_fail_cleanly_and_touch_nothing() {
         ("gemm:99999999x4x4", "exceeds the maximum"),
         ("conv:4x4x4", "unknown op 'conv'"),
         ("hello", "expected OP:SHAPE"),
+        ("gemm:4x4x4:u8", "not a workload precision"),
+        ("gemm:4x4x4:fp8", "unknown suffix ':fp8'"),
     ] {
         for cmd in [
             vec!["tune", "--workload", w, "--db", dbs],

@@ -53,7 +53,7 @@ fn gemm(m: usize, n: usize, k: usize) -> Workload {
 /// The i-th valid single-thread config of the default family of `w` on this machine.
 fn config(w: &Workload, i: usize) -> Config {
     let hw = HardwareFingerprint::current();
-    let (k, _) = default_for(w, hw);
+    let (k, _) = default_for(w, hw).unwrap();
     k.space(w, hw)
         .iter_valid()
         .filter(|c| c.int("threads") == Some(1))
@@ -64,7 +64,7 @@ fn config(w: &Workload, i: usize) -> Config {
 /// An ok record on this machine: 11 samples within ±0.5% of `median`.
 fn rec(w: Workload, c: Config, median: f64) -> Record {
     let hw = HardwareFingerprint::current();
-    let (k, _) = default_for(&w, hw);
+    let (k, _) = default_for(&w, hw).unwrap();
     let samples = (0..11)
         .map(|i| median * (1.0 + (i as f64 - 5.0) * 0.001))
         .collect();

@@ -139,7 +139,7 @@ fn unguarded(
             return (r.kernel.clone(), r.config.clone(), r.workload.key(), d);
         }
     }
-    let (k, c) = default_for(w, hw);
+    let (k, c) = default_for(w, hw).unwrap();
     (k.name().to_string(), c, "none fits: default".into(), 0.0)
 }
 
@@ -173,7 +173,7 @@ fn nearest_shape_regret_against_the_default() {
         let rule = rules_only.lookup(&w).unwrap();
         let own = held.lookup(&w).unwrap();
         assert_eq!(own.level, Level::Exact, "{w}");
-        let (dk, dc) = default_for(&w, hw);
+        let (dk, dc) = default_for(&w, hw).unwrap();
         let default = dk.prepare(&w, &dc).unwrap();
         let (ok, oc, osrc, od) = unguarded(&train_records, hw, &w);
         let old = kernels::kernel(&ok).unwrap().prepare(&w, &oc).unwrap();

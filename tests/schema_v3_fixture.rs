@@ -48,7 +48,10 @@ fn lookups(path: &Path) -> Value {
     // The portable row's defaults use portable micro-kernels, which an AVX2 machine's space
     // does not offer, so only the AVX2 row is served here (every CI machine has AVX2); the
     // portable row's records still take part (they must not be borrowed by the AVX2 row).
-    for hw in fps.into_iter().filter(|hw| hw.isa.iter().any(|f| f == "avx2")) {
+    for hw in fps
+        .into_iter()
+        .filter(|hw| hw.isa.iter().any(|f| f == "avx2"))
+    {
         let id = hw.id.clone();
         let rt = Runtime::open_for(path, hw).unwrap();
         rt.set_fallback_check(false);

@@ -97,6 +97,7 @@ impl BertConfig {
                 n: 3 * h,
                 k: h,
                 act: Act::Identity,
+                dtype: kernels::DType::F32,
             },
             Workload::Attention {
                 b: batch,
@@ -104,24 +105,28 @@ impl BertConfig {
                 s: seq,
                 d: self.head_dim(),
                 causal: false,
+                dtype: kernels::DType::F32,
             },
             Workload::GemmBiasAct {
                 m,
                 n: h,
                 k: h,
                 act: Act::Identity,
+                dtype: kernels::DType::F32,
             },
             Workload::GemmBiasAct {
                 m,
                 n: f,
                 k: h,
                 act: Act::Gelu,
+                dtype: kernels::DType::F32,
             },
             Workload::GemmBiasAct {
                 m,
                 n: h,
                 k: f,
                 act: Act::Identity,
+                dtype: kernels::DType::F32,
             },
         ]
     }

@@ -89,12 +89,23 @@ fn main() {
             .position(|a| a == "--unfused-gemms")
             .and_then(|i| args.get(i + 2))
             .unwrap_or_else(|| fail("--unfused-gemms takes two configs".into()));
-        let Workload::Attention { b, h, s, d, causal } = w else {
+        let Workload::Attention {
+            b, h, s, d, causal, ..
+        } = w
+        else {
             fail("--unfused-gemms needs an attention workload".into())
         };
         let build = |m, n, k, c: &str| {
             gemm_packed
-                .prepare(&Workload::Gemm { m, n, k }, &parse(c))
+                .prepare(
+                    &Workload::Gemm {
+                        m,
+                        n,
+                        k,
+                        dtype: kernels::DType::F32,
+                    },
+                    &parse(c),
+                )
                 .unwrap_or_else(|e| fail(format!("{e}")))
         };
         let qk_exe = build(s, s, d, &qk);
@@ -112,11 +123,19 @@ fn main() {
             Box::new(exe),
         )
     } else if let Some(gc) = arg(&args, "--separate-gemm") {
-        let Workload::GemmBiasAct { m, n, k, act } = w else {
+        let Workload::GemmBiasAct { m, n, k, act, .. } = w else {
             fail("--separate-gemm needs a gemm_bias_* workload".into())
         };
         let gemm = gemm_packed
-            .prepare(&Workload::Gemm { m, n, k }, &parse(&gc))
+            .prepare(
+                &Workload::Gemm {
+                    m,
+                    n,
+                    k,
+                    dtype: kernels::DType::F32,
+                },
+                &parse(&gc),
+            )
             .unwrap_or_else(|e| fail(format!("{e}")));
         (
             "gemm_packed+separate_pass".into(),
@@ -133,7 +152,7 @@ fn main() {
                 };
                 (k, c)
             }
-            None => default_for(&w, hw),
+            None => default_for(&w, hw).unwrap_or_else(|e| fail(format!("{e}"))),
         };
         let exe = k.prepare(&w, &c).unwrap_or_else(|e| fail(format!("{e}")));
         (k.name().to_string(), c.to_json(), exe)

@@ -58,7 +58,7 @@ fn main() {
     let sweep = args.iter().any(|a| a == "--sweep");
     let (family, config) = match args.get(1) {
         None => {
-            let (k, c) = default_for(&w, hw);
+            let (k, c) = default_for(&w, hw).unwrap();
             (k, c)
         }
         Some(name) => {

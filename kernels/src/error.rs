@@ -18,6 +18,26 @@ pub enum Error {
     /// A kernel that was asked to run a workload it does not support.
     #[error("kernel '{kernel}' does not support workload '{workload}'")]
     Unsupported { kernel: String, workload: String },
+    /// A family asked to run a workload of an element type it does not serve.
+    #[error(
+        "kernel '{kernel}' does not serve {dtype} workloads ('{workload}'); it serves {served}"
+    )]
+    UnsupportedDtype {
+        kernel: String,
+        workload: String,
+        dtype: crate::DType,
+        served: String,
+    },
+    /// An element type name that is not one of [`crate::DType::ALL`].
+    #[error("unknown element type '{input}' (known: {known})")]
+    UnknownDtype { input: String, known: String },
+    /// No registered family runs this workload on this device (the message says what does).
+    #[error("no kernel family runs '{workload}' on {device}: {reason}")]
+    NoFamily {
+        workload: String,
+        device: String,
+        reason: String,
+    },
     /// A kernel name that no registered family answers to.
     #[error("unknown kernel '{0}'")]
     UnknownKernel(String),

@@ -1,6 +1,7 @@
 //! The [`Kernel`] trait every operator family implements, and [`Executable`], what it
 //! prepares. The registry of families is in `registry.rs` ([`crate::registry()`]).
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hardware::HardwareFingerprint;
 use crate::space::{Config, Space};
@@ -24,7 +25,14 @@ pub trait Kernel: Send + Sync {
     /// Bumped whenever the meaning of a config changes; records of older versions are ignored.
     fn version(&self) -> u32;
 
-    /// Whether this family can run `w` at all.
+    /// The element types of the workloads it runs ([`Workload::dtype`]); f32 unless a
+    /// family says otherwise.
+    fn dtypes(&self) -> &'static [DType] {
+        &[DType::F32]
+    }
+
+    /// Whether this family can run `w` at all: its op, its shape and its element type
+    /// (false for every element type outside [`Kernel::dtypes`]).
     fn supports(&self, w: &Workload) -> bool;
 
     /// The configs the search may try for `w` on `hw`.
@@ -48,6 +56,19 @@ pub trait Kernel: Send + Sync {
 
     /// Checks `c` against this machine's space for `w`, then builds it.
     fn prepare(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
+        if !self.dtypes().contains(&w.dtype()) {
+            return Err(Error::UnsupportedDtype {
+                kernel: self.name().into(),
+                workload: w.key(),
+                dtype: w.dtype(),
+                served: self
+                    .dtypes()
+                    .iter()
+                    .map(|d| d.name())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
         if !self.supports(w) {
             return Err(Error::Unsupported {
                 kernel: self.name().into(),

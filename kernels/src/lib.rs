@@ -5,7 +5,7 @@
 //!
 //! let w: Workload = "gemm:64x48x33".parse()?;
 //! let hw = HardwareFingerprint::current();
-//! let (kernel, config) = default_for(&w, hw);
+//! let (kernel, config) = default_for(&w, hw)?;
 //! let exe = kernel.prepare(&w, &config)?;
 //!
 //! let problem = Problem::random(&w, 7);
@@ -27,6 +27,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod device;
+pub mod dtype;
 pub mod error;
 pub mod hardware;
 pub mod kernel;
@@ -38,6 +39,7 @@ pub mod space;
 pub mod workload;
 
 pub use device::{Device, DeviceParseError};
+pub use dtype::DType;
 pub use error::{Error, Result};
 pub use hardware::HardwareFingerprint;
 pub use kernel::{Executable, Kernel};

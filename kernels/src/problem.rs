@@ -112,11 +112,11 @@ impl Problem {
     /// by about `w_j·|v_jc - o_c|`, far outside that.
     pub fn reference(&self) -> Reference {
         match self.workload {
-            Workload::Gemm { m, n, k } => {
+            Workload::Gemm { m, n, k, .. } => {
                 let (a, b) = (&self.inputs[0], &self.inputs[1]);
                 gemm_reference(a, b, (m, n, k))
             }
-            Workload::GemmBiasAct { m, n, k, act } => {
+            Workload::GemmBiasAct { m, n, k, act, .. } => {
                 let (a, b, bias) = (&self.inputs[0], &self.inputs[1], &self.inputs[2]);
                 let mut r = gemm_reference(a, b, (m, n, k));
                 let eps = f32::EPSILON as f64;

@@ -48,18 +48,44 @@ pub fn kernels_for(w: &Workload) -> Vec<&'static dyn Kernel> {
         .collect()
 }
 
-/// The fallback for `w`: the family and config used when nothing was tuned.
-pub fn default_for(w: &Workload, hw: &HardwareFingerprint) -> (&'static dyn Kernel, Config) {
-    match w {
+/// The fallback for `w`: the family and config used when nothing was tuned, or
+/// [`Error::NoFamily`] when no family of this build runs `w` (an element type nobody serves).
+pub fn default_for(
+    w: &Workload,
+    hw: &HardwareFingerprint,
+) -> Result<(&'static dyn Kernel, Config)> {
+    let (kernel, config) = match w {
         Workload::Gemm { .. } => crate::cpu::gemm::default_for(w, hw),
         Workload::GemmBiasAct { .. } => crate::cpu::gemm::epilogue::default_for(w, hw),
         Workload::Attention { .. } => crate::cpu::attention::default_for(w, hw),
+    };
+    if kernel.supports(w) {
+        return Ok((kernel, config));
     }
+    let served: Vec<&str> = registry()
+        .iter()
+        .filter(|k| k.dtypes().contains(&w.dtype()))
+        .map(|k| k.name())
+        .collect();
+    Err(Error::NoFamily {
+        workload: w.key(),
+        device: "cpu".into(),
+        reason: if served.is_empty() {
+            format!("no family of this build serves {} workloads yet", w.dtype())
+        } else {
+            format!(
+                "{} workloads are served only by {}",
+                w.dtype(),
+                served.join(", ")
+            )
+        },
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dtype::DType;
     use crate::space::Value;
     use crate::workload::Act;
 
@@ -77,9 +103,20 @@ mod tests {
             (1024, 4096, 512),
             (3000, 9000, 130),
         ] {
-            all.push(Workload::Gemm { m, n, k: kk });
+            all.push(Workload::Gemm {
+                m,
+                n,
+                k: kk,
+                dtype: crate::DType::F32,
+            });
             for act in [Act::Identity, Act::Relu, Act::Gelu] {
-                all.push(Workload::GemmBiasAct { m, n, k: kk, act });
+                all.push(Workload::GemmBiasAct {
+                    m,
+                    n,
+                    k: kk,
+                    act,
+                    dtype: crate::DType::F32,
+                });
             }
         }
         for (b, h, s, d) in [
@@ -91,7 +128,14 @@ mod tests {
             (4, 16, 1024, 64),
         ] {
             for causal in [false, true] {
-                all.push(Workload::Attention { b, h, s, d, causal });
+                all.push(Workload::Attention {
+                    b,
+                    h,
+                    s,
+                    d,
+                    causal,
+                    dtype: crate::DType::F32,
+                });
             }
         }
         // The families' own workloads, plus one of another op (space and check are
@@ -99,6 +143,36 @@ mod tests {
         let mut own: Vec<Workload> = all.iter().copied().filter(|w| k.supports(w)).collect();
         own.extend(all.iter().copied().find(|w| !k.supports(w)));
         own
+    }
+
+    #[test]
+    fn families_refuse_element_types_they_do_not_serve() {
+        let hw = HardwareFingerprint::current();
+        for k in registry().iter().copied() {
+            for w in workloads_of(k).into_iter().filter(|w| k.supports(w)) {
+                let config = k.default_config(&w, hw);
+                for dtype in DType::PRECISIONS {
+                    let wd = w.with_dtype(dtype);
+                    let served = k.dtypes().contains(&dtype);
+                    assert_eq!(k.supports(&wd), served, "{} on {wd}", k.name());
+                    if !served {
+                        let e = k.prepare(&wd, &config).err().expect("refused").to_string();
+                        assert!(
+                            e.contains(k.name())
+                                && e.contains(dtype.name())
+                                && k.dtypes().iter().all(|d| e.contains(d.name())),
+                            "{e}"
+                        );
+                    }
+                }
+            }
+        }
+        let bf16: Workload = "gemm:64x64x64:bf16".parse().unwrap();
+        let e = default_for(&bf16, hw)
+            .err()
+            .expect("no CPU family serves bf16 yet");
+        assert!(e.to_string().contains("gemm:64x64x64:bf16"), "{e}");
+        assert!(kernels_for(&bf16).is_empty());
     }
 
     /// Configs of the unconstrained product of `k`'s knobs on `hw` (valid or not by the

@@ -12,18 +12,27 @@
 //! | `attention:BxHxSxD`             | `O = softmax(Q·Kᵀ/√D)·V` per batch and head           |
 //! | `attention:BxHxSxD:causal`      | the same with key `j > i` masked out for query `i`    |
 //!
+//! Any of them may end in an element type, `:f32` (the default, printed without suffix),
+//! `:bf16` or `:i8` ([`DType::PRECISIONS`]): `gemm:128x768x768:bf16`,
+//! `attention:1x12x128x64:causal:bf16`. Without one a workload is f32, so every workload
+//! string stored before element types existed keeps its meaning.
+//!
 //! ```
-//! use kernels::{Act, Workload};
+//! use kernels::{Act, DType, Workload};
 //!
 //! let w: Workload = "attention:1x12x128x64:causal".parse()?;
-//! assert_eq!(w, Workload::Attention { b: 1, h: 12, s: 128, d: 64, causal: true });
+//! assert_eq!(w, Workload::Attention { b: 1, h: 12, s: 128, d: 64, causal: true, dtype: DType::F32 });
 //! assert_eq!(w.key(), "attention:1x12x128x64:causal");
 //! let g: Workload = "gemm_bias_gelu:128x3072x768".parse()?;
-//! assert_eq!(g, Workload::GemmBiasAct { m: 128, n: 3072, k: 768, act: Act::Gelu });
+//! assert_eq!(g, Workload::GemmBiasAct { m: 128, n: 3072, k: 768, act: Act::Gelu, dtype: DType::F32 });
 //! let p: Workload = "gemm_bias:128x2304x768".parse()?;
-//! assert_eq!(p, Workload::GemmBiasAct { m: 128, n: 2304, k: 768, act: Act::Identity });
+//! assert_eq!(p, Workload::GemmBiasAct { m: 128, n: 2304, k: 768, act: Act::Identity, dtype: DType::F32 });
 //! assert_eq!(p.key(), "gemm_bias:128x2304x768");
 //! assert!("attention:1x12x128x64:sideways".parse::<Workload>().is_err());
+//! let b: Workload = "attention:1x12x128x64:causal:bf16".parse()?;
+//! assert_eq!(b.dtype(), DType::Bf16);
+//! assert_eq!(b.key(), "attention:1x12x128x64:causal:bf16");
+//! assert_eq!("gemm:8x8x8:f32".parse::<Workload>()?.key(), "gemm:8x8x8");
 //! # Ok::<(), kernels::Error>(())
 //! ```
 
@@ -32,6 +41,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// Largest accepted dimension. Anything above is almost surely a typo (and would not fit
@@ -131,19 +141,25 @@ impl fmt::Display for Act {
     }
 }
 
-/// One problem instance: an op and its shape.
+/// One problem instance: an op, its shape and its element type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Workload {
-    /// f32 row-major GEMM `C[m×n] = A[m×k] · B[k×n]`.
-    Gemm { m: usize, n: usize, k: usize },
-    /// `C[m×n] = act(A[m×k] · B[k×n] + bias[n])`, f32 row-major. Inputs: A, B, bias.
+    /// Row-major GEMM `C[m×n] = A[m×k] · B[k×n]`.
+    Gemm {
+        m: usize,
+        n: usize,
+        k: usize,
+        dtype: DType,
+    },
+    /// `C[m×n] = act(A[m×k] · B[k×n] + bias[n])`, row-major. Inputs: A, B, bias.
     GemmBiasAct {
         m: usize,
         n: usize,
         k: usize,
         act: Act,
+        dtype: DType,
     },
-    /// Scaled dot-product attention, f32, Q, K, V and O laid out `[b, h, s, d]` (row-major):
+    /// Scaled dot-product attention, Q, K, V and O laid out `[b, h, s, d]` (row-major):
     /// `O = softmax(Q·Kᵀ/√d)·V` for each of the `b·h` heads; with `causal`, query `i` only
     /// sees keys `j ≤ i`. Inputs: Q, K, V.
     Attention {
@@ -152,29 +168,67 @@ pub enum Workload {
         s: usize,
         d: usize,
         causal: bool,
+        dtype: DType,
     },
 }
 
 impl Workload {
-    /// A GEMM workload, validated (every dim in `1..=MAX_DIM`).
+    /// An f32 GEMM workload, validated (every dim in `1..=MAX_DIM`).
     pub fn gemm(m: usize, n: usize, k: usize) -> Result<Self> {
-        let w = Workload::Gemm { m, n, k };
+        let w = Workload::Gemm {
+            m,
+            n,
+            k,
+            dtype: DType::F32,
+        };
         w.validate(&w.key())?;
         Ok(w)
     }
 
-    /// A fused `act(A·B + bias)` workload, validated.
+    /// An f32 fused `act(A·B + bias)` workload, validated.
     pub fn gemm_bias_act(m: usize, n: usize, k: usize, act: Act) -> Result<Self> {
-        let w = Workload::GemmBiasAct { m, n, k, act };
+        let w = Workload::GemmBiasAct {
+            m,
+            n,
+            k,
+            act,
+            dtype: DType::F32,
+        };
         w.validate(&w.key())?;
         Ok(w)
     }
 
-    /// An attention workload, validated.
+    /// An f32 attention workload, validated.
     pub fn attention(b: usize, h: usize, s: usize, d: usize, causal: bool) -> Result<Self> {
-        let w = Workload::Attention { b, h, s, d, causal };
+        let w = Workload::Attention {
+            b,
+            h,
+            s,
+            d,
+            causal,
+            dtype: DType::F32,
+        };
         w.validate(&w.key())?;
         Ok(w)
+    }
+
+    /// The element type of its operands (its precision): f32 unless the text form says.
+    pub fn dtype(&self) -> DType {
+        match *self {
+            Workload::Gemm { dtype, .. }
+            | Workload::GemmBiasAct { dtype, .. }
+            | Workload::Attention { dtype, .. } => dtype,
+        }
+    }
+
+    /// The same op and shape in element type `dtype`.
+    pub fn with_dtype(mut self, dt: DType) -> Workload {
+        match &mut self {
+            Workload::Gemm { dtype, .. }
+            | Workload::GemmBiasAct { dtype, .. }
+            | Workload::Attention { dtype, .. } => *dtype = dt,
+        }
+        self
     }
 
     /// The op this workload belongs to.
@@ -189,7 +243,7 @@ impl Workload {
     /// The dimensions in the order of the text form (`gemm*`: M, N, K; `attention`: B, H, S, D).
     pub fn dims(&self) -> Vec<usize> {
         match *self {
-            Workload::Gemm { m, n, k } | Workload::GemmBiasAct { m, n, k, .. } => vec![m, n, k],
+            Workload::Gemm { m, n, k, .. } | Workload::GemmBiasAct { m, n, k, .. } => vec![m, n, k],
             Workload::Attention { b, h, s, d, .. } => vec![b, h, s, d],
         }
     }
@@ -197,12 +251,15 @@ impl Workload {
     /// `(m, n, k)` of the matrix product inside a `gemm` or `gemm_bias_*` workload.
     pub fn gemm_dims(&self) -> Option<(usize, usize, usize)> {
         match *self {
-            Workload::Gemm { m, n, k } | Workload::GemmBiasAct { m, n, k, .. } => Some((m, n, k)),
+            Workload::Gemm { m, n, k, .. } | Workload::GemmBiasAct { m, n, k, .. } => {
+                Some((m, n, k))
+            }
             Workload::Attention { .. } => None,
         }
     }
 
-    /// The canonical text form, also the database key: `gemm:MxNxK`, `attention:BxHxSxD[:causal]`.
+    /// The canonical text form, also the database key: `gemm:MxNxK`,
+    /// `attention:BxHxSxD[:causal]`, followed by `:bf16` / `:i8` unless the workload is f32.
     pub fn key(&self) -> String {
         self.to_string()
     }
@@ -212,10 +269,12 @@ impl Workload {
     /// halved when causal, whatever a variant actually computes.
     pub fn flops(&self) -> f64 {
         match *self {
-            Workload::Gemm { m, n, k } | Workload::GemmBiasAct { m, n, k, .. } => {
+            Workload::Gemm { m, n, k, .. } | Workload::GemmBiasAct { m, n, k, .. } => {
                 2.0 * m as f64 * n as f64 * k as f64
             }
-            Workload::Attention { b, h, s, d, causal } => {
+            Workload::Attention {
+                b, h, s, d, causal, ..
+            } => {
                 let full = 4.0 * (b * h) as f64 * s as f64 * s as f64 * d as f64;
                 if causal {
                     full / 2.0
@@ -230,7 +289,7 @@ impl Workload {
     /// `attention`: Q, K, V).
     pub fn input_lens(&self) -> Vec<usize> {
         match *self {
-            Workload::Gemm { m, n, k } => vec![m * k, k * n],
+            Workload::Gemm { m, n, k, .. } => vec![m * k, k * n],
             Workload::GemmBiasAct { m, n, k, .. } => vec![m * k, k * n, n],
             Workload::Attention { b, h, s, d, .. } => vec![b * h * s * d; 3],
         }
@@ -267,6 +326,13 @@ impl Workload {
             input: input.to_string(),
             reason,
         };
+        if !self.dtype().is_precision() {
+            return Err(bad(format!(
+                "element type '{}' is not a workload precision (workloads take {})",
+                self.dtype(),
+                DType::PRECISIONS.map(DType::name).join(", ")
+            )));
+        }
         for d in self.dims() {
             if d == 0 {
                 return Err(bad("dimensions must be at least 1".into()));
@@ -300,17 +366,22 @@ impl Workload {
 impl fmt::Display for Workload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Workload::Gemm { m, n, k } => write!(f, "gemm:{m}x{n}x{k}"),
-            Workload::GemmBiasAct { m, n, k, act } => {
-                write!(f, "{}:{m}x{n}x{k}", act.op().name())
+            Workload::Gemm { m, n, k, .. } => write!(f, "gemm:{m}x{n}x{k}")?,
+            Workload::GemmBiasAct { m, n, k, act, .. } => {
+                write!(f, "{}:{m}x{n}x{k}", act.op().name())?
             }
-            Workload::Attention { b, h, s, d, causal } => {
+            Workload::Attention {
+                b, h, s, d, causal, ..
+            } => {
                 write!(f, "attention:{b}x{h}x{s}x{d}")?;
                 if causal {
                     f.write_str(":causal")?;
                 }
-                Ok(())
             }
+        }
+        match self.dtype() {
+            DType::F32 => Ok(()),
+            dt => write!(f, ":{dt}"),
         }
     }
 }
@@ -319,7 +390,8 @@ impl FromStr for Workload {
     type Err = Error;
 
     /// Parses `gemm:MxNxK`, `gemm_bias:MxNxK`, `gemm_bias_relu:MxNxK`, `gemm_bias_gelu:MxNxK`,
-    /// `attention:BxHxSxD` and `attention:BxHxSxD:causal` (surrounding white space is ignored).
+    /// `attention:BxHxSxD` and `attention:BxHxSxD:causal`, each with an optional element-type
+    /// suffix (`:bf16`); surrounding white space is ignored.
     fn from_str(s: &str) -> Result<Self> {
         let input = s.trim();
         let bad = |reason: String| Error::BadWorkload {
@@ -337,75 +409,97 @@ impl FromStr for Workload {
             .into_iter()
             .find(|o| o.name() == op)
             .ok_or_else(|| bad(format!("unknown op '{op}' (known ops: {known})")))?;
-        let (shape, suffix) = match rest.split_once(':') {
-            Some((shape, suffix)) => (shape, Some(suffix.trim())),
-            None => (rest, None),
+        let mut parts = rest.split(':');
+        let shape = parts.next().unwrap_or_default();
+        let (causal, dtype) = suffixes(op, parts, &bad)?;
+        let dims = parse_dims(shape, &bad)?;
+        let arity = |name: &str, want: &str, n: usize| {
+            bad(format!("{name} takes {want}, got {n} dimension(s)"))
         };
-        let dims = shape
-            .split('x')
-            .map(|d| {
-                d.trim().parse::<usize>().map_err(|e| {
-                    bad(match e.kind() {
-                        std::num::IntErrorKind::PosOverflow => format!(
-                            "dimension '{d}' exceeds the maximum of {MAX_DIM} (shape is {shape})"
-                        ),
-                        _ => format!("'{d}' is not a positive whole number (shape is {shape})"),
-                    })
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let gemm_dims = |name: &str| match dims[..] {
-            [m, n, k] => Ok((m, n, k)),
-            _ => Err(bad(format!(
-                "{name} takes MxNxK, got {} dimension(s)",
-                dims.len()
-            ))),
-        };
-        let no_suffix = |name: &str| match suffix {
-            None => Ok(()),
-            Some(x) => Err(bad(format!(
-                "unknown suffix ':{x}' ({name} takes no options)"
-            ))),
-        };
-        let w = match op {
-            Op::Gemm => {
-                no_suffix("gemm")?;
-                let (m, n, k) = gemm_dims("gemm")?;
-                Workload::Gemm { m, n, k }
-            }
-            Op::GemmBias | Op::GemmBiasRelu | Op::GemmBiasGelu => {
-                no_suffix(op.name())?;
-                let (m, n, k) = gemm_dims(op.name())?;
+        let w = match (op, &dims[..]) {
+            (Op::Gemm, &[m, n, k]) => Workload::Gemm { m, n, k, dtype },
+            (Op::GemmBias | Op::GemmBiasRelu | Op::GemmBiasGelu, &[m, n, k]) => {
                 let act = Act::ALL
                     .into_iter()
                     .find(|a| a.op() == op)
                     .expect("every gemm_bias op has an activation");
-                Workload::GemmBiasAct { m, n, k, act }
-            }
-            Op::Attention => {
-                let causal = match suffix {
-                    None => false,
-                    Some("causal") => true,
-                    Some(x) => {
-                        return Err(bad(format!(
-                            "unknown suffix ':{x}' (attention takes only ':causal')"
-                        )))
-                    }
-                };
-                match dims[..] {
-                    [b, h, s, d] => Workload::Attention { b, h, s, d, causal },
-                    _ => {
-                        return Err(bad(format!(
-                            "attention takes BxHxSxD, got {} dimension(s)",
-                            dims.len()
-                        )))
-                    }
+                Workload::GemmBiasAct {
+                    m,
+                    n,
+                    k,
+                    act,
+                    dtype,
                 }
             }
+            (Op::Attention, &[b, h, s, d]) => Workload::Attention {
+                b,
+                h,
+                s,
+                d,
+                causal,
+                dtype,
+            },
+            (Op::Attention, _) => return Err(arity("attention", "BxHxSxD", dims.len())),
+            _ => return Err(arity(op.name(), "MxNxK", dims.len())),
         };
         w.validate(input)?;
         Ok(w)
     }
+}
+
+/// The options after the shape: `causal` (attention only) and an element type, each at most
+/// once, in any order.
+fn suffixes<'a>(
+    op: Op,
+    parts: impl Iterator<Item = &'a str>,
+    bad: &dyn Fn(String) -> Error,
+) -> Result<(bool, DType)> {
+    let (mut causal, mut dtype) = (None, None);
+    let takes = match op {
+        Op::Attention => "':causal' and an element type",
+        _ => "only an element type",
+    };
+    for part in parts {
+        let part = part.trim();
+        let slot_taken = match (part, part.parse::<DType>()) {
+            ("causal", _) if op == Op::Attention => causal.replace(true).is_some(),
+            (_, Ok(dt)) if dt.is_precision() => dtype.replace(dt).is_some(),
+            (_, Ok(dt)) => {
+                return Err(bad(format!(
+                    "element type '{dt}' is not a workload precision (workloads take {})",
+                    DType::PRECISIONS.map(DType::name).join(", ")
+                )))
+            }
+            _ => {
+                return Err(bad(format!(
+                    "unknown suffix ':{part}' ({} takes {takes}: {})",
+                    op.name(),
+                    DType::PRECISIONS.map(DType::name).join(", ")
+                )))
+            }
+        };
+        if slot_taken {
+            return Err(bad(format!("suffix ':{part}' given twice")));
+        }
+    }
+    Ok((causal.unwrap_or(false), dtype.unwrap_or_default()))
+}
+
+/// `AxBx…` as whole numbers.
+fn parse_dims(shape: &str, bad: &dyn Fn(String) -> Error) -> Result<Vec<usize>> {
+    shape
+        .split('x')
+        .map(|d| {
+            d.trim().parse::<usize>().map_err(|e| {
+                bad(match e.kind() {
+                    std::num::IntErrorKind::PosOverflow => format!(
+                        "dimension '{d}' exceeds the maximum of {MAX_DIM} (shape is {shape})"
+                    ),
+                    _ => format!("'{d}' is not a positive whole number (shape is {shape})"),
+                })
+            })
+        })
+        .collect()
 }
 
 impl Serialize for Workload {
@@ -433,7 +527,8 @@ mod tests {
             Workload::Gemm {
                 m: 128,
                 n: 3072,
-                k: 768
+                k: 768,
+                dtype: crate::DType::F32
             }
         );
         assert_eq!(w.key(), "gemm:128x3072x768");
@@ -478,6 +573,7 @@ mod tests {
                     s: 128,
                     d: 64,
                     causal: false,
+                    dtype: crate::DType::F32,
                 },
             ),
             (
@@ -488,6 +584,7 @@ mod tests {
                     s: 5,
                     d: 7,
                     causal: true,
+                    dtype: crate::DType::F32,
                 },
             ),
             (
@@ -497,6 +594,7 @@ mod tests {
                     n: 5,
                     k: 6,
                     act: Act::Identity,
+                    dtype: crate::DType::F32,
                 },
             ),
             (
@@ -506,6 +604,7 @@ mod tests {
                     n: 5,
                     k: 6,
                     act: Act::Relu,
+                    dtype: crate::DType::F32,
                 },
             ),
             (
@@ -515,6 +614,7 @@ mod tests {
                     n: 3072,
                     k: 768,
                     act: Act::Gelu,
+                    dtype: crate::DType::F32,
                 },
             ),
         ] {
@@ -559,14 +659,64 @@ mod tests {
                 "attention:1048576x1048576x1048576x1048576",
                 "more than the limit",
             ),
-            ("gemm:2x2x2:causal", "takes no options"),
+            ("gemm:2x2x2:causal", "takes only an element type"),
             ("gemm_bias_gelu:2x2", "MxNxK"),
-            ("gemm_bias_relu:2x2x2:fast", "takes no options"),
+            ("gemm_bias_relu:2x2x2:fast", "unknown suffix ':fast'"),
             ("gemm_bias_tanh:2x2x2", "unknown op 'gemm_bias_tanh'"),
         ] {
             let err = s.parse::<Workload>().unwrap_err().to_string();
             assert!(err.contains(needle), "{s}: {err}");
             assert!(err.contains(s.trim()), "error names the input: {err}");
+        }
+    }
+
+    #[test]
+    fn element_type_suffixes_parse_print_and_round_trip() {
+        for (text, key, dtype) in [
+            ("gemm:2x3x4:bf16", "gemm:2x3x4:bf16", DType::Bf16),
+            ("gemm:2x3x4:f32", "gemm:2x3x4", DType::F32),
+            (
+                "gemm_bias_gelu:2x3x4:i8",
+                "gemm_bias_gelu:2x3x4:i8",
+                DType::I8,
+            ),
+            (
+                "attention:1x2x3x4:causal:bf16",
+                "attention:1x2x3x4:causal:bf16",
+                DType::Bf16,
+            ),
+            (
+                "attention:1x2x3x4:bf16:causal",
+                "attention:1x2x3x4:causal:bf16",
+                DType::Bf16,
+            ),
+            ("attention:1x2x3x4:i8", "attention:1x2x3x4:i8", DType::I8),
+        ] {
+            let w: Workload = text.parse().unwrap();
+            assert_eq!(w.dtype(), dtype, "{text}");
+            assert_eq!(w.key(), key, "{text}");
+            assert_eq!(key.parse::<Workload>().unwrap(), w, "{text}");
+            let j = serde_json::to_string(&w).unwrap();
+            assert_eq!(serde_json::from_str::<Workload>(&j).unwrap(), w);
+            // The same op and shape in f32 is another workload, with the suffix-free key.
+            let f = w.with_dtype(DType::F32);
+            assert_ne!(f, w.with_dtype(DType::Bf16));
+            assert!(!f.key().ends_with(dtype.name()) || dtype == DType::F32);
+            assert_eq!((f.flops(), f.input_lens()), (w.flops(), w.input_lens()));
+        }
+        for (s, needle) in [
+            ("gemm:2x3x4:u8", "not a workload precision"),
+            ("gemm:2x3x4:i32", "not a workload precision"),
+            ("gemm:2x3x4:fp16", "unknown suffix ':fp16'"),
+            ("gemm:2x3x4:bf16:bf16", "given twice"),
+            ("gemm:2x3x4:bf16:i8", "given twice"),
+            ("gemm:2x3x4:causal", "only an element type"),
+            ("attention:1x2x3x4:causal:causal", "given twice"),
+            ("attention:1x2x3x4:causal:", "unknown suffix"),
+        ] {
+            let err = s.parse::<Workload>().unwrap_err().to_string();
+            assert!(err.contains(needle), "{s}: {err}");
+            assert!(err.contains(s), "error names the input: {err}");
         }
     }
 

@@ -131,7 +131,7 @@ fn defaults_are_valid_and_correct_everywhere() {
         let w: Workload = text.parse().unwrap();
         let p = Problem::random(&w, 4);
         let r = p.reference();
-        let (k, c) = default_for(&w, hw);
+        let (k, c) = default_for(&w, hw).unwrap();
         assert_eq!(k.name(), "attention_fused");
         let exe = k.prepare(&w, &c).unwrap_or_else(|e| panic!("{w} {c}: {e}"));
         let mut out = p.output();

@@ -176,11 +176,11 @@ fn defaults_are_in_their_space_and_prepare() {
                 .check(&c)
                 .unwrap_or_else(|e| panic!("{} default {c} for {w}: {e}", family.name()));
         }
-        let (family, c) = kernels::default_for(&w, hw);
+        let (family, c) = kernels::default_for(&w, hw).unwrap();
         assert!(family.supports(&w));
         family
             .prepare(&w, &c)
-            .unwrap_or_else(|e| panic!("default_for({w}) = {} {c}: {e}", family.name()));
+            .unwrap_or_else(|e| panic!("default_for({w}).unwrap() = {} {c}: {e}", family.name()));
     }
 }
 
@@ -188,7 +188,7 @@ fn defaults_are_in_their_space_and_prepare() {
 fn defaults_compute_correctly() {
     let hw = HardwareFingerprint::current();
     for case in cases() {
-        let (family, c) = kernels::default_for(&case.w, hw);
+        let (family, c) = kernels::default_for(&case.w, hw).unwrap();
         let exe = family.prepare(&case.w, &c).unwrap();
         let mut out = vec![f32::NAN; case.w.output_len()];
         exe.run(&case.p.input_slices(), &mut out);
@@ -293,7 +293,7 @@ fn bad_configs_are_errors_not_panics() {
 #[should_panic(expected = "A must be")]
 fn wrong_buffer_lengths_panic() {
     let w = Workload::gemm(4, 4, 4).unwrap();
-    let (family, c) = kernels::default_for(&w, HardwareFingerprint::current());
+    let (family, c) = kernels::default_for(&w, HardwareFingerprint::current()).unwrap();
     let exe = family.prepare(&w, &c).unwrap();
     let mut out = vec![0.0; 16];
     exe.run(&[&[0.0; 15], &[0.0; 16]], &mut out);

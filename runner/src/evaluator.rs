@@ -238,7 +238,7 @@ mod tests {
     fn in_process_evaluates_prepared_and_unprepared_configs_alike() {
         let w: Workload = "gemm:12x10x8".parse().unwrap();
         let hw = HardwareFingerprint::current();
-        let (k, c) = default_for(&w, hw);
+        let (k, c) = default_for(&w, hw).unwrap();
         let mut ev = InProcess::new();
         assert!(matches!(
             ev.evaluate(k, &c, &Protocol::quick()),

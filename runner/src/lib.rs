@@ -5,7 +5,7 @@
 //! use runner::{evaluate, Protocol};
 //!
 //! let w: Workload = "gemm:32x32x32".parse()?;
-//! let (kernel, config) = default_for(&w, HardwareFingerprint::current());
+//! let (kernel, config) = default_for(&w, HardwareFingerprint::current())?;
 //! let problem = Problem::random(&w, 1);
 //! let reference = problem.reference();
 //! let outcome = evaluate(kernel, &w, &config, &problem, &reference, &Protocol::quick());

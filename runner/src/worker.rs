@@ -1079,7 +1079,8 @@ mod tests {
     #[test]
     fn serve_answers_setup_evaluate_and_bad_requests() {
         let w = "gemm:9x8x7";
-        let (k, c) = kernels::default_for(&w.parse().unwrap(), HardwareFingerprint::current());
+        let (k, c) =
+            kernels::default_for(&w.parse().unwrap(), HardwareFingerprint::current()).unwrap();
         let cand = |version| WireCandidate {
             kernel: k.name().into(),
             version,

@@ -115,7 +115,7 @@ fn every_planted_fault_gets_its_status_and_the_worker_comes_back() {
     assert_eq!(ev.restarts(), 5);
 
     // The restarted worker was set up again: finalists re-measure on the same problem.
-    let (dk, dc) = default_for(&workload(), HardwareFingerprint::current());
+    let (dk, dc) = default_for(&workload(), HardwareFingerprint::current()).unwrap();
     let ms = ev
         .remeasure(&[(&PlantedFaults, fault("none")), (dk, dc)], &p, 5)
         .unwrap();

@@ -49,7 +49,7 @@ fn make_db(path: &Path) {
     let recs: Vec<Record> = tuned_shapes()
         .into_iter()
         .map(|w| {
-            let (k, c) = default_for(&w, hw);
+            let (k, c) = default_for(&w, hw).unwrap();
             let m = Measurement::from_samples(vec![1e-4, 1.01e-4, 0.99e-4]);
             Record::ok(&hw.id, w, k.name(), k.version(), c, m, "bench")
         })

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use kernels::{Act, Workload};
+use kernels::{Act, DType, Workload};
 
 use crate::Choice;
 
@@ -21,11 +21,22 @@ const DIM_BITS: u32 = 21;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Key(u128);
 
-/// The op and its non-shape attributes as a small number: two workloads may lend each
-/// other configs (nearest-shape) only if their classes are equal. The text-form
-/// equivalent is the workload key without its dimensions (`gemm:`, `attention::causal`).
+/// The op, its non-shape attributes and its element type as a small number: two workloads
+/// may lend each other configs (nearest-shape) only if their classes are equal. The
+/// text-form equivalent is the workload key without its dimensions (`gemm:`,
+/// `attention::causal:bf16`).
 #[inline]
 pub(crate) fn class(w: &Workload) -> u8 {
+    let dtype = DType::ALL
+        .iter()
+        .position(|d| *d == w.dtype())
+        .expect("every element type is in DType::ALL") as u8;
+    op_class(w) | dtype << 3
+}
+
+/// [`class`] without the element type: 1 to 6, in three bits.
+#[inline]
+fn op_class(w: &Workload) -> u8 {
     match *w {
         Workload::Gemm { .. } => 1,
         Workload::GemmBiasAct { act, .. } => match act {
@@ -42,7 +53,7 @@ pub(crate) fn class(w: &Workload) -> u8 {
 #[inline]
 pub(crate) fn dims4(w: &Workload) -> ([usize; 4], usize) {
     match *w {
-        Workload::Gemm { m, n, k } | Workload::GemmBiasAct { m, n, k, .. } => ([m, n, k, 0], 3),
+        Workload::Gemm { m, n, k, .. } | Workload::GemmBiasAct { m, n, k, .. } => ([m, n, k, 0], 3),
         Workload::Attention { b, h, s, d, .. } => ([b, h, s, d], 4),
     }
 }
@@ -152,7 +163,12 @@ mod tests {
     use super::*;
 
     fn gemm(m: usize, n: usize, k: usize) -> Workload {
-        Workload::Gemm { m, n, k }
+        Workload::Gemm {
+            m,
+            n,
+            k,
+            dtype: kernels::DType::F32,
+        }
     }
 
     #[test]
@@ -167,18 +183,21 @@ mod tests {
                         n,
                         k: 768,
                         act: Act::Identity,
+                        dtype: kernels::DType::F32,
                     },
                     Workload::GemmBiasAct {
                         m,
                         n,
                         k: 768,
                         act: Act::Relu,
+                        dtype: kernels::DType::F32,
                     },
                     Workload::GemmBiasAct {
                         m,
                         n,
                         k: 768,
                         act: Act::Gelu,
+                        dtype: kernels::DType::F32,
                     },
                     Workload::Attention {
                         b: m,
@@ -186,6 +205,7 @@ mod tests {
                         s: 768,
                         d: 64,
                         causal: false,
+                        dtype: kernels::DType::F32,
                     },
                     Workload::Attention {
                         b: m,
@@ -193,10 +213,14 @@ mod tests {
                         s: 768,
                         d: 64,
                         causal: true,
+                        dtype: kernels::DType::F32,
                     },
                 ];
                 for w in ws {
-                    assert!(seen.insert(Key::of(&w).unwrap().0), "{w}");
+                    for dtype in DType::PRECISIONS {
+                        let w = w.with_dtype(dtype);
+                        assert!(seen.insert(Key::of(&w).unwrap().0), "{w}");
+                    }
                 }
             }
         }

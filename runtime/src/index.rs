@@ -269,7 +269,7 @@ impl Index {
         }
         let target = log2_dims(w);
         let dist = |c: &Candidate| distance(&target, &c.log2);
-        let threads = default_for(w, hw).1.threads();
+        let threads = default_for(w, hw).ok()?.1.threads();
         // Nearest first (ties: index order, exact before same_arch), by the squared
         // distance: same order, no square root per candidate.
         let mut nearest: Option<(f64, usize)> = None;
@@ -299,7 +299,7 @@ impl Index {
 
 /// The kernel default for `w` on `hw`, built.
 fn default_choice(w: &Workload, hw: &HardwareFingerprint) -> Result<Choice, RuntimeError> {
-    let (kernel, config) = default_for(w, hw);
+    let (kernel, config) = default_for(w, hw)?;
     // `prepare` without building the space when the default fits (it always should);
     // otherwise `prepare` itself, for its error.
     let current = HardwareFingerprint::current();

@@ -448,7 +448,10 @@ mod tests {
         let rt = Runtime::defaults_only();
         for text in ["attention:2x3x17x32", "attention:1x1x40x80:causal"] {
             let w: Workload = text.parse().unwrap();
-            let Workload::Attention { b, h, s, d, causal } = w else {
+            let Workload::Attention {
+                b, h, s, d, causal, ..
+            } = w
+            else {
                 unreachable!()
             };
             let p = Problem::random(&w, 2);

@@ -80,7 +80,7 @@ mod tests {
     #[test]
     fn a_slower_borrowing_keeps_the_default_and_a_faster_one_is_served() {
         let w: Workload = "gemm:24x24x24".parse().unwrap();
-        let (k, c) = default_for(&w, HardwareFingerprint::current());
+        let (k, c) = default_for(&w, HardwareFingerprint::current()).unwrap();
         let fast = k.prepare(&w, &c).unwrap();
         let slow = Delayed(k.prepare(&w, &c).unwrap(), Duration::from_millis(1));
         assert!(!borrowed_is_faster(&w, &slow, fast.as_ref()));
@@ -91,7 +91,7 @@ mod tests {
     fn shapes_too_large_to_check_keep_the_default() {
         let w: Workload = "gemm:2048x2048x2048".parse().unwrap();
         assert!(w.flops() > CHECK_MAX_FLOPS);
-        let (k, c) = default_for(&w, HardwareFingerprint::current());
+        let (k, c) = default_for(&w, HardwareFingerprint::current()).unwrap();
         let exe = k.build(&w, &c).unwrap();
         assert!(!borrowed_is_faster(&w, exe.as_ref(), exe.as_ref()));
     }

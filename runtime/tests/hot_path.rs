@@ -20,7 +20,7 @@ fn db_with(path: &std::path::Path, shapes: &[Workload]) {
     let recs: Vec<Record> = shapes
         .iter()
         .map(|&w| {
-            let (k, c) = default_for(&w, hw);
+            let (k, c) = default_for(&w, hw).unwrap();
             let m = Measurement::from_samples(vec![1e-4, 1.01e-4, 0.99e-4]);
             Record::ok(&hw.id, w, k.name(), k.version(), c, m, "test")
         })
@@ -140,6 +140,7 @@ fn unvalidated_huge_workloads_are_resolved_not_mis_keyed() {
         m: (1 << 21) + 3,
         n: 4,
         k: 4,
+        dtype: kernels::DType::F32,
     };
     let small = gemm(3, 4, 4);
     let a = rt.resolve(&small).unwrap();

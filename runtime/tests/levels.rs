@@ -35,7 +35,7 @@ fn sibling() -> HardwareFingerprint {
 /// A valid config of the packed family for `w` on this machine that is not the default.
 fn tuned_config(w: &Workload) -> (String, Config) {
     let hw = HardwareFingerprint::current();
-    let (k, d) = default_for(w, hw);
+    let (k, d) = default_for(w, hw).unwrap();
     let c = k
         .space(w, hw)
         .iter_valid()
@@ -287,9 +287,9 @@ fn a_borrowed_config_must_suit_the_new_shape() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.db");
     let hw = HardwareFingerprint::current().with_cores(2);
-    let threads = |w: &Workload| default_for(w, &hw).1.int("threads").unwrap();
+    let threads = |w: &Workload| default_for(w, &hw).unwrap().1.int("threads").unwrap();
     let config_with = |w: &Workload, t: i64| {
-        let (k, d) = default_for(w, &hw);
+        let (k, d) = default_for(w, &hw).unwrap();
         k.space(w, &hw)
             .iter_valid()
             .find(|c| *c != d && c.int("threads") == Some(t))

@@ -261,7 +261,7 @@ impl RecordedSpace {
                 trials.insert(key, r);
             }
         }
-        let (dk, dc) = default_for(w, hw);
+        let (dk, dc) = default_for(w, hw).map_err(|_| ReplayError::Unsupported(w.key()))?;
         let mut entries = Vec::with_capacity(cands.len());
         for c in &cands {
             let key = (

@@ -301,6 +301,8 @@ pub enum SearchError {
     Unsupported(String),
     #[error(transparent)]
     Eval(#[from] EvalError),
+    #[error(transparent)]
+    Kernel(#[from] kernels::Error),
 }
 
 /// Tunes `w` over every registered kernel family on this machine (`hw` must be the current
@@ -346,7 +348,7 @@ pub fn tune_with(
     db.upsert_fingerprint(hw)?;
     evaluator.setup(w, opts.seed ^ 0x5EED)?;
 
-    let (dk, dc) = default_for(w, hw);
+    let (dk, dc) = default_for(w, hw)?;
     let mut tried: HashSet<(String, String)> = HashSet::new();
     for k in families.iter().chain(std::iter::once(&dk)) {
         for c in db.tried_configs(&hw.id, w, k.name(), k.version())? {
@@ -567,7 +569,7 @@ fn decide(
     if opts.finalists == 0 {
         return Ok(None);
     }
-    let (dk, dc) = default_for(w, hw);
+    let (dk, dc) = default_for(w, hw)?;
     let lookup = |r: &Record| -> Option<&'static dyn Kernel> {
         families
             .iter()

@@ -196,7 +196,7 @@ fn overlapping_finalists_tie_to_the_simplest_config() {
     let s = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
     let d = s.decision.clone().expect("a decision");
     assert_eq!(ev.remeasured.len(), 1);
-    let (dk, dc) = default_for(&w, hw);
+    let (dk, dc) = default_for(&w, hw).unwrap();
     assert_eq!(
         ev.remeasured[0],
         vec![
@@ -243,7 +243,7 @@ fn the_simplest_config_tied_in_the_search_joins_the_finalists() {
     let s = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
     assert_eq!(ev.remeasured[0].len(), 5, "{:?}", ev.remeasured[0]);
     assert_eq!(ev.remeasured[0][3], k0);
-    let (dk, dc) = default_for(&w, hw);
+    let (dk, dc) = default_for(&w, hw).unwrap();
     assert_eq!(ev.remeasured[0][4], key(dk, &dc), "the default comes last");
     let d = s.decision.unwrap();
     assert_eq!((d.reason, d.winner.config), (WinReason::TieSimpler, x(0)));
@@ -399,7 +399,7 @@ fn quarantined_configs_are_never_measured_again() {
 #[test]
 fn a_quarantined_default_is_not_run_again() {
     let (db, hw, w) = setup();
-    let (dk, dc) = default_for(&w, hw);
+    let (dk, dc) = default_for(&w, hw).unwrap();
     db.insert(&Record::failed(
         &hw.id,
         w,
@@ -427,7 +427,7 @@ fn the_default_is_a_finalist_and_wins_when_it_is_faster_head_to_head() {
     let mut ev = fake();
     // The default's search timing (10 ms) was taken under load; interleaved with the others
     // it is clearly the fastest.
-    let (dk, dc) = default_for(&w, hw);
+    let (dk, dc) = default_for(&w, hw).unwrap();
     ev.samples.insert(key(dk, &dc), around(0.5e-3, 0.01));
     for (v, m) in [(1, 1.02e-3), (2, 1.01e-3), (3, 1.0e-3)] {
         ev.samples.insert(key(&Scripted, &x(v)), around(m, 0.01));

@@ -120,7 +120,7 @@ struct PlantedExe {
 }
 impl Executable for PlantedExe {
     fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
-        let Workload::Gemm { m, n, k } = self.w else {
+        let Workload::Gemm { m, n, k, .. } = self.w else {
             unreachable!("the planted family only supports gemm")
         };
         if self.x == 2 {

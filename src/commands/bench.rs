@@ -366,7 +366,7 @@ impl Prepared {
         protocol: Protocol,
     ) -> anyhow::Result<Prepared> {
         let choice = rt.choose(w)?;
-        let (dk, dc) = default_for(w, hw);
+        let (dk, dc) = default_for(w, hw)?;
         let default = dk
             .prepare(w, &dc)
             .with_context(|| format!("building the default {} {dc} for {w}", dk.name()))?;

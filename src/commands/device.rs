@@ -149,6 +149,7 @@ fn choice_json(
 ) -> serde_json::Value {
     json!({
         "workload": w.key(),
+        "dtype": w.dtype(),
         "device": device,
         "level": c.level.as_str(),
         "kernel": c.family.name(),

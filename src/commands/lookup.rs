@@ -47,6 +47,8 @@ pub fn run(args: LookupArgs) -> anyhow::Result<ExitCode> {
 pub fn to_json(w: &kernels::Workload, c: &Choice, rt: &Runtime) -> serde_json::Value {
     json!({
         "workload": w.key(),
+        "dtype": w.dtype(),
+        "device": "cpu",
         "level": c.level.as_str(),
         "kernel": c.kernel.name(),
         "kernel_version": c.kernel.version(),

@@ -165,6 +165,11 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     }
     args.threads.apply()?;
     let hw = HardwareFingerprint::current();
+    for w in &workloads {
+        // Before the database is opened: a workload no family of this build runs (an
+        // element type nobody serves yet) is a one-line error, not an empty tuning run.
+        kernels::default_for(w, hw)?;
+    }
     let db = TuningDb::open(&db_path)?;
     let opts = TuneOptions {
         budget: args.budget as usize,
@@ -283,6 +288,14 @@ fn select_families(
                 known.join(", ")
             );
         };
+        if let Some(w) = workloads.iter().find(|w| !k.dtypes().contains(&w.dtype())) {
+            let served: Vec<&str> = k.dtypes().iter().map(|d| d.name()).collect();
+            bail!(
+                "kernel family '{name}' does not serve {} workloads ({w}); it serves {}",
+                w.dtype(),
+                served.join(", ")
+            );
+        }
         if let Some(w) = workloads.iter().find(|w| !k.supports(w)) {
             bail!("kernel family '{name}' does not support {w}");
         }

@@ -51,7 +51,7 @@ mod tests {
             "gemm:16x8x8".parse().unwrap(),
         );
         let rec = |fp: &HardwareFingerprint, w: Workload, ok: bool| {
-            let (k, c) = default_for(&w, fp);
+            let (k, c) = default_for(&w, fp).unwrap();
             if ok {
                 Record::ok(&fp.id, w, k.name(), k.version(), c, m(), "t")
             } else {

@@ -9,7 +9,7 @@
 //! db.upsert_fingerprint(hw)?;
 //!
 //! let w: Workload = "gemm:128x768x768".parse()?;
-//! let (kernel, config) = default_for(&w, hw);
+//! let (kernel, config) = default_for(&w, hw)?;
 //! let timing = Measurement::from_samples(vec![1.2e-3, 1.1e-3, 1.3e-3]);
 //! let id = db.insert(&Record::ok(
 //!     &hw.id, w, kernel.name(), kernel.version(), config.clone(), timing, "0.1.0",

@@ -304,7 +304,7 @@ mod tests {
         let hw = HardwareFingerprint::current().clone();
         db.upsert_fingerprint(&hw).unwrap();
         let w: Workload = "gemm:64x64x64".parse().unwrap();
-        let (k, c) = default_for(&w, &hw);
+        let (k, c) = default_for(&w, &hw).unwrap();
         let configs: Vec<Config> = k.space(&w, &hw).iter_valid().take(2).collect();
         let mut ids = Vec::new();
         for (cfg, t) in [
@@ -368,7 +368,7 @@ mod tests {
     fn a_winner_that_is_no_longer_usable_falls_back_to_the_fastest() {
         let (db, hw, w, ids) = setup();
         // A record of a kernel version that is not registered cannot be served.
-        let (k, c) = default_for(&w, &hw);
+        let (k, c) = default_for(&w, &hw).unwrap();
         let m = Measurement::from_samples(vec![5e-6; 3]);
         let stale = Record::ok(&hw.id, w, k.name(), k.version() + 1, c, m, "t");
         let stale_id = db.insert(&stale).unwrap();
@@ -386,7 +386,7 @@ mod tests {
         {
             let db = TuningDb::open(&path).unwrap();
             db.upsert_fingerprint(&hw).unwrap();
-            let (k, c) = default_for(&w, &hw);
+            let (k, c) = default_for(&w, &hw).unwrap();
             let m = Measurement::from_samples(vec![1e-6; 3]);
             db.insert(&Record::ok(&hw.id, w, k.name(), k.version(), c, m, "t"))
                 .unwrap();
@@ -422,7 +422,7 @@ mod tests {
         let other: Workload = "gemm:8x8x8".parse().unwrap();
         let e = db.record_winner(&decision(&hw, other, ids[0])).unwrap_err();
         assert!(e.to_string().contains("not of gemm:8x8x8"), "{e}");
-        let (k, c) = default_for(&w, &hw);
+        let (k, c) = default_for(&w, &hw).unwrap();
         let crashed = Record::failed(
             &hw.id,
             w,

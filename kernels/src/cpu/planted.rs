@@ -186,7 +186,7 @@ impl Kernel for PlantedFaults {
     }
 
     fn supports(&self, w: &Workload) -> bool {
-        matches!(w, Workload::Gemm { .. })
+        matches!(w, Workload::Gemm { .. }) && w.dtype() == crate::DType::F32
     }
 
     fn space(&self, _: &Workload, _: &HardwareFingerprint) -> Space {
@@ -206,7 +206,7 @@ impl Kernel for PlantedFaults {
                 config: c.to_json(),
                 reason: "knob 'fault' must be one of the planted faults".into(),
             })?;
-        let Workload::Gemm { m, n, k } = *w else {
+        let Workload::Gemm { m, n, k, .. } = *w else {
             return Err(Error::Unsupported {
                 kernel: self.name().into(),
                 workload: w.key(),

@@ -148,8 +148,10 @@ enum Shape {
 
 fn shape(w: &Workload) -> Result<Shape, CudaError> {
     match *w {
-        Workload::Gemm { m, n, k } => Ok(Shape::Gemm(GemmShape::new(m, n, k)?)),
-        Workload::Attention { b, h, s, d, causal } => Ok(Shape::Attention(AttentionShape::new(
+        Workload::Gemm { m, n, k, .. } => Ok(Shape::Gemm(GemmShape::new(m, n, k)?)),
+        Workload::Attention {
+            b, h, s, d, causal, ..
+        } => Ok(Shape::Attention(AttentionShape::new(
             b, h, s, s, d, causal,
         )?)),
         _ => GpuFamily::for_workload(w).map(|_| unreachable!("for_workload rejects other ops")),

@@ -20,7 +20,7 @@
 //! use kernels::{default_for, HardwareFingerprint, Problem, Workload};
 //!
 //! let w: Workload = "attention:1x2x37x80:causal".parse()?;
-//! let (kernel, config) = default_for(&w, HardwareFingerprint::current());
+//! let (kernel, config) = default_for(&w, HardwareFingerprint::current())?;
 //! assert_eq!(kernel.name(), "attention_fused");
 //! let exe = kernel.prepare(&w, &config)?;
 //! let p = Problem::random(&w, 3);
@@ -40,6 +40,7 @@ use crate::cpu::knobs::{
     str_knob, str_listed, thread_values, unsupported,
 };
 use crate::cpu::Isa;
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::hardware::HardwareFingerprint;
 use crate::kernel::{Executable, Kernel};
@@ -98,7 +99,9 @@ pub fn default_for(w: &Workload, hw: &HardwareFingerprint) -> (&'static dyn Kern
 /// families describe spaces only for workloads they support, and `build` refuses the rest).
 fn shape(w: &Workload) -> (usize, usize, usize, usize, bool) {
     match *w {
-        Workload::Attention { b, h, s, d, causal } => (b, h, s, d, causal),
+        Workload::Attention {
+            b, h, s, d, causal, ..
+        } => (b, h, s, d, causal),
         _ => (1, 1, 1, 1, false),
     }
 }
@@ -142,7 +145,7 @@ impl Kernel for Fused {
     }
 
     fn supports(&self, w: &Workload) -> bool {
-        matches!(w, Workload::Attention { .. })
+        matches!(w, Workload::Attention { .. }) && w.dtype() == DType::F32
     }
 
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
@@ -218,7 +221,10 @@ impl Fused {
     /// [`Kernel::build`], returning the concrete driver.
     pub fn build_fused(&self, w: &Workload, c: &Config) -> Result<FusedAttention> {
         let name = self.name();
-        let Workload::Attention { b, h, s, d, causal } = *w else {
+        let Workload::Attention {
+            b, h, s, d, causal, ..
+        } = *w
+        else {
             return Err(unsupported(name, w));
         };
         let tile_name = str_knob(name, c, "tile")?;
@@ -274,7 +280,7 @@ impl Kernel for Unfused {
     }
 
     fn supports(&self, w: &Workload) -> bool {
-        matches!(*w, Workload::Attention { s, .. } if s <= UNFUSED_MAX_S)
+        matches!(*w, Workload::Attention { s, dtype: DType::F32, .. } if s <= UNFUSED_MAX_S)
     }
 
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
@@ -306,7 +312,12 @@ impl Kernel for Unfused {
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
         let (b, h, s, d, _) = shape(w);
-        let gemm = Workload::Gemm { m: s, n: s, k: d };
+        let gemm = Workload::Gemm {
+            m: s,
+            n: s,
+            k: d,
+            dtype: DType::F32,
+        };
         let uk = Packed.default_config(&gemm, hw);
         let cores = hw.cores.max(1);
         let (par, threads) = if cores == 1 || w.flops() < PARALLEL_MIN_FLOPS {
@@ -329,9 +340,9 @@ impl Kernel for Unfused {
     fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
         let name = self.name();
         let (b, h, s, d, causal) = match *w {
-            Workload::Attention { b, h, s, d, causal } if s <= UNFUSED_MAX_S => {
-                (b, h, s, d, causal)
-            }
+            Workload::Attention {
+                b, h, s, d, causal, ..
+            } if s <= UNFUSED_MAX_S => (b, h, s, d, causal),
             _ => return Err(unsupported(name, w)),
         };
         let uk = str_knob(name, c, "ukernel")?;
@@ -340,7 +351,12 @@ impl Kernel for Unfused {
         let head_tasks = if par == "heads" { threads } else { 1 };
         let hw = HardwareFingerprint::current().with_cores(gemm_threads);
         let gemm = |m: usize, n: usize, k: usize| -> Result<Box<dyn Executable>> {
-            let gw = Workload::Gemm { m, n, k };
+            let gw = Workload::Gemm {
+                m,
+                n,
+                k,
+                dtype: DType::F32,
+            };
             let mut gc = Packed.default_config(&gw, &hw);
             gc.set("ukernel", uk);
             Ok(Box::new(Packed.build_packed(&gw, &gc).map_err(|e| {

@@ -16,7 +16,7 @@
 //! use kernels::{default_for, HardwareFingerprint, Problem, Workload};
 //!
 //! let w: Workload = "gemm_bias_gelu:20x33x17".parse()?;
-//! let (kernel, config) = default_for(&w, HardwareFingerprint::current());
+//! let (kernel, config) = default_for(&w, HardwareFingerprint::current())?;
 //! let exe = kernel.prepare(&w, &config)?;
 //! let p = Problem::random(&w, 1);
 //! let mut c = p.output();
@@ -43,6 +43,7 @@ use super::packed::{BSource, PackedB, PackedGemm};
 use super::ukernel::{bias_act_row, TileEpilogue};
 use super::{gemm_dims, Direct, Packed, DIRECT_DEFAULT_MAX_M};
 use crate::cpu::knobs::{invalid, str_knob, str_listed, unsupported};
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::hardware::HardwareFingerprint;
 use crate::kernel::{Executable, Kernel};
@@ -79,7 +80,12 @@ pub fn default_for(w: &Workload, hw: &HardwareFingerprint) -> (&'static dyn Kern
 /// The plain GEMM workload inside `w`.
 fn inner(w: &Workload) -> Workload {
     let (m, n, k) = gemm_dims(w);
-    Workload::Gemm { m, n, k }
+    Workload::Gemm {
+        m,
+        n,
+        k,
+        dtype: w.dtype(),
+    }
 }
 
 /// The GEMM part of `c`: every knob but `fusion` and `b_layout`.
@@ -110,7 +116,7 @@ impl Kernel for EpiloguePacked {
     }
 
     fn supports(&self, w: &Workload) -> bool {
-        matches!(w, Workload::GemmBiasAct { .. })
+        matches!(w, Workload::GemmBiasAct { .. }) && w.dtype() == DType::F32
     }
 
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
@@ -149,7 +155,9 @@ impl Kernel for EpilogueDirect {
     }
 
     fn supports(&self, w: &Workload) -> bool {
-        matches!(w, Workload::GemmBiasAct { .. }) && Direct.supports(&inner(w))
+        matches!(w, Workload::GemmBiasAct { .. })
+            && w.dtype() == DType::F32
+            && Direct.supports(&inner(w))
     }
 
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
@@ -172,11 +180,19 @@ impl Kernel for EpilogueDirect {
 
     fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
         let name = self.name();
-        let Workload::GemmBiasAct { m, n, k, act } = *w else {
+        let Workload::GemmBiasAct { m, n, k, act, .. } = *w else {
             return Err(unsupported(name, w));
         };
         let fused = fused(name, c)?;
-        let gemm = Direct.build_direct(&Workload::Gemm { m, n, k }, &gemm_config(c))?;
+        let gemm = Direct.build_direct(
+            &Workload::Gemm {
+                m,
+                n,
+                k,
+                dtype: DType::F32,
+            },
+            &gemm_config(c),
+        )?;
         Ok(Box::new(DirectEpilogue {
             gemm,
             n,
@@ -215,7 +231,7 @@ impl EpilogueGemm {
     /// the space: see [`Kernel::prepare`]).
     pub fn from_config(w: &Workload, c: &Config) -> Result<EpilogueGemm> {
         let name = EpiloguePacked.name();
-        let Workload::GemmBiasAct { m, n, k, act } = *w else {
+        let Workload::GemmBiasAct { m, n, k, act, .. } = *w else {
             return Err(unsupported(name, w));
         };
         let fused = fused(name, c)?;
@@ -224,7 +240,15 @@ impl EpilogueGemm {
             "prepacked" => true,
             other => return Err(invalid(name, c, format!("unknown b_layout '{other}'"))),
         };
-        let gemm = Packed.build_packed(&Workload::Gemm { m, n, k }, &gemm_config(c))?;
+        let gemm = Packed.build_packed(
+            &Workload::Gemm {
+                m,
+                n,
+                k,
+                dtype: DType::F32,
+            },
+            &gemm_config(c),
+        )?;
         Ok(EpilogueGemm {
             gemm,
             n,

@@ -21,6 +21,7 @@ use crate::cpu::knobs::{
     str_knob, str_listed, thread_values, unsupported,
 };
 use crate::cpu::Isa;
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::hardware::HardwareFingerprint;
 use crate::kernel::{Executable, Kernel};
@@ -163,7 +164,7 @@ impl Kernel for Packed {
     }
 
     fn supports(&self, w: &Workload) -> bool {
-        matches!(w, Workload::Gemm { .. })
+        matches!(w, Workload::Gemm { .. }) && w.dtype() == DType::F32
     }
 
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
@@ -222,7 +223,7 @@ impl Packed {
     /// [`Kernel::build`], returning the concrete driver (the epilogue and attention
     /// families build on it).
     pub fn build_packed(&self, w: &Workload, c: &Config) -> Result<PackedGemm> {
-        let Workload::Gemm { m, n, k } = *w else {
+        let Workload::Gemm { m, n, k, .. } = *w else {
             return Err(unsupported(self.name(), w));
         };
         let name = self.name();
@@ -313,7 +314,7 @@ impl Kernel for Direct {
     }
 
     fn supports(&self, w: &Workload) -> bool {
-        matches!(*w, Workload::Gemm { m, .. } if m <= DIRECT_MAX_M)
+        matches!(*w, Workload::Gemm { m, dtype: DType::F32, .. } if m <= DIRECT_MAX_M)
     }
 
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
@@ -396,7 +397,7 @@ impl Direct {
     pub fn build_direct(&self, w: &Workload, c: &Config) -> Result<DirectGemm> {
         let name = self.name();
         let (m, n, k) = match *w {
-            Workload::Gemm { m, n, k } if m <= DIRECT_MAX_M => (m, n, k),
+            Workload::Gemm { m, n, k, .. } if m <= DIRECT_MAX_M => (m, n, k),
             _ => return Err(unsupported(name, w)),
         };
         let uk_name = str_knob(name, c, "ukernel")?;

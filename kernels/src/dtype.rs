@@ -1,0 +1,91 @@
+//! Element types: of a workload (its precision, the `:bf16` / `:i8` suffix of its text form)
+//! and of an operand ([`crate::operand`]).
+//!
+//! ```
+//! use kernels::DType;
+//!
+//! assert_eq!("bf16".parse::<DType>()?, DType::Bf16);
+//! assert_eq!(DType::I8.to_string(), "i8");
+//! assert!(DType::I8.is_precision() && !DType::U8.is_precision());
+//! assert_eq!(DType::Bf16.size(), 2);
+//! # Ok::<(), kernels::Error>(())
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// An element type.
+///
+/// A workload's element type is its precision: [`DType::F32`] (the default, no suffix),
+/// [`DType::Bf16`] (bf16 operands, f32 accumulation and output) or [`DType::I8`] (int8
+/// operands with their quantisation scales, i32 accumulation, f32 output). [`DType::U8`] and
+/// [`DType::I32`] only appear as operand types (asymmetric activations, accumulators).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    #[default]
+    F32,
+    Bf16,
+    I8,
+    U8,
+    I32,
+}
+
+impl DType {
+    /// Every element type.
+    pub const ALL: [DType; 5] = [DType::F32, DType::Bf16, DType::I8, DType::U8, DType::I32];
+
+    /// The element types a workload may have (its precision).
+    pub const PRECISIONS: [DType; 3] = [DType::F32, DType::Bf16, DType::I8];
+
+    /// `f32`, `bf16`, `i8`, `u8` or `i32`: the workload suffix and the `--json` `dtype`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::Bf16 => "bf16",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I32 => "i32",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::Bf16 => 2,
+            DType::I8 | DType::U8 => 1,
+        }
+    }
+
+    /// Whether a workload can have this element type ([`DType::PRECISIONS`]).
+    pub fn is_precision(self) -> bool {
+        DType::PRECISIONS.contains(&self)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DType {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name() == s.trim())
+            .ok_or_else(|| Error::UnknownDtype {
+                input: s.trim().to_string(),
+                known: DType::ALL.map(DType::name).join(", "),
+            })
+    }
+}
