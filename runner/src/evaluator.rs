@@ -5,6 +5,9 @@
 //! hangs takes the job down with it), [`Isolated`](crate::worker::Isolated) in a watched
 //! worker process (a crash, hang or runaway allocation becomes a record with status
 //! `crashed`, `timeout` or `oom`, and the worker is restarted).
+//!
+//! Both run the same build → verify → time sequence, [`Bench`]: [`InProcess`] directly, the
+//! worker process inside its server loop.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -98,28 +101,109 @@ pub fn derived_timeout(default_elapsed: Duration) -> Duration {
         .max(Duration::from_secs(2))
 }
 
-/// Evaluates in the calling process (`--isolation none`): no protection against crashes or
-/// hangs, no process start-up or pipe overhead. [`prepare`](Evaluator::prepare) builds a
-/// batch in parallel on rayon's pool.
-#[derive(Default)]
-pub struct InProcess {
-    problem: Option<(Problem, Reference)>,
+/// The problem an evaluator measures on, its f64 reference, and the build → verify → time
+/// sequence run on them: the one copy of that sequence, behind both [`InProcess`] and the
+/// worker process's server loop ([`serve`](crate::worker::serve)). A candidate's failure is
+/// an [`Outcome`] (or, while re-measuring, an [`EvalError::Remeasure`]), never a panic.
+pub(crate) struct Bench {
+    problem: Problem,
+    reference: Reference,
+    /// What [`prepare`](Self::prepare) built ahead, by kernel name and config JSON.
     prepared: HashMap<(String, String), kernels::Result<Box<dyn Executable>>>,
 }
 
-impl InProcess {
-    pub fn new() -> Self {
-        InProcess::default()
+impl Bench {
+    /// Inputs from [`Problem::random`]`(workload, seed)` and their f64 reference.
+    pub(crate) fn setup(workload: &Workload, seed: u64) -> Self {
+        let problem = Problem::random(workload, seed);
+        let reference = problem.reference();
+        Bench {
+            problem,
+            reference,
+            prepared: HashMap::new(),
+        }
     }
 
-    fn problem(&self) -> Result<(&Problem, &Reference), EvalError> {
-        self.problem
-            .as_ref()
-            .map(|(p, r)| (p, r))
-            .ok_or(EvalError::NotSetUp)
+    /// Builds (or takes the executable [`prepare`](Self::prepare) built), verifies and times
+    /// one config of `kernel` by `protocol`.
+    pub(crate) fn evaluate(
+        &mut self,
+        kernel: &dyn Kernel,
+        config: &Config,
+        protocol: &Protocol,
+    ) -> Evaluation {
+        let start = Instant::now();
+        let key = (kernel.name().to_string(), config.to_json());
+        let built = match self.prepared.remove(&key) {
+            Some(b) => b,
+            None => build(kernel, &self.problem.workload, config),
+        };
+        let outcome = match built {
+            Ok(exe) => evaluate_prepared(exe.as_ref(), &self.problem, &self.reference, protocol),
+            Err(e) => Outcome::failed(Status::BuildFailed, e.to_string()),
+        };
+        Evaluation {
+            outcome,
+            elapsed: start.elapsed(),
+        }
+    }
+
+    /// Builds and re-verifies every finalist, then times them interleaved for `rounds`
+    /// rounds: one measurement per finalist, in order, or the first finalist that failed.
+    pub(crate) fn remeasure(
+        &self,
+        finalists: &[(&dyn Kernel, Config)],
+        protocol: &Protocol,
+        rounds: usize,
+    ) -> Result<Vec<Measurement>, EvalError> {
+        let exes = finalists
+            .iter()
+            .map(|(kernel, config)| self.build_verified(*kernel, config))
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&dyn Executable> = exes.iter().map(|e| e.as_ref()).collect();
+        let timed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            measure_interleaved(&refs, &self.problem, protocol, rounds)
+        }));
+        timed.map_err(|p| EvalError::Remeasure {
+            kernel: "(one of the finalists)".into(),
+            config: String::new(),
+            status: Status::RunFailed,
+            message: format!("panicked while timing: {}", crate::panic_message(&p)),
+        })
+    }
+
+    /// A finalist, built and verified again (it passed before: a failure now means a flaky
+    /// candidate).
+    fn build_verified(
+        &self,
+        kernel: &dyn Kernel,
+        config: &Config,
+    ) -> Result<Box<dyn Executable>, EvalError> {
+        let fail = |status: Status, message: String| EvalError::Remeasure {
+            kernel: kernel.name().into(),
+            config: config.to_json(),
+            status,
+            message,
+        };
+        let exe = build(kernel, &self.problem.workload, config)
+            .map_err(|e| fail(Status::BuildFailed, e.to_string()))?;
+        verify(exe.as_ref(), &self.problem, &self.reference)
+            .map_err(|o| fail(o.status, o.message.unwrap_or_default()))?;
+        Ok(exe)
+    }
+
+    /// Builds a batch ahead of [`evaluate`](Self::evaluate), in parallel on rayon's pool.
+    pub(crate) fn prepare(&mut self, batch: &[(&'static dyn Kernel, Config)]) {
+        let w = &self.problem.workload;
+        let built: Vec<_> = batch
+            .par_iter()
+            .map(|(k, c)| ((k.name().to_string(), c.to_json()), build(*k, w, c)))
+            .collect();
+        self.prepared.extend(built);
     }
 }
 
+/// `kernel.prepare`, with a panic turned into an error.
 fn build(
     kernel: &dyn Kernel,
     w: &Workload,
@@ -135,16 +219,32 @@ fn build(
     }
 }
 
+/// Evaluates in the calling process (`--isolation none`): no protection against crashes or
+/// hangs, no process start-up or pipe overhead. A thin wrapper over the build → verify → time
+/// sequence a worker process runs too; [`prepare`](Evaluator::prepare) builds a batch in
+/// parallel on rayon's pool.
+#[derive(Default)]
+pub struct InProcess {
+    bench: Option<Bench>,
+}
+
+impl InProcess {
+    pub fn new() -> Self {
+        InProcess::default()
+    }
+
+    fn bench(&mut self) -> Result<&mut Bench, EvalError> {
+        self.bench.as_mut().ok_or(EvalError::NotSetUp)
+    }
+}
+
 impl Evaluator for InProcess {
     fn isolation(&self) -> &'static str {
         "none"
     }
 
     fn setup(&mut self, workload: &Workload, seed: u64) -> Result<(), EvalError> {
-        let problem = Problem::random(workload, seed);
-        let reference = problem.reference();
-        self.problem = Some((problem, reference));
-        self.prepared.clear();
+        self.bench = Some(Bench::setup(workload, seed));
         Ok(())
     }
 
@@ -154,21 +254,7 @@ impl Evaluator for InProcess {
         config: &Config,
         protocol: &Protocol,
     ) -> Result<Evaluation, EvalError> {
-        let start = Instant::now();
-        let key = (kernel.name().to_string(), config.to_json());
-        let built = match self.prepared.remove(&key) {
-            Some(b) => b,
-            None => build(kernel, &self.problem()?.0.workload, config),
-        };
-        let (problem, reference) = self.problem()?;
-        let outcome = match built {
-            Ok(exe) => evaluate_prepared(exe.as_ref(), problem, reference, protocol),
-            Err(e) => Outcome::failed(Status::BuildFailed, e.to_string()),
-        };
-        Ok(Evaluation {
-            outcome,
-            elapsed: start.elapsed(),
-        })
+        Ok(self.bench()?.evaluate(kernel, config, protocol))
     }
 
     fn remeasure(
@@ -177,43 +263,13 @@ impl Evaluator for InProcess {
         protocol: &Protocol,
         rounds: usize,
     ) -> Result<Vec<Measurement>, EvalError> {
-        let (problem, reference) = self.problem()?;
-        let mut exes = Vec::with_capacity(finalists.len());
-        for (kernel, config) in finalists {
-            let fail = |status: Status, message: String| EvalError::Remeasure {
-                kernel: kernel.name().into(),
-                config: config.to_json(),
-                status,
-                message,
-            };
-            let exe = build(*kernel, &problem.workload, config)
-                .map_err(|e| fail(Status::BuildFailed, e.to_string()))?;
-            verify(exe.as_ref(), problem, reference)
-                .map_err(|o| fail(o.status, o.message.unwrap_or_default()))?;
-            exes.push(exe);
-        }
-        let refs: Vec<&dyn Executable> = exes.iter().map(|e| e.as_ref()).collect();
-        let timed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            measure_interleaved(&refs, problem, protocol, rounds)
-        }));
-        timed.map_err(|p| EvalError::Remeasure {
-            kernel: "(one of the finalists)".into(),
-            config: String::new(),
-            status: Status::RunFailed,
-            message: format!("panicked while timing: {}", crate::panic_message(&p)),
-        })
+        self.bench()?.remeasure(finalists, protocol, rounds)
     }
 
     fn prepare(&mut self, batch: &[(&'static dyn Kernel, Config)]) {
-        let Some((problem, _)) = self.problem.as_ref() else {
-            return;
-        };
-        let w = problem.workload;
-        let built: Vec<_> = batch
-            .par_iter()
-            .map(|(k, c)| ((k.name().to_string(), c.to_json()), build(*k, &w, c)))
-            .collect();
-        self.prepared.extend(built);
+        if let Some(bench) = self.bench.as_mut() {
+            bench.prepare(batch);
+        }
     }
 }
 

@@ -27,6 +27,8 @@
 pub mod compare;
 mod evaluator;
 mod interleaved;
+#[cfg(target_os = "linux")]
+pub mod pin;
 mod protocol;
 #[cfg(unix)]
 pub mod worker;

@@ -1,0 +1,165 @@
+//! The wire format between the tuner and a worker process: the [`Request`]s the tuner writes
+//! to the worker's stdin and the [`Reply`]s the worker writes to its stdout, one JSON object
+//! per line, every reply line after [`REPLY_PREFIX`].
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use kernels::{Config, Kernel, Measurement, Status, Workload};
+
+use crate::protocol::Protocol;
+
+/// Every reply line of the worker starts with this.
+pub const REPLY_PREFIX: &str = "@autokernel-worker ";
+
+/// [`Protocol`] on the wire (durations in seconds).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WireProtocol {
+    pub warmup_s: f64,
+    pub min_sample_s: f64,
+    pub min_samples: usize,
+    pub max_samples: usize,
+    pub max_time_s: f64,
+    pub target_ci: f64,
+}
+
+impl From<&Protocol> for WireProtocol {
+    fn from(p: &Protocol) -> Self {
+        WireProtocol {
+            warmup_s: p.warmup.as_secs_f64(),
+            min_sample_s: p.min_sample.as_secs_f64(),
+            min_samples: p.min_samples,
+            max_samples: p.max_samples,
+            max_time_s: p.max_time.as_secs_f64(),
+            target_ci: p.target_ci,
+        }
+    }
+}
+
+impl WireProtocol {
+    /// The protocol, or why these numbers are not one.
+    pub fn to_protocol(&self) -> Result<Protocol, String> {
+        let secs = |name: &str, s: f64| {
+            Duration::try_from_secs_f64(s).map_err(|e| format!("protocol {name} {s}: {e}"))
+        };
+        Ok(Protocol {
+            warmup: secs("warmup_s", self.warmup_s)?,
+            min_sample: secs("min_sample_s", self.min_sample_s)?,
+            min_samples: self.min_samples,
+            max_samples: self.max_samples,
+            max_time: secs("max_time_s", self.max_time_s)?,
+            target_ci: self.target_ci,
+        })
+    }
+}
+
+/// A kernel family and config, named as the worker's registry knows them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WireCandidate {
+    pub kernel: String,
+    pub version: u32,
+    pub config: Config,
+}
+
+impl WireCandidate {
+    pub fn new(kernel: &dyn Kernel, config: &Config) -> Self {
+        WireCandidate {
+            kernel: kernel.name().to_string(),
+            version: kernel.version(),
+            config: config.clone(),
+        }
+    }
+}
+
+/// What the tuner asks the worker, one JSON object per line.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Make the test problem (`Problem::random(workload, seed)`) and its reference. The
+    /// workload travels in its text form (`"gemm:64x64x64"`), parsed once, on receipt.
+    Setup { workload: Workload, seed: u64 },
+    /// Build, verify and time one candidate on the current problem.
+    Evaluate {
+        candidate: WireCandidate,
+        protocol: WireProtocol,
+    },
+    /// Re-verify, then time the candidates interleaved for `rounds` rounds.
+    Interleave {
+        candidates: Vec<WireCandidate>,
+        protocol: WireProtocol,
+        rounds: usize,
+    },
+}
+
+/// What the worker answers, one JSON object per line after [`REPLY_PREFIX`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    /// Sent once, at start.
+    Ready {
+        pid: u32,
+        fingerprint: String,
+    },
+    SetupDone {
+        workload: Workload,
+        elapsed_s: f64,
+    },
+    Evaluated {
+        status: Status,
+        message: Option<String>,
+        measurement: Option<Measurement>,
+        elapsed_s: f64,
+    },
+    Interleaved {
+        measurements: Vec<Measurement>,
+        elapsed_s: f64,
+    },
+    /// The request could not be served (malformed, no problem set up, a finalist failed).
+    Failed {
+        message: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_replies_round_trip_as_json_lines() {
+        let req = Request::Evaluate {
+            candidate: WireCandidate {
+                kernel: "gemm_packed".into(),
+                version: 3,
+                config: Config::from_pairs([("kc", 256usize)]),
+            },
+            protocol: (&Protocol::quick()).into(),
+        };
+        let line = serde_json::to_string(&req).unwrap();
+        assert!(line.starts_with(r#"{"op":"evaluate""#), "{line}");
+        assert!(!line.contains('\n'));
+        assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), req);
+        let Request::Evaluate { protocol, .. } = req else {
+            unreachable!()
+        };
+        assert_eq!(protocol.to_protocol().unwrap(), Protocol::quick());
+        let bad = WireProtocol {
+            warmup_s: -1.0,
+            ..protocol
+        };
+        assert!(bad.to_protocol().unwrap_err().contains("warmup_s"));
+    }
+
+    #[test]
+    fn the_workload_travels_typed_in_its_text_form() {
+        let req = Request::Setup {
+            workload: "gemm:9x8x7".parse().unwrap(),
+            seed: 3,
+        };
+        let line = serde_json::to_string(&req).unwrap();
+        assert_eq!(line, r#"{"op":"setup","workload":"gemm:9x8x7","seed":3}"#);
+        assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), req);
+        let bad = r#"{"op":"setup","workload":"gemm:9x","seed":3}"#;
+        assert!(serde_json::from_str::<Request>(bad).is_err());
+    }
+}
