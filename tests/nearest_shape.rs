@@ -109,7 +109,9 @@ struct ChoiceExe(std::sync::Arc<runtime::Choice>);
 
 impl Executable for ChoiceExe {
     fn run(&self, inputs: &[&[f32]], output: &mut [f32]) {
-        self.0.run(inputs, output)
+        self.0
+            .run(inputs, output)
+            .expect("a CPU choice has a host executable")
     }
 }
 

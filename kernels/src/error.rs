@@ -38,6 +38,12 @@ pub enum Error {
         device: String,
         reason: String,
     },
+    /// A device family (CUDA) asked for a host executable: it runs through a device session.
+    #[error(
+        "kernel '{kernel}' runs on a CUDA device through a device session \
+         (kernels::cuda::GpuTask), not as a host executable ('{workload}')"
+    )]
+    DeviceOnly { kernel: String, workload: String },
     /// A kernel name that no registered family answers to.
     #[error("unknown kernel '{0}'")]
     UnknownKernel(String),

@@ -10,6 +10,8 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
+use crate::device::DeviceKind;
+
 /// The ISA flags that change code generation, in the order they are reported.
 #[cfg(target_arch = "x86_64")]
 const ISA_FLAGS: &[&str] = &[
@@ -99,6 +101,16 @@ impl HardwareFingerprint {
     /// FNV-1a 64 of [`canonical`](Self::canonical), as 16 hex digits.
     pub fn compute_id(&self) -> String {
         format!("{:016x}", fnv1a64(self.canonical().as_bytes()))
+    }
+
+    /// The kind of device this fingerprint describes: a row of a CUDA GPU has arch `cuda`
+    /// (`kernels::cuda::GpuFingerprint::hardware`), every other row is a CPU.
+    pub fn device_kind(&self) -> DeviceKind {
+        if self.arch == "cuda" {
+            DeviceKind::Cuda
+        } else {
+            DeviceKind::Cpu
+        }
     }
 
     /// The same machine computing with `threads` threads (a different fingerprint: configs
@@ -206,12 +218,12 @@ fn detect() -> HardwareFingerprint {
 }
 
 /// The ISA flags this process reports: the CPU's, without those above the
-/// [`Isa::detect`](crate::cpu::Isa::detect) level when `AUTOKERNEL_ISA` caps it.
+/// [`Isa::detect`](crate::isa::Isa::detect) level when `AUTOKERNEL_ISA` caps it.
 fn detect_isa() -> Vec<String> {
-    let level = crate::cpu::Isa::detect();
+    let level = crate::isa::Isa::detect();
     cpu_isa_flags()
         .into_iter()
-        .filter(|f| crate::cpu::Isa::of_flag(f) <= level)
+        .filter(|f| crate::isa::Isa::of_flag(f) <= level)
         .collect()
 }
 

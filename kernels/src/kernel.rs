@@ -1,6 +1,7 @@
 //! The [`Kernel`] trait every operator family implements, and [`Executable`], what it
 //! prepares. The registry of families is in `registry.rs` ([`crate::registry()`]).
 
+use crate::device::DeviceKind;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hardware::HardwareFingerprint;
@@ -24,6 +25,12 @@ pub trait Kernel: Send + Sync {
 
     /// Bumped whenever the meaning of a config changes; records of older versions are ignored.
     fn version(&self) -> u32;
+
+    /// The kind of device it runs on; its spaces and defaults are those of fingerprints of
+    /// that kind ([`HardwareFingerprint::device_kind`]).
+    fn device(&self) -> DeviceKind {
+        DeviceKind::Cpu
+    }
 
     /// The element types of the workloads it runs ([`Workload::dtype`]); f32 unless a
     /// family says otherwise.
@@ -54,8 +61,9 @@ pub trait Kernel: Send + Sync {
     /// Builds the variant without checking `c` against the space (see [`Kernel::prepare`]).
     fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>>;
 
-    /// Checks `c` against this machine's space for `w`, then builds it.
-    fn prepare(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
+    /// Whether it runs `w` at all, as an error that says why not: an element type outside
+    /// [`Kernel::dtypes`], or another op or shape ([`Kernel::supports`]).
+    fn serves(&self, w: &Workload) -> Result<()> {
         if !self.dtypes().contains(&w.dtype()) {
             return Err(Error::UnsupportedDtype {
                 kernel: self.name().into(),
@@ -75,6 +83,12 @@ pub trait Kernel: Send + Sync {
                 workload: w.key(),
             });
         }
+        Ok(())
+    }
+
+    /// Checks `c` against this machine's space for `w`, then builds it.
+    fn prepare(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
+        self.serves(w)?;
         self.space(w, HardwareFingerprint::current())
             .check(c)
             .map_err(|e| Error::InvalidConfig {

@@ -25,11 +25,13 @@
 //! one run-time CPU-feature detection ([`cpu::Isa::detect`]).
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod hardware;
+pub mod isa;
 pub mod kernel;
 pub mod measurement;
 pub mod problem;
@@ -38,7 +40,7 @@ pub mod rng;
 pub mod space;
 pub mod workload;
 
-pub use device::{Device, DeviceParseError};
+pub use device::{Device, DeviceKind, DeviceParseError};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use hardware::HardwareFingerprint;

@@ -49,7 +49,7 @@ impl Problem {
 
     /// The allocation check of [`Problem::try_random`]: reserves address space only;
     /// nothing is touched.
-    fn check_memory(w: &Workload) -> crate::Result<()> {
+    pub fn check_memory(w: &Workload) -> crate::Result<()> {
         let out = w.output_len();
         let bytes = (|| {
             let floats =

@@ -1,27 +1,43 @@
-//! The registry of kernel families: every family this build serves, looked up by name or by
-//! workload, and the fallback default for a workload. Depends on the [`Kernel`] trait and on
-//! the families; the families depend on the trait only.
+//! The registry of kernel families: every family this build serves, on every device, looked
+//! up by name or by workload and device; the fallback default for a workload; and the one
+//! policy on whether a stored record can still be served. The only module that knows both the
+//! CPU families ([`crate::cpu`]) and the CUDA ones (`crate::cuda`, with the `cuda` feature);
+//! the families depend on the [`Kernel`] trait and the vocabulary only.
 
+use std::sync::OnceLock;
+
+use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::hardware::HardwareFingerprint;
 use crate::kernel::Kernel;
 use crate::space::Config;
 use crate::workload::Workload;
 
-/// Every registered kernel family, in priority order.
+/// Every registered kernel family, in priority order: the CPU families, then (in builds with
+/// the `cuda` feature) the CUDA ones.
 ///
 /// Builds with the `planted-faults` feature append the test-only `planted_faults` family
 /// (`kernels/src/cpu/planted.rs`) when the environment has `AUTOKERNEL_PLANTED_FAULTS=1`.
 pub fn registry() -> &'static [&'static dyn Kernel] {
-    #[cfg(feature = "planted-faults")]
-    if crate::cpu::planted::enabled() {
-        return crate::cpu::planted::with_planted(FAMILIES);
-    }
-    FAMILIES
+    static ALL: OnceLock<Vec<&'static dyn Kernel>> = OnceLock::new();
+    ALL.get_or_init(|| {
+        #[cfg_attr(
+            not(any(feature = "cuda", feature = "planted-faults")),
+            allow(unused_mut)
+        )]
+        let mut all = CPU_FAMILIES.to_vec();
+        #[cfg(feature = "cuda")]
+        all.extend_from_slice(crate::cuda::FAMILIES);
+        #[cfg(feature = "planted-faults")]
+        if crate::cpu::planted::enabled() {
+            all.push(&crate::cpu::planted::PlantedFaults);
+        }
+        all
+    })
 }
 
 /// The CPU families: GEMM, GEMM with a fused epilogue, attention.
-static FAMILIES: &[&dyn Kernel] = &[
+static CPU_FAMILIES: &[&dyn Kernel] = &[
     &crate::cpu::gemm::Packed,
     &crate::cpu::gemm::Direct,
     &crate::cpu::gemm::epilogue::EpiloguePacked,
@@ -39,46 +55,127 @@ pub fn kernel(name: &str) -> Result<&'static dyn Kernel> {
         .ok_or_else(|| Error::UnknownKernel(name.to_string()))
 }
 
-/// The families that support `w`.
-pub fn kernels_for(w: &Workload) -> Vec<&'static dyn Kernel> {
+/// The families that run `w` on the kind of device `hw` describes.
+pub fn kernels_for(w: &Workload, hw: &HardwareFingerprint) -> Vec<&'static dyn Kernel> {
     registry()
         .iter()
         .copied()
-        .filter(|k| k.supports(w))
+        .filter(|k| k.device() == hw.device_kind() && k.supports(w))
         .collect()
 }
 
-/// The fallback for `w`: the family and config used when nothing was tuned, or
-/// [`Error::NoFamily`] when no family of this build runs `w` (an element type nobody serves).
+/// The fallback for `w` on `hw`: the family and config used when nothing was tuned, or
+/// [`Error::NoFamily`] when no family of this build runs `w` on that kind of device (an
+/// element type nobody serves, an op CUDA does not run, a build without the `cuda` feature).
 pub fn default_for(
     w: &Workload,
     hw: &HardwareFingerprint,
 ) -> Result<(&'static dyn Kernel, Config)> {
-    let (kernel, config) = match w {
-        Workload::Gemm { .. } => crate::cpu::gemm::default_for(w, hw),
-        Workload::GemmBiasAct { .. } => crate::cpu::gemm::epilogue::default_for(w, hw),
-        Workload::Attention { .. } => crate::cpu::attention::default_for(w, hw),
+    let chosen: Option<&'static dyn Kernel> = match hw.device_kind() {
+        DeviceKind::Cpu => Some(match w {
+            Workload::Gemm { .. } => crate::cpu::gemm::default_family(w),
+            Workload::GemmBiasAct { .. } => crate::cpu::gemm::epilogue::default_family(w),
+            Workload::Attention { .. } => crate::cpu::attention::default_family(w),
+        }),
+        DeviceKind::Cuda => kernels_for(w, hw).first().copied(),
     };
-    if kernel.supports(w) {
-        return Ok((kernel, config));
+    match chosen {
+        Some(k) if k.supports(w) => Ok((k, k.default_config(w, hw))),
+        _ => Err(no_family(w, hw.device_kind())),
     }
-    let served: Vec<&str> = registry()
+}
+
+/// Whether some family of this build runs `w` on `device` (any GPU of that kind: no device
+/// is opened); [`Error::NoFamily`] naming what would, otherwise. Commands call it before they
+/// touch a device or a database.
+pub fn check_runs_on(w: &Workload, device: DeviceKind) -> Result<()> {
+    if registry()
+        .iter()
+        .any(|k| k.device() == device && k.supports(w))
+    {
+        Ok(())
+    } else {
+        Err(no_family(w, device))
+    }
+}
+
+/// Why nothing runs `w` on `device`, naming what would.
+fn no_family(w: &Workload, device: DeviceKind) -> Error {
+    let on_device: Vec<&'static dyn Kernel> = registry()
+        .iter()
+        .copied()
+        .filter(|k| k.device() == device)
+        .collect();
+    let same_op = on_device
+        .iter()
+        .any(|k| k.supports(&w.with_dtype(Default::default())));
+    let served: Vec<&str> = on_device
         .iter()
         .filter(|k| k.dtypes().contains(&w.dtype()))
         .map(|k| k.name())
         .collect();
-    Err(Error::NoFamily {
+    let reason = if on_device.is_empty() {
+        format!("this build has no {device} kernel families (built without the `{device}` feature)")
+    } else if !same_op {
+        let hint = match device {
+            DeviceKind::Cuda => "; use --device cpu",
+            DeviceKind::Cpu => "",
+        };
+        format!(
+            "no {device} family runs '{}' workloads yet{hint}",
+            w.op().name()
+        )
+    } else if served.is_empty() {
+        format!("no family of this build serves {} workloads yet", w.dtype())
+    } else {
+        format!(
+            "{} workloads are served only by {}",
+            w.dtype(),
+            served.join(", ")
+        )
+    };
+    Error::NoFamily {
         workload: w.key(),
-        device: "cpu".into(),
-        reason: if served.is_empty() {
-            format!("no family of this build serves {} workloads yet", w.dtype())
-        } else {
-            format!(
-                "{} workloads are served only by {}",
-                w.dtype(),
-                served.join(", ")
-            )
-        },
+        device: device.to_string(),
+        reason,
+    }
+}
+
+/// Whether a stored record (family `kernel` at `version`, config `config` for `w`, measured
+/// on `hw`) can still be served: the family is registered at that version, runs on `hw`'s
+/// kind of device, supports `w`, and `config` fits its space for `hw`. The tuning database
+/// asks this before it serves or verifies a record; the reason comes back as text.
+pub fn check_record(
+    kernel: &str,
+    version: u32,
+    w: &Workload,
+    config: &Config,
+    hw: &HardwareFingerprint,
+) -> std::result::Result<&'static dyn Kernel, String> {
+    let k = crate::registry::kernel(kernel).map_err(|e| e.to_string())?;
+    if k.version() != version {
+        return Err(format!(
+            "{kernel} v{version} is stale (this build has v{})",
+            k.version()
+        ));
+    }
+    if k.device() != hw.device_kind() {
+        return Err(format!(
+            "{kernel} runs on {}, fingerprint {} is a {}",
+            k.device(),
+            hw.id,
+            hw.device_kind()
+        ));
+    }
+    if !k.supports(w) {
+        return Err(format!("{kernel} does not run {w}"));
+    }
+    if k.config_fits(w, hw, config) {
+        return Ok(k);
+    }
+    Err(match k.space(w, hw).check(config) {
+        Err(e) => e.to_string(),
+        Ok(()) => "config_fits and the space disagree".into(),
     })
 }
 
@@ -172,7 +269,7 @@ mod tests {
             .err()
             .expect("no CPU family serves bf16 yet");
         assert!(e.to_string().contains("gemm:64x64x64:bf16"), "{e}");
-        assert!(kernels_for(&bf16).is_empty());
+        assert!(kernels_for(&bf16, hw).is_empty());
     }
 
     /// Configs of the unconstrained product of `k`'s knobs on `hw` (valid or not by the
@@ -230,7 +327,13 @@ mod tests {
                 [1, 2, 3, 4, here.cores].map(|c| hw.with_cores(c))
             })
             .collect();
-        for k in registry().iter().copied() {
+        // The CPU families, which override `config_fits` (the CUDA ones keep the default,
+        // which builds the space).
+        for k in registry()
+            .iter()
+            .copied()
+            .filter(|k| k.device() == DeviceKind::Cpu)
+        {
             let ws = workloads_of(k);
             let mut configs = Vec::new();
             for hw in &hws {

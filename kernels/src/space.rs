@@ -201,6 +201,12 @@ impl Space {
         self
     }
 
+    /// A space no config fits, with `reason` as its one rule: what a family answers for a
+    /// workload or machine it cannot run on.
+    pub fn unsatisfiable(reason: &str) -> Self {
+        Space::new().rule(reason, |_| false)
+    }
+
     /// The knobs, in declaration order.
     pub fn knobs(&self) -> &[Knob] {
         &self.knobs

@@ -1,3 +1,4 @@
+#![cfg(feature = "cuda")]
 //! Every CUDA template compiles with the real NVRTC, for sm_80 and sm_90, over a sample of each
 //! space: the default config plus seeded random valid configs. NVRTC needs no GPU; the arch
 //! is a real one (`sm_XY`), so NVRTC also runs ptxas and inline-PTX mistakes fail here too.

@@ -34,6 +34,12 @@ pub struct Evaluation {
 pub enum EvalError {
     #[error("no problem set up: call Evaluator::setup first")]
     NotSetUp,
+    /// The device cannot be used, or cannot hold the workload's problem.
+    #[error("{0}")]
+    Device(String),
+    /// The workload's problem cannot be made (too large for this machine's memory).
+    #[error(transparent)]
+    Kernel(#[from] kernels::Error),
     #[error(transparent)]
     Worker(#[from] crate::worker::WorkerError),
     /// A finalist failed during re-measurement (it had passed before: a flaky candidate).
@@ -244,6 +250,7 @@ impl Evaluator for InProcess {
     }
 
     fn setup(&mut self, workload: &Workload, seed: u64) -> Result<(), EvalError> {
+        Problem::check_memory(workload)?;
         self.bench = Some(Bench::setup(workload, seed));
         Ok(())
     }

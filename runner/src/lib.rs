@@ -25,6 +25,8 @@
 //! confidence intervals of their medians ([`median_ci`]).
 
 pub mod compare;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod evaluator;
 mod interleaved;
 #[cfg(target_os = "linux")]
@@ -247,7 +249,7 @@ mod tests {
     #[test]
     fn every_registered_default_verifies_and_times() {
         let (w, p, r) = setup();
-        for k in kernels::kernels_for(&w) {
+        for k in kernels::kernels_for(&w, HardwareFingerprint::current()) {
             let cfg = k.default_config(&w, HardwareFingerprint::current());
             let o = evaluate(k, &w, &cfg, &p, &r, &Protocol::quick());
             assert_eq!(o.status, Status::Ok, "{}: {:?}", k.name(), o.message);

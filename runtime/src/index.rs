@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kernels::{default_for, Config, Executable, HardwareFingerprint, Kernel, Space, Workload};
+use kernels::{
+    default_for, Config, DeviceKind, Executable, HardwareFingerprint, Kernel, Space, Workload,
+};
 use tuning_db::{Record, TuningDb};
 
 use crate::hash::{class, dims4, Key, Table};
@@ -249,10 +251,11 @@ impl Index {
             return Ok(borrowed);
         }
         let default = default_choice(w, hw)?;
-        if crate::probe::borrowed_is_faster(w, &*borrowed.exe, &*default.exe) {
-            Ok(borrowed)
-        } else {
-            Ok(default)
+        // Timed on this machine, so only host executables (a GPU's borrowed config is served
+        // by the structural rules alone).
+        match (borrowed.executable(), default.executable()) {
+            (Some(b), Some(d)) if !crate::probe::borrowed_is_faster(w, b, d) => Ok(default),
+            _ => Ok(borrowed),
         }
     }
 
@@ -302,15 +305,36 @@ fn default_choice(w: &Workload, hw: &HardwareFingerprint) -> Result<Choice, Runt
     let (kernel, config) = default_for(w, hw)?;
     // `prepare` without building the space when the default fits (it always should);
     // otherwise `prepare` itself, for its error.
-    let current = HardwareFingerprint::current();
-    let exe: Arc<dyn Executable> = if kernel.supports(w) && kernel.config_fits(w, current, &config)
-    {
-        kernel.build(w, &config)?
+    let current = fit_hardware(hw);
+    let exe = if kernel.supports(w) && kernel.config_fits(w, current, &config) {
+        host_exe(kernel, w, &config)?
+    } else if kernel.device() == DeviceKind::Cpu {
+        Some(kernel.prepare(w, &config)?.into())
     } else {
-        kernel.prepare(w, &config)?
-    }
-    .into();
+        kernel
+            .space(w, hw)
+            .check(&config)
+            .map_err(|e| kernels::Error::InvalidConfig {
+                kernel: kernel.name().into(),
+                config: config.to_json(),
+                reason: e.to_string(),
+            })?;
+        None
+    };
     Ok(Choice::new(w, kernel, config, Level::Default, None, exe))
+}
+
+/// The host executable of a CPU family's config (unchecked: the callers checked it); `None`
+/// for a device family, whose configs are served by lookup and run through a device session.
+fn host_exe(
+    kernel: &dyn Kernel,
+    w: &Workload,
+    config: &Config,
+) -> Result<Option<Arc<dyn Executable>>, kernels::Error> {
+    match kernel.device() {
+        DeviceKind::Cpu => Ok(Some(kernel.build(w, config)?.into())),
+        _ => Ok(None),
+    }
 }
 
 /// The farthest (log2 distance, [`distance`]) a tuned shape lends its config: a factor of 4
@@ -346,7 +370,7 @@ fn borrow(
     {
         return None;
     }
-    let exe = kernel.build(w, &c.choice.config).ok()?;
+    let exe = host_exe(kernel, w, &c.choice.config).ok()?;
     let from = c.choice.source.as_ref();
     Some(Choice::new(
         w,
@@ -360,14 +384,18 @@ fn borrow(
             median_s: from.and_then(|s| s.median_s),
             distance: d,
         }),
-        exe.into(),
+        exe,
     ))
 }
 
 /// The hardware whose space a config must fit on this machine: the running CPU (what
-/// `prepare` checks), or `hw` when the runtime serves another fingerprint with fewer cores.
+/// `prepare` checks), or `hw` when the runtime serves another fingerprint with fewer cores,
+/// or a GPU.
 fn fit_hardware(hw: &HardwareFingerprint) -> &HardwareFingerprint {
     let current = HardwareFingerprint::current();
+    if hw.device_kind() != DeviceKind::Cpu {
+        return hw;
+    }
     if hw.id == current.id || hw.cores >= current.cores {
         current
     } else {
@@ -384,9 +412,7 @@ fn space_for(kernel: &dyn Kernel, w: &Workload, hw: &HardwareFingerprint) -> Spa
 fn serve(rec: &Record, hw: &HardwareFingerprint, level: Level) -> Result<Choice, String> {
     let kernel = kernels::kernel(&rec.kernel).map_err(|e| e.to_string())?;
     check_config(kernel, &rec.workload, &rec.config, hw)?;
-    let exe = kernel
-        .build(&rec.workload, &rec.config)
-        .map_err(|e| e.to_string())?;
+    let exe = host_exe(kernel, &rec.workload, &rec.config).map_err(|e| e.to_string())?;
     Ok(Choice::new(
         &rec.workload,
         kernel,
@@ -399,7 +425,7 @@ fn serve(rec: &Record, hw: &HardwareFingerprint, level: Level) -> Result<Choice,
             median_s: rec.median_s(),
             distance: 0.0,
         }),
-        exe.into(),
+        exe,
     ))
 }
 

@@ -153,7 +153,10 @@ pub struct Choice {
     pub level: Level,
     /// The record behind it; `None` for `default`.
     pub source: Option<Source>,
-    exe: Arc<dyn Executable>,
+    /// `None` for a device family (served by lookup; run through a device session).
+    exe: Option<Arc<dyn Executable>>,
+    /// The workload it was prepared for.
+    workload: Workload,
     /// Buffer lengths of the workload it was prepared for (checked by `Runtime::run`).
     input_lens: Box<[usize]>,
     output_len: usize,
@@ -169,6 +172,7 @@ impl Clone for Choice {
             level: self.level,
             source: self.source.clone(),
             exe: self.exe.clone(),
+            workload: self.workload,
             input_lens: self.input_lens.clone(),
             output_len: self.output_len,
             logged: AtomicBool::new(self.logged.load(Ordering::Relaxed)),
@@ -194,7 +198,7 @@ impl Choice {
         config: Config,
         level: Level,
         source: Option<Source>,
-        exe: Arc<dyn Executable>,
+        exe: Option<Arc<dyn Executable>>,
     ) -> Choice {
         Choice {
             kernel,
@@ -202,15 +206,31 @@ impl Choice {
             level,
             source,
             exe,
+            workload: *w,
             input_lens: w.input_lens().into(),
             output_len: w.output_len(),
             logged: AtomicBool::new(false),
         }
     }
 
-    /// Runs the chosen variant (buffer sizes as for [`Executable::run`]).
-    pub fn run(&self, inputs: &[&[f32]], output: &mut [f32]) {
-        self.exe.run(inputs, output)
+    /// Runs the chosen variant (buffer sizes as for [`Executable::run`]). A CUDA family's
+    /// choice has no host executable (it runs through a device session): an error.
+    pub fn run(&self, inputs: &[&[f32]], output: &mut [f32]) -> Result<(), RuntimeError> {
+        match &self.exe {
+            Some(exe) => {
+                exe.run(inputs, output);
+                Ok(())
+            }
+            None => Err(RuntimeError::Kernel(kernels::Error::DeviceOnly {
+                kernel: self.kernel.name().into(),
+                workload: self.workload.key(),
+            })),
+        }
+    }
+
+    /// The host executable of the choice; `None` for a device (CUDA) family.
+    pub fn executable(&self) -> Option<&dyn Executable> {
+        self.exe.as_deref()
     }
 }
 
@@ -521,7 +541,7 @@ impl Runtime {
         let mut serve = |c: &Choice, shard: usize| {
             check_buffers(w, c, inputs, output)?;
             self.served(w, c, shard, ());
-            c.run(inputs, output);
+            c.run(inputs, output)?;
             Ok(c.level)
         };
         let key = Key::of(w);

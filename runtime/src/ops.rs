@@ -430,7 +430,7 @@ impl Runtime {
             }
             PlanExec::RowMajor(choice) => {
                 let b = weight.rowmajor.as_deref().expect("kept for direct plans");
-                choice.run(&[a, b, bias], c);
+                choice.run(&[a, b, bias], c)?;
             }
         }
         Ok(plan.level)

@@ -29,7 +29,6 @@
 //! against a recorded search space without running a kernel, deterministically per seed, so
 //! strategies are compared offline (`autokernel replay`).
 
-pub mod gpu;
 pub mod replay;
 pub mod shard;
 mod strategies;

@@ -241,7 +241,7 @@ impl RecordedSpace {
         w: &Workload,
         hw: &HardwareFingerprint,
     ) -> Result<Self, ReplayError> {
-        let families = kernels_for(w);
+        let families = kernels_for(w, hw);
         let cands = candidates(w, hw, &families);
         if cands.is_empty() {
             return Err(ReplayError::Unsupported(w.key()));

@@ -15,7 +15,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use costmodel::{transfer_weight, ModelKind};
-use kernels::{kernels_for, Config, HardwareFingerprint, Rng, Workload};
+use kernels::{Config, HardwareFingerprint, Rng, Workload};
 use tuning_db::{DbError, TuningDb};
 
 use crate::strategies::{Annealing, Evolutionary, ModelGuided, ModelOptions};
@@ -100,7 +100,6 @@ impl SearchContext {
         let mut ctx = SearchContext::new(*w, hw.clone(), points, seed);
         let current: HashMap<&str, u32> = kernels::registry()
             .iter()
-            .chain(kernels_for(w).iter())
             .map(|k| (k.name(), k.version()))
             .collect();
         let mut machines = db.fingerprints()?;

@@ -13,7 +13,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use kernels::{
-    default_for, kernels_for, Config, HardwareFingerprint, Kernel, Measurement, Status, Workload,
+    default_for, kernels_for, Config, DeviceKind, HardwareFingerprint, Kernel, Measurement, Status,
+    Workload,
 };
 use runner::{
     derived_timeout, median_ci, not_slower, overlaps, EvalError, Evaluation, Evaluator, InProcess,
@@ -314,7 +315,7 @@ pub fn tune(
     opts: &TuneOptions,
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> Result<TuneSummary, SearchError> {
-    tune_families(db, w, hw, &kernels_for(w), opts, on_event)
+    tune_families(db, w, hw, &kernels_for(w, hw), opts, on_event)
 }
 
 /// [`tune`] over the given kernel families only (tests plant faulty families this way). The
@@ -427,9 +428,9 @@ pub fn tune_with(
     };
     on_event(Event::Default { record: &default });
 
-    let mut strategy = opts.strategy.build(crate::strategy::SearchContext::from_db(
-        db, w, hw, &cands, opts.seed,
-    )?);
+    let mut strategy = strategy_for(opts.strategy, hw).build(
+        crate::strategy::SearchContext::from_db(db, w, hw, &cands, opts.seed)?,
+    );
     let (mut measured, mut resumed, mut failures) = (0, 0, 0);
     let mut done = tried.len().min(opts.budget);
     let mut best_gflops = db.best(&hw.id, w)?.and_then(|r| r.gflops);
@@ -516,6 +517,16 @@ pub fn tune_with(
         restarts: evaluator.restarts(),
         quarantined: quarantined_now,
     })
+}
+
+/// The strategy that runs for `asked` on `hw`: the cost model's features describe CPU kernels
+/// (micro-kernel shape, cache footprints), so on a GPU `model` searches evolutionarily
+/// instead of pretending to learn.
+fn strategy_for(asked: StrategyKind, hw: &HardwareFingerprint) -> StrategyKind {
+    match (asked, hw.device_kind()) {
+        (StrategyKind::Model { .. }, DeviceKind::Cuda) => StrategyKind::Evolutionary,
+        (kind, _) => kind,
+    }
 }
 
 /// Statuses that quarantine a config: the candidate took its process down or had to be killed.

@@ -232,7 +232,7 @@ fn export_from_a_database_needs_the_whole_space() {
     )
     .unwrap();
     let space = RecordedSpace::from_db(&db, &w, hw).unwrap();
-    let cands = search::candidates(&w, hw, &kernels::kernels_for(&w));
+    let cands = search::candidates(&w, hw, &kernels::kernels_for(&w, hw));
     assert_eq!(space.entries.len(), cands.len());
     assert_eq!(space.entries.iter().filter(|e| e.default).count(), 1);
     let fastest = db

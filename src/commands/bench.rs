@@ -9,15 +9,14 @@ mod report;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kernels::cuda::{Gpu, GpuTask, GpuTiming};
-use kernels::{
-    default_for, Config, Executable, HardwareFingerprint, Kernel, Measurement, Problem, Workload,
-};
+use kernels::cuda::Gpu;
+use kernels::{default_for, Config, HardwareFingerprint, Kernel, Measurement, Status, Workload};
 use runner::compare::{compare_rounds, CompareOptions, Comparison, Verdict};
-use runner::{measure, verify, Protocol};
+use runner::{Evaluator, Protocol};
 use runtime::Runtime;
 use serde_json::json;
 use tuning_db::TuningDb;
@@ -93,15 +92,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let requested = super::parse_workloads(&args.workloads)?;
     super::require_db(&args.db.db)?;
     args.threads.apply()?;
-    let gpu = args
-        .device
-        .cuda()
-        .map(super::device::open_gpu)
-        .transpose()?;
-    let hw = &match &gpu {
-        Some(g) => g.fingerprint().hardware(),
-        None => HardwareFingerprint::current().clone(),
-    };
+    let gpu = args.device.open()?;
+    let hw = &super::device::fingerprint(gpu.as_ref());
     let opts = CompareOptions {
         threshold: args.threshold,
         alpha: ALPHA,
@@ -154,33 +146,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or_default()
         );
     }
-    let mut prepared: Vec<Box<dyn Subject + '_>> = match &gpu {
-        Some(gpu) => {
-            let db = TuningDb::open_read_only(&args.db.db)?;
-            let timing = if args.quick {
-                GpuTiming::quick()
-            } else {
-                GpuTiming::thorough()
-            };
-            workloads
-                .iter()
-                .map(|w| {
-                    GpuPrepared::new(&db, gpu, w, hw, timing.clone())
-                        .map(|p| Box::new(p) as Box<dyn Subject>)
-                })
-                .collect::<anyhow::Result<_>>()?
-        }
-        None => {
-            let rt = super::open_runtime(&args.db.db)?;
-            workloads
-                .iter()
-                .map(|w| {
-                    Prepared::new(&rt, w, hw, protocol.clone())
-                        .map(|p| Box::new(p) as Box<dyn Subject>)
-                })
-                .collect::<anyhow::Result<_>>()?
-        }
-    };
+    let rt = super::device::runtime(&args.db.db, gpu.as_ref())?;
+    let mut prepared: Vec<Prepared> = workloads
+        .iter()
+        .map(|w| Prepared::new(&rt, w, gpu.as_ref(), protocol.clone()))
+        .collect::<anyhow::Result<_>>()?;
     let rounds = args.rounds as usize;
     let mut timings: Vec<(Vec<Measurement>, Vec<Measurement>)> =
         vec![(Vec::with_capacity(rounds), Vec::with_capacity(rounds)); prepared.len()];
@@ -192,7 +162,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                     "  round {}/{rounds}  [{}/{count}] {}",
                     round + 1,
                     i + 1,
-                    p.workload()
+                    p.workload
                 );
             }
             // Alternate which goes first, so neither always follows the other.
@@ -333,28 +303,15 @@ fn tuned_workloads(db: &Path, hw: &HardwareFingerprint) -> anyhow::Result<Vec<Wo
     Ok(ws)
 }
 
-/// A workload ready to time on its device: the tuned choice and the default, both verified.
-trait Subject {
-    fn workload(&self) -> &Workload;
-
-    /// The tuned choice and the default, measured back to back (`tuned_first` picks the order).
-    fn measure_pair(&mut self, tuned_first: bool) -> anyhow::Result<(Measurement, Measurement)>;
-
-    fn result(
-        self: Box<Self>,
-        tuned: Vec<Measurement>,
-        default: Vec<Measurement>,
-    ) -> WorkloadResult;
-}
-
-/// A CPU workload: the runtime's choice and the kernel default.
+/// A workload ready to time on its device: the runtime's choice for the device's fingerprint
+/// and the kernel default, each verified against the reference by the device's evaluator
+/// before every timing (on the CPU in this process, on a GPU with CUDA events).
 struct Prepared {
     workload: Workload,
     choice: runtime::Choice,
     default_kernel: &'static dyn Kernel,
     default_config: Config,
-    default: Box<dyn Executable>,
-    problem: Problem,
+    evaluator: Box<dyn Evaluator>,
     protocol: Protocol,
 }
 
@@ -362,66 +319,54 @@ impl Prepared {
     fn new(
         rt: &Runtime,
         w: &Workload,
-        hw: &HardwareFingerprint,
+        gpu: Option<&Arc<Gpu>>,
         protocol: Protocol,
     ) -> anyhow::Result<Prepared> {
         let choice = rt.choose(w)?;
-        let (dk, dc) = default_for(w, hw)?;
-        let default = dk
-            .prepare(w, &dc)
-            .with_context(|| format!("building the default {} {dc} for {w}", dk.name()))?;
-        let problem = Problem::try_random(w, INPUT_SEED)?;
-        let reference = problem.reference();
-        for (exe, kernel, config) in [
-            (
-                &RuntimeExe(&choice) as &dyn Executable,
-                choice.kernel.name(),
-                &choice.config,
-            ),
-            (default.as_ref(), dk.name(), &dc),
-        ] {
-            if let Err(failure) = verify(exe, &problem, &reference) {
-                bail!(
-                    "{kernel} {config} gave a wrong result on {w}: {}",
-                    failure.message.unwrap_or_default()
-                );
-            }
-        }
+        let (default_kernel, default_config) = default_for(w, rt.fingerprint())?;
+        let mut evaluator = super::device::evaluator(gpu);
+        evaluator.setup(w, INPUT_SEED)?;
         Ok(Prepared {
             workload: *w,
             choice,
-            default_kernel: dk,
-            default_config: dc,
-            default,
-            problem,
+            default_kernel,
+            default_config,
+            evaluator,
             protocol,
         })
     }
-}
 
-impl Subject for Prepared {
-    fn workload(&self) -> &Workload {
-        &self.workload
+    /// One verified timing of `kernel` `config`; a failure is an error naming them.
+    fn one(&mut self, kernel: &dyn Kernel, config: &Config) -> anyhow::Result<Measurement> {
+        let o = self
+            .evaluator
+            .evaluate(kernel, config, &self.protocol)?
+            .outcome;
+        match (o.status, o.measurement) {
+            (Status::Ok, Some(m)) => Ok(m),
+            (status, _) => bail!(
+                "{} {config} on {}: {status}: {}",
+                kernel.name(),
+                self.workload,
+                o.message.unwrap_or_default()
+            ),
+        }
     }
 
+    /// The tuned choice and the default, measured back to back (`tuned_first` picks the order).
     fn measure_pair(&mut self, tuned_first: bool) -> anyhow::Result<(Measurement, Measurement)> {
-        let tuned = RuntimeExe(&self.choice);
-        let default = self.default.as_ref();
-        let (p, protocol) = (&self.problem, &self.protocol);
+        let (tk, tc) = (self.choice.kernel, self.choice.config.clone());
+        let (dk, dc) = (self.default_kernel, self.default_config.clone());
         Ok(if tuned_first {
-            let t = measure(&tuned, p, protocol);
-            (t, measure(default, p, protocol))
+            let t = self.one(tk, &tc)?;
+            (t, self.one(dk, &dc)?)
         } else {
-            let d = measure(default, p, protocol);
-            (measure(&tuned, p, protocol), d)
+            let d = self.one(dk, &dc)?;
+            (self.one(tk, &tc)?, d)
         })
     }
 
-    fn result(
-        self: Box<Self>,
-        tuned: Vec<Measurement>,
-        default: Vec<Measurement>,
-    ) -> WorkloadResult {
+    fn result(self, tuned: Vec<Measurement>, default: Vec<Measurement>) -> WorkloadResult {
         let w = &self.workload;
         WorkloadResult {
             workload: w.key(),
@@ -433,84 +378,6 @@ impl Subject for Prepared {
             default_config: self.default_config,
             default: Timing::new(default, w),
         }
-    }
-}
-
-/// A workload on a CUDA device: the database's choice for this GPU and the family default,
-/// both verified on every measurement (against cuBLAS or the f64 reference).
-struct GpuPrepared<'g> {
-    gpu: &'g Gpu,
-    workload: Workload,
-    choice: super::device::GpuChoice,
-    default_config: Config,
-    task: GpuTask,
-    timing: GpuTiming,
-}
-
-impl<'g> GpuPrepared<'g> {
-    fn new(
-        db: &TuningDb,
-        gpu: &'g Gpu,
-        w: &Workload,
-        hw: &HardwareFingerprint,
-        timing: GpuTiming,
-    ) -> anyhow::Result<Self> {
-        let choice = super::device::choose(Some(db), w, hw, gpu)?;
-        let default_config = choice.family.default_config(w, gpu.arch())?;
-        let task = GpuTask::new(gpu, w, INPUT_SEED)?;
-        Ok(GpuPrepared {
-            gpu,
-            workload: *w,
-            choice,
-            default_config,
-            task,
-            timing,
-        })
-    }
-}
-
-impl Subject for GpuPrepared<'_> {
-    fn workload(&self) -> &Workload {
-        &self.workload
-    }
-
-    fn measure_pair(&mut self, tuned_first: bool) -> anyhow::Result<(Measurement, Measurement)> {
-        let (gpu, timing) = (self.gpu, &self.timing);
-        let mut one = |c: &Config| super::device::measure(&mut self.task, gpu, c, timing);
-        Ok(if tuned_first {
-            let t = one(&self.choice.config)?;
-            (t, one(&self.default_config)?)
-        } else {
-            let d = one(&self.default_config)?;
-            (one(&self.choice.config)?, d)
-        })
-    }
-
-    fn result(
-        self: Box<Self>,
-        tuned: Vec<Measurement>,
-        default: Vec<Measurement>,
-    ) -> WorkloadResult {
-        let w = &self.workload;
-        WorkloadResult {
-            workload: w.key(),
-            level: self.choice.level.as_str().into(),
-            kernel: self.choice.family.name().into(),
-            config: self.choice.config.clone(),
-            tuned: Timing::new(tuned, w),
-            default_kernel: self.choice.family.name().into(),
-            default_config: self.default_config,
-            default: Timing::new(default, w),
-        }
-    }
-}
-
-/// Lets the protocol time exactly what the runtime dispatches.
-struct RuntimeExe<'a>(&'a runtime::Choice);
-
-impl Executable for RuntimeExe<'_> {
-    fn run(&self, inputs: &[&[f32]], output: &mut [f32]) {
-        self.0.run(inputs, output)
     }
 }
 

@@ -26,16 +26,14 @@ pub struct LookupArgs {
 pub fn run(args: LookupArgs) -> anyhow::Result<ExitCode> {
     let workloads = super::parse_workloads(&args.workloads)?;
     super::require_db(&args.db.db)?;
-    if let Some(n) = args.device.cuda() {
-        super::device::lookup(&args.db.db, &workloads, n, args.json)?;
-        return Ok(ExitCode::SUCCESS);
-    }
+    let gpu = args.device.open()?;
     args.threads.apply()?;
-    let rt = super::open_runtime(&args.db.db)?;
+    let rt = super::device::runtime(&args.db.db, gpu.as_ref())?;
+    let device = super::device::name(gpu.as_ref());
     for w in &workloads {
         let choice = rt.lookup(w)?;
         if args.json {
-            super::print_json(&to_json(w, &choice, &rt))?;
+            super::print_json(&to_json(w, &choice, &rt, &device))?;
         } else {
             println!("{w}: {}", describe(&choice, rt.fingerprint()));
         }
@@ -44,11 +42,11 @@ pub fn run(args: LookupArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The `--json` object of one lookup (shared with `autokernel run`).
-pub fn to_json(w: &kernels::Workload, c: &Choice, rt: &Runtime) -> serde_json::Value {
+pub fn to_json(w: &kernels::Workload, c: &Choice, rt: &Runtime, device: &str) -> serde_json::Value {
     json!({
         "workload": w.key(),
         "dtype": w.dtype(),
-        "device": "cpu",
+        "device": device,
         "level": c.level.as_str(),
         "kernel": c.kernel.name(),
         "kernel_version": c.kernel.version(),

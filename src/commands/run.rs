@@ -1,11 +1,12 @@
-//! `autokernel run`: run a workload through the runtime, check it, time it.
+//! `autokernel run`: run a workload through the runtime's choice on its device, check it,
+//! time it.
 
 use std::process::ExitCode;
 
 use anyhow::bail;
 use clap::Args;
-use kernels::Problem;
-use runner::{measure, verify, Protocol};
+use kernels::Status;
+use runner::Protocol;
 use serde_json::json;
 
 #[derive(Args)]
@@ -27,29 +28,32 @@ pub struct RunArgs {
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let w: kernels::Workload = args.workload.parse()?;
     super::require_db(&args.db.db)?;
-    if let Some(n) = args.device.cuda() {
-        super::device::run(&args.db.db, &w, n, args.json)?;
-        return Ok(ExitCode::SUCCESS);
-    }
+    let gpu = args.device.open()?;
     args.threads.apply()?;
-    let rt = super::open_runtime(&args.db.db)?;
+    let rt = super::device::runtime(&args.db.db, gpu.as_ref())?;
     let choice = rt.choose(&w)?;
-    let problem = Problem::try_random(&w, 0xA0C0)?;
-    let reference = problem.reference();
-    let exe = RuntimeExe(&choice);
-    if let Err(failure) = verify(&exe, &problem, &reference) {
-        bail!(
-            "{} {} gave a wrong result: {}",
+    // The chosen config verified against the reference, then timed by the thorough protocol,
+    // by the device's evaluator (on a GPU: CUDA events with an L2 flush).
+    let mut ev = super::device::evaluator(gpu.as_ref());
+    ev.setup(&w, 0xA0C0)?;
+    let outcome = ev
+        .evaluate(choice.kernel, &choice.config, &Protocol::thorough())?
+        .outcome;
+    let m = match (outcome.status, outcome.measurement) {
+        (Status::Ok, Some(m)) => m,
+        (status, _) => bail!(
+            "{} {} on {w}: {status}: {}",
             choice.kernel.name(),
             choice.config,
-            failure.message.unwrap_or_default()
-        );
-    }
-    let m = measure(&exe, &problem, &Protocol::thorough());
+            outcome.message.unwrap_or_default()
+        ),
+    };
     let gflops = m.gflops(w.flops());
     if args.json {
         super::print_json(&json!({
             "workload": w.key(),
+            "dtype": w.dtype(),
+            "device": super::device::name(gpu.as_ref()),
             "level": choice.level.as_str(),
             "kernel": choice.kernel.name(),
             "config": choice.config,
@@ -59,26 +63,19 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             "spread": m.spread,
             "samples": m.samples.len(),
             "threads": rt.fingerprint().cores,
+            "fingerprint": rt.fingerprint().id,
         }))?;
     } else {
         println!(
-            "{w}: {:.3} ms median, {gflops:.1} GFLOP/s (±{:.1}% MAD, {} samples) via {} {} [{}]",
+            "{w}: {:.3} ms median, {gflops:.1} GFLOP/s (±{:.1}% MAD, {} samples) via {} {} [{}] on {}",
             m.median_s * 1e3,
             m.spread * 100.0,
             m.samples.len(),
             choice.kernel.name(),
             choice.config,
-            choice.level
+            choice.level,
+            super::device::describe(gpu.as_ref(), rt.fingerprint())
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Lets the runner's protocol time exactly what the runtime dispatches.
-struct RuntimeExe<'a>(&'a runtime::Choice);
-
-impl kernels::Executable for RuntimeExe<'_> {
-    fn run(&self, inputs: &[&[f32]], output: &mut [f32]) {
-        self.0.run(inputs, output)
-    }
 }

@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kernels::{HardwareFingerprint, Kernel, Workload};
-use runner::{Evaluator, InProcess, Isolated, WorkerSpec};
+use runner::{Evaluator, Isolated, WorkerSpec};
 use search::{tune_with, Event, StrategyKind, TuneOptions, TuneSummary, INITIAL_TIMEOUT};
 use serde_json::json;
 use tuning_db::TuningDb;
@@ -149,10 +149,16 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     if !isolated && (args.timeout_s.is_some() || args.mem_limit_mb.is_some()) {
         bail!("--timeout-s and --mem-limit-mb need --isolation process (in-process candidates cannot be stopped)");
     }
-    if let Some(n) = args.device.cuda() {
-        return tune_gpu(&args, &workloads, &db_path, strategy, n);
+    for w in &workloads {
+        kernels::registry::check_runs_on(w, args.device.device.kind())?;
     }
-    let families = select_families(&args.kernels, &workloads)?;
+    let gpu = args.device.open()?;
+    if let (Some(_), true) = (&gpu, args.pin || args.timeout_s.is_some()) {
+        bail!(
+            "--pin and --timeout-s apply to CPU tuning; drop them with --device {}",
+            args.device.device
+        );
+    }
     let pin_cpus = if args.pin {
         let threads = args.threads.threads.map_or(usize::MAX, usize::from);
         Some(pin_set(threads)?)
@@ -164,7 +170,8 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         pin_here(cpus)?;
     }
     args.threads.apply()?;
-    let hw = HardwareFingerprint::current();
+    let hw = &super::device::fingerprint(gpu.as_ref());
+    let families = select_families(&args.kernels, &workloads, hw)?;
     for w in &workloads {
         // Before the database is opened: a workload no family of this build runs (an
         // element type nobody serves yet) is a one-line error, not an empty tuning run.
@@ -180,7 +187,9 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         timeout,
         ..TuneOptions::default()
     };
-    let mut evaluator: Box<dyn Evaluator> = if isolated {
+    // On a GPU candidates run in this process: a CUDA context cannot be shared with a
+    // worker, and NVRTC reports a bad config as a compile error rather than a crash.
+    let mut evaluator: Box<dyn Evaluator> = if isolated && gpu.is_none() {
         let exe =
             std::env::current_exe().context("locating the autokernel binary for the worker")?;
         let mut spec = WorkerSpec::new(exe, ["worker", "--threads", &hw.cores.to_string()]);
@@ -192,17 +201,17 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         spec.cpus = pin_cpus.clone().unwrap_or_default();
         Box::new(Isolated::new(spec, timeout.unwrap_or(INITIAL_TIMEOUT)))
     } else {
-        Box::new(InProcess::new())
+        super::device::evaluator(gpu.as_ref())
     };
     if !args.json {
         eprintln!(
             "tuning {} workload(s) on {} [{}], budget {} per workload, strategy {}, isolation {}{}, into {}",
             workloads.len(),
-            hw.brand,
+            super::device::describe(gpu.as_ref(), hw),
             hw.id,
             opts.budget,
             args.strategy,
-            args.isolation,
+            evaluator.isolation(),
             pin_cpus
                 .as_ref()
                 .map_or(String::new(), |c| format!(", pinned to CPUs {c:?}")),
@@ -220,71 +229,28 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `tune --device cuda:N`: the same job on a GPU (search::gpu), in this process — a CUDA
-/// context cannot be shared with a worker, and NVRTC reports a bad config as a compile error
-/// rather than a crash.
-fn tune_gpu(
-    args: &TuneArgs,
-    workloads: &[Workload],
-    db_path: &std::path::Path,
-    strategy: StrategyKind,
-    n: usize,
-) -> anyhow::Result<ExitCode> {
-    if !args.kernels.is_empty() || args.pin || args.timeout_s.is_some() {
-        bail!(
-            "--kernel, --pin and --timeout-s apply to CPU tuning; drop them with --device cuda:{n}"
-        );
-    }
-    for w in workloads {
-        kernels::cuda::GpuFamily::for_workload(w).with_context(|| format!("--device cuda:{n}"))?;
-    }
-    let gpu = super::device::open_gpu(n)?;
-    let hw = gpu.fingerprint().hardware();
-    let db = TuningDb::open(db_path)?;
-    let opts = TuneOptions {
-        budget: args.budget as usize,
-        strategy,
-        seed: args.seed,
-        tool_version: env!("CARGO_PKG_VERSION").to_string(),
-        finalists: 0,
-        ..TuneOptions::default()
-    };
-    if !args.json {
-        eprintln!(
-            "tuning {} workload(s) on cuda:{n} {} [{}], budget {} per workload, strategy {}, into {}",
-            workloads.len(),
-            gpu.fingerprint().summary(),
-            hw.id,
-            opts.budget,
-            args.strategy,
-            db_path.display()
-        );
-    }
-    for w in workloads {
-        let summary = tune_one(w, &opts, &mut |on_event| {
-            search::gpu::tune_gpu(&db, w, &gpu, &opts, on_event)
-        })?;
-        report(&db, &summary, &hw, &opts, args.json)?;
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// The registered families named by `--kernel` (all of them when none is named); each named
-/// one must support every workload of the job.
+/// The registered families of `hw`'s kind of device named by `--kernel` (all of them when
+/// none is named); each named one must support every workload of the job.
 fn select_families(
     names: &[String],
     workloads: &[Workload],
+    hw: &HardwareFingerprint,
 ) -> anyhow::Result<Vec<&'static dyn Kernel>> {
-    let all = kernels::registry();
+    let all: Vec<&'static dyn Kernel> = kernels::registry()
+        .iter()
+        .copied()
+        .filter(|k| k.device() == hw.device_kind())
+        .collect();
     if names.is_empty() {
-        return Ok(all.to_vec());
+        return Ok(all);
     }
     let mut out: Vec<&'static dyn Kernel> = Vec::new();
     for name in names {
         let Some(k) = all.iter().copied().find(|k| k.name() == name) else {
             let known: Vec<&str> = all.iter().map(|k| k.name()).collect();
             bail!(
-                "unknown kernel family '{name}' (known: {})",
+                "unknown kernel family '{name}' (known on {}: {})",
+                hw.device_kind(),
                 known.join(", ")
             );
         };

@@ -693,26 +693,6 @@ fn check_configs(
     let mut spaces: HashMap<(String, &'static str, Workload), Space> = HashMap::new();
     let (mut checked, mut stale, mut unchecked) = (0u64, 0u64, 0u64);
     for r in db.all_ok_records()? {
-        if let Some(gpu) = kernels::cuda::GpuFamily::by_name(&r.kernel) {
-            if gpu.version() != r.kernel_version {
-                stale += 1;
-            } else if let Some(fp) = fps.get(&r.fingerprint_id) {
-                checked += 1;
-                if let Err(e) = gpu.check_config(&r.workload, &r.config, fp) {
-                    problems.push(format!(
-                        "trial {} ({} {} on {}): config {} does not fit {} v{}: {e}",
-                        r.id.unwrap_or(-1),
-                        r.kernel,
-                        r.workload,
-                        r.fingerprint_id,
-                        r.config,
-                        gpu.name(),
-                        gpu.version()
-                    ));
-                }
-            }
-            continue;
-        }
         let Ok(family) = kernels::kernel(&r.kernel) else {
             stale += 1;
             continue;
@@ -738,10 +718,19 @@ fn check_configs(
         let Some(fp) = fps.get(&r.fingerprint_id) else {
             continue; // verify() reports the broken reference
         };
+        checked += 1;
+        if family.device() != fp.device_kind() {
+            problems.push(format!(
+                "{what}: kernel {} runs on {}, the fingerprint is a {}",
+                r.kernel,
+                family.device(),
+                fp.device_kind()
+            ));
+            continue;
+        }
         let space = spaces
             .entry((fp.id.clone(), family.name(), r.workload))
             .or_insert_with(|| family.space(&r.workload, fp));
-        checked += 1;
         match space.check(&r.config) {
             Ok(()) => {}
             Err(SpaceError::ValueNotListed { knob, .. })

@@ -6,8 +6,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kernels::cuda::GpuFamily;
-use kernels::{Config, HardwareFingerprint, Kernel, Measurement, Space, Status, Workload};
+use kernels::{Config, HardwareFingerprint, Measurement, Status, Workload};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, Transaction};
 use rusqlite::{ErrorCode, TransactionBehavior};
 
@@ -540,11 +539,11 @@ impl TuningDb {
 
     /// The fastest usable `ok` record for `workload` on fingerprint `fingerprint_id`.
     ///
-    /// Usable means: its (kernel, version) is a family in [`kernels::registry`] (or a CUDA
-    /// family, [`GpuFamily`], checked against the GPU's compute capability) that supports
-    /// the workload (records of other versions are stale and ignored), and its config parses
-    /// and still fits that family's space for the stored fingerprint. Rows that fail any of
-    /// this are skipped, never an error.
+    /// Usable means what [`kernels::registry::check_record`] says: its (kernel, version) is a
+    /// registered family of the fingerprint's kind of device that supports the workload
+    /// (records of other versions are stale and ignored), and its config still fits that
+    /// family's space for the stored fingerprint. Rows that fail any of this are skipped,
+    /// never an error.
     pub fn best(&self, fingerprint_id: &str, workload: &Workload) -> Result<Option<Record>> {
         let sql = format!(
             "SELECT {RECORD_COLUMNS} FROM trials \
@@ -1004,48 +1003,47 @@ fn check_row(r: &Row<'_>) -> Result<Record, String> {
     })
 }
 
-/// The "still usable" filter of `best` / `best_all`, caching one space per (kernel, workload).
+/// The "still usable" filter of `best` / `best_all`: the kernel layer's policy
+/// ([`kernels::registry::check_record`]), answered once per (kernel, version, workload,
+/// config) since many rows repeat them.
 struct Usable {
     fingerprint: Option<HardwareFingerprint>,
-    spaces: HashMap<(&'static str, Workload), Space>,
+    answers: HashMap<(String, u32, Workload, String), bool>,
 }
 
 impl Usable {
     fn new(fingerprint: Option<HardwareFingerprint>) -> Self {
         Usable {
             fingerprint,
-            spaces: HashMap::new(),
+            answers: HashMap::new(),
         }
     }
 
     fn accepts(&mut self, r: &Record) -> bool {
-        if let Some(gpu) = kernels::cuda::GpuFamily::by_name(&r.kernel) {
-            if gpu.version() != r.kernel_version {
-                return false;
-            }
-            return match &self.fingerprint {
-                Some(hw) => gpu.check_config(&r.workload, &r.config, hw).is_ok(),
-                None => GpuFamily::for_workload(&r.workload).is_ok_and(|f| f == gpu),
-            };
-        }
-        let Some(family): Option<&'static dyn Kernel> = kernels::registry()
-            .iter()
-            .copied()
-            .find(|k| k.name() == r.kernel && k.version() == r.kernel_version)
-        else {
-            return false;
-        };
-        if !family.supports(&r.workload) {
-            return false;
-        }
-        let Some(hw) = &self.fingerprint else {
-            return true;
-        };
-        self.spaces
-            .entry((family.name(), r.workload))
-            .or_insert_with(|| family.space(&r.workload, hw))
-            .check(&r.config)
-            .is_ok()
+        let key = (
+            r.kernel.clone(),
+            r.kernel_version,
+            r.workload,
+            r.config.to_json(),
+        );
+        let fingerprint = &self.fingerprint;
+        *self
+            .answers
+            .entry(key)
+            .or_insert_with(|| match fingerprint {
+                Some(hw) => kernels::registry::check_record(
+                    &r.kernel,
+                    r.kernel_version,
+                    &r.workload,
+                    &r.config,
+                    hw,
+                )
+                .is_ok(),
+                // No fingerprint row (a broken reference): the family and version must still run
+                // the workload; the config cannot be checked.
+                None => kernels::kernel(&r.kernel)
+                    .is_ok_and(|k| k.version() == r.kernel_version && k.supports(&r.workload)),
+            })
     }
 }
 

@@ -1,11 +1,11 @@
-//! CPU kernel families, and the SIMD level they run at ([`Isa`], detected once in `isa.rs`).
+//! CPU kernel families, and the SIMD level they run at ([`Isa`], detected once in
+//! `kernels/src/isa.rs`, part of the vocabulary because the hardware fingerprint records it).
 
 pub mod attention;
 pub mod gemm;
-mod isa;
 pub(crate) mod knobs;
 pub mod peak;
 #[cfg(feature = "planted-faults")]
 pub mod planted;
 
-pub use isa::{announce_level, level_report, resolve_cap, Isa, ISA_ENV};
+pub use crate::isa::{announce_level, level_report, resolve_cap, Isa, ISA_ENV};

@@ -50,18 +50,6 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var(ENV_VAR).is_ok_and(|v| v == "1"))
 }
 
-/// `families` followed by [`PlantedFaults`], built once.
-pub(crate) fn with_planted(
-    families: &'static [&'static dyn Kernel],
-) -> &'static [&'static dyn Kernel] {
-    static ALL: OnceLock<Vec<&'static dyn Kernel>> = OnceLock::new();
-    ALL.get_or_init(|| {
-        let mut v = families.to_vec();
-        v.push(&PlantedFaults);
-        v
-    })
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
     None,

@@ -83,7 +83,7 @@ pub use gemm_bf16::GemmBf16;
 pub use gemm_f32::GemmF32;
 pub use gpu::{Gpu, GpuOutcome, GpuTiming};
 pub use shape::{AttentionShape, GemmShape};
-pub use task::{gpu_arch, GpuFamily, GpuTask};
+pub use task::{gpu_arch, GpuFamily, GpuTask, FAMILIES};
 pub use template::Template;
 
 /// Everything that can go wrong on the CUDA side.

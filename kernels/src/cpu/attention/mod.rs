@@ -91,8 +91,8 @@ impl AttnPar {
 }
 
 /// The fallback for an attention workload: the fused family's default (valid for every shape).
-pub fn default_for(w: &Workload, hw: &HardwareFingerprint) -> (&'static dyn Kernel, Config) {
-    (&Fused, Fused.default_config(w, hw))
+pub fn default_family(_: &Workload) -> &'static dyn Kernel {
+    &Fused
 }
 
 /// `(b, h, s, d, causal)` of an attention workload; a 1-element shape for any other (the

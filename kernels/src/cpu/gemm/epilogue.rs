@@ -68,12 +68,12 @@ pub const B_LAYOUT_VALUES: &[&str] = &["rowmajor", "prepacked"];
 /// The fallback for a `gemm_bias_*` workload: like plain GEMM (direct for small M, packed
 /// otherwise), with the epilogue fused and B row-major (valid for every shape, and safe for
 /// weights that change between calls).
-pub fn default_for(w: &Workload, hw: &HardwareFingerprint) -> (&'static dyn Kernel, Config) {
+pub fn default_family(w: &Workload) -> &'static dyn Kernel {
     let (m, _, _) = gemm_dims(w);
     if m <= DIRECT_DEFAULT_MAX_M {
-        (&EpilogueDirect, EpilogueDirect.default_config(w, hw))
+        &EpilogueDirect
     } else {
-        (&EpiloguePacked, EpiloguePacked.default_config(w, hw))
+        &EpiloguePacked
     }
 }
 
@@ -472,7 +472,7 @@ mod tests {
         let hw = HardwareFingerprint::current();
         for text in ["gemm_bias_relu:1x8x8", "gemm_bias_gelu:300x30x3"] {
             let w: Workload = text.parse().unwrap();
-            let (k, c) = default_for(&w, hw);
+            let (k, c) = crate::default_for(&w, hw).unwrap();
             assert!(k.prepare(&w, &c).is_ok(), "{w} {c}");
             for family in FAMILIES.iter().filter(|f| f.supports(&w)) {
                 let c = family.default_config(&w, hw);

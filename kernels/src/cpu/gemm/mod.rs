@@ -97,12 +97,12 @@ impl Par {
 
 /// The fallback for `w`: the direct family for small M, the packed family otherwise. The
 /// config is valid (passes `prepare`) for every shape.
-pub fn default_for(w: &Workload, hw: &HardwareFingerprint) -> (&'static dyn Kernel, Config) {
+pub fn default_family(w: &Workload) -> &'static dyn Kernel {
     let (m, _, _) = gemm_dims(w);
     if m <= DIRECT_DEFAULT_MAX_M {
-        (&Direct, Direct.default_config(w, hw))
+        &Direct
     } else {
-        (&Packed, Packed.default_config(w, hw))
+        &Packed
     }
 }
 
