@@ -272,7 +272,7 @@ fn main() {
                     bch.iter(|| rt.gemm(m, n, k, a, b, &mut out).unwrap())
                 });
                 g.bench_function(BenchmarkId::new("default", format!("{t}t")), |bch| {
-                    bch.iter(|| default.run(&[a, b], &mut out))
+                    bch.iter(|| default.run_f32(&[a, b], &mut out).unwrap())
                 });
                 if t == 1 {
                     g.bench_function(BenchmarkId::new("matrixmultiply", "1t"), |bch| {

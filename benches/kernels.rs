@@ -64,12 +64,12 @@ fn main() {
             let p = Problem::random(w, 5);
             let inputs = p.input_slices();
             let mut out = p.output();
-            exe.run(&inputs, &mut out);
+            exe.run_f32(&inputs, &mut out).unwrap();
             p.check(&out, &p.reference())
                 .unwrap_or_else(|e| panic!("{} default on {w}: {e}", kernel.name()));
             g.throughput(Throughput::Elements(w.flops() as u64));
             g.bench_function(BenchmarkId::new("default", w.key()), |b| {
-                b.iter(|| exe.run(&inputs, &mut out))
+                b.iter(|| exe.run_f32(&inputs, &mut out).unwrap())
             });
         }
         g.finish();

@@ -81,7 +81,7 @@ fn interleaved(exes: &[&dyn Executable], p: &Problem, rounds: usize) -> Vec<f64>
             let t = Instant::now();
             let mut n = 0;
             while t.elapsed().as_secs_f64() < 0.02 || n < 2 {
-                e.run(&inputs, &mut out);
+                e.run_f32(&inputs, &mut out).unwrap();
                 n += 1;
             }
             let per = t.elapsed().as_secs_f64() / n as f64;
@@ -94,7 +94,7 @@ fn interleaved(exes: &[&dyn Executable], p: &Problem, rounds: usize) -> Vec<f64>
             let i = (r + j) % exes.len();
             let t = Instant::now();
             for _ in 0..reps[i] {
-                exes[i].run(&inputs, &mut out);
+                exes[i].run_f32(&inputs, &mut out).unwrap();
             }
             samples[i].push(t.elapsed().as_secs_f64() / reps[i] as f64);
         }
@@ -108,10 +108,16 @@ fn interleaved(exes: &[&dyn Executable], p: &Problem, rounds: usize) -> Vec<f64>
 struct ChoiceExe(std::sync::Arc<runtime::Choice>);
 
 impl Executable for ChoiceExe {
-    fn run(&self, inputs: &[&[f32]], output: &mut [f32]) {
-        self.0
-            .run(inputs, output)
-            .expect("a CPU choice has a host executable")
+    fn run(
+        &self,
+        inputs: &[kernels::Operand<'_>],
+        output: kernels::OperandMut<'_>,
+    ) -> kernels::Result<()> {
+        let exe = self
+            .0
+            .executable()
+            .expect("a CPU choice has a host executable");
+        exe.run(inputs, output)
     }
 }
 
@@ -189,7 +195,7 @@ fn nearest_shape_regret_against_the_default() {
         let exes: [&dyn Executable; 5] = [&a, &r, old.as_ref(), default.as_ref(), &b];
         for e in exes {
             let mut out = p.output();
-            e.run(&p.input_slices(), &mut out);
+            e.run_f32(&p.input_slices(), &mut out).unwrap();
             p.check(&out, &reference).unwrap();
         }
         let rounds = if w.flops() > 4e9 { 9 } else { 21 };

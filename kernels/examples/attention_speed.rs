@@ -26,7 +26,10 @@ use std::time::{Duration, Instant};
 
 use kernels::cpu::attention::unfused::UnfusedAttention;
 use kernels::cpu::gemm::ukernel::bias_act_row;
-use kernels::{default_for, kernel, Config, Executable, HardwareFingerprint, Problem, Workload};
+use kernels::{
+    default_for, kernel, Config, Executable, HardwareFingerprint, Operand, OperandMut, Problem,
+    Workload,
+};
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
@@ -47,10 +50,23 @@ struct SeparatePass {
 }
 
 impl Executable for SeparatePass {
-    fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
-        self.gemm.run(&inputs[..2], out);
-        for row in out.chunks_exact_mut(self.n) {
-            bias_act_row(row, inputs[2], self.act);
+    fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> kernels::Result<()> {
+        let Some(Operand::F32(bias)) = inputs.get(2).copied() else {
+            return Err(kernels::Error::Operand {
+                workload: "gemm_bias_*".into(),
+                operand: "bias".into(),
+                reason: "expected f32 values on cpu".into(),
+            });
+        };
+        match out {
+            OperandMut::F32(c) => {
+                self.gemm.run(&inputs[..2], OperandMut::F32(&mut *c))?;
+                for row in c.chunks_exact_mut(self.n) {
+                    bias_act_row(row, bias, self.act);
+                }
+                Ok(())
+            }
+            other => self.gemm.run(&inputs[..2], other),
         }
     }
 }
@@ -161,7 +177,7 @@ fn main() {
     let p = Problem::random(&w, 1);
     let inputs = p.input_slices();
     let mut out = vec![f32::NAN; w.output_len()];
-    exe.run(&inputs, &mut out);
+    exe.run_f32(&inputs, &mut out).unwrap();
     if !args.iter().any(|a| a == "--no-verify") {
         if let Err(e) = p.check(&out, &p.reference()) {
             fail(format!("{name} {config} on {w}: {e}"));
@@ -172,7 +188,7 @@ fn main() {
     let start = Instant::now();
     let mut calls = 0usize;
     while start.elapsed() < Duration::from_millis(200) || calls < 2 {
-        exe.run(&inputs, &mut out);
+        exe.run_f32(&inputs, &mut out).unwrap();
         calls += 1;
     }
     let per_call = start.elapsed().as_secs_f64() / calls as f64;
@@ -191,7 +207,7 @@ fn main() {
         let c = thread_cpu();
         let s = Instant::now();
         for _ in 0..reps {
-            exe.run(&inputs, &mut out);
+            exe.run_f32(&inputs, &mut out).unwrap();
         }
         samples.push(s.elapsed().as_secs_f64() / reps as f64);
         if let (Some(c0), Some(c1)) = (c, thread_cpu()) {

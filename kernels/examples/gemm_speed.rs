@@ -21,17 +21,17 @@ use kernels::{default_for, kernel, Config, Executable, HardwareFingerprint, Prob
 fn measure(exe: &dyn Executable, p: &Problem, samples: usize, min_secs: f64) -> f64 {
     let inputs = p.input_slices();
     let mut c = p.output();
-    exe.run(&inputs, &mut c);
+    exe.run_f32(&inputs, &mut c).unwrap();
     // Calibrate repetitions per sample.
     let t = Instant::now();
-    exe.run(&inputs, &mut c);
+    exe.run_f32(&inputs, &mut c).unwrap();
     let one = t.elapsed().as_secs_f64().max(1e-7);
     let reps = ((min_secs / one).ceil() as usize).max(1);
     let mut rates: Vec<f64> = (0..samples)
         .map(|_| {
             let t = Instant::now();
             for _ in 0..reps {
-                exe.run(&inputs, &mut c);
+                exe.run_f32(&inputs, &mut c).unwrap();
             }
             p.workload.flops() * reps as f64 / t.elapsed().as_secs_f64() / 1e9
         })
@@ -72,7 +72,7 @@ fn main() {
     };
     let check = |exe: &dyn Executable| {
         let mut c = p.output();
-        exe.run(&p.input_slices(), &mut c);
+        exe.run_f32(&p.input_slices(), &mut c).unwrap();
         p.check(&c, &reference)
             .expect("result matches the reference");
     };

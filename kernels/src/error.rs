@@ -44,6 +44,14 @@ pub enum Error {
          (kernels::cuda::GpuTask), not as a host executable ('{workload}')"
     )]
     DeviceOnly { kernel: String, workload: String },
+    /// An operand that does not match the workload an executable was prepared for: count,
+    /// element type, length or device.
+    #[error("operand '{operand}' of {workload}: {reason}")]
+    Operand {
+        workload: String,
+        operand: String,
+        reason: String,
+    },
     /// A kernel name that no registered family answers to.
     #[error("unknown kernel '{0}'")]
     UnknownKernel(String),

@@ -5,15 +5,29 @@ use crate::device::DeviceKind;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hardware::HardwareFingerprint;
+use crate::operand::{f32_operands, Operand, OperandMut};
 use crate::space::{Config, Space};
 use crate::workload::Workload;
 
 /// A prepared variant, ready to run many times (the tuning loop's "compiled candidate").
 pub trait Executable: Send + Sync {
     /// Computes the workload once. `inputs` are in the workload's order
-    /// ([`Workload::input_lens`]); `output` ([`Workload::output_len`]) is overwritten.
-    /// Panics if the buffer lengths do not match the workload it was prepared for.
-    fn run(&self, inputs: &[&[f32]], output: &mut [f32]);
+    /// ([`Workload::input_names`]); `output` is overwritten. Operands that do not match the
+    /// workload it was prepared for (count, element type, length, device) are an
+    /// [`Error::Operand`] naming the operand, never a panic.
+    fn run(&self, inputs: &[Operand<'_>], output: OperandMut<'_>) -> Result<()>;
+
+    /// [`run`](Self::run) on f32 host buffers, the common case (no allocation).
+    fn run_f32(&self, inputs: &[&[f32]], output: &mut [f32]) -> Result<()> {
+        match f32_operands(inputs) {
+            Some(ops) => self.run(&ops[..inputs.len()], OperandMut::F32(output)),
+            None => Err(Error::Operand {
+                workload: "(any)".into(),
+                operand: "inputs".into(),
+                reason: format!("{} inputs, more than any workload has", inputs.len()),
+            }),
+        }
+    }
 }
 
 /// A family of variants of one op: a name and version stored in every record, the space of

@@ -10,7 +10,7 @@
 //!
 //! let problem = Problem::random(&w, 7);
 //! let mut c = problem.output();
-//! exe.run(&problem.input_slices(), &mut c);
+//! exe.run_f32(&problem.input_slices(), &mut c)?;
 //! problem.check(&c, &problem.reference())?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -34,6 +34,7 @@ pub mod hardware;
 pub mod isa;
 pub mod kernel;
 pub mod measurement;
+pub mod operand;
 pub mod problem;
 pub mod registry;
 pub mod rng;
@@ -46,6 +47,7 @@ pub use error::{Error, Result};
 pub use hardware::HardwareFingerprint;
 pub use kernel::{Executable, Kernel};
 pub use measurement::{Measurement, Status};
+pub use operand::{DeviceBuffer, Operand, OperandMut};
 pub use problem::{Mismatch, Problem, Reference};
 pub use registry::{default_for, kernel, kernels_for, registry};
 pub use rng::Rng;

@@ -304,6 +304,14 @@ impl Workload {
         }
     }
 
+    /// Name of the output buffer (for error messages): `c`, or `o` for attention.
+    pub fn output_name(&self) -> &'static str {
+        match self {
+            Workload::Attention { .. } => "o",
+            _ => "c",
+        }
+    }
+
     /// Length of the output buffer (`gemm*`: C; `attention`: O).
     pub fn output_len(&self) -> usize {
         match *self {

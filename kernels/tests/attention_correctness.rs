@@ -20,7 +20,7 @@ fn check(kernel: &dyn Kernel, w: &Workload, c: &Config, p: &Problem, r: &kernels
     let runs = if w.flops() < 1e6 { 2 } else { 1 };
     for _ in 0..runs {
         let mut out = vec![f32::NAN; w.output_len()];
-        exe.run(&p.input_slices(), &mut out);
+        exe.run_f32(&p.input_slices(), &mut out).unwrap();
         p.check(&out, r)
             .unwrap_or_else(|e| panic!("{} {w} {c}: {e}", kernel.name()));
     }
@@ -135,7 +135,7 @@ fn defaults_are_valid_and_correct_everywhere() {
         assert_eq!(k.name(), "attention_fused");
         let exe = k.prepare(&w, &c).unwrap_or_else(|e| panic!("{w} {c}: {e}"));
         let mut out = p.output();
-        exe.run(&p.input_slices(), &mut out);
+        exe.run_f32(&p.input_slices(), &mut out).unwrap();
         p.check(&out, &r).unwrap();
         for family in attention::FAMILIES.iter().filter(|f| f.supports(&w)) {
             let c = family.default_config(&w, hw);

@@ -21,7 +21,7 @@ fn check_config(kernel: &dyn Kernel, w: &Workload, c: &Config, p: &Problem) {
     // Twice: the pre-packed weight is reused by the second call.
     for _ in 0..2 {
         let mut out = vec![f32::NAN; w.output_len()];
-        exe.run(&p.input_slices(), &mut out);
+        exe.run_f32(&p.input_slices(), &mut out).unwrap();
         p.check(&out, &r)
             .unwrap_or_else(|e| panic!("{} {w} {c}: {e}", kernel.name()));
     }

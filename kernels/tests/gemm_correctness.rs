@@ -56,12 +56,12 @@ fn check(family: &dyn Kernel, case: &Case, config: &Config) {
         .unwrap_or_else(|e| panic!("{} {config}: {e}", case.w));
     // Garbage in C first: the kernel must overwrite, not accumulate.
     let mut c = vec![f32::NAN; case.w.output_len()];
-    exe.run(&case.p.input_slices(), &mut c);
+    exe.run_f32(&case.p.input_slices(), &mut c).unwrap();
     if let Err(e) = case.p.check(&c, &case.r) {
         panic!("{} {} {config}: {e}", family.name(), case.w);
     }
     // A second run on the same executable reuses the thread-local buffers.
-    exe.run(&case.p.input_slices(), &mut c);
+    exe.run_f32(&case.p.input_slices(), &mut c).unwrap();
     case.p
         .check(&c, &case.r)
         .unwrap_or_else(|e| panic!("second run {} {config}: {e}", case.w));
@@ -191,7 +191,7 @@ fn defaults_compute_correctly() {
         let (family, c) = kernels::default_for(&case.w, hw).unwrap();
         let exe = family.prepare(&case.w, &c).unwrap();
         let mut out = vec![f32::NAN; case.w.output_len()];
-        exe.run(&case.p.input_slices(), &mut out);
+        exe.run_f32(&case.p.input_slices(), &mut out).unwrap();
         case.p
             .check(&out, &case.r)
             .unwrap_or_else(|e| panic!("default {} {c} for {}: {e}", family.name(), case.w));
@@ -290,13 +290,62 @@ fn bad_configs_are_errors_not_panics() {
 }
 
 #[test]
-#[should_panic(expected = "A must be")]
-fn wrong_buffer_lengths_panic() {
-    let w = Workload::gemm(4, 4, 4).unwrap();
-    let (family, c) = kernels::default_for(&w, HardwareFingerprint::current()).unwrap();
-    let exe = family.prepare(&w, &c).unwrap();
-    let mut out = vec![0.0; 16];
-    exe.run(&[&[0.0; 15], &[0.0; 16]], &mut out);
+fn wrong_operands_are_errors_naming_them_in_every_family() {
+    use kernels::{DType, DeviceBuffer, Operand, OperandMut};
+    let hw = HardwareFingerprint::current();
+    for text in [
+        "gemm:4x4x4",
+        "gemm:300x5x7",
+        "gemm_bias_gelu:4x4x4",
+        "gemm_bias:300x5x7",
+        "attention:1x2x8x4",
+        "attention:1x1x600x4:causal",
+    ] {
+        let w: Workload = text.parse().unwrap();
+        for family in kernels::kernels_for(&w, hw) {
+            let exe = family.prepare(&w, &family.default_config(&w, hw)).unwrap();
+            let p = Problem::random(&w, 1);
+            let inputs = p.input_slices();
+            let mut out = p.output();
+            let name = w.input_names()[0];
+            let short = &inputs[0][1..];
+            let mut bad: Vec<&[f32]> = inputs.clone();
+            bad[0] = short;
+            let e = exe.run_f32(&bad, &mut out).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("operand '{name}' of {text}")),
+                "{}: {e}",
+                family.name()
+            );
+            let e = exe.run_f32(&inputs[1..], &mut out).unwrap_err().to_string();
+            assert!(e.contains("operand 'inputs'"), "{e}");
+            let e = exe.run_f32(&inputs, &mut out[1..]).unwrap_err().to_string();
+            assert!(e.contains(&format!("operand '{}'", w.output_name())), "{e}");
+            let bits = vec![0u16; inputs[0].len()];
+            let mut typed: Vec<Operand> = inputs.iter().map(|x| Operand::F32(x)).collect();
+            typed[0] = Operand::Bf16(&bits);
+            let e = exe
+                .run(&typed, OperandMut::F32(&mut out))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("bf16"), "{e}");
+            let dev = DeviceBuffer {
+                ordinal: 0,
+                ptr: 0x1000,
+                len: out.len(),
+                dtype: DType::F32,
+            };
+            typed[0] = Operand::F32(inputs[0]);
+            let e = exe
+                .run(&typed, OperandMut::Cuda(dev))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("cuda:0"), "{e}");
+            // And the right operands still work after the refusals.
+            exe.run_f32(&inputs, &mut out).unwrap();
+            p.check(&out, &p.reference()).unwrap();
+        }
+    }
 }
 
 #[test]

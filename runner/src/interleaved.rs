@@ -45,7 +45,7 @@ pub fn measure_interleaved(
             let t = Instant::now();
             let mut calls = 0u64;
             while calls == 0 || t.elapsed() < protocol.warmup {
-                exe.run(&inputs, &mut out);
+                crate::protocol::call(*exe, &inputs, &mut out);
                 calls += 1;
             }
             let per_call = t.elapsed().as_secs_f64() / calls as f64;
@@ -62,7 +62,7 @@ pub fn measure_interleaved(
             let i = (round + j) % n;
             let t = Instant::now();
             for _ in 0..reps[i] {
-                exes[i].run(&inputs, &mut out);
+                crate::protocol::call(exes[i], &inputs, &mut out);
             }
             samples[i].push(t.elapsed().as_secs_f64() / reps[i] as f64);
         }
@@ -151,11 +151,18 @@ mod tests {
         calls: AtomicUsize,
     }
     impl Executable for Sleeper<'_> {
-        fn run(&self, _: &[&[f32]], out: &mut [f32]) {
+        fn run(
+            &self,
+            _: &[kernels::Operand<'_>],
+            out: kernels::OperandMut<'_>,
+        ) -> kernels::Result<()> {
             std::thread::sleep(self.dur);
             self.calls.fetch_add(1, Ordering::Relaxed);
             self.log.lock().unwrap().push(self.id);
-            out[0] = self.id as f32;
+            if let kernels::OperandMut::F32(out) = out {
+                out[0] = self.id as f32;
+            }
+            Ok(())
         }
     }
 

@@ -74,12 +74,14 @@ pub fn verify(
     // Poison the output so a kernel that forgets to write an element cannot pass by luck.
     let mut out = vec![f32::NAN; problem.workload.output_len()];
     let inputs = problem.input_slices();
-    catch_unwind(AssertUnwindSafe(|| exe.run(&inputs, &mut out))).map_err(|p| {
-        Outcome::failed(
-            Status::RunFailed,
-            format!("panicked: {}", panic_message(&p)),
-        )
-    })?;
+    catch_unwind(AssertUnwindSafe(|| exe.run_f32(&inputs, &mut out)))
+        .map_err(|p| {
+            Outcome::failed(
+                Status::RunFailed,
+                format!("panicked: {}", panic_message(&p)),
+            )
+        })?
+        .map_err(|e| Outcome::failed(Status::RunFailed, e.to_string()))?;
     problem
         .check(&out, reference)
         .map_err(|m| Outcome::failed(Status::WrongResult, m.to_string()))
@@ -157,11 +159,22 @@ mod tests {
         k: usize,
     }
     impl Executable for BrokenExe {
-        fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
+        fn run(
+            &self,
+            inputs: &[kernels::Operand<'_>],
+            out: kernels::OperandMut<'_>,
+        ) -> kernels::Result<()> {
             if self.panic {
                 panic!("planted panic");
             }
-            let (a, b) = (inputs[0], inputs[1]);
+            let (Some(kernels::Operand::F32(a)), Some(kernels::Operand::F32(b))) =
+                (inputs.first(), inputs.get(1))
+            else {
+                unreachable!("the tests pass f32 operands")
+            };
+            let kernels::OperandMut::F32(out) = out else {
+                unreachable!("the tests pass an f32 output")
+            };
             let m = out.len() / self.n;
             for i in 0..m {
                 for j in 0..self.n {
@@ -171,6 +184,7 @@ mod tests {
                 }
             }
             out[out.len() - 1] += 1.0;
+            Ok(())
         }
     }
     impl Kernel for Broken {

@@ -57,6 +57,15 @@ impl Protocol {
     }
 }
 
+/// One timed call. The operands were verified against the same problem before any timing,
+/// so a refusal here is a broken kernel: a panic, which the evaluators catch and record.
+#[inline]
+pub(crate) fn call(exe: &dyn Executable, inputs: &[&[f32]], out: &mut [f32]) {
+    if let Err(e) = exe.run_f32(inputs, out) {
+        panic!("a verified candidate refused its operands: {e}");
+    }
+}
+
 /// Times `exe` on `problem` by `protocol`. The output buffer is reused across calls.
 pub fn measure(exe: &dyn Executable, problem: &Problem, protocol: &Protocol) -> Measurement {
     let inputs = problem.input_slices();
@@ -65,7 +74,7 @@ pub fn measure(exe: &dyn Executable, problem: &Problem, protocol: &Protocol) -> 
 
     let mut calls = 0u64;
     while calls == 0 || start.elapsed() < protocol.warmup {
-        exe.run(&inputs, &mut out);
+        call(exe, &inputs, &mut out);
         calls += 1;
     }
     let per_call = start.elapsed().as_secs_f64() / calls as f64;
@@ -75,7 +84,7 @@ pub fn measure(exe: &dyn Executable, problem: &Problem, protocol: &Protocol) -> 
     loop {
         let t = Instant::now();
         for _ in 0..reps {
-            exe.run(&inputs, &mut out);
+            call(exe, &inputs, &mut out);
         }
         samples.push(t.elapsed().as_secs_f64() / reps as f64);
         let n = samples.len();
@@ -99,9 +108,16 @@ mod tests {
 
     struct Sleep(Duration);
     impl Executable for Sleep {
-        fn run(&self, _: &[&[f32]], out: &mut [f32]) {
+        fn run(
+            &self,
+            _: &[kernels::Operand<'_>],
+            out: kernels::OperandMut<'_>,
+        ) -> kernels::Result<()> {
             std::thread::sleep(self.0);
-            out[0] = 1.0;
+            if let kernels::OperandMut::F32(out) = out {
+                out[0] = 1.0;
+            }
+            Ok(())
         }
     }
 

@@ -217,10 +217,7 @@ impl Choice {
     /// choice has no host executable (it runs through a device session): an error.
     pub fn run(&self, inputs: &[&[f32]], output: &mut [f32]) -> Result<(), RuntimeError> {
         match &self.exe {
-            Some(exe) => {
-                exe.run(inputs, output);
-                Ok(())
-            }
+            Some(exe) => Ok(exe.run_f32(inputs, output)?),
             None => Err(RuntimeError::Kernel(kernels::Error::DeviceOnly {
                 kernel: self.kernel.name().into(),
                 workload: self.workload.key(),

@@ -295,7 +295,7 @@ impl Runtime {
             let mut config = choice.config.clone();
             config.set("b_layout", "rowmajor");
             let gemm = EpilogueGemm::from_config(&w, &config)?;
-            kernels::Executable::run(&gemm, &[a, b, bias], c);
+            kernels::Executable::run_f32(&gemm, &[a, b, bias], c)?;
             return Ok(choice.level);
         }
         self.run(&w, &[a, b, bias], c)

@@ -39,7 +39,8 @@ pub(crate) fn borrowed_is_faster(
     let mut time = |exe: &dyn Executable, calls: usize| {
         let start = Instant::now();
         for _ in 0..calls {
-            exe.run(&inputs, &mut out);
+            exe.run_f32(&inputs, &mut out)
+                .expect("both executables were built for this workload");
         }
         start.elapsed()
     };
@@ -71,7 +72,11 @@ mod tests {
     struct Delayed(Box<dyn Executable>, Duration);
 
     impl Executable for Delayed {
-        fn run(&self, inputs: &[&[f32]], output: &mut [f32]) {
+        fn run(
+            &self,
+            inputs: &[kernels::Operand<'_>],
+            output: kernels::OperandMut<'_>,
+        ) -> kernels::Result<()> {
             std::thread::sleep(self.1);
             self.0.run(inputs, output)
         }

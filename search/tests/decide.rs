@@ -16,7 +16,7 @@ use tuning_db::{Record, TuningDb};
 struct Scripted;
 struct Never;
 impl Executable for Never {
-    fn run(&self, _: &[&[f32]], _: &mut [f32]) {
+    fn run(&self, _: &[kernels::Operand<'_>], _: kernels::OperandMut<'_>) -> kernels::Result<()> {
         unreachable!("the scripted evaluator never runs a kernel")
     }
 }

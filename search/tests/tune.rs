@@ -1,6 +1,9 @@
 //! The tuning loop against a real (in-memory) SQLite database.
 
-use kernels::{Config, Executable, HardwareFingerprint, Kernel, Space, Status, Workload};
+use kernels::operand::host_f32;
+use kernels::{
+    Config, Executable, HardwareFingerprint, Kernel, Operand, OperandMut, Space, Status, Workload,
+};
 use search::{candidates, tune, tune_families, Event, StrategyKind, TuneOptions};
 use tuning_db::TuningDb;
 
@@ -119,10 +122,11 @@ struct PlantedExe {
     w: Workload,
 }
 impl Executable for PlantedExe {
-    fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
+    fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> kernels::Result<()> {
         let Workload::Gemm { m, n, k, .. } = self.w else {
             unreachable!("the planted family only supports gemm")
         };
+        let (inputs, out) = host_f32::<2>(&self.w, inputs, out)?;
         if self.x == 2 {
             panic!("planted crash");
         }
@@ -134,6 +138,7 @@ impl Executable for PlantedExe {
                 out[i * n + j] = if self.x == 1 { v * 1.5 } else { v };
             }
         }
+        Ok(())
     }
 }
 impl Kernel for Planted {

@@ -30,6 +30,7 @@ use std::sync::OnceLock;
 use crate::error::{Error, Result};
 use crate::hardware::HardwareFingerprint;
 use crate::kernel::{Executable, Kernel};
+use crate::operand::{host_f32, Operand, OperandMut};
 use crate::space::{Config, Space};
 use crate::workload::Workload;
 
@@ -105,8 +106,21 @@ impl PlantedExe {
 }
 
 impl Executable for PlantedExe {
-    fn run(&self, inputs: &[&[f32]], output: &mut [f32]) {
-        let (a, b) = (inputs[0], inputs[1]);
+    fn run(&self, inputs: &[Operand<'_>], output: OperandMut<'_>) -> crate::Result<()> {
+        let w = Workload::Gemm {
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            dtype: crate::DType::F32,
+        };
+        let ([a, b], output) = host_f32(&w, inputs, output)?;
+        self.fault_in(a, b, output);
+        Ok(())
+    }
+}
+
+impl PlantedExe {
+    fn fault_in(&self, a: &[f32], b: &[f32], output: &mut [f32]) {
         match self.fault {
             Fault::None => self.naive_gemm(a, b, output),
             Fault::Slow => {
@@ -215,7 +229,7 @@ mod tests {
             .unwrap();
         let p = Problem::random(w, 4);
         let mut out = p.output();
-        exe.run(&p.input_slices(), &mut out);
+        exe.run_f32(&p.input_slices(), &mut out).unwrap();
         (p, out)
     }
 

@@ -35,6 +35,8 @@ use super::AttnPar;
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::packed::self_scheduled;
 use crate::kernel::Executable;
+use crate::operand::{host_f32, Operand, OperandMut};
+use crate::{DType, Workload};
 
 /// Where the score kernels read Kᵀ from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,15 +289,17 @@ fn pack_keys(k: &[f32], d: usize, dp: usize, nr: usize, j0: usize, kv: usize, ou
 }
 
 impl Executable for FusedAttention {
-    fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
+    fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> crate::Result<()> {
         let (s, d) = (self.s, self.d);
-        let len = self.heads() * s * d;
-        assert_eq!(inputs.len(), 3, "attention takes Q, K and V");
-        for (name, x) in ["Q", "K", "V"].iter().zip(inputs) {
-            assert_eq!(x.len(), len, "{name} must be B·H·S·D = {len} values");
-        }
-        assert_eq!(out.len(), len, "O must be B·H·S·D = {len} values");
-        let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
+        let w = Workload::Attention {
+            b: self.b,
+            h: self.h,
+            s,
+            d,
+            causal: self.causal,
+            dtype: DType::F32,
+        };
+        let ([q, k, v], out) = host_f32(&w, inputs, out)?;
         let lanes = self.tile.lanes;
         let dp = d.div_ceil(lanes) * lanes;
         let nr = self.tile.nr;
@@ -312,7 +316,8 @@ impl Executable for FusedAttention {
                 first_head: 0,
                 dp,
             };
-            return self.compute(&cx, out);
+            self.compute(&cx, out);
+            return Ok(());
         }
         with_buffer(Pool::Keys, |kbuf| {
             with_buffer(Pool::Values, |vbuf| {
@@ -348,5 +353,6 @@ impl Executable for FusedAttention {
                 self.compute(&cx, out);
             })
         });
+        Ok(())
     }
 }

@@ -25,7 +25,7 @@
 //! let exe = kernel.prepare(&w, &config)?;
 //! let p = Problem::random(&w, 3);
 //! let mut o = p.output();
-//! exe.run(&p.input_slices(), &mut o); // inputs: Q, K, V
+//! exe.run_f32(&p.input_slices(), &mut o)?; // inputs: Q, K, V
 //! p.check(&o, &p.reference())?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

@@ -9,6 +9,8 @@ use super::ukernel::softmax_row;
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::packed::self_scheduled;
 use crate::kernel::Executable;
+use crate::operand::{host_f32, Operand, OperandMut};
+use crate::{DType, Workload};
 
 /// Largest `S` the unfused variant supports: the score matrix of one head (`S²` f32, 64 MiB
 /// at 4096) lives in memory once per concurrent head.
@@ -72,30 +74,34 @@ impl UnfusedAttention {
                     }
                 }
                 let scores = sbuf.slice(s * s);
-                self.qk.run(&[q, kt], scores);
+                let sizes = "the scores and head buffers are sized at build";
+                self.qk.run_f32(&[q, kt], scores).expect(sizes);
                 for (i, row) in scores.chunks_exact_mut(s).enumerate() {
                     softmax_row(row, if self.causal { i + 1 } else { s }, scale);
                 }
-                self.pv.run(&[scores, v], o);
+                self.pv.run_f32(&[scores, v], o).expect(sizes);
             })
         });
     }
 }
 
 impl Executable for UnfusedAttention {
-    fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
+    fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> crate::Result<()> {
         let hs = self.s * self.d;
-        let len = self.b * self.h * hs;
-        assert_eq!(inputs.len(), 3, "attention takes Q, K and V");
-        for (name, x) in ["Q", "K", "V"].iter().zip(inputs) {
-            assert_eq!(x.len(), len, "{name} must be B·H·S·D = {len} values");
-        }
-        assert_eq!(out.len(), len, "O must be B·H·S·D = {len} values");
-        let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
+        let w = Workload::Attention {
+            b: self.b,
+            h: self.h,
+            s: self.s,
+            d: self.d,
+            causal: self.causal,
+            dtype: DType::F32,
+        };
+        let ([q, k, v], out) = host_f32(&w, inputs, out)?;
         let items: Vec<_> = out.chunks_exact_mut(hs).enumerate().collect();
         self_scheduled(self.head_tasks, items, |(hd, o)| {
             let r = hd * hs..(hd + 1) * hs;
             self.head(&q[r.clone()], &k[r.clone()], &v[r], o);
         });
+        Ok(())
     }
 }

@@ -16,6 +16,8 @@ use super::ukernel::{bias_act_row, DirectUkernel, TileEpilogue};
 use super::view::CView;
 use super::Par;
 use crate::kernel::Executable;
+use crate::operand::{host_f32, Operand, OperandMut};
+use crate::{DType, Workload};
 
 /// Largest `rows × lanes` of a direct tail tile (8 rows × 16 lanes).
 const MAX_TAIL: usize = 8 * 16;
@@ -215,12 +217,16 @@ impl DirectGemm {
 }
 
 impl Executable for DirectGemm {
-    fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
+    fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> crate::Result<()> {
         let (m, n, k) = (self.m, self.n, self.k);
-        assert_eq!(inputs.len(), 2, "gemm takes two inputs, A and B");
-        assert_eq!(inputs[0].len(), m * k, "A must be M×K = {m}×{k}");
-        assert_eq!(inputs[1].len(), k * n, "B must be K×N = {k}×{n}");
-        assert_eq!(out.len(), m * n, "C must be M×N = {m}×{n}");
-        self.gemm(inputs[0], inputs[1], CView::new(out, m, n, n), None);
+        let w = Workload::Gemm {
+            m,
+            n,
+            k,
+            dtype: DType::F32,
+        };
+        let ([a, b], out) = host_f32(&w, inputs, out)?;
+        self.gemm(a, b, CView::new(out, m, n, n), None);
+        Ok(())
     }
 }

@@ -20,7 +20,7 @@
 //! let exe = kernel.prepare(&w, &config)?;
 //! let p = Problem::random(&w, 1);
 //! let mut c = p.output();
-//! exe.run(&p.input_slices(), &mut c); // inputs: A (M×K), B (K×N), bias (N)
+//! exe.run_f32(&p.input_slices(), &mut c)?; // inputs: A (M×K), B (K×N), bias (N)
 //! p.check(&c, &p.reference())?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -47,6 +47,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::hardware::HardwareFingerprint;
 use crate::kernel::{Executable, Kernel};
+use crate::operand::{host_f32, Operand, OperandMut};
 use crate::space::{Config, Space};
 use crate::workload::{Act, Workload};
 
@@ -306,16 +307,9 @@ fn separate_pass(c: &mut [f32], bias: &[f32], act: Act) {
 }
 
 impl Executable for EpilogueGemm {
-    fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
-        assert_eq!(inputs.len(), 3, "gemm_bias_act takes A, B and bias");
-        let (a, b, bias) = (inputs[0], inputs[1], inputs[2]);
-        assert_eq!(
-            b.len(),
-            self.k * self.n,
-            "B must be K×N = {}×{}",
-            self.k,
-            self.n
-        );
+    fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> crate::Result<()> {
+        let w = workload(self.gemm.m, self.n, self.k, self.act);
+        let ([a, b, bias], out) = host_f32(&w, inputs, out)?;
         match &self.cache {
             Some(cache) => {
                 let packed = cache.get(b, || self.gemm.pack_b(b));
@@ -323,6 +317,19 @@ impl Executable for EpilogueGemm {
             }
             None => self.compute(a, BSource::RowMajor(b), bias, out),
         }
+        Ok(())
+    }
+}
+
+/// The f32 `gemm_bias_<act>` workload of these dimensions (what the operands are checked
+/// against).
+fn workload(m: usize, n: usize, k: usize, act: Act) -> Workload {
+    Workload::GemmBiasAct {
+        m,
+        n,
+        k,
+        act,
+        dtype: DType::F32,
     }
 }
 
@@ -335,20 +342,20 @@ struct DirectEpilogue {
 }
 
 impl Executable for DirectEpilogue {
-    fn run(&self, inputs: &[&[f32]], out: &mut [f32]) {
-        assert_eq!(inputs.len(), 3, "gemm_bias_act takes A, B and bias");
-        let bias = inputs[2];
-        assert_eq!(bias.len(), self.n, "bias must have N = {} values", self.n);
+    fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> crate::Result<()> {
+        let w = workload(self.gemm.m, self.n, self.gemm.k, self.act);
+        let ([a, b, bias], out) = host_f32(&w, inputs, out)?;
         let ep = TileEpilogue {
             bias,
             act: self.act,
         };
         if self.fused {
-            self.gemm.run_with(inputs[0], inputs[1], out, Some(ep));
+            self.gemm.run_with(a, b, out, Some(ep));
         } else {
-            self.gemm.run_with(inputs[0], inputs[1], out, None);
+            self.gemm.run_with(a, b, out, None);
             separate_pass(out, bias, self.act);
         }
+        Ok(())
     }
 }
 
@@ -429,7 +436,7 @@ mod tests {
                         let exe = family.prepare(&w, &c).unwrap();
                         for _ in 0..2 {
                             let mut out = vec![f32::NAN; w.output_len()];
-                            exe.run(&p.input_slices(), &mut out);
+                            exe.run_f32(&p.input_slices(), &mut out).unwrap();
                             p.check(&out, &r)
                                 .unwrap_or_else(|e| panic!("{w} {} {c}: {e}", family.name()));
                         }
@@ -449,7 +456,7 @@ mod tests {
         for seed in [1, 2, 3] {
             let p = Problem::random(&w, seed);
             let mut out = p.output();
-            exe.run(&p.input_slices(), &mut out);
+            exe.run_f32(&p.input_slices(), &mut out).unwrap();
             p.check(&out, &p.reference()).unwrap();
         }
     }
