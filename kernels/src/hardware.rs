@@ -93,14 +93,12 @@ impl HardwareFingerprint {
 
     /// The canonical form: compact JSON of every field but `id`, keys in declaration order.
     pub fn canonical(&self) -> String {
-        let mut v = serde_json::to_value(self).expect("plain data serialises");
-        v.as_object_mut().expect("struct is an object").remove("id");
-        v.to_string()
+        canonical(self)
     }
 
     /// FNV-1a 64 of [`canonical`](Self::canonical), as 16 hex digits.
     pub fn compute_id(&self) -> String {
-        format!("{:016x}", fnv1a64(self.canonical().as_bytes()))
+        content_id(self)
     }
 
     /// The kind of device this fingerprint describes: a row of a CUDA GPU has arch `cuda`
@@ -192,6 +190,19 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h
+}
+
+/// The canonical form of a fingerprint (the CPU's, or a GPU's): compact JSON of every field
+/// but `id`, keys in declaration order.
+pub(crate) fn canonical(fingerprint: &impl Serialize) -> String {
+    let mut v = serde_json::to_value(fingerprint).expect("plain data serialises");
+    v.as_object_mut().expect("struct is an object").remove("id");
+    v.to_string()
+}
+
+/// The id of a fingerprint: FNV-1a 64 of its [`canonical`] form, as 16 hex digits.
+pub(crate) fn content_id(fingerprint: &impl Serialize) -> String {
+    format!("{:016x}", fnv1a64(canonical(fingerprint).as_bytes()))
 }
 
 fn detect() -> HardwareFingerprint {

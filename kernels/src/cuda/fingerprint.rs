@@ -6,8 +6,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::hardware::fnv1a64;
-
 use super::arch::Arch;
 
 /// A CUDA device's identity for tuning purposes.
@@ -60,14 +58,12 @@ impl GpuFingerprint {
 
     /// The canonical form: compact JSON of every field but `id`, keys in declaration order.
     pub fn canonical(&self) -> String {
-        let mut v = serde_json::to_value(self).expect("plain data serialises");
-        v.as_object_mut().expect("struct is an object").remove("id");
-        v.to_string()
+        crate::hardware::canonical(self)
     }
 
     /// FNV-1a 64 of [`canonical`](Self::canonical), as 16 hex digits.
     pub fn compute_id(&self) -> String {
-        format!("{:016x}", fnv1a64(self.canonical().as_bytes()))
+        crate::hardware::content_id(self)
     }
 
     /// Whether `id` matches the content.
@@ -117,6 +113,7 @@ pub(crate) fn driver_version() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hardware::fnv1a64;
 
     fn h100() -> GpuFingerprint {
         GpuFingerprint::new(
