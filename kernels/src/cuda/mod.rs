@@ -50,7 +50,7 @@
 //! ```sh
 //! python3 -m pip install --target .ci/nvrtc nvidia-cuda-nvrtc-cu12==12.2.140
 //! export LD_LIBRARY_PATH=$PWD/.ci/nvrtc/nvidia/cuda_nvrtc/lib:$LD_LIBRARY_PATH
-//! AUTOKERNEL_REQUIRE_NVRTC=1 cargo test -p kernels --test cuda_templates
+//! AUTOKERNEL_REQUIRE_NVRTC=1 cargo test -p kernels --features cuda --test cuda_templates
 //! ```
 //!
 //! NVRTC's PTX carries the PTX ISA version of the NVRTC release, and a driver only JIT-compiles
