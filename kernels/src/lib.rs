@@ -21,8 +21,13 @@
 //! [`HardwareFingerprint`] says on what machine a measurement holds. The tuning database, the
 //! runner, the search and the runtime all build on this crate and on nothing else of ours.
 //!
-//! Kernel families live in [`cpu`]. Unsafe SIMD code is confined to its leaf modules, behind
-//! one run-time CPU-feature detection ([`cpu::Isa::detect`]).
+//! Kernel families live in [`cpu`] and, with the `cuda` feature, `cuda`; each depends on the
+//! vocabulary only, and [`registry()`] is the one place that lists them all ([`kernels_for`]
+//! a workload on a fingerprint's device, its [`default_for`], [`registry::check_record`] for
+//! stored records). A workload carries its element type ([`DType`], the `:bf16` / `:i8`
+//! suffix); an [`Executable`] takes typed [`Operand`]s and refuses wrong ones with an error.
+//! Unsafe SIMD code is confined to its leaf modules, behind one run-time CPU-feature
+//! detection ([`isa::Isa::detect`]).
 
 pub mod cpu;
 #[cfg(feature = "cuda")]

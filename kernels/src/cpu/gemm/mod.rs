@@ -43,7 +43,7 @@ pub static FAMILIES: &[&dyn Kernel] = &[&Packed, &Direct];
 /// Largest M the direct family supports.
 pub const DIRECT_MAX_M: usize = 32;
 
-/// Up to this M, [`default_for`] picks the direct family.
+/// Up to this M, [`default_family`] picks the direct family.
 pub const DIRECT_DEFAULT_MAX_M: usize = 8;
 
 /// Values of the packed `mc` knob (rounded up to a multiple of MR when built).
