@@ -112,9 +112,11 @@ impl Problem {
     /// by about `w_j·|v_jc - o_c|`, far outside that.
     pub fn reference(&self) -> Reference {
         match self.workload {
-            Workload::Gemm { m, n, k, .. } => {
+            Workload::Gemm { m, n, k, dtype } => {
                 let (a, b) = (&self.inputs[0], &self.inputs[1]);
-                gemm_reference(a, b, (m, n, k))
+                let mut r = gemm_reference(a, b, (m, n, k));
+                widen_for_precision(&mut r, a, b, (m, n, k), dtype);
+                r
             }
             Workload::GemmBiasAct { m, n, k, act, .. } => {
                 let (a, b, bias) = (&self.inputs[0], &self.inputs[1], &self.inputs[2]);
@@ -169,6 +171,64 @@ impl Problem {
             bad: total_bad,
             total: got.len(),
         })
+    }
+}
+
+/// Widens a GEMM tolerance by what rounding the operands to `dtype` may cost, a bound that
+/// holds for every scheme the families use:
+/// - i8: activations quantised per row with a step of at most `2·M_i/127` (`M_i` the row's
+///   largest magnitude; the 7-bit asymmetric codes of the AVX2 kernels are the coarsest),
+///   so each is off by at most `δa_i = M_i/127`; weights per column, symmetric, by at most
+///   `δb_j = Mb_j/254`. Then `|Δc_ij| ≤ Σ_k |b_kj|·δa_i + |a_ik|·δb_j + δa_i·δb_j`.
+/// - bf16: each operand off by a relative `2⁻⁹`, so `|Δc_ij| ≤ (2·2⁻⁹ + 2⁻¹⁸)·Σ_k |a_ik·b_kj|`.
+///
+/// Both are far below the error of a dropped or doubled term, which the check still catches.
+fn widen_for_precision(
+    r: &mut Reference,
+    a: &[f32],
+    b: &[f32],
+    (m, n, k): (usize, usize, usize),
+    dtype: crate::DType,
+) {
+    match dtype {
+        crate::DType::I8 => {
+            let da: Vec<f64> = (0..m)
+                .map(|i| {
+                    a[i * k..(i + 1) * k]
+                        .iter()
+                        .fold(0f64, |x, v| x.max(v.abs() as f64))
+                        / 127.0
+                })
+                .collect();
+            let mut db = vec![0f64; n];
+            let (mut col_abs, mut row_abs) = (vec![0f64; n], vec![0f64; m]);
+            for p in 0..k {
+                for j in 0..n {
+                    let v = (b[p * n + j] as f64).abs();
+                    db[j] = db[j].max(v / 254.0);
+                    col_abs[j] += v;
+                }
+            }
+            for i in 0..m {
+                row_abs[i] = a[i * k..(i + 1) * k].iter().map(|v| v.abs() as f64).sum();
+            }
+            for i in 0..m {
+                for j in 0..n {
+                    r.tolerance[i * n + j] +=
+                        col_abs[j] * da[i] + row_abs[i] * db[j] + k as f64 * da[i] * db[j];
+                }
+            }
+        }
+        crate::DType::Bf16 => {
+            let unit = 2f64.powi(-9);
+            let scale = 2.0 * unit + unit * unit;
+            let eps_scale = f32::EPSILON as f64 * (2.0 * (k as f64).sqrt() + 4.0);
+            // The f32 tolerance is `eps_scale · Σ|ab|`: recover the sum from it.
+            for t in r.tolerance.iter_mut() {
+                *t += *t / eps_scale * scale;
+            }
+        }
+        _ => {}
     }
 }
 

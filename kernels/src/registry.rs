@@ -7,6 +7,7 @@
 use std::sync::OnceLock;
 
 use crate::device::DeviceKind;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hardware::HardwareFingerprint;
 use crate::kernel::Kernel;
@@ -44,6 +45,7 @@ static CPU_FAMILIES: &[&dyn Kernel] = &[
     &crate::cpu::gemm::epilogue::EpilogueDirect,
     &crate::cpu::attention::Fused,
     &crate::cpu::attention::Unfused,
+    &crate::cpu::qgemm::GemmI8,
 ];
 
 /// The family called `name`.
@@ -73,6 +75,9 @@ pub fn default_for(
 ) -> Result<(&'static dyn Kernel, Config)> {
     let chosen: Option<&'static dyn Kernel> = match hw.device_kind() {
         DeviceKind::Cpu => Some(match w {
+            Workload::Gemm {
+                dtype: DType::I8, ..
+            } => &crate::cpu::qgemm::GemmI8,
             Workload::Gemm { .. } => crate::cpu::gemm::default_family(w),
             Workload::GemmBiasAct { .. } => crate::cpu::gemm::epilogue::default_family(w),
             Workload::Attention { .. } => crate::cpu::attention::default_family(w),

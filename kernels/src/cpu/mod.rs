@@ -7,5 +7,6 @@ pub(crate) mod knobs;
 pub mod peak;
 #[cfg(feature = "planted-faults")]
 pub mod planted;
+pub mod qgemm;
 
 pub use crate::isa::{announce_level, level_report, resolve_cap, Isa, ISA_ENV};

@@ -1,0 +1,236 @@
+//! Dynamic int8 quantisation, the scheme of ONNX Runtime's `quantize_dynamic` and PyTorch's
+//! dynamic quantisation: activations (A) per row at run time, weights (B) per output column,
+//! symmetric s8, once; and B's packing into the layout of the `u8 × s8 → i32` dot kernels.
+//!
+//! With `a ≈ sa_i · (qa − za_i)` and `b ≈ sb_j · qb`, an output is
+//! `c_ij ≈ sa_i · sb_j · (Σ_k qa_ik·qb_kj − za_i · Σ_k qb_kj)`: the integer product is exact in
+//! i32, and the zero-point correction uses B's column sums, computed once at pack time.
+
+/// How activations are quantised (the `a_quant` knob).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AQuant {
+    /// Asymmetric: the row's range `[min(lo, 0), max(hi, 0)]` onto `0..=max_code`.
+    U8,
+    /// Symmetric: `[-M, M]` (M = the row's largest magnitude) onto codes centred on
+    /// `max_code / 2 + 1` (128 for 8-bit codes): s8 values stored offset as u8.
+    S8,
+}
+
+impl AQuant {
+    /// `u8` or `s8`, as the knob spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AQuant::U8 => "u8",
+            AQuant::S8 => "s8",
+        }
+    }
+
+    /// The knob's values.
+    pub const ALL: [AQuant; 2] = [AQuant::U8, AQuant::S8];
+}
+
+/// Depth padded to the dot kernels' group of 4.
+pub fn padded_k(k: usize) -> usize {
+    k.div_ceil(4) * 4
+}
+
+/// Quantised activations: `m` rows of `kp` codes (padded with zeros), and per row the scale
+/// and zero point.
+#[derive(Debug, Clone, Default)]
+pub struct QuantA {
+    pub codes: Vec<u8>,
+    pub scale: Vec<f32>,
+    pub zero: Vec<i32>,
+    pub kp: usize,
+}
+
+/// Quantises the `m × k` row-major `a` row by row into codes `0..=max_code` (255, or 127 for
+/// kernels whose `u8 × s8` pair sums must stay below `i16::MAX`), reusing `q`'s buffers.
+pub fn quantize_rows(a: &[f32], k: usize, scheme: AQuant, max_code: u8, q: &mut QuantA) {
+    let m = a.len() / k.max(1);
+    q.kp = padded_k(k);
+    q.codes.clear();
+    q.codes.resize(m * q.kp, 0);
+    q.scale.resize(m, 1.0);
+    q.zero.resize(m, 0);
+    for (i, row) in a.chunks_exact(k).enumerate() {
+        let (scale, zero) = row_params(row, scheme, max_code);
+        let inv = 1.0 / scale;
+        let codes = &mut q.codes[i * q.kp..i * q.kp + k];
+        for (c, &x) in codes.iter_mut().zip(row) {
+            *c = ((x * inv).round() + zero as f32).clamp(0.0, max_code as f32) as u8;
+        }
+        q.scale[i] = scale;
+        q.zero[i] = zero;
+    }
+}
+
+/// `(scale, zero point)` of one row.
+fn row_params(row: &[f32], scheme: AQuant, max_code: u8) -> (f32, i32) {
+    let top = max_code as f32;
+    match scheme {
+        AQuant::U8 => {
+            let lo = row.iter().copied().fold(0.0f32, f32::min);
+            let hi = row.iter().copied().fold(0.0f32, f32::max);
+            let scale = nonzero((hi - lo) / top);
+            (
+                scale,
+                ((-lo / scale).round() as i32).clamp(0, max_code as i32),
+            )
+        }
+        AQuant::S8 => {
+            let half = (max_code / 2) as f32;
+            let mag = row.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            (nonzero(mag / half), max_code as i32 / 2 + 1)
+        }
+    }
+}
+
+/// A scale that dequantises an all-zero row to zeros and never divides by zero.
+fn nonzero(scale: f32) -> f32 {
+    if scale > 0.0 && scale.is_finite() {
+        scale
+    } else {
+        1.0
+    }
+}
+
+/// Weights quantised per column (symmetric s8 in `-127..=127`) and packed for the dot
+/// kernels: panels of `nr` columns; in a panel, for each group of 4 depths, `nr` columns of 4
+/// consecutive depth codes (the layout `vpdpbusd` reads). Columns past `n` and depths past
+/// `k` are zero.
+#[derive(Debug, Clone)]
+pub struct QuantB {
+    pub panels: Vec<i8>,
+    pub scale: Vec<f32>,
+    /// `Σ_k qb_kj`, for the zero-point correction.
+    pub colsum: Vec<i32>,
+    pub k: usize,
+    pub n: usize,
+    pub kp: usize,
+    pub nr: usize,
+}
+
+impl QuantB {
+    /// Quantises and packs the `k × n` row-major `b`.
+    pub fn new(b: &[f32], k: usize, n: usize, nr: usize) -> QuantB {
+        let kp = padded_k(k);
+        let panels_n = n.div_ceil(nr);
+        let mut q = QuantB {
+            panels: vec![0; panels_n * nr * kp],
+            scale: vec![1.0; n],
+            colsum: vec![0; n],
+            k,
+            n,
+            kp,
+            nr,
+        };
+        // Row by row (B is row-major): the column magnitudes, then the codes.
+        let mut mag = vec![0.0f32; n];
+        for row in b.chunks_exact(n) {
+            for (m, x) in mag.iter_mut().zip(row) {
+                *m = m.max(x.abs());
+            }
+        }
+        let inv: Vec<f32> = mag
+            .iter()
+            .zip(&mut q.scale)
+            .map(|(m, s)| {
+                *s = nonzero(m / 127.0);
+                1.0 / *s
+            })
+            .collect();
+        let panel_len = kp * nr;
+        for (p, row) in b.chunks_exact(n).enumerate() {
+            let within = (p / 4 * nr) * 4 + p % 4;
+            for (panel, cols) in row.chunks(nr).enumerate() {
+                let dst = &mut q.panels[panel * panel_len + within..];
+                for (c, &x) in cols.iter().enumerate() {
+                    let j = panel * nr + c;
+                    let code = (x * inv[j]).round().clamp(-127.0, 127.0) as i8;
+                    dst[c * 4] = code;
+                    q.colsum[j] += code as i32;
+                }
+            }
+        }
+        q
+    }
+
+    /// Index of depth `p`, column `j` in [`QuantB::panels`].
+    pub fn offset(&self, p: usize, j: usize) -> usize {
+        let (panel, c) = (j / self.nr, j % self.nr);
+        ((panel * self.kp / 4 + p / 4) * self.nr + c) * 4 + p % 4
+    }
+
+    /// Panel `i` (columns `i·nr ..`): `kp · nr` codes.
+    pub fn panel(&self, i: usize) -> &[i8] {
+        let len = self.kp * self.nr;
+        &self.panels[i * len..(i + 1) * len]
+    }
+
+    /// The code of depth `p`, column `j` (for references and tests).
+    pub fn code(&self, p: usize, j: usize) -> i8 {
+        self.panels[self.offset(p, j)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_within_half_a_step() {
+        let a: Vec<f32> = (0..3 * 7)
+            .map(|i| ((i * 37 % 23) as f32 - 9.0) / 4.0)
+            .collect();
+        for scheme in AQuant::ALL {
+            for max_code in [255u8, 127] {
+                let mut q = QuantA::default();
+                quantize_rows(&a, 7, scheme, max_code, &mut q);
+                assert_eq!(q.kp, 8);
+                for i in 0..3 {
+                    for p in 0..7 {
+                        let code = q.codes[i * 8 + p];
+                        assert!(code <= max_code);
+                        let back = q.scale[i] * (code as i32 - q.zero[i]) as f32;
+                        let x = a[i * 7 + p];
+                        assert!(
+                            (back - x).abs() <= q.scale[i] / 2.0 + 1e-6,
+                            "{scheme:?} {x} {back}"
+                        );
+                    }
+                    assert_eq!(q.codes[i * 8 + 7], 0, "padding");
+                }
+            }
+        }
+        // An all-zero row dequantises to zeros.
+        let mut q = QuantA::default();
+        quantize_rows(&[0.0; 5], 5, AQuant::U8, 255, &mut q);
+        assert!(q.codes[..5].iter().all(|&c| c as i32 == q.zero[0]));
+    }
+
+    #[test]
+    fn weights_pack_in_groups_of_four_depths_with_column_sums() {
+        let (k, n, nr) = (6, 5, 4);
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 - 13.0) / 7.0).collect();
+        let q = QuantB::new(&b, k, n, nr);
+        assert_eq!((q.kp, q.panels.len()), (8, 2 * 4 * 8));
+        for j in 0..n {
+            let mut sum = 0;
+            for p in 0..k {
+                let code = q.code(p, j);
+                sum += code as i32;
+                assert!((q.scale[j] * code as f32 - b[p * n + j]).abs() <= q.scale[j] / 2.0 + 1e-6);
+            }
+            assert_eq!(sum, q.colsum[j]);
+            assert_eq!((q.code(6, j), q.code(7, j)), (0, 0));
+        }
+        // Depths 0..4 of column 1 are contiguous, then column 2's.
+        assert_eq!(q.offset(0, 1) + 1, q.offset(1, 1));
+        assert_eq!(q.offset(3, 1) + 1, q.offset(0, 2));
+        assert_eq!(
+            q.offset(0, 4),
+            q.panel(1).as_ptr() as usize - q.panels.as_ptr() as usize
+        );
+    }
+}

@@ -1,0 +1,349 @@
+//! The `u8 × s8 → i32` micro-kernels of the int8 GEMM: one `MR × NR` tile of exact integer
+//! dot products over the whole (padded) depth, per ISA, and the safe, bounds-checked entry
+//! point the driver calls. All `unsafe` code of the int8 family lives here.
+//!
+//! - `avx512vnni_*`: `vpdpbusd` (AVX512_VNNI): four `u8·s8` products summed into each i32 lane
+//!   per instruction; activation codes use all 8 bits.
+//! - `avx2_*`: `vpmaddubsw` then `vpmaddwd` by ones. `vpmaddubsw` saturates its pair sums to
+//!   i16; with activation codes kept below 128 (`max_code` 127) a pair sum is at most
+//!   `2·127·127 = 32258 < 32767`, so nothing saturates and the result is exact — at the price
+//!   of one bit of activation precision, which the accuracy check of every record measures.
+//! - `portable_*`: scalar, for every other CPU (and as the reference shape of the others).
+
+use crate::cpu::Isa;
+
+/// `(kp, a, lda, b_panel, acc)`: `acc[r·NR + c] = Σ_{p<kp} a[r·lda + p] · b[(p/4·NR + c)·4 + p%4]`.
+type DotFn = unsafe fn(usize, *const u8, usize, *const i8, *mut i32);
+
+/// One micro-kernel: its name (the `ukernel` knob's value), tile shape, the largest
+/// activation code it is exact for, and the ISA it needs.
+#[derive(Debug)]
+pub struct DotKernel {
+    pub name: &'static str,
+    pub mr: usize,
+    pub nr: usize,
+    /// 255, or 127 for kernels that sum `u8·s8` pairs in i16.
+    pub max_code: u8,
+    pub isa: Isa,
+    /// Whether it also needs AVX512_VNNI (checked at run time with the ISA).
+    pub vnni: bool,
+    f: DotFn,
+}
+
+/// Every int8 micro-kernel of this build, best first within an ISA.
+pub static KERNELS: &[DotKernel] = &[
+    #[cfg(target_arch = "x86_64")]
+    DotKernel::new(
+        "avx512vnni_8x32",
+        8,
+        32,
+        255,
+        Isa::Avx512,
+        true,
+        x86::vnni::<8, 2>,
+    ),
+    #[cfg(target_arch = "x86_64")]
+    DotKernel::new(
+        "avx512vnni_6x48",
+        6,
+        48,
+        255,
+        Isa::Avx512,
+        true,
+        x86::vnni::<6, 3>,
+    ),
+    #[cfg(target_arch = "x86_64")]
+    DotKernel::new(
+        "avx512vnni_4x64",
+        4,
+        64,
+        255,
+        Isa::Avx512,
+        true,
+        x86::vnni::<4, 4>,
+    ),
+    #[cfg(target_arch = "x86_64")]
+    DotKernel::new(
+        "avx2_4x16",
+        4,
+        16,
+        127,
+        Isa::Avx2,
+        false,
+        x86::maddubs::<4, 2>,
+    ),
+    #[cfg(target_arch = "x86_64")]
+    DotKernel::new(
+        "avx2_6x16",
+        6,
+        16,
+        127,
+        Isa::Avx2,
+        false,
+        x86::maddubs::<6, 2>,
+    ),
+    #[cfg(target_arch = "x86_64")]
+    DotKernel::new(
+        "avx2_2x32",
+        2,
+        32,
+        127,
+        Isa::Avx2,
+        false,
+        x86::maddubs::<2, 4>,
+    ),
+    DotKernel::new(
+        "portable_4x8",
+        4,
+        8,
+        255,
+        Isa::Portable,
+        false,
+        portable::<4, 8>,
+    ),
+];
+
+impl DotKernel {
+    const fn new(
+        name: &'static str,
+        mr: usize,
+        nr: usize,
+        max_code: u8,
+        isa: Isa,
+        vnni: bool,
+        f: DotFn,
+    ) -> DotKernel {
+        DotKernel {
+            name,
+            mr,
+            nr,
+            max_code,
+            isa,
+            vnni,
+            f,
+        }
+    }
+
+    /// Whether this CPU runs it.
+    pub fn available(&self) -> bool {
+        self.isa.available() && (!self.vnni || has_vnni())
+    }
+
+    /// The kernel called `name`, if this CPU runs it.
+    pub fn by_name(name: &str) -> Option<&'static DotKernel> {
+        KERNELS
+            .iter()
+            .find(|k| k.name == name)
+            .filter(|k| k.available())
+    }
+
+    /// One `mr × nr` tile: `acc[r·nr + c] = Σ_p a[r·lda + p] · (panel's code of depth p,
+    /// column c)`. Panics if an extent does not fit or a code exceeds [`DotKernel::max_code`]
+    /// (the bound that keeps the result exact).
+    pub fn tile(&self, kp: usize, a: &[u8], lda: usize, panel: &[i8], acc: &mut [i32]) {
+        assert!(
+            kp.is_multiple_of(4) && lda >= kp,
+            "depth padded to 4, within the row stride"
+        );
+        assert!(a.len() >= (self.mr - 1) * lda + kp, "A tile out of bounds");
+        assert!(panel.len() >= kp * self.nr, "B panel out of bounds");
+        assert!(
+            acc.len() >= self.mr * self.nr,
+            "accumulator tile out of bounds"
+        );
+        debug_assert!(a.iter().all(|&c| c <= self.max_code), "code above max_code");
+        assert!(self.available(), "{} does not run on this CPU", self.name);
+        // SAFETY: `available()` checked the ISA (and VNNI) at run time; the asserts above
+        // give the extents the kernel reads (`mr` rows of `kp` codes `lda` apart, `kp·nr`
+        // panel codes) and writes (`mr·nr` accumulators).
+        unsafe {
+            (self.f)(kp, a.as_ptr(), lda, panel.as_ptr(), acc.as_mut_ptr());
+        }
+    }
+}
+
+/// Whether the CPU has AVX512_VNNI (and the ISA cap allows AVX-512), detected once.
+pub fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *VNNI.get_or_init(|| {
+            Isa::Avx512.available() && std::arch::is_x86_feature_detected!("avx512vnni")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The scalar kernel.
+///
+/// # Safety
+/// `a` is readable for `MR` rows of `kp` values `lda` apart, `b` for `kp·NR` values, `acc`
+/// writable for `MR·NR` values.
+unsafe fn portable<const MR: usize, const NR: usize>(
+    kp: usize,
+    a: *const u8,
+    lda: usize,
+    b: *const i8,
+    acc: *mut i32,
+) {
+    // SAFETY: the extents are the caller's contract (see above).
+    let (a, b, acc) = unsafe {
+        (
+            std::slice::from_raw_parts(a, (MR - 1) * lda + kp),
+            std::slice::from_raw_parts(b, kp * NR),
+            std::slice::from_raw_parts_mut(acc, MR * NR),
+        )
+    };
+    let mut t = [[0i32; NR]; MR];
+    for g in 0..kp / 4 {
+        let bg = &b[g * NR * 4..(g + 1) * NR * 4];
+        for (r, row) in t.iter_mut().enumerate() {
+            let a4 = &a[r * lda + 4 * g..r * lda + 4 * g + 4];
+            for (c, x) in row.iter_mut().enumerate() {
+                let b4 = &bg[c * 4..c * 4 + 4];
+                *x += (0..4).map(|i| a4[i] as i32 * b4[i] as i32).sum::<i32>();
+            }
+        }
+    }
+    for (r, row) in t.iter().enumerate() {
+        acc[r * NR..(r + 1) * NR].copy_from_slice(row);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// `MR × 16·NV` tile with `vpdpbusd`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and AVX512_VNNI; extents as for [`super::portable`] with
+    /// `NR = 16·NV`.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub(super) unsafe fn vnni<const MR: usize, const NV: usize>(
+        kp: usize,
+        a: *const u8,
+        lda: usize,
+        b: *const i8,
+        acc: *mut i32,
+    ) {
+        let nr = 16 * NV;
+        // SAFETY (whole body): the ISA and the extents are the caller's contract; every read
+        // is at `a + r·lda + 4g` (4 bytes, g < kp/4, r < MR) or `b + (g·nr + 16v)·4`
+        // (64 bytes, v < NV), every write at `acc + r·nr + 16v` (16 i32).
+        unsafe {
+            let mut t = [[_mm512_setzero_si512(); NV]; MR];
+            for g in 0..kp / 4 {
+                let bg = b.add(g * nr * 4);
+                let bv: [__m512i; NV] =
+                    std::array::from_fn(|v| _mm512_loadu_si512(bg.add(v * 64).cast()));
+                for (r, row) in t.iter_mut().enumerate() {
+                    let a4 =
+                        _mm512_set1_epi32(a.add(r * lda + 4 * g).cast::<i32>().read_unaligned());
+                    for (x, bv) in row.iter_mut().zip(&bv) {
+                        *x = _mm512_dpbusd_epi32(*x, a4, *bv);
+                    }
+                }
+            }
+            for (r, row) in t.iter().enumerate() {
+                for (v, x) in row.iter().enumerate() {
+                    _mm512_storeu_si512(acc.add(r * nr + 16 * v).cast(), *x);
+                }
+            }
+        }
+    }
+
+    /// `MR × 8·NV` tile with `vpmaddubsw` + `vpmaddwd` (activation codes ≤ 127: exact).
+    ///
+    /// # Safety
+    /// The CPU has AVX2; extents as for [`super::portable`] with `NR = 8·NV`; every activation
+    /// code is at most 127.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn maddubs<const MR: usize, const NV: usize>(
+        kp: usize,
+        a: *const u8,
+        lda: usize,
+        b: *const i8,
+        acc: *mut i32,
+    ) {
+        let nr = 8 * NV;
+        // SAFETY (whole body): as in `vnni`, with 32-byte loads of B and 8-lane stores.
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let mut t = [[_mm256_setzero_si256(); NV]; MR];
+            for g in 0..kp / 4 {
+                let bg = b.add(g * nr * 4);
+                let bv: [__m256i; NV] =
+                    std::array::from_fn(|v| _mm256_loadu_si256(bg.add(v * 32).cast()));
+                for (r, row) in t.iter_mut().enumerate() {
+                    let a4 =
+                        _mm256_set1_epi32(a.add(r * lda + 4 * g).cast::<i32>().read_unaligned());
+                    for (x, bv) in row.iter_mut().zip(&bv) {
+                        let pairs = _mm256_maddubs_epi16(a4, *bv);
+                        *x = _mm256_add_epi32(*x, _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+            }
+            for (r, row) in t.iter().enumerate() {
+                for (v, x) in row.iter().enumerate() {
+                    _mm256_storeu_si256(acc.add(r * nr + 8 * v).cast(), *x);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    /// Every kernel this CPU runs equals the exact integer product, including the extreme
+    /// codes that would saturate a careless `vpmaddubsw` (255 · 127 pairs).
+    #[test]
+    fn every_available_kernel_is_exact() {
+        let mut rng = Rng::new(9);
+        for k in KERNELS {
+            if !k.available() {
+                println!("skipped {}: not available on this CPU", k.name);
+                continue;
+            }
+            for kp in [4, 8, 64, 772] {
+                let lda = kp + 4;
+                for extreme in [false, true] {
+                    let top = k.max_code as u64;
+                    let a: Vec<u8> = (0..k.mr * lda)
+                        .map(|_| {
+                            if extreme {
+                                top as u8
+                            } else {
+                                rng.below(top + 1) as u8
+                            }
+                        })
+                        .collect();
+                    // Extreme: ±127 by column, so whole pairs saturate both ways.
+                    let b: Vec<i8> = (0..kp * k.nr)
+                        .map(|i| match (extreme, i / 4 % 2) {
+                            (true, 0) => 127,
+                            (true, _) => -127,
+                            (false, _) => (rng.below(255) as i32 - 127) as i8,
+                        })
+                        .collect();
+                    let mut acc = vec![0i32; k.mr * k.nr];
+                    k.tile(kp, &a, lda, &b, &mut acc);
+                    for r in 0..k.mr {
+                        for c in 0..k.nr {
+                            let want: i32 = (0..kp)
+                                .map(|p| {
+                                    a[r * lda + p] as i32 * b[(p / 4 * k.nr + c) * 4 + p % 4] as i32
+                                })
+                                .sum();
+                            assert_eq!(acc[r * k.nr + c], want, "{} kp {kp} ({r}, {c})", k.name);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
