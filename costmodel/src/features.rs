@@ -1,5 +1,7 @@
 //! The feature vector of one candidate: knobs plus derived quantities that explain speed.
 
+use kernels::cpu::gemm::params::{knob, Par, UkernelId};
+use kernels::cpu::Isa;
 use kernels::{Config, HardwareFingerprint, Workload};
 
 /// Names of the entries of [`features`], in order.
@@ -40,17 +42,106 @@ pub const FEATURE_NAMES: [&str; 31] = [
 /// Number of features.
 pub const N_FEATURES: usize = FEATURE_NAMES.len();
 
-/// SIMD lanes of f32 for a micro-kernel name's ISA prefix (`avx2_6x16` → 8).
-fn lanes(isa: &str) -> f64 {
-    match isa {
-        "avx512" => 16.0,
-        // AVX2 has 8 f32 lanes; the portable kernels are written over 8-wide arrays too.
-        _ => 8.0,
-    }
-}
+/// The micro-kernel of a config without one (or with an unknown one): a neutral 1×1 tile.
+const NEUTRAL_UKERNEL: UkernelId = UkernelId {
+    isa: Isa::Portable,
+    rows: 1,
+    cols: 1,
+};
 
 fn log2(x: f64) -> f64 {
     x.max(1.0).log2()
+}
+
+fn round(x: f64, to: f64) -> f64 {
+    (x.max(1.0) / to).ceil() * to
+}
+
+/// The register tile and block sizes a config runs with, as floats.
+#[derive(Clone, Copy)]
+struct Tiling {
+    /// A direct (unpacked) family.
+    direct: bool,
+    /// Rows of the register tile.
+    rows: f64,
+    /// Columns of the register tile, in floats.
+    cols: f64,
+    /// f32 lanes of a vector.
+    lanes: f64,
+    /// Effective block sizes (see [`features`]).
+    kc: f64,
+    mc: f64,
+    nc: f64,
+}
+
+impl Tiling {
+    /// The tiling of `kernel`'s config `c` for an `m × n × k` product.
+    fn of(kernel: &str, c: &Config, (mf, nf, kf): (f64, f64, f64)) -> Tiling {
+        let direct = kernel.contains("direct");
+        let uk = UkernelId::try_from(c).unwrap_or(NEUTRAL_UKERNEL);
+        let rows = uk.rows.max(1) as f64;
+        let lanes = uk.lanes() as f64;
+        // Packed kernels are named MR × NR (floats); direct ones R × V (vectors).
+        let cols: f64 = match uk.cols.max(1) as f64 {
+            v if direct => v * lanes,
+            nr => nr,
+        };
+        let block = |name: &str| c.int(name).filter(|&v| v > 0).map(|v| v as f64);
+        let kc = match block(knob::KC) {
+            Some(v) => v.min(kf),
+            None => kf, // direct kc = 0 means the whole of K
+        };
+        let (mc, nc) = if direct {
+            (rows.min(mf), nf)
+        } else {
+            (
+                round(block(knob::MC).unwrap_or(mf), rows).min(round(mf, rows)),
+                round(block(knob::NC).unwrap_or(nf), cols).min(round(nf, cols)),
+            )
+        };
+        Tiling {
+            direct,
+            rows,
+            cols,
+            lanes,
+            kc,
+            mc,
+            nc,
+        }
+    }
+
+    /// Parallel work items per parallel region of a split on `threads` threads, as the
+    /// kernels make them.
+    fn tasks(&self, par: Par, threads: f64, mf: f64, nf: f64) -> f64 {
+        if threads <= 1.0 {
+            return 1.0;
+        }
+        let Tiling {
+            rows,
+            cols,
+            lanes,
+            mc,
+            nc,
+            ..
+        } = *self;
+        match (self.direct, par) {
+            (false, Par::M(_)) => {
+                let rows_per = mc.min(round((mf / threads).ceil(), rows));
+                (mf / rows_per).ceil()
+            }
+            (false, Par::N(_)) => {
+                let panels = (nc.min(nf) / cols).ceil();
+                let per = (panels / threads).ceil();
+                (panels / per).ceil()
+            }
+            (true, Par::M(_)) => (mf / (mf / threads).ceil()).ceil(),
+            (true, Par::N(_)) => {
+                let per = round((nf / threads).ceil(), lanes);
+                (nf / per).ceil()
+            }
+            _ => 1.0,
+        }
+    }
 }
 
 /// The feature vector of one candidate (see [`FEATURE_NAMES`]).
@@ -67,37 +158,16 @@ pub fn features(w: &Workload, kernel: &str, c: &Config, hw: &HardwareFingerprint
         _ => w.gemm_dims().unwrap_or((1, 1, 1)),
     };
     let (mf, nf, kf) = (m as f64, n as f64, k as f64);
-    let direct = kernel.contains("direct");
-    let ukernel = c.str("ukernel").unwrap_or("portable_1x1");
-    let (isa, shape) = ukernel.split_once('_').unwrap_or(("portable", "1x1"));
-    let (r, cc) = shape.split_once('x').unwrap_or(("1", "1"));
-    let rows: f64 = r.parse::<f64>().unwrap_or(1.0).max(1.0);
-    let lanes = lanes(isa);
-    // Packed kernels are named MR × NR (floats); direct ones R × V (vectors).
-    let cols: f64 = match cc.parse::<f64>().unwrap_or(1.0).max(1.0) {
-        v if direct => v * lanes,
-        nr => nr,
-    };
-    let round = |x: f64, to: f64| (x.max(1.0) / to).ceil() * to;
-    let knob = |name: &str| c.int(name).filter(|&v| v > 0).map(|v| v as f64);
-    let kc = match knob("kc") {
-        Some(v) => v.min(kf),
-        None => kf, // direct kc = 0 means the whole of K
-    };
-    let (mc, nc) = if direct {
-        (rows.min(mf), nf)
-    } else {
-        (
-            round(knob("mc").unwrap_or(mf), rows).min(round(mf, rows)),
-            round(knob("nc").unwrap_or(nf), cols).min(round(nf, cols)),
-        )
-    };
+    let t = Tiling::of(kernel, c, (mf, nf, kf));
+    let (direct, rows, cols, lanes) = (t.direct, t.rows, t.cols, t.lanes);
+    let (kc, mc, nc) = (t.kc, t.mc, t.nc);
     let (l1, l2, l3) = (
         hw.l1d_bytes.max(1) as f64,
         hw.l2_bytes.max(1) as f64,
         hw.l3_bytes.max(1) as f64,
     );
-    let par = c.str("par").unwrap_or("none");
+    // An unknown split (another family's, or none) splits nothing the GEMM way.
+    let par = Par::try_from(c).unwrap_or(Par::None);
     let threads = c.threads() as f64;
     let padded = (mf / rows).ceil() * rows * (nf / cols).ceil() * cols;
     let k_blocks = (kf / kc).ceil();
@@ -112,28 +182,7 @@ pub fn features(w: &Workload, kernel: &str, c: &Config, hw: &HardwareFingerprint
     // Times B is streamed from its row-major home: once per row tile for direct kernels,
     // once (into packed panels, re-read from cache after) for packed ones.
     let b_streams = if direct { (mf / rows).ceil() } else { 1.0 };
-    // Parallel work items per parallel region, as the kernels split them.
-    let tasks = if threads <= 1.0 {
-        1.0
-    } else {
-        match (direct, par) {
-            (false, "m") => {
-                let rows_per = mc.min(round((mf / threads).ceil(), rows));
-                (mf / rows_per).ceil()
-            }
-            (false, "n") => {
-                let panels = (nc.min(nf) / cols).ceil();
-                let per = (panels / threads).ceil();
-                (panels / per).ceil()
-            }
-            (true, "m") => (mf / (mf / threads).ceil()).ceil(),
-            (true, "n") => {
-                let per = round((nf / threads).ceil(), lanes);
-                (nf / per).ceil()
-            }
-            _ => 1.0,
-        }
-    };
+    let tasks = t.tasks(par, threads, mf, nf);
     let imbalance = (tasks / threads).ceil() * threads / tasks.max(1.0);
     let regions = if threads <= 1.0 {
         0.0
@@ -165,8 +214,8 @@ pub fn features(w: &Workload, kernel: &str, c: &Config, hw: &HardwareFingerprint
         pack_bytes / flops,
         log2(b_streams),
         threads,
-        (par == "m" && threads > 1.0) as u8 as f64,
-        (par == "n" && threads > 1.0) as u8 as f64,
+        matches!(par, Par::M(_)) as u8 as f64,
+        matches!(par, Par::N(_)) as u8 as f64,
         tasks,
         tasks / threads,
         imbalance,

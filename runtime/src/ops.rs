@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 
 use kernels::cpu::gemm::epilogue::{EpilogueDirect, EpilogueGemm, EpiloguePacked};
 use kernels::cpu::gemm::packed::PackedB;
+use kernels::cpu::gemm::params::{BLayout, UkernelId};
 use kernels::{Act, Config, Kernel, Workload};
 
 use crate::{Choice, Level, Runtime, RuntimeError};
@@ -59,7 +60,8 @@ pub struct PackedWeight {
 
 struct PackedLayout {
     layout: (usize, usize),
-    ukernel: String,
+    /// The micro-kernel of the variant that packed it (its NR is `layout.0`).
+    ukernel: UkernelId,
     weight: PackedB,
 }
 
@@ -172,10 +174,7 @@ impl PackedWeight {
     /// The packed family's default for `w` with the packing knobs of the first layout.
     fn adapted(&self, rt: &Runtime, w: &Workload) -> Result<Plan, RuntimeError> {
         let l = &self.layouts[0];
-        let mut config = EpiloguePacked.default_config(w, rt.fingerprint());
-        config.set("ukernel", l.ukernel.as_str());
-        config.set("kc", l.layout.1);
-        config.set("b_layout", "prepacked");
+        let config = EpiloguePacked.prepacked_config(w, rt.fingerprint(), l.ukernel, l.layout.1);
         let gemm = EpilogueGemm::from_config(w, &config)?;
         if gemm.weight_layout() != l.layout {
             // Cannot happen while KC only depends on K; an error, never a wrong result.
@@ -216,7 +215,7 @@ impl Candidate {
         } else {
             EpiloguePacked.default_config(w, rt.fingerprint())
         };
-        config.set("b_layout", "prepacked");
+        BLayout::Prepacked.set_in(&mut config);
         let gemm = EpilogueGemm::from_config(w, &config)?;
         Ok(Candidate::Packed(gemm, config))
     }
@@ -290,10 +289,10 @@ impl Runtime {
         buffer(&w, "bias", bias.len(), n)?;
         buffer(&w, "c", c.len(), m * n)?;
         let choice = self.lookup(&w)?;
-        if choice.config.str("b_layout") == Some("prepacked") {
+        if BLayout::of(&choice.config) == Some(BLayout::Prepacked) {
             // The same variant with B packed on this call: never relies on `b` staying put.
             let mut config = choice.config.clone();
-            config.set("b_layout", "rowmajor");
+            BLayout::RowMajor.set_in(&mut config);
             let gemm = EpilogueGemm::from_config(&w, &config)?;
             kernels::Executable::run_f32(&gemm, &[a, b, bias], c)?;
             return Ok(choice.level);
@@ -352,7 +351,7 @@ impl Runtime {
                         None => {
                             layouts.push(PackedLayout {
                                 layout,
-                                ukernel: config.str("ukernel").unwrap_or_default().to_string(),
+                                ukernel: gemm.ukernel(),
                                 weight: gemm.pack_weight(b),
                             });
                             layouts.len() - 1
@@ -376,11 +375,11 @@ impl Runtime {
             // Only direct variants: still pack the family default, so unplanned M have a
             // layout to fall back on.
             let mut config = EpiloguePacked.default_config(&w0, self.fingerprint());
-            config.set("b_layout", "prepacked");
+            BLayout::Prepacked.set_in(&mut config);
             let gemm = EpilogueGemm::from_config(&w0, &config)?;
             layouts.push(PackedLayout {
                 layout: gemm.weight_layout(),
-                ukernel: config.str("ukernel").unwrap_or_default().to_string(),
+                ukernel: gemm.ukernel(),
                 weight: gemm.pack_weight(b),
             });
         }
@@ -470,7 +469,7 @@ mod tests {
                 .unwrap();
             p.check(&c, &p.reference()).unwrap();
             let packed = rt.pack_weight(20, 33, 17, act, b).unwrap();
-            assert_eq!(packed.config().str("b_layout"), Some("prepacked"));
+            assert_eq!(BLayout::of(packed.config()), Some(BLayout::Prepacked));
             assert_eq!(packed.workload(), w);
             for _ in 0..2 {
                 let mut c = p.output();
@@ -523,8 +522,8 @@ mod tests {
         assert_eq!(level, Level::Default);
         p.check(&c, &p.reference()).unwrap();
         assert_eq!(
-            only_packed.plan_for(&rt, 4).unwrap().1.str("b_layout"),
-            Some("prepacked")
+            BLayout::of(&only_packed.plan_for(&rt, 4).unwrap().1),
+            Some(BLayout::Prepacked)
         );
         assert!(rt.pack_weight_for(n, k, Act::Identity, &b, &[]).is_err());
     }

@@ -29,17 +29,18 @@
 //! against a recorded search space without running a kernel, deterministically per seed, so
 //! strategies are compared offline (`autokernel replay`).
 
+mod decide;
 pub mod replay;
 pub mod shard;
 mod strategies;
 mod strategy;
 mod tuner;
 
+pub use decide::{simplicity_key, Decision, Finalist, WinReason};
 pub use replay::{RecordedSpace, ReplayError, ReplayOptions, Replayer};
 pub use strategies::{Annealing, Evolutionary, Grid, ModelGuided, ModelOptions, Transfer};
 pub use strategy::{Exhaustive, Point, Prior, RandomSearch, SearchContext, Strategy, StrategyKind};
 pub use tuner::{
-    candidates, is_quarantine, simplicity_key, tune, tune_families, tune_with, Candidate, Decision,
-    Event, Finalist, SearchError, TuneOptions, TuneSummary, WinReason, FALLBACK_TIMEOUT,
-    INITIAL_TIMEOUT,
+    candidates, is_quarantine, tune, tune_families, tune_with, Candidate, Event, SearchError,
+    TuneOptions, TuneSummary, FALLBACK_TIMEOUT, INITIAL_TIMEOUT,
 };

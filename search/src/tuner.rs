@@ -1,8 +1,17 @@
-//! The tuning loop: ask the strategy, prepare the batch, evaluate each candidate one at a time
-//! through an [`Evaluator`] (in this process, or in a watched worker process), commit every
-//! trial (failures included) to the database, tell the strategy. At the end, re-measure the
-//! finalists interleaved and decide the winner, a statistical tie going to the incumbent or
-//! the simpler config, so that reruns on a noisy machine keep the same winner.
+//! The tuning loop of one workload ([`tune_with`]), in steps:
+//!
+//! 1. **Resume**: set the evaluator up, read the configs this machine already tried and the
+//!    quarantined ones from the database.
+//! 2. **Default**: evaluate the registry's default config first: the baseline of the speedup
+//!    and the yardstick of the per-candidate time limit.
+//! 3. **Search**: ask the strategy for a batch, prepare its new candidates together, evaluate
+//!    each one at a time through an [`Evaluator`] (in this process, or in a watched worker
+//!    process), commit every trial (failures included) to the database, tell the strategy;
+//!    until the budget of distinct configs is tried.
+//! 4. **Decide** ([`crate::decide`]): re-measure the finalists interleaved and decide the
+//!    winner, a statistical tie going to the incumbent or the simpler config, so that reruns
+//!    on a noisy machine keep the same winner.
+//! 5. **Summarise** the job in a [`TuneSummary`].
 //!
 //! **Quarantine.** A config that crashed the worker, hung past its deadline or ran out of
 //! memory (`crashed`, `timeout`, `oom`) for a workload, kernel and kernel version is never
@@ -16,13 +25,11 @@ use kernels::{
     default_for, kernels_for, Config, DeviceKind, HardwareFingerprint, Kernel, Measurement, Status,
     Workload,
 };
-use runner::{
-    derived_timeout, median_ci, not_slower, overlaps, EvalError, Evaluation, Evaluator, InProcess,
-    Outcome, Protocol,
-};
-use tuning_db::{DbError, Record, Remeasurement, TuningDb, WinnerDecision};
+use runner::{derived_timeout, EvalError, Evaluation, Evaluator, InProcess, Outcome, Protocol};
+use tuning_db::{DbError, Record, TuningDb};
 
-use crate::strategy::StrategyKind;
+use crate::decide::{decide, Decision};
+use crate::strategy::{SearchContext, StrategyKind};
 
 /// One point of a workload's joint search space: a kernel family and one of its configs.
 #[derive(Clone)]
@@ -129,87 +136,6 @@ pub enum Event<'a> {
     /// The search is over; the finalists are being re-measured to decide the winner (when
     /// [`TuneOptions::finalists`] is not 0).
     Deciding,
-}
-
-/// Why the winner won.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WinReason {
-    /// The only verified config.
-    OnlyCandidate,
-    /// Fastest after re-measurement, every other finalist significantly slower (paired by
-    /// round, [`runner::not_slower`]).
-    Fastest,
-    /// Tied with the fastest (not significantly slower, round by round): the incumbent stays.
-    TieIncumbent,
-    /// Tied with the fastest, no incumbent among them: the simplest config wins.
-    TieSimpler,
-    /// Re-measurement failed (see [`Decision::note`]): the fastest trial median wins.
-    Unconfirmed,
-}
-
-impl WinReason {
-    /// The text stored in the database's `winners.reason`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WinReason::OnlyCandidate => "only_candidate",
-            WinReason::Fastest => "fastest",
-            WinReason::TieIncumbent => "tie_incumbent",
-            WinReason::TieSimpler => "tie_simpler",
-            WinReason::Unconfirmed => "unconfirmed",
-        }
-    }
-}
-
-impl std::fmt::Display for WinReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// One finalist of a decision.
-#[derive(Debug, Clone)]
-pub struct Finalist {
-    /// Its trial record (the measurement of the search).
-    pub record: Record,
-    /// Its interleaved re-measurement, when that succeeded.
-    pub remeasured: Option<Measurement>,
-    /// 95% confidence interval of the re-measured median, seconds (`(0, ∞)` if not re-measured).
-    pub ci: (f64, f64),
-    /// Whether it was the previous winner.
-    pub incumbent: bool,
-}
-
-/// How the winner of a workload was decided at the end of a job.
-#[derive(Debug, Clone)]
-pub struct Decision {
-    pub winner: Record,
-    pub reason: WinReason,
-    /// Whether another finalist was statistically tied with the fastest one.
-    pub tie: bool,
-    pub finalists: Vec<Finalist>,
-    /// Rounds each finalist was re-measured for (0 when not re-measured).
-    pub rounds: usize,
-    /// Why re-measurement failed, if it did.
-    pub note: Option<String>,
-}
-
-impl Decision {
-    /// Finalists that were re-measured.
-    pub fn remeasured(&self) -> usize {
-        self.finalists
-            .iter()
-            .filter(|f| f.remeasured.is_some())
-            .count()
-    }
-
-    /// The winner's re-measured median (seconds), if it was re-measured.
-    pub fn winner_remeasured_s(&self) -> Option<f64> {
-        self.finalists
-            .iter()
-            .find(|f| f.record.id == self.winner.id)
-            .and_then(|f| f.remeasured.as_ref())
-            .map(|m| m.median_s)
-    }
 }
 
 /// What a tuning job achieved for one workload.
@@ -332,7 +258,7 @@ pub fn tune_families(
 }
 
 /// [`tune_families`] with candidates evaluated by `evaluator`: [`InProcess`], or
-/// [`runner::Isolated`] for crash isolation.
+/// [`runner::Isolated`] for crash isolation. The steps are those of the module docs.
 pub fn tune_with(
     db: &TuningDb,
     w: &Workload,
@@ -342,181 +268,296 @@ pub fn tune_with(
     evaluator: &mut dyn Evaluator,
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> Result<TuneSummary, SearchError> {
-    let cands = candidates(w, hw, families);
-    if cands.is_empty() {
-        return Err(SearchError::Unsupported(w.key()));
-    }
-    db.upsert_fingerprint(hw)?;
-    evaluator.setup(w, opts.seed ^ 0x5EED)?;
-
-    let (dk, dc) = default_for(w, hw)?;
-    let mut tried: HashSet<(String, String)> = HashSet::new();
-    for k in families.iter().chain(std::iter::once(&dk)) {
-        for c in db.tried_configs(&hw.id, w, k.name(), k.version())? {
-            tried.insert((k.name().to_string(), c));
-        }
-    }
-    let history = db.trials(&hw.id, w)?;
-    let current_version = |r: &Record| {
-        families
-            .iter()
-            .chain(std::iter::once(&dk))
-            .any(|k| k.name() == r.kernel && k.version() == r.kernel_version)
-    };
-    let quarantine: Vec<&Record> = history
-        .iter()
-        .filter(|r| is_quarantine(r.status) && current_version(r))
-        .collect();
-    let quarantined: HashSet<(String, String)> = quarantine
-        .iter()
-        .map(|r| (r.kernel.clone(), r.config.to_json()))
-        .collect();
+    let mut job = Job::resume(db, w, hw, families, opts, evaluator)?;
     on_event(Event::Started {
         workload: w,
-        space_size: cands.len(),
+        space_size: job.cands.len(),
         budget: opts.budget,
-        already_tried: tried.len(),
+        already_tried: job.tried.len(),
     });
+    let default = job.run_default()?;
+    on_event(Event::Default { record: &default });
+    job.search(on_event)?;
+    if opts.finalists > 0 {
+        on_event(Event::Deciding);
+    }
+    let decision = decide(db, w, hw, families, opts, &mut *job.evaluator, job.measured)?;
+    job.summary(default, decision)
+}
 
-    let record = |kernel: &dyn Kernel, config: &Config, outcome: Outcome| -> Record {
+/// How the loop knows a config: `(kernel name, config JSON)`.
+type Key = (String, String);
+
+fn key(kernel: &str, config: &Config) -> Key {
+    (kernel.to_string(), config.to_json())
+}
+
+/// The state of one tuning job: what it resumed from the database, and what it measured.
+struct Job<'a> {
+    db: &'a TuningDb,
+    w: &'a Workload,
+    hw: &'a HardwareFingerprint,
+    opts: &'a TuneOptions,
+    evaluator: &'a mut dyn Evaluator,
+    /// The families whose records count: the ones tuned and the registry's default family.
+    kernels: Vec<&'static dyn Kernel>,
+    cands: Vec<Candidate>,
+    /// The registry's default kernel and config: the baseline.
+    default: (&'static dyn Kernel, Config),
+    /// Configs tried on this machine, by earlier runs or this one.
+    tried: HashSet<Key>,
+    /// Quarantined records of the current kernel versions, in database order.
+    quarantine: Vec<Record>,
+    /// Their keys: never measured again.
+    quarantined: HashSet<Key>,
+    /// Timed (ok) evaluations of this run, the default's included.
+    timed: Vec<Measurement>,
+    measured: usize,
+    resumed: usize,
+    failures: usize,
+    /// Distinct configs tried towards the budget (from when the search starts).
+    done: usize,
+    /// Best GFLOP/s on record (from when the search starts).
+    best_gflops: Option<f64>,
+}
+
+impl<'a> Job<'a> {
+    /// Sets the evaluator up and resumes from the database: the configs already tried on
+    /// this machine, and the quarantined ones.
+    fn resume(
+        db: &'a TuningDb,
+        w: &'a Workload,
+        hw: &'a HardwareFingerprint,
+        families: &[&'static dyn Kernel],
+        opts: &'a TuneOptions,
+        evaluator: &'a mut dyn Evaluator,
+    ) -> Result<Self, SearchError> {
+        let cands = candidates(w, hw, families);
+        if cands.is_empty() {
+            return Err(SearchError::Unsupported(w.key()));
+        }
+        db.upsert_fingerprint(hw)?;
+        evaluator.setup(w, opts.seed ^ 0x5EED)?;
+        let (dk, dc) = default_for(w, hw)?;
+        let kernels: Vec<&'static dyn Kernel> = families.iter().copied().chain([dk]).collect();
+        let (tried, quarantine) = on_record(db, w, hw, &kernels)?;
+        let quarantined = quarantine
+            .iter()
+            .map(|r| key(&r.kernel, &r.config))
+            .collect();
+        Ok(Job {
+            db,
+            w,
+            hw,
+            opts,
+            evaluator,
+            kernels,
+            cands,
+            default: (dk, dc),
+            tried,
+            quarantine,
+            quarantined,
+            timed: Vec::new(),
+            measured: 0,
+            resumed: 0,
+            failures: 0,
+            done: 0,
+            best_gflops: None,
+        })
+    }
+
+    /// Evaluates the default config first: the baseline of the speedup, the first data point,
+    /// and the yardstick of the per-candidate time limit. A quarantined default is not run
+    /// again: its quarantine record stands for it.
+    fn run_default(&mut self) -> Result<Record, SearchError> {
+        let (dk, dc) = (self.default.0, self.default.1.clone());
+        let default_key = key(dk.name(), &dc);
+        let limit = self.opts.timeout;
+        self.evaluator.set_timeout(limit.unwrap_or(INITIAL_TIMEOUT));
+        let quarantined = |r: &&Record| key(&r.kernel, &r.config) == default_key;
+        if let Some(q) = self.quarantine.iter().find(quarantined) {
+            self.evaluator
+                .set_timeout(limit.unwrap_or(FALLBACK_TIMEOUT));
+            return Ok(q.clone());
+        }
+        let Evaluation { outcome, elapsed } =
+            self.evaluator.evaluate(dk, &dc, &self.opts.protocol)?;
+        self.evaluator
+            .set_timeout(limit.unwrap_or_else(|| derived_timeout(elapsed)));
+        let mut rec = self.record(dk, &dc, outcome);
+        if self.tried.insert(default_key) {
+            rec.id = Some(self.db.insert(&rec)?);
+        }
+        self.timed.extend(rec.measurement.clone());
+        Ok(rec)
+    }
+
+    /// Asks the strategy for batches until the budget of distinct configs is tried or it has
+    /// nothing more to propose, telling it every result.
+    fn search(&mut self, on_event: &mut dyn FnMut(Event<'_>)) -> Result<(), SearchError> {
+        let (db, w, hw, opts) = (self.db, self.w, self.hw, self.opts);
+        let ctx = SearchContext::from_db(db, w, hw, &self.cands, opts.seed)?;
+        let mut strategy = strategy_for(opts.strategy, hw).build(ctx);
+        self.done = self.tried.len().min(opts.budget);
+        self.best_gflops = db.best(&hw.id, w)?.and_then(|r| r.gflops);
+        while self.done < opts.budget {
+            let batch = strategy.ask(opts.batch.min(opts.budget - self.done).max(1));
+            if batch.is_empty() {
+                break;
+            }
+            let told = self.run_batch(&batch, on_event)?;
+            self.done = self.done.max(self.tried.len().min(opts.budget));
+            strategy.tell(&told);
+        }
+        Ok(())
+    }
+
+    /// Measures the candidates of `batch` not tried or quarantined yet (prepared together,
+    /// then timed one at a time). Returns what to tell the strategy: the skipped candidates
+    /// first, without a time, then the measured ones with their median (`None`: failed).
+    fn run_batch(
+        &mut self,
+        batch: &[usize],
+        on_event: &mut dyn FnMut(Event<'_>),
+    ) -> Result<Vec<(usize, Option<f64>)>, SearchError> {
+        let (fresh, skipped): (Vec<usize>, Vec<usize>) = batch.iter().partition(|&&i| {
+            let k = key(self.cands[i].kernel.name(), &self.cands[i].config);
+            !self.tried.contains(&k) && !self.quarantined.contains(&k)
+        });
+        self.resumed += skipped.len();
+        let mut told: Vec<(usize, Option<f64>)> = skipped.into_iter().map(|i| (i, None)).collect();
+        let ahead: Vec<(&'static dyn Kernel, Config)> = fresh
+            .iter()
+            .map(|&i| (self.cands[i].kernel, self.cands[i].config.clone()))
+            .collect();
+        self.evaluator.prepare(&ahead);
+        for i in fresh {
+            let median = self.measure(i, on_event)?;
+            told.push((i, median));
+        }
+        Ok(told)
+    }
+
+    /// Evaluates candidate `i`, commits its record and reports the trial. Returns its median
+    /// time (`None` if it failed).
+    fn measure(
+        &mut self,
+        i: usize,
+        on_event: &mut dyn FnMut(Event<'_>),
+    ) -> Result<Option<f64>, SearchError> {
+        let Candidate { kernel, config } = self.cands[i].clone();
+        let Evaluation { outcome, .. } =
+            self.evaluator
+                .evaluate(kernel, &config, &self.opts.protocol)?;
+        let mut rec = self.record(kernel, &config, outcome);
+        rec.id = Some(self.db.insert(&rec)?);
+        self.tried.insert(key(kernel.name(), &config));
+        self.measured += 1;
+        self.done += 1;
+        match &rec.measurement {
+            Some(m) => self.timed.push(m.clone()),
+            None => self.failures += 1,
+        }
+        if let Some(g) = rec.gflops {
+            self.best_gflops = Some(self.best_gflops.map_or(g, |b: f64| b.max(g)));
+        }
+        on_event(Event::Trial {
+            record: &rec,
+            done: self.done,
+            budget: self.opts.budget,
+            best_gflops: self.best_gflops,
+        });
+        Ok(rec.median_s())
+    }
+
+    /// The record of one evaluation of `kernel`'s `config`.
+    fn record(&self, kernel: &dyn Kernel, config: &Config, outcome: Outcome) -> Record {
+        let (hw, w, version) = (&self.hw.id, *self.w, &self.opts.tool_version);
         match outcome.measurement {
             Some(m) => Record::ok(
-                &hw.id,
-                *w,
+                hw,
+                w,
                 kernel.name(),
                 kernel.version(),
                 config.clone(),
                 m,
-                &opts.tool_version,
+                version,
             ),
             None => Record::failed(
-                &hw.id,
-                *w,
+                hw,
+                w,
                 kernel.name(),
                 kernel.version(),
                 config.clone(),
                 outcome.status,
                 outcome.message.unwrap_or_default(),
-                &opts.tool_version,
+                version,
             ),
         }
-    };
-    let mut timed: Vec<Measurement> = Vec::new();
-
-    // The default first: the baseline of the speedup, the first data point, and the yardstick
-    // of the per-candidate time limit. A quarantined default is not run again.
-    let default_key = (dk.name().to_string(), dc.to_json());
-    evaluator.set_timeout(opts.timeout.unwrap_or(INITIAL_TIMEOUT));
-    let default = match quarantine
-        .iter()
-        .find(|r| (r.kernel.clone(), r.config.to_json()) == default_key)
-    {
-        Some(q) => {
-            evaluator.set_timeout(opts.timeout.unwrap_or(FALLBACK_TIMEOUT));
-            (*q).clone()
-        }
-        None => {
-            let Evaluation { outcome, elapsed } = evaluator.evaluate(dk, &dc, &opts.protocol)?;
-            evaluator.set_timeout(opts.timeout.unwrap_or_else(|| derived_timeout(elapsed)));
-            let mut rec = record(dk, &dc, outcome);
-            if tried.insert(default_key.clone()) {
-                rec.id = Some(db.insert(&rec)?);
-            }
-            timed.extend(rec.measurement.clone());
-            rec
-        }
-    };
-    on_event(Event::Default { record: &default });
-
-    let mut strategy = strategy_for(opts.strategy, hw).build(
-        crate::strategy::SearchContext::from_db(db, w, hw, &cands, opts.seed)?,
-    );
-    let (mut measured, mut resumed, mut failures) = (0, 0, 0);
-    let mut done = tried.len().min(opts.budget);
-    let mut best_gflops = db.best(&hw.id, w)?.and_then(|r| r.gflops);
-
-    while done < opts.budget {
-        let batch = strategy.ask(opts.batch.min(opts.budget - done).max(1));
-        if batch.is_empty() {
-            break;
-        }
-        let mut told = Vec::with_capacity(batch.len());
-        let fresh: Vec<usize> = batch
-            .iter()
-            .copied()
-            .filter(|&i| {
-                let c = &cands[i];
-                let key = (c.kernel.name().to_string(), c.config.to_json());
-                if tried.contains(&key) || quarantined.contains(&key) {
-                    told.push((i, None));
-                    resumed += 1;
-                    false
-                } else {
-                    true
-                }
-            })
-            .collect();
-        let ahead: Vec<(&'static dyn Kernel, Config)> = fresh
-            .iter()
-            .map(|&i| (cands[i].kernel, cands[i].config.clone()))
-            .collect();
-        evaluator.prepare(&ahead);
-        for i in fresh {
-            let c = &cands[i];
-            let Evaluation { outcome, .. } =
-                evaluator.evaluate(c.kernel, &c.config, &opts.protocol)?;
-            let mut rec = record(c.kernel, &c.config, outcome);
-            rec.id = Some(db.insert(&rec)?);
-            tried.insert((c.kernel.name().to_string(), c.config.to_json()));
-            measured += 1;
-            done += 1;
-            match &rec.measurement {
-                Some(m) => timed.push(m.clone()),
-                None => failures += 1,
-            }
-            if let Some(g) = rec.gflops {
-                best_gflops = Some(best_gflops.map_or(g, |b: f64| b.max(g)));
-            }
-            told.push((i, rec.measurement.as_ref().map(|m| m.median_s)));
-            on_event(Event::Trial {
-                record: &rec,
-                done,
-                budget: opts.budget,
-                best_gflops,
-            });
-        }
-        done = done.max(tried.len().min(opts.budget));
-        strategy.tell(&told);
     }
 
-    if opts.finalists > 0 {
-        on_event(Event::Deciding);
+    /// What the job achieved: its counters and timing spread, the evaluator's state, the
+    /// winner the database now serves and the quarantine it now holds.
+    fn summary(
+        self,
+        default: Record,
+        decision: Option<Decision>,
+    ) -> Result<TuneSummary, SearchError> {
+        let (db, hw, w) = (self.db, self.hw, self.w);
+        let quarantined = db
+            .trials(&hw.id, w)?
+            .iter()
+            .filter(|r| is_quarantine(r.status) && is_current(&self.kernels, r))
+            .map(|r| key(&r.kernel, &r.config))
+            .collect::<HashSet<_>>()
+            .len();
+        Ok(TuneSummary {
+            workload: *w,
+            best: db.best(&hw.id, w)?,
+            default,
+            space_size: self.cands.len(),
+            measured: self.measured,
+            resumed: self.resumed,
+            failures: self.failures,
+            decision,
+            timed: self.timed.len(),
+            median_spread: median_of(self.timed.iter().map(|m| m.spread)),
+            median_cv: median_of(self.timed.iter().filter_map(cv)),
+            isolation: self.evaluator.isolation(),
+            timeout: self.evaluator.timeout(),
+            restarts: self.evaluator.restarts(),
+            quarantined,
+        })
     }
-    let decision = decide(db, w, hw, families, opts, evaluator, measured)?;
-    let quarantined_now = db
+}
+
+/// What the database holds of `w` on `hw` for the current versions of `kernels`: the configs
+/// tried, and the quarantined records (in database order).
+fn on_record(
+    db: &TuningDb,
+    w: &Workload,
+    hw: &HardwareFingerprint,
+    kernels: &[&'static dyn Kernel],
+) -> Result<(HashSet<Key>, Vec<Record>), SearchError> {
+    let mut tried = HashSet::new();
+    for k in kernels {
+        for c in db.tried_configs(&hw.id, w, k.name(), k.version())? {
+            tried.insert((k.name().to_string(), c));
+        }
+    }
+    let quarantine: Vec<Record> = db
         .trials(&hw.id, w)?
+        .into_iter()
+        .filter(|r| is_quarantine(r.status) && is_current(kernels, r))
+        .collect();
+    Ok((tried, quarantine))
+}
+
+/// Whether `r` was recorded by the current version of one of `kernels`.
+fn is_current(kernels: &[&'static dyn Kernel], r: &Record) -> bool {
+    kernels
         .iter()
-        .filter(|r| is_quarantine(r.status) && current_version(r))
-        .map(|r| (r.kernel.clone(), r.config.to_json()))
-        .collect::<HashSet<_>>()
-        .len();
-    Ok(TuneSummary {
-        workload: *w,
-        best: db.best(&hw.id, w)?,
-        default,
-        space_size: cands.len(),
-        measured,
-        resumed,
-        failures,
-        decision,
-        timed: timed.len(),
-        median_spread: median_of(timed.iter().map(|m| m.spread)),
-        median_cv: median_of(timed.iter().filter_map(cv)),
-        isolation: evaluator.isolation(),
-        timeout: evaluator.timeout(),
-        restarts: evaluator.restarts(),
-        quarantined: quarantined_now,
-    })
+        .any(|k| k.name() == r.kernel && k.version() == r.kernel_version)
 }
 
 /// The strategy that runs for `asked` on `hw`: the cost model's features describe CPU kernels
@@ -549,240 +590,4 @@ pub(crate) fn cv(m: &Measurement) -> Option<f64> {
     let mean = m.samples.iter().sum::<f64>() / n as f64;
     let var = m.samples.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
     (mean > 0.0).then(|| var.sqrt() / mean)
-}
-
-/// The deterministic "simpler" order used to break ties: fewer threads, then kernel name
-/// (`gemm_direct` before `gemm_packed`: no packing), then the default config before others,
-/// then the config's JSON.
-pub fn simplicity_key(
-    kernel: &str,
-    config: &Config,
-    default: (&str, &Config),
-) -> (i64, String, bool, String) {
-    (
-        config.threads() as i64,
-        kernel.to_string(),
-        !(kernel == default.0 && config == default.1),
-        config.to_json(),
-    )
-}
-
-/// Picks and records the winner of `w` (see the module docs).
-fn decide(
-    db: &TuningDb,
-    w: &Workload,
-    hw: &HardwareFingerprint,
-    families: &[&'static dyn Kernel],
-    opts: &TuneOptions,
-    evaluator: &mut dyn Evaluator,
-    measured_now: usize,
-) -> Result<Option<Decision>, SearchError> {
-    if opts.finalists == 0 {
-        return Ok(None);
-    }
-    let (dk, dc) = default_for(w, hw)?;
-    let lookup = |r: &Record| -> Option<&'static dyn Kernel> {
-        families
-            .iter()
-            .chain(kernels::registry())
-            .copied()
-            .find(|k| k.name() == r.kernel && k.version() == r.kernel_version)
-            .filter(|k| k.supports(w) && k.space(w, hw).check(&r.config).is_ok())
-    };
-    let history = db.trials(&hw.id, w)?;
-    let previous = db.winner(&hw.id, w)?;
-    let incumbent = previous.as_ref().and_then(|p| {
-        history
-            .iter()
-            .find(|r| r.id == Some(p.trial_id) && r.status == Status::Ok && lookup(r).is_some())
-    });
-    if measured_now == 0 && incumbent.is_some() {
-        return Ok(None);
-    }
-
-    let mut ok: Vec<&Record> = history
-        .iter()
-        .filter(|r| r.status == Status::Ok && r.median_s().is_some() && lookup(r).is_some())
-        .collect();
-    ok.sort_by(|a, b| {
-        a.median_s()
-            .unwrap_or(f64::INFINITY)
-            .total_cmp(&b.median_s().unwrap_or(f64::INFINITY))
-            .then(a.id.cmp(&b.id))
-    });
-    let mut seen = HashSet::new();
-    let distinct: Vec<&Record> = ok
-        .into_iter()
-        .filter(|r| seen.insert((r.kernel.clone(), r.config.to_json())))
-        .collect();
-    let mut picked: Vec<&Record> = distinct.iter().copied().take(opts.finalists).collect();
-    fn add<'r>(picked: &mut Vec<&'r Record>, r: &'r Record) {
-        if !picked
-            .iter()
-            .any(|p| p.kernel == r.kernel && p.config == r.config)
-        {
-            picked.push(r);
-        }
-    }
-    // The simplest config whose search timing is statistically tied with the fastest one's
-    // joins the finalists: which configs make the top few by median changes from run to run
-    // on a noisy machine, this one much less, and on a tie in the re-measurement it wins.
-    if let Some(fastest) = distinct.first() {
-        let ci_of = |r: &Record| {
-            r.measurement
-                .as_ref()
-                .map_or((0.0, f64::INFINITY), |m| median_ci(&m.samples))
-        };
-        let best_ci = ci_of(fastest);
-        let simplest_tied = distinct
-            .iter()
-            .copied()
-            .filter(|r| overlaps(ci_of(r), best_ci))
-            .min_by_key(|r| simplicity_key(&r.kernel, &r.config, (dk.name(), &dc)));
-        if let (Some(r), true) = (simplest_tied, opts.finalists > 0) {
-            add(&mut picked, r);
-        }
-    }
-    if let Some(inc) = incumbent {
-        add(&mut picked, inc);
-    }
-    // The default config joins too: it is what an untuned runtime serves, so a winner must
-    // beat it head to head, not only by trial medians taken minutes apart under another load.
-    if let Some(d) = distinct
-        .iter()
-        .find(|r| r.kernel == dk.name() && r.config == dc)
-    {
-        add(&mut picked, d);
-    }
-    if picked.is_empty() {
-        return Ok(None);
-    }
-    let is_incumbent =
-        |r: &Record| incumbent.is_some_and(|i| i.kernel == r.kernel && i.config == r.config);
-    let unmeasured = |r: &Record| Finalist {
-        record: r.clone(),
-        remeasured: None,
-        ci: (0.0, f64::INFINITY),
-        incumbent: is_incumbent(r),
-    };
-
-    let decision = if picked.len() == 1 {
-        Decision {
-            winner: picked[0].clone(),
-            reason: WinReason::OnlyCandidate,
-            tie: false,
-            finalists: vec![unmeasured(picked[0])],
-            rounds: 0,
-            note: None,
-        }
-    } else {
-        let pairs: Vec<(&dyn Kernel, Config)> = picked
-            .iter()
-            .map(|r| {
-                let k: &dyn Kernel = lookup(r).expect("filtered on lookup above");
-                (k, r.config.clone())
-            })
-            .collect();
-        match evaluator.remeasure(&pairs, &opts.protocol, opts.remeasure_rounds) {
-            Err(e) => Decision {
-                winner: picked[0].clone(),
-                reason: WinReason::Unconfirmed,
-                tie: false,
-                finalists: picked.iter().map(|r| unmeasured(r)).collect(),
-                rounds: 0,
-                note: Some(e.to_string()),
-            },
-            Ok(ms) => {
-                let finalists: Vec<Finalist> = picked
-                    .iter()
-                    .zip(ms)
-                    .map(|(r, m)| Finalist {
-                        record: (*r).clone(),
-                        ci: median_ci(&m.samples),
-                        remeasured: Some(m),
-                        incumbent: is_incumbent(r),
-                    })
-                    .collect();
-                let median =
-                    |f: &Finalist| f.remeasured.as_ref().map_or(f64::INFINITY, |m| m.median_s);
-                let fastest = (0..finalists.len())
-                    .min_by(|&a, &b| median(&finalists[a]).total_cmp(&median(&finalists[b])))
-                    .expect("at least two finalists");
-                // Tied with the fastest: not slower than it, judged round by round (the
-                // rounds are interleaved, so each pairs samples taken moments apart).
-                let samples = |i: usize| {
-                    finalists[i]
-                        .remeasured
-                        .as_ref()
-                        .map_or(&[][..], |m| &m.samples[..])
-                };
-                let group: Vec<usize> = (0..finalists.len())
-                    .filter(|&i| i == fastest || not_slower(samples(i), samples(fastest)))
-                    .collect();
-                let tie = group.len() > 1;
-                let (winner, reason) =
-                    if let Some(&inc) = group.iter().find(|&&i| finalists[i].incumbent) {
-                        (
-                            inc,
-                            if tie {
-                                WinReason::TieIncumbent
-                            } else {
-                                WinReason::Fastest
-                            },
-                        )
-                    } else {
-                        let simplest = *group
-                            .iter()
-                            .min_by_key(|&&i| {
-                                let r = &finalists[i].record;
-                                simplicity_key(&r.kernel, &r.config, (dk.name(), &dc))
-                            })
-                            .expect("the group holds the fastest");
-                        if simplest == fastest {
-                            (fastest, WinReason::Fastest)
-                        } else {
-                            (simplest, WinReason::TieSimpler)
-                        }
-                    };
-                Decision {
-                    winner: finalists[winner].record.clone(),
-                    reason,
-                    tie,
-                    rounds: finalists[0]
-                        .remeasured
-                        .as_ref()
-                        .map_or(0, |m| m.samples.len()),
-                    finalists,
-                    note: None,
-                }
-            }
-        }
-    };
-
-    let Some(trial_id) = decision.winner.id else {
-        return Ok(Some(decision));
-    };
-    db.record_winner(&WinnerDecision {
-        id: None,
-        fingerprint_id: hw.id.clone(),
-        workload: *w,
-        trial_id,
-        reason: decision.reason.as_str().to_string(),
-        tie: decision.tie,
-        remeasured: decision
-            .finalists
-            .iter()
-            .filter_map(|f| {
-                Some(Remeasurement {
-                    trial_id: f.record.id?,
-                    measurement: f.remeasured.clone()?,
-                    ci_low_s: f.ci.0,
-                    ci_high_s: f.ci.1,
-                })
-            })
-            .collect(),
-        decided_at: tuning_db::now_rfc3339(),
-        tool_version: opts.tool_version.clone(),
-    })?;
-    Ok(Some(decision))
 }

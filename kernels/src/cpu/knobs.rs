@@ -23,20 +23,32 @@ pub(crate) fn invalid(kernel: &str, c: &Config, reason: String) -> Error {
     }
 }
 
-pub(crate) fn int_knob(kernel: &str, c: &Config, name: &str) -> Result<usize> {
+/// The knob naming how a CPU family splits its work across threads (`none` or a family's
+/// dimension), shared by every CPU family.
+pub const PAR: &str = "par";
+/// The knob counting the threads of a split (1 with `par = none`).
+pub const THREADS: &str = "threads";
+
+/// Knob `name` of `c` as a non-negative whole number; the reason it is not one otherwise.
+pub(crate) fn int_value(c: &Config, name: &str) -> std::result::Result<usize, String> {
     match c.int(name) {
         Some(v) if v >= 0 => Ok(v as usize),
-        _ => Err(invalid(
-            kernel,
-            c,
-            format!("knob '{name}' must be a non-negative whole number"),
-        )),
+        _ => Err(format!("knob '{name}' must be a non-negative whole number")),
     }
 }
 
-pub(crate) fn str_knob<'c>(kernel: &str, c: &'c Config, name: &str) -> Result<&'c str> {
+/// Knob `name` of `c` as a name; the reason it is not one otherwise.
+pub(crate) fn str_value<'c>(c: &'c Config, name: &str) -> std::result::Result<&'c str, String> {
     c.str(name)
-        .ok_or_else(|| invalid(kernel, c, format!("knob '{name}' must be a name")))
+        .ok_or_else(|| format!("knob '{name}' must be a name"))
+}
+
+pub(crate) fn int_knob(kernel: &str, c: &Config, name: &str) -> Result<usize> {
+    int_value(c, name).map_err(|reason| invalid(kernel, c, reason))
+}
+
+pub(crate) fn str_knob<'c>(kernel: &str, c: &'c Config, name: &str) -> Result<&'c str> {
+    str_value(c, name).map_err(|reason| invalid(kernel, c, reason))
 }
 
 /// Thread counts offered: powers of two below the core count, and the core count.
@@ -68,7 +80,7 @@ pub(crate) fn snap(values: &[usize], target: usize, dim: usize) -> usize {
 }
 
 pub(crate) fn serial_iff_one_thread(c: &Config) -> bool {
-    (c.str("par") == Some("none")) == (c.int("threads") == Some(1))
+    (c.str(PAR) == Some("none")) == (c.int(THREADS) == Some(1))
 }
 
 /// Rule: knob `name` ≤ `first_at_least(values, dim)` (no cap when every value is below `dim`).
@@ -97,9 +109,9 @@ pub(crate) fn str_listed(c: &Config, name: &str, values: &[&str]) -> bool {
 /// when it has more than one core, [`thread_values`]).
 pub(crate) fn par_threads_listed(c: &Config, hw: &HardwareFingerprint, par: &[&str]) -> bool {
     let par_ok = if hw.cores > 1 {
-        str_listed(c, "par", par)
+        str_listed(c, PAR, par)
     } else {
-        c.str("par") == Some("none")
+        c.str(PAR) == Some("none")
     };
-    par_ok && int_listed(c, "threads", &thread_values(hw))
+    par_ok && int_listed(c, THREADS, &thread_values(hw))
 }

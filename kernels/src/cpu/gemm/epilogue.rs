@@ -40,9 +40,10 @@ use std::sync::{Arc, Mutex};
 
 use super::direct::DirectGemm;
 use super::packed::{BSource, PackedB, PackedGemm};
+use super::params::{knob, BLayout, Fusion, UkernelId};
 use super::ukernel::{bias_act_row, TileEpilogue};
 use super::{gemm_dims, Direct, Packed, DIRECT_DEFAULT_MAX_M};
-use crate::cpu::knobs::{invalid, str_knob, str_listed, unsupported};
+use crate::cpu::knobs::{invalid, str_listed, unsupported};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::hardware::HardwareFingerprint;
@@ -61,10 +62,10 @@ pub struct EpilogueDirect;
 pub static FAMILIES: &[&dyn Kernel] = &[&EpiloguePacked, &EpilogueDirect];
 
 /// Values of the `fusion` knob.
-pub const FUSION_VALUES: &[&str] = &["fused", "separate"];
+pub const FUSION_VALUES: &[&str] = &[Fusion::Fused.name(), Fusion::Separate.name()];
 
 /// Values of the `b_layout` knob.
-pub const B_LAYOUT_VALUES: &[&str] = &["rowmajor", "prepacked"];
+pub const B_LAYOUT_VALUES: &[&str] = &[BLayout::RowMajor.name(), BLayout::Prepacked.name()];
 
 /// The fallback for a `gemm_bias_*` workload: like plain GEMM (direct for small M, packed
 /// otherwise), with the epilogue fused and B row-major (valid for every shape, and safe for
@@ -92,17 +93,14 @@ fn inner(w: &Workload) -> Workload {
 /// The GEMM part of `c`: every knob but `fusion` and `b_layout`.
 fn gemm_config(c: &Config) -> Config {
     let mut g = c.clone();
-    g.0.remove("fusion");
-    g.0.remove("b_layout");
+    g.0.remove(knob::FUSION);
+    g.0.remove(knob::B_LAYOUT);
     g
 }
 
 fn fused(kernel: &str, c: &Config) -> Result<bool> {
-    match str_knob(kernel, c, "fusion")? {
-        "fused" => Ok(true),
-        "separate" => Ok(false),
-        other => Err(invalid(kernel, c, format!("unknown fusion '{other}'"))),
-    }
+    let fusion = Fusion::try_from(c).map_err(|reason| invalid(kernel, c, reason))?;
+    Ok(fusion == Fusion::Fused)
 }
 
 impl Kernel for EpiloguePacked {
@@ -122,22 +120,22 @@ impl Kernel for EpiloguePacked {
 
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
         c.0.len() == 9
-            && str_listed(c, "fusion", FUSION_VALUES)
-            && str_listed(c, "b_layout", B_LAYOUT_VALUES)
+            && str_listed(c, knob::FUSION, FUSION_VALUES)
+            && str_listed(c, knob::B_LAYOUT, B_LAYOUT_VALUES)
             && super::packed_knobs_fit(&inner(w), hw, c)
     }
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
         Packed
             .space(&inner(w), hw)
-            .knob("fusion", FUSION_VALUES.iter().copied())
-            .knob("b_layout", B_LAYOUT_VALUES.iter().copied())
+            .knob(knob::FUSION, FUSION_VALUES.iter().copied())
+            .knob(knob::B_LAYOUT, B_LAYOUT_VALUES.iter().copied())
     }
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
         let mut c = Packed.default_config(&inner(w), hw);
-        c.set("fusion", "fused");
-        c.set("b_layout", "rowmajor");
+        Fusion::Fused.set_in(&mut c);
+        BLayout::RowMajor.set_in(&mut c);
         c
     }
 
@@ -163,19 +161,19 @@ impl Kernel for EpilogueDirect {
 
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
         c.0.len() == 5
-            && str_listed(c, "fusion", FUSION_VALUES)
+            && str_listed(c, knob::FUSION, FUSION_VALUES)
             && super::direct_knobs_fit(&inner(w), hw, c)
     }
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
         Direct
             .space(&inner(w), hw)
-            .knob("fusion", FUSION_VALUES.iter().copied())
+            .knob(knob::FUSION, FUSION_VALUES.iter().copied())
     }
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
         let mut c = Direct.default_config(&inner(w), hw);
-        c.set("fusion", "fused");
+        Fusion::Fused.set_in(&mut c);
         c
     }
 
@@ -200,6 +198,26 @@ impl Kernel for EpilogueDirect {
             act,
             fused,
         }))
+    }
+}
+
+impl EpiloguePacked {
+    /// The default config for `w` re-blocked to read a weight already packed for micro-kernel
+    /// `ukernel` and depth block `kc`, with `b_layout = prepacked`: how a runtime serves
+    /// another M from the packed copy it holds ([`EpilogueGemm::ukernel`] and
+    /// [`EpilogueGemm::weight_layout`] of the variant that packed it).
+    pub fn prepacked_config(
+        &self,
+        w: &Workload,
+        hw: &HardwareFingerprint,
+        ukernel: UkernelId,
+        kc: usize,
+    ) -> Config {
+        let mut c = self.default_config(w, hw);
+        ukernel.set_in(&mut c);
+        c.set(knob::KC, kc);
+        BLayout::Prepacked.set_in(&mut c);
+        c
     }
 }
 
@@ -236,11 +254,7 @@ impl EpilogueGemm {
             return Err(unsupported(name, w));
         };
         let fused = fused(name, c)?;
-        let prepacked = match str_knob(name, c, "b_layout")? {
-            "rowmajor" => false,
-            "prepacked" => true,
-            other => return Err(invalid(name, c, format!("unknown b_layout '{other}'"))),
-        };
+        let b_layout = BLayout::try_from(c).map_err(|reason| invalid(name, c, reason))?;
         let gemm = Packed.build_packed(
             &Workload::Gemm {
                 m,
@@ -256,13 +270,19 @@ impl EpilogueGemm {
             k,
             act,
             fused,
-            cache: prepacked.then(WeightCache::default),
+            cache: (b_layout == BLayout::Prepacked).then(WeightCache::default),
         })
     }
 
     /// Whether this variant keeps B pre-packed (`b_layout = prepacked`).
     pub fn prepacked(&self) -> bool {
         self.cache.is_some()
+    }
+
+    /// Its micro-kernel: with [`EpilogueGemm::weight_layout`]'s KC, what fixes the panel
+    /// layout (see [`EpiloguePacked::prepacked_config`]).
+    pub fn ukernel(&self) -> UkernelId {
+        self.gemm.uk.id()
     }
 
     /// `(NR, KC)`: the panel layout [`EpilogueGemm::pack_weight`] produces. Two variants of
@@ -429,9 +449,9 @@ mod tests {
                 for fusion in FUSION_VALUES {
                     for layout in B_LAYOUT_VALUES {
                         let mut c = base.clone();
-                        c.set("fusion", *fusion);
-                        if c.get("b_layout").is_some() {
-                            c.set("b_layout", *layout);
+                        c.set(knob::FUSION, *fusion);
+                        if c.get(knob::B_LAYOUT).is_some() {
+                            c.set(knob::B_LAYOUT, *layout);
                         }
                         let exe = family.prepare(&w, &c).unwrap();
                         for _ in 0..2 {
@@ -451,7 +471,7 @@ mod tests {
         let w: Workload = "gemm_bias_relu:9x20x11".parse().unwrap();
         let hw = HardwareFingerprint::current();
         let mut c = EpiloguePacked.default_config(&w, hw);
-        c.set("b_layout", "prepacked");
+        BLayout::Prepacked.set_in(&mut c);
         let exe = EpiloguePacked.prepare(&w, &c).unwrap();
         for seed in [1, 2, 3] {
             let p = Problem::random(&w, seed);
@@ -485,7 +505,7 @@ mod tests {
                 let c = family.default_config(&w, hw);
                 family.space(&w, hw).check(&c).unwrap();
                 let mut bad = c.clone();
-                bad.set("fusion", "sideways");
+                bad.set(knob::FUSION, "sideways");
                 assert!(family.prepare(&w, &bad).is_err());
                 assert!(family.build(&w, &bad).is_err());
             }

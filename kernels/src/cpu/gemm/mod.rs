@@ -5,6 +5,9 @@
 //! - `gemm_direct` ([`direct`]): no packing; `R × V`-vector register tiles read A and B in
 //!   place, for small M (≤ 32) where packing B would cost as much as the arithmetic.
 //!
+//! Their knobs, named once and typed, are in [`params`]: the families build from it, and the
+//! other crates read and adjust GEMM configs through it.
+//!
 //! Micro-kernels live in [`ukernel`] (the only unsafe code, with [`view`] and [`pack`]); which
 //! ones are offered depends on [`Isa::detect`]. Default configs come from the cache sizes in
 //! the [`HardwareFingerprint`].
@@ -13,12 +16,13 @@ pub mod direct;
 pub mod epilogue;
 pub mod pack;
 pub mod packed;
+pub mod params;
 pub mod ukernel;
 pub mod view;
 
 use crate::cpu::knobs::{
-    cap_rule, int_knob, int_listed, invalid, par_threads_listed, serial_iff_one_thread, snap,
-    str_knob, str_listed, thread_values, unsupported,
+    cap_rule, int_listed, invalid, par_threads_listed, serial_iff_one_thread, snap, str_listed,
+    thread_values, unsupported,
 };
 use crate::cpu::Isa;
 use crate::dtype::DType;
@@ -30,6 +34,8 @@ use crate::workload::Workload;
 
 use direct::DirectGemm;
 use packed::PackedGemm;
+pub use params::Par;
+use params::{knob, ALayout, DirectParams, PackedParams, Split, PAR_VALUES};
 
 /// The BLIS-style packed family.
 pub struct Packed;
@@ -53,47 +59,13 @@ pub const KC_VALUES: &[usize] = &[64, 128, 192, 256, 384, 512];
 /// Values of the packed `nc` knob (rounded up to a multiple of NR when built).
 pub const NC_VALUES: &[usize] = &[512, 1024, 2048, 4096, 8192];
 /// Values of the packed `a_layout` knob: A packed into micro-panels, or read in place.
-pub const A_LAYOUT_VALUES: &[&str] = &["packed", "inplace"];
+pub const A_LAYOUT_VALUES: &[&str] = &[ALayout::Packed.name(), ALayout::InPlace.name()];
 /// Values of the direct `kc` knob; 0 means the whole of K.
 pub const DIRECT_KC_VALUES: &[usize] = &[0, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 
 /// Below this many flops (2·M·N·K) the defaults stay single-threaded: a rayon fork-join
 /// (several µs) would cost more than it saves.
 const PARALLEL_MIN_FLOPS: f64 = 2.0 * 256.0 * 256.0 * 256.0;
-
-/// How the work is split across threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Par {
-    /// One thread.
-    None,
-    /// Row blocks of C on this many rayon tasks.
-    M(usize),
-    /// Column blocks of C on this many rayon tasks.
-    N(usize),
-}
-
-impl Par {
-    /// Tasks the work is split into.
-    pub fn threads(self) -> usize {
-        match self {
-            Par::None => 1,
-            Par::M(t) | Par::N(t) => t,
-        }
-    }
-
-    /// From the `par` and `threads` knobs.
-    fn from_config(kernel: &str, c: &Config) -> Result<Par> {
-        let threads = int_knob(kernel, c, "threads")?.max(1);
-        match str_knob(kernel, c, "par")? {
-            "none" => Ok(Par::None),
-            "m" if threads == 1 => Ok(Par::None),
-            "n" if threads == 1 => Ok(Par::None),
-            "m" => Ok(Par::M(threads)),
-            "n" => Ok(Par::N(threads)),
-            other => Err(invalid(kernel, c, format!("unknown par '{other}'"))),
-        }
-    }
-}
 
 /// The fallback for `w`: the direct family for small M, the packed family otherwise. The
 /// config is valid (passes `prepare`) for every shape.
@@ -114,9 +86,9 @@ pub(crate) fn gemm_dims(w: &Workload) -> (usize, usize, usize) {
 
 fn par_values(hw: &HardwareFingerprint) -> Vec<&'static str> {
     if hw.cores > 1 {
-        vec!["none", "m", "n"]
+        PAR_VALUES.to_vec()
     } else {
-        vec!["none"]
+        vec![Split::None.name()]
     }
 }
 
@@ -124,18 +96,18 @@ fn par_values(hw: &HardwareFingerprint) -> Vec<&'static str> {
 /// are the caller's to count): what [`Kernel::config_fits`] of the packed families tests.
 pub(crate) fn packed_knobs_fit(w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
     let (m, n, k) = gemm_dims(w);
-    c.str("ukernel").is_some_and(|u| {
+    c.str(knob::UKERNEL).is_some_and(|u| {
         let offered = ukernel::packed_offered(Isa::of(hw));
         offered.iter().any(|o| o.name == u)
-    }) && int_listed(c, "mc", MC_VALUES)
-        && int_listed(c, "kc", KC_VALUES)
-        && int_listed(c, "nc", NC_VALUES)
-        && str_listed(c, "a_layout", A_LAYOUT_VALUES)
-        && par_threads_listed(c, hw, &["none", "m", "n"])
+    }) && int_listed(c, knob::MC, MC_VALUES)
+        && int_listed(c, knob::KC, KC_VALUES)
+        && int_listed(c, knob::NC, NC_VALUES)
+        && str_listed(c, knob::A_LAYOUT, A_LAYOUT_VALUES)
+        && par_threads_listed(c, hw, PAR_VALUES)
         && serial_iff_one_thread(c)
-        && cap_rule("mc", MC_VALUES, m)(c)
-        && cap_rule("kc", KC_VALUES, k)(c)
-        && cap_rule("nc", NC_VALUES, n)(c)
+        && cap_rule(knob::MC, MC_VALUES, m)(c)
+        && cap_rule(knob::KC, KC_VALUES, k)(c)
+        && cap_rule(knob::NC, NC_VALUES, n)(c)
 }
 
 /// The knobs and rules of [`Direct`]'s space for `w` on `hw`, checked directly.
@@ -143,14 +115,35 @@ pub(crate) fn direct_knobs_fit(w: &Workload, hw: &HardwareFingerprint, c: &Confi
     let (m, n, k) = gemm_dims(w);
     let offered = ukernel::direct_offered(Isa::of(hw));
     let lanes = offered[0].lanes;
-    c.str("ukernel")
+    c.str(knob::UKERNEL)
         .is_some_and(|u| offered.iter().any(|o| o.name == u))
-        && int_listed(c, "kc", DIRECT_KC_VALUES)
-        && par_threads_listed(c, hw, &["none", "m", "n"])
+        && int_listed(c, knob::KC, DIRECT_KC_VALUES)
+        && par_threads_listed(c, hw, PAR_VALUES)
         && serial_iff_one_thread(c)
-        && c.int("kc").is_some_and(|v| v == 0 || (v as usize) < k)
-        && (c.str("par") != Some("m") || c.int("threads").is_some_and(|t| t as usize <= m))
-        && (c.str("par") != Some("n") || c.int("threads").is_some_and(|t| t as usize * lanes <= n))
+        && direct_kc_rule(k)(c)
+        && direct_m_split_rule(m)(c)
+        && direct_n_split_rule(n, lanes)(c)
+}
+
+/// Rule of the direct family: `kc` is below K, or 0 (the whole of K).
+fn direct_kc_rule(k: usize) -> impl Fn(&Config) -> bool + Send + Sync + 'static {
+    move |c: &Config| c.int(knob::KC).is_some_and(|v| v == 0 || (v as usize) < k)
+}
+
+/// Rule of the direct family: an M split has a row per thread.
+fn direct_m_split_rule(m: usize) -> impl Fn(&Config) -> bool + Send + Sync + 'static {
+    move |c: &Config| {
+        Split::of(c) != Some(Split::M) || c.int(knob::THREADS).is_some_and(|t| t as usize <= m)
+    }
+}
+
+/// Rule of the direct family: an N split has a vector of `lanes` columns per thread.
+fn direct_n_split_rule(n: usize, lanes: usize) -> impl Fn(&Config) -> bool + Send + Sync + 'static {
+    move |c: &Config| {
+        Split::of(c) != Some(Split::N)
+            || c.int(knob::THREADS)
+                .is_some_and(|t| t as usize * lanes <= n)
+    }
 }
 
 impl Kernel for Packed {
@@ -178,17 +171,17 @@ impl Kernel for Packed {
             .map(|u| u.name.as_str())
             .collect();
         Space::new()
-            .knob("ukernel", names)
-            .knob("mc", MC_VALUES.iter().copied())
-            .knob("kc", KC_VALUES.iter().copied())
-            .knob("nc", NC_VALUES.iter().copied())
-            .knob("a_layout", A_LAYOUT_VALUES.iter().copied())
-            .knob("par", par_values(hw))
-            .knob("threads", thread_values(hw))
+            .knob(knob::UKERNEL, names)
+            .knob(knob::MC, MC_VALUES.iter().copied())
+            .knob(knob::KC, KC_VALUES.iter().copied())
+            .knob(knob::NC, NC_VALUES.iter().copied())
+            .knob(knob::A_LAYOUT, A_LAYOUT_VALUES.iter().copied())
+            .knob(knob::PAR, par_values(hw))
+            .knob(knob::THREADS, thread_values(hw))
             .rule("serial_iff_one_thread", serial_iff_one_thread)
-            .rule("mc_not_beyond_m", cap_rule("mc", MC_VALUES, m))
-            .rule("kc_not_beyond_k", cap_rule("kc", KC_VALUES, k))
-            .rule("nc_not_beyond_n", cap_rule("nc", NC_VALUES, n))
+            .rule("mc_not_beyond_m", cap_rule(knob::MC, MC_VALUES, m))
+            .rule("kc_not_beyond_k", cap_rule(knob::KC, KC_VALUES, k))
+            .rule("nc_not_beyond_n", cap_rule(knob::NC, NC_VALUES, n))
     }
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
@@ -202,15 +195,15 @@ impl Kernel for Packed {
         let mc = snap(MC_VALUES, hw.l2_bytes / 2 / (kc * f), m);
         // nc: the packed B block (kc×nc) fills ~a quarter of L3 (shared with other cores).
         let nc = snap(NC_VALUES, hw.l3_bytes / 4 / (kc * f), n);
-        let (par, threads) = default_par(w, hw, mr, nr);
+        let par = default_par(w, hw, mr, nr);
         Config::from_pairs([
-            ("ukernel", Value::from(uk.name.as_str())),
-            ("mc", mc.into()),
-            ("kc", kc.into()),
-            ("nc", nc.into()),
-            ("a_layout", default_a_layout(m, kc, hw).into()),
-            ("par", par.into()),
-            ("threads", threads.into()),
+            (knob::UKERNEL, Value::from(uk.name.as_str())),
+            (knob::MC, mc.into()),
+            (knob::KC, kc.into()),
+            (knob::NC, nc.into()),
+            (knob::A_LAYOUT, default_a_layout(m, kc, hw).name().into()),
+            (knob::PAR, par.split().name().into()),
+            (knob::THREADS, par.threads().into()),
         ])
     }
 
@@ -227,28 +220,17 @@ impl Packed {
             return Err(unsupported(self.name(), w));
         };
         let name = self.name();
-        let uk_name = str_knob(name, c, "ukernel")?;
-        let uk = ukernel::packed(uk_name).ok_or_else(|| {
-            invalid(
-                name,
-                c,
-                format!("micro-kernel '{uk_name}' is unknown or not supported by this CPU"),
-            )
-        })?;
-        let par = Par::from_config(name, c)?;
-        let pack_a = match str_knob(name, c, "a_layout")? {
-            "packed" => true,
-            "inplace" => false,
-            other => return Err(invalid(name, c, format!("unknown a_layout '{other}'"))),
-        };
+        let p = PackedParams::try_from(c).map_err(|reason| invalid(name, c, reason))?;
+        let uk = ukernel::packed(&p.ukernel.to_string())
+            .ok_or_else(|| invalid(name, c, params::unsupported_ukernel(p.ukernel)))?;
         Ok(PackedGemm::new(
             (m, n, k),
             uk,
-            int_knob(name, c, "mc")?,
-            int_knob(name, c, "kc")?,
-            int_knob(name, c, "nc")?,
-            par,
-            pack_a,
+            p.mc,
+            p.kc,
+            p.nc,
+            p.par,
+            p.a_layout == ALayout::Packed,
         ))
     }
 }
@@ -258,11 +240,11 @@ impl Packed {
 /// Zen 3: +12–28% at 64³); packed otherwise (in place lost 6% at 256³, 13% at 1024³ and,
 /// on a loaded machine, 5–7% on the M = 128 BERT shapes: strided rows cost more than the
 /// copy once they spill out of L1).
-fn default_a_layout(m: usize, kc: usize, hw: &HardwareFingerprint) -> &'static str {
+fn default_a_layout(m: usize, kc: usize, hw: &HardwareFingerprint) -> ALayout {
     if m * kc * std::mem::size_of::<f32>() <= hw.l1d_bytes / 2 {
-        "inplace"
+        ALayout::InPlace
     } else {
-        "packed"
+        ALayout::Packed
     }
 }
 
@@ -286,21 +268,16 @@ fn default_packed_ukernel(m: usize, hw: &HardwareFingerprint) -> &'static ukerne
 
 /// Threads for the defaults: all cores for big problems, split along the dimension with
 /// more register tiles.
-fn default_par(
-    w: &Workload,
-    hw: &HardwareFingerprint,
-    mr: usize,
-    nr: usize,
-) -> (&'static str, usize) {
+fn default_par(w: &Workload, hw: &HardwareFingerprint, mr: usize, nr: usize) -> Par {
     let (m, n, _) = gemm_dims(w);
     let cores = hw.cores.max(1);
     if cores == 1 || w.flops() < PARALLEL_MIN_FLOPS {
-        return ("none", 1);
+        return Par::None;
     }
     if m.div_ceil(mr) >= 2 * cores && m.div_ceil(mr) >= n.div_ceil(nr) / 2 {
-        ("m", cores)
+        Par::M(cores)
     } else {
-        ("n", cores)
+        Par::N(cores)
     }
 }
 
@@ -327,21 +304,17 @@ impl Kernel for Direct {
         let names: Vec<&str> = offered.iter().map(|u| u.name.as_str()).collect();
         let lanes = offered[0].lanes;
         Space::new()
-            .knob("ukernel", names)
-            .knob("kc", DIRECT_KC_VALUES.iter().copied())
-            .knob("par", par_values(hw))
-            .knob("threads", thread_values(hw))
+            .knob(knob::UKERNEL, names)
+            .knob(knob::KC, DIRECT_KC_VALUES.iter().copied())
+            .knob(knob::PAR, par_values(hw))
+            .knob(knob::THREADS, thread_values(hw))
             .rule("serial_iff_one_thread", serial_iff_one_thread)
-            .rule("kc_below_k_or_whole", move |c| {
-                c.int("kc").is_some_and(|v| v == 0 || (v as usize) < k)
-            })
-            .rule("m_split_has_rows_per_thread", move |c| {
-                c.str("par") != Some("m") || c.int("threads").is_some_and(|t| t as usize <= m)
-            })
-            .rule("n_split_has_vectors_per_thread", move |c| {
-                c.str("par") != Some("n")
-                    || c.int("threads").is_some_and(|t| t as usize * lanes <= n)
-            })
+            .rule("kc_below_k_or_whole", direct_kc_rule(k))
+            .rule("m_split_has_rows_per_thread", direct_m_split_rule(m))
+            .rule(
+                "n_split_has_vectors_per_thread",
+                direct_n_split_rule(n, lanes),
+            )
     }
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
@@ -373,17 +346,16 @@ impl Kernel for Direct {
             }
         };
         let cores = hw.cores.max(1);
-        let (par, threads) =
-            if cores > 1 && w.flops() >= PARALLEL_MIN_FLOPS && n >= cores * uk.lanes {
-                ("n", cores)
-            } else {
-                ("none", 1)
-            };
+        let par = if cores > 1 && w.flops() >= PARALLEL_MIN_FLOPS && n >= cores * uk.lanes {
+            Par::N(cores)
+        } else {
+            Par::None
+        };
         Config::from_pairs([
-            ("ukernel", Value::from(uk.name.as_str())),
-            ("kc", kc.into()),
-            ("par", par.into()),
-            ("threads", threads.into()),
+            (knob::UKERNEL, Value::from(uk.name.as_str())),
+            (knob::KC, kc.into()),
+            (knob::PAR, par.split().name().into()),
+            (knob::THREADS, par.threads().into()),
         ])
     }
 
@@ -400,21 +372,10 @@ impl Direct {
             Workload::Gemm { m, n, k, .. } if m <= DIRECT_MAX_M => (m, n, k),
             _ => return Err(unsupported(name, w)),
         };
-        let uk_name = str_knob(name, c, "ukernel")?;
-        let uk = ukernel::direct(uk_name).ok_or_else(|| {
-            invalid(
-                name,
-                c,
-                format!("micro-kernel '{uk_name}' is unknown or not supported by this CPU"),
-            )
-        })?;
-        let par = Par::from_config(name, c)?;
-        Ok(DirectGemm::new(
-            (m, n, k),
-            uk,
-            int_knob(name, c, "kc")?,
-            par,
-        ))
+        let p = DirectParams::try_from(c).map_err(|reason| invalid(name, c, reason))?;
+        let uk = ukernel::direct(&p.ukernel.to_string())
+            .ok_or_else(|| invalid(name, c, params::unsupported_ukernel(p.ukernel)))?;
+        Ok(DirectGemm::new((m, n, k), uk, p.kc, p.par))
     }
 }
 
