@@ -118,9 +118,17 @@ impl Problem {
                 widen_for_precision(&mut r, a, b, (m, n, k), dtype);
                 r
             }
-            Workload::GemmBiasAct { m, n, k, act, .. } => {
+            Workload::GemmBiasAct {
+                m,
+                n,
+                k,
+                act,
+                dtype,
+                ..
+            } => {
                 let (a, b, bias) = (&self.inputs[0], &self.inputs[1], &self.inputs[2]);
                 let mut r = gemm_reference(a, b, (m, n, k));
+                widen_for_precision(&mut r, a, b, (m, n, k), dtype);
                 let eps = f32::EPSILON as f64;
                 r.values
                     .par_chunks_mut(n)

@@ -75,9 +75,7 @@ pub fn default_for(
 ) -> Result<(&'static dyn Kernel, Config)> {
     let chosen: Option<&'static dyn Kernel> = match hw.device_kind() {
         DeviceKind::Cpu => Some(match w {
-            Workload::Gemm {
-                dtype: DType::I8, ..
-            } => &crate::cpu::qgemm::GemmI8,
+            _ if w.dtype() == DType::I8 && w.gemm_dims().is_some() => &crate::cpu::qgemm::GemmI8,
             Workload::Gemm { .. } => crate::cpu::gemm::default_family(w),
             Workload::GemmBiasAct { .. } => crate::cpu::gemm::epilogue::default_family(w),
             Workload::Attention { .. } => crate::cpu::attention::default_family(w),

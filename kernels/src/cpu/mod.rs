@@ -8,5 +8,6 @@ pub mod peak;
 #[cfg(feature = "planted-faults")]
 pub mod planted;
 pub mod qgemm;
+pub(crate) mod weights;
 
 pub use crate::isa::{announce_level, level_report, resolve_cap, Isa, ISA_ENV};

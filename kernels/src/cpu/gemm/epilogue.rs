@@ -36,14 +36,13 @@
 //! measures the GEMM with an already packed weight: packing happens once, at the first
 //! (verification) call.
 
-use std::sync::{Arc, Mutex};
-
 use super::direct::DirectGemm;
 use super::packed::{BSource, PackedB, PackedGemm};
 use super::params::{knob, BLayout, Fusion, UkernelId};
 use super::ukernel::{bias_act_row, TileEpilogue};
 use super::{gemm_dims, Direct, Packed, DIRECT_DEFAULT_MAX_M};
 use crate::cpu::knobs::{invalid, str_listed, unsupported};
+use crate::cpu::weights::WeightCache;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::hardware::HardwareFingerprint;
@@ -229,7 +228,7 @@ pub struct EpilogueGemm {
     act: Act,
     fused: bool,
     /// `Some` for `b_layout = prepacked`: the weight packed at the first call.
-    cache: Option<WeightCache>,
+    cache: Option<WeightCache<PackedB>>,
 }
 
 impl std::fmt::Debug for EpilogueGemm {
@@ -376,54 +375,6 @@ impl Executable for DirectEpilogue {
             separate_pass(out, bias, self.act);
         }
         Ok(())
-    }
-}
-
-/// Identity of a weight buffer: address, length and 64 sampled values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct WeightKey {
-    addr: usize,
-    len: usize,
-    sample: u64,
-}
-
-impl WeightKey {
-    fn of(b: &[f32]) -> WeightKey {
-        // FNV-1a over the bits of 64 evenly spread values, the last one included.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let n = b.len();
-        for i in 0..64usize.min(n) {
-            let idx = if n <= 64 { i } else { i * (n - 1) / 63 };
-            h = (h ^ u64::from(b[idx].to_bits())).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        WeightKey {
-            addr: b.as_ptr() as usize,
-            len: n,
-            sample: h,
-        }
-    }
-}
-
-/// The one packed weight of a `prepacked` variant, keyed by its source buffer.
-#[derive(Default)]
-struct WeightCache {
-    slot: Mutex<Option<(WeightKey, Arc<PackedB>)>>,
-}
-
-impl WeightCache {
-    /// The packed form of `b`: the cached one if `b` is the buffer it was packed from,
-    /// else `pack()` (which then replaces it).
-    fn get(&self, b: &[f32], pack: impl FnOnce() -> PackedB) -> Arc<PackedB> {
-        let key = WeightKey::of(b);
-        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
-        match &*slot {
-            Some((k, p)) if *k == key => p.clone(),
-            _ => {
-                let p = Arc::new(pack());
-                *slot = Some((key, p.clone()));
-                p
-            }
-        }
     }
 }
 

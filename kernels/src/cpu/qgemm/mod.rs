@@ -27,10 +27,12 @@ pub mod ukernel;
 
 use std::cell::RefCell;
 
+use crate::cpu::gemm::ukernel::{bias_act_row, TileEpilogue};
 use crate::cpu::knobs::{
     int_knob, invalid, par_threads_listed, serial_iff_one_thread, str_knob, str_listed,
     thread_values, unsupported,
 };
+use crate::cpu::weights::WeightCache;
 use crate::cpu::Isa;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -38,7 +40,7 @@ use crate::hardware::HardwareFingerprint;
 use crate::kernel::{Executable, Kernel};
 use crate::operand::{host_f32, Operand, OperandMut};
 use crate::space::{Config, Space};
-use crate::workload::Workload;
+use crate::workload::{Act, Workload};
 
 use quant::{quantize_rows, AQuant, QuantA, QuantB};
 use ukernel::{DotKernel, KERNELS};
@@ -83,7 +85,7 @@ impl Kernel for GemmI8 {
     }
 
     fn supports(&self, w: &Workload) -> bool {
-        matches!(w, Workload::Gemm { .. }) && w.dtype() == DType::I8
+        matches!(w, Workload::Gemm { .. } | Workload::GemmBiasAct { .. }) && w.dtype() == DType::I8
     }
 
     fn space(&self, _w: &Workload, hw: &HardwareFingerprint) -> Space {
@@ -140,14 +142,20 @@ impl Kernel for GemmI8 {
             "m" => int_knob(NAME, c, "threads")?.max(1),
             other => return Err(invalid(NAME, c, format!("unknown par '{other}'"))),
         };
+        let act = match w {
+            Workload::GemmBiasAct { act, .. } => Some(*act),
+            _ => None,
+        };
         Ok(Box::new(QGemm {
             w: *w,
             m,
             n,
             k,
+            act,
             uk,
             a_quant,
             threads,
+            weights: WeightCache::default(),
         }))
     }
 }
@@ -158,9 +166,13 @@ struct QGemm {
     m: usize,
     n: usize,
     k: usize,
+    /// The epilogue's activation, after the bias (`gemm_bias_*`); `None` for plain GEMM.
+    act: Option<Act>,
     uk: &'static DotKernel,
     a_quant: AQuant,
     threads: usize,
+    /// B quantised and packed once per weight buffer.
+    weights: WeightCache<QuantB>,
 }
 
 thread_local! {
@@ -170,33 +182,51 @@ thread_local! {
 
 impl Executable for QGemm {
     fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> Result<()> {
-        let ([a, b], c) = host_f32(&self.w, inputs, out)?;
-        let qb = QuantB::new(b, self.k, self.n, self.uk.nr);
+        let (a, b, bias, c) = match self.act {
+            None => {
+                let ([a, b], c) = host_f32(&self.w, inputs, out)?;
+                (a, b, None, c)
+            }
+            Some(act) => {
+                let ([a, b, bias], c) = host_f32(&self.w, inputs, out)?;
+                (a, b, Some(TileEpilogue { bias, act }), c)
+            }
+        };
+        let qb = self
+            .weights
+            .get(b, || QuantB::new(b, self.k, self.n, self.uk.nr));
         QA.with_borrow_mut(|qa| {
             quantize_rows(a, self.k, self.a_quant, self.uk.max_code, qa);
-            self.compute(qa, &qb, c);
+            self.compute(qa, &qb, bias, c);
         });
         Ok(())
     }
 }
 
 impl QGemm {
-    /// `c = dequant(qa · qb)`, row blocks split over `threads` tasks.
-    fn compute(&self, qa: &QuantA, qb: &QuantB, c: &mut [f32]) {
+    /// `c = ep(dequant(qa · qb))`, row blocks split over `threads` tasks.
+    fn compute(&self, qa: &QuantA, qb: &QuantB, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
         let (m, n, mr) = (self.m, self.n, self.uk.mr);
         let tiles = m.div_ceil(mr);
         let per_task = tiles.div_ceil(self.threads).max(1) * mr;
         if self.threads <= 1 || per_task >= m {
-            return self.rows(qa, qb, 0, c);
+            return self.rows(qa, qb, ep, 0, c);
         }
         use rayon::prelude::*;
         c.par_chunks_mut(per_task * n)
             .enumerate()
-            .for_each(|(t, block)| self.rows(qa, qb, t * per_task, block));
+            .for_each(|(t, block)| self.rows(qa, qb, ep, t * per_task, block));
     }
 
     /// Rows `i0 ..` of C (as many as `c` holds): every column panel, then every row tile.
-    fn rows(&self, qa: &QuantA, qb: &QuantB, i0: usize, c: &mut [f32]) {
+    fn rows(
+        &self,
+        qa: &QuantA,
+        qb: &QuantB,
+        ep: Option<TileEpilogue<'_>>,
+        i0: usize,
+        c: &mut [f32],
+    ) {
         let (n, kp, mr, nr) = (self.n, qa.kp, self.uk.mr, self.uk.nr);
         let rows = c.len() / n;
         let mut acc = vec![0i32; mr * nr];
@@ -223,6 +253,9 @@ impl QGemm {
                         let q = s - za * qb.colsum[j0 + j];
                         *x = sa * qb.scale[j0 + j] * q as f32;
                     }
+                    if let Some(e) = &ep {
+                        bias_act_row(row, &e.bias[j0..j0 + cols], e.act);
+                    }
                 }
             }
         }
@@ -237,15 +270,18 @@ mod tests {
     #[test]
     fn every_offered_config_matches_the_reference_on_awkward_shapes() {
         let hw = HardwareFingerprint::current();
-        for (m, n, k) in [
-            (1, 1, 1),
-            (1, 67, 65),
-            (5, 7, 9),
-            (63, 65, 67),
-            (17, 3, 130),
-            (128, 96, 768),
+        for text in [
+            "gemm:1x1x1:i8",
+            "gemm:1x67x65:i8",
+            "gemm:5x7x9:i8",
+            "gemm:63x65x67:i8",
+            "gemm:17x3x130:i8",
+            "gemm:128x96x768:i8",
+            "gemm_bias_gelu:13x67x65:i8",
+            "gemm_bias_relu:9x33x7:i8",
+            "gemm_bias:65x50x31:i8",
         ] {
-            let w: Workload = format!("gemm:{m}x{n}x{k}:i8").parse().unwrap();
+            let w: Workload = text.parse().unwrap();
             let space = GemmI8.space(&w, hw);
             assert!(GemmI8.config_fits(&w, hw, &GemmI8.default_config(&w, hw)));
             let p = Problem::random(&w, 5);
@@ -266,8 +302,8 @@ mod tests {
     }
 
     /// The output computed from the exact integer product of the operands quantised as `c`
-    /// quantises them (i64 sums, no SIMD): the kernels' i32 products must equal it exactly,
-    /// so the dequantised outputs agree to the bit.
+    /// quantises them (i64 sums, no SIMD), then the same bias + activation: the kernels' i32
+    /// products must equal it exactly, so the outputs agree to the bit.
     fn integer_reference(p: &Problem, c: &Config) -> Vec<f32> {
         let (m, n, k) = p.workload.gemm_dims().unwrap();
         let uk = DotKernel::by_name(c.str("ukernel").unwrap()).unwrap();
@@ -287,6 +323,9 @@ mod tests {
                     .sum();
                 let q = dot - qa.zero[i] as i64 * qb.colsum[j] as i64;
                 out[i * n + j] = qa.scale[i] * qb.scale[j] * q as i32 as f32;
+            }
+            if let Workload::GemmBiasAct { act, .. } = p.workload {
+                bias_act_row(&mut out[i * n..(i + 1) * n], &p.inputs[2], act);
             }
         }
         out
