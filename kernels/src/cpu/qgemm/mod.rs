@@ -29,8 +29,8 @@ use std::cell::RefCell;
 
 use crate::cpu::gemm::ukernel::{bias_act_row, TileEpilogue};
 use crate::cpu::knobs::{
-    int_knob, invalid, par_threads_listed, serial_iff_one_thread, str_knob, str_listed,
-    thread_values, unsupported,
+    cap_rule, first_at_least, int_knob, int_listed, invalid, par_threads_listed,
+    serial_iff_one_thread, str_knob, str_listed, thread_values, unsupported,
 };
 use crate::cpu::weights::WeightCache;
 use crate::cpu::Isa;
@@ -52,6 +52,14 @@ const NAME: &str = "gemm_i8";
 
 /// Values of the `par` knob.
 const PAR_VALUES: &[&str] = &["none", "m"];
+
+/// Values of the `kc` knob: depth per block (a multiple of 4); capped by the depth.
+const KC_VALUES: &[usize] = &[128, 256, 512, 1024, 4096];
+
+/// The `kc` values that behave differently for depth `k` (larger ones all mean "all of K").
+fn kc_cap(k: usize) -> usize {
+    first_at_least(KC_VALUES, quant::padded_k(k)).unwrap_or(usize::MAX)
+}
 
 /// Below this many multiply-adds the default stays single-threaded.
 const PARALLEL_MIN_MACS: f64 = 256.0 * 256.0 * 256.0;
@@ -88,21 +96,30 @@ impl Kernel for GemmI8 {
         matches!(w, Workload::Gemm { .. } | Workload::GemmBiasAct { .. }) && w.dtype() == DType::I8
     }
 
-    fn space(&self, _w: &Workload, hw: &HardwareFingerprint) -> Space {
+    fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
         let ukernels: Vec<&str> = offered(hw).iter().map(|k| k.name).collect();
         let par: &[&str] = if hw.cores > 1 { PAR_VALUES } else { &["none"] };
+        let (_, _, k) = dims(w);
         Space::new()
             .knob("ukernel", ukernels)
             .knob("a_quant", AQuant::ALL.map(AQuant::name))
+            .knob("kc", KC_VALUES.to_vec())
+            .rule(
+                "kc at most the depth",
+                cap_rule("kc", KC_VALUES, quant::padded_k(k)),
+            )
             .knob("par", par.to_vec())
             .knob("threads", thread_values(hw))
             .rule("serial iff one thread", serial_iff_one_thread)
     }
 
-    fn config_fits(&self, _w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
+    fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
         let ukernels: Vec<&str> = offered(hw).iter().map(|k| k.name).collect();
-        c.0.len() == 4
+        let (_, _, k) = dims(w);
+        c.0.len() == 5
             && str_listed(c, "ukernel", &ukernels)
+            && int_listed(c, "kc", KC_VALUES)
+            && c.int("kc").is_some_and(|v| v as usize <= kc_cap(k))
             && str_listed(c, "a_quant", &AQuant::ALL.map(AQuant::name))
             && par_threads_listed(c, hw, PAR_VALUES)
             && serial_iff_one_thread(c)
@@ -119,6 +136,8 @@ impl Kernel for GemmI8 {
         let mut c = Config::default();
         c.set("ukernel", uk.name);
         c.set("a_quant", AQuant::U8.name());
+        // A 256-deep block of a 32- to 64-column panel is 8–16 KiB: it stays in L1.
+        c.set("kc", 256usize.min(kc_cap(k)));
         c.set("par", if parallel { "m" } else { "none" });
         c.set("threads", threads);
         c
@@ -146,11 +165,20 @@ impl Kernel for GemmI8 {
             Workload::GemmBiasAct { act, .. } => Some(*act),
             _ => None,
         };
+        let kc = int_knob(NAME, c, "kc")?;
+        if !kc.is_multiple_of(4) || kc == 0 {
+            return Err(invalid(
+                NAME,
+                c,
+                format!("kc {kc} is not a positive multiple of 4"),
+            ));
+        }
         Ok(Box::new(QGemm {
             w: *w,
             m,
             n,
             k,
+            kc,
             act,
             uk,
             a_quant,
@@ -166,6 +194,8 @@ struct QGemm {
     m: usize,
     n: usize,
     k: usize,
+    /// Depth per block, a multiple of 4.
+    kc: usize,
     /// The epilogue's activation, after the bias (`gemm_bias_*`); `None` for plain GEMM.
     act: Option<Act>,
     uk: &'static DotKernel,
@@ -195,71 +225,100 @@ impl Executable for QGemm {
         let qb = self
             .weights
             .get(b, || QuantB::new(b, self.k, self.n, self.uk.nr));
-        QA.with_borrow_mut(|qa| {
-            quantize_rows(a, self.k, self.a_quant, self.uk.max_code, qa);
-            self.compute(qa, &qb, bias, c);
-        });
+        self.compute(a, &qb, bias, c);
         Ok(())
     }
 }
 
 impl QGemm {
-    /// `c = ep(dequant(qa · qb))`, row blocks split over `threads` tasks.
-    fn compute(&self, qa: &QuantA, qb: &QuantB, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
-        let (m, n, mr) = (self.m, self.n, self.uk.mr);
+    /// `c = ep(dequant(quant(a) · qb))`, row blocks split over `threads` tasks, each
+    /// quantising its own rows.
+    fn compute(&self, a: &[f32], qb: &QuantB, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
+        let (m, n, k, mr) = (self.m, self.n, self.k, self.uk.mr);
         let tiles = m.div_ceil(mr);
         let per_task = tiles.div_ceil(self.threads).max(1) * mr;
+        let block = |(a, c): (&[f32], &mut [f32])| {
+            QA.with_borrow_mut(|qa| {
+                ukernel::quantize_rows_fast(a, k, self.a_quant, self.uk.max_code, qa);
+                self.rows(qa, qb, ep, c);
+            })
+        };
         if self.threads <= 1 || per_task >= m {
-            return self.rows(qa, qb, ep, 0, c);
+            return block((a, c));
         }
         use rayon::prelude::*;
-        c.par_chunks_mut(per_task * n)
-            .enumerate()
-            .for_each(|(t, block)| self.rows(qa, qb, ep, t * per_task, block));
+        a.par_chunks(per_task * k)
+            .zip(c.par_chunks_mut(per_task * n))
+            .for_each(block);
     }
 
-    /// Rows `i0 ..` of C (as many as `c` holds): every column panel, then every row tile.
-    fn rows(
+    /// The rows of C that `c` holds, from their quantised activations `qa`: per column
+    /// panel, the depth in blocks of `kc` (the panel's block stays in L1 while every row tile
+    /// of A streams past it), the i32 sums of all row tiles kept until the panel is done,
+    /// then dequantised into C.
+    fn rows(&self, qa: &QuantA, qb: &QuantB, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
+        let (n, kp, mr, nr) = (self.n, qa.kp, self.uk.mr, self.uk.nr);
+        let rows = c.len() / n;
+        let kc = self.kc.clamp(4, kp.max(4));
+        let tiles = rows.div_ceil(mr);
+        let mut acc = vec![0i32; tiles * mr * nr];
+        let edge = edge_tile(qa, rows, mr);
+        for panel in 0..n.div_ceil(nr) {
+            let b = qb.panel(panel);
+            for k0 in (0..kp).step_by(kc) {
+                let len = kc.min(kp - k0);
+                let chunk = &b[k0 * nr..(k0 + len) * nr];
+                for t in 0..tiles {
+                    let a = match &edge {
+                        Some(e) if t == tiles - 1 => &e[k0..],
+                        _ => &qa.codes[t * mr * kp + k0..],
+                    };
+                    let tile = &mut acc[t * mr * nr..(t + 1) * mr * nr];
+                    self.uk.tile(len, a, kp, chunk, tile, k0 > 0);
+                }
+            }
+            self.store(qa, qb, ep, panel, &acc, c);
+        }
+    }
+
+    /// Dequantises (and applies the epilogue to) one column panel of every row of `c`.
+    fn store(
         &self,
         qa: &QuantA,
         qb: &QuantB,
         ep: Option<TileEpilogue<'_>>,
-        i0: usize,
+        panel: usize,
+        acc: &[i32],
         c: &mut [f32],
     ) {
-        let (n, kp, mr, nr) = (self.n, qa.kp, self.uk.mr, self.uk.nr);
-        let rows = c.len() / n;
-        let mut acc = vec![0i32; mr * nr];
-        let mut edge = vec![0u8; mr * kp];
-        for panel in 0..n.div_ceil(nr) {
-            let (j0, cols) = (panel * nr, nr.min(n - panel * nr));
-            let b = qb.panel(panel);
-            for r0 in (0..rows).step_by(mr) {
-                let (i, live) = (i0 + r0, mr.min(rows - r0));
-                let a = &qa.codes[i * kp..];
-                let a = if live == mr {
-                    a
-                } else {
-                    edge.fill(0);
-                    edge[..live * kp].copy_from_slice(&a[..live * kp]);
-                    &edge[..]
-                };
-                self.uk.tile(kp, a, kp, b, &mut acc);
-                for t in 0..live {
-                    let (sa, za) = (qa.scale[i + t], qa.zero[i + t]);
-                    let row = &mut c[(r0 + t) * n + j0..(r0 + t) * n + j0 + cols];
-                    let acc = &acc[t * nr..t * nr + cols];
-                    for (j, (x, &s)) in row.iter_mut().zip(acc).enumerate() {
-                        let q = s - za * qb.colsum[j0 + j];
-                        *x = sa * qb.scale[j0 + j] * q as f32;
-                    }
-                    if let Some(e) = &ep {
-                        bias_act_row(row, &e.bias[j0..j0 + cols], e.act);
-                    }
-                }
+        let (n, nr) = (self.n, self.uk.nr);
+        let (j0, cols) = (panel * nr, nr.min(n - panel * nr));
+        for (i, row) in c.chunks_exact_mut(n).enumerate() {
+            let (sa, za) = (qa.scale[i], qa.zero[i]);
+            let row = &mut row[j0..j0 + cols];
+            let sums = &acc[i * nr..i * nr + cols];
+            for (j, (x, &s)) in row.iter_mut().zip(sums).enumerate() {
+                let q = s - za * qb.colsum[j0 + j];
+                *x = sa * qb.scale[j0 + j] * q as f32;
+            }
+            if let Some(e) = &ep {
+                bias_act_row(row, &e.bias[j0..j0 + cols], e.act);
             }
         }
     }
+}
+
+/// The last row tile's codes padded to `mr` rows with zeros, when `rows` is not a multiple
+/// of `mr` (the kernels always compute whole tiles).
+fn edge_tile(qa: &QuantA, rows: usize, mr: usize) -> Option<Vec<u8>> {
+    let live = rows % mr;
+    (live != 0).then(|| {
+        let kp = qa.kp;
+        let first = (rows - live) * kp;
+        let mut e = vec![0u8; mr * kp];
+        e[..live * kp].copy_from_slice(&qa.codes[first..first + live * kp]);
+        e
+    })
 }
 
 #[cfg(test)]
@@ -286,17 +345,21 @@ mod tests {
             assert!(GemmI8.config_fits(&w, hw, &GemmI8.default_config(&w, hw)));
             let p = Problem::random(&w, 5);
             let r = p.reference();
+            // The exact result depends only on how the operands are quantised: once per
+            // (activation scheme, largest code).
+            let mut exact = std::collections::HashMap::new();
             for c in space.iter_valid() {
                 assert!(GemmI8.config_fits(&w, hw, &c));
                 let exe = GemmI8.prepare(&w, &c).unwrap();
                 let mut out = vec![f32::NAN; w.output_len()];
                 exe.run_f32(&p.input_slices(), &mut out).unwrap();
                 p.check(&out, &r).unwrap_or_else(|e| panic!("{w} {c}: {e}"));
-                assert_eq!(
-                    out,
-                    integer_reference(&p, &c),
-                    "{w} {c}: not the exact integer product"
-                );
+                let uk = DotKernel::by_name(c.str("ukernel").unwrap()).unwrap();
+                let key = (c.str("a_quant").unwrap().to_string(), uk.max_code);
+                let want = exact
+                    .entry(key)
+                    .or_insert_with(|| integer_reference(&p, &c));
+                assert!(out == *want, "{w} {c}: not the exact integer product");
             }
         }
     }

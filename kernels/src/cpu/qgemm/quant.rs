@@ -46,6 +46,10 @@ pub struct QuantA {
 
 /// Quantises the `m × k` row-major `a` row by row into codes `0..=max_code` (255, or 127 for
 /// kernels whose `u8 × s8` pair sums must stay below `i16::MAX`), reusing `q`'s buffers.
+///
+/// Runs on every call, so it is written to vectorise (compare-select min/max, ties-to-even
+/// rounding); [`super::ukernel::quantize_rows_fast`] compiles it for AVX2 where the CPU has it.
+#[inline(always)]
 pub fn quantize_rows(a: &[f32], k: usize, scheme: AQuant, max_code: u8, q: &mut QuantA) {
     let m = a.len() / k.max(1);
     q.kp = padded_k(k);
@@ -57,8 +61,15 @@ pub fn quantize_rows(a: &[f32], k: usize, scheme: AQuant, max_code: u8, q: &mut 
         let (scale, zero) = row_params(row, scheme, max_code);
         let inv = 1.0 / scale;
         let codes = &mut q.codes[i * q.kp..i * q.kp + k];
+        let (z, top) = (zero as f32, max_code as f32);
         for (c, &x) in codes.iter_mut().zip(row) {
-            *c = ((x * inv).round() + zero as f32).clamp(0.0, max_code as f32) as u8;
+            // Clamped to [0, top] (NaN to 0), then rounded to the nearest integer, ties to
+            // even, by adding 2^23: the sum's last mantissa bits are that integer. A bit cast,
+            // so the loop vectorises (a float-to-int `as` cast saturates and would not).
+            let v = x * inv + z;
+            let v = if v >= 0.0 { v } else { 0.0 };
+            let v = if v > top { top } else { v };
+            *c = ((v + 8_388_608.0).to_bits() - 0x4B00_0000) as u8;
         }
         q.scale[i] = scale;
         q.zero[i] = zero;
@@ -66,12 +77,13 @@ pub fn quantize_rows(a: &[f32], k: usize, scheme: AQuant, max_code: u8, q: &mut 
 }
 
 /// `(scale, zero point)` of one row.
+#[inline(always)]
 fn row_params(row: &[f32], scheme: AQuant, max_code: u8) -> (f32, i32) {
     let top = max_code as f32;
     match scheme {
         AQuant::U8 => {
-            let lo = row.iter().copied().fold(0.0f32, f32::min);
-            let hi = row.iter().copied().fold(0.0f32, f32::max);
+            let lo = -lanes_max(row, |x| -x);
+            let hi = lanes_max(row, |x| x);
             let scale = nonzero((hi - lo) / top);
             (
                 scale,
@@ -80,10 +92,29 @@ fn row_params(row: &[f32], scheme: AQuant, max_code: u8) -> (f32, i32) {
         }
         AQuant::S8 => {
             let half = (max_code / 2) as f32;
-            let mag = row.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            let mag = lanes_max(row, f32::abs);
             (nonzero(mag / half), max_code as i32 / 2 + 1)
         }
     }
+}
+
+/// `max(0, max_x f(x))` over `row`, in 16 independent lanes (element-wise compare-selects
+/// vectorise without reassociating anything; a single running maximum would not).
+#[inline(always)]
+fn lanes_max(row: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let chunks = row.chunks_exact(16);
+    let tail = chunks.remainder();
+    for ch in chunks {
+        for (m, &x) in lanes.iter_mut().zip(ch) {
+            let v = f(x);
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let m = tail
+        .iter()
+        .fold(0.0f32, |m, &x| if f(x) > m { f(x) } else { m });
+    lanes.iter().fold(m, |m, &x| if x > m { x } else { m })
 }
 
 /// A scale that dequantises an all-zero row to zeros and never divides by zero.
@@ -147,7 +178,7 @@ impl QuantB {
                 let dst = &mut q.panels[panel * panel_len + within..];
                 for (c, &x) in cols.iter().enumerate() {
                     let j = panel * nr + c;
-                    let code = (x * inv[j]).round().clamp(-127.0, 127.0) as i8;
+                    let code = (x * inv[j]).round_ties_even().clamp(-127.0, 127.0) as i8;
                     dst[c * 4] = code;
                     q.colsum[j] += code as i32;
                 }

@@ -12,8 +12,9 @@
 
 use crate::cpu::Isa;
 
-/// `(kp, a, lda, b_panel, acc)`: `acc[r·NR + c] = Σ_{p<kp} a[r·lda + p] · b[(p/4·NR + c)·4 + p%4]`.
-type DotFn = unsafe fn(usize, *const u8, usize, *const i8, *mut i32);
+/// `(kp, a, lda, b_panel, acc, accumulate)`:
+/// `acc[r·NR + c] (+)= Σ_{p<kp} a[r·lda + p] · b[(p/4·NR + c)·4 + p%4]`.
+type DotFn = unsafe fn(usize, *const u8, usize, *const i8, *mut i32, bool);
 
 /// One micro-kernel: its name (the `ukernel` knob's value), tile shape, the largest
 /// activation code it is exact for, and the ISA it needs.
@@ -138,9 +139,18 @@ impl DotKernel {
     }
 
     /// One `mr × nr` tile: `acc[r·nr + c] = Σ_p a[r·lda + p] · (panel's code of depth p,
-    /// column c)`. Panics if an extent does not fit or a code exceeds [`DotKernel::max_code`]
-    /// (the bound that keeps the result exact).
-    pub fn tile(&self, kp: usize, a: &[u8], lda: usize, panel: &[i8], acc: &mut [i32]) {
+    /// column c)`, added to `acc`'s values when `accumulate` (a later depth block). Panics if
+    /// an extent does not fit or a code exceeds [`DotKernel::max_code`] (the bound that keeps
+    /// the result exact).
+    pub fn tile(
+        &self,
+        kp: usize,
+        a: &[u8],
+        lda: usize,
+        panel: &[i8],
+        acc: &mut [i32],
+        accumulate: bool,
+    ) {
         assert!(
             kp.is_multiple_of(4) && lda >= kp,
             "depth padded to 4, within the row stride"
@@ -157,9 +167,35 @@ impl DotKernel {
         // give the extents the kernel reads (`mr` rows of `kp` codes `lda` apart, `kp·nr`
         // panel codes) and writes (`mr·nr` accumulators).
         unsafe {
-            (self.f)(kp, a.as_ptr(), lda, panel.as_ptr(), acc.as_mut_ptr());
+            (self.f)(
+                kp,
+                a.as_ptr(),
+                lda,
+                panel.as_ptr(),
+                acc.as_mut_ptr(),
+                accumulate,
+            );
         }
     }
+}
+
+/// [`quantize_rows`](super::quant::quantize_rows), compiled for AVX2 + FMA where this CPU
+/// runs them (vector rounding, min/max and conversions; the baseline build has no vector
+/// rounding and calls libm per value).
+pub fn quantize_rows_fast(
+    a: &[f32],
+    k: usize,
+    scheme: super::quant::AQuant,
+    max_code: u8,
+    q: &mut super::quant::QuantA,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.available() {
+        // SAFETY: `available()` checked that this CPU runs AVX2 (and FMA, which the level
+        // includes).
+        return unsafe { x86::quantize_rows_avx2(a, k, scheme, max_code, q) };
+    }
+    super::quant::quantize_rows(a, k, scheme, max_code, q)
 }
 
 /// Whether the CPU has AVX512_VNNI (and the ISA cap allows AVX-512), detected once.
@@ -179,13 +215,14 @@ pub fn has_vnni() -> bool {
 ///
 /// # Safety
 /// `a` is readable for `MR` rows of `kp` values `lda` apart, `b` for `kp·NR` values, `acc`
-/// writable for `MR·NR` values.
+/// readable and writable for `MR·NR` values.
 unsafe fn portable<const MR: usize, const NR: usize>(
     kp: usize,
     a: *const u8,
     lda: usize,
     b: *const i8,
     acc: *mut i32,
+    accumulate: bool,
 ) {
     // SAFETY: the extents are the caller's contract (see above).
     let (a, b, acc) = unsafe {
@@ -196,6 +233,11 @@ unsafe fn portable<const MR: usize, const NR: usize>(
         )
     };
     let mut t = [[0i32; NR]; MR];
+    if accumulate {
+        for (r, row) in t.iter_mut().enumerate() {
+            row.copy_from_slice(&acc[r * NR..(r + 1) * NR]);
+        }
+    }
     for g in 0..kp / 4 {
         let bg = &b[g * NR * 4..(g + 1) * NR * 4];
         for (r, row) in t.iter_mut().enumerate() {
@@ -215,6 +257,24 @@ unsafe fn portable<const MR: usize, const NR: usize>(
 mod x86 {
     use std::arch::x86_64::*;
 
+    use super::super::quant::{quantize_rows, AQuant, QuantA};
+
+    /// [`quantize_rows`] with AVX2 + FMA enabled (it is `#[inline(always)]`, so its body is
+    /// compiled here, vectorised).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn quantize_rows_avx2(
+        a: &[f32],
+        k: usize,
+        scheme: AQuant,
+        max_code: u8,
+        q: &mut QuantA,
+    ) {
+        quantize_rows(a, k, scheme, max_code, q)
+    }
+
     /// `MR × 16·NV` tile with `vpdpbusd`.
     ///
     /// # Safety
@@ -227,13 +287,22 @@ mod x86 {
         lda: usize,
         b: *const i8,
         acc: *mut i32,
+        accumulate: bool,
     ) {
         let nr = 16 * NV;
         // SAFETY (whole body): the ISA and the extents are the caller's contract; every read
         // is at `a + r·lda + 4g` (4 bytes, g < kp/4, r < MR) or `b + (g·nr + 16v)·4`
-        // (64 bytes, v < NV), every write at `acc + r·nr + 16v` (16 i32).
+        // (64 bytes, v < NV), every read (when accumulating) and write at `acc + r·nr + 16v`
+        // (16 i32).
         unsafe {
             let mut t = [[_mm512_setzero_si512(); NV]; MR];
+            if accumulate {
+                for (r, row) in t.iter_mut().enumerate() {
+                    for (v, x) in row.iter_mut().enumerate() {
+                        *x = _mm512_loadu_si512(acc.add(r * nr + 16 * v).cast());
+                    }
+                }
+            }
             for g in 0..kp / 4 {
                 let bg = b.add(g * nr * 4);
                 let bv: [__m512i; NV] =
@@ -266,12 +335,20 @@ mod x86 {
         lda: usize,
         b: *const i8,
         acc: *mut i32,
+        accumulate: bool,
     ) {
         let nr = 8 * NV;
         // SAFETY (whole body): as in `vnni`, with 32-byte loads of B and 8-lane stores.
         unsafe {
             let ones = _mm256_set1_epi16(1);
             let mut t = [[_mm256_setzero_si256(); NV]; MR];
+            if accumulate {
+                for (r, row) in t.iter_mut().enumerate() {
+                    for (v, x) in row.iter_mut().enumerate() {
+                        *x = _mm256_loadu_si256(acc.add(r * nr + 8 * v).cast());
+                    }
+                }
+            }
             for g in 0..kp / 4 {
                 let bg = b.add(g * nr * 4);
                 let bv: [__m256i; NV] =
@@ -331,7 +408,16 @@ mod tests {
                         })
                         .collect();
                     let mut acc = vec![0i32; k.mr * k.nr];
-                    k.tile(kp, &a, lda, &b, &mut acc);
+                    k.tile(kp, &a, lda, &b, &mut acc, false);
+                    // A second pass accumulates: twice the product.
+                    let once = acc.clone();
+                    k.tile(kp, &a, lda, &b, &mut acc, true);
+                    assert!(
+                        acc.iter().zip(&once).all(|(x, y)| *x == 2 * y),
+                        "{}",
+                        k.name
+                    );
+                    k.tile(kp, &a, lda, &b, &mut acc, false);
                     for r in 0..k.mr {
                         for c in 0..k.nr {
                             let want: i32 = (0..kp)
