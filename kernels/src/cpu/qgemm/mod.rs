@@ -42,7 +42,7 @@ use crate::operand::{host_f32, Operand, OperandMut};
 use crate::space::{Config, Space};
 use crate::workload::{Act, Workload};
 
-use quant::{quantize_rows, AQuant, QuantA, QuantB};
+use quant::{AQuant, QuantA, QuantB};
 use ukernel::{DotKernel, KERNELS};
 
 /// The int8 GEMM family.
@@ -376,7 +376,7 @@ mod tests {
             AQuant::U8
         };
         let mut qa = QuantA::default();
-        quantize_rows(&p.inputs[0], k, scheme, uk.max_code, &mut qa);
+        quant::quantize_rows(&p.inputs[0], k, scheme, uk.max_code, &mut qa);
         let qb = QuantB::new(&p.inputs[1], k, n, uk.nr);
         let mut out = vec![0f32; m * n];
         for i in 0..m {
