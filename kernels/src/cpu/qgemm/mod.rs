@@ -19,8 +19,9 @@
 //! every call ([`quant::quantize_rows`], `u8` asymmetric or `s8` symmetric: the `a_quant`
 //! knob), B (weights) per output column, symmetric s8 ([`quant::QuantB`]); the integer
 //! product is exact in i32 ([`ukernel`]: AVX512_VNNI, AVX2, portable); the store dequantises
-//! with the zero-point correction. Knobs: `ukernel` (tile shape and ISA), `a_quant`, `par`
-//! (`none`, or `m`: row blocks on `threads` tasks) and `threads`.
+//! with the zero-point correction. Knobs: `ukernel` (tile shape and ISA), `a_quant`, `kc`
+//! (depth per block), `par` (`none`; `m`: row blocks on `threads` tasks; `n`: column panels
+//! on `threads` tasks, for few rows) and `threads`.
 
 pub mod quant;
 pub mod ukernel;
@@ -51,7 +52,7 @@ pub struct GemmI8;
 const NAME: &str = "gemm_i8";
 
 /// Values of the `par` knob.
-const PAR_VALUES: &[&str] = &["none", "m"];
+const PAR_VALUES: &[&str] = &["none", "m", "n"];
 
 /// Values of the `kc` knob: depth per block (a multiple of 4); capped by the depth.
 const KC_VALUES: &[usize] = &[128, 256, 512, 1024, 4096];
@@ -131,14 +132,20 @@ impl Kernel for GemmI8 {
             .first()
             .copied()
             .unwrap_or(&KERNELS[KERNELS.len() - 1]);
-        let parallel = hw.cores > 1 && m >= 2 * uk.mr && (m * n * k) as f64 >= PARALLEL_MIN_MACS;
-        let threads = if parallel { hw.cores } else { 1 };
+        // Rows when there are enough row tiles for every thread, else columns.
+        let big = hw.cores > 1 && (m * n * k) as f64 >= PARALLEL_MIN_MACS;
+        let par = match () {
+            _ if big && m >= 2 * uk.mr * hw.cores => "m",
+            _ if big && n >= 2 * uk.nr * hw.cores => "n",
+            _ => "none",
+        };
+        let threads = if par == "none" { 1 } else { hw.cores };
         let mut c = Config::default();
         c.set("ukernel", uk.name);
         c.set("a_quant", AQuant::U8.name());
         // A 256-deep block of a 32- to 64-column panel is 8–16 KiB: it stays in L1.
         c.set("kc", 256usize.min(kc_cap(k)));
-        c.set("par", if parallel { "m" } else { "none" });
+        c.set("par", par);
         c.set("threads", threads);
         c
     }
@@ -156,10 +163,15 @@ impl Kernel for GemmI8 {
             "s8" => AQuant::S8,
             other => return Err(invalid(NAME, c, format!("unknown a_quant '{other}'"))),
         };
-        let threads = match str_knob(NAME, c, "par")? {
-            "none" => 1,
-            "m" => int_knob(NAME, c, "threads")?.max(1),
+        let split = match str_knob(NAME, c, "par")? {
+            "none" => Split::None,
+            "m" => Split::M,
+            "n" => Split::N,
             other => return Err(invalid(NAME, c, format!("unknown par '{other}'"))),
+        };
+        let threads = match split {
+            Split::None => 1,
+            _ => int_knob(NAME, c, "threads")?.max(1),
         };
         let act = match w {
             Workload::GemmBiasAct { act, .. } => Some(*act),
@@ -182,6 +194,7 @@ impl Kernel for GemmI8 {
             act,
             uk,
             a_quant,
+            split,
             threads,
             weights: WeightCache::default(),
         }))
@@ -200,6 +213,7 @@ struct QGemm {
     act: Option<Act>,
     uk: &'static DotKernel,
     a_quant: AQuant,
+    split: Split,
     threads: usize,
     /// B quantised and packed once per weight buffer.
     weights: WeightCache<QuantB>,
@@ -231,39 +245,83 @@ impl Executable for QGemm {
 }
 
 impl QGemm {
-    /// `c = ep(dequant(quant(a) · qb))`, row blocks split over `threads` tasks, each
-    /// quantising its own rows.
+    /// `c = ep(dequant(quant(a) · qb))`: row blocks split over `threads` tasks, each
+    /// quantising its own rows (`par = m`), or column panels split over them (`par = n`,
+    /// the only parallelism for a handful of rows), or one task.
     fn compute(&self, a: &[f32], qb: &QuantB, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
         let (m, n, k, mr) = (self.m, self.n, self.k, self.uk.mr);
-        let tiles = m.div_ceil(mr);
-        let per_task = tiles.div_ceil(self.threads).max(1) * mr;
-        let block = |(a, c): (&[f32], &mut [f32])| {
+        let panels = n.div_ceil(self.uk.nr);
+        let per_task = m.div_ceil(mr).div_ceil(self.threads).max(1) * mr;
+        let whole = |(a, c): (&[f32], &mut [f32])| {
             QA.with_borrow_mut(|qa| {
                 ukernel::quantize_rows_fast(a, k, self.a_quant, self.uk.max_code, qa);
-                self.rows(qa, qb, ep, c);
+                self.rows(qa, qb, ep, 0..panels, Out { c, ld: n, col0: 0 });
             })
         };
-        if self.threads <= 1 || per_task >= m {
-            return block((a, c));
-        }
         use rayon::prelude::*;
-        a.par_chunks(per_task * k)
-            .zip(c.par_chunks_mut(per_task * n))
-            .for_each(block);
+        match self.split {
+            Split::M if self.threads > 1 && per_task < m => a
+                .par_chunks(per_task * k)
+                .zip(c.par_chunks_mut(per_task * n))
+                .for_each(whole),
+            Split::N if self.threads > 1 && panels > 1 => QA.with_borrow_mut(|qa| {
+                ukernel::quantize_rows_fast(a, k, self.a_quant, self.uk.max_code, qa);
+                self.column_tasks(qa, qb, ep, c);
+            }),
+            _ => whole((a, c)),
+        }
     }
 
-    /// The rows of C that `c` holds, from their quantised activations `qa`: per column
-    /// panel, the depth in blocks of `kc` (the panel's block stays in L1 while every row tile
-    /// of A streams past it), the i32 sums of all row tiles kept until the panel is done,
-    /// then dequantised into C.
-    fn rows(&self, qa: &QuantA, qb: &QuantB, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
-        let (n, kp, mr, nr) = (self.n, qa.kp, self.uk.mr, self.uk.nr);
-        let rows = c.len() / n;
+    /// `par = n`: contiguous ranges of column panels on `threads` tasks, each into a buffer
+    /// of its own (rows × its columns), copied into C once all are done.
+    fn column_tasks(&self, qa: &QuantA, qb: &QuantB, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
+        use rayon::prelude::*;
+        let (m, n, nr) = (self.m, self.n, self.uk.nr);
+        let panels = n.div_ceil(nr);
+        let per_task = panels.div_ceil(self.threads);
+        let blocks: Vec<(usize, usize, Vec<f32>)> = (0..panels)
+            .step_by(per_task)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|p0| {
+                let p1 = (p0 + per_task).min(panels);
+                let (col0, width) = (p0 * nr, (p1 * nr).min(n) - p0 * nr);
+                let mut buf = vec![0.0f32; m * width];
+                let out = Out {
+                    c: &mut buf,
+                    ld: width,
+                    col0,
+                };
+                self.rows(qa, qb, ep, p0..p1, out);
+                (col0, width, buf)
+            })
+            .collect();
+        for (col0, width, buf) in blocks {
+            for (row, src) in c.chunks_exact_mut(n).zip(buf.chunks_exact(width)) {
+                row[col0..col0 + width].copy_from_slice(src);
+            }
+        }
+    }
+
+    /// The rows of C that `out` holds, from their quantised activations `qa`, for the column
+    /// panels `panels`: per panel, the depth in blocks of `kc` (the panel's block stays in L1
+    /// while every row tile of A streams past it), the i32 sums of all row tiles kept until
+    /// the panel is done, then dequantised into `out`.
+    fn rows(
+        &self,
+        qa: &QuantA,
+        qb: &QuantB,
+        ep: Option<TileEpilogue<'_>>,
+        panels: std::ops::Range<usize>,
+        mut out: Out<'_>,
+    ) {
+        let (kp, mr, nr) = (qa.kp, self.uk.mr, self.uk.nr);
+        let rows = out.c.len() / out.ld.max(1);
         let kc = self.kc.clamp(4, kp.max(4));
         let tiles = rows.div_ceil(mr);
         let mut acc = vec![0i32; tiles * mr * nr];
         let edge = edge_tile(qa, rows, mr);
-        for panel in 0..n.div_ceil(nr) {
+        for panel in panels {
             let b = qb.panel(panel);
             for k0 in (0..kp).step_by(kc) {
                 let len = kc.min(kp - k0);
@@ -277,11 +335,11 @@ impl QGemm {
                     self.uk.tile(len, a, kp, chunk, tile, k0 > 0);
                 }
             }
-            self.store(qa, qb, ep, panel, &acc, c);
+            self.store(qa, qb, ep, panel, &acc, &mut out);
         }
     }
 
-    /// Dequantises (and applies the epilogue to) one column panel of every row of `c`.
+    /// Dequantises (and applies the epilogue to) one column panel of every row of `out`.
     fn store(
         &self,
         qa: &QuantA,
@@ -289,13 +347,14 @@ impl QGemm {
         ep: Option<TileEpilogue<'_>>,
         panel: usize,
         acc: &[i32],
-        c: &mut [f32],
+        out: &mut Out<'_>,
     ) {
         let (n, nr) = (self.n, self.uk.nr);
         let (j0, cols) = (panel * nr, nr.min(n - panel * nr));
-        for (i, row) in c.chunks_exact_mut(n).enumerate() {
+        let at = j0 - out.col0;
+        for (i, row) in out.c.chunks_exact_mut(out.ld).enumerate() {
             let (sa, za) = (qa.scale[i], qa.zero[i]);
-            let row = &mut row[j0..j0 + cols];
+            let row = &mut row[at..at + cols];
             let sums = &acc[i * nr..i * nr + cols];
             for (j, (x, &s)) in row.iter_mut().zip(sums).enumerate() {
                 let q = s - za * qb.colsum[j0 + j];
@@ -306,6 +365,21 @@ impl QGemm {
             }
         }
     }
+}
+
+/// Where a task's rows go: `c` with rows `ld` apart, holding the columns from `col0` on.
+struct Out<'a> {
+    c: &'a mut [f32],
+    ld: usize,
+    col0: usize,
+}
+
+/// How the work is split across tasks (the `par` knob).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Split {
+    None,
+    M,
+    N,
 }
 
 /// The last row tile's codes padded to `mr` rows with zeros, when `rows` is not a multiple
