@@ -128,10 +128,17 @@ impl Kernel for GemmI8 {
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
         let (m, n, k) = dims(w);
-        let uk = offered(hw)
+        // The ISA's first kernel, or its first one of at most M rows when M is smaller than
+        // that kernel's tile (no padded rows to compute).
+        let offer = offered(hw);
+        let first = offer
             .first()
             .copied()
             .unwrap_or(&KERNELS[KERNELS.len() - 1]);
+        let uk = match offer.iter().find(|k| k.isa == first.isa && k.mr <= m) {
+            Some(k) if m < first.mr => k,
+            _ => first,
+        };
         // Rows when there are enough row tiles for every thread, else columns.
         let big = hw.cores > 1 && (m * n * k) as f64 >= PARALLEL_MIN_MACS;
         let par = match () {

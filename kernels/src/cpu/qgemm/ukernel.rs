@@ -34,65 +34,24 @@ pub struct DotKernel {
 /// Every int8 micro-kernel of this build, best first within an ISA.
 pub static KERNELS: &[DotKernel] = &[
     #[cfg(target_arch = "x86_64")]
-    DotKernel::new(
-        "avx512vnni_8x32",
-        8,
-        32,
-        255,
-        Isa::Avx512,
-        true,
-        x86::vnni::<8, 2>,
-    ),
+    vnni("avx512vnni_8x32", 8, 32, x86::vnni::<8, 2>),
     #[cfg(target_arch = "x86_64")]
-    DotKernel::new(
-        "avx512vnni_6x48",
-        6,
-        48,
-        255,
-        Isa::Avx512,
-        true,
-        x86::vnni::<6, 3>,
-    ),
+    vnni("avx512vnni_6x48", 6, 48, x86::vnni::<6, 3>),
     #[cfg(target_arch = "x86_64")]
-    DotKernel::new(
-        "avx512vnni_4x64",
-        4,
-        64,
-        255,
-        Isa::Avx512,
-        true,
-        x86::vnni::<4, 4>,
-    ),
+    vnni("avx512vnni_4x64", 4, 64, x86::vnni::<4, 4>),
+    // Few rows (decoding, GEMV): no padded rows in the tile.
     #[cfg(target_arch = "x86_64")]
-    DotKernel::new(
-        "avx2_4x16",
-        4,
-        16,
-        127,
-        Isa::Avx2,
-        false,
-        x86::maddubs::<4, 2>,
-    ),
+    vnni("avx512vnni_2x64", 2, 64, x86::vnni::<2, 4>),
     #[cfg(target_arch = "x86_64")]
-    DotKernel::new(
-        "avx2_6x16",
-        6,
-        16,
-        127,
-        Isa::Avx2,
-        false,
-        x86::maddubs::<6, 2>,
-    ),
+    vnni("avx512vnni_1x64", 1, 64, x86::vnni::<1, 4>),
     #[cfg(target_arch = "x86_64")]
-    DotKernel::new(
-        "avx2_2x32",
-        2,
-        32,
-        127,
-        Isa::Avx2,
-        false,
-        x86::maddubs::<2, 4>,
-    ),
+    avx2("avx2_4x16", 4, 16, x86::maddubs::<4, 2>),
+    #[cfg(target_arch = "x86_64")]
+    avx2("avx2_6x16", 6, 16, x86::maddubs::<6, 2>),
+    #[cfg(target_arch = "x86_64")]
+    avx2("avx2_2x32", 2, 32, x86::maddubs::<2, 4>),
+    #[cfg(target_arch = "x86_64")]
+    avx2("avx2_1x32", 1, 32, x86::maddubs::<1, 4>),
     DotKernel::new(
         "portable_4x8",
         4,
@@ -103,6 +62,18 @@ pub static KERNELS: &[DotKernel] = &[
         portable::<4, 8>,
     ),
 ];
+
+/// An AVX512_VNNI kernel (8-bit activation codes).
+#[cfg(target_arch = "x86_64")]
+const fn vnni(name: &'static str, mr: usize, nr: usize, f: DotFn) -> DotKernel {
+    DotKernel::new(name, mr, nr, 255, Isa::Avx512, true, f)
+}
+
+/// An AVX2 kernel (7-bit activation codes: see the module docs).
+#[cfg(target_arch = "x86_64")]
+const fn avx2(name: &'static str, mr: usize, nr: usize, f: DotFn) -> DotKernel {
+    DotKernel::new(name, mr, nr, 127, Isa::Avx2, false, f)
+}
 
 impl DotKernel {
     const fn new(
