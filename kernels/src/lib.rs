@@ -53,7 +53,7 @@ pub use hardware::HardwareFingerprint;
 pub use kernel::{Executable, Kernel};
 pub use measurement::{Measurement, Status};
 pub use operand::{DeviceBuffer, Operand, OperandMut};
-pub use problem::{Mismatch, Problem, Reference};
+pub use problem::{Accuracy, Mismatch, Problem, Reference};
 pub use registry::{default_for, kernel, kernels_for, registry};
 pub use rng::Rng;
 pub use space::{Config, Knob, Space, SpaceError, Value};

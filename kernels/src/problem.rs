@@ -22,6 +22,16 @@ pub struct Reference {
     pub tolerance: Vec<f64>,
 }
 
+/// How far an output is from the exact (f64) result of the f32 problem: what a precision
+/// costs. For an f32 variant both are rounding noise; for int8 or bf16, the quantisation.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Accuracy {
+    /// `max |got − exact| / max |exact|`.
+    pub max_rel_err: f64,
+    /// `‖got − exact‖_F / ‖exact‖_F` (the normalised Frobenius error).
+    pub fro_rel_err: f64,
+}
+
 /// The first output element outside the tolerance.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("wrong result at element {index} (row {row}, col {col}): got {got}, expected {expected} ± {tolerance:.3e}; {bad} of {total} elements out of tolerance")]
@@ -150,6 +160,23 @@ impl Problem {
                 let (q, k, v) = (&self.inputs[0], &self.inputs[1], &self.inputs[2]);
                 attention_reference(q, k, v, s, d, causal)
             }
+        }
+    }
+
+    /// The [`Accuracy`] of `got` against `reference`'s exact values (0 when they are all 0).
+    pub fn accuracy(&self, got: &[f32], reference: &Reference) -> Accuracy {
+        let (mut max_err, mut max_ref, mut err2, mut ref2) = (0f64, 0f64, 0f64, 0f64);
+        for (&g, &e) in got.iter().zip(&reference.values) {
+            let d = (g as f64 - e).abs();
+            max_err = max_err.max(d);
+            max_ref = max_ref.max(e.abs());
+            err2 += d * d;
+            ref2 += e * e;
+        }
+        let ratio = |num: f64, den: f64| if den > 0.0 { num / den } else { 0.0 };
+        Accuracy {
+            max_rel_err: ratio(max_err, max_ref),
+            fro_rel_err: ratio(err2.sqrt(), ref2.sqrt()),
         }
     }
 

@@ -82,6 +82,7 @@ fn outcome(o: GpuOutcome) -> Outcome {
         status: o.status,
         message: o.message,
         measurement: o.measurement,
+        accuracy: None,
     }
 }
 

@@ -44,7 +44,9 @@ pub use worker::{Isolated, Worker, WorkerError, WorkerSpec};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use kernels::{Config, Executable, Kernel, Measurement, Problem, Reference, Status, Workload};
+use kernels::{
+    Accuracy, Config, Executable, Kernel, Measurement, Problem, Reference, Status, Workload,
+};
 
 /// What happened to one candidate: a verified timing, or a failure with its reason.
 #[derive(Debug, Clone)]
@@ -52,6 +54,9 @@ pub struct Outcome {
     pub status: Status,
     pub message: Option<String>,
     pub measurement: Option<Measurement>,
+    /// The verified output's error against the exact f32 problem (`None` for a failure, or
+    /// where the evaluator does not see the output).
+    pub accuracy: Option<Accuracy>,
 }
 
 impl Outcome {
@@ -60,17 +65,19 @@ impl Outcome {
             status,
             message: Some(message),
             measurement: None,
+            accuracy: None,
         }
     }
 }
 
-/// Runs `exe` once on `problem` and compares with `reference`. A panic inside the kernel is
-/// caught and reported as [`Status::RunFailed`].
+/// Runs `exe` once on `problem` and compares with `reference`; the output's [`Accuracy`] if it
+/// is within the tolerance. A panic inside the kernel is caught and reported as
+/// [`Status::RunFailed`].
 pub fn verify(
     exe: &dyn Executable,
     problem: &Problem,
     reference: &Reference,
-) -> Result<(), Outcome> {
+) -> Result<Accuracy, Outcome> {
     // Poison the output so a kernel that forgets to write an element cannot pass by luck.
     let mut out = vec![f32::NAN; problem.workload.output_len()];
     let inputs = problem.input_slices();
@@ -84,7 +91,8 @@ pub fn verify(
         .map_err(|e| Outcome::failed(Status::RunFailed, e.to_string()))?;
     problem
         .check(&out, reference)
-        .map_err(|m| Outcome::failed(Status::WrongResult, m.to_string()))
+        .map_err(|m| Outcome::failed(Status::WrongResult, m.to_string()))?;
+    Ok(problem.accuracy(&out, reference))
 }
 
 /// Build → verify → time one config of `kernel`. Never panics on a bad candidate: every
@@ -118,14 +126,16 @@ pub fn evaluate_prepared(
     reference: &Reference,
     protocol: &Protocol,
 ) -> Outcome {
-    if let Err(failure) = verify(exe, problem, reference) {
-        return failure;
-    }
+    let accuracy = match verify(exe, problem, reference) {
+        Ok(a) => a,
+        Err(failure) => return failure,
+    };
     match catch_unwind(AssertUnwindSafe(|| measure(exe, problem, protocol))) {
         Ok(m) => Outcome {
             status: Status::Ok,
             message: None,
             measurement: Some(m),
+            accuracy: Some(accuracy),
         },
         Err(p) => Outcome::failed(
             Status::RunFailed,

@@ -18,12 +18,12 @@
 //! measured again on this machine: like every tried config it is skipped whatever strategy,
 //! seed or budget proposes it, and not even the default config is re-run if it is quarantined.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use kernels::{
-    default_for, kernels_for, Config, DeviceKind, HardwareFingerprint, Kernel, Measurement, Status,
-    Workload,
+    default_for, kernels_for, Accuracy, Config, DeviceKind, HardwareFingerprint, Kernel,
+    Measurement, Status, Workload,
 };
 use runner::{derived_timeout, EvalError, Evaluation, Evaluator, InProcess, Outcome, Protocol};
 use tuning_db::{DbError, Record, TuningDb};
@@ -144,6 +144,9 @@ pub struct TuneSummary {
     pub workload: Workload,
     /// The winner the database serves after this run ([`TuningDb::best`]).
     pub best: Option<Record>,
+    /// The winner's error against the exact f32 problem, when this run verified it (what
+    /// a reduced precision costs; rounding noise for f32).
+    pub best_accuracy: Option<Accuracy>,
     /// The default config's record, measured in this run (or its quarantined record).
     pub default: Record,
     /// Number of valid candidates in the joint space.
@@ -319,6 +322,8 @@ struct Job<'a> {
     done: usize,
     /// Best GFLOP/s on record (from when the search starts).
     best_gflops: Option<f64>,
+    /// Error against the f32 problem of each config verified by this run.
+    accuracy: HashMap<Key, Accuracy>,
 }
 
 impl<'a> Job<'a> {
@@ -363,6 +368,7 @@ impl<'a> Job<'a> {
             failures: 0,
             done: 0,
             best_gflops: None,
+            accuracy: HashMap::new(),
         })
     }
 
@@ -471,7 +477,10 @@ impl<'a> Job<'a> {
     }
 
     /// The record of one evaluation of `kernel`'s `config`.
-    fn record(&self, kernel: &dyn Kernel, config: &Config, outcome: Outcome) -> Record {
+    fn record(&mut self, kernel: &dyn Kernel, config: &Config, outcome: Outcome) -> Record {
+        if let Some(a) = outcome.accuracy {
+            self.accuracy.insert(key(kernel.name(), config), a);
+        }
         let (hw, w, version) = (&self.hw.id, *self.w, &self.opts.tool_version);
         match outcome.measurement {
             Some(m) => Record::ok(
@@ -511,9 +520,14 @@ impl<'a> Job<'a> {
             .map(|r| key(&r.kernel, &r.config))
             .collect::<HashSet<_>>()
             .len();
+        let best = db.best(&hw.id, w)?;
+        let best_accuracy = best
+            .as_ref()
+            .and_then(|b| self.accuracy.get(&key(&b.kernel, &b.config)).copied());
         Ok(TuneSummary {
             workload: *w,
-            best: db.best(&hw.id, w)?,
+            best,
+            best_accuracy,
             default,
             space_size: self.cands.len(),
             measured: self.measured,

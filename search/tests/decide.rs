@@ -89,6 +89,7 @@ impl Evaluator for Fake {
                 status,
                 message: Some("scripted failure".into()),
                 measurement: None,
+                accuracy: None,
             },
             None => Outcome {
                 status: Status::Ok,
@@ -99,6 +100,7 @@ impl Evaluator for Fake {
                         .cloned()
                         .unwrap_or_else(|| vec![self.median(&k); 5]),
                 )),
+                accuracy: None,
             },
         };
         Ok(Evaluation {

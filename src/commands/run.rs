@@ -39,6 +39,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let outcome = ev
         .evaluate(choice.kernel, &choice.config, &Protocol::thorough())?
         .outcome;
+    let accuracy = outcome.accuracy;
     let m = match (outcome.status, outcome.measurement) {
         (Status::Ok, Some(m)) => m,
         (status, _) => bail!(
@@ -64,6 +65,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             "samples": m.samples.len(),
             "threads": rt.fingerprint().cores,
             "fingerprint": rt.fingerprint().id,
+            "max_rel_err_vs_f32": accuracy.map(|a| a.max_rel_err),
+            "fro_rel_err_vs_f32": accuracy.map(|a| a.fro_rel_err),
         }))?;
     } else {
         println!(
@@ -76,6 +79,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             choice.level,
             super::device::describe(gpu.as_ref(), rt.fingerprint())
         );
+        if let (Some(a), true) = (accuracy, w.dtype() != kernels::DType::F32) {
+            println!(
+                "  error vs the f32 problem: max {:.2e} (relative to max |C|), Frobenius {:.2e}",
+                a.max_rel_err, a.fro_rel_err
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -379,6 +379,9 @@ fn report(
             "default_config": s.default.config,
             "default_median_s": default_median,
             "speedup_vs_default": s.speedup_vs_default(),
+            "dtype": s.workload.dtype(),
+            "max_rel_err_vs_f32": s.best_accuracy.map(|a| a.max_rel_err),
+            "fro_rel_err_vs_f32": s.best_accuracy.map(|a| a.fro_rel_err),
             "trials": trials,
             "failures": failures,
             "measured_now": s.measured,
@@ -453,6 +456,12 @@ fn report(
         s.timed,
         verdict
     );
+    if let (Some(a), true) = (s.best_accuracy, s.workload.dtype() != kernels::DType::F32) {
+        println!(
+            "{:>20}  accuracy of the best vs the f32 problem: max error {:.2e} of max |C|, Frobenius {:.2e}",
+            "", a.max_rel_err, a.fro_rel_err
+        );
+    }
     if s.isolation == "process" && (s.restarts > 0 || s.quarantined > 0) {
         let bad: Vec<String> = ["crashed", "timeout", "oom"]
             .iter()

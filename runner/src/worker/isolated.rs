@@ -67,12 +67,14 @@ impl Evaluator for Isolated {
                 status,
                 message,
                 measurement,
+                accuracy,
                 elapsed_s,
             }) => Ok(Evaluation {
                 outcome: Outcome {
                     status,
                     message,
                     measurement,
+                    accuracy,
                 },
                 elapsed: Duration::try_from_secs_f64(elapsed_s).unwrap_or(start.elapsed()),
             }),

@@ -100,6 +100,7 @@ fn evaluate(
         status: outcome.status,
         message: outcome.message,
         measurement: outcome.measurement,
+        accuracy: outcome.accuracy,
         elapsed_s: seconds_since(start),
     }
 }

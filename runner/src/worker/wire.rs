@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use kernels::{Config, Kernel, Measurement, Status, Workload};
+use kernels::{Accuracy, Config, Kernel, Measurement, Status, Workload};
 
 use crate::protocol::Protocol;
 
@@ -109,6 +109,8 @@ pub enum Reply {
         status: Status,
         message: Option<String>,
         measurement: Option<Measurement>,
+        #[serde(default)]
+        accuracy: Option<Accuracy>,
         elapsed_s: f64,
     },
     Interleaved {
