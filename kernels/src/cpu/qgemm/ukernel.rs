@@ -246,6 +246,146 @@ mod x86 {
         quantize_rows(a, k, scheme, max_code, q)
     }
 
+    /// One `u8·s8` dot step of an ISA: every i32 lane of `acc` gains the sum of four
+    /// products of the 4 bytes of `a` (the same in every lane) and the lane's 4 bytes of `b`.
+    trait Dot4 {
+        type V: Copy;
+        /// i32 lanes per vector.
+        const LANES: usize;
+        unsafe fn zero() -> Self::V;
+        unsafe fn load(p: *const i32) -> Self::V;
+        unsafe fn load_b(p: *const i8) -> Self::V;
+        unsafe fn splat4(p: *const u8) -> Self::V;
+        unsafe fn dot(acc: Self::V, a: Self::V, b: Self::V) -> Self::V;
+        unsafe fn store(p: *mut i32, v: Self::V);
+    }
+
+    /// `vpdpbusd` (AVX512_VNNI), 16 lanes.
+    struct Vnni;
+
+    impl Dot4 for Vnni {
+        type V = __m512i;
+        const LANES: usize = 16;
+        #[inline(always)]
+        unsafe fn zero() -> __m512i {
+            // SAFETY: AVX-512F is available (caller contract).
+            unsafe { _mm512_setzero_si512() }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const i32) -> __m512i {
+            // SAFETY: AVX-512F; `p` readable for 16 i32 (caller contract).
+            unsafe { _mm512_loadu_si512(p.cast()) }
+        }
+        #[inline(always)]
+        unsafe fn load_b(p: *const i8) -> __m512i {
+            // SAFETY: AVX-512F; `p` readable for 64 bytes (caller contract).
+            unsafe { _mm512_loadu_si512(p.cast()) }
+        }
+        #[inline(always)]
+        unsafe fn splat4(p: *const u8) -> __m512i {
+            // SAFETY: AVX-512F; `p` readable for 4 bytes (caller contract).
+            unsafe { _mm512_set1_epi32(p.cast::<i32>().read_unaligned()) }
+        }
+        #[inline(always)]
+        unsafe fn dot(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: AVX-512F and AVX512_VNNI are available (caller contract).
+            unsafe { _mm512_dpbusd_epi32(acc, a, b) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut i32, v: __m512i) {
+            // SAFETY: AVX-512F; `p` writable for 16 i32 (caller contract).
+            unsafe { _mm512_storeu_si512(p.cast(), v) }
+        }
+    }
+
+    /// `vpmaddubsw` + `vpmaddwd` by ones (AVX2), 8 lanes: exact while activation codes stay
+    /// below 128 (see the module docs).
+    struct Maddubs;
+
+    impl Dot4 for Maddubs {
+        type V = __m256i;
+        const LANES: usize = 8;
+        #[inline(always)]
+        unsafe fn zero() -> __m256i {
+            // SAFETY: AVX2 is available (caller contract).
+            unsafe { _mm256_setzero_si256() }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const i32) -> __m256i {
+            // SAFETY: AVX2; `p` readable for 8 i32 (caller contract).
+            unsafe { _mm256_loadu_si256(p.cast()) }
+        }
+        #[inline(always)]
+        unsafe fn load_b(p: *const i8) -> __m256i {
+            // SAFETY: AVX2; `p` readable for 32 bytes (caller contract).
+            unsafe { _mm256_loadu_si256(p.cast()) }
+        }
+        #[inline(always)]
+        unsafe fn splat4(p: *const u8) -> __m256i {
+            // SAFETY: AVX2; `p` readable for 4 bytes (caller contract).
+            unsafe { _mm256_set1_epi32(p.cast::<i32>().read_unaligned()) }
+        }
+        #[inline(always)]
+        unsafe fn dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: AVX2 is available (caller contract).
+            unsafe {
+                let pairs = _mm256_maddubs_epi16(a, b);
+                _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+            }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut i32, v: __m256i) {
+            // SAFETY: AVX2; `p` writable for 8 i32 (caller contract).
+            unsafe { _mm256_storeu_si256(p.cast(), v) }
+        }
+    }
+
+    /// The `MR × LANES·NV` tile of any [`Dot4`]: per group of 4 depths, `NV` vectors of B,
+    /// `MR` broadcasts of A, `MR·NV` dot steps.
+    ///
+    /// # Safety
+    /// The CPU runs `D`'s ISA; extents as for [`super::portable`] with `NR = LANES·NV`.
+    #[inline(always)]
+    unsafe fn body<D: Dot4, const MR: usize, const NV: usize>(
+        kp: usize,
+        a: *const u8,
+        lda: usize,
+        b: *const i8,
+        acc: *mut i32,
+        accumulate: bool,
+    ) {
+        let nr = D::LANES * NV;
+        // SAFETY (whole body): the ISA and the extents are the caller's contract; every read
+        // is at `a + r·lda + 4g` (4 bytes, g < kp/4, r < MR) or `b + (g·nr + LANES·v)·4`
+        // (one vector, v < NV), every read (when accumulating) and write at
+        // `acc + r·nr + LANES·v` (one vector of i32).
+        unsafe {
+            let mut t = [[D::zero(); NV]; MR];
+            if accumulate {
+                for (r, row) in t.iter_mut().enumerate() {
+                    for (v, x) in row.iter_mut().enumerate() {
+                        *x = D::load(acc.add(r * nr + D::LANES * v));
+                    }
+                }
+            }
+            for g in 0..kp / 4 {
+                let bg = b.add(g * nr * 4);
+                let bv: [D::V; NV] = std::array::from_fn(|v| D::load_b(bg.add(v * D::LANES * 4)));
+                for (r, row) in t.iter_mut().enumerate() {
+                    let a4 = D::splat4(a.add(r * lda + 4 * g));
+                    for (x, bv) in row.iter_mut().zip(&bv) {
+                        *x = D::dot(*x, a4, *bv);
+                    }
+                }
+            }
+            for (r, row) in t.iter().enumerate() {
+                for (v, x) in row.iter().enumerate() {
+                    D::store(acc.add(r * nr + D::LANES * v), *x);
+                }
+            }
+        }
+    }
+
     /// `MR × 16·NV` tile with `vpdpbusd`.
     ///
     /// # Safety
@@ -260,38 +400,8 @@ mod x86 {
         acc: *mut i32,
         accumulate: bool,
     ) {
-        let nr = 16 * NV;
-        // SAFETY (whole body): the ISA and the extents are the caller's contract; every read
-        // is at `a + r·lda + 4g` (4 bytes, g < kp/4, r < MR) or `b + (g·nr + 16v)·4`
-        // (64 bytes, v < NV), every read (when accumulating) and write at `acc + r·nr + 16v`
-        // (16 i32).
-        unsafe {
-            let mut t = [[_mm512_setzero_si512(); NV]; MR];
-            if accumulate {
-                for (r, row) in t.iter_mut().enumerate() {
-                    for (v, x) in row.iter_mut().enumerate() {
-                        *x = _mm512_loadu_si512(acc.add(r * nr + 16 * v).cast());
-                    }
-                }
-            }
-            for g in 0..kp / 4 {
-                let bg = b.add(g * nr * 4);
-                let bv: [__m512i; NV] =
-                    std::array::from_fn(|v| _mm512_loadu_si512(bg.add(v * 64).cast()));
-                for (r, row) in t.iter_mut().enumerate() {
-                    let a4 =
-                        _mm512_set1_epi32(a.add(r * lda + 4 * g).cast::<i32>().read_unaligned());
-                    for (x, bv) in row.iter_mut().zip(&bv) {
-                        *x = _mm512_dpbusd_epi32(*x, a4, *bv);
-                    }
-                }
-            }
-            for (r, row) in t.iter().enumerate() {
-                for (v, x) in row.iter().enumerate() {
-                    _mm512_storeu_si512(acc.add(r * nr + 16 * v).cast(), *x);
-                }
-            }
-        }
+        // SAFETY: this function's contract, with the ISA enabled here.
+        unsafe { body::<Vnni, MR, NV>(kp, a, lda, b, acc, accumulate) }
     }
 
     /// `MR × 8·NV` tile with `vpmaddubsw` + `vpmaddwd` (activation codes ≤ 127: exact).
@@ -308,37 +418,8 @@ mod x86 {
         acc: *mut i32,
         accumulate: bool,
     ) {
-        let nr = 8 * NV;
-        // SAFETY (whole body): as in `vnni`, with 32-byte loads of B and 8-lane stores.
-        unsafe {
-            let ones = _mm256_set1_epi16(1);
-            let mut t = [[_mm256_setzero_si256(); NV]; MR];
-            if accumulate {
-                for (r, row) in t.iter_mut().enumerate() {
-                    for (v, x) in row.iter_mut().enumerate() {
-                        *x = _mm256_loadu_si256(acc.add(r * nr + 8 * v).cast());
-                    }
-                }
-            }
-            for g in 0..kp / 4 {
-                let bg = b.add(g * nr * 4);
-                let bv: [__m256i; NV] =
-                    std::array::from_fn(|v| _mm256_loadu_si256(bg.add(v * 32).cast()));
-                for (r, row) in t.iter_mut().enumerate() {
-                    let a4 =
-                        _mm256_set1_epi32(a.add(r * lda + 4 * g).cast::<i32>().read_unaligned());
-                    for (x, bv) in row.iter_mut().zip(&bv) {
-                        let pairs = _mm256_maddubs_epi16(a4, *bv);
-                        *x = _mm256_add_epi32(*x, _mm256_madd_epi16(pairs, ones));
-                    }
-                }
-            }
-            for (r, row) in t.iter().enumerate() {
-                for (v, x) in row.iter().enumerate() {
-                    _mm256_storeu_si256(acc.add(r * nr + 8 * v).cast(), *x);
-                }
-            }
-        }
+        // SAFETY: this function's contract, with the ISA enabled here.
+        unsafe { body::<Maddubs, MR, NV>(kp, a, lda, b, acc, accumulate) }
     }
 }
 
