@@ -342,20 +342,21 @@ impl QGemm {
                     self.uk.tile(len, a, kp, chunk, tile, k0 > 0);
                 }
             }
-            self.store(qa, qb, ep, panel, &acc, &mut out);
+            self.store(qa, qb, panel, &acc, &mut out);
+        }
+        // The bias and activation once per row over all the columns written: one long
+        // vector loop instead of one short call per panel.
+        if let Some(e) = &ep {
+            let width = out.c.len() / rows.max(1);
+            let bias = &e.bias[out.col0..out.col0 + width];
+            for row in out.c.chunks_exact_mut(out.ld) {
+                bias_act_row(&mut row[..width], bias, e.act);
+            }
         }
     }
 
-    /// Dequantises (and applies the epilogue to) one column panel of every row of `out`.
-    fn store(
-        &self,
-        qa: &QuantA,
-        qb: &QuantB,
-        ep: Option<TileEpilogue<'_>>,
-        panel: usize,
-        acc: &[i32],
-        out: &mut Out<'_>,
-    ) {
+    /// Dequantises one column panel of every row of `out`.
+    fn store(&self, qa: &QuantA, qb: &QuantB, panel: usize, acc: &[i32], out: &mut Out<'_>) {
         let (n, nr) = (self.n, self.uk.nr);
         let (j0, cols) = (panel * nr, nr.min(n - panel * nr));
         let at = j0 - out.col0;
@@ -366,9 +367,6 @@ impl QGemm {
             for (j, (x, &s)) in row.iter_mut().zip(sums).enumerate() {
                 let q = s - za * qb.colsum[j0 + j];
                 *x = sa * qb.scale[j0 + j] * q as f32;
-            }
-            if let Some(e) = &ep {
-                bias_act_row(row, &e.bias[j0..j0 + cols], e.act);
             }
         }
     }
