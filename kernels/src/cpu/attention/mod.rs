@@ -358,7 +358,7 @@ impl Kernel for Unfused {
                 dtype: DType::F32,
             };
             let mut gc = Packed.default_config(&gw, &hw);
-            gc.set("ukernel", uk);
+            gc.set(crate::cpu::gemm::params::knob::UKERNEL, uk);
             Ok(Box::new(Packed.build_packed(&gw, &gc).map_err(|e| {
                 invalid(name, c, format!("its GEMM does not build: {e}"))
             })?))
