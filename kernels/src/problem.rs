@@ -124,7 +124,7 @@ impl Problem {
         match self.workload {
             Workload::Gemm { m, n, k, dtype } => {
                 let (a, b) = (&self.inputs[0], &self.inputs[1]);
-                let mut r = gemm_reference(a, b, (m, n, k));
+                let mut r = gemm_reference(a, b, (m, n, k), operand_rel_err(dtype));
                 widen_for_precision(&mut r, a, b, (m, n, k), dtype);
                 r
             }
@@ -137,7 +137,7 @@ impl Problem {
                 ..
             } => {
                 let (a, b, bias) = (&self.inputs[0], &self.inputs[1], &self.inputs[2]);
-                let mut r = gemm_reference(a, b, (m, n, k));
+                let mut r = gemm_reference(a, b, (m, n, k), operand_rel_err(dtype));
                 widen_for_precision(&mut r, a, b, (m, n, k), dtype);
                 let eps = f32::EPSILON as f64;
                 r.values
@@ -215,7 +215,7 @@ impl Problem {
 ///   largest magnitude; the 7-bit asymmetric codes of the AVX2 kernels are the coarsest),
 ///   so each is off by at most `δa_i = M_i/127`; weights per column, symmetric, by at most
 ///   `δb_j = Mb_j/254`. Then `|Δc_ij| ≤ Σ_k |b_kj|·δa_i + |a_ik|·δb_j + δa_i·δb_j`.
-/// - bf16: each operand off by a relative `2⁻⁹`, so `|Δc_ij| ≤ (2·2⁻⁹ + 2⁻¹⁸)·Σ_k |a_ik·b_kj|`.
+/// - bf16 is a per-term relative bound, so [`gemm_reference`] adds it ([`operand_rel_err`]).
 ///
 /// Both are far below the error of a dropped or doubled term, which the check still catches.
 fn widen_for_precision(
@@ -225,51 +225,49 @@ fn widen_for_precision(
     (m, n, k): (usize, usize, usize),
     dtype: crate::DType,
 ) {
-    match dtype {
-        crate::DType::I8 => {
-            let da: Vec<f64> = (0..m)
-                .map(|i| {
-                    a[i * k..(i + 1) * k]
-                        .iter()
-                        .fold(0f64, |x, v| x.max(v.abs() as f64))
-                        / 127.0
-                })
-                .collect();
-            let mut db = vec![0f64; n];
-            let (mut col_abs, mut row_abs) = (vec![0f64; n], vec![0f64; m]);
-            for p in 0..k {
-                for j in 0..n {
-                    let v = (b[p * n + j] as f64).abs();
-                    db[j] = db[j].max(v / 254.0);
-                    col_abs[j] += v;
-                }
-            }
-            for i in 0..m {
-                row_abs[i] = a[i * k..(i + 1) * k].iter().map(|v| v.abs() as f64).sum();
-            }
-            for i in 0..m {
-                for j in 0..n {
-                    r.tolerance[i * n + j] +=
-                        col_abs[j] * da[i] + row_abs[i] * db[j] + k as f64 * da[i] * db[j];
-                }
-            }
+    if dtype != crate::DType::I8 {
+        return;
+    }
+    // Per row of A: its magnitude sum and `δa_i`; per column of B: the same with `δb_j`.
+    let rows: Vec<(f64, f64)> = a
+        .chunks_exact(k)
+        .map(|row| {
+            let abs = row.iter().map(|v| v.abs() as f64);
+            (abs.clone().sum(), abs.fold(0f64, f64::max) / 127.0)
+        })
+        .collect();
+    let mut cols = vec![(0f64, 0f64); n];
+    for row in b.chunks_exact(n) {
+        for ((sum, db), v) in cols.iter_mut().zip(row) {
+            let v = (*v as f64).abs();
+            *sum += v;
+            *db = db.max(v / 254.0);
         }
-        crate::DType::Bf16 => {
-            let unit = 2f64.powi(-9);
-            let scale = 2.0 * unit + unit * unit;
-            let eps_scale = f32::EPSILON as f64 * (2.0 * (k as f64).sqrt() + 4.0);
-            // The f32 tolerance is `eps_scale · Σ|ab|`: recover the sum from it.
-            for t in r.tolerance.iter_mut() {
-                *t += *t / eps_scale * scale;
-            }
+    }
+    for (i, &(row_abs, da)) in rows.iter().enumerate().take(m) {
+        for (j, &(col_abs, db)) in cols.iter().enumerate() {
+            r.tolerance[i * n + j] += col_abs * da + row_abs * db + k as f64 * da * db;
         }
-        _ => {}
     }
 }
 
-/// `A·B` in f64 with the GEMM tolerance (see [`Problem::reference`]).
-fn gemm_reference(a: &[f32], b: &[f32], (m, n, k): (usize, usize, usize)) -> Reference {
-    let scale = f32::EPSILON as f64 * (2.0 * (k as f64).sqrt() + 4.0);
+/// How far a product of two operands rounded to `dtype` may be from the f32 one, relative to
+/// it: bf16 rounds each operand by at most `2⁻⁹`, so `2·2⁻⁹ + 2⁻¹⁸`; 0 otherwise (int8 is
+/// bounded per row and column by [`widen_for_precision`]).
+fn operand_rel_err(dtype: crate::DType) -> f64 {
+    match dtype {
+        crate::DType::Bf16 => {
+            let unit = 2f64.powi(-9);
+            2.0 * unit + unit * unit
+        }
+        _ => 0.0,
+    }
+}
+
+/// `A·B` in f64 with the GEMM tolerance (see [`Problem::reference`]), widened by `rel` of
+/// every term's magnitude for operands rounded to a narrower type ([`operand_rel_err`]).
+fn gemm_reference(a: &[f32], b: &[f32], (m, n, k): (usize, usize, usize), rel: f64) -> Reference {
+    let scale = f32::EPSILON as f64 * (2.0 * (k as f64).sqrt() + 4.0) + rel;
     let mut values = vec![0.0f64; m * n];
     let mut tolerance = vec![0.0f64; m * n];
     values

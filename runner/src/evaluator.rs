@@ -210,7 +210,7 @@ impl Bench {
 }
 
 /// `kernel.prepare`, with a panic turned into an error.
-fn build(
+pub(crate) fn build(
     kernel: &dyn Kernel,
     w: &Workload,
     config: &Config,

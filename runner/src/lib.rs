@@ -105,18 +105,10 @@ pub fn evaluate(
     reference: &Reference,
     protocol: &Protocol,
 ) -> Outcome {
-    let built = catch_unwind(AssertUnwindSafe(|| kernel.prepare(workload, config)));
-    let exe = match built {
-        Ok(Ok(exe)) => exe,
-        Ok(Err(e)) => return Outcome::failed(Status::BuildFailed, e.to_string()),
-        Err(p) => {
-            return Outcome::failed(
-                Status::BuildFailed,
-                format!("panicked: {}", panic_message(&p)),
-            )
-        }
-    };
-    evaluate_prepared(exe.as_ref(), problem, reference, protocol)
+    match evaluator::build(kernel, workload, config) {
+        Ok(exe) => evaluate_prepared(exe.as_ref(), problem, reference, protocol),
+        Err(e) => Outcome::failed(Status::BuildFailed, e.to_string()),
+    }
 }
 
 /// Verify → time an already-built executable.

@@ -254,16 +254,9 @@ fn select_families(
                 known.join(", ")
             );
         };
-        if let Some(w) = workloads.iter().find(|w| !k.dtypes().contains(&w.dtype())) {
-            let served: Vec<&str> = k.dtypes().iter().map(|d| d.name()).collect();
-            bail!(
-                "kernel family '{name}' does not serve {} workloads ({w}); it serves {}",
-                w.dtype(),
-                served.join(", ")
-            );
-        }
-        if let Some(w) = workloads.iter().find(|w| !k.supports(w)) {
-            bail!("kernel family '{name}' does not support {w}");
+        // The family's own answer: the element types it serves, then op and shape.
+        if let Some(Err(e)) = workloads.iter().map(|w| k.serves(w)).find(Result::is_err) {
+            bail!("--kernel {name}: {e}");
         }
         if !out.iter().any(|o| o.name() == k.name()) {
             out.push(k);

@@ -287,9 +287,8 @@ impl QGemm {
         let panels = n.div_ceil(nr);
         let per_task = panels.div_ceil(self.threads);
         let blocks: Vec<(usize, usize, Vec<f32>)> = (0..panels)
-            .step_by(per_task)
-            .collect::<Vec<_>>()
             .into_par_iter()
+            .step_by(per_task)
             .map(|p0| {
                 let p1 = (p0 + per_task).min(panels);
                 let (col0, width) = (p0 * nr, (p1 * nr).min(n) - p0 * nr);
@@ -347,10 +346,10 @@ impl QGemm {
         // The bias and activation once per row over all the columns written: one long
         // vector loop instead of one short call per panel.
         if let Some(e) = &ep {
-            let width = out.c.len() / rows.max(1);
-            let bias = &e.bias[out.col0..out.col0 + width];
+            // `out` holds exactly the columns its panels cover: `ld` of them.
+            let bias = &e.bias[out.col0..out.col0 + out.ld];
             for row in out.c.chunks_exact_mut(out.ld) {
-                bias_act_row(&mut row[..width], bias, e.act);
+                bias_act_row(row, bias, e.act);
             }
         }
     }
