@@ -209,7 +209,7 @@ mod tests {
                 k: kk,
                 dtype: crate::DType::F32,
             });
-            for act in [Act::Identity, Act::Relu, Act::Gelu] {
+            for act in Act::ALL {
                 all.push(Workload::GemmBiasAct {
                     m,
                     n,

@@ -9,6 +9,7 @@
 //! | `gemm_bias:MxNxK`               | `C = A·B + bias`, bias of length N                    |
 //! | `gemm_bias_relu:MxNxK`          | `C = relu(A·B + bias)`, bias of length N              |
 //! | `gemm_bias_gelu:MxNxK`          | `C = gelu(A·B + bias)` (tanh form)                    |
+//! | `gemm_bias_gelu_erf:MxNxK`      | `C = gelu(A·B + bias)` (exact form, with erf)         |
 //! | `attention:BxHxSxD`             | `O = softmax(Q·Kᵀ/√D)·V` per batch and head           |
 //! | `attention:BxHxSxD:causal`      | the same with key `j > i` masked out for query `i`    |
 //!
@@ -63,17 +64,20 @@ pub enum Op {
     GemmBiasRelu,
     /// `C = gelu(A·B + bias)`, GELU in its tanh form.
     GemmBiasGelu,
+    /// `C = gelu(A·B + bias)`, GELU in its exact form `x·Φ(x)` (with erf).
+    GemmBiasGeluErf,
     /// Scaled dot-product attention over `[B, H, S, D]` tensors.
     Attention,
 }
 
 impl Op {
     /// Every op, for error messages and listings.
-    pub const ALL: [Op; 5] = [
+    pub const ALL: [Op; 6] = [
         Op::Gemm,
         Op::GemmBias,
         Op::GemmBiasRelu,
         Op::GemmBiasGelu,
+        Op::GemmBiasGeluErf,
         Op::Attention,
     ];
 
@@ -84,6 +88,7 @@ impl Op {
             Op::GemmBias => "gemm_bias",
             Op::GemmBiasRelu => "gemm_bias_relu",
             Op::GemmBiasGelu => "gemm_bias_gelu",
+            Op::GemmBiasGeluErf => "gemm_bias_gelu_erf",
             Op::Attention => "attention",
         }
     }
@@ -96,8 +101,12 @@ pub enum Act {
     Identity,
     /// `max(x, 0)`.
     Relu,
-    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, the tanh form of GELU.
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, the tanh form of GELU (Hugging Face's
+    /// `gelu_new` / `gelu_pytorch_tanh`).
     Gelu,
+    /// `x·Φ(x) = 0.5·x·(1 + erf(x/√2))`, the exact form of GELU (Hugging Face's `gelu`, what
+    /// BERT checkpoints use).
+    GeluErf,
 }
 
 impl Act {
@@ -107,18 +116,20 @@ impl Act {
             Act::Identity => Op::GemmBias,
             Act::Relu => Op::GemmBiasRelu,
             Act::Gelu => Op::GemmBiasGelu,
+            Act::GeluErf => Op::GemmBiasGeluErf,
         }
     }
 
     /// Every activation, in op order.
-    pub const ALL: [Act; 3] = [Act::Identity, Act::Relu, Act::Gelu];
+    pub const ALL: [Act; 4] = [Act::Identity, Act::Relu, Act::Gelu, Act::GeluErf];
 
-    /// `identity`, `relu` or `gelu`.
+    /// `identity`, `relu`, `gelu` or `gelu_erf`.
     pub fn name(self) -> &'static str {
         match self {
             Act::Identity => "identity",
             Act::Relu => "relu",
             Act::Gelu => "gelu",
+            Act::GeluErf => "gelu_erf",
         }
     }
 
@@ -131,6 +142,7 @@ impl Act {
                 let c = (2.0 / std::f64::consts::PI).sqrt();
                 0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
             }
+            Act::GeluErf => 0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)),
         }
     }
 }
@@ -398,7 +410,7 @@ impl FromStr for Workload {
     type Err = Error;
 
     /// Parses `gemm:MxNxK`, `gemm_bias:MxNxK`, `gemm_bias_relu:MxNxK`, `gemm_bias_gelu:MxNxK`,
-    /// `attention:BxHxSxD` and `attention:BxHxSxD:causal`, each with an optional element-type
+    /// `gemm_bias_gelu_erf:MxNxK`, `attention:BxHxSxD` and `attention:BxHxSxD:causal`, each with an optional element-type
     /// suffix (`:bf16`); surrounding white space is ignored.
     fn from_str(s: &str) -> Result<Self> {
         let input = s.trim();
@@ -426,7 +438,10 @@ impl FromStr for Workload {
         };
         let w = match (op, &dims[..]) {
             (Op::Gemm, &[m, n, k]) => Workload::Gemm { m, n, k, dtype },
-            (Op::GemmBias | Op::GemmBiasRelu | Op::GemmBiasGelu, &[m, n, k]) => {
+            (
+                Op::GemmBias | Op::GemmBiasRelu | Op::GemmBiasGelu | Op::GemmBiasGeluErf,
+                &[m, n, k],
+            ) => {
                 let act = Act::ALL
                     .into_iter()
                     .find(|a| a.op() == op)
@@ -625,6 +640,16 @@ mod tests {
                     dtype: crate::DType::F32,
                 },
             ),
+            (
+                "gemm_bias_gelu_erf:128x3072x768",
+                Workload::GemmBiasAct {
+                    m: 128,
+                    n: 3072,
+                    k: 768,
+                    act: Act::GeluErf,
+                    dtype: crate::DType::F32,
+                },
+            ),
         ] {
             assert_eq!(text.parse::<Workload>().unwrap(), w, "{text}");
             assert_eq!(w.key(), text);
@@ -733,6 +758,10 @@ mod tests {
         assert_eq!(Act::Gelu.apply_f64(0.0), 0.0);
         assert!((Act::Gelu.apply_f64(1.0) - 0.841_191_990_608_276_8).abs() < 1e-12);
         assert!((Act::Gelu.apply_f64(-1.0) + 0.158_808_009_391_723_2).abs() < 1e-12);
+        // Φ(1) = 0.841344746068543; GELU(x) = x·Φ(x).
+        assert!((Act::GeluErf.apply_f64(1.0) - 0.841_344_746_068_543).abs() < 1e-14);
+        assert!((Act::GeluErf.apply_f64(-1.0) + 0.158_655_253_931_457).abs() < 1e-14);
+        assert_eq!(Act::GeluErf.apply_f64(0.0), 0.0);
         assert_eq!(Act::Relu.apply_f64(-2.0), 0.0);
         assert_eq!(Act::Relu.apply_f64(2.5), 2.5);
         assert_eq!(Act::Identity.apply_f64(-2.5), -2.5);

@@ -1,6 +1,7 @@
-//! `gemm_bias` / `gemm_bias_relu` / `gemm_bias_gelu` against the f64 reference: every micro-kernel, both
-//! fusions, both weight layouts, every thread split, awkward shapes; and the vectorised GELU
-//! against its f64 definition over a wide range of inputs.
+//! `gemm_bias` / `gemm_bias_relu` / `gemm_bias_gelu` / `gemm_bias_gelu_erf` against the f64
+//! reference: every micro-kernel, both fusions, both weight layouts, every thread split,
+//! awkward shapes; and the vectorised GELUs (tanh and erf forms) against their f64
+//! definitions over a wide range of inputs.
 
 use kernels::cpu::gemm::epilogue::{EpilogueDirect, EpilogueGemm, EpiloguePacked};
 use kernels::cpu::gemm::ukernel::{self, bias_act_row};
@@ -47,6 +48,9 @@ fn packed_epilogues_for_every_ukernel_fusion_layout_and_split() {
         "gemm_bias_gelu:67x33x129",
         "gemm_bias_gelu:2x47x67",
         "gemm_bias_gelu:37x16x3",
+        "gemm_bias_gelu_erf:1x1x1",
+        "gemm_bias_gelu_erf:13x65x63",
+        "gemm_bias_gelu_erf:37x16x3",
     ] {
         let w: Workload = text.parse().unwrap();
         let p = Problem::random(&w, 3);
@@ -85,6 +89,8 @@ fn direct_epilogues_for_every_ukernel_and_fusion() {
         "gemm_bias:2x70x33",
         "gemm_bias_relu:5x9x100",
         "gemm_bias_gelu:3x16x8",
+        "gemm_bias_gelu_erf:1x70x33",
+        "gemm_bias_gelu_erf:3x16x8",
     ] {
         let w: Workload = text.parse().unwrap();
         let p = Problem::random(&w, 8);
@@ -129,18 +135,20 @@ fn vectorised_gelu_stays_within_its_error_bound() {
             1e-30, -1e-30, 0.0, -0.0, 1e-3, -1e-3, 88.0, -88.0, 1e6, -1e6,
         ])
         .collect();
-    let mut row = xs.clone();
     let zero = vec![0.0f32; xs.len()];
-    bias_act_row(&mut row, &zero, Act::Gelu);
     let eps = f32::EPSILON as f64;
-    for (x, y) in xs.iter().zip(&row) {
-        let want = Act::Gelu.apply_f64(*x as f64);
-        // The bound the reference tolerances assume: 16 ε·|x| (plus the smallest normal).
-        let bound = 16.0 * eps * (*x as f64).abs() + f32::MIN_POSITIVE as f64;
-        assert!(
-            y.is_finite() && (*y as f64 - want).abs() <= bound,
-            "gelu({x}) = {y}, want {want} ± {bound:e}"
-        );
+    for act in [Act::Gelu, Act::GeluErf] {
+        let mut row = xs.clone();
+        bias_act_row(&mut row, &zero, act);
+        for (x, y) in xs.iter().zip(&row) {
+            let want = act.apply_f64(*x as f64);
+            // The bound the reference tolerances assume: 16 ε·|x| (plus the smallest normal).
+            let bound = 16.0 * eps * (*x as f64).abs() + f32::MIN_POSITIVE as f64;
+            assert!(
+                y.is_finite() && (*y as f64 - want).abs() <= bound,
+                "{act}({x}) = {y}, want {want} ± {bound:e}"
+            );
+        }
     }
     let mut relu = vec![-2.0f32, -0.0, 0.5, 3.0];
     bias_act_row(&mut relu, &[1.0, 1.0, 1.0, 1.0], Act::Relu);

@@ -34,7 +34,7 @@ pub(crate) fn class(w: &Workload) -> u8 {
     op_class(w) | dtype << 3
 }
 
-/// [`class`] without the element type: 1 to 6, in three bits.
+/// [`class`] without the element type: 1 to 7, in three bits.
 #[inline]
 fn op_class(w: &Workload) -> u8 {
     match *w {
@@ -43,6 +43,7 @@ fn op_class(w: &Workload) -> u8 {
             Act::Identity => 2,
             Act::Relu => 3,
             Act::Gelu => 4,
+            Act::GeluErf => 7,
         },
         Workload::Attention { causal: false, .. } => 5,
         Workload::Attention { causal: true, .. } => 6,
@@ -197,6 +198,13 @@ mod tests {
                         n,
                         k: 768,
                         act: Act::Gelu,
+                        dtype: kernels::DType::F32,
+                    },
+                    Workload::GemmBiasAct {
+                        m,
+                        n,
+                        k: 768,
+                        act: Act::GeluErf,
                         dtype: kernels::DType::F32,
                     },
                     Workload::Attention {

@@ -266,7 +266,8 @@ impl Runtime {
     }
 
     /// `C = act(A·B + bias)`, f32 row-major (A `m×k`, B `k×n`, bias `n`, C `m×n`,
-    /// overwritten); GELU in its tanh form. Returns the level that answered.
+    /// overwritten); `Act::Gelu` is GELU's tanh form, `Act::GeluErf` its exact (erf) form.
+    /// Returns the level that answered.
     ///
     /// B is packed during the call even when the tuned variant keeps it pre-packed, so `b`
     /// may change freely between calls; for a constant weight, [`Runtime::pack_weight`] once

@@ -1,5 +1,5 @@
 //! Fused GEMM epilogues: `C = act(A·B + bias)` (`gemm_bias` with no activation,
-//! `gemm_bias_relu`, `gemm_bias_gelu`).
+//! `gemm_bias_relu`, `gemm_bias_gelu`, `gemm_bias_gelu_erf`).
 //!
 //! Two families, both built on the GEMM drivers of this module:
 //!
@@ -391,6 +391,7 @@ mod tests {
             "gemm_bias_relu:7x13x5",
             "gemm_bias_gelu:37x70x300",
             "gemm_bias_relu:3x17x9",
+            "gemm_bias_gelu_erf:37x70x300",
         ] {
             let w: Workload = text.parse().unwrap();
             let p = Problem::random(&w, 5);

@@ -415,6 +415,7 @@ mod tests {
             "gemm:17x3x130:i8",
             "gemm:128x96x768:i8",
             "gemm_bias_gelu:13x67x65:i8",
+            "gemm_bias_gelu_erf:13x67x65:i8",
             "gemm_bias_relu:9x33x7:i8",
             "gemm_bias:65x50x31:i8",
         ] {

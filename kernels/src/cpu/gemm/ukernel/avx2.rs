@@ -117,6 +117,16 @@ impl Simd for Avx2 {
             _mm_cvtss_f32(x)
         }
     }
+    #[inline(always)]
+    unsafe fn abs(a: __m256) -> __m256 {
+        // SAFETY: AVX is available (caller contract).
+        unsafe { _mm256_andnot_ps(_mm256_set1_ps(-0.0), a) }
+    }
+    #[inline(always)]
+    unsafe fn select_lt(a: __m256, b: __m256, x: __m256, y: __m256) -> __m256 {
+        // SAFETY: AVX is available (caller contract). Ordered, quiet: false for NaN.
+        unsafe { _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_LT_OQ>(a, b)) }
+    }
 }
 
 /// Packed `MR × 8·NV` tile, compiled for AVX2 + FMA.

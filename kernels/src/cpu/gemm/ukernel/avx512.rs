@@ -110,6 +110,16 @@ impl Simd for Avx512 {
         // SAFETY: AVX-512F is available (caller contract).
         unsafe { _mm512_reduce_max_ps(a) }
     }
+    #[inline(always)]
+    unsafe fn abs(a: __m512) -> __m512 {
+        // SAFETY: AVX-512F is available (caller contract).
+        unsafe { _mm512_abs_ps(a) }
+    }
+    #[inline(always)]
+    unsafe fn select_lt(a: __m512, b: __m512, x: __m512, y: __m512) -> __m512 {
+        // SAFETY: AVX-512F is available (caller contract). Ordered, quiet: false for NaN.
+        unsafe { _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b), y, x) }
+    }
 }
 
 /// Packed `MR × 16·NV` tile, compiled for AVX-512F.

@@ -6,6 +6,7 @@
 //! [`PackedUkernel`] or [`DirectUkernel`] can only be looked up when [`Isa::available`] says the
 //! CPU runs its ISA, and its `tile` methods check every extent before calling it.
 
+pub(crate) mod erf;
 pub(crate) mod simd;
 
 #[cfg(target_arch = "x86_64")]
@@ -57,6 +58,7 @@ impl TileEpilogue<'_> {
             Act::Identity => Epi::BIAS,
             Act::Relu => Epi::RELU,
             Act::Gelu => Epi::GELU,
+            Act::GeluErf => Epi::GELU_ERF,
         }
     }
 }

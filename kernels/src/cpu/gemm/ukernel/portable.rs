@@ -84,6 +84,14 @@ impl Simd for Portable {
     unsafe fn hmax(a: [f32; 8]) -> f32 {
         a.iter().copied().fold(f32::NEG_INFINITY, f32::max)
     }
+    #[inline(always)]
+    unsafe fn abs(a: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i].abs())
+    }
+    #[inline(always)]
+    unsafe fn select_lt(a: [f32; 8], b: [f32; 8], x: [f32; 8], y: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| if a[i] < b[i] { x[i] } else { y[i] })
+    }
 }
 
 /// Packed `MR × 8·NV` tile in plain Rust.

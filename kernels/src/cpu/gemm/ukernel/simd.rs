@@ -6,6 +6,8 @@
 //! intrinsics sit inside a function compiled for that ISA and the accumulator arrays, whose
 //! sizes are compile-time constants, are promoted to registers.
 
+use super::erf::{gelu_erf, gelu_erf_scalar};
+
 /// One SIMD register type and the handful of operations a GEMM micro-kernel needs.
 ///
 /// Implementations are zero-sized markers; every method is `#[inline(always)]` and must only
@@ -107,6 +109,16 @@ pub(crate) trait Simd {
     /// # Safety
     /// The CPU supports the ISA.
     unsafe fn hmax(a: Self::V) -> f32;
+    /// `|a|` lane-wise (the sign bit cleared).
+    ///
+    /// # Safety
+    /// The CPU supports the ISA.
+    unsafe fn abs(a: Self::V) -> Self::V;
+    /// Lane-wise `if a < b { x } else { y }` (`y` where `a` or `b` is NaN).
+    ///
+    /// # Safety
+    /// The CPU supports the ISA.
+    unsafe fn select_lt(a: Self::V, b: Self::V, x: Self::V, y: Self::V) -> Self::V;
 }
 
 /// `2^f` for `f ∈ [-0.5, 0.5]`: a degree-6 polynomial fitted for relative error (measured
@@ -198,7 +210,7 @@ pub(crate) fn gelu_scalar(x: f32) -> f32 {
 pub(crate) struct Epi {
     /// Bias for the tile's first column (readable for the tile's width); unused for `NONE`.
     pub bias: *const f32,
-    /// [`Epi::NONE_ACT`], [`Epi::BIAS`], [`Epi::RELU`] or [`Epi::GELU`].
+    /// [`Epi::NONE_ACT`], [`Epi::BIAS`], [`Epi::RELU`], [`Epi::GELU`] or [`Epi::GELU_ERF`].
     pub act: u8,
 }
 
@@ -208,6 +220,8 @@ impl Epi {
     pub const GELU: u8 = 2;
     /// Bias only, no activation.
     pub const BIAS: u8 = 3;
+    /// The exact (erf) GELU.
+    pub const GELU_ERF: u8 = 4;
     /// No epilogue: plain store.
     pub const NONE: Epi = Epi {
         bias: std::ptr::null(),
@@ -227,6 +241,7 @@ pub(crate) unsafe fn epilogue<S: Simd, const ACT: u8>(x: S::V, bias: *const f32)
             Epi::BIAS => S::add(x, S::load(bias)),
             Epi::RELU => S::max(S::add(x, S::load(bias)), S::zero()),
             Epi::GELU => gelu::<S>(S::add(x, S::load(bias))),
+            Epi::GELU_ERF => gelu_erf::<S>(S::add(x, S::load(bias))),
             _ => x,
         }
     }
@@ -282,6 +297,9 @@ unsafe fn store_tile_epi<S: Simd, const R: usize, const V: usize>(
             Epi::BIAS => store_tile::<S, R, V, { Epi::BIAS }>(acc, c, ldc, accumulate, ep.bias),
             Epi::RELU => store_tile::<S, R, V, { Epi::RELU }>(acc, c, ldc, accumulate, ep.bias),
             Epi::GELU => store_tile::<S, R, V, { Epi::GELU }>(acc, c, ldc, accumulate, ep.bias),
+            Epi::GELU_ERF => {
+                store_tile::<S, R, V, { Epi::GELU_ERF }>(acc, c, ldc, accumulate, ep.bias)
+            }
             _ => store_tile::<S, R, V, { Epi::NONE_ACT }>(acc, c, ldc, accumulate, ep.bias),
         }
     }
@@ -291,7 +309,7 @@ unsafe fn store_tile_epi<S: Simd, const R: usize, const V: usize>(
 ///
 /// # Safety
 /// The CPU supports `S`'s ISA; `row` is readable and writable and `bias` readable for `n`
-/// values; `act` is `Epi::BIAS`, `Epi::RELU` or `Epi::GELU`.
+/// values; `act` is `Epi::BIAS`, `Epi::RELU`, `Epi::GELU` or `Epi::GELU_ERF`.
 #[inline(always)]
 pub(crate) unsafe fn bias_act_body<S: Simd>(row: *mut f32, bias: *const f32, n: usize, act: u8) {
     // SAFETY: the caller guarantees the ISA and the extents; j + W ≤ n in the vector loop.
@@ -302,6 +320,7 @@ pub(crate) unsafe fn bias_act_body<S: Simd>(row: *mut f32, bias: *const f32, n: 
             let x = S::load(p);
             let y = match act {
                 Epi::GELU => epilogue::<S, { Epi::GELU }>(x, bias.add(j)),
+                Epi::GELU_ERF => epilogue::<S, { Epi::GELU_ERF }>(x, bias.add(j)),
                 Epi::BIAS => epilogue::<S, { Epi::BIAS }>(x, bias.add(j)),
                 _ => epilogue::<S, { Epi::RELU }>(x, bias.add(j)),
             };
@@ -312,6 +331,7 @@ pub(crate) unsafe fn bias_act_body<S: Simd>(row: *mut f32, bias: *const f32, n: 
             let z = *row.add(j) + *bias.add(j);
             *row.add(j) = match act {
                 Epi::GELU => gelu_scalar(z),
+                Epi::GELU_ERF => gelu_erf_scalar(z),
                 Epi::BIAS => z,
                 _ => z.max(0.0),
             };
