@@ -220,6 +220,68 @@ pub fn host_f32<'a, 'o, const N: usize>(
     }
 }
 
+/// Attention's host operands: Q, K, V, the optional key lengths, and O.
+pub type AttentionOperands<'a, 'o> = ([&'a [f32]; 3], Option<&'a [i32]>, &'o mut [f32]);
+
+/// The name of attention's optional fourth operand in error messages.
+pub const KEY_LENS: &str = "key_lens";
+
+/// The host operands of an f32 attention workload: Q, K, V (checked as [`host_f32`] does),
+/// then optionally the **key lengths** — an [`Operand::I32`] of B values, `key_lens[b]` in
+/// `0..=S`: in batch `b`, keys `j ≥ key_lens[b]` are masked out for every query (a padded
+/// batch: what a 0/1 attention mask of right-padded sequences means). A query that sees no
+/// key gets zeros. Without it every key is seen. Panics if `w` is not attention.
+pub fn host_attention<'a, 'o>(
+    w: &Workload,
+    inputs: &[Operand<'a>],
+    output: OperandMut<'o>,
+) -> Result<AttentionOperands<'a, 'o>> {
+    let Workload::Attention { b, s, .. } = *w else {
+        panic!("host_attention takes an attention workload, got {w}");
+    };
+    let lens = match inputs {
+        [_, _, _] => None,
+        [_, _, _, Operand::I32(lens)] if lens.len() == b => Some(*lens),
+        [_, _, _, x] => {
+            let got = Shape {
+                len: x.len(),
+                dtype: x.dtype(),
+                device: x.device(),
+            };
+            let want = Shape {
+                len: b,
+                dtype: DType::I32,
+                device: Device::Cpu,
+            };
+            return Err(mismatch(w, KEY_LENS, want, got));
+        }
+        _ => {
+            return Err(Error::Operand {
+                workload: w.key(),
+                operand: "inputs".into(),
+                reason: format!(
+                    "expected 3 (q, k, v) or 4 (q, k, v, {KEY_LENS}), got {}",
+                    inputs.len()
+                ),
+            })
+        }
+    };
+    if let Some((batch, len)) = lens
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .find(|(_, l)| !(0..=s as i64).contains(&i64::from(**l)))
+    {
+        return Err(Error::Operand {
+            workload: w.key(),
+            operand: KEY_LENS.into(),
+            reason: format!("key length {len} of batch {batch} is outside 0..={s}"),
+        });
+    }
+    let (qkv, out) = host_f32::<3>(w, &inputs[..3], output)?;
+    Ok((qkv, lens, out))
+}
+
 /// `inputs` as f32 operands, on the stack (no allocation): for [`Executable::run_f32`].
 ///
 /// [`Executable::run_f32`]: crate::Executable::run_f32
@@ -284,5 +346,46 @@ mod tests {
         );
         assert_eq!(Operand::Cuda(cuda).device(), Device::Cuda(1));
         assert!(f32_operands(&[a.as_slice(); 5]).is_none());
+    }
+
+    #[test]
+    fn host_attention_checks_the_key_lengths() {
+        let w: Workload = "attention:2x1x3x2".parse().unwrap();
+        let (x, mut o) = (vec![0f32; 12], vec![0f32; 12]);
+        let ok = |lens: &[i32], o: &mut [f32]| {
+            let ins = [
+                Operand::F32(&x),
+                Operand::F32(&x),
+                Operand::F32(&x),
+                Operand::I32(lens),
+            ];
+            host_attention(&w, &ins, OperandMut::F32(o)).map(|(_, l, _)| l.map(<[i32]>::to_vec))
+        };
+        assert_eq!(ok(&[0, 3], &mut o).unwrap(), Some(vec![0, 3]));
+        let three = [Operand::F32(&x), Operand::F32(&x), Operand::F32(&x)];
+        assert!(host_attention(&w, &three, OperandMut::F32(&mut o))
+            .unwrap()
+            .1
+            .is_none());
+        for (lens, needle) in [
+            (&[1, 4][..], "key length 4 of batch 1 is outside 0..=3"),
+            (&[-1, 0][..], "key length -1 of batch 0"),
+            (
+                &[1][..],
+                "operand 'key_lens' of attention:2x1x3x2: expected 2 i32 values",
+            ),
+        ] {
+            let e = ok(lens, &mut o).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+        let f = [0f32; 2];
+        let ins = [three[0], three[1], three[2], Operand::F32(&f)];
+        let e = host_attention(&w, &ins, OperandMut::F32(&mut o)).unwrap_err();
+        assert!(e.to_string().contains("got 2 f32 values"), "{e}");
+        let e = host_attention(&w, &three[..2], OperandMut::F32(&mut o)).unwrap_err();
+        assert!(
+            e.to_string().contains("or 4 (q, k, v, key_lens), got 2"),
+            "{e}"
+        );
     }
 }

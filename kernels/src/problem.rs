@@ -159,9 +159,34 @@ impl Problem {
             }
             Workload::Attention { s, d, causal, .. } => {
                 let (q, k, v) = (&self.inputs[0], &self.inputs[1], &self.inputs[2]);
-                attention_reference(q, k, v, s, d, causal)
+                attention_reference(q, k, v, (s, d), causal, None)
             }
         }
+    }
+
+    /// The reference of an attention problem whose batch `b` sees only its first
+    /// `key_lens[b]` keys (the optional key-lengths operand,
+    /// [`crate::operand::host_attention`]); a query that sees no key is exactly zero.
+    /// An error for another workload, or lengths that are not one per batch in `0..=S`.
+    pub fn reference_with_key_lens(&self, key_lens: &[i32]) -> crate::Result<Reference> {
+        let bad = |reason: String| crate::Error::BadWorkload {
+            input: self.workload.key(),
+            reason,
+        };
+        let Workload::Attention {
+            b, h, s, d, causal, ..
+        } = self.workload
+        else {
+            return Err(bad("key lengths are for attention workloads".into()));
+        };
+        if key_lens.len() != b || key_lens.iter().any(|&l| l < 0 || l as usize > s) {
+            return Err(bad(format!(
+                "key lengths {key_lens:?} are not {b} values in 0..={s}"
+            )));
+        }
+        let (q, k, v) = (&self.inputs[0], &self.inputs[1], &self.inputs[2]);
+        let lens = (key_lens, h);
+        Ok(attention_reference(q, k, v, (s, d), causal, Some(lens)))
     }
 
     /// The [`Accuracy`] of `got` against `reference`'s exact values (0 when they are all 0).
@@ -291,13 +316,15 @@ fn gemm_reference(a: &[f32], b: &[f32], (m, n, k): (usize, usize, usize), rel: f
 }
 
 /// Softmax attention in f64 over `[heads, s, d]` tensors (see [`Problem::reference`]).
+/// The attention reference over heads of `s × d`; with `lens = (key_lens, heads)`, head
+/// `hd` sees the first `key_lens[hd / heads]` keys.
 fn attention_reference(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    s: usize,
-    d: usize,
+    (s, d): (usize, usize),
     causal: bool,
+    lens: Option<(&[i32], usize)>,
 ) -> Reference {
     let eps = f32::EPSILON as f64;
     let scale = 1.0 / (d as f64).sqrt();
@@ -316,7 +343,8 @@ fn attention_reference(
                 let (head, i) = (row / s, row % s);
                 let base = head * s * d;
                 let qi = &q[base + i * d..][..d];
-                let keys = if causal { i + 1 } else { s };
+                let seen = lens.map_or(s, |(l, heads)| l[head / heads] as usize);
+                let keys = if causal { i + 1 } else { s }.min(seen);
                 scores.clear();
                 bounds.clear();
                 for j in 0..keys {

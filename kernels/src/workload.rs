@@ -173,7 +173,9 @@ pub enum Workload {
     },
     /// Scaled dot-product attention, Q, K, V and O laid out `[b, h, s, d]` (row-major):
     /// `O = softmax(Q·Kᵀ/√d)·V` for each of the `b·h` heads; with `causal`, query `i` only
-    /// sees keys `j ≤ i`. Inputs: Q, K, V.
+    /// sees keys `j ≤ i`. Inputs: Q, K, V, and optionally the key lengths of a padded batch
+    /// (an i32 per batch: [`crate::operand::host_attention`]) — an operand, not part of the
+    /// workload, so a variant tuned on full sequences serves padded batches too.
     Attention {
         b: usize,
         h: usize,

@@ -1,9 +1,12 @@
 //! Every attention variant against the f64 reference on awkward shapes: S not a multiple of
 //! any block, S = 1, D ∈ {32, 64, 80, 128} (and odd D), causal and not, every tile this CPU
-//! runs, both K layouts, every parallel split.
+//! runs, both K layouts, every parallel split; and padded batches (the key-lengths operand)
+//! in both families, lengths 0, 1, primes and S, with and without causal masking.
 
 use kernels::cpu::attention::{self, ukernel, Fused, Unfused, BC_VALUES, BR_VALUES};
-use kernels::{default_for, Config, HardwareFingerprint, Kernel, Problem, Workload};
+use kernels::{
+    default_for, Config, HardwareFingerprint, Kernel, Operand, OperandMut, Problem, Workload,
+};
 
 /// Says which ISA level these tests ran at and which they skipped, in every run; an invalid
 /// `AUTOKERNEL_ISA` fails here.
@@ -78,6 +81,113 @@ fn fused_is_correct_on_awkward_shapes_for_every_tile_and_layout() {
             );
         }
     }
+}
+
+/// Runs `c` on `p` with key lengths `lens` and checks it against the masked reference; a
+/// query that sees no key must be exactly zero.
+fn check_masked(kernel: &dyn Kernel, w: &Workload, c: &Config, p: &Problem, lens: &[i32]) {
+    let r = p.reference_with_key_lens(lens).unwrap();
+    let exe = kernel
+        .build(w, c)
+        .unwrap_or_else(|e| panic!("{w} {c}: {e}"));
+    let mut out = vec![f32::NAN; w.output_len()];
+    let ins: Vec<Operand<'_>> = (p.inputs.iter().map(|x| Operand::F32(x)))
+        .chain([Operand::I32(lens)])
+        .collect();
+    exe.run(&ins, OperandMut::F32(&mut out)).unwrap();
+    p.check(&out, &r)
+        .unwrap_or_else(|e| panic!("{} {w} {c} key_lens {lens:?}: {e}", kernel.name()));
+}
+
+/// Key lengths of a batch of `b` sequences of up to `s`: mixed (S, 1, a prime, 0, S − 1),
+/// all padding but one, and all of length 1.
+fn length_patterns(b: usize, s: usize) -> Vec<Vec<i32>> {
+    let s = s as i32;
+    let mixed = [s, 1, 13.min(s), 0, (s - 1).max(1)];
+    let mut one_left = vec![0; b];
+    one_left[b - 1] = s;
+    vec![
+        (0..b).map(|i| mixed[i % mixed.len()]).collect(),
+        one_left,
+        vec![1; b],
+    ]
+}
+
+#[test]
+fn padded_batches_match_the_masked_reference_in_both_families() {
+    let hw = HardwareFingerprint::current();
+    for text in [
+        "attention:5x2x37x80",
+        "attention:3x1x1x64",
+        "attention:2x3x17x7:causal",
+        "attention:3x2x70x64",
+        "attention:5x1x41x32:causal",
+    ] {
+        let w: Workload = text.parse().unwrap();
+        let Workload::Attention { b, s, .. } = w else {
+            unreachable!()
+        };
+        let p = Problem::random(&w, 23);
+        for lens in length_patterns(b, s) {
+            for tile in ukernel::tiles_available() {
+                for k_layout in ["prepacked", "blockwise"] {
+                    for (br, bc, par, t) in [(16, 32, "none", 1), (64, 16, "blocks", 2)] {
+                        let c = fused_config(&tile.name, br, bc, k_layout, par, t);
+                        check_masked(&Fused, &w, &c, &p, &lens);
+                    }
+                }
+            }
+            let c = fused_config(
+                &ukernel::tiles_available()[0].name,
+                16,
+                16,
+                "prepacked",
+                "heads",
+                2,
+            );
+            check_masked(&Fused, &w, &c, &p, &lens);
+            for (par, t) in [("none", 1usize), ("heads", 2), ("gemm", 2)] {
+                let mut c = Unfused.default_config(&w, hw);
+                c.set("par", par);
+                c.set("threads", t);
+                check_masked(&Unfused, &w, &c, &p, &lens);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_mask_is_not_ignored_and_bad_lengths_are_errors() {
+    let w: Workload = "attention:2x1x20x16".parse().unwrap();
+    let p = Problem::random(&w, 4);
+    let full = p.reference();
+    // The masked reference differs from the full one wherever keys are dropped: a kernel
+    // that ignores the lengths fails `check_masked`.
+    let masked = p.reference_with_key_lens(&[20, 7]).unwrap();
+    assert_eq!(full.values[..320], masked.values[..320]);
+    let unmasked: Vec<f32> = full.values.iter().map(|&x| x as f32).collect();
+    let e = p.check(&unmasked, &masked).unwrap_err();
+    assert!(e.index >= 320, "{e}");
+    let hw = HardwareFingerprint::current();
+    for kernel in [&Fused as &dyn Kernel, &Unfused] {
+        let exe = kernel.build(&w, &kernel.default_config(&w, hw)).unwrap();
+        let mut out = p.output();
+        let ins = |lens: &'static [i32]| -> Vec<Operand<'_>> {
+            (p.inputs.iter().map(|x| Operand::F32(x)))
+                .chain([Operand::I32(lens)])
+                .collect()
+        };
+        for (lens, needle) in [
+            (&[20, 21][..], "key length 21 of batch 1 is outside 0..=20"),
+            (&[3][..], "operand 'key_lens'"),
+        ] {
+            let e = exe.run(&ins(lens), OperandMut::F32(&mut out)).unwrap_err();
+            assert!(e.to_string().contains(needle), "{}: {e}", kernel.name());
+        }
+    }
+    assert!(p.reference_with_key_lens(&[1, 21]).is_err());
+    let g = Problem::random(&"gemm:2x2x2".parse().unwrap(), 1);
+    assert!(g.reference_with_key_lens(&[1]).is_err());
 }
 
 #[test]

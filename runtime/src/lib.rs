@@ -225,6 +225,22 @@ impl Choice {
         }
     }
 
+    /// Runs the chosen variant on typed operands ([`Executable::run`]: e.g. attention's
+    /// optional key lengths). A CUDA family's choice has no host executable: an error.
+    pub fn run_operands(
+        &self,
+        inputs: &[kernels::Operand<'_>],
+        output: kernels::OperandMut<'_>,
+    ) -> Result<(), RuntimeError> {
+        match &self.exe {
+            Some(exe) => Ok(exe.run(inputs, output)?),
+            None => Err(RuntimeError::Kernel(kernels::Error::DeviceOnly {
+                kernel: self.kernel.name().into(),
+                workload: self.workload.key(),
+            })),
+        }
+    }
+
     /// The host executable of the choice; `None` for a device (CUDA) family.
     pub fn executable(&self) -> Option<&dyn Executable> {
         self.exe.as_deref()
@@ -535,10 +551,22 @@ impl Runtime {
         inputs: &[&[f32]],
         output: &mut [f32],
     ) -> Result<Level, RuntimeError> {
-        let mut serve = |c: &Choice, shard: usize| {
+        self.serve(w, |c| {
             check_buffers(w, c, inputs, output)?;
+            c.run(inputs, output)
+        })
+    }
+
+    /// Serves `w` with its chosen variant: `run` runs it (after checking its buffers), and
+    /// the level that answered is counted when it succeeds.
+    pub(crate) fn serve(
+        &self,
+        w: &Workload,
+        mut run: impl FnMut(&Choice) -> Result<(), RuntimeError>,
+    ) -> Result<Level, RuntimeError> {
+        let mut serve = |c: &Choice, shard: usize| {
+            run(c)?;
             self.served(w, c, shard, ());
-            c.run(inputs, output)?;
             Ok(c.level)
         };
         let key = Key::of(w);

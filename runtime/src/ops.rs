@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use kernels::cpu::gemm::epilogue::{EpilogueDirect, EpilogueGemm, EpiloguePacked};
 use kernels::cpu::gemm::packed::PackedB;
 use kernels::cpu::gemm::params::{BLayout, UkernelId};
-use kernels::{Act, Config, Kernel, Workload};
+use kernels::{Act, Config, Kernel, Operand, OperandMut, Workload};
 
 use crate::{Choice, Level, Runtime, RuntimeError};
 
@@ -265,6 +265,42 @@ impl Runtime {
         self.run(&w, &[q, k, v], o)
     }
 
+    /// [`Runtime::attention`] over a padded batch: in batch `i`, only keys
+    /// `j < key_lens[i]` are seen (`key_lens`: one value per batch, each in `0..=s`) — what
+    /// Hugging Face's 0/1 `attention_mask` of right-padded sequences means. Queries at padded
+    /// positions still attend to their batch's real keys; a batch of length 0 gets zeros.
+    /// The workload (and so the tuned variant serving it) is the unmasked one: a mask only
+    /// removes work. Returns the level that answered.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_masked(
+        &self,
+        b: usize,
+        h: usize,
+        s: usize,
+        d: usize,
+        causal: bool,
+        key_lens: &[i32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        o: &mut [f32],
+    ) -> Result<Level, RuntimeError> {
+        let w = Workload::attention(b, h, s, d, causal)?;
+        let len = w.output_len();
+        buffer(&w, "q", q.len(), len)?;
+        buffer(&w, "k", k.len(), len)?;
+        buffer(&w, "v", v.len(), len)?;
+        buffer(&w, "o", o.len(), len)?;
+        buffer(&w, "key_lens", key_lens.len(), b)?;
+        let inputs = [
+            Operand::F32(q),
+            Operand::F32(k),
+            Operand::F32(v),
+            Operand::I32(key_lens),
+        ];
+        self.serve(&w, |c| c.run_operands(&inputs, OperandMut::F32(o)))
+    }
+
     /// `C = act(A·B + bias)`, f32 row-major (A `m×k`, B `k×n`, bias `n`, C `m×n`,
     /// overwritten); `Act::Gelu` is GELU's tanh form, `Act::GeluErf` its exact (erf) form.
     /// Returns the level that answered.
@@ -460,6 +496,26 @@ mod tests {
             let level = rt.attention(b, h, s, d, causal, q, k, v, &mut o).unwrap();
             assert_eq!(level, Level::Default);
             p.check(&o, &p.reference()).unwrap();
+            // A padded batch: the first sequence of length 1, the last (when there are
+            // two) of length s − 3; the same lookup counts it.
+            let lens: Vec<i32> = (0..b as i32)
+                .map(|i| if i == 0 { 1 } else { s as i32 - 3 })
+                .collect();
+            let before = rt.lookups().total();
+            rt.attention_masked(b, h, s, d, causal, &lens, q, k, v, &mut o)
+                .unwrap();
+            assert_eq!(rt.lookups().total(), before + 1);
+            p.check(&o, &p.reference_with_key_lens(&lens).unwrap())
+                .unwrap();
+            let e = rt
+                .attention_masked(b, h, s, d, causal, &lens[..b - 1], q, k, v, &mut o)
+                .unwrap_err();
+            assert!(e.to_string().contains("key_lens"), "{e}");
+            let bad = vec![s as i32 + 1; b];
+            let e = rt
+                .attention_masked(b, h, s, d, causal, &bad, q, k, v, &mut o)
+                .unwrap_err();
+            assert!(e.to_string().contains("outside 0..="), "{e}");
         }
         for act in Act::ALL {
             let w = Workload::gemm_bias_act(20, 33, 17, act).unwrap();

@@ -16,6 +16,9 @@
 //!
 //! Causal masking skips fully masked key blocks and, inside a block, the key panels past a
 //! row group's last query; only the panels crossing the diagonal are masked element-wise.
+//! Key lengths (the optional fourth operand, [`crate::operand::host_attention`]) end every
+//! query's key range of a batch at its length: the key blocks past it are never visited, and
+//! a batch of length 0 gets zeros.
 //!
 //! What is attainable (non-causal, D = 64, AVX2 + FMA, one Zen 3 core, peak 2 FMA vectors
 //! per cycle ≈ 100 GFLOP/s): per 8 scores (one row × 8 keys) the two products take
@@ -35,7 +38,7 @@ use super::AttnPar;
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::packed::self_scheduled;
 use crate::kernel::Executable;
-use crate::operand::{host_f32, Operand, OperandMut};
+use crate::operand::{host_attention, Operand, OperandMut};
 use crate::{DType, Workload};
 
 /// Where the score kernels read Kᵀ from.
@@ -81,6 +84,16 @@ struct Ctx<'a> {
     /// The head whose packed keys and values `kpre` and `vpre` start with.
     first_head: usize,
     dp: usize,
+    /// Keys seen per batch (every `S` without).
+    lens: Option<&'a [i32]>,
+}
+
+impl Ctx<'_> {
+    /// Keys head `hd` (of `heads` per batch) sees: its batch's length, or `s`.
+    fn keys(&self, hd: usize, heads: usize, s: usize) -> usize {
+        self.lens
+            .map_or(s, |l| usize::try_from(l[hd / heads]).unwrap_or(0).min(s))
+    }
 }
 
 impl FusedAttention {
@@ -129,6 +142,11 @@ impl FusedAttention {
         let in_place = d == dp;
         let bcp_max = self.bc.div_ceil(nr) * nr;
         let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
+        let klen = cx.keys(hd, self.h, s);
+        if klen == 0 {
+            out.fill(0.0);
+            return;
+        }
         with_buffer(Pool::Work, |work| {
             let kblock_len = if blockwise { bcp_max * dp } else { 0 };
             let vblock_len = if blockwise { self.bc * dp } else { 0 };
@@ -148,7 +166,7 @@ impl FusedAttention {
                 (&mut *oscr, dp)
             };
 
-            let kend = if self.causal { s.min(i0 + rows) } else { s };
+            let kend = if self.causal { s.min(i0 + rows) } else { s }.min(klen);
             let mut lim = [0usize; 16];
             debug_assert!(mr <= lim.len());
             for j0 in (0..kend).step_by(self.bc) {
@@ -189,7 +207,7 @@ impl FusedAttention {
                         continue;
                     }
                     // The group's last key block: no later one holds a key it sees.
-                    let group_kend = if self.causal { s.min(r0 + valid) } else { s };
+                    let group_kend = if self.causal { s.min(r0 + valid) } else { s }.min(klen);
                     self.tile.step(
                         valid,
                         StepArgs {
@@ -299,7 +317,7 @@ impl Executable for FusedAttention {
             causal: self.causal,
             dtype: DType::F32,
         };
-        let ([q, k, v], out) = host_f32(&w, inputs, out)?;
+        let ([q, k, v], lens, out) = host_attention(&w, inputs, out)?;
         let lanes = self.tile.lanes;
         let dp = d.div_ceil(lanes) * lanes;
         let nr = self.tile.nr;
@@ -315,6 +333,7 @@ impl Executable for FusedAttention {
                 vpre: None,
                 first_head: 0,
                 dp,
+                lens,
             };
             self.compute(&cx, out);
             return Ok(());
@@ -349,6 +368,7 @@ impl Executable for FusedAttention {
                     vpre,
                     first_head: 0,
                     dp,
+                    lens,
                 };
                 self.compute(&cx, out);
             })

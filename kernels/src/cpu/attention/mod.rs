@@ -1,5 +1,8 @@
 //! Scaled dot-product attention (`attention:BxHxSxD[:causal]`), f32, Q/K/V/O laid out
 //! `[B, H, S, D]`, `scale = 1/√D`: two kernel families, their search spaces and defaults.
+//! Both take an optional fourth operand, the key lengths of a padded batch (i32 per batch,
+//! [`crate::operand::host_attention`]): padding and causal masks combine, and a query that
+//! sees no key gets zeros.
 //!
 //! - `attention_fused` ([`fused`]): flash-style — `Br` query rows × `Bc` keys per block, an
 //!   online (running max / running sum) softmax, the `S×S` matrix never materialised; SIMD

@@ -1,5 +1,6 @@
 //! The unfused attention driver, per head: `S = Q·Kᵀ` with a GEMM, a row softmax of the
-//! whole `S×S` score matrix, then `O = P·V` with a second GEMM.
+//! whole `S×S` score matrix (over the keys each query sees: causal, and the batch's key
+//! length when given), then `O = P·V` with a second GEMM.
 //!
 //! The two GEMMs are any [`Executable`]s for `gemm:SxSxD` and `gemm:SxDxS` — the registered
 //! family builds them from the packed GEMM family, and [`UnfusedAttention::with_gemms`]
@@ -9,7 +10,7 @@ use super::ukernel::softmax_row;
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::packed::self_scheduled;
 use crate::kernel::Executable;
-use crate::operand::{host_f32, Operand, OperandMut};
+use crate::operand::{host_attention, Operand, OperandMut};
 use crate::{DType, Workload};
 
 /// Largest `S` the unfused variant supports: the score matrix of one head (`S²` f32, 64 MiB
@@ -62,7 +63,8 @@ impl UnfusedAttention {
         }
     }
 
-    fn head(&self, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32]) {
+    /// One head whose queries see the first `keys` keys (fewer when causal).
+    fn head(&self, q: &[f32], k: &[f32], v: &[f32], keys: usize, o: &mut [f32]) {
         let (s, d) = (self.s, self.d);
         let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
         with_buffer(Pool::Keys, |ktbuf| {
@@ -77,7 +79,11 @@ impl UnfusedAttention {
                 let sizes = "the scores and head buffers are sized at build";
                 self.qk.run_f32(&[q, kt], scores).expect(sizes);
                 for (i, row) in scores.chunks_exact_mut(s).enumerate() {
-                    softmax_row(row, if self.causal { i + 1 } else { s }, scale);
+                    match keys.min(if self.causal { i + 1 } else { s }) {
+                        // A query that sees no key: a zero row of P gives a zero output.
+                        0 => row.fill(0.0),
+                        seen => softmax_row(row, seen, scale),
+                    }
                 }
                 self.pv.run_f32(&[scores, v], o).expect(sizes);
             })
@@ -96,11 +102,12 @@ impl Executable for UnfusedAttention {
             causal: self.causal,
             dtype: DType::F32,
         };
-        let ([q, k, v], out) = host_f32(&w, inputs, out)?;
+        let ([q, k, v], lens, out) = host_attention(&w, inputs, out)?;
         let items: Vec<_> = out.chunks_exact_mut(hs).enumerate().collect();
         self_scheduled(self.head_tasks, items, |(hd, o)| {
             let r = hd * hs..(hd + 1) * hs;
-            self.head(&q[r.clone()], &k[r.clone()], &v[r], o);
+            let keys = lens.map_or(self.s, |l| usize::try_from(l[hd / self.h]).unwrap_or(0));
+            self.head(&q[r.clone()], &k[r.clone()], &v[r], keys, o);
         });
         Ok(())
     }
