@@ -7,7 +7,7 @@ use kernels::{Act, Workload};
 /// The longest sequence a BERT model takes: its checkpoints carry 512 position embeddings.
 pub const MAX_SEQ: usize = 512;
 
-/// The sizes of a BERT encoder (post-LayerNorm, GELU in its tanh form).
+/// The sizes of a BERT encoder (post-LayerNorm) and its feed-forward activation.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BertConfig {
     /// Name used in reports and on the command line (`bert-base`, `bert-tiny`).
@@ -24,6 +24,9 @@ pub struct BertConfig {
     pub ln_eps: f32,
     /// Standard deviation of the random weights (BERT's `initializer_range`).
     pub init_std: f32,
+    /// The feed-forward activation: [`Act::GeluErf`] for `hidden_act: "gelu"` (published
+    /// BERT checkpoints), [`Act::Gelu`] for `gelu_new` (the tanh form; the seeded models).
+    pub act: Act,
 }
 
 impl BertConfig {
@@ -37,6 +40,7 @@ impl BertConfig {
             ffn: 3072,
             ln_eps: 1e-12,
             init_std: 0.02,
+            act: Act::Gelu,
         }
     }
 
@@ -51,6 +55,7 @@ impl BertConfig {
             ffn: 128,
             ln_eps: 1e-12,
             init_std: 0.1,
+            act: Act::Gelu,
         }
     }
 
@@ -87,7 +92,7 @@ impl BertConfig {
     }
 
     /// The five kernel calls of one layer at `batch × seq`, in call order: fused QKV
-    /// projection, attention, output projection, FFN up (+GELU), FFN down. Every layer
+    /// projection, attention, output projection, FFN up (+ activation), FFN down. Every layer
     /// makes the same calls.
     pub fn workloads(&self, batch: usize, seq: usize) -> Vec<Workload> {
         let (h, f, m) = (self.hidden, self.ffn, batch * seq);
@@ -118,7 +123,7 @@ impl BertConfig {
                 m,
                 n: f,
                 k: h,
-                act: Act::Gelu,
+                act: self.act,
                 dtype: kernels::DType::F32,
             },
             Workload::GemmBiasAct {

@@ -69,6 +69,42 @@ struct PackedLayer {
     ln2: (Vec<f32>, Vec<f32>),
 }
 
+impl PackedLayer {
+    /// `w`'s matrices packed through `rt` for the row counts `ms`.
+    fn pack(
+        rt: &Runtime,
+        config: &BertConfig,
+        w: LayerWeights,
+        ms: &[usize],
+    ) -> Result<PackedLayer, BertError> {
+        let (h, f) = (config.hidden, config.ffn);
+        Ok(PackedLayer {
+            qkv: rt.pack_weight_for(3 * h, h, Act::Identity, &w.w_qkv, ms)?,
+            b_qkv: w.b_qkv,
+            o: rt.pack_weight_for(h, h, Act::Identity, &w.w_o, ms)?,
+            b_o: w.b_o,
+            ln1: (w.ln1_gamma, w.ln1_beta),
+            ffn1: rt.pack_weight_for(f, h, config.act, &w.w_ffn1, ms)?,
+            b_ffn1: w.b_ffn1,
+            ffn2: rt.pack_weight_for(h, f, Act::Identity, &w.w_ffn2, ms)?,
+            b_ffn2: w.b_ffn2,
+            ln2: (w.ln2_gamma, w.ln2_beta),
+        })
+    }
+}
+
+/// The distinct M = batch·seq of `shapes`: at least one, each at least 1.
+fn rows_of(shapes: &[(usize, usize)]) -> Result<Vec<usize>, BertError> {
+    let mut ms: Vec<usize> = shapes.iter().map(|&(b, s)| b * s).collect();
+    if ms.is_empty() || ms.contains(&0) {
+        return Err(BertError::Shape {
+            reason: "load needs at least one (batch, seq) shape, each at least 1".into(),
+        });
+    }
+    ms.dedup();
+    Ok(ms)
+}
+
 /// A BERT encoder whose weights live packed in the layouts the runtime's tuned variants use.
 pub struct Encoder {
     config: BertConfig,
@@ -97,6 +133,8 @@ pub struct Scratch {
     rows: Vec<f32>,
     proj: Vec<f32>,
     ffn: Vec<f32>,
+    /// The embedding block's output ([`crate::BertModel`]).
+    pub(crate) embedded: Vec<f32>,
 }
 
 fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -116,32 +154,44 @@ impl Encoder {
         shapes: &[(usize, usize)],
     ) -> Result<Encoder, BertError> {
         config.validate()?;
-        let mut ms: Vec<usize> = shapes.iter().map(|&(b, s)| b * s).collect();
-        if ms.is_empty() || ms.contains(&0) {
-            return Err(BertError::Shape {
-                reason: "load needs at least one (batch, seq) shape, each at least 1".into(),
-            });
-        }
-        ms.dedup();
+        let ms = rows_of(shapes)?;
         let start = Instant::now();
-        let (h, f) = (config.hidden, config.ffn);
         let layers = (0..config.layers)
             .into_par_iter()
-            .map(|l| {
-                let w = LayerWeights::generate(&config, seed, l);
-                Ok(PackedLayer {
-                    qkv: rt.pack_weight_for(3 * h, h, Act::Identity, &w.w_qkv, &ms)?,
-                    b_qkv: w.b_qkv,
-                    o: rt.pack_weight_for(h, h, Act::Identity, &w.w_o, &ms)?,
-                    b_o: w.b_o,
-                    ln1: (w.ln1_gamma, w.ln1_beta),
-                    ffn1: rt.pack_weight_for(f, h, Act::Gelu, &w.w_ffn1, &ms)?,
-                    b_ffn1: w.b_ffn1,
-                    ffn2: rt.pack_weight_for(h, f, Act::Identity, &w.w_ffn2, &ms)?,
-                    b_ffn2: w.b_ffn2,
-                    ln2: (w.ln2_gamma, w.ln2_beta),
-                })
-            })
+            .map(|l| PackedLayer::pack(rt, &config, LayerWeights::generate(&config, seed, l), &ms))
+            .collect::<Result<Vec<_>, BertError>>()?;
+        Ok(Encoder {
+            config,
+            layers,
+            load_s: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The encoder of `config` with the given layers' weights (a checkpoint's), each matrix
+    /// packed once as [`Encoder::load`] does. An error if there are not `config.layers` of
+    /// them or one does not have `config`'s sizes.
+    pub fn from_weights(
+        rt: &Runtime,
+        config: BertConfig,
+        weights: &[LayerWeights],
+        shapes: &[(usize, usize)],
+    ) -> Result<Encoder, BertError> {
+        config.validate()?;
+        if weights.len() != config.layers {
+            return Err(BertError::Config {
+                reason: format!(
+                    "{} layers of weights for {} layers",
+                    weights.len(),
+                    config.layers
+                ),
+            });
+        }
+        weights.iter().try_for_each(|w| w.check(&config))?;
+        let ms = rows_of(shapes)?;
+        let start = Instant::now();
+        let layers = weights
+            .par_iter()
+            .map(|w| PackedLayer::pack(rt, &config, w.clone(), &ms))
             .collect::<Result<Vec<_>, BertError>>()?;
         Ok(Encoder {
             config,
@@ -219,27 +269,41 @@ impl Encoder {
         input: &[f32],
         scratch: &mut Scratch,
     ) -> Result<LevelCounts, BertError> {
-        self.forward_inner(rt, batch, seq, input, scratch, None)
+        self.forward_inner(rt, (batch, seq, None), input, scratch, None)
     }
 
-    /// [`Encoder::forward_with`], adding the seconds spent in each stage to `times`.
+    /// [`Encoder::forward_with`] over a padded batch: sequence `i` has `key_lens[i]` real
+    /// tokens (one per sequence, each in `0..=seq`), and attention masks the keys past
+    /// them. Padded positions are computed too (they attend to their sequence's tokens).
+    pub fn forward_masked(
+        &self,
+        rt: &Runtime,
+        (batch, seq): (usize, usize),
+        key_lens: &[i32],
+        input: &[f32],
+        scratch: &mut Scratch,
+    ) -> Result<LevelCounts, BertError> {
+        self.forward_inner(rt, (batch, seq, Some(key_lens)), input, scratch, None)
+    }
+
+    /// [`Encoder::forward_masked`] (or unmasked, with `None`), adding the seconds spent in
+    /// each stage to `times`.
     pub fn forward_profiled(
         &self,
         rt: &Runtime,
-        batch: usize,
-        seq: usize,
+        (batch, seq): (usize, usize),
+        key_lens: Option<&[i32]>,
         input: &[f32],
         scratch: &mut Scratch,
         times: &mut StageTimes,
     ) -> Result<LevelCounts, BertError> {
-        self.forward_inner(rt, batch, seq, input, scratch, Some(times))
+        self.forward_inner(rt, (batch, seq, key_lens), input, scratch, Some(times))
     }
 
     fn forward_inner(
         &self,
         rt: &Runtime,
-        batch: usize,
-        seq: usize,
+        (batch, seq, key_lens): (usize, usize, Option<&[i32]>),
         input: &[f32],
         scratch: &mut Scratch,
         mut times: Option<&mut StageTimes>,
@@ -261,6 +325,11 @@ impl Encoder {
                 ),
             });
         }
+        if let Some(l) = key_lens.filter(|l| l.len() != batch) {
+            return Err(BertError::Shape {
+                reason: format!("{} key lengths for a batch of {batch}", l.len()),
+            });
+        }
         let mut counts = LevelCounts::default();
         let Scratch {
             x,
@@ -272,6 +341,7 @@ impl Encoder {
             rows,
             proj,
             ffn,
+            ..
         } = scratch;
         x.clear();
         x.extend_from_slice(input);
@@ -301,7 +371,12 @@ impl Encoder {
             lap(0);
             split_heads(qkv, dims, q, k, v);
             lap(5);
-            counts.add(rt.attention(batch, heads, seq, d, false, q, k, v, ctx)?);
+            counts.add(match key_lens {
+                Some(lens) => {
+                    rt.attention_masked(batch, heads, seq, d, false, lens, q, k, v, ctx)?
+                }
+                None => rt.attention(batch, heads, seq, d, false, q, k, v, ctx)?,
+            });
             lap(1);
             merge_heads(ctx, dims, rows);
             lap(5);

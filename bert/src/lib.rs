@@ -21,14 +21,21 @@
 //!
 //! Why it exists: a tuning database only matters if it makes a real model faster. This
 //! crate is the proof — an encoder-only transformer (BERT-base: 12 layers, hidden 768, 12
-//! heads, FFN 3072, post-LayerNorm, GELU in its tanh form) where **every** GEMM (the fused
+//! heads, FFN 3072, post-LayerNorm, GELU) where **every** GEMM (the fused
 //! QKV projection `gemm_bias:M×2304×768`, the attention output `gemm_bias:M×768×768`, the
-//! FFN `gemm_bias_gelu:M×3072×768` and `gemm_bias:M×768×3072`, M = batch·seq) and every
+//! FFN `gemm_bias_gelu[_erf]:M×3072×768` and `gemm_bias:M×768×3072`, M = batch·seq) and every
 //! attention (`attention:B×12×S×64`) is a [`runtime::Runtime`] call, so the database
 //! decides each variant, and [`LevelCounts`] says which level (exact, same_arch,
 //! nearest_shape, default) served them. It is not a framework: one config struct, seeded
-//! weights (no download, no tokenizer, no embeddings — the input is the embedding block's
-//! output), no attention mask (every sequence is full length).
+//! weights (no download, no tokenizer), where the input is the embedding block's output.
+//!
+//! **Real checkpoints**: [`Checkpoint::load`] reads a Hugging Face BERT directory
+//! (`config.json` + `model.safetensors`), and [`BertModel`] runs the whole `BertModel` path —
+//! token, position and token-type embeddings with their LayerNorm, then the encoder — on a
+//! [`TokenBatch`] of right-padded sequences of different lengths: attention masks the
+//! padding by each sequence's key length ([`runtime::Runtime::attention_masked`]). GELU in
+//! both forms: exact erf for `hidden_act: "gelu"` (`gemm_bias_gelu_erf`), tanh for
+//! `gelu_new` (`gemm_bias_gelu`, also what the seeded models use).
 //!
 //! The weights are **packed once at load** ([`runtime::Runtime::pack_weight_for`]): one
 //! copy per distinct panel layout among the variants the database picks for the shapes
@@ -38,49 +45,42 @@
 //! [`reference_forward`] recomputes one sequence with naive f64 loops; [`check`] compares
 //! within [`TOLERANCE`] (its documentation says why that bound).
 
+mod checkpoint;
 mod config;
+mod embeddings;
 mod encoder;
 mod layer_ops;
+mod model;
 mod reference;
+mod tokens;
 mod weights;
 
+pub use checkpoint::{to_f32, Checkpoint, HIDDEN_ACTS};
 pub use config::{BertConfig, MAX_SEQ};
+pub use embeddings::Embeddings;
 pub use encoder::{Encoder, LevelCounts, Scratch, StageTimes};
-pub use reference::{check, reference_forward, Agreement, TOLERANCE};
+pub use model::{BertModel, Expected};
+pub use reference::{check, reference_forward, reference_forward_with, Agreement, TOLERANCE};
+pub use tokens::TokenBatch;
 pub use weights::{batch_input, sequence_input, LayerWeights};
 
 /// Errors of the model.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum BertError {
     /// A runtime call failed (a bad buffer or workload).
-    Runtime(runtime::RuntimeError),
+    #[error(transparent)]
+    Runtime(#[from] runtime::RuntimeError),
     /// The model sizes are inconsistent.
+    #[error("bad model config: {reason}")]
     Config { reason: String },
     /// A batch / sequence shape or input that does not fit.
+    #[error("bad shape: {reason}")]
     Shape { reason: String },
-}
-
-impl std::fmt::Display for BertError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BertError::Runtime(e) => write!(f, "{e}"),
-            BertError::Config { reason } => write!(f, "bad model config: {reason}"),
-            BertError::Shape { reason } => write!(f, "bad shape: {reason}"),
-        }
-    }
-}
-
-impl std::error::Error for BertError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            BertError::Runtime(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
-impl From<runtime::RuntimeError> for BertError {
-    fn from(e: runtime::RuntimeError) -> Self {
-        BertError::Runtime(e)
-    }
+    /// A checkpoint file (or a file beside it) that cannot be used: which file, and why
+    /// (naming the tensor or the `config.json` field).
+    #[error("{}: {reason}", .path.display())]
+    Checkpoint {
+        path: std::path::PathBuf,
+        reason: String,
+    },
 }

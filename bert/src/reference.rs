@@ -1,5 +1,8 @@
-//! The plain reference forward: naive loops, everything in f64, exact `tanh` and `exp`.
-//! It regenerates each layer's weights from the seed, so it needs no packed copy.
+//! The plain reference forward: naive loops, everything in f64, exact `tanh`, `erf` and
+//! `exp`. From the seed it regenerates each layer's weights, so it needs no packed copy; a
+//! checkpoint's row-major weights serve it as they are.
+
+use std::borrow::Cow;
 
 use kernels::Act;
 use rayon::prelude::*;
@@ -47,13 +50,14 @@ fn add_layer_norm(x: &mut [f64], r: &[f64], gamma: &[f32], beta: &[f32], eps: f3
         });
 }
 
-/// Softmax attention of one sequence (`seq × 3H` rows of Q, K, V) into `seq × H` rows.
-fn attention(qkv: &[f64], seq: usize, heads: usize, d: usize) -> Vec<f64> {
+/// Softmax attention of one sequence (`seq × 3H` rows of Q, K, V) into `seq × H` rows,
+/// every query seeing the first `keys` keys (none: zeros).
+fn attention(qkv: &[f64], seq: usize, heads: usize, d: usize, keys: usize) -> Vec<f64> {
     let hid = heads * d;
     let scale = 1.0 / (d as f64).sqrt();
     let mut out = vec![0.0f64; seq * hid];
     out.par_chunks_mut(hid).enumerate().for_each(|(i, o)| {
-        let mut w = vec![0.0f64; seq];
+        let mut w = vec![0.0f64; keys];
         for h in 0..heads {
             let qi = &qkv[i * 3 * hid + h * d..][..d];
             for (j, wj) in w.iter_mut().enumerate() {
@@ -82,16 +86,44 @@ fn attention(qkv: &[f64], seq: usize, heads: usize, d: usize) -> Vec<f64> {
 /// `seed`, in f64. Attention never mixes sequences, so this is the reference for that
 /// sequence in any batch.
 pub fn reference_forward(config: &BertConfig, seed: u64, seq: usize, input: &[f32]) -> Vec<f64> {
+    let x = input.iter().map(|&v| v as f64).collect();
+    reference_layers(config, seq, x, seq, |l| {
+        Cow::Owned(LayerWeights::generate(config, seed, l))
+    })
+}
+
+/// The encoder output of ONE sequence of `seq` positions whose first `key_len` are real
+/// tokens (attention sees only those keys), with the given layers' weights (a
+/// checkpoint's), from an f64 `input` (`seq × hidden`, e.g. [`crate::Embeddings::reference`]).
+pub fn reference_forward_with(
+    config: &BertConfig,
+    layers: &[LayerWeights],
+    seq: usize,
+    input: Vec<f64>,
+    key_len: usize,
+) -> Vec<f64> {
+    reference_layers(config, seq, input, key_len.min(seq), |l| {
+        Cow::Borrowed(&layers[l])
+    })
+}
+
+/// The layers over `x` (`seq × hidden`), layer `l`'s weights from `weights(l)`.
+fn reference_layers<'w>(
+    config: &BertConfig,
+    seq: usize,
+    mut x: Vec<f64>,
+    keys: usize,
+    weights: impl Fn(usize) -> Cow<'w, LayerWeights>,
+) -> Vec<f64> {
     let (h, heads, d) = (config.hidden, config.heads, config.head_dim());
-    assert_eq!(input.len(), seq * h, "input must be seq × hidden");
-    let mut x: Vec<f64> = input.iter().map(|&v| v as f64).collect();
+    assert_eq!(x.len(), seq * h, "input must be seq × hidden");
     for l in 0..config.layers {
-        let w = LayerWeights::generate(config, seed, l);
+        let w = weights(l);
         let qkv = linear(&x, h, &w.w_qkv, &w.b_qkv, Act::Identity);
-        let ctx = attention(&qkv, seq, heads, d);
+        let ctx = attention(&qkv, seq, heads, d, keys);
         let proj = linear(&ctx, h, &w.w_o, &w.b_o, Act::Identity);
         add_layer_norm(&mut x, &proj, &w.ln1_gamma, &w.ln1_beta, config.ln_eps);
-        let ffn = linear(&x, h, &w.w_ffn1, &w.b_ffn1, Act::Gelu);
+        let ffn = linear(&x, h, &w.w_ffn1, &w.b_ffn1, config.act);
         let proj = linear(&ffn, config.ffn, &w.w_ffn2, &w.b_ffn2, Act::Identity);
         add_layer_norm(&mut x, &proj, &w.ln2_gamma, &w.ln2_beta, config.ln_eps);
     }

@@ -71,6 +71,33 @@ impl LayerWeights {
     }
 }
 
+impl LayerWeights {
+    /// Checks every tensor's length against `config`'s sizes, naming the first that differs.
+    pub fn check(&self, config: &BertConfig) -> Result<(), crate::BertError> {
+        let (h, f) = (config.hidden, config.ffn);
+        let want = [
+            ("w_qkv", self.w_qkv.len(), h * 3 * h),
+            ("b_qkv", self.b_qkv.len(), 3 * h),
+            ("w_o", self.w_o.len(), h * h),
+            ("b_o", self.b_o.len(), h),
+            ("ln1_gamma", self.ln1_gamma.len(), h),
+            ("ln1_beta", self.ln1_beta.len(), h),
+            ("w_ffn1", self.w_ffn1.len(), h * f),
+            ("b_ffn1", self.b_ffn1.len(), f),
+            ("w_ffn2", self.w_ffn2.len(), f * h),
+            ("b_ffn2", self.b_ffn2.len(), h),
+            ("ln2_gamma", self.ln2_gamma.len(), h),
+            ("ln2_beta", self.ln2_beta.len(), h),
+        ];
+        match want.iter().find(|(_, got, want)| got != want) {
+            Some((name, got, want)) => Err(crate::BertError::Config {
+                reason: format!("layer weight {name} has {got} values, the config needs {want}"),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The encoder input of sequence `index` of length `seq` (`seq × hidden`, unit variance, as
 /// the embedding block's LayerNorm would give): the same whatever batch it is part of, so
 /// one reference per sequence serves every batch size.

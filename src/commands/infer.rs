@@ -274,10 +274,17 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
         }
         let profile = if args.profile {
             let mut pt = bert::StageTimes::default();
-            tuned.forward_profiled(&rt, batch, seq, &input, &mut scratch, &mut pt)?;
+            tuned.forward_profiled(&rt, (batch, seq), None, &input, &mut scratch, &mut pt)?;
             let mut pu = bert::StageTimes::default();
             if let Some(enc) = &untuned {
-                enc.forward_profiled(&untuned_rt, batch, seq, &input, &mut scratch_u, &mut pu)?;
+                enc.forward_profiled(
+                    &untuned_rt,
+                    (batch, seq),
+                    None,
+                    &input,
+                    &mut scratch_u,
+                    &mut pu,
+                )?;
             }
             let ms = |p: &bert::StageTimes| {
                 p.by_stage()

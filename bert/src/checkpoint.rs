@@ -1,0 +1,337 @@
+//! Hugging Face BERT checkpoints: a directory with `config.json` and `model.safetensors`
+//! (what `save_pretrained` writes), read with the `safetensors` crate — no network, no hub.
+//!
+//! Tensors are looked up by their Hugging Face names, with or without the `bert.` prefix of
+//! the pre-training heads' checkpoints (whose extra tensors, like a pooler's, are ignored):
+//! `embeddings.{word,position,token_type}_embeddings.weight`, `embeddings.LayerNorm.*`,
+//! `encoder.layer.N.attention.self.{query,key,value}.*`, `…attention.output.dense.*`,
+//! `…attention.output.LayerNorm.*`, `…intermediate.dense.*`, `…output.dense.*`,
+//! `…output.LayerNorm.*` (LayerNorm as `weight`/`bias`, or the legacy `gamma`/`beta`).
+//! `nn.Linear` weights are `[out, in]` and are transposed into the encoder's `in × out`.
+//! Stored as F32, F16 or BF16 (converted exactly to f32). Anything missing or of the wrong
+//! shape is a one-line error naming the tensor or the `config.json` field.
+
+use std::path::{Path, PathBuf};
+
+use kernels::Act;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+
+use crate::{BertConfig, BertError, Embeddings, LayerWeights};
+
+/// A loaded checkpoint: the encoder's sizes, its embedding block and its layers' weights.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    /// The directory it was read from.
+    pub dir: PathBuf,
+    pub config: BertConfig,
+    pub embeddings: Embeddings,
+    pub layers: Vec<LayerWeights>,
+}
+
+/// `hidden_act` values served, and the activation each is.
+pub const HIDDEN_ACTS: [(&str, Act); 4] = [
+    ("gelu", Act::GeluErf),
+    ("gelu_new", Act::Gelu),
+    ("gelu_pytorch_tanh", Act::Gelu),
+    ("relu", Act::Relu),
+];
+
+impl Checkpoint {
+    /// Reads `dir/config.json` and `dir/model.safetensors`.
+    pub fn load(dir: &Path) -> Result<Checkpoint, BertError> {
+        let cfg_path = dir.join("config.json");
+        let (config, shape) = read_config(&cfg_path)?;
+        let st_path = dir.join("model.safetensors");
+        let bad = |reason: String| BertError::Checkpoint {
+            path: st_path.clone(),
+            reason,
+        };
+        let bytes = std::fs::read(&st_path).map_err(|e| bad(format!("cannot read: {e}")))?;
+        let st = SafeTensors::deserialize(&bytes)
+            .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let reader = Reader::new(&st);
+        let (h, f) = (config.hidden, config.ffn);
+        let e = |name: &str, dims: &[usize]| reader.get(&format!("embeddings.{name}"), dims);
+        let embeddings = Embeddings {
+            word: e("word_embeddings.weight", &[shape.vocab, h]).map_err(bad)?,
+            position: e("position_embeddings.weight", &[shape.positions, h]).map_err(bad)?,
+            token_type: e("token_type_embeddings.weight", &[shape.types, h]).map_err(bad)?,
+            ln_gamma: reader
+                .layer_norm("embeddings.LayerNorm", true, h)
+                .map_err(bad)?,
+            ln_beta: reader
+                .layer_norm("embeddings.LayerNorm", false, h)
+                .map_err(bad)?,
+            hidden: h,
+            ln_eps: config.ln_eps,
+        };
+        let layers = (0..config.layers)
+            .map(|l| reader.layer(l, h, f).map_err(bad))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            config,
+            embeddings,
+            layers,
+        })
+    }
+}
+
+/// The embedding tables' row counts from `config.json`.
+struct TableSizes {
+    vocab: usize,
+    positions: usize,
+    types: usize,
+}
+
+/// `config.json` as the encoder's sizes and the embedding tables' row counts.
+fn read_config(path: &Path) -> Result<(BertConfig, TableSizes), BertError> {
+    let bad = |reason: String| BertError::Checkpoint {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    match v.get("model_type").and_then(Value::as_str) {
+        Some("bert") => {}
+        Some(other) => {
+            return Err(bad(format!(
+                "model_type '{other}' is not a BERT model (expected 'bert')"
+            )))
+        }
+        None => return Err(bad("field 'model_type' is missing (expected 'bert')".into())),
+    }
+    let size = |name: &str| -> Result<usize, BertError> {
+        match v.get(name) {
+            None => Err(bad(format!("field '{name}' is missing"))),
+            Some(x) => match x.as_u64() {
+                Some(n) if (1..=1 << 20).contains(&n) => Ok(n as usize),
+                _ => Err(bad(format!(
+                    "field '{name}' is {x}, not a whole number from 1 to 1048576"
+                ))),
+            },
+        }
+    };
+    let text_field = |name: &str, default: &str| -> Result<String, BertError> {
+        match v.get(name) {
+            None | Some(Value::Null) => Ok(default.to_string()),
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(x) => Err(bad(format!("field '{name}' is {x}, not a string"))),
+        }
+    };
+    let act_name = text_field("hidden_act", "gelu")?;
+    let act = HIDDEN_ACTS
+        .iter()
+        .find(|(n, _)| *n == act_name)
+        .map(|&(_, a)| a)
+        .ok_or_else(|| {
+            bad(format!(
+                "hidden_act '{act_name}' is not supported (supported: {})",
+                HIDDEN_ACTS.map(|(n, _)| n).join(", ")
+            ))
+        })?;
+    let pos_type = text_field("position_embedding_type", "absolute")?;
+    if pos_type != "absolute" {
+        return Err(bad(format!(
+            "position_embedding_type '{pos_type}' is not supported (only 'absolute')"
+        )));
+    }
+    let ln_eps = match v.get("layer_norm_eps") {
+        None => 1e-12,
+        Some(x) => match x.as_f64() {
+            Some(e) if e > 0.0 && e < 1.0 => e as f32,
+            _ => {
+                return Err(bad(format!(
+                    "field 'layer_norm_eps' is {x}, not a number in (0, 1)"
+                )))
+            }
+        },
+    };
+    let config = BertConfig {
+        name: "checkpoint",
+        layers: size("num_hidden_layers")?,
+        hidden: size("hidden_size")?,
+        heads: size("num_attention_heads")?,
+        ffn: size("intermediate_size")?,
+        ln_eps,
+        init_std: 0.0,
+        act,
+    };
+    config
+        .validate()
+        .map_err(|e| bad(format!("{e} (num_attention_heads, hidden_size)")))?;
+    let tables = TableSizes {
+        vocab: size("vocab_size")?,
+        positions: size("max_position_embeddings")?,
+        types: match v.get("type_vocab_size") {
+            None => 2,
+            Some(_) => size("type_vocab_size")?,
+        },
+    };
+    Ok((config, tables))
+}
+
+/// Tensors by Hugging Face name, with the checkpoint's prefix (`bert.` or none).
+struct Reader<'a> {
+    st: &'a SafeTensors<'a>,
+    prefix: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn new(st: &'a SafeTensors<'a>) -> Self {
+        let prefix = if st.tensor("bert.embeddings.word_embeddings.weight").is_ok() {
+            "bert."
+        } else {
+            ""
+        };
+        Reader { st, prefix }
+    }
+
+    /// Tensor `name` (prefixed) as f32, checked to have shape `dims`.
+    fn get(&self, name: &str, dims: &[usize]) -> Result<Vec<f32>, String> {
+        let full = format!("{}{name}", self.prefix);
+        let t = self
+            .st
+            .tensor(&full)
+            .map_err(|_| format!("tensor '{full}' is missing"))?;
+        if t.shape() != dims {
+            return Err(format!(
+                "tensor '{full}' has shape {:?}, config.json says {dims:?}",
+                t.shape()
+            ));
+        }
+        to_f32(t.dtype(), t.data()).ok_or_else(|| {
+            format!(
+                "tensor '{full}' is {:?}; F32, F16 and BF16 are read",
+                t.dtype()
+            )
+        })
+    }
+
+    /// A LayerNorm's scale (`weight`, or legacy `gamma`) or shift (`bias` / `beta`).
+    fn layer_norm(&self, at: &str, scale: bool, h: usize) -> Result<Vec<f32>, String> {
+        let (name, legacy) = if scale {
+            ("weight", "gamma")
+        } else {
+            ("bias", "beta")
+        };
+        let legacy_name = format!("{}{at}.{legacy}", self.prefix);
+        if self.st.tensor(&legacy_name).is_ok() {
+            return self.get(&format!("{at}.{legacy}"), &[h]);
+        }
+        self.get(&format!("{at}.{name}"), &[h])
+    }
+
+    /// `nn.Linear` `at` (`weight [out, in]`, `bias [out]`) as `(in × out, bias)`.
+    fn linear(&self, at: &str, out: usize, inp: usize) -> Result<(Vec<f32>, Vec<f32>), String> {
+        let w = self.get(&format!("{at}.weight"), &[out, inp])?;
+        let b = self.get(&format!("{at}.bias"), &[out])?;
+        let mut t = vec![0.0f32; inp * out];
+        for (o, row) in w.chunks_exact(inp).enumerate() {
+            for (i, x) in row.iter().enumerate() {
+                t[i * out + o] = *x;
+            }
+        }
+        Ok((t, b))
+    }
+
+    /// Layer `l` in the encoder's layout (Q, K, V side by side in one `H × 3H` matrix).
+    fn layer(&self, l: usize, h: usize, f: usize) -> Result<LayerWeights, String> {
+        let at = |s: &str| format!("encoder.layer.{l}.{s}");
+        let (mut w_qkv, mut b_qkv) = (vec![0.0f32; h * 3 * h], Vec::with_capacity(3 * h));
+        for (part, name) in ["query", "key", "value"].into_iter().enumerate() {
+            let (w, b) = self.linear(&at(&format!("attention.self.{name}")), h, h)?;
+            for (dst, src) in w_qkv.chunks_exact_mut(3 * h).zip(w.chunks_exact(h)) {
+                dst[part * h..(part + 1) * h].copy_from_slice(src);
+            }
+            b_qkv.extend(b);
+        }
+        let (w_o, b_o) = self.linear(&at("attention.output.dense"), h, h)?;
+        let (w_ffn1, b_ffn1) = self.linear(&at("intermediate.dense"), f, h)?;
+        let (w_ffn2, b_ffn2) = self.linear(&at("output.dense"), h, f)?;
+        let ln = |s: &str, scale| self.layer_norm(&at(s), scale, h);
+        Ok(LayerWeights {
+            w_qkv,
+            b_qkv,
+            w_o,
+            b_o,
+            ln1_gamma: ln("attention.output.LayerNorm", true)?,
+            ln1_beta: ln("attention.output.LayerNorm", false)?,
+            w_ffn1,
+            b_ffn1,
+            w_ffn2,
+            b_ffn2,
+            ln2_gamma: ln("output.LayerNorm", true)?,
+            ln2_beta: ln("output.LayerNorm", false)?,
+        })
+    }
+}
+
+/// Little-endian `F32`, `F16` or `BF16` data as f32 (exact); `None` for other types.
+pub fn to_f32(dtype: Dtype, data: &[u8]) -> Option<Vec<f32>> {
+    let halves = || {
+        data.chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    match dtype {
+        Dtype::F32 => Some(
+            data.chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        ),
+        Dtype::BF16 => Some(halves().map(|h| f32::from_bits((h as u32) << 16)).collect()),
+        Dtype::F16 => Some(halves().map(f16_to_f32).collect()),
+        _ => None,
+    }
+}
+
+/// IEEE binary16 bits as f32 (exact: normals, subnormals, zeros, infinities, NaN).
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h as u32) & 0x8000) << 16;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = match (exp, man) {
+        (0, 0) => sign,
+        // Subnormal: man · 2^-24, exact in f32.
+        (0, m) => {
+            let v = m as f32 * 2f32.powi(-24);
+            return if sign != 0 { -v } else { v };
+        }
+        (0x1f, m) => sign | 0x7f80_0000 | (m << 13),
+        (e, m) => sign | ((e + 127 - 15) << 23) | (m << 13),
+    };
+    f32::from_bits(bits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_precision_converts_exactly() {
+        for (bits, want) in [
+            (0x3c00u16, 1.0f32),
+            (0xc000, -2.0),
+            (0x3555, 0.333_251_95),
+            (0x7bff, 65504.0),
+            (0x0001, 5.960_464_5e-8),
+            (0x8001, -5.960_464_5e-8),
+            (0x03ff, 6.097_555e-5),
+            (0x0000, 0.0),
+            (0x7c00, f32::INFINITY),
+            (0xfc00, f32::NEG_INFINITY),
+        ] {
+            assert_eq!(f16_to_f32(bits), want, "{bits:#06x}");
+        }
+        assert!(f16_to_f32(0x7e00).is_nan());
+        assert_eq!(f16_to_f32(0x8000).to_bits(), (-0.0f32).to_bits());
+        let bf = to_f32(Dtype::BF16, &[0x80, 0x3f, 0xc0, 0xbf]).unwrap();
+        assert_eq!(bf, vec![1.0, -1.5]);
+        assert_eq!(
+            to_f32(Dtype::F32, &1.25f32.to_le_bytes()).unwrap(),
+            vec![1.25]
+        );
+        assert!(to_f32(Dtype::I64, &[0; 8]).is_none());
+    }
+}

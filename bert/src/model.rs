@@ -1,0 +1,160 @@
+//! The whole Hugging Face `BertModel` path on a loaded [`Checkpoint`]: embeddings, then the
+//! encoder with the padding masked; and the reference output saved beside a checkpoint.
+
+use std::path::Path;
+
+use runtime::Runtime;
+use safetensors::SafeTensors;
+
+use crate::{
+    reference_forward_with, BertError, Checkpoint, Embeddings, Encoder, LevelCounts, Scratch,
+    StageTimes, TokenBatch,
+};
+
+/// A checkpoint ready to serve: its embedding tables and its encoder, packed for the runtime.
+#[derive(Debug)]
+pub struct BertModel {
+    pub embeddings: Embeddings,
+    pub encoder: Encoder,
+}
+
+impl BertModel {
+    /// The model of `ckpt`, its matrices packed through `rt` for the `(batch, seq)` of
+    /// `shapes` (see [`Encoder::load`]).
+    pub fn load(
+        rt: &Runtime,
+        ckpt: &Checkpoint,
+        shapes: &[(usize, usize)],
+    ) -> Result<BertModel, BertError> {
+        Ok(BertModel {
+            embeddings: ckpt.embeddings.clone(),
+            encoder: Encoder::from_weights(rt, ckpt.config, &ckpt.layers, shapes)?,
+        })
+    }
+
+    /// `last_hidden_state` of `tokens` (`batch × seq × hidden`, in [`Scratch::output`]):
+    /// embeddings, then the encoder with every sequence's padding masked. Returns how many
+    /// kernel calls each runtime level served.
+    pub fn forward_with(
+        &self,
+        rt: &Runtime,
+        tokens: &TokenBatch,
+        scratch: &mut Scratch,
+    ) -> Result<LevelCounts, BertError> {
+        self.forward_inner(rt, tokens, scratch, None)
+    }
+
+    /// [`BertModel::forward_with`], adding the seconds of each stage to `times` (the
+    /// embeddings count as `other`).
+    pub fn forward_profiled(
+        &self,
+        rt: &Runtime,
+        tokens: &TokenBatch,
+        scratch: &mut Scratch,
+        times: &mut StageTimes,
+    ) -> Result<LevelCounts, BertError> {
+        self.forward_inner(rt, tokens, scratch, Some(times))
+    }
+
+    fn forward_inner(
+        &self,
+        rt: &Runtime,
+        tokens: &TokenBatch,
+        scratch: &mut Scratch,
+        times: Option<&mut StageTimes>,
+    ) -> Result<LevelCounts, BertError> {
+        self.embeddings.check(tokens)?;
+        let start = std::time::Instant::now();
+        let mut input = std::mem::take(&mut scratch.embedded);
+        self.embeddings.forward(tokens, &mut input);
+        let shape = (tokens.batch, tokens.seq);
+        let lens = Some(tokens.lens.as_slice()).filter(|_| tokens.padded());
+        let r = match times {
+            Some(t) => {
+                t.0[5] += start.elapsed().as_secs_f64();
+                self.encoder
+                    .forward_profiled(rt, shape, lens, &input, scratch, t)
+            }
+            None => match lens {
+                Some(l) => self.encoder.forward_masked(rt, shape, l, &input, scratch),
+                None => self
+                    .encoder
+                    .forward_with(rt, shape.0, shape.1, &input, scratch),
+            },
+        };
+        scratch.embedded = input;
+        r
+    }
+}
+
+impl Checkpoint {
+    /// The f64 reference of sequence `i` of `tokens` (`seq × hidden`): embeddings and every
+    /// layer in f64, attention over the sequence's real tokens.
+    pub fn reference(&self, tokens: &TokenBatch, i: usize) -> Vec<f64> {
+        let input = self.embeddings.reference(tokens, i);
+        let len = tokens.lens[i].max(0) as usize;
+        reference_forward_with(&self.config, &self.layers, tokens.seq, input, len)
+    }
+}
+
+/// A model's output computed elsewhere (by `transformers`), saved beside a checkpoint as
+/// `expected.safetensors` with one f32 tensor `last_hidden_state` of shape
+/// `[batch, seq, hidden]`.
+#[derive(Debug, Clone)]
+pub struct Expected {
+    pub batch: usize,
+    pub seq: usize,
+    pub hidden: usize,
+    pub values: Vec<f32>,
+}
+
+impl Expected {
+    /// Reads `path`.
+    pub fn load(path: &Path) -> Result<Expected, BertError> {
+        let bad = |reason: String| BertError::Checkpoint {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+        let st = SafeTensors::deserialize(&bytes)
+            .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let t = st
+            .tensor("last_hidden_state")
+            .map_err(|_| bad("tensor 'last_hidden_state' is missing".into()))?;
+        let &[batch, seq, hidden] = t.shape() else {
+            return Err(bad(format!(
+                "tensor 'last_hidden_state' has shape {:?}, not [batch, seq, hidden]",
+                t.shape()
+            )));
+        };
+        let values = crate::to_f32(t.dtype(), t.data())
+            .ok_or_else(|| bad(format!("tensor 'last_hidden_state' is {:?}", t.dtype())))?;
+        Ok(Expected {
+            batch,
+            seq,
+            hidden,
+            values,
+        })
+    }
+
+    /// Largest `|got − expected|` over every value (padded positions too), or an error
+    /// when the shapes differ.
+    pub fn max_abs_err(&self, got: &[f32]) -> Result<f64, BertError> {
+        if got.len() != self.values.len() {
+            return Err(BertError::Shape {
+                reason: format!(
+                    "{} output values, the expected output is [{}, {}, {}]",
+                    got.len(),
+                    self.batch,
+                    self.seq,
+                    self.hidden
+                ),
+            });
+        }
+        Ok(got
+            .iter()
+            .zip(&self.values)
+            .map(|(&g, &e)| (g as f64 - e as f64).abs())
+            .fold(0.0, |m, e| if e.is_nan() || e > m { e } else { m }))
+    }
+}

@@ -1,0 +1,201 @@
+//! A batch of token sequences: ids, segment (token type) ids and each sequence's length, as
+//! a serving stack's dynamic batcher sends them (right-padded to the longest).
+
+use std::path::Path;
+
+use kernels::Rng;
+use serde_json::Value;
+
+use crate::BertError;
+
+/// `batch` sequences of `seq` positions, row-major `[batch, seq]`; sequence `i` holds
+/// `lens[i]` real tokens followed by padding (what an attention mask of 1s then 0s says).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBatch {
+    pub batch: usize,
+    pub seq: usize,
+    /// Token ids (`input_ids`).
+    pub ids: Vec<u32>,
+    /// Segment ids (`token_type_ids`).
+    pub types: Vec<u32>,
+    /// Real tokens per sequence, each in `0..=seq`.
+    pub lens: Vec<i32>,
+}
+
+impl TokenBatch {
+    /// Random ids in `1..vocab` (0 is padding, as in BERT's vocabularies) from `seed`, all
+    /// of segment 0; sequence `i` is `lengths[i % lengths.len()]` long (clamped to `seq`),
+    /// or `seq` when `lengths` is empty. Padding positions hold id 0.
+    pub fn random(vocab: usize, seed: u64, batch: usize, seq: usize, lengths: &[usize]) -> Self {
+        let mut rng = Rng::new(seed ^ 0x70C3_E25E_ED00_0001);
+        let span = vocab.saturating_sub(1).max(1) as f32;
+        let lens: Vec<i32> = (0..batch)
+            .map(|i| {
+                lengths
+                    .get(i % lengths.len().max(1))
+                    .map_or(seq, |&l| l.min(seq)) as i32
+            })
+            .collect();
+        let mut ids = vec![0u32; batch * seq];
+        for (row, &len) in ids.chunks_exact_mut(seq).zip(&lens) {
+            for id in &mut row[..len as usize] {
+                let u = (rng.symmetric_f32() + 1.0) * 0.5; // [0, 1)
+                *id = 1 + ((u * span) as u32).min(span as u32 - 1);
+            }
+        }
+        TokenBatch {
+            batch,
+            seq,
+            ids,
+            types: vec![0; batch * seq],
+            lens,
+        }
+    }
+
+    /// Reads `{"input_ids": [[..], ..], "token_type_ids": .., "attention_mask": ..}` (the
+    /// last two optional: segment 0, no padding), every row of the same length. The mask
+    /// must be right padding (1s, then 0s).
+    pub fn from_json(path: &Path) -> Result<Self, BertError> {
+        let bad = |reason: String| BertError::Checkpoint {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let ids = matrix(&v, "input_ids")
+            .map_err(bad)?
+            .ok_or_else(|| BertError::Checkpoint {
+                path: path.to_path_buf(),
+                reason: "field 'input_ids' is missing".into(),
+            })?;
+        let (batch, seq) = (ids.len(), ids.first().map_or(0, Vec::len));
+        if batch == 0 || seq == 0 {
+            return Err(bad("'input_ids' is empty".into()));
+        }
+        let shaped = |name: &str, m: Option<Vec<Vec<u32>>>, fill: u32| match m {
+            None => Ok(vec![fill; batch * seq]),
+            Some(m) if m.len() == batch && m.iter().all(|r| r.len() == seq) => Ok(m.concat()),
+            Some(_) => Err(bad(format!(
+                "'{name}' is not {batch} rows of {seq} values like 'input_ids'"
+            ))),
+        };
+        let types = shaped(
+            "token_type_ids",
+            matrix(&v, "token_type_ids").map_err(bad)?,
+            0,
+        )?;
+        let mask = shaped(
+            "attention_mask",
+            matrix(&v, "attention_mask").map_err(bad)?,
+            1,
+        )?;
+        let ids = shaped("input_ids", Some(ids), 0)?;
+        let lens = mask
+            .chunks_exact(seq)
+            .enumerate()
+            .map(|(i, row)| {
+                let len = row.iter().take_while(|&&m| m == 1).count();
+                if row[len..].iter().any(|&m| m != 0) {
+                    return Err(bad(format!(
+                        "attention_mask row {i} is not 1s then 0s (only right padding is served)"
+                    )));
+                }
+                Ok(len as i32)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(TokenBatch {
+            batch,
+            seq,
+            ids,
+            types,
+            lens,
+        })
+    }
+
+    /// The tokens of sequence `i`: `(ids, types)`, `seq` each.
+    pub fn sequence(&self, i: usize) -> (&[u32], &[u32]) {
+        let r = i * self.seq..(i + 1) * self.seq;
+        (&self.ids[r.clone()], &self.types[r])
+    }
+
+    /// Whether any sequence is shorter than `seq`.
+    pub fn padded(&self) -> bool {
+        self.lens.iter().any(|&l| l as usize != self.seq)
+    }
+}
+
+/// Field `name` of `v` as rows of whole numbers (`None` when absent).
+fn matrix(v: &Value, name: &str) -> Result<Option<Vec<Vec<u32>>>, String> {
+    let Some(field) = v.get(name) else {
+        return Ok(None);
+    };
+    let bad = || format!("'{name}' is not a list of lists of whole numbers");
+    let rows = field.as_array().ok_or_else(bad)?;
+    rows.iter()
+        .map(|r| {
+            (r.as_array().ok_or_else(bad)?.iter())
+                .map(|x| {
+                    x.as_u64()
+                        .and_then(|x| u32::try_from(x).ok())
+                        .ok_or_else(bad)
+                })
+                .collect()
+        })
+        .collect::<Result<Vec<Vec<u32>>, String>>()
+        .map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<TokenBatch, String> {
+        let dir = std::env::temp_dir().join(format!("bert-tokens-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(format!(
+            "{:x}.json",
+            text.len() * 31 + text.as_bytes()[2] as usize
+        ));
+        std::fs::write(&p, text).unwrap();
+        let r = TokenBatch::from_json(&p).map_err(|e| e.to_string());
+        std::fs::remove_file(&p).unwrap();
+        r
+    }
+
+    #[test]
+    fn reads_a_padded_batch_and_names_what_is_wrong() {
+        let t = parse(
+            r#"{"input_ids": [[5, 6, 7], [8, 0, 0]], "attention_mask": [[1, 1, 1], [1, 0, 0]]}"#,
+        )
+        .unwrap();
+        assert_eq!((t.batch, t.seq, t.lens.clone()), (2, 3, vec![3, 1]));
+        assert_eq!(t.types, vec![0; 6]);
+        assert!(t.padded());
+        assert_eq!(t.sequence(1).0, &[8, 0, 0]);
+        for (text, needle) in [
+            (r#"{"ids": [[1]]}"#, "'input_ids' is missing"),
+            (r#"{"input_ids": [[1, 2], [3]]}"#, "not 2 rows of 2"),
+            (r#"{"input_ids": [[1, -2]]}"#, "whole numbers"),
+            (
+                r#"{"input_ids": [[1, 2]], "attention_mask": [[0, 1]]}"#,
+                "row 0 is not 1s then 0s",
+            ),
+            (r#"{"input_ids": []}"#, "is empty"),
+            ("[1, 2", "not JSON"),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn random_batches_have_the_lengths_asked_for() {
+        let t = TokenBatch::random(100, 3, 5, 8, &[8, 3, 1]);
+        assert_eq!(t.lens, vec![8, 3, 1, 8, 3]);
+        assert!(t.ids.iter().all(|&i| i < 100));
+        assert!(t.sequence(1).0[..3].iter().all(|&i| i >= 1));
+        assert_eq!(&t.sequence(1).0[3..], &[0; 5]);
+        assert_eq!(TokenBatch::random(100, 3, 2, 4, &[]).lens, vec![4, 4]);
+        assert_eq!(TokenBatch::random(100, 3, 1, 4, &[9]).lens, vec![4]);
+    }
+}

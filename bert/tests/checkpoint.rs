@@ -1,0 +1,252 @@
+//! A real checkpoint: the tiny BERT that `transformers` saved (tests/fixtures/tiny-bert, made
+//! by scripts/make-bert-fixture.py) against the output `transformers` computed for a padded
+//! batch; the same weights stored in other ways; broken directories as one-line errors.
+
+use std::path::{Path, PathBuf};
+
+use bert::{BertModel, Checkpoint, Expected, Scratch, TokenBatch};
+use kernels::Act;
+use runtime::Runtime;
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-bert")
+}
+
+/// A fresh temporary directory for one test.
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("bert-ckpt-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The fixture copied into `dir` with its tensors passed through `f` (`None` drops one) and
+/// its config through `cfg`.
+fn rewrite(
+    dir: &Path,
+    f: impl Fn(&str, Dtype, &[usize], &[u8]) -> Option<Tensor>,
+    cfg: impl Fn(&mut serde_json::Value),
+) {
+    let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<Tensor> = st
+        .tensors()
+        .into_iter()
+        .filter_map(|(name, t)| f(&name, t.dtype(), t.shape(), t.data()))
+        .collect();
+    let views = kept
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()));
+    std::fs::write(
+        dir.join("model.safetensors"),
+        safetensors::serialize(views, None).unwrap(),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(fixture().join("config.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    cfg(&mut v);
+    std::fs::write(dir.join("config.json"), v.to_string()).unwrap();
+}
+
+/// A tensor as `rewrite` takes it back: name, type, shape, bytes.
+type Tensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
+fn same(name: &str, d: Dtype, s: &[usize], b: &[u8]) -> Option<Tensor> {
+    Some((name.to_string(), d, s.to_vec(), b.to_vec()))
+}
+
+/// The fixture's batch through the runtime: `last_hidden_state`.
+fn run(ckpt: &Checkpoint, tokens: &TokenBatch) -> Vec<f32> {
+    let rt = Runtime::defaults_only();
+    let model = BertModel::load(&rt, ckpt, &[(tokens.batch, tokens.seq)]).unwrap();
+    let mut scratch = Scratch::default();
+    let calls = model.forward_with(&rt, tokens, &mut scratch).unwrap();
+    assert_eq!(calls.total(), 5 * ckpt.config.layers as u64);
+    scratch.output().to_vec()
+}
+
+#[test]
+fn the_padded_batch_matches_transformers_within_1e_4() {
+    let ckpt = Checkpoint::load(&fixture()).unwrap();
+    assert_eq!(
+        ckpt.config.act,
+        Act::GeluErf,
+        "hidden_act 'gelu' is the exact form"
+    );
+    assert_eq!(
+        (ckpt.config.layers, ckpt.config.hidden, ckpt.config.heads),
+        (2, 64, 4)
+    );
+    let tokens = TokenBatch::from_json(&fixture().join("inputs.json")).unwrap();
+    assert_eq!(
+        tokens.lens,
+        vec![11, 6, 1, 9],
+        "sequences of different lengths"
+    );
+    let expected = Expected::load(&fixture().join("expected.safetensors")).unwrap();
+    let out = run(&ckpt, &tokens);
+    let err = expected.max_abs_err(&out).unwrap();
+    eprintln!("max |ours − transformers| = {err:.2e}");
+    assert!(err <= 1e-4, "max |ours − transformers| = {err:e}");
+    // And against the f64 reference forward, sequence by sequence.
+    let h = ckpt.config.hidden;
+    for i in 0..tokens.batch {
+        let want = ckpt.reference(&tokens, i);
+        let got = &out[i * tokens.seq * h..(i + 1) * tokens.seq * h];
+        bert::check(got, &want).unwrap_or_else(|a| panic!("sequence {i}: {a:?}"));
+    }
+    // Each sequence alone, unpadded, gives the padded batch's values at its real tokens.
+    for i in 0..tokens.batch {
+        let len = tokens.lens[i] as usize;
+        let (ids, types) = tokens.sequence(i);
+        let alone = TokenBatch {
+            batch: 1,
+            seq: len,
+            ids: ids[..len].to_vec(),
+            types: types[..len].to_vec(),
+            lens: vec![len as i32],
+        };
+        let got = run(&ckpt, &alone);
+        let padded = &out[i * tokens.seq * h..][..len * h];
+        let diff = got
+            .iter()
+            .zip(padded)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(diff < 2e-5, "sequence {i}: {diff}");
+    }
+}
+
+#[test]
+fn a_wrong_activation_or_an_ignored_mask_misses_transformers() {
+    let mut ckpt = Checkpoint::load(&fixture()).unwrap();
+    let tokens = TokenBatch::from_json(&fixture().join("inputs.json")).unwrap();
+    let expected = Expected::load(&fixture().join("expected.safetensors")).unwrap();
+    let mut unmasked = tokens.clone();
+    unmasked.lens = vec![tokens.seq as i32; tokens.batch];
+    let err = expected.max_abs_err(&run(&ckpt, &unmasked)).unwrap();
+    assert!(err > 1e-2, "without the mask: {err}");
+    ckpt.config.act = Act::Gelu;
+    let err = expected.max_abs_err(&run(&ckpt, &tokens)).unwrap();
+    assert!(err > 1e-4, "tanh GELU instead of erf: {err}");
+}
+
+#[test]
+fn f32_storage_and_the_bert_prefix_load_the_same_model() {
+    let dir = scratch_dir("f32");
+    rewrite(
+        &dir,
+        |name, _, shape, data| {
+            let v = bert::to_f32(Dtype::F16, data).unwrap();
+            let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            Some((format!("bert.{name}"), Dtype::F32, shape.to_vec(), bytes))
+        },
+        |_| {},
+    );
+    let a = Checkpoint::load(&fixture()).unwrap();
+    let b = Checkpoint::load(&dir).unwrap();
+    assert_eq!(a.embeddings.word, b.embeddings.word);
+    assert_eq!(a.layers[1].w_ffn2, b.layers[1].w_ffn2);
+    assert_eq!(a.layers[0].w_qkv, b.layers[0].w_qkv);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Writes a broken copy of the fixture into a directory.
+type Breaker = Box<dyn Fn(&Path)>;
+
+#[test]
+fn broken_directories_are_one_line_errors_naming_the_tensor_or_field() {
+    const LAYER1: &str = "encoder.layer.1.intermediate.dense.weight";
+    let cases: Vec<(&str, Breaker, &str)> = vec![
+        (
+            "missing",
+            Box::new(|d: &Path| rewrite(d, |n, t, s, b| (n != LAYER1).then(|| same(n, t, s, b)).flatten(), |_| {})),
+            "tensor 'encoder.layer.1.intermediate.dense.weight' is missing",
+        ),
+        (
+            "shape",
+            Box::new(|d: &Path| rewrite(d, same, |v| v["intermediate_size"] = 96.into())),
+            "tensor 'encoder.layer.0.intermediate.dense.weight' has shape [128, 64], config.json says [96, 64]",
+        ),
+        (
+            "act",
+            Box::new(|d: &Path| rewrite(d, same, |v| v["hidden_act"] = "silu".into())),
+            "hidden_act 'silu' is not supported",
+        ),
+        (
+            "gpt2",
+            Box::new(|d: &Path| rewrite(d, same, |v| v["model_type"] = "gpt2".into())),
+            "model_type 'gpt2' is not a BERT model",
+        ),
+        (
+            "heads",
+            Box::new(|d: &Path| rewrite(d, same, |v| v["num_attention_heads"] = 5.into())),
+            "not a multiple of heads 5",
+        ),
+        (
+            "hidden",
+            Box::new(|d: &Path| rewrite(d, same, |v| v.as_object_mut().unwrap().remove("hidden_size").map(|_| ()).unwrap())),
+            "field 'hidden_size' is missing",
+        ),
+        (
+            "dtype",
+            Box::new(|d: &Path| {
+                rewrite(
+                    d,
+                    |n, t, s, b| {
+                        if n == "embeddings.LayerNorm.bias" {
+                            Some((n.into(), Dtype::I16, s.to_vec(), b.to_vec()))
+                        } else {
+                            same(n, t, s, b)
+                        }
+                    },
+                    |_| {},
+                )
+            }),
+            "tensor 'embeddings.LayerNorm.bias' is I16",
+        ),
+        (
+            "nofile",
+            Box::new(|d: &Path| {
+                rewrite(d, same, |_| {});
+                std::fs::remove_file(d.join("model.safetensors")).unwrap();
+            }),
+            "model.safetensors: cannot read",
+        ),
+    ];
+    for (name, make, needle) in cases {
+        let dir = scratch_dir(name);
+        make(&dir);
+        let e = Checkpoint::load(&dir).unwrap_err().to_string();
+        assert!(e.contains(needle), "{name}: {e}");
+        assert!(!e.contains('\n'), "{name}: one line: {e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let e = Checkpoint::load(Path::new("/nonexistent/bert"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("config.json: cannot read"), "{e}");
+}
+
+#[test]
+fn tokens_outside_the_tables_are_errors() {
+    let ckpt = Checkpoint::load(&fixture()).unwrap();
+    let rt = Runtime::defaults_only();
+    let model = BertModel::load(&rt, &ckpt, &[(1, 4)]).unwrap();
+    let mut scratch = Scratch::default();
+    let mut t = TokenBatch::random(100, 1, 1, 4, &[]);
+    t.ids[2] = 100;
+    let e = model
+        .forward_with(&rt, &t, &mut scratch)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("token id 100 (sequence 0, position 2)"), "{e}");
+    let t = TokenBatch::random(100, 1, 1, 17, &[]);
+    let e = model
+        .forward_with(&rt, &t, &mut scratch)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the model has 16 positions"), "{e}");
+}
