@@ -151,3 +151,172 @@ fn bad_input_is_a_clear_error() {
         assert!(!e.contains("panicked"), "{args:?}: {e}");
     }
 }
+
+/// The tiny BERT that `transformers` saved (scripts/make-bert-fixture.py).
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny-bert");
+
+#[test]
+fn a_checkpoint_is_tuned_from_its_config_and_matches_transformers_on_a_padded_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ckpt.db");
+    let db = db.to_str().unwrap();
+    let tune = |extra: &[&str]| {
+        let mut args = vec!["tune", "--model", FIXTURE, "--db", db, "--budget", "1"];
+        args.extend([
+            "--finalists",
+            "0",
+            "--isolation",
+            "none",
+            "--threads",
+            "1",
+            "--json",
+        ]);
+        args.extend(extra);
+        autokernel(&args)
+    };
+    // The saved batch is 4 sequences padded to 11: M = 44, the exact GELU from config.json.
+    let o = tune(&["--batch", "4", "--seq", "11"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let tuned: Vec<String> = json_lines(&o)
+        .iter()
+        .map(|t| t["workload"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(tuned.len(), 5, "{tuned:?}");
+    assert!(
+        tuned.contains(&"gemm_bias_gelu_erf:44x128x64".to_string()),
+        "{tuned:?}"
+    );
+    assert!(
+        tuned.contains(&"attention:4x4x11x16".to_string()),
+        "{tuned:?}"
+    );
+    // Without --seq, tune keeps to the model's 16 positions.
+    let o = tune(&["--batch", "1", "--dry-run"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan = &json_lines(&o)[0]["workloads"];
+    assert!(
+        plan.as_array()
+            .unwrap()
+            .contains(&"gemm_bias_gelu_erf:16x128x64".into()),
+        "{plan}"
+    );
+
+    // infer runs the saved batch by default, every call from the database, and checks it
+    // against transformers' last_hidden_state (padded positions included).
+    let infer = |extra: &[&str]| {
+        let mut args = vec!["infer", "--model", FIXTURE, "--db", db, "--iters", "2"];
+        args.extend(["--threads", "1", "--json", "--check", "all"]);
+        args.extend(extra);
+        common::autokernel_env(&args, &[("AUTOKERNEL_FALLBACK_CHECK", "0")], &[])
+    };
+    let o = infer(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_lines(&o);
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    assert_eq!(
+        (r["batch"].as_u64(), r["seq"].as_u64()),
+        (Some(4), Some(11)),
+        "{r}"
+    );
+    assert_eq!(r["lengths"], serde_json::json!([11, 6, 1, 9]), "{r}");
+    assert_eq!(r["act"], "gelu_erf");
+    assert_eq!(r["calls"]["exact"], 10, "{r}");
+    let vs_hf = r["transformers_max_abs_err"].as_f64().unwrap();
+    assert!(vs_hf <= 1e-4, "{r}");
+    assert!(r["max_abs_err"].as_f64().unwrap() <= r["tolerance"].as_f64().unwrap());
+
+    // A generated padded batch (lengths 16, 5, 1), checked against the f64 reference.
+    let o = infer(&[
+        "--batch",
+        "3",
+        "--seq",
+        "16",
+        "--lengths",
+        "16,5,1",
+        "--no-untuned",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = &json_lines(&o)[0];
+    assert_eq!(r["lengths"], serde_json::json!([16, 5, 1]), "{r}");
+    assert_eq!(r["checked_sequences"], 3);
+    assert!(r["transformers_max_abs_err"].is_null());
+    assert!(r["max_abs_err"].as_f64().unwrap() <= r["tolerance"].as_f64().unwrap());
+
+    // A wrong result fails the transformers check too.
+    let o = infer(&["--plant-fault", "--no-untuned"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("max |output - transformers|"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn broken_checkpoint_directories_are_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{FIXTURE}/config.json")).unwrap())
+            .unwrap();
+    for (name, edit, needle) in [
+        (
+            "layers",
+            ("num_hidden_layers", serde_json::json!(3)),
+            "tensor 'encoder.layer.2.attention.self.query.weight' is missing",
+        ),
+        (
+            "shape",
+            ("intermediate_size", serde_json::json!(96)),
+            "tensor 'encoder.layer.0.intermediate.dense.weight' has shape [128, 64]",
+        ),
+        (
+            "act",
+            ("hidden_act", serde_json::json!("swish")),
+            "hidden_act 'swish' is not supported",
+        ),
+        (
+            "gpt2",
+            ("model_type", serde_json::json!("gpt2")),
+            "model_type 'gpt2' is not a BERT model",
+        ),
+        (
+            "vocab",
+            ("vocab_size", serde_json::json!("many")),
+            "field 'vocab_size' is \"many\"",
+        ),
+    ] {
+        let d = dir.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        std::fs::copy(
+            format!("{FIXTURE}/model.safetensors"),
+            d.join("model.safetensors"),
+        )
+        .unwrap();
+        let mut cfg = base.clone();
+        cfg[edit.0] = edit.1;
+        std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+        let d = d.to_str().unwrap();
+        // tune reads config.json only: a tensor's fault is infer's to find.
+        let in_config = !matches!(name, "layers" | "shape");
+        let mut commands = vec![vec!["infer", "--model", d]];
+        if in_config {
+            commands.push(vec!["tune", "--model", d, "--dry-run"]);
+        }
+        for args in commands {
+            let o = autokernel(&args);
+            let e = stderr(&o);
+            assert_eq!(o.status.code(), Some(2), "{name} {args:?}: {e}");
+            assert!(e.contains(needle), "{name} {args:?}: {e}");
+            assert_eq!(e.trim().lines().count(), 1, "{name}: one line: {e}");
+            assert!(!e.contains("panicked"), "{name}: {e}");
+        }
+    }
+    let o = autokernel(&["infer", "--model", "/nonexistent/bert"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("unknown model '/nonexistent/bert'"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -38,6 +38,13 @@ pub const HIDDEN_ACTS: [(&str, Act); 4] = [
 ];
 
 impl Checkpoint {
+    /// Only `dir/config.json`: the encoder's sizes and the longest sequence its position
+    /// embeddings take (what `tune --model DIR` needs, without reading the weights).
+    pub fn read_config(dir: &Path) -> Result<(BertConfig, usize), BertError> {
+        let (config, tables) = read_config(&dir.join("config.json"))?;
+        Ok((config, tables.positions))
+    }
+
     /// Reads `dir/config.json` and `dir/model.safetensors`.
     pub fn load(dir: &Path) -> Result<Checkpoint, BertError> {
         let cfg_path = dir.join("config.json");

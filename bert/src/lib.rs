@@ -60,7 +60,9 @@ pub use config::{BertConfig, MAX_SEQ};
 pub use embeddings::Embeddings;
 pub use encoder::{Encoder, LevelCounts, Scratch, StageTimes};
 pub use model::{BertModel, Expected};
-pub use reference::{check, reference_forward, reference_forward_with, Agreement, TOLERANCE};
+pub use reference::{
+    check, reference_forward, reference_forward_len, reference_forward_with, Agreement, TOLERANCE,
+};
 pub use tokens::TokenBatch;
 pub use weights::{batch_input, sequence_input, LayerWeights};
 

@@ -86,8 +86,20 @@ fn attention(qkv: &[f64], seq: usize, heads: usize, d: usize, keys: usize) -> Ve
 /// `seed`, in f64. Attention never mixes sequences, so this is the reference for that
 /// sequence in any batch.
 pub fn reference_forward(config: &BertConfig, seed: u64, seq: usize, input: &[f32]) -> Vec<f64> {
+    reference_forward_len(config, seed, seq, input, seq)
+}
+
+/// [`reference_forward`] of a sequence whose first `key_len` positions are real tokens:
+/// attention sees only those keys (the rest is padding).
+pub fn reference_forward_len(
+    config: &BertConfig,
+    seed: u64,
+    seq: usize,
+    input: &[f32],
+    key_len: usize,
+) -> Vec<f64> {
     let x = input.iter().map(|&v| v as f64).collect();
-    reference_layers(config, seq, x, seq, |l| {
+    reference_layers(config, seq, x, key_len.min(seq), |l| {
         Cow::Owned(LayerWeights::generate(config, seed, l))
     })
 }

@@ -52,6 +52,18 @@ impl TokenBatch {
         }
     }
 
+    /// The lengths of `batch` sequences padded to `seq`: `lengths` cycled over the batch,
+    /// each clamped to `seq` (all `seq` when `lengths` is empty).
+    pub fn lengths(batch: usize, seq: usize, lengths: &[usize]) -> Vec<i32> {
+        (0..batch)
+            .map(|i| {
+                lengths
+                    .get(i % lengths.len().max(1))
+                    .map_or(seq, |&l| l.min(seq)) as i32
+            })
+            .collect()
+    }
+
     /// Reads `{"input_ids": [[..], ..], "token_type_ids": .., "attention_mask": ..}` (the
     /// last two optional: segment 0, no padding), every row of the same length. The mask
     /// must be right padding (1s, then 0s).

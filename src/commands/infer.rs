@@ -1,15 +1,15 @@
-//! `autokernel infer`: a BERT encoder through the runtime — latency, throughput and which
+//! `autokernel infer`: a BERT model through the runtime — latency, throughput and which
 //! level served each kernel call, tuned database vs kernel defaults, output checked against
-//! the f64 reference.
+//! the f64 reference, and against `transformers`' output when a checkpoint carries one.
+
+mod model;
 
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
-use bert::{
-    batch_input, check, reference_forward, sequence_input, BertConfig, Encoder, LevelCounts,
-};
+use anyhow::bail;
+use bert::{check, LevelCounts};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use runtime::Runtime;
@@ -17,18 +17,25 @@ use serde_json::json;
 
 #[derive(Args)]
 pub struct InferArgs {
-    /// The model: `bert-base` (12 layers, hidden 768, 12 heads, FFN 3072) or `bert-tiny`
-    /// (2 layers, hidden 64; for tests).
-    #[arg(long, default_value = "bert-base", value_name = "MODEL")]
+    /// The model: `bert-base` (12 layers, hidden 768, 12 heads, FFN 3072, seeded weights),
+    /// `bert-tiny` (2 layers, hidden 64; for tests), or a Hugging Face BERT directory
+    /// (`config.json` + `model.safetensors`; an `inputs.json` beside them is its default
+    /// batch, and an `expected.safetensors` the output it is checked against).
+    #[arg(long, default_value = "bert-base", value_name = "MODEL|DIR")]
     pub model: String,
     #[command(flatten)]
     pub db: crate::DbArg,
-    /// Batch sizes, comma-separated.
-    #[arg(long, value_name = "B,..", default_value = "1,2,4,8", value_parser = positive_list)]
-    pub batch: PositiveList,
-    /// Sequence lengths, comma-separated.
-    #[arg(long, value_name = "S,..", default_value = "32,64,128", value_parser = positive_list)]
-    pub seq: PositiveList,
+    /// Batch sizes, comma-separated [default: 1,2,4,8, or a checkpoint's inputs.json].
+    #[arg(long, value_name = "B,..", value_parser = positive_list)]
+    pub batch: Option<PositiveList>,
+    /// Sequence lengths (padded), comma-separated [default: 32,64,128, or a checkpoint's
+    /// inputs.json].
+    #[arg(long, value_name = "S,..", value_parser = positive_list)]
+    pub seq: Option<PositiveList>,
+    /// A padded batch: the real lengths of its sequences, cycled over each batch (each
+    /// clamped to the sequence length); attention masks the rest.
+    #[arg(long, value_name = "L,..", value_parser = positive_list)]
+    pub lengths: Option<PositiveList>,
     #[command(flatten)]
     pub threads: crate::ThreadsArg,
     /// Timed forward passes per (batch, seq), for each of tuned and untuned (interleaved).
@@ -81,26 +88,19 @@ pub fn positive_list(s: &str) -> Result<PositiveList, String> {
     Ok(PositiveList(out))
 }
 
-/// The model called `name`, or an error listing the known ones.
-pub fn model(name: &str) -> anyhow::Result<BertConfig> {
-    BertConfig::by_name(name).with_context(|| {
-        format!(
-            "unknown model '{name}' (known models: {})",
-            BertConfig::NAMES.join(", ")
-        )
-    })
-}
+pub use model::model_config;
 
-/// Refuses a `--seq` longer than BERT takes (`infer` and `tune --model`).
-pub fn check_seqs(seqs: &[usize]) -> anyhow::Result<()> {
-    if let Some(s) = seqs.iter().find(|&&s| s > bert::MAX_SEQ) {
-        bail!(
-            "--seq {s}: BERT takes at most {} tokens (its position embeddings)",
-            bert::MAX_SEQ
-        );
+/// Refuses a `--seq` longer than the model takes, `max` positions (`infer` and `tune
+/// --model`).
+pub fn check_seqs(seqs: &[usize], max: usize) -> anyhow::Result<()> {
+    if let Some(s) = seqs.iter().find(|&&s| s > max) {
+        bail!("--seq {s}: this BERT takes at most {max} tokens (its position embeddings)");
     }
     Ok(())
 }
+
+/// Largest accepted `|ours − transformers|` on a checkpoint's saved output (f32 both).
+pub const TRANSFORMERS_TOLERANCE: f64 = 1e-4;
 
 /// Latency statistics of one variant at one shape.
 struct Timing {
@@ -133,23 +133,52 @@ fn counts_json(c: &LevelCounts) -> serde_json::Value {
     })
 }
 
+/// The (batch, seq) shapes to run: the options', else a checkpoint's saved batch, else
+/// the defaults; each seq within the model's positions.
+fn shapes_of(args: &InferArgs, source: &model::Source) -> anyhow::Result<Vec<(usize, usize)>> {
+    let fixture = source
+        .fixture_shape()
+        .filter(|_| args.batch.is_none() && args.seq.is_none() && args.lengths.is_none());
+    if let Some(shape) = fixture {
+        return Ok(vec![shape]);
+    }
+    let batches = args
+        .batch
+        .as_ref()
+        .map_or(vec![1, 2, 4, 8], |b| b.0.clone());
+    let seqs = args.seq.as_ref().map_or(vec![32, 64, 128], |s| s.0.clone());
+    check_seqs(&seqs, source.max_seq())?;
+    Ok(batches
+        .iter()
+        .flat_map(|&b| seqs.iter().map(move |&s| (b, s)))
+        .collect())
+}
+
+/// Which sequences of a batch of `batch` are checked against the f64 reference.
+fn checked(how: &str, batch: usize) -> Vec<usize> {
+    match how {
+        "all" => (0..batch).collect(),
+        "none" => vec![],
+        _ if batch > 1 => vec![0, batch - 1],
+        _ => vec![0],
+    }
+}
+
 pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
-    let config = model(&args.model)?;
+    let source = model::Source::open(&args.model, args.seed)?;
     super::require_db(&args.db.db)?;
     args.threads.apply()?;
     let rt = super::open_runtime(&args.db.db)?;
     let untuned_rt = Runtime::defaults_only();
-    let shapes: Vec<(usize, usize)> = args
-        .batch
-        .0
-        .iter()
-        .flat_map(|&b| args.seq.0.iter().map(move |&s| (b, s)))
-        .collect();
-    check_seqs(&args.seq.0)?;
+    let shapes = shapes_of(&args, &source)?;
+    let lengths = args.lengths.as_ref().map_or(vec![], |l| l.0.clone());
+    let config = *source.config();
     let threads = rt.fingerprint().cores;
     if !args.json {
         eprintln!(
-            "{config}, {} shape(s), {threads} thread(s), {} iterations each, database {} ({} workloads tuned here)",
+            "{}: {config}, FFN activation {}, {} shape(s), {threads} thread(s), {} iterations each, database {} ({} workloads tuned here)",
+            source.label(),
+            config.act,
             shapes.len(),
             args.iters,
             args.db.db.display(),
@@ -157,11 +186,11 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
         );
         eprintln!("loading the weights and planning every shape's kernels ...");
     }
-    let mut tuned = Encoder::load(&rt, config, args.seed, &shapes)?;
+    let mut tuned = source.load(&rt, &shapes)?;
     let untuned = if args.no_untuned {
         None
     } else {
-        Some(Encoder::load(&untuned_rt, config, args.seed, &shapes)?)
+        Some(source.load(&untuned_rt, &shapes)?)
     };
     if args.plant_fault {
         tuned.plant_fault(0.1);
@@ -192,57 +221,46 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
         )
         .expect("a valid template"),
     );
-    let mut references: HashMap<(usize, usize), Vec<f64>> = HashMap::new();
+    let seeded = matches!(source, model::Source::Seeded { .. });
+    let mut references: HashMap<(usize, usize, i32, usize), Vec<f64>> = HashMap::new();
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     for &(batch, seq) in &shapes {
         bar.set_message(format!("batch {batch} seq {seq}"));
         let tokens = (batch * seq) as u64;
-        let input = batch_input(&config, args.seed, batch, seq);
+        let input = source.input(batch, seq, &lengths, args.seed);
+        let shape = (batch, seq);
         let mut scratch = bert::Scratch::default();
         let mut scratch_u = bert::Scratch::default();
         // One untimed pass each (warm-up: caches, page faults, lazily planned shapes).
-        let calls = tuned.forward_with(&rt, batch, seq, &input, &mut scratch)?;
+        let calls = tuned.forward(&rt, shape, &input, &mut scratch, None)?;
         bar.inc(tokens);
         let untuned_calls = match &untuned {
             Some(u) => {
-                let c = u.forward_with(&untuned_rt, batch, seq, &input, &mut scratch_u)?;
+                let c = u.forward(&untuned_rt, shape, &input, &mut scratch_u, None)?;
                 bar.inc(tokens);
                 Some(c)
             }
             None => None,
         };
-        // Check the outputs of the warm-up passes.
+        let mut outputs = vec![("tuned", scratch.output())];
+        if untuned.is_some() {
+            outputs.push(("untuned", scratch_u.output()));
+        }
+        // Check the outputs of the warm-up passes: against the f64 reference ...
         let h = config.hidden;
-        let which: Vec<usize> = match args.check.as_str() {
-            "all" => (0..batch).collect(),
-            "none" => vec![],
-            _ => {
-                let mut v = vec![0];
-                if batch > 1 {
-                    v.push(batch - 1);
-                }
-                v
-            }
-        };
+        let which = checked(&args.check, batch);
         let mut worst = 0.0f64;
         for &i in &which {
             bar.set_message(format!(
                 "batch {batch} seq {seq}: reference of sequence {i}"
             ));
-            let reference = references.entry((seq, i)).or_insert_with(|| {
-                reference_forward(
-                    &config,
-                    args.seed,
-                    seq,
-                    &sequence_input(&config, args.seed, seq, i),
-                )
-            });
-            let mut outputs = vec![("tuned", scratch.output())];
-            if untuned.is_some() {
-                outputs.push(("untuned", scratch_u.output()));
-            }
-            for (name, out) in outputs {
+            // Seeded inputs depend on (seq, i) only; checkpoint tokens on the batch too.
+            let key = (seq, i, input.lens[i], if seeded { 0 } else { batch });
+            let reference = references
+                .entry(key)
+                .or_insert_with(|| source.reference(&input, seq, i));
+            for (name, out) in &outputs {
                 match check(&out[i * seq * h..(i + 1) * seq * h], reference) {
                     Ok(a) => worst = worst.max(a.max_abs_err),
                     Err(a) => {
@@ -258,33 +276,39 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        // ... and against transformers' output, when the checkpoint carries one.
+        let mut vs_transformers: Option<f64> = None;
+        if let Some(expected) = &input.expected {
+            for (name, out) in &outputs {
+                let e = expected.max_abs_err(out)?;
+                vs_transformers = Some(vs_transformers.map_or(e, |w: f64| w.max(e)));
+                if e.is_nan() || e > TRANSFORMERS_TOLERANCE {
+                    failures.push(format!(
+                        "batch {batch} seq {seq} ({name}): max |output - transformers| = {e:.3e} (tolerance {TRANSFORMERS_TOLERANCE:.0e})"
+                    ));
+                }
+            }
+        }
         bar.set_message(format!("batch {batch} seq {seq}"));
         let (mut t, mut u) = (Vec::new(), Vec::new());
         for _ in 0..args.iters {
             let start = Instant::now();
-            tuned.forward_with(&rt, batch, seq, &input, &mut scratch)?;
+            tuned.forward(&rt, shape, &input, &mut scratch, None)?;
             t.push(start.elapsed().as_secs_f64());
             bar.inc(tokens);
             if let Some(enc) = &untuned {
                 let start = Instant::now();
-                enc.forward_with(&untuned_rt, batch, seq, &input, &mut scratch_u)?;
+                enc.forward(&untuned_rt, shape, &input, &mut scratch_u, None)?;
                 u.push(start.elapsed().as_secs_f64());
                 bar.inc(tokens);
             }
         }
         let profile = if args.profile {
             let mut pt = bert::StageTimes::default();
-            tuned.forward_profiled(&rt, (batch, seq), None, &input, &mut scratch, &mut pt)?;
+            tuned.forward(&rt, shape, &input, &mut scratch, Some(&mut pt))?;
             let mut pu = bert::StageTimes::default();
             if let Some(enc) = &untuned {
-                enc.forward_profiled(
-                    &untuned_rt,
-                    (batch, seq),
-                    None,
-                    &input,
-                    &mut scratch_u,
-                    &mut pu,
-                )?;
+                enc.forward(&untuned_rt, shape, &input, &mut scratch_u, Some(&mut pu))?;
             }
             let ms = |p: &bert::StageTimes| {
                 p.by_stage()
@@ -311,9 +335,11 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
         let seqs = |p50: f64| batch as f64 / p50;
         let gflops = config.flops(batch, seq) / tt.p50 / 1e9;
         let row = json!({
-            "model": config.name,
+            "model": source.label(),
+            "act": config.act.name(),
             "batch": batch,
             "seq": seq,
+            "lengths": input.padded(seq).then_some(&input.lens),
             "threads": threads,
             "iters": args.iters,
             "p50_ms": tt.p50 * 1e3,
@@ -333,6 +359,8 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
             "checked_sequences": which.len(),
             "max_abs_err": if which.is_empty() { None } else { Some(worst) },
             "tolerance": bert::TOLERANCE,
+            "transformers_max_abs_err": vs_transformers,
+            "transformers_tolerance": vs_transformers.map(|_| TRANSFORMERS_TOLERANCE),
             "profile": profile,
         });
         // Each row as soon as its shape is done.
@@ -351,7 +379,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
     bar.finish_and_clear();
     if !failures.is_empty() {
         bail!(
-            "{} output(s) differ from the f64 reference forward:\n  {}",
+            "{} output(s) differ from the f64 reference forward or transformers' output:\n  {}",
             failures.len(),
             failures.join("\n  ")
         );
@@ -361,7 +389,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
 
 fn print_header() {
     println!(
-        "{:>5} {:>5} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>8}  {:<24} {:>8}",
+        "{:>5} {:>5} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>8}  {:<24} {:>8} {:>8}",
         "batch",
         "seq",
         "p50 ms",
@@ -372,7 +400,8 @@ fn print_header() {
         "untuned/s",
         "speedup",
         "exact/arch/near/default",
-        "max err"
+        "max err",
+        "vs HF"
     );
 }
 
@@ -383,7 +412,7 @@ fn print_row(r: &serde_json::Value) {
         let opt =
             |x: Option<f64>, suffix: &str| x.map_or("-".to_string(), |x| format!("{x:.2}{suffix}"));
         println!(
-            "{:>5} {:>5} {:>9.2} {:>9.2} {:>9.2} {:>9.1} {:>8.1} {:>10} {:>8}  {:<24} {:>8}",
+            "{:>5} {:>5} {:>9.2} {:>9.2} {:>9.2} {:>9.1} {:>8.1} {:>10} {:>8}  {:<24} {:>8} {:>8}",
             u("batch"),
             u("seq"),
             f("p50_ms").unwrap_or(0.0),
@@ -401,6 +430,7 @@ fn print_row(r: &serde_json::Value) {
                 u("default")
             ),
             f("max_abs_err").map_or("-".to_string(), |e| format!("{e:.1e}")),
+            f("transformers_max_abs_err").map_or("-".to_string(), |e| format!("{e:.1e}")),
         );
     }
 }

@@ -37,9 +37,10 @@ pub struct TuneArgs {
     /// runtime's untuned-workload log).
     #[arg(long, value_name = "FILE")]
     workloads_from: Option<std::path::PathBuf>,
-    /// Also tune every workload of this model's forward pass (`bert-base`, `bert-tiny`) at
-    /// each --batch × --seq, deduplicated: the list `autokernel infer` calls.
-    #[arg(long, value_name = "MODEL")]
+    /// Also tune every workload of this model's forward pass (`bert-base`, `bert-tiny`, or a
+    /// Hugging Face BERT directory: its config.json's sizes and activation) at each --batch ×
+    /// --seq, deduplicated: the list `autokernel infer` calls.
+    #[arg(long, value_name = "MODEL|DIR")]
     model: Option<String>,
     /// Batch sizes for --model, comma-separated.
     #[arg(long, value_name = "B,..", requires = "model", value_parser = super::infer::positive_list)]
@@ -113,19 +114,33 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
             DEFAULT_WORKLOADS.iter().map(|s| s.to_string()).collect()
         } else {
             let mut names = args.workloads.clone();
-            if let Some(seq) = &args.seq {
-                super::infer::check_seqs(&seq.0)?;
-            }
             if let Some(file) = &args.workloads_from {
                 names.extend(super::db::read_workload_list(file)?);
             }
             if let Some(name) = &args.model {
-                let config = super::infer::model(name)?;
+                let (config, max_seq) = super::infer::model_config(name)?;
+                if let Some(seq) = &args.seq {
+                    super::infer::check_seqs(&seq.0, max_seq)?;
+                }
                 let batches = args
                     .batch
                     .as_ref()
                     .map_or(vec![1, 2, 4, 8], |b| b.0.clone());
-                let seqs = args.seq.as_ref().map_or(vec![32, 64, 128], |s| s.0.clone());
+                // Without --seq: 32, 64 and 128, those the model's positions take.
+                let seqs = args.seq.as_ref().map_or_else(
+                    || {
+                        let s: Vec<usize> = [32, 64, 128]
+                            .into_iter()
+                            .filter(|&s| s <= max_seq)
+                            .collect();
+                        if s.is_empty() {
+                            vec![max_seq]
+                        } else {
+                            s
+                        }
+                    },
+                    |s| s.0.clone(),
+                );
                 let shapes: Vec<(usize, usize)> = batches
                     .iter()
                     .flat_map(|&b| seqs.iter().map(move |&s| (b, s)))

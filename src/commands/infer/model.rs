@@ -1,0 +1,253 @@
+//! What `infer` runs: a seeded model (`bert-base`, `bert-tiny`: the encoder alone, on
+//! generated inputs) or a Hugging Face checkpoint directory (embeddings and encoder, on token
+//! ids) — with the inputs, and the f64 references, of each (batch, seq).
+
+use std::path::Path;
+
+use anyhow::bail;
+use bert::{
+    batch_input, reference_forward_len, sequence_input, BertConfig, BertModel, Checkpoint, Encoder,
+    Expected, LevelCounts, Scratch, StageTimes, TokenBatch,
+};
+use runtime::Runtime;
+
+/// A model to serve.
+pub enum Source {
+    /// Weights drawn from a seed; the input is the embedding block's output.
+    Seeded { config: BertConfig, seed: u64 },
+    /// A checkpoint, with the batch and transformers' output saved beside it if any
+    /// (`inputs.json`, `expected.safetensors`).
+    Checkpoint {
+        ckpt: Box<Checkpoint>,
+        fixture: Option<(TokenBatch, Option<Expected>)>,
+    },
+}
+
+/// The sizes of model `name` and the longest sequence it takes, without reading weights:
+/// a seeded model's name, or a checkpoint directory.
+pub fn model_config(name: &str) -> anyhow::Result<(BertConfig, usize)> {
+    if let Some(c) = BertConfig::by_name(name) {
+        return Ok((c, bert::MAX_SEQ));
+    }
+    if Path::new(name).is_dir() {
+        return Ok(Checkpoint::read_config(Path::new(name))?);
+    }
+    bail!("{}", unknown(name))
+}
+
+fn unknown(name: &str) -> String {
+    format!(
+        "unknown model '{name}' (known models: {}, or a Hugging Face BERT directory with config.json and model.safetensors)",
+        BertConfig::NAMES.join(", ")
+    )
+}
+
+impl Source {
+    /// The seeded model called `name`, or the checkpoint in directory `name`.
+    pub fn open(name: &str, seed: u64) -> anyhow::Result<Source> {
+        if let Some(config) = BertConfig::by_name(name) {
+            return Ok(Source::Seeded { config, seed });
+        }
+        let dir = Path::new(name);
+        if !dir.is_dir() {
+            bail!("{}", unknown(name));
+        }
+        let ckpt = Box::new(Checkpoint::load(dir)?);
+        let inputs = dir.join("inputs.json");
+        let fixture = if inputs.exists() {
+            let tokens = TokenBatch::from_json(&inputs)?;
+            let exp = dir.join("expected.safetensors");
+            let expected = exp.exists().then(|| Expected::load(&exp)).transpose()?;
+            if let Some(e) = &expected {
+                let want = (tokens.batch, tokens.seq, ckpt.config.hidden);
+                if (e.batch, e.seq, e.hidden) != want {
+                    bail!(
+                        "{}: last_hidden_state is [{}, {}, {}], inputs.json and config.json make it {want:?}",
+                        exp.display(), e.batch, e.seq, e.hidden
+                    );
+                }
+            }
+            Some((tokens, expected))
+        } else {
+            None
+        };
+        Ok(Source::Checkpoint { ckpt, fixture })
+    }
+
+    pub fn config(&self) -> &BertConfig {
+        match self {
+            Source::Seeded { config, .. } => config,
+            Source::Checkpoint { ckpt, .. } => &ckpt.config,
+        }
+    }
+
+    /// The name in reports: the seeded model's, or the checkpoint's directory.
+    pub fn label(&self) -> String {
+        match self {
+            Source::Seeded { config, .. } => config.name.to_string(),
+            Source::Checkpoint { ckpt, .. } => ckpt.dir.display().to_string(),
+        }
+    }
+
+    /// The longest sequence the model takes.
+    pub fn max_seq(&self) -> usize {
+        match self {
+            Source::Seeded { .. } => bert::MAX_SEQ,
+            Source::Checkpoint { ckpt, .. } => ckpt.embeddings.max_positions(),
+        }
+    }
+
+    /// `(batch, seq)` of the batch saved beside the checkpoint, if any.
+    pub fn fixture_shape(&self) -> Option<(usize, usize)> {
+        match self {
+            Source::Checkpoint {
+                fixture: Some((t, _)),
+                ..
+            } => Some((t.batch, t.seq)),
+            _ => None,
+        }
+    }
+
+    /// The model with its weights packed through `rt` for `shapes`.
+    pub fn load(&self, rt: &Runtime, shapes: &[(usize, usize)]) -> anyhow::Result<Loaded> {
+        Ok(match self {
+            Source::Seeded { config, seed } => {
+                Loaded::Encoder(Encoder::load(rt, *config, *seed, shapes)?)
+            }
+            Source::Checkpoint { ckpt, .. } => Loaded::Model(BertModel::load(rt, ckpt, shapes)?),
+        })
+    }
+
+    /// The input of one (batch, seq): the saved batch when it has that shape and no
+    /// `lengths` are asked for, otherwise generated from the seed (`lengths` cycled over the
+    /// batch, each clamped to `seq`; empty: full length).
+    pub fn input(&self, batch: usize, seq: usize, lengths: &[usize], seed: u64) -> Input {
+        match self {
+            Source::Seeded { config, seed } => Input {
+                lens: TokenBatch::lengths(batch, seq, lengths),
+                kind: InputKind::Hidden(batch_input(config, *seed, batch, seq)),
+                expected: None,
+            },
+            Source::Checkpoint { ckpt, fixture } => match fixture {
+                Some((t, expected)) if (t.batch, t.seq) == (batch, seq) && lengths.is_empty() => {
+                    Input {
+                        lens: t.lens.clone(),
+                        kind: InputKind::Tokens(t.clone()),
+                        expected: expected.clone(),
+                    }
+                }
+                _ => {
+                    let vocab = ckpt.embeddings.vocab();
+                    let t = TokenBatch::random(vocab, seed, batch, seq, lengths);
+                    Input {
+                        lens: t.lens.clone(),
+                        kind: InputKind::Tokens(t),
+                        expected: None,
+                    }
+                }
+            },
+        }
+    }
+
+    /// The f64 reference of sequence `i` of `input` (`seq × hidden`).
+    pub fn reference(&self, input: &Input, seq: usize, i: usize) -> Vec<f64> {
+        let len = input.lens[i].max(0) as usize;
+        match (self, &input.kind) {
+            (Source::Seeded { config, seed }, _) => {
+                let x = sequence_input(config, *seed, seq, i);
+                reference_forward_len(config, *seed, seq, &x, len)
+            }
+            (Source::Checkpoint { ckpt, .. }, InputKind::Tokens(t)) => ckpt.reference(t, i),
+            (Source::Checkpoint { .. }, InputKind::Hidden(_)) => {
+                unreachable!("a checkpoint's inputs are tokens")
+            }
+        }
+    }
+}
+
+/// One (batch, seq)'s input.
+pub struct Input {
+    /// Real tokens per sequence.
+    pub lens: Vec<i32>,
+    kind: InputKind,
+    /// transformers' output for it, when saved beside the checkpoint.
+    pub expected: Option<Expected>,
+}
+
+enum InputKind {
+    /// The encoder input (`batch × seq × hidden`).
+    Hidden(Vec<f32>),
+    /// Token ids for the embeddings.
+    Tokens(TokenBatch),
+}
+
+impl Input {
+    /// Whether a sequence is shorter than the batch's `seq` (so attention is masked).
+    pub fn padded(&self, seq: usize) -> bool {
+        self.lens.iter().any(|&l| l as usize != seq)
+    }
+}
+
+/// A model packed for one runtime.
+pub enum Loaded {
+    Encoder(Encoder),
+    Model(BertModel),
+}
+
+impl Loaded {
+    fn encoder(&self) -> &Encoder {
+        match self {
+            Loaded::Encoder(e) => e,
+            Loaded::Model(m) => &m.encoder,
+        }
+    }
+
+    /// Seconds the load took (generating or reading is not counted for checkpoints).
+    pub fn load_seconds(&self) -> f64 {
+        self.encoder().load_seconds()
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        self.encoder().weight_bytes()
+    }
+
+    pub fn max_layouts(&self) -> usize {
+        self.encoder().max_layouts()
+    }
+
+    /// Test hook: see [`Encoder::plant_fault`].
+    pub fn plant_fault(&mut self, delta: f32) {
+        match self {
+            Loaded::Encoder(e) => e.plant_fault(delta),
+            Loaded::Model(m) => m.encoder.plant_fault(delta),
+        }
+    }
+
+    /// One forward pass over `input` (`batch × seq`), into `scratch`; with `times`, the
+    /// seconds per stage are added to it.
+    pub fn forward(
+        &self,
+        rt: &Runtime,
+        (batch, seq): (usize, usize),
+        input: &Input,
+        scratch: &mut Scratch,
+        times: Option<&mut StageTimes>,
+    ) -> anyhow::Result<LevelCounts> {
+        let lens = Some(input.lens.as_slice()).filter(|_| input.padded(seq));
+        let calls = match (self, &input.kind, times) {
+            (Loaded::Encoder(e), InputKind::Hidden(x), Some(t)) => {
+                e.forward_profiled(rt, (batch, seq), lens, x, scratch, t)?
+            }
+            (Loaded::Encoder(e), InputKind::Hidden(x), None) => match lens {
+                Some(l) => e.forward_masked(rt, (batch, seq), l, x, scratch)?,
+                None => e.forward_with(rt, batch, seq, x, scratch)?,
+            },
+            (Loaded::Model(m), InputKind::Tokens(t), Some(times)) => {
+                m.forward_profiled(rt, t, scratch, times)?
+            }
+            (Loaded::Model(m), InputKind::Tokens(t), None) => m.forward_with(rt, t, scratch)?,
+            _ => unreachable!("seeded models take hidden states, checkpoints tokens"),
+        };
+        Ok(calls)
+    }
+}
