@@ -107,3 +107,36 @@ fn the_workload_list_is_deduplicated() {
         c.parameters()
     );
 }
+
+#[test]
+fn a_padded_batch_matches_the_reference_of_each_length() {
+    let rt = Runtime::defaults_only();
+    let config = BertConfig::tiny();
+    let (seed, batch, seq) = (5, 4, 13);
+    let encoder = Encoder::load(&rt, config, seed, &[(batch, seq)]).unwrap();
+    let input = batch_input(&config, seed, batch, seq);
+    let lens = [13, 1, 7, 12];
+    let mut scratch = bert::Scratch::default();
+    let calls = encoder
+        .forward_masked(&rt, (batch, seq), &lens, &input, &mut scratch)
+        .unwrap();
+    assert_eq!(calls.total(), 5 * config.layers as u64);
+    let h = config.hidden;
+    for (i, &len) in lens.iter().enumerate() {
+        let x = sequence_input(&config, seed, seq, i);
+        let want = bert::reference_forward_len(&config, seed, seq, &x, len as usize);
+        let got = &scratch.output()[i * seq * h..(i + 1) * seq * h];
+        check(got, &want).unwrap_or_else(|a| panic!("sequence {i} of length {len}: {a:?}"));
+        if len < 13 {
+            // The unmasked reference is another result: the mask is not ignored.
+            assert!(check(got, &reference_forward(&config, seed, seq, &x)).is_err());
+        }
+    }
+    let e = encoder
+        .forward_masked(&rt, (batch, seq), &lens[..3], &input, &mut scratch)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("3 key lengths for a batch of 4"),
+        "{e}"
+    );
+}
