@@ -59,7 +59,10 @@ fn check_buffer<T>(name: &str, ptr: *const T, len: usize) -> Result<(), CapiErro
             align_of::<T>()
         )));
     }
-    if len.checked_mul(size_of::<T>()).is_none_or(|b| b > isize::MAX as usize) {
+    if len
+        .checked_mul(size_of::<T>())
+        .is_none_or(|b| b > isize::MAX as usize)
+    {
         return Err(CapiError::shape(format!(
             "{name}: {len} elements is more than any buffer can hold"
         )));
@@ -177,6 +180,9 @@ mod tests {
             unsafe { optional_string("p", std::ptr::null()) }.unwrap(),
             None
         );
-        assert_eq!(unsafe { string("w", c"gemm:1x2x3".as_ptr()) }.unwrap(), "gemm:1x2x3");
+        assert_eq!(
+            unsafe { string("w", c"gemm:1x2x3".as_ptr()) }.unwrap(),
+            "gemm:1x2x3"
+        );
     }
 }

@@ -133,7 +133,9 @@ fn check_rows(m: usize, w: &AutokernelWeight, a_len: usize, c_len: usize) -> Res
         }
     };
     if m == 0 {
-        return Err(CapiError::shape("m = 0: a linear layer needs at least one row"));
+        return Err(CapiError::shape(
+            "m = 0: a linear layer needs at least one row",
+        ));
     }
     rows("a", a_len, w.k)?;
     rows("c", c_len, w.n)
