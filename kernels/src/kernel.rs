@@ -1,6 +1,9 @@
 //! The [`Kernel`] trait every operator family implements, and [`Executable`], what it
 //! prepares. The registry of families is in `registry.rs` ([`crate::registry()`]).
 
+use std::any::Any;
+use std::sync::Arc;
+
 use crate::device::DeviceKind;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -27,6 +30,103 @@ pub trait Executable: Send + Sync {
                 reason: format!("{} inputs, more than any workload has", inputs.len()),
             }),
         }
+    }
+
+    /// The form this variant keeps a constant B operand (the weight of a `gemm*` workload)
+    /// in, if it prepares weights at all: variants with equal formats share one
+    /// [`PreparedWeight`]. `None` (the default): B is read as given on every call.
+    fn weight_format(&self) -> Option<WeightFormat> {
+        None
+    }
+
+    /// Prepares the constant weight `b` (`K×N`, row-major f32) once, in
+    /// [`weight_format`](Self::weight_format), for [`run_prepared`](Self::run_prepared).
+    fn prepare_weight(&self, _b: &[f32]) -> Result<PreparedWeight> {
+        Err(Error::Operand {
+            workload: "(any)".into(),
+            operand: "b".into(),
+            reason: "this variant does not prepare weights".into(),
+        })
+    }
+
+    /// [`run_f32`](Self::run_f32) with `weight` (prepared by a variant of the same
+    /// [`weight_format`](Self::weight_format)) in place of B: `inputs` are the workload's
+    /// inputs without B (A, then the bias for `gemm_bias_*`).
+    fn run_prepared(
+        &self,
+        _inputs: &[&[f32]],
+        _weight: &PreparedWeight,
+        _output: &mut [f32],
+    ) -> Result<()> {
+        Err(Error::Operand {
+            workload: "(any)".into(),
+            operand: "b".into(),
+            reason: "this variant does not run with prepared weights".into(),
+        })
+    }
+}
+
+/// How a prepared weight is laid out: the family that made it and the parameters its layout
+/// depends on (for instance the panel width and depth block), so that a variant can tell
+/// whether a weight prepared by another variant is one it can read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WeightFormat {
+    pub family: &'static str,
+    pub params: [usize; 2],
+}
+
+/// A constant weight prepared once (packed, converted to bf16, or quantised) by a variant,
+/// shared by every variant of its [`WeightFormat`]. Cheap to clone.
+#[derive(Clone)]
+pub struct PreparedWeight {
+    format: WeightFormat,
+    bytes: usize,
+    data: Arc<dyn Any + Send + Sync>,
+}
+
+impl PreparedWeight {
+    /// Wraps a family's prepared form `data`, which holds `bytes` bytes.
+    pub fn new<T: Any + Send + Sync>(format: WeightFormat, bytes: usize, data: T) -> Self {
+        PreparedWeight {
+            format,
+            bytes,
+            data: Arc::new(data),
+        }
+    }
+
+    /// Its layout.
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
+    /// Bytes it holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The family's prepared form, if it is a `T` of format `format`; otherwise an operand
+    /// error naming both formats.
+    pub fn get<T: Any>(&self, format: WeightFormat, workload: &Workload) -> Result<&T> {
+        match self.data.downcast_ref::<T>() {
+            Some(t) if self.format == format => Ok(t),
+            _ => Err(Error::Operand {
+                workload: workload.key(),
+                operand: "b".into(),
+                reason: format!(
+                    "a weight prepared as {:?} cannot serve a variant reading {:?}",
+                    self.format, format
+                ),
+            }),
+        }
+    }
+}
+
+impl std::fmt::Debug for PreparedWeight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedWeight")
+            .field("format", &self.format)
+            .field("bytes", &self.bytes)
+            .finish()
     }
 }
 

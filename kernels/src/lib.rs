@@ -50,7 +50,7 @@ pub use device::{Device, DeviceKind, DeviceParseError};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use hardware::HardwareFingerprint;
-pub use kernel::{Executable, Kernel};
+pub use kernel::{Executable, Kernel, PreparedWeight, WeightFormat};
 pub use measurement::{Measurement, Status};
 pub use operand::{DeviceBuffer, Operand, OperandMut};
 pub use problem::{Accuracy, Mismatch, Problem, Reference};

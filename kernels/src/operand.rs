@@ -220,6 +220,50 @@ pub fn host_f32<'a, 'o, const N: usize>(
     }
 }
 
+/// [`host_f32`] for [`Executable::run_prepared`]: the workload's f32 inputs without B (its
+/// second input, the weight), then the output. `N` counts the inputs without B.
+///
+/// [`Executable::run_prepared`]: crate::Executable::run_prepared
+pub fn host_f32_prepared<'a, 'o, const N: usize>(
+    w: &Workload,
+    inputs: &[&'a [f32]],
+    output: &'o mut [f32],
+) -> Result<([&'a [f32]; N], &'o mut [f32])> {
+    let names = w.input_names();
+    let lens = w.input_lens();
+    if inputs.len() != N || names.len() != N + 1 {
+        return Err(Error::Operand {
+            workload: w.key(),
+            operand: "inputs".into(),
+            reason: format!(
+                "expected {} without B ({}), got {}",
+                names.len().saturating_sub(1),
+                names.join(", "),
+                inputs.len()
+            ),
+        });
+    }
+    let host = |len| Shape {
+        len,
+        dtype: DType::F32,
+        device: Device::Cpu,
+    };
+    let mut out: [&[f32]; N] = [&[]; N];
+    for (i, x) in inputs.iter().enumerate() {
+        let j = if i == 0 { 0 } else { i + 1 };
+        if x.len() != lens[j] {
+            return Err(mismatch(w, names[j], host(lens[j]), host(x.len())));
+        }
+        out[i] = x;
+    }
+    let want = w.output_len();
+    if output.len() != want {
+        let got = host(output.len());
+        return Err(mismatch(w, w.output_name(), host(want), got));
+    }
+    Ok((out, output))
+}
+
 /// `inputs` as f32 operands, on the stack (no allocation): for [`Executable::run_f32`].
 ///
 /// [`Executable::run_f32`]: crate::Executable::run_f32

@@ -36,10 +36,10 @@ use crate::cpu::knobs::{
 use crate::cpu::weights::WeightCache;
 use crate::cpu::Isa;
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::hardware::HardwareFingerprint;
-use crate::kernel::{Executable, Kernel};
-use crate::operand::{host_f32, Operand, OperandMut};
+use crate::kernel::{Executable, Kernel, PreparedWeight, WeightFormat};
+use crate::operand::{host_f32, host_f32_prepared, Operand, OperandMut};
 use crate::space::{Config, Space};
 use crate::workload::{Act, Workload};
 
@@ -249,6 +249,60 @@ impl Executable for QGemm {
         self.compute(a, &qb, bias, c);
         Ok(())
     }
+
+    fn weight_format(&self) -> Option<WeightFormat> {
+        Some(self.format())
+    }
+
+    fn prepare_weight(&self, b: &[f32]) -> Result<PreparedWeight> {
+        let want = self.k * self.n;
+        if b.len() != want {
+            return Err(Error::Operand {
+                workload: self.w.key(),
+                operand: "b".into(),
+                reason: format!("{} elements, expected {want}", b.len()),
+            });
+        }
+        let qb = QuantB::new(b, self.k, self.n, self.uk.nr);
+        let bytes = qb.panels.len() + 8 * qb.scale.len();
+        Ok(PreparedWeight::new(self.format(), bytes, qb))
+    }
+
+    fn run_prepared(
+        &self,
+        inputs: &[&[f32]],
+        weight: &PreparedWeight,
+        output: &mut [f32],
+    ) -> Result<()> {
+        let qb: &QuantB = weight.get(self.format(), &self.w)?;
+        if (qb.k, qb.n) != (self.k, self.n) {
+            return Err(Error::Operand {
+                workload: self.w.key(),
+                operand: "b".into(),
+                reason: format!("prepared for K×N {}×{}", qb.k, qb.n),
+            });
+        }
+        match self.act {
+            None => {
+                let ([a], c) = host_f32_prepared(&self.w, inputs, output)?;
+                self.compute(a, qb, None, c);
+            }
+            Some(act) => {
+                let ([a, bias], c) = host_f32_prepared(&self.w, inputs, output)?;
+                self.compute(a, qb, Some(TileEpilogue { bias, act }), c);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl QGemm {
+    fn format(&self) -> WeightFormat {
+        WeightFormat {
+            family: NAME,
+            params: [self.uk.nr, 0],
+        }
+    }
 }
 
 impl QGemm {
@@ -439,6 +493,49 @@ mod tests {
                     .or_insert_with(|| integer_reference(&p, &c));
                 assert!(out == *want, "{w} {c}: not the exact integer product");
             }
+        }
+    }
+
+    #[test]
+    fn a_prepared_weight_gives_the_same_bits_and_wrong_ones_are_refused() {
+        let hw = HardwareFingerprint::current();
+        for text in ["gemm:7x67x65:i8", "gemm_bias_gelu:13x40x33:i8"] {
+            let w: Workload = text.parse().unwrap();
+            let c = GemmI8.default_config(&w, hw);
+            let exe = GemmI8.prepare(&w, &c).unwrap();
+            let p = Problem::random(&w, 9);
+            let ins = p.input_slices();
+            let mut want = vec![0f32; w.output_len()];
+            exe.run_f32(&ins, &mut want).unwrap();
+            let weight = exe.prepare_weight(ins[1]).unwrap();
+            assert_eq!(Some(weight.format()), exe.weight_format());
+            let rest: Vec<&[f32]> = ins
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != 1)
+                .map(|(_, x)| *x)
+                .collect();
+            let mut got = vec![f32::NAN; w.output_len()];
+            exe.run_prepared(&rest, &weight, &mut got).unwrap();
+            assert!(got == want, "{w}");
+            // Wrong operands are errors naming them, never a panic.
+            let e = exe.run_prepared(&rest[..1], &weight, &mut got);
+            if rest.len() > 1 {
+                assert!(e.unwrap_err().to_string().contains("without B"));
+            }
+            let short = &rest[0][1..];
+            let mut bad = rest.clone();
+            bad[0] = short;
+            let e = exe.run_prepared(&bad, &weight, &mut got).unwrap_err();
+            assert!(e.to_string().contains("operand 'a'"), "{e}");
+            assert!(exe.prepare_weight(&ins[1][1..]).is_err());
+            // A weight of another shape is refused.
+            let other: Workload = "gemm:7x66x65:i8".parse().unwrap();
+            let other_exe = GemmI8
+                .prepare(&other, &GemmI8.default_config(&other, hw))
+                .unwrap();
+            let ow = other_exe.prepare_weight(&vec![0.5; 66 * 65]).unwrap();
+            assert!(exe.run_prepared(&rest, &ow, &mut got).is_err());
         }
     }
 
