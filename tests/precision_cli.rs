@@ -34,7 +34,7 @@ fn tune_in_several_precisions_then_serve_by_policy() {
         let e = l["max_rel_err_vs_f32"]
             .as_f64()
             .expect("accuracy stored and reported");
-        assert!(e >= 0.0 && e < 0.05, "{l}");
+        assert!((0.0..0.05).contains(&e), "{l}");
     }
 
     let lookup = |args: &[&str]| {
