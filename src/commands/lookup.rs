@@ -4,8 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use runtime::{Choice, Runtime};
-use serde_json::json;
+use runtime::Choice;
 
 #[derive(Args)]
 pub struct LookupArgs {
@@ -18,6 +17,8 @@ pub struct LookupArgs {
     threads: crate::ThreadsArg,
     #[command(flatten)]
     device: super::device::DeviceArg,
+    #[command(flatten)]
+    precision: crate::PrecisionArg,
     /// Machine-readable output: one JSON object per workload.
     #[arg(long)]
     json: bool,
@@ -28,38 +29,26 @@ pub fn run(args: LookupArgs) -> anyhow::Result<ExitCode> {
     super::require_db(&args.db.db)?;
     let gpu = args.device.open()?;
     args.threads.apply()?;
+    let policy = args.precision.policy()?;
     let rt = super::device::runtime(&args.db.db, gpu.as_ref())?;
+    rt.set_precision(policy);
     let device = super::device::name(gpu.as_ref());
     for w in &workloads {
-        let choice = rt.lookup(w)?;
+        // What an f32 call of `w` is served as under the policy (`w` itself by default).
+        let served = rt.serve_as(w);
+        let choice = rt.lookup(&served)?;
         if args.json {
-            super::print_json(&to_json(w, &choice, &rt, &device))?;
+            super::print_json(&choice.to_json(&served, &rt, &device))?;
         } else {
-            println!("{w}: {}", describe(&choice, rt.fingerprint()));
+            let via = if served == *w {
+                String::new()
+            } else {
+                format!(" served as {served} ({policy}):")
+            };
+            println!("{w}:{via} {}", describe(&choice, rt.fingerprint()));
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The `--json` object of one lookup (shared with `autokernel run`).
-pub fn to_json(w: &kernels::Workload, c: &Choice, rt: &Runtime, device: &str) -> serde_json::Value {
-    json!({
-        "workload": w.key(),
-        "dtype": w.dtype(),
-        "device": device,
-        "level": c.level.as_str(),
-        "kernel": c.kernel.name(),
-        "kernel_version": c.kernel.version(),
-        "config": c.config,
-        "fingerprint": rt.fingerprint().id,
-        "source": c.source.as_ref().map(|s| json!({
-            "workload": s.workload.key(),
-            "fingerprint": s.fingerprint_id,
-            "trial_id": s.trial_id,
-            "median_s": s.median_s,
-            "distance": s.distance,
-        })),
-    })
 }
 
 /// One-line human description of a choice.
@@ -77,8 +66,15 @@ pub fn describe(c: &Choice, hw: &kernels::HardwareFingerprint) -> String {
         }
         _ => String::new(),
     };
+    let err = c
+        .source
+        .as_ref()
+        .and_then(|s| s.accuracy)
+        .map_or(String::new(), |a| {
+            format!(", max rel err {:.1e} vs f32", a.max_rel_err)
+        });
     format!(
-        "{} {} {}{from} [fingerprint {}]",
+        "{} {} {}{from}{err} [fingerprint {}]",
         c.level,
         c.kernel.name(),
         c.config,
