@@ -1,16 +1,14 @@
 //! `autokernel tune`: search, measure (in a watched worker process by default), store, and
 //! decide each workload's winner on re-measured, interleaved timings.
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use kernels::{HardwareFingerprint, Kernel, Workload};
 use runner::{Evaluator, Isolated, WorkerSpec};
-use search::{tune_with, Event, StrategyKind, TuneOptions, TuneSummary, INITIAL_TIMEOUT};
+use search::{tune_with, StrategyKind, TuneOptions, TuneSummary, INITIAL_TIMEOUT};
 use serde_json::json;
 use tuning_db::TuningDb;
 
@@ -285,59 +283,13 @@ fn pin_here(_cpus: &[usize]) -> anyhow::Result<()> {
     bail!("--pin is only supported on Linux")
 }
 
-/// One workload's tuning on some device, given the sink for its progress events.
-type TuneJob<'a> =
-    dyn FnMut(&mut dyn FnMut(Event<'_>)) -> Result<TuneSummary, search::SearchError> + 'a;
-
-/// Runs one workload's tuning (`job`, given the event sink) behind a progress bar.
+/// Runs one workload's tuning (`job`, given the event sink) behind the progress bar.
 fn tune_one(
     w: &Workload,
     opts: &TuneOptions,
-    job: &mut TuneJob<'_>,
+    job: &mut search::progress::TuneJob<'_>,
 ) -> anyhow::Result<TuneSummary> {
-    let bar = ProgressBar::new(opts.budget as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{prefix:>20} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
-            .expect("static template")
-            .progress_chars("=> "),
-    );
-    bar.set_prefix(w.key());
-    bar.enable_steady_tick(Duration::from_millis(200));
-    let summary = job(&mut |event| match event {
-        Event::Started {
-            already_tried,
-            budget,
-            ..
-        } => {
-            bar.set_position(already_tried.min(budget) as u64);
-            bar.set_message("measuring the default config");
-        }
-        Event::Default { record } => {
-            bar.set_message(format!(
-                "default {:.1} GFLOP/s",
-                record.gflops.unwrap_or(0.0)
-            ));
-        }
-        Event::Trial {
-            record,
-            done,
-            best_gflops,
-            ..
-        } => {
-            bar.set_position(done as u64);
-            let current = record
-                .gflops
-                .map_or_else(|| record.status.to_string(), |g| format!("{g:.1}"));
-            bar.set_message(format!(
-                "current {current}, best {:.1} GFLOP/s",
-                best_gflops.unwrap_or(0.0)
-            ));
-        }
-        Event::Deciding => bar.set_message("re-measuring the finalists, interleaved"),
-    })
-    .with_context(|| format!("tuning {w}"))?;
-    bar.finish_and_clear();
-    Ok(summary)
+    search::progress::with_progress_bar(w, opts.budget, job).with_context(|| format!("tuning {w}"))
 }
 
 fn report(
@@ -347,57 +299,13 @@ fn report(
     opts: &TuneOptions,
     as_json: bool,
 ) -> anyhow::Result<()> {
-    let history = db.trials(&hw.id, &s.workload)?;
-    let trials = history.len();
-    let failures = history.iter().filter(|r| r.measurement.is_none()).count();
-    let mut statuses: BTreeMap<&'static str, usize> = BTreeMap::new();
-    for r in &history {
-        *statuses.entry(r.status.as_str()).or_default() += 1;
-    }
-    let default_median = s.default.measurement.as_ref().map(|m| m.median_s);
-    let best = s.best.as_ref();
-    let best_median = best
-        .and_then(|b| b.measurement.as_ref())
-        .map(|m| m.median_s);
-    let decision = s.decision.as_ref();
+    let counts = search::report::TrialCounts::of(db, s, hw)?;
     if as_json {
-        super::print_json(&json!({
-            "workload": s.workload.key(),
-            "kernel": best.map(|b| b.kernel.clone()),
-            "config": best.map(|b| b.config.clone()),
-            "median_s": best_median,
-            "gflops": best.and_then(|b| b.gflops),
-            "spread": best.and_then(|b| b.measurement.as_ref()).map(|m| m.spread),
-            "default_kernel": s.default.kernel,
-            "default_config": s.default.config,
-            "default_median_s": default_median,
-            "speedup_vs_default": s.speedup_vs_default(),
-            "dtype": s.workload.dtype(),
-            "max_rel_err_vs_f32": s.best_accuracy.map(|a| a.max_rel_err),
-            "fro_rel_err_vs_f32": s.best_accuracy.map(|a| a.fro_rel_err),
-            "trials": trials,
-            "failures": failures,
-            "measured_now": s.measured,
-            "space_size": s.space_size,
-            "fingerprint": hw.id,
-            "isolation": s.isolation,
-            "timeout_s": s.timeout.map(|t| t.as_secs_f64()),
-            "worker_restarts": s.restarts,
-            "quarantined": s.quarantined,
-            "statuses": statuses,
-            "remeasured": s.remeasured(),
-            "remeasure_rounds": decision.map_or(0, |d| d.rounds),
-            "tie": s.tie(),
-            "winner_reason": decision.map(|d| d.reason.as_str()),
-            "winner_remeasured_median_s": decision.and_then(|d| d.winner_remeasured_s()),
-            "default_remeasured_median_s": s.remeasured_s(&s.default),
-            "remeasure_error": decision.and_then(|d| d.note.clone()),
-            "median_spread": s.median_spread,
-            "median_cv": s.median_cv,
-            "timed_now": s.timed,
-        }))?;
-        return Ok(());
+        return super::print_json(&search::report::summary_json(s, &counts, hw));
     }
+    let (trials, failures, statuses) = (counts.trials, counts.failures, &counts.statuses);
+    let best = s.best.as_ref();
+    let decision = s.decision.as_ref();
     // The speeds the decision saw: re-measured side by side when both were finalists.
     let decided = s.decided_medians();
     let gflops = |t: Option<f64>| t.map_or(0.0, |t| s.workload.flops() / t / 1e9);
