@@ -52,14 +52,16 @@
 //! Besides [`Runtime::gemm`] and the generic [`Runtime::run`]: [`Runtime::attention`],
 //! [`Runtime::gemm_bias_act`], and constant weights packed once with
 //! [`Runtime::pack_weight`] for [`Runtime::gemm_bias_act_packed`] (see the `ops` module).
+//! [`Choice::to_json`] describes a lookup as `autokernel lookup --json` prints it.
 //!
 //! Why it exists: inference programs link this crate, not the tuner. Its dependency tree is
-//! `kernels` + `tuning_db` (rusqlite) + `arc-swap`: no clap, indicatif, linfa or smartcore.
+//! `kernels` + `tuning_db` (rusqlite) + `arc-swap` + `serde_json`: no clap, indicatif, linfa or smartcore.
 
 mod counters;
 mod fallback_log;
 mod hash;
 mod index;
+mod json;
 mod ops;
 pub mod probe;
 
@@ -307,8 +309,13 @@ impl Runtime {
     /// or newer file leaves a runtime serving kernel defaults, with the reason in
     /// [`Runtime::load_error`]; a later [`Runtime::reload`] picks the file up once it is good.
     pub fn open_or_defaults(path: impl AsRef<Path>) -> Runtime {
+        Runtime::open_or_defaults_for(path, HardwareFingerprint::current().clone())
+    }
+
+    /// Like [`Runtime::open_or_defaults`], but serves fingerprint `hw` (as
+    /// [`Runtime::open_for`] does).
+    pub fn open_or_defaults_for(path: impl AsRef<Path>, hw: HardwareFingerprint) -> Runtime {
         let path = path.as_ref();
-        let hw = HardwareFingerprint::current().clone();
         let (idx, err) = match Index::load(path, &hw, 1) {
             Ok(idx) => (idx, None),
             Err(e) => (Index::empty(1), Some(e.to_string())),
