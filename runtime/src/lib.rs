@@ -331,11 +331,13 @@ impl Runtime {
 
     /// A runtime with no database: every workload runs its kernel default.
     pub fn defaults_only() -> Runtime {
-        Runtime::with_index(
-            HardwareFingerprint::current().clone(),
-            None,
-            Index::empty(1),
-        )
+        Runtime::defaults_only_for(HardwareFingerprint::current().clone())
+    }
+
+    /// Like [`Runtime::defaults_only`], for fingerprint `hw` (its thread count sizes the
+    /// defaults).
+    pub fn defaults_only_for(hw: HardwareFingerprint) -> Runtime {
+        Runtime::with_index(hw, None, Index::empty(1))
     }
 
     fn with_index(hw: HardwareFingerprint, path: Option<PathBuf>, idx: Index) -> Runtime {
