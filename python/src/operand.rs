@@ -139,7 +139,7 @@ fn checked<'py>(
     }
     let aligned = |a: &Bound<'py, PyUntypedArray>| {
         a.cast::<PyArrayDyn<f32>>()
-            .is_ok_and(|a| a.data() as usize % 4 == 0)
+            .is_ok_and(|a| (a.data() as usize).is_multiple_of(4))
     };
     if !arr.is_c_contiguous() || !aligned(&arr) {
         if copy != Some(true) {

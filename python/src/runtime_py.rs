@@ -34,8 +34,6 @@ pub fn check_precision(p: Option<&str>) -> PyResult<String> {
 /// Dispatches GEMM, fused linear layers and attention to the best tuned kernel variant for
 /// this machine, from a tuning database opened read-only.
 ///
-/// Runtime(db_path=None, threads=None, precision=None)
-///
 /// db_path: the tuning database (made by `autokernel tune` or `autokernel.tune`). A
 ///     missing or unreadable file does not raise: the runtime serves kernel defaults and
 ///     `load_error` says why; `reload()` picks the file up once it is good. None: no
