@@ -42,7 +42,16 @@ fn install(py: &str, root: &Path, scratch: &Path) -> PathBuf {
     let _ = std::fs::remove_dir_all(&wheels);
     run(
         Command::new(py)
-            .args(["-m", "maturin", "build", "--profile", "dev", "--quiet", "-i", py])
+            .args([
+                "-m",
+                "maturin",
+                "build",
+                "--profile",
+                "dev",
+                "--quiet",
+                "-i",
+                py,
+            ])
             .arg("-m")
             .arg(root.join("python/Cargo.toml"))
             .arg("--out")
