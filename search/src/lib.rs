@@ -30,7 +30,10 @@
 //! strategies are compared offline (`autokernel replay`).
 
 mod decide;
+pub mod precision;
+pub mod progress;
 pub mod replay;
+pub mod report;
 pub mod shard;
 mod strategies;
 mod strategy;

@@ -1,16 +1,14 @@
 //! `autokernel tune`: search, measure (in a watched worker process by default), store, and
 //! decide each workload's winner on re-measured, interleaved timings.
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use kernels::{DType, HardwareFingerprint, Kernel, Workload};
 use runner::{Evaluator, Isolated, WorkerSpec};
-use search::{tune_with, Event, StrategyKind, TuneOptions, TuneSummary, INITIAL_TIMEOUT};
+use search::{tune_with, StrategyKind, TuneOptions, TuneSummary, INITIAL_TIMEOUT};
 use serde_json::json;
 use tuning_db::TuningDb;
 
@@ -159,13 +157,18 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
             }
             names
         };
-    let dtypes = precisions(&args.precision)?;
-    let workloads = with_precisions(
-        super::parse_workloads(&names)?,
+    let dtypes = search::precision::parse_precisions(&args.precision)
+        .map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
+    let (workloads, skipped) = search::precision::with_precisions(
+        &super::parse_workloads(&names)?,
         &dtypes,
         args.device.device.kind(),
-        args.json,
     );
+    if !args.json {
+        for w in skipped {
+            eprintln!("note: no kernel family runs {w} on this device; skipped");
+        }
+    }
     let (workloads, db_path) = shard_plan(&args, workloads)?;
     if args.dry_run {
         return Ok(ExitCode::SUCCESS);
@@ -261,57 +264,6 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         precision_summary(&db_path, hw, &workloads, args.max_rel_err)?;
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The element types of `--precision`.
-fn precisions(list: &str) -> anyhow::Result<Vec<DType>> {
-    let mut out = Vec::new();
-    for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let add: &[DType] = match name.to_ascii_lowercase().as_str() {
-            "f32" => &[DType::F32],
-            "bf16" => &[DType::Bf16],
-            "int8" | "i8" => &[DType::I8],
-            "auto" => &[DType::F32, DType::Bf16, DType::I8],
-            _ => bail!("--precision: unknown precision '{name}' (known: f32, bf16, int8, auto)"),
-        };
-        for d in add {
-            if !out.contains(d) {
-                out.push(*d);
-            }
-        }
-    }
-    if out.is_empty() {
-        bail!("--precision needs at least one of f32, bf16, int8");
-    }
-    Ok(out)
-}
-
-/// Each f32 workload once per element type of `dtypes` that some family serves on
-/// `device` (the others noted, unless `quiet`); workloads with a type suffix as they are.
-fn with_precisions(
-    workloads: Vec<Workload>,
-    dtypes: &[DType],
-    device: kernels::DeviceKind,
-    quiet: bool,
-) -> Vec<Workload> {
-    let mut out: Vec<Workload> = Vec::new();
-    for w in workloads {
-        let each: Vec<Workload> = if w.dtype() == DType::F32 {
-            dtypes.iter().map(|&d| w.with_dtype(d)).collect()
-        } else {
-            vec![w]
-        };
-        for wd in each {
-            if wd.dtype() != DType::F32 && kernels::registry::check_runs_on(&wd, device).is_err() {
-                if !quiet {
-                    eprintln!("note: no kernel family runs {wd} on this device; skipped");
-                }
-            } else if !out.contains(&wd) {
-                out.push(wd);
-            }
-        }
-    }
-    out
 }
 
 /// Per shape tuned in several element types: each type's best time and stored error, and
@@ -413,59 +365,13 @@ fn pin_here(_cpus: &[usize]) -> anyhow::Result<()> {
     bail!("--pin is only supported on Linux")
 }
 
-/// One workload's tuning on some device, given the sink for its progress events.
-type TuneJob<'a> =
-    dyn FnMut(&mut dyn FnMut(Event<'_>)) -> Result<TuneSummary, search::SearchError> + 'a;
-
-/// Runs one workload's tuning (`job`, given the event sink) behind a progress bar.
+/// Runs one workload's tuning (`job`, given the event sink) behind the progress bar.
 fn tune_one(
     w: &Workload,
     opts: &TuneOptions,
-    job: &mut TuneJob<'_>,
+    job: &mut search::progress::TuneJob<'_>,
 ) -> anyhow::Result<TuneSummary> {
-    let bar = ProgressBar::new(opts.budget as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{prefix:>20} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
-            .expect("static template")
-            .progress_chars("=> "),
-    );
-    bar.set_prefix(w.key());
-    bar.enable_steady_tick(Duration::from_millis(200));
-    let summary = job(&mut |event| match event {
-        Event::Started {
-            already_tried,
-            budget,
-            ..
-        } => {
-            bar.set_position(already_tried.min(budget) as u64);
-            bar.set_message("measuring the default config");
-        }
-        Event::Default { record } => {
-            bar.set_message(format!(
-                "default {:.1} GFLOP/s",
-                record.gflops.unwrap_or(0.0)
-            ));
-        }
-        Event::Trial {
-            record,
-            done,
-            best_gflops,
-            ..
-        } => {
-            bar.set_position(done as u64);
-            let current = record
-                .gflops
-                .map_or_else(|| record.status.to_string(), |g| format!("{g:.1}"));
-            bar.set_message(format!(
-                "current {current}, best {:.1} GFLOP/s",
-                best_gflops.unwrap_or(0.0)
-            ));
-        }
-        Event::Deciding => bar.set_message("re-measuring the finalists, interleaved"),
-    })
-    .with_context(|| format!("tuning {w}"))?;
-    bar.finish_and_clear();
-    Ok(summary)
+    search::progress::with_progress_bar(w, opts.budget, job).with_context(|| format!("tuning {w}"))
 }
 
 fn report(
@@ -475,57 +381,13 @@ fn report(
     opts: &TuneOptions,
     as_json: bool,
 ) -> anyhow::Result<()> {
-    let history = db.trials(&hw.id, &s.workload)?;
-    let trials = history.len();
-    let failures = history.iter().filter(|r| r.measurement.is_none()).count();
-    let mut statuses: BTreeMap<&'static str, usize> = BTreeMap::new();
-    for r in &history {
-        *statuses.entry(r.status.as_str()).or_default() += 1;
-    }
-    let default_median = s.default.measurement.as_ref().map(|m| m.median_s);
-    let best = s.best.as_ref();
-    let best_median = best
-        .and_then(|b| b.measurement.as_ref())
-        .map(|m| m.median_s);
-    let decision = s.decision.as_ref();
+    let counts = search::report::TrialCounts::of(db, s, hw)?;
     if as_json {
-        super::print_json(&json!({
-            "workload": s.workload.key(),
-            "kernel": best.map(|b| b.kernel.clone()),
-            "config": best.map(|b| b.config.clone()),
-            "median_s": best_median,
-            "gflops": best.and_then(|b| b.gflops),
-            "spread": best.and_then(|b| b.measurement.as_ref()).map(|m| m.spread),
-            "default_kernel": s.default.kernel,
-            "default_config": s.default.config,
-            "default_median_s": default_median,
-            "speedup_vs_default": s.speedup_vs_default(),
-            "dtype": s.workload.dtype(),
-            "max_rel_err_vs_f32": s.best_accuracy.map(|a| a.max_rel_err),
-            "fro_rel_err_vs_f32": s.best_accuracy.map(|a| a.fro_rel_err),
-            "trials": trials,
-            "failures": failures,
-            "measured_now": s.measured,
-            "space_size": s.space_size,
-            "fingerprint": hw.id,
-            "isolation": s.isolation,
-            "timeout_s": s.timeout.map(|t| t.as_secs_f64()),
-            "worker_restarts": s.restarts,
-            "quarantined": s.quarantined,
-            "statuses": statuses,
-            "remeasured": s.remeasured(),
-            "remeasure_rounds": decision.map_or(0, |d| d.rounds),
-            "tie": s.tie(),
-            "winner_reason": decision.map(|d| d.reason.as_str()),
-            "winner_remeasured_median_s": decision.and_then(|d| d.winner_remeasured_s()),
-            "default_remeasured_median_s": s.remeasured_s(&s.default),
-            "remeasure_error": decision.and_then(|d| d.note.clone()),
-            "median_spread": s.median_spread,
-            "median_cv": s.median_cv,
-            "timed_now": s.timed,
-        }))?;
-        return Ok(());
+        return super::print_json(&search::report::summary_json(s, &counts, hw));
     }
+    let (trials, failures, statuses) = (counts.trials, counts.failures, &counts.statuses);
+    let best = s.best.as_ref();
+    let decision = s.decision.as_ref();
     // The speeds the decision saw: re-measured side by side when both were finalists.
     let decided = s.decided_medians();
     let gflops = |t: Option<f64>| t.map_or(0.0, |t| s.workload.flops() / t / 1e9);

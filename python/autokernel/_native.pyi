@@ -1,0 +1,112 @@
+"""Type stubs of the extension module ``autokernel._native`` (re-exported by ``autokernel``)."""
+
+from os import PathLike
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+# A float32, C-contiguous numpy array or CPU torch tensor (anything else with copy=True).
+Operand = Any
+F32Array = npt.NDArray[np.float32]
+
+class AutokernelError(RuntimeError):
+    """An error of the runtime, database or tuner (not of an argument's type or shape)."""
+
+class PackedWeight:
+    """A constant weight packed once by ``Runtime.pack_weight`` for ``Runtime.linear``."""
+
+    @property
+    def in_features(self) -> int: ...
+    @property
+    def out_features(self) -> int: ...
+    @property
+    def act(self) -> str: ...
+    @property
+    def workload(self) -> str: ...
+    @property
+    def level(self) -> str: ...
+    @property
+    def config(self) -> str: ...
+    @property
+    def layouts(self) -> list[tuple[int, int]]: ...
+    @property
+    def nbytes(self) -> int: ...
+
+class Runtime:
+    """Dispatches GEMM, fused linear layers and attention to the best tuned kernel variant."""
+
+    def __init__(
+        self,
+        db_path: Union[str, PathLike, None] = None,
+        threads: Optional[int] = None,
+        precision: Optional[str] = None,
+        max_rel_err: Optional[float] = None,
+    ) -> None: ...
+    def set_precision(self, precision: str, max_rel_err: Optional[float] = None) -> None: ...
+    @property
+    def db_path(self) -> Optional[str]: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def load_error(self) -> Optional[str]: ...
+    def gemm(self, a: Operand, b: Operand, out: Optional[Operand] = None, *, copy: bool = False) -> F32Array: ...
+    def linear(
+        self,
+        x: Operand,
+        weight: PackedWeight,
+        bias: Optional[Operand] = None,
+        act: Optional[str] = None,
+        out: Optional[Operand] = None,
+        *,
+        copy: bool = False,
+    ) -> F32Array: ...
+    def pack_weight(
+        self,
+        w: Operand,
+        act: Optional[str] = None,
+        ms: Optional[Sequence[int]] = None,
+        layout: str = "kn",
+        *,
+        copy: bool = False,
+    ) -> PackedWeight: ...
+    def attention(
+        self,
+        q: Operand,
+        k: Operand,
+        v: Operand,
+        causal: bool = False,
+        mask: Optional[Operand] = None,
+        out: Optional[Operand] = None,
+        *,
+        copy: bool = False,
+    ) -> F32Array: ...
+    def lookup(self, workload: str) -> dict[str, Any]: ...
+    def reload(self) -> dict[str, Any]: ...
+    def info(self) -> dict[str, Any]: ...
+    def lookups(self) -> dict[str, int]: ...
+    def skipped(self) -> list[tuple[str, str]]: ...
+    def log_fallbacks_to(self, path: Union[str, PathLike]) -> None: ...
+    def set_fallback_check(self, on: bool) -> None: ...
+
+def tune(
+    workloads: Union[str, Iterable[str]],
+    db: Union[str, PathLike] = "tuning.db",
+    budget: int = 32,
+    threads: Optional[int] = None,
+    precision: Optional[str] = None,
+    strategy: str = "model",
+    seed: int = 0,
+    isolation: str = "process",
+    finalists: int = 3,
+    timeout_s: Optional[float] = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]: ...
+def fingerprint(threads: Optional[int] = None) -> str: ...
+def _serve_worker(threads: int) -> None: ...

@@ -1,0 +1,348 @@
+"""PyTorch drop-in: serve a model's linear layers and attention through the autokernel runtime.
+
+    import autokernel.torch
+    model = autokernel.torch.optimize(model, db="tuning.db")   # in place; returns the model
+    model.autokernel_unsupported                                # [(module name, why)]
+    autokernel.torch.workloads(model, (input_ids,))             # what a forward pass calls
+
+``optimize`` replaces every float32 ``nn.Linear`` by an :class:`AutokernelLinear` whose weight
+is packed once; a Linear followed by its activation (a Hugging Face feed-forward block's
+``dense`` + ``intermediate_act_fn``, or ``nn.Sequential(Linear, act)``) becomes one fused
+``gemm_bias_<act>`` call when the runtime has that epilogue (ReLU, tanh GELU). Hugging Face
+models' scaled-dot-product attention is served by the runtime through the ``autokernel``
+attention implementation; calls it cannot serve (an attention mask, dropout, another scale)
+run PyTorch's own. The ops are ``torch.library`` custom ops with fake implementations, so
+``torch.compile`` and ``torch.export`` trace through them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import threading
+from typing import Any, Iterable, Optional
+
+import torch
+from torch import nn
+
+from . import Runtime
+
+__all__ = ["AutokernelLinear", "optimize", "workloads", "runtime_of"]
+
+log = logging.getLogger("autokernel")
+
+# Handles: custom ops take ints, not Python objects. Entries live as long as the process
+# (a packed weight is freed with its handle by AutokernelLinear.__del__).
+_LOCK = threading.Lock()
+_RUNTIMES: dict[int, Runtime] = {}
+_WEIGHTS: dict[int, tuple[Runtime, Any]] = {}
+_NEXT = [1]
+# While workloads() runs: the workload of every runtime call, in order.
+_RECORD = threading.local()
+
+
+def _register(table: dict, value) -> int:
+    with _LOCK:
+        handle = _NEXT[0]
+        _NEXT[0] += 1
+        table[handle] = value
+        return handle
+
+
+def _record(workload: str) -> None:
+    seen = getattr(_RECORD, "seen", None)
+    if seen is not None:
+        seen.append(workload)
+
+
+# ---------------------------------------------------------------------------------------------
+# Custom ops
+
+
+@torch.library.custom_op("autokernel::linear", mutates_args=())
+def _linear_op(x: torch.Tensor, handle: int, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    rt, weight = _WEIGHTS[handle]
+    x = x.contiguous()
+    y = rt.linear(x, weight, bias)
+    if getattr(_RECORD, "seen", None) is not None:
+        m = x.numel() // weight.in_features
+        op = weight.workload.split(":", 1)[0]
+        _record(f"{op}:{m}x{weight.out_features}x{weight.in_features}")
+    return torch.from_numpy(y)
+
+
+@_linear_op.register_fake
+def _(x, handle, bias):
+    _, weight = _WEIGHTS[handle]
+    return x.new_empty((*x.shape[:-1], weight.out_features))
+
+
+@torch.library.custom_op("autokernel::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: int, causal: bool) -> torch.Tensor:
+    rt = _RUNTIMES[handle]
+    o = rt.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal)
+    b, h, s, d = q.shape
+    _record(f"attention:{b}x{h}x{s}x{d}" + (":causal" if causal else ""))
+    return torch.from_numpy(o)
+
+
+@_attention_op.register_fake
+def _(q, k, v, handle, causal):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations
+
+
+def _classify_act(module: nn.Module) -> Optional[str]:
+    """The runtime's name of an activation module ('relu', 'gelu_tanh', 'gelu_erf'), judged by
+    what it computes on a probe (so any class that computes it is recognised), or None."""
+    if not isinstance(module, nn.Module) or any(True for _ in module.parameters()):
+        return None
+    x = torch.linspace(-6.0, 6.0, 241, dtype=torch.float32)
+    try:
+        with torch.no_grad():
+            y = module(x)
+    except Exception:  # not an elementwise activation
+        return None
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+        return None
+    refs = {
+        "relu": torch.relu(x),
+        "gelu_tanh": nn.functional.gelu(x, approximate="tanh"),
+        "gelu_erf": nn.functional.gelu(x),
+    }
+    for name, ref in refs.items():
+        if torch.allclose(y, ref, atol=1e-6, rtol=0):
+            return name
+    return None
+
+
+# The activations the runtime fuses into a linear layer (exact-erf GELU is not one yet).
+_FUSABLE = ("relu", "gelu_tanh")
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules
+
+
+class AutokernelLinear(nn.Module):
+    """An ``nn.Linear`` (optionally followed by a fused activation) served by the runtime, its
+    weight packed once. Keeps the original parameters (shared, not copied) for ``state_dict``
+    and for calls the runtime does not take (gradients, other dtypes or devices)."""
+
+    def __init__(self, linear: nn.Linear, runtime: Runtime, act: Optional[str] = None, ms: Iterable[int] = (1,)):
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.act = act
+        with torch.no_grad():
+            packed = runtime.pack_weight(linear.weight.detach(), act=act, ms=list(ms), layout="nk")
+        self.packed = packed
+        self.handle = _register(_WEIGHTS, (runtime, packed))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _served(x) and not (torch.is_grad_enabled() and self.weight.requires_grad):
+            bias = None if self.bias is None else self.bias.detach()
+            return torch.ops.autokernel.linear(x, self.handle, bias)
+        y = nn.functional.linear(x, self.weight, self.bias)
+        if self.act == "relu":
+            return torch.relu(y)
+        if self.act == "gelu_tanh":
+            return nn.functional.gelu(y, approximate="tanh")
+        return y
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, act={self.act!r}, packed={self.packed.workload} ({self.packed.level})"
+        )
+
+    def __del__(self):
+        with _LOCK:
+            _WEIGHTS.pop(getattr(self, "handle", None), None)
+
+
+def _served(x: torch.Tensor) -> bool:
+    return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face attention
+
+
+def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """The ``autokernel`` attention implementation of transformers: the runtime's attention when
+    it computes the same thing, PyTorch's SDPA otherwise."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    handle = getattr(module, "_autokernel_runtime", None)
+    d = query.shape[-1]
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
+    plain = (
+        handle is not None
+        and attention_mask is None
+        and dropout == 0.0
+        and (scaling is None or math.isclose(scaling, d**-0.5, rel_tol=1e-6))
+        and query.shape == key.shape == value.shape
+        and all(_served(t) for t in (query, key, value))
+        and not kwargs.get("softcap")
+        and not (torch.is_grad_enabled() and query.requires_grad)
+    )
+    if not plain:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    o = torch.ops.autokernel.attention(query, key, value, handle, causal)
+    return o.transpose(1, 2).contiguous(), None
+
+
+def _install_hf_attention(model: nn.Module, handle: int, report: list) -> int:
+    """Routes a transformers model's attention through the runtime; returns the modules routed."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "_attn_implementation"):
+        return 0
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError as e:
+        report.append(("<attention>", f"transformers without AttentionInterface: {e}"))
+        return 0
+    AttentionInterface.register("autokernel", _hf_attention)
+    AttentionMaskInterface.register("autokernel", sdpa_mask)
+    routed = 0
+    for _, m in model.named_modules():
+        if hasattr(m, "config") and hasattr(m, "is_causal") and hasattr(m, "scaling"):
+            m._autokernel_runtime = handle
+            routed += 1
+    if routed:
+        if hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation("autokernel")
+        else:
+            config._attn_implementation = "autokernel"
+    return routed
+
+
+# ---------------------------------------------------------------------------------------------
+# optimize / workloads
+
+
+def runtime_of(model: nn.Module) -> Optional[Runtime]:
+    """The runtime an optimized model is served by, or None."""
+    return getattr(model, "autokernel_runtime", None)
+
+
+def _linear_ok(m: nn.Module) -> Optional[str]:
+    """Why the runtime cannot serve Linear ``m`` (None when it can)."""
+    if m.weight.dtype != torch.float32:
+        return f"weight dtype {m.weight.dtype} (float32 only)"
+    if m.weight.device.type != "cpu":
+        return f"weight on {m.weight.device} (CPU only)"
+    return None
+
+
+def optimize(
+    model: nn.Module,
+    db: Optional[str] = None,
+    precision: Optional[str] = None,
+    threads: Optional[int] = None,
+    runtime: Optional[Runtime] = None,
+    ms: Iterable[int] = (1, 128),
+    attention: bool = True,
+) -> nn.Module:
+    """Serves ``model``'s ``nn.Linear`` layers (fused with a following ReLU / tanh-GELU) and its
+    Hugging Face attention through the autokernel runtime; returns the model, changed in place.
+
+    db: the tuning database (None: kernel defaults). precision, threads: as for
+    :class:`autokernel.Runtime` (or pass ``runtime``). ms: the row counts (batch × sequence) to
+    plan the packed weights for; others are served too. ``model.autokernel_unsupported``
+    lists the modules left to PyTorch, with why; ``model.autokernel_runtime`` is the runtime.
+    """
+    rt = runtime if runtime is not None else Runtime(db, threads=threads, precision=precision)
+    ms = [int(m) for m in ms]
+    report: list[tuple[str, str]] = []
+    replaced: set[int] = set()
+
+    def swap(parent: nn.Module, name: str, full: str, act: Optional[str]) -> bool:
+        lin = getattr(parent, name)
+        why = _linear_ok(lin)
+        if why:
+            report.append((full, why))
+            return False
+        setattr(parent, name, AutokernelLinear(lin, rt, act=act, ms=ms))
+        replaced.add(id(getattr(parent, name)))
+        return True
+
+    for pname, parent in list(model.named_modules()):
+        prefix = f"{pname}." if pname else ""
+        # A Hugging Face feed-forward block: dense + intermediate_act_fn.
+        dense, act_fn = getattr(parent, "dense", None), getattr(parent, "intermediate_act_fn", None)
+        if type(dense) is nn.Linear and isinstance(act_fn, nn.Module):
+            act = _classify_act(act_fn)
+            if act in _FUSABLE and swap(parent, "dense", prefix + "dense", act):
+                parent.intermediate_act_fn = nn.Identity()
+            elif act == "gelu_erf":
+                report.append((prefix + "intermediate_act_fn", "exact-erf GELU is not a runtime epilogue: not fused"))
+        # nn.Sequential(..., Linear, act, ...).
+        if isinstance(parent, nn.Sequential):
+            items = list(parent._modules.items())
+            for (n1, m1), (n2, m2) in zip(items, items[1:]):
+                if type(m1) is nn.Linear:
+                    act = _classify_act(m2)
+                    if act in _FUSABLE and swap(parent, n1, prefix + n1, act):
+                        parent._modules[n2] = nn.Identity()
+    for pname, parent in list(model.named_modules()):
+        prefix = f"{pname}." if pname else ""
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and id(child) not in replaced:
+                swap(parent, name, prefix + name, None)
+
+    routed = _install_hf_attention(model, _register(_RUNTIMES, rt), report) if attention else 0
+    for name, m in model.named_modules():
+        own = list(m.parameters(recurse=False))
+        if own and not isinstance(m, AutokernelLinear) and not any(n == name for n, _ in report):
+            report.append((name, f"{type(m).__name__}: no runtime kernel (left to PyTorch)"))
+    model.autokernel_runtime = rt
+    model.autokernel_unsupported = report
+    model.autokernel_attention_modules = routed
+    n = sum(isinstance(m, AutokernelLinear) for m in model.modules())
+    log.info("autokernel: %d linear layers and %d attention modules served; %d modules left to PyTorch", n, routed, len(report))
+    return model
+
+
+def workloads(model: nn.Module, example_inputs: Any, db: Optional[str] = None, log_path: Optional[str] = None) -> list[str]:
+    """The runtime workloads one forward pass of ``model`` on ``example_inputs`` (a tuple of
+    positional arguments, or a dict of keyword arguments) calls, each once, in order: the list
+    to tune (``autokernel.tune(workloads(...))`` or ``autokernel tune --workloads-from``).
+
+    A model not yet optimized is optimized on a copy (with ``db``, or kernel defaults). Each
+    workload the runtime would serve from a fallback level (not tuned for this machine) is
+    logged, as the Rust runtime logs it; with ``log_path`` the runtime also appends those to
+    that file in the ``--workloads-from`` format.
+    """
+    if runtime_of(model) is None:
+        model = optimize(copy.deepcopy(model), db=db)
+    rt = runtime_of(model)
+    if log_path is not None:
+        rt.log_fallbacks_to(log_path)
+    _RECORD.seen = []
+    try:
+        with torch.no_grad():
+            if isinstance(example_inputs, dict):
+                model(**example_inputs)
+            elif isinstance(example_inputs, (tuple, list)):
+                model(*example_inputs)
+            else:
+                model(example_inputs)
+        seen = list(dict.fromkeys(_RECORD.seen))
+    finally:
+        _RECORD.seen = None
+    for w in seen:
+        level = rt.lookup(w)["level"]
+        if level != "exact":
+            log.warning("autokernel: %s served by %s (not tuned for this machine)", w, level)
+    return seen

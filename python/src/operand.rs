@@ -1,0 +1,197 @@
+//! Operands from Python: numpy arrays and CPU torch tensors, read in place.
+//!
+//! An operand must be float32, C-contiguous and aligned, with the expected shape; anything
+//! else raises `TypeError` (wrong kind or element type) or `ValueError` (layout, shape)
+//! naming the argument. Nothing is copied unless the caller passed `copy=True`, which allows
+//! a conversion (element type, layout, a list) for inputs; outputs are never copied.
+
+use numpy::{
+    PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+/// An f32 operand: a C-contiguous, aligned numpy array (a view of a torch tensor's storage
+/// when a tensor was given).
+pub type F32Array<'py> = Bound<'py, PyArrayDyn<f32>>;
+
+/// Reads input `name` as an f32 operand; with `copy`, converts what is not one.
+pub fn input<'py>(obj: &Bound<'py, PyAny>, name: &str, copy: bool) -> PyResult<F32Array<'py>> {
+    let arr = match as_ndarray(obj, name, Some(copy))? {
+        Some(arr) => arr,
+        None if copy => np_call(obj.py(), "asarray", obj)?,
+        None => return Err(not_an_array(obj, name)),
+    };
+    checked(arr, name, Some(copy))
+}
+
+/// Reads output `name`: an f32, C-contiguous, writable array or CPU tensor of `shape`.
+pub fn output<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+    shape: &[usize],
+) -> PyResult<F32Array<'py>> {
+    let arr = as_ndarray(obj, name, None)?.ok_or_else(|| not_an_array(obj, name))?;
+    let arr = checked(arr, name, None)?;
+    expect_shape(&arr, name, shape, &dims(shape))?;
+    Ok(arr)
+}
+
+/// Raises `ValueError` unless `arr` has `shape`; `expected` describes it for the message.
+pub fn expect_shape(
+    arr: &F32Array<'_>,
+    name: &str,
+    shape: &[usize],
+    expected: &str,
+) -> PyResult<()> {
+    if arr.shape() == shape {
+        Ok(())
+    } else {
+        Err(shape_err(arr, name, expected))
+    }
+}
+
+/// `ValueError: argument 'name' has shape (..), expected <expected>`.
+pub fn shape_err(arr: &F32Array<'_>, name: &str, expected: &str) -> PyErr {
+    PyValueError::new_err(format!(
+        "argument '{name}' has shape {}, expected {expected}",
+        dims(arr.shape())
+    ))
+}
+
+/// A shape as Python prints it: `(2, 3)`, `(5,)`.
+pub fn dims(shape: &[usize]) -> String {
+    match shape {
+        [d] => format!("({d},)"),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// A new, uninitialised f32 array of `shape` for an output every element of which the
+/// kernel writes.
+pub fn new_output<'py>(py: Python<'py>, shape: &[usize]) -> F32Array<'py> {
+    // SAFETY: the array is handed to Python only after a kernel has written every element
+    // (C is overwritten by every kernel); on an error it is dropped unread.
+    unsafe { PyArrayDyn::<f32>::new(py, shape, false) }
+}
+
+/// The ndarray behind `obj` (itself, or the zero-copy view of a CPU torch tensor); `None`
+/// for anything else. `copy`: `Some(allowed)` for an input, `None` for an output.
+fn as_ndarray<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+    copy: Option<bool>,
+) -> PyResult<Option<Bound<'py, PyUntypedArray>>> {
+    if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        return Ok(Some(arr.clone()));
+    }
+    if !is_torch_tensor(obj)? {
+        return Ok(None);
+    }
+    let device = obj.getattr("device")?.str()?.to_string();
+    if device != "cpu" {
+        return Err(PyTypeError::new_err(format!(
+            "argument '{name}' is a torch tensor on {device}; autokernel runs on the CPU (move it with .cpu())"
+        )));
+    }
+    let mut t = obj.call_method0("detach")?;
+    let dtype = t.getattr("dtype")?.str()?.to_string();
+    if dtype != "torch.float32" {
+        if copy != Some(true) {
+            return Err(PyTypeError::new_err(format!(
+                "argument '{name}' is a {dtype} tensor, expected torch.float32{}",
+                copy_hint(copy)
+            )));
+        }
+        t = t.call_method0("float")?;
+    }
+    let arr = t.call_method0("numpy")?;
+    Ok(Some(arr.cast_into::<PyUntypedArray>()?))
+}
+
+/// Checks element type, layout and alignment; with `copy = Some(true)`, converts instead of
+/// refusing.
+fn checked<'py>(
+    arr: Bound<'py, PyUntypedArray>,
+    name: &str,
+    copy: Option<bool>,
+) -> PyResult<F32Array<'py>> {
+    let py = arr.py();
+    let mut arr = arr;
+    if !arr.dtype().is_equiv_to(&numpy::dtype::<f32>(py)) {
+        if copy != Some(true) {
+            return Err(PyTypeError::new_err(format!(
+                "argument '{name}' has dtype {}, expected float32{}",
+                arr.dtype(),
+                copy_hint(copy)
+            )));
+        }
+        arr = arr
+            .call_method1("astype", ("float32",))?
+            .cast_into::<PyUntypedArray>()?;
+    }
+    let aligned = |a: &Bound<'py, PyUntypedArray>| {
+        a.cast::<PyArrayDyn<f32>>()
+            .is_ok_and(|a| (a.data() as usize).is_multiple_of(4))
+    };
+    if !arr.is_c_contiguous() || !aligned(&arr) {
+        if copy != Some(true) {
+            return Err(PyValueError::new_err(format!(
+                "argument '{name}' (shape {}) is not C-contiguous and aligned{}; autokernel reads operands in place",
+                dims(arr.shape()),
+                copy_hint(copy)
+            )));
+        }
+        arr = np_call(py, "ascontiguousarray", &arr)?;
+    }
+    Ok(arr.cast_into::<PyArrayDyn<f32>>()?)
+}
+
+/// `numpy.<f>(obj, dtype="float32")`.
+fn np_call<'py>(
+    py: Python<'py>,
+    f: &str,
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let kwargs = pyo3::types::PyDict::new(py);
+    kwargs.set_item("dtype", "float32")?;
+    let arr = py
+        .import("numpy")?
+        .getattr(f)?
+        .call((obj,), Some(&kwargs))?;
+    Ok(arr.cast_into::<PyUntypedArray>()?)
+}
+
+/// Whether `obj` is a `torch.Tensor` (checked without importing torch).
+fn is_torch_tensor(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = obj.py();
+    let Ok(torch) = py.import("sys")?.getattr("modules")?.get_item("torch") else {
+        return Ok(false);
+    };
+    obj.is_instance(&torch.getattr("Tensor")?)
+}
+
+fn not_an_array(obj: &Bound<'_, PyAny>, name: &str) -> PyErr {
+    let ty = obj
+        .get_type()
+        .name()
+        .map_or_else(|_| "?".to_string(), |n| n.to_string());
+    PyTypeError::new_err(format!(
+        "argument '{name}' is a {ty}, expected a float32 numpy array or CPU torch tensor (pass copy=True to convert other array-likes)"
+    ))
+}
+
+/// How to get past a refusal: only inputs may be converted, and only when asked.
+fn copy_hint(copy: Option<bool>) -> &'static str {
+    match copy {
+        Some(false) => " (pass copy=True to allow a converted copy)",
+        _ => "",
+    }
+}

@@ -1,0 +1,112 @@
+//! `autokernel.PackedWeight`: a constant weight packed once for `Runtime.linear`.
+
+use kernels::Act;
+use pyo3::exceptions::{PyNotImplementedError, PyValueError};
+use pyo3::prelude::*;
+
+/// The Python names of the activations fused into `linear`: `None`/`"identity"`, `"relu"`,
+/// `"gelu_tanh"` (the tanh form: Hugging Face's `gelu_new`). `"gelu"` alone is refused as
+/// ambiguous (PyTorch's `gelu` is the exact erf form).
+pub fn parse_act(name: Option<&str>) -> PyResult<Act> {
+    match name.map(str::trim) {
+        None | Some("identity" | "none" | "") => Ok(Act::Identity),
+        Some("relu") => Ok(Act::Relu),
+        Some("gelu_tanh" | "gelu_new") => Ok(Act::Gelu),
+        Some("gelu") => Err(PyValueError::new_err(
+            "act='gelu' is ambiguous: 'gelu_tanh' (the tanh form, Hugging Face's gelu_new) or \
+             'gelu_erf' (the exact form, PyTorch's default)",
+        )),
+        Some("gelu_erf") => Err(PyNotImplementedError::new_err(
+            "act='gelu_erf': the exact-erf GELU epilogue is not in this build's runtime",
+        )),
+        Some(other) => Err(PyValueError::new_err(format!(
+            "unknown act '{other}' (known: None, 'identity', 'relu', 'gelu_tanh')"
+        ))),
+    }
+}
+
+/// The Python name of `act`.
+pub fn act_name(act: Act) -> &'static str {
+    match act {
+        Act::Identity => "identity",
+        Act::Relu => "relu",
+        Act::Gelu => "gelu_tanh",
+    }
+}
+
+/// A constant weight (`in_features × out_features` as the GEMM's B operand) packed once by
+/// `Runtime.pack_weight` into the panel layouts of the variants that serve it, with the
+/// activation fused into `Runtime.linear` calls that use it. Serves any number of rows;
+/// read-only and safe to share between threads.
+#[pyclass(name = "PackedWeight", module = "autokernel", frozen)]
+pub struct PyPackedWeight {
+    pub inner: runtime::PackedWeight,
+    pub act: Act,
+    /// The bias of calls that give none.
+    pub zeros: Vec<f32>,
+}
+
+#[pymethods]
+impl PyPackedWeight {
+    /// Input features (K, the rows of B).
+    #[getter]
+    fn in_features(&self) -> usize {
+        self.inner.dims().1
+    }
+
+    /// Output features (N, the columns of B).
+    #[getter]
+    fn out_features(&self) -> usize {
+        self.inner.dims().0
+    }
+
+    /// The activation fused into every `linear` with this weight: 'identity', 'relu' or
+    /// 'gelu_tanh'.
+    #[getter]
+    fn act(&self) -> &'static str {
+        act_name(self.act)
+    }
+
+    /// The workload of the first row count it was planned for, e.g. 'gemm_bias:128x768x768'.
+    #[getter]
+    fn workload(&self) -> String {
+        self.inner.workload().key()
+    }
+
+    /// Where the config serving that workload came from: 'exact', 'same_arch',
+    /// 'nearest_shape' or 'default'.
+    #[getter]
+    fn level(&self) -> &'static str {
+        self.inner.level().as_str()
+    }
+
+    /// The config serving that workload, as JSON text.
+    #[getter]
+    fn config(&self) -> String {
+        self.inner.config().to_json()
+    }
+
+    /// The distinct panel layouts (NR, KC) it is packed in.
+    #[getter]
+    fn layouts(&self) -> Vec<(usize, usize)> {
+        self.inner.layouts()
+    }
+
+    /// Bytes held by the packed copies (and the row-major copy, if one is kept).
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.inner.bytes()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "PackedWeight(in_features={}, out_features={}, act='{}', workload='{}', level='{}', layouts={:?})",
+            self.in_features(),
+            self.out_features(),
+            self.act(),
+            self.workload(),
+            self.level(),
+            self.layouts()
+        )
+    }
+}

@@ -1,0 +1,469 @@
+//! `autokernel.Runtime`: the runtime's dispatch from Python.
+
+use std::path::PathBuf;
+
+use kernels::Workload;
+use numpy::{PyArrayMethods, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyNotImplementedError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use runtime::{PrecisionPolicy, Runtime};
+
+use crate::errors::{kernel_err, runtime_err};
+use crate::operand::{self, dims, expect_shape, F32Array};
+use crate::packed::{parse_act, PyPackedWeight};
+use crate::threads::Threads;
+
+/// The policy `precision=` and `max_rel_err=` name (None: 'f32').
+pub fn parse_policy(p: Option<&str>, max_rel_err: Option<f64>) -> PyResult<PrecisionPolicy> {
+    let policy: PrecisionPolicy = p
+        .unwrap_or("f32")
+        .parse()
+        .map_err(|e: runtime::UnknownPrecision| PyValueError::new_err(e.to_string()))?;
+    match max_rel_err {
+        None => Ok(policy),
+        Some(e) if e.is_finite() && e >= 0.0 => Ok(policy.with_max_rel_err(e)),
+        Some(e) => Err(PyValueError::new_err(format!(
+            "max_rel_err must be a finite number >= 0, not {e}"
+        ))),
+    }
+}
+
+/// Dispatches GEMM, fused linear layers and attention to the best tuned kernel variant for
+/// this machine, from a tuning database opened read-only.
+///
+/// db_path: the tuning database (made by `autokernel tune` or `autokernel.tune`). A
+///     missing or unreadable file does not raise: the runtime serves kernel defaults and
+///     `load_error` says why; `reload()` picks the file up once it is good. None: no
+///     database, kernel defaults only.
+/// threads: threads the kernels use (None: every CPU this process may use). Part of the
+///     hardware fingerprint: records tuned at another thread count are served as
+///     `same_arch`, not `exact`.
+/// precision: the element type f32 calls are served in: 'f32' (the default), 'bf16', 'int8'
+///     (that type wherever a kernel family serves it) or 'auto' (per workload, the fastest
+///     record measured on its shape); see `set_precision`.
+/// max_rel_err: error budget: a reduced-precision record is served only if its stored max
+///     relative error against the f32 problem is at most this ('auto' defaults to 1e-2).
+///
+/// Operands are float32, C-contiguous numpy arrays or CPU torch tensors, read in place; a
+/// wrong element type raises TypeError and a wrong layout or shape ValueError, naming the
+/// argument (`copy=True` allows a converted copy of an input instead). Kernels run with the
+/// GIL released, and one Runtime may be shared by any number of threads.
+#[pyclass(name = "Runtime", module = "autokernel", frozen)]
+pub struct PyRuntime {
+    rt: Runtime,
+    threads: Threads,
+    db_path: Option<PathBuf>,
+}
+
+/// Reads 2-D input `name`, returning it with its (rows, cols).
+fn matrix<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+    copy: bool,
+) -> PyResult<(F32Array<'py>, usize, usize)> {
+    let arr = operand::input(obj, name, copy)?;
+    match *arr.shape() {
+        [r, c] => Ok((arr, r, c)),
+        _ => Err(operand::shape_err(&arr, name, "a 2-D array")),
+    }
+}
+
+/// The output: `out` checked against `shape`, or a new array.
+fn out_array<'py>(
+    py: Python<'py>,
+    out: Option<&Bound<'py, PyAny>>,
+    shape: &[usize],
+) -> PyResult<F32Array<'py>> {
+    match out {
+        Some(o) => operand::output(o, "out", shape),
+        None => Ok(operand::new_output(py, shape)),
+    }
+}
+
+/// Runs `f(inputs, output)` over read-only views of `inputs` and a writable view of `out`;
+/// an `out` that shares memory with an input is refused.
+fn with_views<R>(
+    inputs: &[(&F32Array<'_>, &str)],
+    out: &F32Array<'_>,
+    f: impl FnOnce(&[&[f32]], &mut [f32]) -> PyResult<R>,
+) -> PyResult<R> {
+    let guards = inputs
+        .iter()
+        .map(|(a, name)| {
+            a.try_readonly()
+                .map_err(|e| PyValueError::new_err(format!("argument '{name}': {e}")))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let slices = guards
+        .iter()
+        .map(|g| {
+            g.as_slice()
+                .map_err(|e| PyValueError::new_err(e.to_string()))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let mut out_guard = out.try_readwrite().map_err(|e| {
+        PyValueError::new_err(format!(
+            "argument 'out' must be writable and share no memory with the inputs: {e}"
+        ))
+    })?;
+    let out_slice = out_guard
+        .as_slice_mut()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    f(&slices, out_slice)
+}
+
+#[pymethods]
+impl PyRuntime {
+    #[new]
+    #[pyo3(signature = (db_path=None, threads=None, precision=None, max_rel_err=None))]
+    fn new(
+        db_path: Option<PathBuf>,
+        threads: Option<usize>,
+        precision: Option<&str>,
+        max_rel_err: Option<f64>,
+    ) -> PyResult<Self> {
+        let policy = parse_policy(precision, max_rel_err)?;
+        let (threads, hw) = Threads::new(threads)?;
+        let rt = match &db_path {
+            Some(p) => Runtime::open_or_defaults_for(p, hw),
+            None => Runtime::defaults_only_for(hw),
+        };
+        rt.set_precision(policy);
+        Ok(PyRuntime {
+            rt,
+            threads,
+            db_path,
+        })
+    }
+
+    /// The database this runtime serves (None: defaults only).
+    #[getter]
+    fn db_path(&self) -> Option<PathBuf> {
+        self.db_path.clone()
+    }
+
+    /// Threads the kernels use.
+    #[getter]
+    fn threads(&self) -> usize {
+        self.threads.count()
+    }
+
+    /// The precision policy in force, e.g. 'f32', 'int8', 'auto (max rel err 1e-2)'.
+    #[getter]
+    fn precision(&self) -> String {
+        self.rt.precision().to_string()
+    }
+
+    /// Sets the precision policy of later calls (see the class documentation). A weight
+    /// packed before keeps the plans it has.
+    #[pyo3(signature = (precision, max_rel_err=None))]
+    fn set_precision(&self, precision: &str, max_rel_err: Option<f64>) -> PyResult<()> {
+        self.rt
+            .set_precision(parse_policy(Some(precision), max_rel_err)?);
+        Ok(())
+    }
+
+    /// The id of the hardware fingerprint this runtime serves (CPU, ISA, threads, caches).
+    #[getter]
+    fn fingerprint(&self) -> String {
+        self.rt.fingerprint().id.clone()
+    }
+
+    /// Why the database could not be loaded (the runtime then serves kernel defaults), or
+    /// None.
+    #[getter]
+    fn load_error(&self) -> Option<String> {
+        self.rt.load_error()
+    }
+
+    /// C = A·B for a (M, K) and b (K, N) float32 arrays; returns C (M, N), written into
+    /// `out` when given (float32, C-contiguous, (M, N), sharing no memory with a or b).
+    #[pyo3(signature = (a, b, out=None, *, copy=false))]
+    fn gemm<'py>(
+        &self,
+        py: Python<'py>,
+        a: &Bound<'py, PyAny>,
+        b: &Bound<'py, PyAny>,
+        out: Option<&Bound<'py, PyAny>>,
+        copy: bool,
+    ) -> PyResult<F32Array<'py>> {
+        let (a, m, k) = matrix(a, "a", copy)?;
+        let b = operand::input(b, "b", copy)?;
+        let n = match *b.shape() {
+            [kb, n] if kb == k => n,
+            _ => {
+                return Err(operand::shape_err(
+                    &b,
+                    "b",
+                    &format!("({k}, N) to match a {}", dims(&[m, k])),
+                ))
+            }
+        };
+        let c = out_array(py, out, &[m, n])?;
+        with_views(&[(&a, "a"), (&b, "b")], &c, |ins, c_out| {
+            self.threads
+                .run(py, || self.rt.gemm(m, n, k, ins[0], ins[1], c_out))
+                .map_err(runtime_err)
+        })?;
+        Ok(c)
+    }
+
+    /// y = act(x·W + bias) with a weight packed by `pack_weight`: x is (..., in_features),
+    /// bias (out_features,) or None, y (..., out_features). `act` may be given to check it:
+    /// the activation is the one the weight was packed with.
+    #[pyo3(signature = (x, weight, bias=None, act=None, out=None, *, copy=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn linear<'py>(
+        &self,
+        py: Python<'py>,
+        x: &Bound<'py, PyAny>,
+        weight: &PyPackedWeight,
+        bias: Option<&Bound<'py, PyAny>>,
+        act: Option<&str>,
+        out: Option<&Bound<'py, PyAny>>,
+        copy: bool,
+    ) -> PyResult<F32Array<'py>> {
+        if let Some(name) = act {
+            let asked = parse_act(Some(name))?;
+            if asked != weight.act {
+                return Err(PyValueError::new_err(format!(
+                    "act='{name}', but the weight was packed with act='{}' (pack it with act='{name}')",
+                    crate::packed::act_name(weight.act)
+                )));
+            }
+        }
+        let (n, k) = weight.inner.dims();
+        let x = operand::input(x, "x", copy)?;
+        let shape = x.shape().to_vec();
+        if shape.last() != Some(&k) {
+            return Err(operand::shape_err(
+                &x,
+                "x",
+                &format!("(..., {k}) for a weight of in_features {k}"),
+            ));
+        }
+        let m: usize = shape[..shape.len() - 1].iter().product();
+        let mut out_shape = shape.clone();
+        *out_shape.last_mut().expect("at least 1-D") = n;
+        let y = out_array(py, out, &out_shape)?;
+        let bias = bias.map(|b| operand::input(b, "bias", copy)).transpose()?;
+        if let Some(b) = &bias {
+            expect_shape(b, "bias", &[n], &dims(&[n]))?;
+        }
+        if m == 0 {
+            return Ok(y);
+        }
+        let mut inputs = vec![(&x, "x")];
+        if let Some(b) = &bias {
+            inputs.push((b, "bias"));
+        }
+        with_views(&inputs, &y, |ins, y_out| {
+            let bias = ins.get(1).copied().unwrap_or(&weight.zeros);
+            self.threads
+                .run(py, || {
+                    self.rt
+                        .gemm_bias_act_packed(&weight.inner, ins[0], bias, y_out)
+                })
+                .map_err(runtime_err)
+        })?;
+        Ok(y)
+    }
+
+    /// Packs a constant weight once for `linear`: `w` is (in_features, out_features)
+    /// (`layout='kn'`, the GEMM's B) or (out_features, in_features) (`layout='nk'`, as
+    /// torch.nn.Linear stores it). `act` ('identity'/None, 'relu', 'gelu_tanh') is fused
+    /// into every call; `ms` lists the row counts to plan for (any other is served too).
+    #[pyo3(signature = (w, act=None, ms=None, layout="kn", *, copy=false))]
+    fn pack_weight(
+        &self,
+        py: Python<'_>,
+        w: &Bound<'_, PyAny>,
+        act: Option<&str>,
+        ms: Option<Vec<usize>>,
+        layout: &str,
+        copy: bool,
+    ) -> PyResult<PyPackedWeight> {
+        let act = parse_act(act)?;
+        let (w, rows, cols) = matrix(w, "w", copy)?;
+        let ms = ms.unwrap_or_else(|| vec![1]);
+        if ms.is_empty() || ms.contains(&0) {
+            return Err(PyValueError::new_err(format!(
+                "ms={ms:?}: give at least one row count, each at least 1"
+            )));
+        }
+        let transposed = match layout {
+            "kn" => false,
+            "nk" => true,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "layout='{other}': expected 'kn' or 'nk'"
+                )))
+            }
+        };
+        let (k, n) = if transposed {
+            (cols, rows)
+        } else {
+            (rows, cols)
+        };
+        let guard = w
+            .try_readonly()
+            .map_err(|e| PyValueError::new_err(format!("argument 'w': {e}")))?;
+        let data = guard
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let inner = self
+            .threads
+            .run(py, || {
+                if transposed {
+                    let mut b = vec![0.0f32; k * n];
+                    for (j, row) in data.chunks_exact(k).enumerate() {
+                        for (i, &x) in row.iter().enumerate() {
+                            b[i * n + j] = x;
+                        }
+                    }
+                    self.rt.pack_weight_for(n, k, act, &b, &ms)
+                } else {
+                    self.rt.pack_weight_for(n, k, act, data, &ms)
+                }
+            })
+            .map_err(runtime_err)?;
+        Ok(PyPackedWeight {
+            inner,
+            act,
+            zeros: vec![0.0; n],
+        })
+    }
+
+    /// Scaled dot-product attention: softmax(q·kᵀ/√D)·v over (B, H, S, D) float32 arrays;
+    /// with `causal`, query i sees keys j ≤ i. Returns (B, H, S, D).
+    #[pyo3(signature = (q, k, v, causal=false, mask=None, out=None, *, copy=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn attention<'py>(
+        &self,
+        py: Python<'py>,
+        q: &Bound<'py, PyAny>,
+        k: &Bound<'py, PyAny>,
+        v: &Bound<'py, PyAny>,
+        causal: bool,
+        mask: Option<&Bound<'py, PyAny>>,
+        out: Option<&Bound<'py, PyAny>>,
+        copy: bool,
+    ) -> PyResult<F32Array<'py>> {
+        if mask.is_some_and(|m| !m.is_none()) {
+            return Err(PyNotImplementedError::new_err(
+                "attention masks are not in this build's runtime (mask=None only)",
+            ));
+        }
+        let q = operand::input(q, "q", copy)?;
+        let shape = q.shape().to_vec();
+        let [b, h, s, d] = shape[..] else {
+            return Err(operand::shape_err(&q, "q", "(B, H, S, D)"));
+        };
+        let k = operand::input(k, "k", copy)?;
+        expect_shape(&k, "k", &shape, &format!("{} like q", dims(&shape)))?;
+        let v = operand::input(v, "v", copy)?;
+        expect_shape(&v, "v", &shape, &format!("{} like q", dims(&shape)))?;
+        let o = out_array(py, out, &shape)?;
+        with_views(&[(&q, "q"), (&k, "k"), (&v, "v")], &o, |ins, o_out| {
+            self.threads
+                .run(py, || {
+                    self.rt
+                        .attention(b, h, s, d, causal, ins[0], ins[1], ins[2], o_out)
+                })
+                .map_err(runtime_err)
+        })?;
+        Ok(o)
+    }
+
+    /// What the runtime serves for a workload ('gemm:128x768x768',
+    /// 'gemm_bias_gelu:128x3072x768', 'attention:1x12x128x64:causal', ...): the fields of
+    /// `autokernel lookup --json` (workload, dtype, device, level, kernel, kernel_version,
+    /// config, fingerprint, source).
+    fn lookup<'py>(&self, py: Python<'py>, workload: &str) -> PyResult<Bound<'py, PyAny>> {
+        let w: Workload = workload.parse().map_err(kernel_err)?;
+        let choice = self
+            .threads
+            .run(py, || self.rt.lookup(&w))
+            .map_err(runtime_err)?;
+        crate::json::to_py(py, &choice.to_json(&w, &self.rt, "cpu"))
+    }
+
+    /// Re-reads the database file (it may have been replaced) and swaps the new index in
+    /// while other threads keep serving; returns the new index's counts. On error the old
+    /// index stays in service and AutokernelError is raised.
+    fn reload<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let info = py.detach(|| self.rt.reload()).map_err(runtime_err)?;
+        index_info(py, &info)
+    }
+
+    /// Counts describing the index in service (generation, exact, same_arch, ...).
+    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        index_info(py, &self.rt.index_info())
+    }
+
+    /// Lookups served so far, by level: {'exact', 'same_arch', 'nearest_shape', 'default'}.
+    fn lookups<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.rt.lookups();
+        let d = PyDict::new(py);
+        d.set_item("exact", c.exact)?;
+        d.set_item("same_arch", c.same_arch)?;
+        d.set_item("nearest_shape", c.nearest_shape)?;
+        d.set_item("default", c.default)?;
+        Ok(d)
+    }
+
+    /// Database records that are not served, as (workload, reason) pairs.
+    fn skipped(&self) -> Vec<(String, String)> {
+        self.rt
+            .skipped()
+            .into_iter()
+            .map(|s| (s.workload, s.reason))
+            .collect()
+    }
+
+    /// Appends every distinct workload served by a fallback level to `path`, once
+    /// ('gemm:24x768x768  # nearest_shape'): the input of `autokernel tune --workloads-from`.
+    fn log_fallbacks_to(&self, path: PathBuf) -> PyResult<()> {
+        self.rt.log_fallbacks_to(path).map_err(runtime_err)
+    }
+
+    /// Turns the first-use timing check of borrowed (nearest-shape) configs on or off.
+    fn set_fallback_check(&self, on: bool) {
+        self.rt.set_fallback_check(on);
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Runtime(db_path={}, threads={}, precision='{}', fingerprint='{}'{})",
+            self.db_path
+                .as_ref()
+                .map_or("None".into(), |p| format!("'{}'", p.display())),
+            self.threads.count(),
+            self.rt.precision(),
+            self.rt.fingerprint().id,
+            self.rt
+                .load_error()
+                .map_or(String::new(), |e| format!(", load_error='{e}'"))
+        )
+    }
+}
+
+fn index_info<'py>(py: Python<'py>, info: &runtime::IndexInfo) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("generation", info.generation)?;
+    d.set_item("exact", info.exact)?;
+    d.set_item("same_arch", info.same_arch)?;
+    d.set_item("same_arch_fingerprints", info.same_arch_fingerprints)?;
+    d.set_item("cached_misses", info.cached_misses)?;
+    d.set_item("skipped", info.skipped)?;
+    d.set_item("path", info.path.as_ref().map(|p| p.display().to_string()))?;
+    Ok(d)
+}
+
+/// The id of this machine's hardware fingerprint at `threads` (None: all CPUs).
+#[pyfunction]
+#[pyo3(signature = (threads=None))]
+pub fn fingerprint(threads: Option<usize>) -> PyResult<String> {
+    Threads::new(threads).map(|(_, hw)| hw.id)
+}

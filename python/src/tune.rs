@@ -1,0 +1,192 @@
+//! `autokernel.tune`: the CLI's tuning job from Python (the same loop, progress bar and JSON
+//! result), and the worker process it measures candidates in.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kernels::{DeviceKind, HardwareFingerprint, Kernel, Workload};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+use runner::{Evaluator, InProcess, Isolated, WorkerSpec};
+use search::{StrategyKind, TuneOptions, INITIAL_TIMEOUT};
+use tuning_db::TuningDb;
+
+use crate::errors::{kernel_err, other_err};
+use crate::threads::Threads;
+
+/// The workload strings of `workloads` (one string, or an iterable of strings), parsed.
+fn parse_workloads(workloads: &Bound<'_, PyAny>) -> PyResult<Vec<Workload>> {
+    let names: Vec<String> = if let Ok(s) = workloads.cast::<PyString>() {
+        vec![s.to_string()]
+    } else {
+        workloads
+            .try_iter()
+            .map_err(|_| {
+                PyTypeError::new_err("workloads: expected a workload string or an iterable of them")
+            })?
+            .map(|item| item?.extract::<String>())
+            .collect::<PyResult<_>>()?
+    };
+    let mut out: Vec<Workload> = Vec::new();
+    for name in names {
+        let w: Workload = name.parse().map_err(kernel_err)?;
+        if !out.contains(&w) {
+            out.push(w);
+        }
+    }
+    if out.is_empty() {
+        return Err(PyValueError::new_err(
+            "workloads: give at least one workload",
+        ));
+    }
+    Ok(out)
+}
+
+/// The workloads to tune for `precision` (a comma-separated list as the CLI's `--precision`:
+/// 'f32', 'bf16', 'int8', 'auto' = all three; None: 'f32'): each f32 workload once per element
+/// type a family serves on the CPU.
+fn with_precision(ws: Vec<Workload>, precision: Option<&str>) -> PyResult<Vec<Workload>> {
+    let dtypes = search::precision::parse_precisions(precision.unwrap_or("f32"))
+        .map_err(|e| PyValueError::new_err(format!("precision: {e}")))?;
+    let (out, _skipped) = search::precision::with_precisions(&ws, &dtypes, DeviceKind::Cpu);
+    Ok(out)
+}
+
+/// Where candidates run: `Some(spec)` of a watched worker process (this Python interpreter
+/// serving the worker protocol at the fingerprint's thread count), `None` for this process.
+fn worker_spec(
+    py: Python<'_>,
+    isolation: &str,
+    hw: &HardwareFingerprint,
+) -> PyResult<Option<WorkerSpec>> {
+    match isolation {
+        "none" => Ok(None),
+        "process" => {
+            let sys = py.import("sys")?;
+            let exe: PathBuf = sys.getattr("executable")?.extract()?;
+            let path: Vec<String> = sys.getattr("path")?.extract()?;
+            let code = "import sys; from autokernel import _native; _native._serve_worker(int(sys.argv[1]))";
+            let mut spec = WorkerSpec::new(exe, ["-c", code, &hw.cores.to_string()]);
+            let path: Vec<String> = path.into_iter().filter(|p| !p.is_empty()).collect();
+            let joined = std::env::join_paths(path).map_err(other_err)?;
+            spec.env.push(("PYTHONPATH".into(), joined));
+            spec.fingerprint = Some(hw.id.clone());
+            spec.mem_limit_bytes = Some(4096 << 20);
+            Ok(Some(spec))
+        }
+        other => Err(PyValueError::new_err(format!(
+            "isolation='{other}': expected 'process' or 'none'"
+        ))),
+    }
+}
+
+/// Tunes each workload on this machine into the database `db` (created if missing) and
+/// returns one dict per workload: the fields of `autokernel tune --json` (kernel, config,
+/// median_s, gflops, speedup_vs_default, trials, failures, winner_reason, ...).
+///
+/// workloads: a workload string ('gemm:128x768x768', 'gemm_bias_gelu:128x3072x768',
+///     'attention:1x12x128x64') or an iterable of them (e.g. autokernel.torch.workloads()).
+/// budget: distinct configs to have tried per workload, counting those already in the
+///     database (re-running resumes).
+/// threads: threads to tune for (None: all CPUs); part of the hardware fingerprint.
+/// precision: element types to tune each f32 workload in, comma-separated as the CLI's
+///     `--precision`: 'f32' (default), 'bf16', 'int8', 'auto' (all three); types no kernel
+///     family serves for a workload are left out; workloads with a suffix ('…:i8') as given.
+/// strategy: 'model' (default), 'model-notransfer', 'model-linear', 'evolutionary',
+///     'annealing', 'random' or 'exhaustive'.
+/// isolation: 'process' (candidates run in a watched worker: a crash is recorded, not
+///     fatal) or 'none' (in this process).
+/// progress: draw the CLI's progress bar on stderr (when it is a terminal).
+#[pyfunction]
+#[pyo3(signature = (workloads, db=PathBuf::from("tuning.db"), budget=32, threads=None, precision=None, strategy="model", seed=0, isolation="process", finalists=3, timeout_s=None, progress=true))]
+#[allow(clippy::too_many_arguments)]
+pub fn tune<'py>(
+    py: Python<'py>,
+    workloads: &Bound<'py, PyAny>,
+    db: PathBuf,
+    budget: usize,
+    threads: Option<usize>,
+    precision: Option<&str>,
+    strategy: &str,
+    seed: u64,
+    isolation: &str,
+    finalists: usize,
+    timeout_s: Option<f64>,
+    progress: bool,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let workloads = with_precision(parse_workloads(workloads)?, precision)?;
+    if budget == 0 {
+        return Err(PyValueError::new_err("budget must be at least 1"));
+    }
+    let strategy: StrategyKind = strategy.parse().map_err(PyValueError::new_err)?;
+    let timeout = match timeout_s {
+        None => None,
+        Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Some(Duration::from_secs_f64(s)),
+        Some(s) => {
+            return Err(PyValueError::new_err(format!(
+                "timeout_s must be in (0, 86400], not {s}"
+            )))
+        }
+    };
+    let (pool, hw) = Threads::new(threads)?;
+    for w in &workloads {
+        kernels::registry::check_runs_on(w, DeviceKind::Cpu).map_err(kernel_err)?;
+        kernels::default_for(w, &hw).map_err(kernel_err)?;
+    }
+    let spec = worker_spec(py, isolation, &hw)?;
+    let opts = TuneOptions {
+        budget,
+        strategy,
+        seed,
+        tool_version: format!("{} (python)", env!("CARGO_PKG_VERSION")),
+        finalists,
+        timeout,
+        ..TuneOptions::default()
+    };
+    let families: Vec<&'static dyn Kernel> = kernels::registry()
+        .iter()
+        .copied()
+        .filter(|k| k.device() == DeviceKind::Cpu)
+        .collect();
+    let reports = pool.run(py, || -> Result<Vec<serde_json::Value>, String> {
+        let db = TuningDb::open(&db).map_err(|e| e.to_string())?;
+        let mut evaluator: Box<dyn Evaluator> = match spec {
+            Some(spec) => Box::new(Isolated::new(spec, timeout.unwrap_or(INITIAL_TIMEOUT))),
+            None => Box::new(InProcess::new()),
+        };
+        let mut reports = Vec::new();
+        for w in &workloads {
+            let fams: Vec<&'static dyn Kernel> =
+                families.iter().copied().filter(|k| k.supports(w)).collect();
+            let mut job = |on_event: &mut dyn FnMut(search::Event<'_>)| {
+                search::tune_with(&db, w, &hw, &fams, &opts, evaluator.as_mut(), on_event)
+            };
+            let summary = if progress {
+                search::progress::with_progress_bar(w, budget, &mut job)
+            } else {
+                job(&mut |_| {})
+            }
+            .map_err(|e| format!("tuning {w}: {e}"))?;
+            let counts =
+                search::report::TrialCounts::of(&db, &summary, &hw).map_err(|e| e.to_string())?;
+            reports.push(search::report::summary_json(&summary, &counts, &hw));
+        }
+        Ok(reports)
+    });
+    let reports = reports.map_err(other_err)?;
+    reports.iter().map(|r| crate::json::to_py(py, r)).collect()
+}
+
+/// The far end of `tune(isolation='process')`: sizes this (fresh) process's thread pool,
+/// then answers the tuner's requests on stdin/stdout until it closes them. Internal.
+#[pyfunction]
+#[pyo3(name = "_serve_worker")]
+pub fn serve_worker(py: Python<'_>, threads: usize) -> PyResult<()> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+        .map_err(|e| other_err(format!("worker: sizing the thread pool to {threads}: {e}")))?;
+    py.detach(|| runner::worker::serve_stdio(&|name| kernels::kernel(name).ok()))
+        .map_err(|e| other_err(format!("worker: {e}")))
+}

@@ -1,0 +1,77 @@
+"""Bad operands raise TypeError/ValueError naming the argument; nothing is copied silently."""
+
+import numpy as np
+import pytest
+
+import autokernel
+
+rt = autokernel.Runtime()
+A = np.ones((4, 8), np.float32)
+B = np.ones((8, 6), np.float32)
+
+
+def test_wrong_dtype_is_a_type_error_naming_the_argument():
+    with pytest.raises(TypeError, match="argument 'a' has dtype float64, expected float32"):
+        rt.gemm(A.astype(np.float64), B)
+    with pytest.raises(TypeError, match="argument 'b'"):
+        rt.gemm(A, B.astype(np.int8))
+    with pytest.raises(TypeError, match="argument 'a' is a list"):
+        rt.gemm([[1.0] * 8] * 4, B)
+
+
+def test_copy_true_converts_inputs():
+    c = rt.gemm(A.astype(np.float64), [[1.0] * 6] * 8, copy=True)
+    np.testing.assert_allclose(c, np.full((4, 6), 8.0))
+    np.testing.assert_allclose(rt.gemm(np.asfortranarray(A), B, copy=True), A @ B)
+
+
+def test_non_contiguous_is_a_value_error():
+    with pytest.raises(ValueError, match="argument 'a' .*not C-contiguous"):
+        rt.gemm(np.ones((4, 16), np.float32)[:, ::2], B)
+    with pytest.raises(ValueError, match="argument 'b' .*not C-contiguous"):
+        rt.gemm(A, np.asfortranarray(B))
+
+
+def test_wrong_shapes_name_the_expected_shape():
+    with pytest.raises(ValueError, match=r"argument 'b' has shape \(7, 6\), expected \(8, N\)"):
+        rt.gemm(A, np.ones((7, 6), np.float32))
+    with pytest.raises(ValueError, match=r"argument 'a' has shape \(8,\), expected a 2-D array"):
+        rt.gemm(np.ones(8, np.float32), B)
+    q = np.ones((1, 2, 4, 8), np.float32)
+    with pytest.raises(ValueError, match=r"argument 'k' has shape \(1, 2, 5, 8\)"):
+        rt.attention(q, np.ones((1, 2, 5, 8), np.float32), q)
+    with pytest.raises(ValueError, match=r"argument 'q' .*expected \(B, H, S, D\)"):
+        rt.attention(q[0], q[0], q[0])
+    packed = rt.pack_weight(B)
+    with pytest.raises(ValueError, match=r"argument 'x' has shape \(4, 7\), expected \(\.\.\., 8\)"):
+        rt.linear(np.ones((4, 7), np.float32), packed)
+    with pytest.raises(ValueError, match=r"argument 'bias' has shape \(5,\), expected \(6,\)"):
+        rt.linear(A, packed, np.ones(5, np.float32))
+
+
+def test_out_is_checked_and_never_copied():
+    with pytest.raises(ValueError, match=r"argument 'out' has shape \(4, 5\), expected \(4, 6\)"):
+        rt.gemm(A, B, out=np.empty((4, 5), np.float32))
+    with pytest.raises(TypeError, match="argument 'out' has dtype float64"):
+        rt.gemm(A, B, out=np.empty((4, 6), np.float64))
+    with pytest.raises(ValueError, match="argument 'out' .*not C-contiguous"):
+        rt.gemm(A, B, out=np.empty((6, 4), np.float32).T)
+    ro = np.empty((4, 6), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="argument 'out' must be writable"):
+        rt.gemm(A, B, out=ro)
+    square = np.ones((8, 8), np.float32)
+    with pytest.raises(ValueError, match="share no memory"):
+        rt.gemm(square, square, out=square)
+
+
+def test_bad_names_are_value_errors():
+    with pytest.raises(ValueError, match="unknown act"):
+        rt.pack_weight(B, act="swish")
+    with pytest.raises(ValueError, match="layout"):
+        rt.pack_weight(B, layout="kk")
+    with pytest.raises(ValueError, match="ms="):
+        rt.pack_weight(B, ms=[])
+    with pytest.raises(NotImplementedError, match="mask"):
+        q = np.ones((1, 1, 4, 8), np.float32)
+        rt.attention(q, q, q, mask=np.ones((4, 4), np.float32))

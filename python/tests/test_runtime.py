@@ -1,0 +1,203 @@
+"""autokernel.Runtime on numpy arrays: results against numpy, lookups, reload, counters."""
+
+import numpy as np
+import pytest
+
+import autokernel
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape, dtype=np.float32)
+
+
+def test_gemm_matches_numpy_and_writes_out():
+    rt = autokernel.Runtime()
+    a, b = rand(8, 64), rand(64, 40)
+    c = rt.gemm(a, b)
+    assert c.dtype == np.float32 and c.shape == (8, 40)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    out = np.empty((8, 40), dtype=np.float32)
+    assert rt.gemm(a, b, out=out) is out
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("act", [None, "relu", "gelu_tanh"])
+def test_linear_with_packed_weight_any_rows(act):
+    rt = autokernel.Runtime()
+    w, bias = rand(48, 24), rand(24)
+    packed = rt.pack_weight(w, act=act, ms=[16])
+    assert (packed.in_features, packed.out_features) == (48, 24)
+    for shape in [(16, 48), (3, 48), (2, 5, 48), (48,)]:
+        x = rand(*shape)
+        y = rt.linear(x, packed, bias)
+        ref = x @ w + bias
+        if act == "relu":
+            ref = np.maximum(ref, 0)
+        elif act == "gelu_tanh":
+            ref = 0.5 * ref * (1 + np.tanh(np.sqrt(2 / np.pi) * (ref + 0.044715 * ref**3)))
+        assert y.shape == shape[:-1] + (24,)
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    # The (out, in) layout of torch.nn.Linear, and no bias.
+    packed_nk = rt.pack_weight(np.ascontiguousarray(w.T), act=act, layout="nk")
+    x = rand(4, 48)
+    np.testing.assert_allclose(rt.linear(x, packed_nk), rt.linear(x, packed, np.zeros(24, np.float32)), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_refuses_another_act_than_packed():
+    rt = autokernel.Runtime()
+    packed = rt.pack_weight(rand(8, 8), act="relu")
+    with pytest.raises(ValueError, match="packed with act='relu'"):
+        rt.linear(rand(2, 8), packed, act="gelu_tanh")
+    with pytest.raises(ValueError, match="ambiguous"):
+        rt.pack_weight(rand(8, 8), act="gelu")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_matches_a_reference(causal):
+    rt = autokernel.Runtime()
+    q, k, v = rand(2, 3, 17, 16), rand(2, 3, 17, 16), rand(2, 3, 17, 16)
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(16)
+    if causal:
+        s = np.where(np.tril(np.ones((17, 17), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ v
+    np.testing.assert_allclose(rt.attention(q, k, v, causal=causal), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_lookup_has_the_cli_json_fields_and_levels(tuned_db):
+    rt = autokernel.Runtime(tuned_db)
+    assert rt.load_error is None
+    hit = rt.lookup("gemm:8x64x64")
+    assert set(hit) == {"workload", "dtype", "device", "level", "kernel", "kernel_version", "config",
+                        "fingerprint", "source", "rel_err", "precisions", "precision", "served_as"}
+    assert hit["precision"] == "f32" and hit["served_as"] == "gemm:8x64x64"
+    assert 0 <= hit["rel_err"] < 1e-5  # f32 against the f32 problem: rounding noise
+    assert hit["level"] == "exact" and hit["fingerprint"] == rt.fingerprint
+    assert hit["source"]["workload"] == "gemm:8x64x64"
+    miss = rt.lookup("gemm:1000x7x3")
+    assert miss["level"] == "default" and miss["source"] is None
+    before = rt.lookups()
+    rt.gemm(rand(8, 64), rand(64, 64))
+    after = rt.lookups()
+    assert after["exact"] == before["exact"] + 1
+    with pytest.raises(ValueError, match="gemm:0x1x1|dimension|zero"):
+        rt.lookup("gemm:0x1x1")
+    with pytest.raises(ValueError):
+        rt.lookup("conv:1x2")
+
+
+def test_a_missing_database_serves_defaults_then_reload_picks_it_up(tmp_path, tuned_db):
+    path = tmp_path / "later.db"
+    rt = autokernel.Runtime(str(path))
+    assert rt.load_error and "later.db" in rt.load_error
+    assert rt.lookup("gemm:8x64x64")["level"] == "default"
+    path.write_bytes(open(tuned_db, "rb").read())
+    info = rt.reload()
+    assert info["generation"] == 2 and rt.load_error is None
+    # Tuned and served at all threads. (At another thread count the record would be served
+    # as same_arch only if its config fits that count: a machine- and timing-dependent answer.)
+    assert rt.lookup("gemm:8x64x64")["level"] == "exact"
+
+
+def test_defaults_only_runtime_cannot_reload():
+    with pytest.raises(autokernel.AutokernelError, match="no database"):
+        autokernel.Runtime().reload()
+
+
+def test_tune_returns_the_cli_json_and_resumes(tmp_path):
+    db = str(tmp_path / "t.db")
+    first = autokernel.tune("gemm:4x8x16", db=db, budget=2, strategy="random", isolation="none",
+                            finalists=0, progress=False)
+    assert len(first) == 1
+    r = first[0]
+    for key in ["workload", "kernel", "config", "median_s", "gflops", "speedup_vs_default", "trials",
+                "failures", "fingerprint", "isolation", "statuses", "winner_reason"]:
+        assert key in r, key
+    assert r["workload"] == "gemm:4x8x16" and r["isolation"] == "none" and r["median_s"] > 0
+    again = autokernel.tune(["gemm:4x8x16"], db=db, budget=2, strategy="random", isolation="none",
+                            finalists=0, progress=False)
+    assert again[0]["measured_now"] == 0 and again[0]["trials"] == r["trials"]
+
+
+def test_tune_in_a_worker_process(tmp_path):
+    db = str(tmp_path / "w.db")
+    (r,) = autokernel.tune(["gemm:4x8x8"], db=db, budget=2, strategy="random", progress=False)
+    assert r["isolation"] == "process" and r["kernel"] is not None
+
+
+def test_tune_refuses_bad_arguments(tmp_path):
+    db = str(tmp_path / "x.db")
+    with pytest.raises(ValueError):
+        autokernel.tune(["gemm:axb"], db=db)
+    with pytest.raises(ValueError, match="strategy"):
+        autokernel.tune(["gemm:2x2x2"], db=db, strategy="guess")
+    with pytest.raises(ValueError, match="isolation"):
+        autokernel.tune(["gemm:2x2x2"], db=db, isolation="thread")
+    with pytest.raises(ValueError, match="precision"):
+        autokernel.tune(["gemm:2x2x2"], db=db, precision="fp8")
+
+
+def test_threads_and_precision_arguments():
+    with pytest.raises(ValueError, match="threads=0"):
+        autokernel.Runtime(threads=0)
+    with pytest.raises(ValueError, match="threads=100000"):
+        autokernel.Runtime(threads=100000)
+    with pytest.raises(ValueError, match="unknown precision"):
+        autokernel.Runtime(precision="fp8")
+    rt = autokernel.Runtime(threads=1, precision="f32")
+    assert rt.threads == 1 and rt.precision == "f32"
+    assert rt.fingerprint == autokernel.fingerprint(threads=1)
+
+
+def test_the_precision_policy_serves_f32_calls_in_int8():
+    rt = autokernel.Runtime(precision="int8")
+    assert rt.precision == "int8"
+    assert rt.lookup("gemm:8x16x32")["served_as"] == "gemm:8x16x32:i8"
+    a, b = rand(8, 32), rand(32, 16)
+    c = rt.gemm(a, b)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    err = np.abs(c - exact).max() / np.abs(exact).max()
+    assert 0 < err < 0.05, err  # int8's quantisation, not f32 rounding
+    # A budget nothing measured can meet: f32 again.
+    rt.set_precision("int8", max_rel_err=1e-3)
+    assert rt.lookup("gemm:8x16x32")["served_as"] == "gemm:8x16x32"
+    np.testing.assert_allclose(rt.gemm(a, b), exact, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="max_rel_err"):
+        rt.set_precision("auto", max_rel_err=-1.0)
+    with pytest.raises(ValueError, match="unknown precision"):
+        rt.set_precision("int4")
+
+
+def test_the_gil_is_released_while_a_kernel_runs():
+    import threading
+    import time
+
+    rt = autokernel.Runtime(threads=1)
+    a, b = rand(384, 384), rand(384, 384)
+    t0 = time.perf_counter()
+    rt.gemm(a, b)
+    one = time.perf_counter() - t0
+    n = max(1, int(0.3 / one))
+    stamps, stop = [], threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=tick)
+    t.start()
+    time.sleep(0.01)
+    start = time.perf_counter()
+    for _ in range(n):
+        rt.gemm(a, b)
+    end = time.perf_counter()
+    stop.set()
+    t.join()
+    during = [s for s in stamps if start <= s <= end]
+    # With the GIL held, the ticking thread would stand still for a whole call at a time.
+    assert len(during) >= 3, (len(during), n, end - start)
+    gaps = np.diff([start] + during + [end])
+    assert gaps.max() < max(0.5 * (end - start), 0.05), (gaps.max(), end - start)

@@ -1,0 +1,118 @@
+"""PyTorch: tensors as operands (zero-copy), optimize() on small models and on Hugging Face
+BertModel (both GELUs, padded batches), custom ops under torch.compile and torch.export."""
+
+import copy
+
+import numpy as np
+import pytest
+
+import autokernel
+from conftest import torch_or_skip
+
+torch = torch_or_skip()
+from torch import nn  # noqa: E402
+
+import autokernel.torch as akt  # noqa: E402
+
+
+def test_tensors_are_operands_read_and_written_in_place():
+    rt = autokernel.Runtime()
+    a = torch.randn(8, 16, requires_grad=True)
+    b = torch.randn(16, 12)
+    c = rt.gemm(a, b)
+    np.testing.assert_allclose(c, (a @ b).detach().numpy(), rtol=1e-4, atol=1e-4)
+    out = torch.empty(8, 12)
+    rt.gemm(a, b, out=out)  # written through the tensor's own storage
+    torch.testing.assert_close(out, (a @ b).detach(), rtol=1e-4, atol=1e-4)
+    with pytest.raises(TypeError, match="argument 'a' is a torch.float64 tensor"):
+        rt.gemm(a.double(), b)
+    with pytest.raises(TypeError, match="torch.bfloat16"):
+        rt.gemm(a, b.bfloat16())
+    with pytest.raises(ValueError, match="argument 'b' .*not C-contiguous"):
+        rt.gemm(a, torch.randn(12, 16).t())
+    np.testing.assert_allclose(rt.gemm(a.double(), b, copy=True), c, rtol=1e-5, atol=1e-5)
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 48), nn.GELU(approximate="tanh"),
+        nn.Linear(48, 16), nn.LayerNorm(16),
+    ).eval()
+
+
+def test_optimize_fuses_linear_and_activation_and_lists_the_rest():
+    stock = mlp()
+    model = akt.optimize(copy.deepcopy(stock))
+    kinds = [type(m).__name__ for m in model]
+    assert kinds == ["AutokernelLinear", "Identity", "AutokernelLinear", "Identity", "AutokernelLinear", "LayerNorm"]
+    assert [m.act for m in model if isinstance(m, akt.AutokernelLinear)] == ["relu", "gelu_tanh", None]
+    assert [name for name, _ in model.autokernel_unsupported] == ["5"]
+    x = torch.randn(2, 7, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), stock(x), rtol=1e-4, atol=1e-4)
+    # With gradients wanted, the stock path runs (same numbers, and it backpropagates).
+    y = model(x.requires_grad_())
+    y.sum().backward()
+    assert x.grad is not None
+
+
+def test_custom_ops_trace_under_compile_and_export():
+    model = akt.optimize(mlp())
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        want = model(x)
+        exported = torch.export.export(model, (x,))
+        assert "autokernel.linear" in str(exported.graph)
+        torch.testing.assert_close(exported.module()(x), want)
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+        torch.testing.assert_close(compiled(x), want)
+
+
+def test_workloads_of_a_model_and_fallback_log(tmp_path, caplog):
+    log = tmp_path / "untuned.txt"
+    with caplog.at_level("WARNING", logger="autokernel"):
+        ws = akt.workloads(mlp(), (torch.randn(3, 32),), log_path=str(log))
+    assert ws == ["gemm_bias_relu:3x64x32", "gemm_bias_gelu:3x48x64", "gemm_bias:3x16x48"]
+    assert "gemm_bias_relu:3x64x32 served by default" in caplog.text
+    listed = [line.split()[0] for line in log.read_text().splitlines() if line.strip()]
+    assert listed == ws
+
+
+transformers = pytest.importorskip("transformers") if torch else None
+
+
+def bert(act):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                     hidden_act=act, vocab_size=500, max_position_embeddings=64)
+    return BertModel(cfg).eval()
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_new"])
+def test_hf_bert_matches_stock_with_and_without_padding(act, tmp_path):
+    from transformers import BertModel
+
+    stock = bert(act)
+    stock.save_pretrained(tmp_path)
+    for model in [akt.optimize(copy.deepcopy(stock)), akt.optimize(BertModel.from_pretrained(tmp_path).eval())]:
+        assert model.autokernel_attention_modules == 2
+        served = [m for m in model.modules() if isinstance(m, akt.AutokernelLinear)]
+        assert len(served) == 2 * 6 + 1  # q, k, v, out, ffn in, ffn out per layer; pooler
+        fused = [m.act for m in served if m.act]
+        assert fused == ([] if act == "gelu" else ["gelu_tanh"] * 2)
+        ids = torch.randint(0, 500, (3, 24))
+        mask = torch.ones(3, 24, dtype=torch.long)
+        mask[1, 15:] = 0
+        mask[2, 5:] = 0
+        with torch.no_grad():
+            for kw in [dict(input_ids=ids), dict(input_ids=ids, attention_mask=mask)]:
+                want = stock(**kw)
+                got = model(**kw)
+                torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-4)
+                torch.testing.assert_close(got.pooler_output, want.pooler_output, rtol=0, atol=1e-4)
+    ws = akt.workloads(model, (ids,))
+    assert "attention:3x4x24x16" in ws
+    assert ("gemm_bias_gelu:72x128x64" in ws) == (act == "gelu_new")

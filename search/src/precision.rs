@@ -1,0 +1,90 @@
+//! Which element types a tuning job covers: `--precision f32,bf16,int8` (or `auto`) turns
+//! each f32 workload into one per element type that some family serves on the device.
+
+use kernels::{DType, DeviceKind, Workload};
+
+/// The element types a `--precision` list names (`f32`, `bf16`, `int8`/`i8`, `auto` = all
+/// three), in order, without repeats; an unknown name or an empty list is an error.
+pub fn parse_precisions(list: &str) -> Result<Vec<DType>, String> {
+    let mut out = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let add: &[DType] = match name.to_ascii_lowercase().as_str() {
+            "f32" => &[DType::F32],
+            "bf16" => &[DType::Bf16],
+            "int8" | "i8" => &[DType::I8],
+            "auto" => &[DType::F32, DType::Bf16, DType::I8],
+            _ => {
+                return Err(format!(
+                    "unknown precision '{name}' (known: f32, bf16, int8, auto)"
+                ))
+            }
+        };
+        for d in add {
+            if !out.contains(d) {
+                out.push(*d);
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err("give at least one precision of f32, bf16, int8".into());
+    }
+    Ok(out)
+}
+
+/// Each f32 workload once per element type of `dtypes` that some family serves on
+/// `device`; workloads written with a type suffix as they are; no repeats. Returns the
+/// workloads and those left out (no family runs them there).
+pub fn with_precisions(
+    workloads: &[Workload],
+    dtypes: &[DType],
+    device: DeviceKind,
+) -> (Vec<Workload>, Vec<Workload>) {
+    let (mut out, mut skipped) = (Vec::new(), Vec::new());
+    for w in workloads {
+        let each: Vec<Workload> = if w.dtype() == DType::F32 {
+            dtypes.iter().map(|&d| w.with_dtype(d)).collect()
+        } else {
+            vec![*w]
+        };
+        for wd in each {
+            if wd.dtype() != DType::F32 && kernels::registry::check_runs_on(&wd, device).is_err() {
+                skipped.push(wd);
+            } else if !out.contains(&wd) {
+                out.push(wd);
+            }
+        }
+    }
+    (out, skipped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_parse_and_expand() {
+        assert_eq!(
+            parse_precisions("f32, int8,i8").unwrap(),
+            [DType::F32, DType::I8]
+        );
+        assert_eq!(parse_precisions("auto").unwrap().len(), 3);
+        assert!(parse_precisions("int4").unwrap_err().contains("'int4'"));
+        assert!(parse_precisions(" , ").is_err());
+        let ws: Vec<Workload> = ["gemm:4x4x4", "gemm:2x2x2:i8", "attention:1x1x4x4"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let (out, skipped) = with_precisions(&ws, &[DType::F32, DType::I8], DeviceKind::Cpu);
+        let keys: Vec<String> = out.iter().map(|w| w.key()).collect();
+        assert_eq!(
+            keys,
+            [
+                "gemm:4x4x4",
+                "gemm:4x4x4:i8",
+                "gemm:2x2x2:i8",
+                "attention:1x1x4x4"
+            ]
+        );
+        assert_eq!(skipped[0].key(), "attention:1x1x4x4:i8");
+    }
+}

@@ -1,0 +1,119 @@
+//! What a tuning job reports per workload: the `--json` object of `autokernel tune`, built
+//! in one place for the CLI and the bindings (the Python package's `autokernel.tune`).
+
+use std::collections::BTreeMap;
+
+use kernels::HardwareFingerprint;
+use serde_json::{json, Value};
+use tuning_db::{DbError, TuningDb};
+
+use crate::TuneSummary;
+
+/// Counts over every trial the database holds for a summary's workload on one fingerprint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrialCounts {
+    /// Every trial, failures included.
+    pub trials: usize,
+    /// Trials without a measurement (any status but ok).
+    pub failures: usize,
+    /// Trials per status name (`ok`, `wrong`, `crashed`, ...).
+    pub statuses: BTreeMap<&'static str, usize>,
+}
+
+impl TrialCounts {
+    /// Reads the counts of `s.workload` on `hw` from `db`.
+    pub fn of(db: &TuningDb, s: &TuneSummary, hw: &HardwareFingerprint) -> Result<Self, DbError> {
+        let history = db.trials(&hw.id, &s.workload)?;
+        let mut statuses: BTreeMap<&'static str, usize> = BTreeMap::new();
+        for r in &history {
+            *statuses.entry(r.status.as_str()).or_default() += 1;
+        }
+        Ok(TrialCounts {
+            trials: history.len(),
+            failures: history.iter().filter(|r| r.measurement.is_none()).count(),
+            statuses,
+        })
+    }
+}
+
+/// The JSON object `autokernel tune --json` prints for one tuned workload: the winner and
+/// its speed, the default's, accuracy against the f32 problem, trial counts, isolation,
+/// the re-measurement decision and the noise of this run's timings.
+pub fn summary_json(s: &TuneSummary, counts: &TrialCounts, hw: &HardwareFingerprint) -> Value {
+    let best = s.best.as_ref();
+    let decision = s.decision.as_ref();
+    json!({
+        "workload": s.workload.key(),
+        "kernel": best.map(|b| b.kernel.clone()),
+        "config": best.map(|b| b.config.clone()),
+        "median_s": best.and_then(|b| b.measurement.as_ref()).map(|m| m.median_s),
+        "gflops": best.and_then(|b| b.gflops),
+        "spread": best.and_then(|b| b.measurement.as_ref()).map(|m| m.spread),
+        "default_kernel": s.default.kernel,
+        "default_config": s.default.config,
+        "default_median_s": s.default.measurement.as_ref().map(|m| m.median_s),
+        "speedup_vs_default": s.speedup_vs_default(),
+        "dtype": s.workload.dtype(),
+        "max_rel_err_vs_f32": s.best_accuracy.map(|a| a.max_rel_err),
+        "fro_rel_err_vs_f32": s.best_accuracy.map(|a| a.fro_rel_err),
+        "trials": counts.trials,
+        "failures": counts.failures,
+        "measured_now": s.measured,
+        "space_size": s.space_size,
+        "fingerprint": hw.id,
+        "isolation": s.isolation,
+        "timeout_s": s.timeout.map(|t| t.as_secs_f64()),
+        "worker_restarts": s.restarts,
+        "quarantined": s.quarantined,
+        "statuses": counts.statuses,
+        "remeasured": s.remeasured(),
+        "remeasure_rounds": decision.map_or(0, |d| d.rounds),
+        "tie": s.tie(),
+        "winner_reason": decision.map(|d| d.reason.as_str()),
+        "winner_remeasured_median_s": decision.and_then(|d| d.winner_remeasured_s()),
+        "default_remeasured_median_s": s.remeasured_s(&s.default),
+        "remeasure_error": decision.and_then(|d| d.note.clone()),
+        "median_spread": s.median_spread,
+        "median_cv": s.median_cv,
+        "timed_now": s.timed,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{tune, StrategyKind, TuneOptions};
+
+    #[test]
+    fn a_tuned_workload_reports_every_field() {
+        let db = TuningDb::in_memory().unwrap();
+        let w: kernels::Workload = "gemm:12x8x8".parse().unwrap();
+        let hw = HardwareFingerprint::current();
+        let opts = TuneOptions {
+            budget: 3,
+            strategy: StrategyKind::Random,
+            finalists: 0,
+            ..TuneOptions::default()
+        };
+        let s = tune(&db, &w, hw, &opts, &mut |_| {}).unwrap();
+        let counts = TrialCounts::of(&db, &s, hw).unwrap();
+        assert_eq!(counts.trials, counts.statuses.values().sum::<usize>());
+        assert!(counts.trials >= 1 && counts.failures <= counts.trials);
+        let j = summary_json(&s, &counts, hw);
+        assert_eq!(j["workload"], "gemm:12x8x8");
+        assert_eq!(j["fingerprint"], hw.id.as_str());
+        assert_eq!(j["trials"], counts.trials);
+        assert_eq!(j["isolation"], "none");
+        assert!(j["kernel"].is_string(), "{j}");
+        assert!(j["median_s"].as_f64().is_some_and(|t| t > 0.0), "{j}");
+        for key in [
+            "speedup_vs_default",
+            "default_kernel",
+            "statuses",
+            "tie",
+            "timed_now",
+        ] {
+            assert!(j.get(key).is_some(), "{key} missing from {j}");
+        }
+    }
+}
