@@ -1,12 +1,12 @@
 //! `autokernel.PackedWeight`: a constant weight packed once for `Runtime.linear`.
 
 use kernels::Act;
-use pyo3::exceptions::{PyNotImplementedError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// The Python names of the activations fused into `linear`: `None`/`"identity"`, `"relu"`,
-/// `"gelu_tanh"` (the tanh form: Hugging Face's `gelu_new`). `"gelu"` alone is refused as
-/// ambiguous (PyTorch's `gelu` is the exact erf form).
+/// `"gelu_tanh"` (the tanh form: Hugging Face's `gelu_new`), `"gelu_erf"` (the exact form:
+/// PyTorch's `gelu`, Hugging Face's `gelu`). `"gelu"` alone is refused as ambiguous.
 pub fn parse_act(name: Option<&str>) -> PyResult<Act> {
     match name.map(str::trim) {
         None | Some("identity" | "none" | "") => Ok(Act::Identity),
@@ -16,11 +16,9 @@ pub fn parse_act(name: Option<&str>) -> PyResult<Act> {
             "act='gelu' is ambiguous: 'gelu_tanh' (the tanh form, Hugging Face's gelu_new) or \
              'gelu_erf' (the exact form, PyTorch's default)",
         )),
-        Some("gelu_erf") => Err(PyNotImplementedError::new_err(
-            "act='gelu_erf': the exact-erf GELU epilogue is not in this build's runtime",
-        )),
+        Some("gelu_erf") => Ok(Act::GeluErf),
         Some(other) => Err(PyValueError::new_err(format!(
-            "unknown act '{other}' (known: None, 'identity', 'relu', 'gelu_tanh')"
+            "unknown act '{other}' (known: None, 'identity', 'relu', 'gelu_tanh', 'gelu_erf')"
         ))),
     }
 }
@@ -31,6 +29,7 @@ pub fn act_name(act: Act) -> &'static str {
         Act::Identity => "identity",
         Act::Relu => "relu",
         Act::Gelu => "gelu_tanh",
+        Act::GeluErf => "gelu_erf",
     }
 }
 

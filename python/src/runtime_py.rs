@@ -272,7 +272,7 @@ impl PyRuntime {
 
     /// Packs a constant weight once for `linear`: `w` is (in_features, out_features)
     /// (`layout='kn'`, the GEMM's B) or (out_features, in_features) (`layout='nk'`, as
-    /// torch.nn.Linear stores it). `act` ('identity'/None, 'relu', 'gelu_tanh') is fused
+    /// torch.nn.Linear stores it). `act` ('identity'/None, 'relu', 'gelu_tanh', 'gelu_erf') is fused
     /// into every call; `ms` lists the row counts to plan for (any other is served too).
     #[pyo3(signature = (w, act=None, ms=None, layout="kn", *, copy=false))]
     fn pack_weight(
