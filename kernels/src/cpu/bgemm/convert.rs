@@ -238,7 +238,7 @@ mod tests {
         Some(match da.partial_cmp(&db).unwrap() {
             std::cmp::Ordering::Less => hi,
             std::cmp::Ordering::Greater => lo_next,
-            std::cmp::Ordering::Equal if hi % 2 == 0 => hi,
+            std::cmp::Ordering::Equal if hi.is_multiple_of(2) => hi,
             std::cmp::Ordering::Equal => lo_next,
         })
     }

@@ -58,7 +58,7 @@ pub static KERNELS: &[Bf16Kernel] = &[
 
 impl Bf16Kernel {
     const fn new(name: &'static str, mr: usize, nr: usize, isa: Isa, f: TileFn) -> Bf16Kernel {
-        assert!(mr * nr <= MAX_TILE && nr <= MAX_NR && nr % GROUP == 0);
+        assert!(mr * nr <= MAX_TILE && nr <= MAX_NR && nr.is_multiple_of(GROUP));
         Bf16Kernel {
             name,
             mr,
