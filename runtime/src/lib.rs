@@ -52,15 +52,18 @@
 //! Besides [`Runtime::gemm`] and the generic [`Runtime::run`]: [`Runtime::attention`],
 //! [`Runtime::gemm_bias_act`], and constant weights packed once with
 //! [`Runtime::pack_weight`] for [`Runtime::gemm_bias_act_packed`] (see the `ops` module).
+//! [`Choice::to_json`] describes a lookup as `autokernel lookup --json` prints it.
 //!
 //! Why it exists: inference programs link this crate, not the tuner. Its dependency tree is
-//! `kernels` + `tuning_db` (rusqlite) + `arc-swap`: no clap, indicatif, linfa or smartcore.
+//! `kernels` + `tuning_db` (rusqlite) + `arc-swap` + `serde_json`: no clap, indicatif, linfa or smartcore.
 
 mod counters;
 mod fallback_log;
 mod hash;
 mod index;
+mod json;
 mod ops;
+mod precision;
 pub mod probe;
 
 use std::cell::{Cell, RefCell};
@@ -69,13 +72,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
-use kernels::{Config, Executable, HardwareFingerprint, Kernel, Workload};
+use kernels::{Config, DType, Executable, HardwareFingerprint, Kernel, Workload};
 use tuning_db::DbError;
 
 pub use counters::LookupCounts;
 pub use fallback_log::parse_lines as parse_workload_list;
 pub use index::{distance, IndexInfo, MISS_CACHE_CAPACITY, NEAREST_MAX_DISTANCE};
 pub use ops::PackedWeight;
+pub use precision::{PrecisionPolicy, UnknownPrecision, DEFAULT_AUTO_MAX_REL_ERR};
 
 use counters::Counters;
 use fallback_log::FallbackLog;
@@ -142,6 +146,8 @@ pub struct Source {
     pub trial_id: Option<i64>,
     /// Its measured median, seconds (for its own workload).
     pub median_s: Option<f64>,
+    /// Its error against the exact f32 problem, as stored (schema v4; `None` before).
+    pub accuracy: Option<kernels::Accuracy>,
     /// Nearest-shape distance to the served workload ([`distance`]); 0 otherwise.
     pub distance: f64,
 }
@@ -281,6 +287,8 @@ pub struct Runtime {
     generation: AtomicU64,
     /// Whether a borrowed config is timed against the default before it is served.
     fallback_check: AtomicBool,
+    /// Which element types f32 calls may be served in.
+    precision: ArcSwap<PrecisionPolicy>,
 }
 
 impl Runtime {
@@ -307,8 +315,13 @@ impl Runtime {
     /// or newer file leaves a runtime serving kernel defaults, with the reason in
     /// [`Runtime::load_error`]; a later [`Runtime::reload`] picks the file up once it is good.
     pub fn open_or_defaults(path: impl AsRef<Path>) -> Runtime {
+        Runtime::open_or_defaults_for(path, HardwareFingerprint::current().clone())
+    }
+
+    /// Like [`Runtime::open_or_defaults`], but serves fingerprint `hw` (as
+    /// [`Runtime::open_for`] does).
+    pub fn open_or_defaults_for(path: impl AsRef<Path>, hw: HardwareFingerprint) -> Runtime {
         let path = path.as_ref();
-        let hw = HardwareFingerprint::current().clone();
         let (idx, err) = match Index::load(path, &hw, 1) {
             Ok(idx) => (idx, None),
             Err(e) => (Index::empty(1), Some(e.to_string())),
@@ -324,11 +337,13 @@ impl Runtime {
 
     /// A runtime with no database: every workload runs its kernel default.
     pub fn defaults_only() -> Runtime {
-        Runtime::with_index(
-            HardwareFingerprint::current().clone(),
-            None,
-            Index::empty(1),
-        )
+        Runtime::defaults_only_for(HardwareFingerprint::current().clone())
+    }
+
+    /// Like [`Runtime::defaults_only`], for fingerprint `hw` (its thread count sizes the
+    /// defaults).
+    pub fn defaults_only_for(hw: HardwareFingerprint) -> Runtime {
+        Runtime::with_index(hw, None, Index::empty(1))
     }
 
     fn with_index(hw: HardwareFingerprint, path: Option<PathBuf>, idx: Index) -> Runtime {
@@ -347,6 +362,7 @@ impl Runtime {
             fallback_check: AtomicBool::new(
                 std::env::var(FALLBACK_CHECK_ENV).map_or(true, |v| v.trim() != "0"),
             ),
+            precision: ArcSwap::from_pointee(PrecisionPolicy::exact()),
         }
     }
 
@@ -462,6 +478,71 @@ impl Runtime {
         self.fallback_check.load(Ordering::Relaxed)
     }
 
+    /// Sets the precision policy of later f32 calls ([`PrecisionPolicy`]; f32 only until
+    /// set). A weight already packed keeps the plans it has (see [`PackedWeight`]).
+    pub fn set_precision(&self, policy: PrecisionPolicy) {
+        self.precision.store(Arc::new(policy));
+    }
+
+    /// The precision policy in force.
+    pub fn precision(&self) -> PrecisionPolicy {
+        **self.precision.load()
+    }
+
+    /// The workload an f32 call of `w` is served as under the precision policy: `w` itself,
+    /// or `w` with a reduced element type whose serving record the policy admits (see
+    /// [`PrecisionPolicy`]). Workloads of another element type are served as they are.
+    pub fn serve_as(&self, w: &Workload) -> Workload {
+        let policy = **self.precision.load();
+        if policy.is_exact() || w.dtype() != DType::F32 {
+            return *w;
+        }
+        let admitted = |d: DType| {
+            let wd = w.with_dtype(d);
+            let c = self.peek(&wd)?;
+            let err = c
+                .source
+                .as_ref()
+                .and_then(|s| s.accuracy)
+                .map(|a| a.max_rel_err);
+            policy.admits(err).then_some((wd, c))
+        };
+        if !policy.picks_fastest() {
+            return policy
+                .reduced()
+                .iter()
+                .find_map(|&d| admitted(d))
+                .map_or(*w, |(wd, _)| wd);
+        }
+        // `auto`: the fastest median measured on this very shape (exact or same_arch).
+        let measured = |c: &Choice| {
+            matches!(c.level, Level::Exact | Level::SameArch)
+                .then(|| c.source.as_ref().and_then(|s| s.median_s))
+                .flatten()
+        };
+        let mut best = (*w, self.peek(w).as_deref().and_then(measured));
+        for &d in policy.reduced() {
+            if let Some((wd, c)) = admitted(d) {
+                match (measured(&c), best.1) {
+                    (Some(t), Some(b)) if t >= b => {}
+                    (Some(t), _) => best = (wd, Some(t)),
+                    (None, _) => {}
+                }
+            }
+        }
+        best.0
+    }
+
+    /// The choice for `w` without counting or logging a lookup (the precision policy's
+    /// look at the candidates); `None` when no family serves `w` here.
+    fn peek(&self, w: &Workload) -> Option<Arc<Choice>> {
+        let key = Key::of(w);
+        if let Some(c) = key.and_then(|k| self.hit(k, |c, _| c.clone())) {
+            return Some(c);
+        }
+        self.miss(w, key).ok()
+    }
+
     /// Like [`Runtime::choose`] but resolves `w` afresh, bypassing and not filling the cache,
     /// and without counting or logging: what the first lookup of `w` would decide.
     pub fn resolve(&self, w: &Workload) -> Result<Choice, RuntimeError> {
@@ -527,14 +608,17 @@ impl Runtime {
         Ok(idx.cache_miss(key, c))
     }
 
-    /// Runs `w` on `inputs` into `output` with the chosen variant; returns the level that
-    /// answered. Buffer sizes are checked.
+    /// Runs `w` on `inputs` into `output` with the chosen variant (an f32 workload in the
+    /// element type the precision policy picks, [`Runtime::serve_as`]); returns the level
+    /// that answered. Buffer sizes are checked.
     pub fn run(
         &self,
         w: &Workload,
         inputs: &[&[f32]],
         output: &mut [f32],
     ) -> Result<Level, RuntimeError> {
+        let served_as = self.serve_as(w);
+        let w = &served_as;
         let mut serve = |c: &Choice, shard: usize| {
             check_buffers(w, c, inputs, output)?;
             self.served(w, c, shard, ());

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use kernels::cpu::gemm::epilogue::{EpilogueDirect, EpilogueGemm, EpiloguePacked};
 use kernels::cpu::gemm::packed::PackedB;
 use kernels::cpu::gemm::params::{BLayout, UkernelId};
-use kernels::{Act, Config, Kernel, Workload};
+use kernels::{Act, Config, Kernel, PreparedWeight, Workload};
 
 use crate::{Choice, Level, Runtime, RuntimeError};
 
@@ -54,6 +54,9 @@ pub struct PackedWeight {
     layouts: Vec<PackedLayout>,
     /// Row-major copy, kept only when a planned M is served by the direct family.
     rowmajor: Option<Arc<[f32]>>,
+    /// The weight as prepared by the reduced-precision variants the precision policy chose
+    /// for planned M (converted to bf16 or quantised), one per distinct format.
+    prepared: Vec<PreparedWeight>,
     /// Prepared plans by M (planned at packing time, or resolved on first use).
     plans: Mutex<HashMap<usize, Arc<Plan>>>,
 }
@@ -76,6 +79,8 @@ struct Plan {
 enum PlanExec {
     /// The packed family with the packed copy `layouts[layout]`.
     Packed { gemm: EpilogueGemm, layout: usize },
+    /// A reduced-precision variant with its prepared copy `prepared[weight]`.
+    Prepared { choice: Arc<Choice>, weight: usize },
     /// The chosen (direct) variant over the row-major copy.
     RowMajor(Arc<Choice>),
 }
@@ -88,6 +93,7 @@ impl std::fmt::Debug for PackedWeight {
             .field("level", &self.primary.level)
             .field("layouts", &self.layouts())
             .field("rowmajor_copy", &self.rowmajor.is_some())
+            .field("prepared", &self.prepared)
             .finish()
     }
 }
@@ -127,6 +133,21 @@ impl PackedWeight {
             .map(|l| self.k * self.n.div_ceil(l.layout.0) * l.layout.0)
             .sum::<usize>();
         4 * (packed + self.rowmajor.as_ref().map_or(0, |r| r.len()))
+            + self
+                .prepared
+                .iter()
+                .map(PreparedWeight::bytes)
+                .sum::<usize>()
+    }
+
+    /// The element types of the plans made so far (f32, and those the precision policy
+    /// chose for some M).
+    pub fn dtypes(&self) -> Vec<kernels::DType> {
+        let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        let mut d: Vec<_> = plans.values().map(|p| p.workload.dtype()).collect();
+        d.sort_by_key(|d| d.name());
+        d.dedup();
+        d
     }
 
     /// The level and config that serve M = `m`, resolving it if it was not planned.
@@ -140,8 +161,19 @@ impl PackedWeight {
         if let Some(p) = plans.get(&m) {
             return Ok(p.clone());
         }
-        let w = Workload::gemm_bias_act(m, self.n, self.k, self.act)?;
+        let w = rt.serve_as(&Workload::gemm_bias_act(m, self.n, self.k, self.act)?);
         let choice = rt.lookup(&w)?;
+        if let Some(weight) = self.prepared_for(&choice) {
+            let plan = Arc::new(Plan::prepared(w, choice, weight));
+            plans.insert(m, plan.clone());
+            return Ok(plan);
+        }
+        let w = w.with_dtype(kernels::DType::F32);
+        let choice = if choice.workload == w {
+            choice
+        } else {
+            rt.lookup(&w)?
+        };
         let plan = match Candidate::of(rt, &w, &choice)? {
             Candidate::Packed(gemm, config) => {
                 match self
@@ -171,6 +203,12 @@ impl PackedWeight {
         Ok(plan)
     }
 
+    /// The index of the prepared copy a reduced-precision `choice` can read, if any.
+    fn prepared_for(&self, choice: &Choice) -> Option<usize> {
+        let format = choice.executable()?.weight_format()?;
+        self.prepared.iter().position(|p| p.format() == format)
+    }
+
     /// The packed family's default for `w` with the packing knobs of the first layout.
     fn adapted(&self, rt: &Runtime, w: &Workload) -> Result<Plan, RuntimeError> {
         let l = &self.layouts[0];
@@ -194,6 +232,17 @@ impl PackedWeight {
             level: Level::Default,
             exec: PlanExec::Packed { gemm, layout: 0 },
         })
+    }
+}
+
+impl Plan {
+    fn prepared(workload: Workload, choice: Arc<Choice>, weight: usize) -> Plan {
+        Plan {
+            workload,
+            config: choice.config.clone(),
+            level: choice.level,
+            exec: PlanExec::Prepared { choice, weight },
+        }
     }
 }
 
@@ -283,7 +332,7 @@ impl Runtime {
         bias: &[f32],
         c: &mut [f32],
     ) -> Result<Level, RuntimeError> {
-        let w = Workload::gemm_bias_act(m, n, k, act)?;
+        let w = self.serve_as(&Workload::gemm_bias_act(m, n, k, act)?);
         buffer(&w, "a", a.len(), m * k)?;
         buffer(&w, "b", b.len(), k * n)?;
         buffer(&w, "bias", bias.len(), n)?;
@@ -337,12 +386,33 @@ impl Runtime {
         let mut plans = HashMap::new();
         let mut pending: Vec<(Workload, Arc<Choice>)> = Vec::new();
         let mut need_rowmajor = false;
+        let mut prepared: Vec<PreparedWeight> = Vec::new();
         for &m in ms {
-            let w = Workload::gemm_bias_act(m, n, k, act)?;
-            if plans.contains_key(&m) || pending.iter().any(|(pw, _)| *pw == w) {
+            let w = self.serve_as(&Workload::gemm_bias_act(m, n, k, act)?);
+            if plans.contains_key(&m)
+                || pending
+                    .iter()
+                    .any(|(pw, _)| pw.gemm_dims() == w.gemm_dims())
+            {
                 continue;
             }
             let choice = self.lookup(&w)?;
+            if let Some(exe) = choice
+                .executable()
+                .filter(|_| w.dtype() != kernels::DType::F32)
+            {
+                if let Some(format) = exe.weight_format() {
+                    let i = match prepared.iter().position(|p| p.format() == format) {
+                        Some(i) => i,
+                        None => {
+                            prepared.push(exe.prepare_weight(b)?);
+                            prepared.len() - 1
+                        }
+                    };
+                    plans.insert(m, Arc::new(Plan::prepared(w, choice, i)));
+                    continue;
+                }
+            }
             match Candidate::of(self, &w, &choice)? {
                 Candidate::Packed(gemm, config) => {
                     let layout = gemm.weight_layout();
@@ -402,6 +472,7 @@ impl Runtime {
             primary,
             layouts,
             rowmajor,
+            prepared,
             plans: Mutex::new(plans),
         })
     }
@@ -430,6 +501,12 @@ impl Runtime {
             PlanExec::RowMajor(choice) => {
                 let b = weight.rowmajor.as_deref().expect("kept for direct plans");
                 choice.run(&[a, b, bias], c)?;
+            }
+            PlanExec::Prepared { choice, weight: i } => {
+                let exe = choice
+                    .executable()
+                    .expect("prepared plans have a host executable");
+                exe.run_prepared(&[a, bias], &weight.prepared[*i], c)?;
             }
         }
         Ok(plan.level)

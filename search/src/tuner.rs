@@ -18,7 +18,7 @@
 //! measured again on this machine: like every tried config it is skipped whatever strategy,
 //! seed or budget proposes it, and not even the default config is re-run if it is quarantined.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use kernels::{
@@ -144,8 +144,8 @@ pub struct TuneSummary {
     pub workload: Workload,
     /// The winner the database serves after this run ([`TuningDb::best`]).
     pub best: Option<Record>,
-    /// The winner's error against the exact f32 problem, when this run verified it (what
-    /// a reduced precision costs; rounding noise for f32).
+    /// The winner's error against the exact f32 problem, as stored with it (what a reduced
+    /// precision costs; rounding noise for f32); `None` for records older than schema v4.
     pub best_accuracy: Option<Accuracy>,
     /// The default config's record, measured in this run (or its quarantined record).
     pub default: Record,
@@ -322,8 +322,6 @@ struct Job<'a> {
     done: usize,
     /// Best GFLOP/s on record (from when the search starts).
     best_gflops: Option<f64>,
-    /// Error against the f32 problem of each config verified by this run.
-    accuracy: HashMap<Key, Accuracy>,
 }
 
 impl<'a> Job<'a> {
@@ -368,7 +366,6 @@ impl<'a> Job<'a> {
             failures: 0,
             done: 0,
             best_gflops: None,
-            accuracy: HashMap::new(),
         })
     }
 
@@ -478,11 +475,9 @@ impl<'a> Job<'a> {
 
     /// The record of one evaluation of `kernel`'s `config`.
     fn record(&mut self, kernel: &dyn Kernel, config: &Config, outcome: Outcome) -> Record {
-        if let Some(a) = outcome.accuracy {
-            self.accuracy.insert(key(kernel.name(), config), a);
-        }
         let (hw, w, version) = (&self.hw.id, *self.w, &self.opts.tool_version);
-        match outcome.measurement {
+        let accuracy = outcome.accuracy;
+        let rec = match outcome.measurement {
             Some(m) => Record::ok(
                 hw,
                 w,
@@ -502,7 +497,8 @@ impl<'a> Job<'a> {
                 outcome.message.unwrap_or_default(),
                 version,
             ),
-        }
+        };
+        rec.with_accuracy(accuracy)
     }
 
     /// What the job achieved: its counters and timing spread, the evaluator's state, the
@@ -521,9 +517,7 @@ impl<'a> Job<'a> {
             .collect::<HashSet<_>>()
             .len();
         let best = db.best(&hw.id, w)?;
-        let best_accuracy = best
-            .as_ref()
-            .and_then(|b| self.accuracy.get(&key(&b.kernel, &b.config)).copied());
+        let best_accuracy = best.as_ref().and_then(|b| b.accuracy);
         Ok(TuneSummary {
             workload: *w,
             best,

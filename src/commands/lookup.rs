@@ -4,8 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use runtime::{Choice, Runtime};
-use serde_json::json;
+use runtime::Choice;
 
 #[derive(Args)]
 pub struct LookupArgs {
@@ -33,33 +32,12 @@ pub fn run(args: LookupArgs) -> anyhow::Result<ExitCode> {
     for w in &workloads {
         let choice = rt.lookup(w)?;
         if args.json {
-            super::print_json(&to_json(w, &choice, &rt, &device))?;
+            super::print_json(&choice.to_json(w, &rt, &device))?;
         } else {
             println!("{w}: {}", describe(&choice, rt.fingerprint()));
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The `--json` object of one lookup (shared with `autokernel run`).
-pub fn to_json(w: &kernels::Workload, c: &Choice, rt: &Runtime, device: &str) -> serde_json::Value {
-    json!({
-        "workload": w.key(),
-        "dtype": w.dtype(),
-        "device": device,
-        "level": c.level.as_str(),
-        "kernel": c.kernel.name(),
-        "kernel_version": c.kernel.version(),
-        "config": c.config,
-        "fingerprint": rt.fingerprint().id,
-        "source": c.source.as_ref().map(|s| json!({
-            "workload": s.workload.key(),
-            "fingerprint": s.fingerprint_id,
-            "trial_id": s.trial_id,
-            "median_s": s.median_s,
-            "distance": s.distance,
-        })),
-    })
 }
 
 /// One-line human description of a choice.

@@ -46,7 +46,7 @@ use sha2::{Digest, Sha256};
 use crate::db::TuningDb;
 use crate::error::{Ctx, DbError};
 use crate::record::{now_rfc3339, Record, Stats};
-use crate::schema::SCHEMA_VERSION;
+use crate::schema::{OPTIONAL_TRIAL_COLUMNS, SCHEMA_VERSION};
 
 /// The `bundle.format` value of bundles this version writes.
 pub const BUNDLE_FORMAT: &str = "autokernel-bundle/1";
@@ -772,7 +772,7 @@ impl TuningDb {
     pub(crate) fn all_ok_records(&self) -> Result<Vec<Record>, DbError> {
         let sql = format!(
             "SELECT {} FROM trials WHERE status = 'ok' ORDER BY id",
-            crate::db::RECORD_COLUMNS
+            self.record_columns()
         );
         let p = &self.path;
         let mut stmt = self.conn.prepare(&sql).ctx(p, "reading trials")?;
@@ -857,11 +857,14 @@ pub(crate) fn row_id(row: &RawRow) -> i64 {
     }
 }
 
-/// The canonical `T` line of a trial row: every column but `id`, in name order.
+/// The canonical `T` line of a trial row: every column but `id`, in name order; an optional
+/// column (schema v4's accuracy) only when it holds a value, so a trial without one has the
+/// line (and a file the checksum) it had before v4.
 pub(crate) fn trial_line(row: &RawRow) -> String {
     let cells: Vec<serde_json::Value> = row
         .iter()
         .filter(|(k, _)| *k != "id")
+        .filter(|(k, v)| !(OPTIONAL_TRIAL_COLUMNS.contains(&k.as_str()) && **v == Value::Null))
         .map(|(_, v)| canonical_value(v))
         .collect();
     format!("T {}", serde_json::Value::Array(cells))
@@ -948,7 +951,7 @@ pub(crate) fn find_same_trial(
                 if let Value::Integer(x) = v {
                     id = x;
                 }
-            } else if row.get(n) != Some(&v) {
+            } else if row.get(n).unwrap_or(&Value::Null) != &v {
                 same = false;
                 break;
             }

@@ -6,13 +6,13 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kernels::{Config, HardwareFingerprint, Measurement, Status, Workload};
+use kernels::{Accuracy, Config, HardwareFingerprint, Measurement, Status, Workload};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, Transaction};
 use rusqlite::{ErrorCode, TransactionBehavior};
 
 use crate::error::{Ctx, DbError, Result};
 use crate::record::{now_rfc3339, Record, Stats};
-use crate::schema::{tables_of, APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION};
+use crate::schema::{tables_of, APPLICATION_ID, MIGRATIONS, OLDEST_READ_ONLY, SCHEMA_VERSION};
 
 /// How long a writer waits for another writer's transaction before giving up.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -21,9 +21,14 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const CREATED_BY: &str = concat!("autokernel tuning_db ", env!("CARGO_PKG_VERSION"));
 
 /// Columns of `trials` in the order [`record_from_row`] reads them.
-pub(crate) const RECORD_COLUMNS: &str =
-    "id, fingerprint_id, workload, kernel, kernel_version, config, \
-     status, message, median_s, spread, samples, gflops, created_at, tool_version";
+const RECORD_COLUMNS: &str = "id, fingerprint_id, workload, kernel, kernel_version, config, \
+     status, message, median_s, spread, samples, gflops, created_at, tool_version, \
+     max_rel_err, fro_rel_err";
+
+/// [`RECORD_COLUMNS`] in a file older than schema v4 (opened read-only): no accuracy.
+const RECORD_COLUMNS_V3: &str = "id, fingerprint_id, workload, kernel, kernel_version, config, \
+     status, message, median_s, spread, samples, gflops, created_at, tool_version, \
+     NULL, NULL";
 
 const FINGERPRINT_COLUMNS: &str =
     "id, arch, vendor, family, model, stepping, brand, isa, cores, l1d_bytes, l2_bytes, l3_bytes";
@@ -39,6 +44,9 @@ pub struct TuningDb {
     pub(crate) conn: Connection,
     pub(crate) path: PathBuf,
     read_only: bool,
+    /// The schema version of the file: [`SCHEMA_VERSION`] once opened for writing; a
+    /// read-only open may serve an older one ([`OLDEST_READ_ONLY`]).
+    version: i64,
 }
 
 /// What [`identify`] found in a file.
@@ -81,6 +89,7 @@ impl TuningDb {
             conn,
             path,
             read_only: false,
+            version: SCHEMA_VERSION,
         };
         db.configure()?;
         let version = match db.identify()? {
@@ -143,6 +152,7 @@ impl TuningDb {
             conn,
             path,
             read_only: true,
+            version: SCHEMA_VERSION,
         };
         db.configure().map_err(|e| match e {
             DbError::Sqlite { path, source, .. } if through_wal => DbError::Sqlite {
@@ -156,14 +166,17 @@ impl TuningDb {
             Identity::Blank => 0,
             Identity::Ours(v) => v,
         };
-        if found < SCHEMA_VERSION {
+        if found < OLDEST_READ_ONLY {
             return Err(DbError::OlderSchemaReadOnly {
                 path: db.path,
                 found,
-                supported: SCHEMA_VERSION,
+                supported: OLDEST_READ_ONLY,
             });
         }
-        Ok(db)
+        Ok(TuningDb {
+            version: found,
+            ..db
+        })
     }
 
     /// A private database in memory, at the current schema (for tests and dry runs).
@@ -174,6 +187,7 @@ impl TuningDb {
             conn,
             path,
             read_only: false,
+            version: SCHEMA_VERSION,
         };
         db.configure()?;
         db.migrate(0)?;
@@ -188,6 +202,15 @@ impl TuningDb {
     /// Whether this handle came from [`open_read_only`](Self::open_read_only).
     pub fn is_read_only(&self) -> bool {
         self.read_only
+    }
+
+    /// The columns [`record_from_row`] reads, for this file's schema version.
+    pub(crate) fn record_columns(&self) -> &'static str {
+        if self.version >= 4 {
+            RECORD_COLUMNS
+        } else {
+            RECORD_COLUMNS_V3
+        }
     }
 
     /// The schema version stored in the file (`PRAGMA user_version`).
@@ -454,8 +477,9 @@ impl TuningDb {
                 .prepare(
                     "INSERT INTO trials (fingerprint_id, workload, op, kernel, kernel_version, \
                      config, status, message, median_s, spread, samples, gflops, created_at, \
-                     tool_version) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                     tool_version, max_rel_err, fro_rel_err) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
+                     ?15, ?16)",
                 )
                 .ctx(p, "inserting records")?;
             for r in records {
@@ -492,6 +516,8 @@ impl TuningDb {
                     r.gflops.filter(|g| g.is_finite()),
                     created,
                     r.tool_version,
+                    r.accuracy.map(|a| a.max_rel_err),
+                    r.accuracy.map(|a| a.fro_rel_err),
                 ])
                 .ctx(p, "inserting a record")?;
                 ids.push(tx.last_insert_rowid());
@@ -513,6 +539,15 @@ impl TuningDb {
             return bad(format!(
                 "{what}: fingerprint id and kernel name must be set"
             ));
+        }
+        if let Some(a) = r.accuracy {
+            let fine = |x: f64| x.is_finite() && x >= 0.0;
+            if !(fine(a.max_rel_err) && fine(a.fro_rel_err)) {
+                return bad(format!(
+                    "{what}: accuracy {} / {} is not a finite error ≥ 0",
+                    a.max_rel_err, a.fro_rel_err
+                ));
+            }
         }
         match (&r.status, &r.measurement) {
             (Status::Ok, None) => bad(format!("{what}: status ok needs a measurement")),
@@ -546,9 +581,10 @@ impl TuningDb {
     /// never an error.
     pub fn best(&self, fingerprint_id: &str, workload: &Workload) -> Result<Option<Record>> {
         let sql = format!(
-            "SELECT {RECORD_COLUMNS} FROM trials \
+            "SELECT {} FROM trials \
              WHERE fingerprint_id = ?1 AND workload = ?2 AND status = 'ok' \
-             ORDER BY median_s ASC, id ASC"
+             ORDER BY median_s ASC, id ASC",
+            self.record_columns()
         );
         let p = &self.path;
         let mut filter = Usable::new(self.fingerprint(fingerprint_id)?);
@@ -576,9 +612,10 @@ impl TuningDb {
     /// key: one query, for the runtime's in-memory index.
     pub fn best_all(&self, fingerprint_id: &str) -> Result<Vec<Record>> {
         let sql = format!(
-            "SELECT {RECORD_COLUMNS} FROM trials \
+            "SELECT {} FROM trials \
              WHERE fingerprint_id = ?1 AND status = 'ok' \
-             ORDER BY workload ASC, median_s ASC, id ASC"
+             ORDER BY workload ASC, median_s ASC, id ASC",
+            self.record_columns()
         );
         let p = &self.path;
         let mut filter = Usable::new(self.fingerprint(fingerprint_id)?);
@@ -612,8 +649,9 @@ impl TuningDb {
     /// reports them.
     pub fn trials(&self, fingerprint_id: &str, workload: &Workload) -> Result<Vec<Record>> {
         let sql = format!(
-            "SELECT {RECORD_COLUMNS} FROM trials \
-             WHERE fingerprint_id = ?1 AND workload = ?2 ORDER BY id ASC"
+            "SELECT {} FROM trials \
+             WHERE fingerprint_id = ?1 AND workload = ?2 ORDER BY id ASC",
+            self.record_columns()
         );
         let p = &self.path;
         let mut stmt = self.conn.prepare(&sql).ctx(p, "querying trials")?;
@@ -710,7 +748,7 @@ impl TuningDb {
             problems.extend(rows);
         }
         {
-            let sql = format!("SELECT {RECORD_COLUMNS} FROM trials ORDER BY id");
+            let sql = format!("SELECT {} FROM trials ORDER BY id", self.record_columns());
             let mut stmt = self.conn.prepare(&sql).ctx(p, "reading trials")?;
             let mut rows = stmt.query([]).ctx(p, "reading trials")?;
             while let Some(row) = rows.next().ctx(p, "reading trials")? {
@@ -838,6 +876,7 @@ fn create_complete(path: &Path) -> Result<()> {
             conn,
             path: tmp.clone(),
             read_only: false,
+            version: SCHEMA_VERSION,
         };
         db.configure()?;
         db.ensure_wal()?;
@@ -987,6 +1026,15 @@ fn check_row(r: &Row<'_>) -> Result<Record, String> {
             })
         }
     };
+    let max_rel_err: Option<f64> = r.get(14).map_err(sql)?;
+    let fro_rel_err: Option<f64> = r.get(15).map_err(sql)?;
+    let accuracy = match (max_rel_err, fro_rel_err) {
+        (Some(max_rel_err), Some(fro_rel_err)) => Some(Accuracy {
+            max_rel_err,
+            fro_rel_err,
+        }),
+        _ => None,
+    };
     Ok(Record {
         id: Some(r.get(0).map_err(sql)?),
         fingerprint_id: r.get(1).map_err(sql)?,
@@ -1000,6 +1048,7 @@ fn check_row(r: &Row<'_>) -> Result<Record, String> {
         gflops: r.get(11).map_err(sql)?,
         created_at: r.get(12).map_err(sql)?,
         tool_version: r.get(13).map_err(sql)?,
+        accuracy,
     })
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kernels::{Config, Measurement, Status, Workload};
+use kernels::{Accuracy, Config, Measurement, Status, Workload};
 use serde::{Deserialize, Serialize};
 
 /// One row of the `trials` table: a config of a kernel family tried on a workload on a
@@ -26,6 +26,10 @@ pub struct Record {
     pub measurement: Option<Measurement>,
     /// GFLOP/s at the median, when timed.
     pub gflops: Option<f64>,
+    /// Its output's error against the exact result of the f32 problem, measured when it was
+    /// verified (schema v4; `None` for older records and failures).
+    #[serde(default)]
+    pub accuracy: Option<Accuracy>,
     /// When the trial was recorded, RFC 3339 UTC (`2025-01-31T12:00:00Z`).
     pub created_at: String,
     /// Version of the tool that recorded it (the CLI passes its `CARGO_PKG_VERSION`).
@@ -55,6 +59,7 @@ impl Record {
             message: None,
             measurement: Some(measurement),
             gflops,
+            accuracy: None,
             created_at: now_rfc3339(),
             tool_version: tool_version.into(),
         }
@@ -83,9 +88,16 @@ impl Record {
             message: Some(message.into()),
             measurement: None,
             gflops: None,
+            accuracy: None,
             created_at: now_rfc3339(),
             tool_version: tool_version.into(),
         }
+    }
+
+    /// The record with its measured accuracy.
+    pub fn with_accuracy(mut self, accuracy: Option<Accuracy>) -> Record {
+        self.accuracy = accuracy;
+        self
     }
 
     /// The median time in seconds, for timed records.

@@ -18,7 +18,7 @@ pub(crate) const TABLES: &[&str] = &["meta", "fingerprints", "trials"];
 
 /// The tables each schema version adds (index 0: version 1), checked up front when a file
 /// is opened, so a damaged schema is refused before anything is measured or written.
-const TABLES_ADDED: &[&[&str]] = &[TABLES, &["winners", "remeasurements"], &["provenance"]];
+const TABLES_ADDED: &[&[&str]] = &[TABLES, &["winners", "remeasurements"], &["provenance"], &[]];
 
 /// Every table a database of schema `version` must hold.
 pub(crate) fn tables_of(version: i64) -> impl Iterator<Item = &'static str> {
@@ -26,8 +26,17 @@ pub(crate) fn tables_of(version: i64) -> impl Iterator<Item = &'static str> {
     TABLES_ADDED.iter().take(n).flat_map(|t| t.iter().copied())
 }
 
+/// The oldest schema version a read-only open serves (without migrating it): what is
+/// missing from it reads as absent (for v3: no stored accuracy).
+pub const OLDEST_READ_ONLY: i64 = 3;
+
+/// Columns of `trials` added after v1 that may be NULL: a row read from an older file (where
+/// they do not exist) and a row holding NULL there are the same row (bundle checksums,
+/// trial matching on import).
+pub(crate) const OPTIONAL_TRIAL_COLUMNS: &[&str] = &["max_rel_err", "fro_rel_err"];
+
 /// Migration steps; step `i` goes from schema version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// Schema v1. The status list must hold every [`kernels::Status`] string (a unit test checks).
 const V1: &str = r#"
@@ -117,6 +126,13 @@ CREATE TABLE IF NOT EXISTS provenance (
     imported_at     TEXT NOT NULL,
     UNIQUE (trial_id, source_checksum)
 );
+"#;
+
+/// Schema v4: the accuracy of a trial's output against the exact result of the f32 problem
+/// (`kernels::Accuracy`), measured when it was verified: what its precision costs.
+const V4: &str = r#"
+ALTER TABLE trials ADD COLUMN max_rel_err REAL CHECK (max_rel_err IS NULL OR max_rel_err >= 0);
+ALTER TABLE trials ADD COLUMN fro_rel_err REAL CHECK (fro_rel_err IS NULL OR fro_rel_err >= 0);
 "#;
 
 #[cfg(test)]

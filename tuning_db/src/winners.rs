@@ -30,7 +30,7 @@
 use kernels::{Measurement, Status, Workload};
 use rusqlite::{params, OptionalExtension};
 
-use crate::db::{record_from_row, TuningDb, RECORD_COLUMNS};
+use crate::db::{record_from_row, TuningDb};
 use crate::error::{Ctx, DbError, Result};
 use crate::record::{now_rfc3339, Record};
 
@@ -262,9 +262,10 @@ impl TuningDb {
         workload: &Workload,
     ) -> Result<Option<Record>> {
         let sql = format!(
-            "SELECT {RECORD_COLUMNS} FROM trials WHERE status = 'ok' AND id = \
+            "SELECT {} FROM trials WHERE status = 'ok' AND id = \
              (SELECT trial_id FROM winners WHERE fingerprint_id = ?1 AND workload = ?2 \
-              ORDER BY id DESC LIMIT 1)"
+              ORDER BY id DESC LIMIT 1)",
+            self.record_columns()
         );
         let row = self
             .conn
@@ -279,10 +280,11 @@ impl TuningDb {
     /// The trials of the decisions in force for every workload of `fingerprint_id`.
     pub(crate) fn winner_trials(&self, fingerprint_id: &str) -> Result<Vec<Record>> {
         let sql = format!(
-            "SELECT {RECORD_COLUMNS} FROM trials WHERE status = 'ok' AND id IN \
+            "SELECT {} FROM trials WHERE status = 'ok' AND id IN \
              (SELECT w.trial_id FROM winners w WHERE w.fingerprint_id = ?1 AND w.id = \
               (SELECT max(l.id) FROM winners l \
-               WHERE l.fingerprint_id = w.fingerprint_id AND l.workload = w.workload))"
+               WHERE l.fingerprint_id = w.fingerprint_id AND l.workload = w.workload))",
+            self.record_columns()
         );
         let p = &self.path;
         let mut stmt = self.conn.prepare(&sql).ctx(p, "reading winners")?;
@@ -394,7 +396,9 @@ mod tests {
         // Turn it back into what a v1 build wrote.
         let raw = rusqlite::Connection::open(&path).unwrap();
         raw.execute_batch(
-            "DROP TABLE remeasurements; DROP TABLE winners; PRAGMA user_version = 1;",
+            "DROP TABLE remeasurements; DROP TABLE winners; DROP TABLE provenance; \
+             ALTER TABLE trials DROP COLUMN max_rel_err; \
+             ALTER TABLE trials DROP COLUMN fro_rel_err; PRAGMA user_version = 1;",
         )
         .unwrap();
         drop(raw);

@@ -1,0 +1,247 @@
+//! The runtime handle: open, free, reload, the load error, lookups as JSON, counters.
+
+use std::ffi::{c_char, c_int, CString};
+use std::path::Path;
+
+use kernels::{HardwareFingerprint, Workload};
+use runtime::Runtime;
+
+use crate::args;
+use crate::error::{guard, CapiError};
+
+/// A runtime: a tuning database indexed for this machine, and the threads its kernels run
+/// on. Opaque; made by `autokernel_runtime_open`, freed by `autokernel_runtime_free`.
+/// Shareable between threads.
+pub struct AutokernelRuntime {
+    rt: Runtime,
+    /// Its own pool when opened with `threads > 0`; the process-wide pool otherwise.
+    pool: Option<rayon::ThreadPool>,
+}
+
+impl AutokernelRuntime {
+    /// Runs `f` with the runtime, on its thread pool when it has one (so the kernels' tasks
+    /// run there too).
+    pub(crate) fn serve<R: Send>(&self, f: impl FnOnce(&Runtime) -> R + Send) -> R {
+        match &self.pool {
+            Some(pool) => pool.install(|| f(&self.rt)),
+            None => f(&self.rt),
+        }
+    }
+
+    fn open(path: Option<&str>, threads: u32) -> Result<AutokernelRuntime, CapiError> {
+        // Detected outside any pool: the process-wide pool's size is this machine's count.
+        let here = HardwareFingerprint::current();
+        let (hw, pool) = if threads == 0 {
+            (here.clone(), None)
+        } else {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if threads as usize > cpus {
+                return Err(CapiError::invalid(format!(
+                    "threads = {threads}: this process may use {cpus} CPU(s); use at most \
+                     {cpus}, or 0 for all"
+                )));
+            }
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads as usize)
+                .thread_name(|i| format!("autokernel-{i}"))
+                .build()
+                .map_err(|e| CapiError::unsupported(format!("starting {threads} threads: {e}")))?;
+            (here.with_cores(threads as usize), Some(pool))
+        };
+        let rt = match path {
+            Some(p) => Runtime::open_or_defaults_for(Path::new(p), hw),
+            None => Runtime::defaults_only_for(hw),
+        };
+        Ok(AutokernelRuntime { rt, pool })
+    }
+}
+
+/// Sets the precision policy named by `text` (NULL or `""`: the default, f32).
+fn set_precision(_rt: &Runtime, text: Option<&str>) -> Result<(), CapiError> {
+    match text.unwrap_or("").trim() {
+        "" | "f32" => Ok(()),
+        p @ ("bf16" | "int8" | "auto") => Err(CapiError::unsupported(format!(
+            "precision '{p}': this build serves f32 only (no precision policies yet)"
+        ))),
+        p => Err(CapiError::invalid(format!(
+            "unknown precision '{p}' (known: f32, bf16, int8, auto)"
+        ))),
+    }
+}
+
+/// Opens a runtime on the tuning database at `db_path` (read-only) and stores it in `*out`.
+///
+/// `db_path` NULL: no database, every call runs its kernel default. A database that cannot
+/// be read (missing, damaged, of a newer schema) does not fail the open: the runtime serves
+/// kernel defaults, `autokernel_runtime_load_error` says why, and
+/// `autokernel_runtime_reload` picks the file up once it is good.
+///
+/// `threads`: 0 runs kernels on the process-wide pool (all CPUs this process may use);
+/// T > 0 gives this runtime its own pool of T threads and serves the records tuned at T
+/// threads (`autokernel tune --threads T`). More than the CPUs available is refused.
+///
+/// `precision`: NULL, `""` or `"f32"`. (`"bf16"`, `"int8"` and `"auto"` are
+/// AUTOKERNEL_UNSUPPORTED until the runtime has precision policies.)
+///
+/// On failure `*out` is NULL.
+///
+/// # Safety
+/// `db_path` and `precision` are NULL or NUL-terminated strings; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn autokernel_runtime_open(
+    db_path: *const c_char,
+    threads: u32,
+    precision: *const c_char,
+    out: *mut *mut AutokernelRuntime,
+) -> c_int {
+    guard(|| {
+        // SAFETY (this block): the caller's contract above.
+        let out = unsafe { args::out_slot("out", out, std::ptr::null_mut())? };
+        let path = unsafe { args::optional_string("db_path", db_path)? };
+        let precision = unsafe { args::optional_string("precision", precision)? };
+        let handle = AutokernelRuntime::open(path, threads)?;
+        set_precision(&handle.rt, precision)?;
+        *out = Box::into_raw(Box::new(handle));
+        Ok(())
+    })
+}
+
+/// Frees a runtime (NULL: nothing). No other thread may be using it.
+///
+/// # Safety
+/// `rt` is NULL or a runtime from `autokernel_runtime_open` not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn autokernel_runtime_free(rt: *mut AutokernelRuntime) {
+    if !rt.is_null() {
+        // SAFETY: made by Box::into_raw in autokernel_runtime_open, freed once (contract).
+        let handle = unsafe { Box::from_raw(rt) };
+        // Dropping joins nothing that can panic into C; catch anyway.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(handle)));
+    }
+}
+
+/// Re-reads the database the runtime was opened on and swaps the new index in atomically:
+/// calls in flight on other threads finish on the old one, later calls see the new one.
+/// On error (AUTOKERNEL_DATABASE) the old index stays in service.
+///
+/// # Safety
+/// `rt` is NULL or a live runtime.
+#[no_mangle]
+pub unsafe extern "C" fn autokernel_runtime_reload(rt: *const AutokernelRuntime) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let h = unsafe { args::handle("rt", rt)? };
+        h.rt.reload()?;
+        Ok(())
+    })
+}
+
+/// Why the database could not be loaded at open, or NULL in `*out` if it was (or the
+/// runtime has no database). A string to free with `autokernel_string_free`.
+///
+/// # Safety
+/// `rt` is NULL or a live runtime; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn autokernel_runtime_load_error(
+    rt: *const AutokernelRuntime,
+    out: *mut *mut c_char,
+) -> c_int {
+    guard(|| {
+        // SAFETY (this block): the caller's contract.
+        let out = unsafe { args::out_slot("out", out, std::ptr::null_mut())? };
+        let h = unsafe { args::handle("rt", rt)? };
+        if let Some(e) = h.rt.load_error() {
+            *out = owned_string(e);
+        }
+        Ok(())
+    })
+}
+
+/// Which variant serves `workload` (e.g. `"gemm:128x768x768"`,
+/// `"gemm_bias_gelu:8x3072x768"`, `"attention:1x12x128x64:causal"`) as a JSON object with
+/// the fields of `autokernel lookup --json`: workload, dtype, device, level, kernel,
+/// kernel_version, config, fingerprint, source. Counted like a call. `*json_out` is a string
+/// to free with `autokernel_string_free` (NULL on failure).
+///
+/// # Safety
+/// `rt` is NULL or a live runtime; `workload` is NULL or a NUL-terminated string;
+/// `json_out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn autokernel_runtime_lookup(
+    rt: *const AutokernelRuntime,
+    workload: *const c_char,
+    json_out: *mut *mut c_char,
+) -> c_int {
+    guard(|| {
+        // SAFETY (this block): the caller's contract.
+        let out = unsafe { args::out_slot("json_out", json_out, std::ptr::null_mut())? };
+        let h = unsafe { args::handle("rt", rt)? };
+        let text = unsafe { args::string("workload", workload)? };
+        let w: Workload = text
+            .parse()
+            .map_err(|e: kernels::Error| CapiError::invalid(e.to_string()))?;
+        let json = h.serve(|rt| {
+            let choice = rt.lookup(&w)?;
+            Ok::<_, CapiError>(choice.to_json(&w, rt, "cpu").to_string())
+        })?;
+        *out = owned_string(json);
+        Ok(())
+    })
+}
+
+/// Lookups served so far by a runtime, by level.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AutokernelLookupCounts {
+    /// Served by a record of this workload on this machine.
+    pub exact: u64,
+    /// Served by a record from a machine of the same micro-architecture.
+    pub same_arch: u64,
+    /// Served by the config of the nearest tuned shape.
+    pub nearest_shape: u64,
+    /// Served by the kernel default.
+    pub defaults: u64,
+}
+
+/// Writes the runtime's lookup counters to `*out`.
+///
+/// # Safety
+/// `rt` is NULL or a live runtime; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn autokernel_runtime_lookups(
+    rt: *const AutokernelRuntime,
+    out: *mut AutokernelLookupCounts,
+) -> c_int {
+    guard(|| {
+        // SAFETY (this block): the caller's contract.
+        let out = unsafe { args::out_slot("out", out, AutokernelLookupCounts::default())? };
+        let h = unsafe { args::handle("rt", rt)? };
+        let n = h.rt.lookups();
+        *out = AutokernelLookupCounts {
+            exact: n.exact,
+            same_arch: n.same_arch,
+            nearest_shape: n.nearest_shape,
+            defaults: n.default,
+        };
+        Ok(())
+    })
+}
+
+/// Frees a string this library returned (NULL: nothing).
+///
+/// # Safety
+/// `s` is NULL or a string from this library not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn autokernel_string_free(s: *mut c_char) {
+    if !s.is_null() {
+        // SAFETY: made by CString::into_raw in owned_string, freed once (contract).
+        drop(unsafe { CString::from_raw(s) });
+    }
+}
+
+/// A string for C, freed by [`autokernel_string_free`].
+fn owned_string(s: String) -> *mut c_char {
+    CString::new(s.replace('\0', " "))
+        .unwrap_or_default()
+        .into_raw()
+}

@@ -1,0 +1,99 @@
+//! The operators on a runtime: GEMM and attention (f32, row-major).
+
+use std::ffi::c_int;
+
+use runtime::Level;
+
+use crate::args;
+use crate::error::guard;
+use crate::handle::AutokernelRuntime;
+
+/// Served by a record of this workload on this machine.
+pub const AUTOKERNEL_LEVEL_EXACT: c_int = 0;
+/// Served by a record from a machine of the same micro-architecture and ISA.
+pub const AUTOKERNEL_LEVEL_SAME_ARCH: c_int = 1;
+/// Served by the config of the nearest tuned shape of the same op.
+pub const AUTOKERNEL_LEVEL_NEAREST_SHAPE: c_int = 2;
+/// Served by the kernel family's default config.
+pub const AUTOKERNEL_LEVEL_DEFAULT: c_int = 3;
+
+/// The AUTOKERNEL_LEVEL_* code of `level`.
+pub(crate) fn level_code(level: Level) -> c_int {
+    match level {
+        Level::Exact => AUTOKERNEL_LEVEL_EXACT,
+        Level::SameArch => AUTOKERNEL_LEVEL_SAME_ARCH,
+        Level::NearestShape => AUTOKERNEL_LEVEL_NEAREST_SHAPE,
+        Level::Default => AUTOKERNEL_LEVEL_DEFAULT,
+    }
+}
+
+/// `C = A·B`, f32 row-major: A is m×k (`a_len` = m·k), B is k×n, C is m×n (overwritten).
+/// `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* that served the call.
+///
+/// # Safety
+/// `rt` is NULL or a live runtime; each buffer is NULL or holds its stated number of
+/// floats; `c` overlaps no input; `level_out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn autokernel_runtime_gemm(
+    rt: *const AutokernelRuntime,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    a_len: usize,
+    b: *const f32,
+    b_len: usize,
+    c: *mut f32,
+    c_len: usize,
+    level_out: *mut c_int,
+) -> c_int {
+    guard(|| {
+        // SAFETY (this block): the caller's contract above.
+        let h = unsafe { args::handle("rt", rt)? };
+        let a = unsafe { args::input("a", a, a_len)? };
+        let b = unsafe { args::input("b", b, b_len)? };
+        let c = unsafe { args::output("c", c, c_len, &[("a", a), ("b", b)])? };
+        let level = h.serve(|rt| rt.gemm(m, n, k, a, b, c))?;
+        unsafe { args::put_optional(level_out, level_code(level)) };
+        Ok(())
+    })
+}
+
+/// Scaled dot-product attention, f32: `O = softmax(Q·Kᵀ/√d)·V` for each of the b·h heads of
+/// [b, h, s, d] row-major tensors (each buffer b·h·s·d floats); with `causal` non-zero,
+/// query i sees keys j ≤ i. `o` is overwritten. No padding mask (not in the runtime yet).
+/// `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* that served the call.
+///
+/// # Safety
+/// `rt` is NULL or a live runtime; each buffer is NULL or holds its stated number of
+/// floats; `o` overlaps no input; `level_out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn autokernel_runtime_attention(
+    rt: *const AutokernelRuntime,
+    b: usize,
+    h: usize,
+    s: usize,
+    d: usize,
+    causal: c_int,
+    q: *const f32,
+    q_len: usize,
+    k: *const f32,
+    k_len: usize,
+    v: *const f32,
+    v_len: usize,
+    o: *mut f32,
+    o_len: usize,
+    level_out: *mut c_int,
+) -> c_int {
+    guard(|| {
+        // SAFETY (this block): the caller's contract above.
+        let handle = unsafe { args::handle("rt", rt)? };
+        let q = unsafe { args::input("q", q, q_len)? };
+        let k = unsafe { args::input("k", k, k_len)? };
+        let v = unsafe { args::input("v", v, v_len)? };
+        let o = unsafe { args::output("o", o, o_len, &[("q", q), ("k", k), ("v", v)])? };
+        let level = handle.serve(|rt| rt.attention(b, h, s, d, causal != 0, q, k, v, o))?;
+        unsafe { args::put_optional(level_out, level_code(level)) };
+        Ok(())
+    })
+}

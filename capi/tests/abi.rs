@@ -1,0 +1,447 @@
+//! The exported functions called from Rust as C would call them: every bad argument is a
+//! status code with a message, never a crash; the database paths (a file that cannot be
+//! read, a reload that fails, one that succeeds) and the thread and precision options.
+
+mod common;
+
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::ptr::{null, null_mut};
+
+use autokernel::*;
+
+fn last_error() -> String {
+    // SAFETY: never NULL, NUL-terminated.
+    unsafe { CStr::from_ptr(autokernel_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Asserts `status` is `code` and the thread's message contains `text`.
+fn expect(status: c_int, code: c_int, text: &str) {
+    let msg = last_error();
+    assert_eq!(status, code, "status {status}, message: {msg}");
+    assert!(msg.contains(text), "message '{msg}' lacks '{text}'");
+}
+
+fn open(db: Option<&CStr>, threads: u32, precision: Option<&CStr>) -> *mut AutokernelRuntime {
+    let mut rt = null_mut();
+    // SAFETY: valid C strings or NULL; a writable out-pointer.
+    let st = unsafe {
+        autokernel_runtime_open(
+            db.map_or(null(), CStr::as_ptr),
+            threads,
+            precision.map_or(null(), CStr::as_ptr),
+            &mut rt,
+        )
+    };
+    assert_eq!(st, AUTOKERNEL_OK, "{}", last_error());
+    rt
+}
+
+/// Takes a string returned by the library.
+fn take(s: *mut c_char) -> Option<String> {
+    if s.is_null() {
+        return None;
+    }
+    // SAFETY: a NUL-terminated string from the library, freed once below.
+    let text = unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned();
+    unsafe { autokernel_string_free(s) };
+    Some(text)
+}
+
+#[test]
+fn null_and_misshapen_arguments_are_status_codes() {
+    let rt = open(None, 0, None);
+    let x = vec![1.0f32; 64];
+    let mut c = vec![0.0f32; 64];
+    let mut level: c_int = -1;
+    // SAFETY (all calls): pointers into live buffers with their true lengths, or NULL.
+    unsafe {
+        let st = autokernel_runtime_gemm(
+            rt,
+            2,
+            3,
+            4,
+            x.as_ptr(),
+            8,
+            x.as_ptr(),
+            12,
+            c.as_mut_ptr(),
+            6,
+            &mut level,
+        );
+        expect(st, AUTOKERNEL_OK, "");
+        assert_eq!((level, c[0]), (AUTOKERNEL_LEVEL_DEFAULT, 4.0));
+
+        let st = autokernel_runtime_gemm(
+            null(),
+            2,
+            3,
+            4,
+            x.as_ptr(),
+            8,
+            x.as_ptr(),
+            12,
+            c.as_mut_ptr(),
+            6,
+            null_mut(),
+        );
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "rt is NULL");
+        let st = autokernel_runtime_gemm(
+            rt,
+            2,
+            3,
+            4,
+            null(),
+            8,
+            x.as_ptr(),
+            12,
+            c.as_mut_ptr(),
+            6,
+            null_mut(),
+        );
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "a is NULL");
+        let st = autokernel_runtime_gemm(
+            rt,
+            2,
+            3,
+            4,
+            x.as_ptr(),
+            7,
+            x.as_ptr(),
+            12,
+            c.as_mut_ptr(),
+            6,
+            null_mut(),
+        );
+        expect(st, AUTOKERNEL_SHAPE, "'a' has 7 elements");
+        let st = autokernel_runtime_gemm(
+            rt,
+            0,
+            3,
+            4,
+            x.as_ptr(),
+            0,
+            x.as_ptr(),
+            12,
+            c.as_mut_ptr(),
+            0,
+            null_mut(),
+        );
+        expect(st, AUTOKERNEL_SHAPE, "at least 1");
+        let odd = (x.as_ptr() as *const u8).add(2) as *const f32;
+        let st = autokernel_runtime_gemm(
+            rt,
+            2,
+            3,
+            4,
+            odd,
+            8,
+            x.as_ptr(),
+            12,
+            c.as_mut_ptr(),
+            6,
+            null_mut(),
+        );
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "a is not aligned");
+        // The output inside an input.
+        let p = c.as_mut_ptr();
+        let st =
+            autokernel_runtime_gemm(rt, 2, 3, 4, p, 8, x.as_ptr(), 12, p.add(2), 6, null_mut());
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "c overlaps a");
+
+        let st = autokernel_runtime_attention(
+            rt,
+            1,
+            1,
+            4,
+            16,
+            1,
+            x.as_ptr(),
+            64,
+            x.as_ptr(),
+            63,
+            x.as_ptr(),
+            64,
+            c.as_mut_ptr(),
+            64,
+            &mut level,
+        );
+        expect(st, AUTOKERNEL_SHAPE, "'k' has 63 elements");
+        let st = autokernel_runtime_attention(
+            rt,
+            1,
+            1,
+            4,
+            16,
+            1,
+            x.as_ptr(),
+            64,
+            x.as_ptr(),
+            64,
+            x.as_ptr(),
+            64,
+            c.as_mut_ptr(),
+            64,
+            &mut level,
+        );
+        expect(st, AUTOKERNEL_OK, "");
+        assert!((c[0] - 1.0).abs() < 1e-6);
+
+        let mut json = null_mut();
+        let st = autokernel_runtime_lookup(rt, c"gemm:1x2".as_ptr(), &mut json);
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "bad workload 'gemm:1x2'");
+        assert!(json.is_null());
+        let st = autokernel_runtime_lookup(rt, null(), &mut json);
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "workload is NULL");
+        let st = autokernel_runtime_lookup(rt, c"gemm:2x3x4".as_ptr(), null_mut());
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "json_out is NULL");
+
+        let mut counts = AutokernelLookupCounts::default();
+        expect(
+            autokernel_runtime_lookups(rt, &mut counts),
+            AUTOKERNEL_OK,
+            "",
+        );
+        assert_eq!(
+            counts,
+            AutokernelLookupCounts {
+                defaults: 2,
+                ..Default::default()
+            }
+        );
+        expect(
+            autokernel_runtime_lookups(rt, null_mut()),
+            AUTOKERNEL_INVALID_ARGUMENT,
+            "out is NULL",
+        );
+        autokernel_runtime_free(rt);
+        autokernel_runtime_free(null_mut());
+    }
+}
+
+#[test]
+fn packed_weights_check_their_arguments_and_serve_any_m() {
+    let rt = open(None, 1, None);
+    let (n, k) = (5, 3);
+    let w: Vec<f32> = (0..n * k).map(|i| i as f32 * 0.25 - 1.0).collect();
+    let bias = vec![0.5f32; n];
+    let ms = [2usize];
+    let mut packed = null_mut();
+    // SAFETY (all calls): pointers into live buffers with their true lengths, or NULL.
+    unsafe {
+        let st = autokernel_weight_pack(
+            rt,
+            n,
+            k,
+            7,
+            w.as_ptr(),
+            w.len(),
+            ms.as_ptr(),
+            1,
+            &mut packed,
+        );
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "act = 7");
+        assert!(packed.is_null());
+        let st = autokernel_weight_pack(
+            rt,
+            n,
+            k,
+            AUTOKERNEL_ACT_RELU,
+            w.as_ptr(),
+            w.len(),
+            ms.as_ptr(),
+            0,
+            &mut packed,
+        );
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "ms_len is 0");
+        let st = autokernel_weight_pack(
+            rt,
+            n,
+            k,
+            AUTOKERNEL_ACT_RELU,
+            w.as_ptr(),
+            w.len() - 1,
+            ms.as_ptr(),
+            1,
+            &mut packed,
+        );
+        expect(st, AUTOKERNEL_SHAPE, "'b' has 14 elements");
+        let st = autokernel_weight_pack(
+            rt,
+            n,
+            k,
+            AUTOKERNEL_ACT_RELU,
+            w.as_ptr(),
+            w.len(),
+            ms.as_ptr(),
+            1,
+            &mut packed,
+        );
+        expect(st, AUTOKERNEL_OK, "");
+
+        for m in [1usize, 2, 9] {
+            let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+            let mut c = vec![f32::NAN; m * n];
+            let mut level = -1;
+            let st = autokernel_runtime_linear(
+                rt,
+                packed,
+                m,
+                a.as_ptr(),
+                a.len(),
+                bias.as_ptr(),
+                n,
+                c.as_mut_ptr(),
+                c.len(),
+                &mut level,
+            );
+            expect(st, AUTOKERNEL_OK, "");
+            for i in 0..m {
+                for j in 0..n {
+                    let z: f32 = (0..k).map(|p| a[i * k + p] * w[p * n + j]).sum::<f32>() + 0.5;
+                    assert!((c[i * n + j] - z.max(0.0)).abs() < 1e-5, "m={m} ({i},{j})");
+                }
+            }
+        }
+        let mut c = vec![0.0f32; 2 * n];
+        let a = vec![1.0f32; 2 * k];
+        let st = autokernel_runtime_linear(
+            rt,
+            packed,
+            0,
+            a.as_ptr(),
+            0,
+            bias.as_ptr(),
+            n,
+            c.as_mut_ptr(),
+            0,
+            null_mut(),
+        );
+        expect(st, AUTOKERNEL_SHAPE, "m = 0");
+        let st = autokernel_runtime_linear(
+            rt,
+            packed,
+            2,
+            a.as_ptr(),
+            2 * k,
+            bias.as_ptr(),
+            n,
+            c.as_mut_ptr(),
+            2 * n - 1,
+            null_mut(),
+        );
+        expect(
+            st,
+            AUTOKERNEL_SHAPE,
+            "'c' has 9 elements, m = 2 rows of 5 need 10",
+        );
+        let st = autokernel_runtime_linear(
+            rt,
+            null(),
+            2,
+            a.as_ptr(),
+            2 * k,
+            bias.as_ptr(),
+            n,
+            c.as_mut_ptr(),
+            2 * n,
+            null_mut(),
+        );
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "w is NULL");
+        autokernel_weight_free(packed);
+        autokernel_weight_free(null_mut());
+        autokernel_runtime_free(rt);
+    }
+}
+
+#[test]
+fn a_bad_database_serves_defaults_until_a_reload_finds_a_good_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    std::fs::write(&path, b"not a database").unwrap();
+    let cpath = CString::new(path.to_str().unwrap()).unwrap();
+    let rt = open(Some(&cpath), 0, None);
+    let mut err = null_mut();
+    // SAFETY (all calls): a live runtime, writable out-pointers, strings from the library.
+    unsafe {
+        expect(
+            autokernel_runtime_load_error(rt, &mut err),
+            AUTOKERNEL_OK,
+            "",
+        );
+        let err = take(err).expect("a load error");
+        assert!(err.contains("t.db"), "{err}");
+        expect(autokernel_runtime_reload(rt), AUTOKERNEL_DATABASE, "t.db");
+
+        std::fs::remove_file(&path).unwrap();
+        let configs = common::tuned_db(&path, &["gemm:24x24x24"], 0);
+        expect(autokernel_runtime_reload(rt), AUTOKERNEL_OK, "");
+        let mut none = null_mut();
+        expect(
+            autokernel_runtime_load_error(rt, &mut none),
+            AUTOKERNEL_OK,
+            "",
+        );
+        assert!(none.is_null());
+        let mut json = null_mut();
+        let st = autokernel_runtime_lookup(rt, c"gemm:24x24x24".as_ptr(), &mut json);
+        expect(st, AUTOKERNEL_OK, "");
+        let j: serde_json::Value = serde_json::from_str(&take(json).unwrap()).unwrap();
+        assert_eq!(j["level"], "exact");
+        assert_eq!(j["device"], "cpu");
+        assert_eq!(j["config"], serde_json::to_value(&configs[0].1).unwrap());
+        autokernel_runtime_free(rt);
+    }
+    let rt = open(None, 0, None);
+    // SAFETY: a live runtime.
+    unsafe {
+        expect(
+            autokernel_runtime_reload(rt),
+            AUTOKERNEL_DATABASE,
+            "no database",
+        );
+        autokernel_runtime_free(rt);
+    }
+}
+
+#[test]
+fn threads_and_precision_are_checked() {
+    let mut rt = null_mut();
+    let too_many = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32 + 1;
+    // SAFETY (all calls): NULL or valid C strings; writable out-pointers.
+    unsafe {
+        let st = autokernel_runtime_open(null(), too_many, null(), &mut rt);
+        expect(
+            st,
+            AUTOKERNEL_INVALID_ARGUMENT,
+            &format!("threads = {too_many}"),
+        );
+        assert!(rt.is_null());
+        let st = autokernel_runtime_open(null(), 0, c"fp8".as_ptr(), &mut rt);
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "unknown precision 'fp8'");
+        let st = autokernel_runtime_open(null(), 0, c"f32".as_ptr(), null_mut());
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "out is NULL");
+    }
+    // A runtime of one thread serves this machine's one-thread fingerprint.
+    let rt = open(None, 1, Some(c"f32"));
+    let mut json = null_mut();
+    // SAFETY: a live runtime, a valid string, a writable out-pointer.
+    unsafe {
+        let st = autokernel_runtime_lookup(rt, c"gemm:8x8x8".as_ptr(), &mut json);
+        expect(st, AUTOKERNEL_OK, "");
+        let j: serde_json::Value = serde_json::from_str(&take(json).unwrap()).unwrap();
+        let one = kernels::HardwareFingerprint::current().with_cores(1);
+        assert_eq!(j["fingerprint"], one.id.as_str());
+        autokernel_runtime_free(rt);
+    }
+}
+
+#[test]
+fn version_and_status_names_are_static_strings() {
+    // SAFETY: static NUL-terminated strings.
+    let version = unsafe { CStr::from_ptr(autokernel_version()) };
+    assert_eq!(version.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
+    let name = unsafe { CStr::from_ptr(autokernel_status_name(AUTOKERNEL_DATABASE)) };
+    assert_eq!(name.to_str().unwrap(), "AUTOKERNEL_DATABASE");
+}

@@ -1,0 +1,135 @@
+//! The precision policy: which element type an f32 call is served in, from the records'
+//! stored accuracy and speed; and weights packed for the element type chosen per M.
+
+use std::path::Path;
+
+use kernels::{
+    default_for, Accuracy, Act, DType, HardwareFingerprint, Measurement, Problem, Workload,
+};
+use runtime::{Level, PrecisionPolicy, Runtime};
+use tuning_db::{Record, TuningDb};
+
+/// A record of `w`'s family default on this machine, with its median and accuracy.
+fn record(w: &Workload, median: f64, max_rel_err: Option<f64>) -> Record {
+    let hw = HardwareFingerprint::current();
+    let (k, c) = default_for(w, hw).unwrap();
+    Record::ok(
+        &hw.id,
+        *w,
+        k.name(),
+        k.version(),
+        c,
+        Measurement::from_samples(vec![median; 3]),
+        "test",
+    )
+    .with_accuracy(max_rel_err.map(|e| Accuracy {
+        max_rel_err: e,
+        fro_rel_err: e / 3.0,
+    }))
+}
+
+fn db_with(path: &Path, recs: &[Record]) -> Runtime {
+    let db = TuningDb::open(path).unwrap();
+    db.upsert_fingerprint(HardwareFingerprint::current())
+        .unwrap();
+    db.insert_many(recs).unwrap();
+    drop(db);
+    let rt = Runtime::open(path).unwrap();
+    rt.set_fallback_check(false);
+    rt
+}
+
+#[test]
+fn the_policy_picks_the_element_type_from_stored_accuracy_and_speed() {
+    let dir = tempfile::tempdir().unwrap();
+    let w: Workload = "gemm:48x64x96".parse().unwrap();
+    let i8w = w.with_dtype(DType::I8);
+    let rt = db_with(
+        &dir.path().join("t.db"),
+        &[record(&w, 2e-5, Some(1e-7)), record(&i8w, 1e-5, Some(4e-3))],
+    );
+    // f32 only until told otherwise.
+    assert_eq!(rt.precision(), PrecisionPolicy::exact());
+    assert_eq!(rt.serve_as(&w), w);
+    rt.set_precision("int8".parse().unwrap());
+    assert_eq!(rt.serve_as(&w), i8w);
+    rt.set_precision(PrecisionPolicy::only(DType::I8).with_max_rel_err(1e-3));
+    assert_eq!(rt.serve_as(&w), w, "4e-3 is over the budget");
+    rt.set_precision(PrecisionPolicy::only(DType::I8).with_max_rel_err(5e-3));
+    assert_eq!(rt.serve_as(&w), i8w);
+    // auto: the faster measured record within the default budget.
+    rt.set_precision(PrecisionPolicy::auto());
+    assert_eq!(rt.serve_as(&w), i8w);
+    rt.set_precision(PrecisionPolicy::auto().with_max_rel_err(1e-3));
+    assert_eq!(rt.serve_as(&w), w);
+    // Workloads of an explicit element type are served as they are; bf16 is not tuned here.
+    assert_eq!(rt.serve_as(&i8w), i8w);
+    rt.set_precision(PrecisionPolicy::only(DType::Bf16).with_max_rel_err(1.0));
+    assert_eq!(
+        rt.serve_as(&w),
+        w,
+        "no bf16 record: nothing measured to fit the budget"
+    );
+    // An untuned shape: int8 without a budget serves the family default, with one f32.
+    let other: Workload = "gemm:5x7x9".parse().unwrap();
+    rt.set_precision("int8".parse().unwrap());
+    assert_eq!(rt.serve_as(&other), other.with_dtype(DType::I8));
+    rt.set_precision(PrecisionPolicy::only(DType::I8).with_max_rel_err(1.0));
+    assert_eq!(rt.serve_as(&other), other);
+}
+
+#[test]
+fn auto_keeps_f32_when_it_was_measured_faster() {
+    let dir = tempfile::tempdir().unwrap();
+    let w: Workload = "gemm:48x64x96".parse().unwrap();
+    let i8w = w.with_dtype(DType::I8);
+    let rt = db_with(
+        &dir.path().join("t.db"),
+        &[record(&w, 1e-5, Some(1e-7)), record(&i8w, 3e-5, Some(1e-3))],
+    );
+    rt.set_precision(PrecisionPolicy::auto());
+    assert_eq!(rt.serve_as(&w), w);
+}
+
+#[test]
+fn calls_served_in_int8_compute_what_int8_computes_and_packed_weights_follow_the_policy() {
+    let rt = Runtime::defaults_only();
+    rt.set_precision("int8".parse().unwrap());
+    let (m, n, k) = (13, 40, 33);
+    let w = Workload::gemm_bias_act(m, n, k, Act::Gelu).unwrap();
+    let p = Problem::random(&w, 3);
+    let (a, b, bias) = (&p.inputs[0], &p.inputs[1], &p.inputs[2]);
+    // Unpacked: the same bits as the int8 family's default on its own.
+    let mut got = vec![0f32; m * n];
+    assert_eq!(
+        rt.gemm_bias_act(m, n, k, Act::Gelu, a, b, bias, &mut got)
+            .unwrap(),
+        Level::Default
+    );
+    let i8w = w.with_dtype(DType::I8);
+    let (fam, c) = default_for(&i8w, HardwareFingerprint::current()).unwrap();
+    let mut want = vec![0f32; m * n];
+    fam.prepare(&i8w, &c)
+        .unwrap()
+        .run_f32(&[a, b, bias], &mut want)
+        .unwrap();
+    assert!(got == want);
+    // Within int8's bound of the f32 problem.
+    let pi = Problem::random(&i8w, 3);
+    assert_eq!(pi.inputs, p.inputs);
+    pi.check(&got, &pi.reference()).unwrap();
+    // Packed for M = 13 and 1: prepared once in int8, same bits.
+    let packed = rt.pack_weight_for(n, k, Act::Gelu, b, &[m, 1]).unwrap();
+    assert_eq!(packed.dtypes(), vec![DType::I8]);
+    let mut got2 = vec![0f32; m * n];
+    rt.gemm_bias_act_packed(&packed, a, bias, &mut got2)
+        .unwrap();
+    assert!(got2 == want);
+    // f32 again: a new packing serves f32.
+    rt.set_precision(PrecisionPolicy::exact());
+    let packed = rt.pack_weight_for(n, k, Act::Gelu, b, &[m]).unwrap();
+    assert_eq!(packed.dtypes(), vec![DType::F32]);
+    rt.gemm_bias_act_packed(&packed, a, bias, &mut got2)
+        .unwrap();
+    p.check(&got2, &p.reference()).unwrap();
+}
