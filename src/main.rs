@@ -77,6 +77,33 @@ impl ThreadsArg {
     }
 }
 
+/// The runtime's precision policy, for the commands that serve calls through it.
+#[derive(Args, Debug, Clone)]
+pub struct PrecisionArg {
+    /// Element type f32 calls are served in: `f32` (the default), `bf16`, `int8`, or `auto`
+    /// (per workload, the fastest record measured on its shape within the error budget).
+    #[arg(long, value_name = "P", default_value = "f32")]
+    pub precision: String,
+    /// Error budget: a reduced-precision record is served only if its stored max relative
+    /// error against the f32 problem is at most E (`auto` defaults to 1e-2).
+    #[arg(long, value_name = "E")]
+    pub max_rel_err: Option<f64>,
+}
+
+impl PrecisionArg {
+    /// The policy these options name.
+    pub fn policy(&self) -> anyhow::Result<runtime::PrecisionPolicy> {
+        let p: runtime::PrecisionPolicy = self.precision.parse()?;
+        Ok(match self.max_rel_err {
+            Some(e) if !(e.is_finite() && e >= 0.0) => {
+                anyhow::bail!("--max-rel-err must be a finite number ≥ 0, not {e}")
+            }
+            Some(e) => p.with_max_rel_err(e),
+            None => p,
+        })
+    }
+}
+
 fn main() -> ExitCode {
     restore_sigpipe();
     let cli = Cli::parse();

@@ -102,6 +102,17 @@ const char *autokernel_last_error(void);
 // that is not one. A static string: never freed.
 const char *autokernel_status_name(int status);
 
+// Sets the precision policy of later calls: which element type an f32 call may be served
+// in. `precision`: NULL, `""` or `"f32"` (f32 only, the default), `"bf16"`, `"int8"` (that
+// type wherever a kernel family serves it), or `"auto"` (per workload, the fastest record
+// measured on its shape). `max_rel_err` ≥ 0: a reduced-precision record is served only if
+// its stored max relative error against the f32 problem is at most this (`auto` uses 1e-2
+// when it is negative); negative: no budget. A weight packed before keeps its plans.
+//
+// # Safety
+// `rt` is NULL or a live runtime; `precision` is NULL or a NUL-terminated string.
+int autokernel_runtime_set_precision(const struct AutokernelRuntime *rt, const char *precision, double max_rel_err);
+
 // Opens a runtime on the tuning database at `db_path` (read-only) and stores it in `*out`.
 //
 // `db_path` NULL: no database, every call runs its kernel default. A database that cannot
@@ -113,8 +124,8 @@ const char *autokernel_status_name(int status);
 // T > 0 gives this runtime its own pool of T threads and serves the records tuned at T
 // threads (`autokernel tune --threads T`). More than the CPUs available is refused.
 //
-// `precision`: NULL, `""` or `"f32"`. (`"bf16"`, `"int8"` and `"auto"` are
-// AUTOKERNEL_UNSUPPORTED until the runtime has precision policies.)
+// `precision`: NULL, `""` or `"f32"` (the default), `"bf16"`, `"int8"` or `"auto"`, with
+// no error budget (see `autokernel_runtime_set_precision` to give one).
 //
 // On failure `*out` is NULL.
 //

@@ -56,17 +56,46 @@ impl AutokernelRuntime {
     }
 }
 
-/// Sets the precision policy named by `text` (NULL or `""`: the default, f32).
-fn set_precision(_rt: &Runtime, text: Option<&str>) -> Result<(), CapiError> {
-    match text.unwrap_or("").trim() {
-        "" | "f32" => Ok(()),
-        p @ ("bf16" | "int8" | "auto") => Err(CapiError::unsupported(format!(
-            "precision '{p}': this build serves f32 only (no precision policies yet)"
-        ))),
-        p => Err(CapiError::invalid(format!(
-            "unknown precision '{p}' (known: f32, bf16, int8, auto)"
-        ))),
+/// Sets the precision policy named by `text` (NULL or `""`: the default, f32), with the
+/// error budget `max_rel_err` (negative or NaN: none).
+fn set_precision(rt: &Runtime, text: Option<&str>, max_rel_err: f64) -> Result<(), CapiError> {
+    let text = match text.unwrap_or("").trim() {
+        "" => "f32",
+        t => t,
+    };
+    let mut policy: runtime::PrecisionPolicy = text
+        .parse()
+        .map_err(|e: runtime::UnknownPrecision| CapiError::invalid(e.to_string()))?;
+    if max_rel_err >= 0.0 && max_rel_err.is_finite() {
+        policy = policy.with_max_rel_err(max_rel_err);
+    } else if max_rel_err.is_infinite() && max_rel_err > 0.0 {
+        return Err(CapiError::invalid("max_rel_err must be finite".to_string()));
     }
+    rt.set_precision(policy);
+    Ok(())
+}
+
+/// Sets the precision policy of later calls: which element type an f32 call may be served
+/// in. `precision`: NULL, `""` or `"f32"` (f32 only, the default), `"bf16"`, `"int8"` (that
+/// type wherever a kernel family serves it), or `"auto"` (per workload, the fastest record
+/// measured on its shape). `max_rel_err` ≥ 0: a reduced-precision record is served only if
+/// its stored max relative error against the f32 problem is at most this (`auto` uses 1e-2
+/// when it is negative); negative: no budget. A weight packed before keeps its plans.
+///
+/// # Safety
+/// `rt` is NULL or a live runtime; `precision` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn autokernel_runtime_set_precision(
+    rt: *const AutokernelRuntime,
+    precision: *const c_char,
+    max_rel_err: f64,
+) -> c_int {
+    guard(|| {
+        // SAFETY (this block): the caller's contract.
+        let h = unsafe { args::handle("rt", rt)? };
+        let text = unsafe { args::optional_string("precision", precision)? };
+        set_precision(&h.rt, text, max_rel_err)
+    })
 }
 
 /// Opens a runtime on the tuning database at `db_path` (read-only) and stores it in `*out`.
@@ -80,8 +109,8 @@ fn set_precision(_rt: &Runtime, text: Option<&str>) -> Result<(), CapiError> {
 /// T > 0 gives this runtime its own pool of T threads and serves the records tuned at T
 /// threads (`autokernel tune --threads T`). More than the CPUs available is refused.
 ///
-/// `precision`: NULL, `""` or `"f32"`. (`"bf16"`, `"int8"` and `"auto"` are
-/// AUTOKERNEL_UNSUPPORTED until the runtime has precision policies.)
+/// `precision`: NULL, `""` or `"f32"` (the default), `"bf16"`, `"int8"` or `"auto"`, with
+/// no error budget (see `autokernel_runtime_set_precision` to give one).
 ///
 /// On failure `*out` is NULL.
 ///
@@ -100,7 +129,7 @@ pub unsafe extern "C" fn autokernel_runtime_open(
         let path = unsafe { args::optional_string("db_path", db_path)? };
         let precision = unsafe { args::optional_string("precision", precision)? };
         let handle = AutokernelRuntime::open(path, threads)?;
-        set_precision(&handle.rt, precision)?;
+        set_precision(&handle.rt, precision, -1.0)?;
         *out = Box::into_raw(Box::new(handle));
         Ok(())
     })

@@ -423,6 +423,33 @@ fn threads_and_precision_are_checked() {
         let st = autokernel_runtime_open(null(), 0, c"f32".as_ptr(), null_mut());
         expect(st, AUTOKERNEL_INVALID_ARGUMENT, "out is NULL");
     }
+    // Every policy name opens; int8 serves an f32 GEMM in int8 (its default here).
+    for p in [c"bf16", c"int8", c"auto", c""] {
+        let rt = open(None, 0, Some(p));
+        // SAFETY: a live runtime.
+        unsafe { autokernel_runtime_free(rt) };
+    }
+    let rt = open(None, 0, Some(c"int8"));
+    let mut json = null_mut();
+    // SAFETY: a live runtime, valid strings, a writable out-pointer.
+    unsafe {
+        let st = autokernel_runtime_lookup(rt, c"gemm:8x8x8".as_ptr(), &mut json);
+        expect(st, AUTOKERNEL_OK, "");
+        let j: serde_json::Value = serde_json::from_str(&take(json).unwrap()).unwrap();
+        assert_eq!(j["served_as"], "gemm:8x8x8:i8");
+        // A budget no default can meet (nothing measured): f32 again.
+        let st = autokernel_runtime_set_precision(rt, c"int8".as_ptr(), 1e-3);
+        expect(st, AUTOKERNEL_OK, "");
+        let st = autokernel_runtime_lookup(rt, c"gemm:8x8x8".as_ptr(), &mut json);
+        expect(st, AUTOKERNEL_OK, "");
+        let j: serde_json::Value = serde_json::from_str(&take(json).unwrap()).unwrap();
+        assert_eq!(j["served_as"], "gemm:8x8x8");
+        let st = autokernel_runtime_set_precision(rt, c"int4".as_ptr(), -1.0);
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "unknown precision 'int4'");
+        let st = autokernel_runtime_set_precision(null(), c"int8".as_ptr(), -1.0);
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "rt");
+        autokernel_runtime_free(rt);
+    }
     // A runtime of one thread serves this machine's one-thread fingerprint.
     let rt = open(None, 1, Some(c"f32"));
     let mut json = null_mut();

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceKind;
 
-/// The ISA flags that change code generation, in the order they are reported.
+/// The ISA flags that change code generation, in the order they are reported (then the
+/// AMX flags the OS granted, [`crate::amx`]; machines without AMX keep their ids).
 #[cfg(target_arch = "x86_64")]
 const ISA_FLAGS: &[&str] = &[
     "sse4.2",
@@ -116,6 +117,15 @@ impl HardwareFingerprint {
     pub fn with_cores(&self, threads: usize) -> HardwareFingerprint {
         let mut fp = self.clone();
         fp.cores = threads;
+        fp.id = fp.compute_id();
+        fp
+    }
+
+    /// The same machine without the AMX flags ([`crate::amx`]): what it is where the OS
+    /// refuses the tile state.
+    pub fn without_amx(&self) -> HardwareFingerprint {
+        let mut fp = self.clone();
+        fp.isa.retain(|f| !f.starts_with("amx"));
         fp.id = fp.compute_id();
         fp
     }
@@ -257,6 +267,7 @@ pub(crate) fn cpu_isa_flags() -> Vec<String> {
             "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
             _ => false,
         })
+        .chain(crate::amx::state().flags.iter())
         .map(|f| f.to_string())
         .collect()
 }

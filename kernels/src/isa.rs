@@ -61,7 +61,7 @@ impl Isa {
     /// reported ([`crate::hardware`]'s detection), so a capped process has its own
     /// fingerprint and never serves, or is served, records of the uncapped machine.
     pub fn of_flag(flag: &str) -> Isa {
-        if flag.starts_with("avx512") {
+        if flag.starts_with("avx512") || flag.starts_with("amx") {
             Isa::Avx512
         } else if matches!(flag, "avx" | "avx2" | "fma" | "f16c") {
             Isa::Avx2
@@ -215,7 +215,13 @@ mod tests {
             Isa::of_flags(&flags(&["avx512f", "avx2", "fma"])),
             Isa::Avx512
         );
-        for f in ["avx512vnni", "avx512bf16", "avx512f"] {
+        for f in [
+            "avx512vnni",
+            "avx512bf16",
+            "avx512f",
+            "amx_tile",
+            "amx_int8",
+        ] {
             assert_eq!(Isa::of_flag(f), Isa::Avx512);
         }
         for f in ["avx", "avx2", "fma", "f16c"] {

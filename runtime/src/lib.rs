@@ -535,7 +535,7 @@ impl Runtime {
 
     /// The choice for `w` without counting or logging a lookup (the precision policy's
     /// look at the candidates); `None` when no family serves `w` here.
-    fn peek(&self, w: &Workload) -> Option<Arc<Choice>> {
+    pub(crate) fn peek(&self, w: &Workload) -> Option<Arc<Choice>> {
         let key = Key::of(w);
         if let Some(c) = key.and_then(|k| self.hit(k, |c, _| c.clone())) {
             return Some(c);

@@ -28,8 +28,12 @@ pub fn run(args: HwArgs) -> anyhow::Result<ExitCode> {
             .map(|i| i.name())
             .collect();
         v["simd_levels"] = levels.into();
+        v["amx_refused"] = kernels::amx::state().refused.clone().into();
         super::print_json(&v)?;
     } else {
+        if let Some(why) = &kernels::amx::state().refused {
+            eprintln!("note: {why}");
+        }
         println!("fingerprint {}", fp.id);
         println!(
             "  cpu      {} ({}, family {} model {} stepping {})",

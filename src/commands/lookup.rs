@@ -17,6 +17,8 @@ pub struct LookupArgs {
     threads: crate::ThreadsArg,
     #[command(flatten)]
     device: super::device::DeviceArg,
+    #[command(flatten)]
+    precision: crate::PrecisionArg,
     /// Machine-readable output: one JSON object per workload.
     #[arg(long)]
     json: bool,
@@ -27,14 +29,23 @@ pub fn run(args: LookupArgs) -> anyhow::Result<ExitCode> {
     super::require_db(&args.db.db)?;
     let gpu = args.device.open()?;
     args.threads.apply()?;
+    let policy = args.precision.policy()?;
     let rt = super::device::runtime(&args.db.db, gpu.as_ref())?;
+    rt.set_precision(policy);
     let device = super::device::name(gpu.as_ref());
     for w in &workloads {
-        let choice = rt.lookup(w)?;
+        // What an f32 call of `w` is served as under the policy (`w` itself by default).
+        let served = rt.serve_as(w);
+        let choice = rt.lookup(&served)?;
         if args.json {
-            super::print_json(&choice.to_json(w, &rt, &device))?;
+            super::print_json(&choice.to_json(&served, &rt, &device))?;
         } else {
-            println!("{w}: {}", describe(&choice, rt.fingerprint()));
+            let via = if served == *w {
+                String::new()
+            } else {
+                format!(" served as {served} ({policy}):")
+            };
+            println!("{w}:{via} {}", describe(&choice, rt.fingerprint()));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -55,8 +66,15 @@ pub fn describe(c: &Choice, hw: &kernels::HardwareFingerprint) -> String {
         }
         _ => String::new(),
     };
+    let err = c
+        .source
+        .as_ref()
+        .and_then(|s| s.accuracy)
+        .map_or(String::new(), |a| {
+            format!(", max rel err {:.1e} vs f32", a.max_rel_err)
+        });
     format!(
-        "{} {} {}{from} [fingerprint {}]",
+        "{} {} {}{from}{err} [fingerprint {}]",
         c.level,
         c.kernel.name(),
         c.config,

@@ -20,6 +20,8 @@ pub struct RunArgs {
     threads: crate::ThreadsArg,
     #[command(flatten)]
     device: super::device::DeviceArg,
+    #[command(flatten)]
+    precision: crate::PrecisionArg,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -30,7 +32,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     super::require_db(&args.db.db)?;
     let gpu = args.device.open()?;
     args.threads.apply()?;
+    let policy = args.precision.policy()?;
     let rt = super::device::runtime(&args.db.db, gpu.as_ref())?;
+    rt.set_precision(policy);
+    // The workload as the runtime serves an f32 call of it under the policy.
+    let w = rt.serve_as(&w);
     let choice = rt.choose(&w)?;
     // The chosen config verified against the reference, then timed by the thorough protocol,
     // by the device's evaluator (on a GPU: CUDA events with an L2 flush).

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use kernels::{HardwareFingerprint, Kernel, Workload};
+use kernels::{DType, HardwareFingerprint, Kernel, Workload};
 use runner::{Evaluator, Isolated, WorkerSpec};
 use search::{tune_with, Event, StrategyKind, TuneOptions, TuneSummary, INITIAL_TIMEOUT};
 use serde_json::json;
@@ -47,6 +47,16 @@ pub struct TuneArgs {
     /// Sequence lengths for --model, comma-separated.
     #[arg(long, value_name = "S,..", requires = "model", value_parser = super::infer::positive_list)]
     seq: Option<super::infer::PositiveList>,
+    /// Element types to tune each f32 workload in, comma-separated: `f32`, `bf16`, `int8`
+    /// (or `auto` for all three). A workload written with a type suffix (`:i8`) is tuned in
+    /// that type only; types no family serves for a workload on this device are skipped, with
+    /// a note.
+    #[arg(long, value_name = "P,..", default_value = "f32")]
+    precision: String,
+    /// With several --precision: the error budget of the closing summary, which shows the
+    /// element type the runtime's `auto` policy will serve each shape in (default 1e-2).
+    #[arg(long, value_name = "E")]
+    max_rel_err: Option<f64>,
     #[command(flatten)]
     db: crate::DbArg,
     /// Distinct configs to have tried per workload (trials already in the database count,
@@ -134,7 +144,13 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
             }
             names
         };
-    let workloads = super::parse_workloads(&names)?;
+    let dtypes = precisions(&args.precision)?;
+    let workloads = with_precisions(
+        super::parse_workloads(&names)?,
+        &dtypes,
+        args.device.device.kind(),
+        args.json,
+    );
     let (workloads, db_path) = shard_plan(&args, workloads)?;
     if args.dry_run {
         return Ok(ExitCode::SUCCESS);
@@ -226,7 +242,104 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         })?;
         report(&db, &summary, hw, &opts, args.json)?;
     }
+    if dtypes.len() > 1 && !args.json && gpu.is_none() {
+        precision_summary(&db_path, hw, &workloads, args.max_rel_err)?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The element types of `--precision`.
+fn precisions(list: &str) -> anyhow::Result<Vec<DType>> {
+    let mut out = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let add: &[DType] = match name.to_ascii_lowercase().as_str() {
+            "f32" => &[DType::F32],
+            "bf16" => &[DType::Bf16],
+            "int8" | "i8" => &[DType::I8],
+            "auto" => &[DType::F32, DType::Bf16, DType::I8],
+            _ => bail!("--precision: unknown precision '{name}' (known: f32, bf16, int8, auto)"),
+        };
+        for d in add {
+            if !out.contains(d) {
+                out.push(*d);
+            }
+        }
+    }
+    if out.is_empty() {
+        bail!("--precision needs at least one of f32, bf16, int8");
+    }
+    Ok(out)
+}
+
+/// Each f32 workload once per element type of `dtypes` that some family serves on
+/// `device` (the others noted, unless `quiet`); workloads with a type suffix as they are.
+fn with_precisions(
+    workloads: Vec<Workload>,
+    dtypes: &[DType],
+    device: kernels::DeviceKind,
+    quiet: bool,
+) -> Vec<Workload> {
+    let mut out: Vec<Workload> = Vec::new();
+    for w in workloads {
+        let each: Vec<Workload> = if w.dtype() == DType::F32 {
+            dtypes.iter().map(|&d| w.with_dtype(d)).collect()
+        } else {
+            vec![w]
+        };
+        for wd in each {
+            if wd.dtype() != DType::F32 && kernels::registry::check_runs_on(&wd, device).is_err() {
+                if !quiet {
+                    eprintln!("note: no kernel family runs {wd} on this device; skipped");
+                }
+            } else if !out.contains(&wd) {
+                out.push(wd);
+            }
+        }
+    }
+    out
+}
+
+/// Per shape tuned in several element types: each type's best time and stored error, and
+/// the type the runtime's `auto` policy serves it in under `max_rel_err`.
+fn precision_summary(
+    db_path: &std::path::Path,
+    hw: &kernels::HardwareFingerprint,
+    workloads: &[Workload],
+    max_rel_err: Option<f64>,
+) -> anyhow::Result<()> {
+    let mut policy = runtime::PrecisionPolicy::auto();
+    if let Some(e) = max_rel_err {
+        policy = policy.with_max_rel_err(e);
+    }
+    let rt = runtime::Runtime::open_for(db_path, hw.clone())?;
+    rt.set_precision(policy);
+    let db = TuningDb::open_read_only(db_path)?;
+    let mut shapes: Vec<Workload> = Vec::new();
+    for w in workloads.iter().map(|w| w.with_dtype(DType::F32)) {
+        if !shapes.contains(&w) {
+            shapes.push(w);
+        }
+    }
+    eprintln!("precision summary ({policy}):");
+    for w in shapes {
+        let cells: Vec<String> = [DType::F32, DType::Bf16, DType::I8]
+            .iter()
+            .filter_map(|&d| db.best(&hw.id, &w.with_dtype(d)).ok().flatten())
+            .map(|r| {
+                let err = r
+                    .accuracy
+                    .map_or(String::new(), |a| format!(" (err {:.1e})", a.max_rel_err));
+                let ms = r.median_s().unwrap_or(f64::NAN) * 1e3;
+                format!("{} {ms:.3} ms{err}", r.workload.dtype())
+            })
+            .collect();
+        eprintln!(
+            "  {w}: {} -> serves {}",
+            cells.join(" | "),
+            rt.serve_as(&w).dtype()
+        );
+    }
+    Ok(())
 }
 
 /// The registered families of `hw`'s kind of device named by `--kernel` (all of them when

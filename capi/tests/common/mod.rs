@@ -55,24 +55,31 @@ pub fn tuned_db(path: &Path, workloads: &[&str], pick: usize) -> Vec<(String, Co
     configs
 }
 
-/// The directory holding libautokernel.so and libautokernel.a: the profile directory this
-/// test binary was built in (`target/<profile>/deps/<test>` → `target/<profile>`), so it
-/// follows `CARGO_TARGET_DIR` and the profile.
+/// The directory holding libautokernel.so and libautokernel.a: where `cargo test` writes
+/// them, beside this test binary (`target/<profile>/deps`), or the profile directory that
+/// `cargo build` copies them to; so it follows `CARGO_TARGET_DIR` and the profile.
 pub fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>")
-        .to_path_buf();
-    for lib in ["libautokernel.so", "libautokernel.a"] {
-        assert!(
-            dir.join(lib).is_file(),
-            "{} is missing: build the crate (cargo build -p autokernel_capi)",
-            dir.join(lib).display()
-        );
-    }
-    dir
+    let deps = exe.parent().expect("target/<profile>/deps").to_path_buf();
+    let has_both = |d: &Path| {
+        ["libautokernel.so", "libautokernel.a"]
+            .iter()
+            .all(|l| d.join(l).is_file())
+    };
+    let candidates = [
+        deps.clone(),
+        deps.parent().map(Path::to_path_buf).unwrap_or_default(),
+    ];
+    candidates
+        .into_iter()
+        .find(|d| has_both(d))
+        .unwrap_or_else(|| {
+            panic!(
+                "libautokernel.so / .a are missing from {} and its parent: build the crate \
+                 (cargo build -p autokernel_capi)",
+                deps.display()
+            )
+        })
 }
 
 /// The capi crate's directory (examples/, include/).

@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""BERT-base in f32, bf16 and int8: autokernel against PyTorch and ONNX Runtime, the same
+weights, threads and batch/seq grid, interleaved rounds. Never used by tests or CI.
+
+    scripts/bench-bert-precision.py --autokernel target/release/autokernel --db bert.db \\
+        [--model-dir target/bert-base-ckpt] [--batch 1,8] [--seq 128] [--threads 2] \\
+        [--rounds 3] [--iters 10] [--precisions f32,int8,bf16,auto] [--out DIR]
+
+1. Makes (once) a Hugging Face BERT-base directory: random weights from a seed,
+   `hidden_act="gelu"` (exact erf, as published checkpoints), saved by `save_pretrained`;
+   exports it to ONNX (f32) and quantises that with `onnxruntime.quantization.quantize_dynamic`
+   (int8, ORT's default per-tensor weights, as users run it).
+2. Per round, per (batch, seq): our `autokernel infer --model DIR --precision P --json` for
+   each P; PyTorch f32, `autocast(bfloat16)` and `quantize_dynamic` int8 (nn.Linear); ORT f32
+   and int8. Every stack runs the same random token ids (seeded).
+3. Accuracy: each PyTorch/ORT stack's cosine similarity and max |err| of `last_hidden_state`
+   against PyTorch f32; ours as `infer` reports it against our f32 model (`cosine_vs_f32`,
+   `max_abs_err_vs_f32`; our f32 matches transformers within 1e-4, tests/infer_cli.rs).
+4. Writes DIR/bert_precision.{md,json,jsonl} with the command, date, machine and load.
+
+Needs torch, transformers, onnx, onnxscript, onnxruntime (pip).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+
+def pct(samples, q):
+    s = sorted(samples)
+    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
+
+
+def cosine(a, b):
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def make_model(dir_, seed):
+    import torch
+    from transformers import BertConfig, BertModel
+
+    if os.path.exists(os.path.join(dir_, "model.safetensors")):
+        return
+    torch.manual_seed(seed)
+    config = BertConfig(hidden_act="gelu", attn_implementation="sdpa")
+    model = BertModel(config, add_pooling_layer=False).eval()
+    model.save_pretrained(dir_)
+
+
+def load_torch(dir_):
+    from transformers import BertModel
+
+    return BertModel.from_pretrained(dir_, attn_implementation="sdpa").eval()
+
+
+def onnx_models(dir_, model):
+    import torch
+
+    f32 = os.path.join(dir_, "bert.onnx")
+    i8 = os.path.join(dir_, "bert.int8.onnx")
+    if not os.path.exists(f32):
+        ids = torch.ones(1, 128, dtype=torch.long)
+        mask = torch.ones(1, 128, dtype=torch.long)
+        torch.onnx.export(
+            model,
+            (ids, mask),
+            f32,
+            input_names=["input_ids", "attention_mask"],
+            output_names=["last_hidden_state"],
+            dynamic_axes={"input_ids": {0: "b", 1: "s"}, "attention_mask": {0: "b", 1: "s"},
+                          "last_hidden_state": {0: "b", 1: "s"}},
+            opset_version=17,
+            dynamo=False,
+        )
+    if not os.path.exists(i8):
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(f32, i8, weight_type=QuantType.QInt8)
+    return f32, i8
+
+
+def time_calls(fn, iters):
+    fn()  # warm-up
+    out = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def peers(args, model, onnx_paths, b, s):
+    """Times and checks the PyTorch and ORT stacks on one (batch, seq)."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * b + s)
+    ids = torch.randint(0, model.config.vocab_size, (b, s), generator=g)
+    mask = torch.ones(b, s, dtype=torch.long)
+    rows = {}
+    with torch.inference_mode():
+        ref = model(input_ids=ids, attention_mask=mask).last_hidden_state.float().numpy()
+
+        def run_f32():
+            return model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+        def run_bf16():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+        q = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+        def run_i8():
+            return q(input_ids=ids, attention_mask=mask).last_hidden_state
+
+        for name, fn in [("torch f32", run_f32), ("torch bf16 autocast", run_bf16),
+                         ("torch int8 dynamic", run_i8)]:
+            out = fn().float().numpy()
+            rows[name] = (time_calls(fn, args.iters), out)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = args.threads
+    opts.inter_op_num_threads = 1
+    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    for name, path in [("onnxruntime f32", onnx_paths[0]), ("onnxruntime int8", onnx_paths[1])]:
+        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        fn = lambda: sess.run(["last_hidden_state"], feeds)[0]  # noqa: E731
+        rows[name] = (time_calls(fn, args.iters), np.asarray(fn()))
+    result = []
+    for name, (times, out) in rows.items():
+        result.append({
+            "impl": name, "batch": b, "seq": s,
+            "p50_ms": 1e3 * pct(times, 0.5), "p90_ms": 1e3 * pct(times, 0.9),
+            "seqs_per_s": b / pct(times, 0.5),
+            "cosine_vs_torch_f32": cosine(out, ref),
+            "max_abs_err_vs_torch_f32": float(np.max(np.abs(out - ref))),
+        })
+    return result
+
+
+def ours(args, precision, b, s):
+    cmd = [args.autokernel, "infer", "--model", args.model_dir, "--db", args.db,
+           "--batch", str(b), "--seq", str(s), "--threads", str(args.threads),
+           "--iters", str(args.iters), "--precision", precision, "--check", "none", "--json"]
+    if args.max_rel_err is not None:
+        cmd += ["--max-rel-err", str(args.max_rel_err)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    row = json.loads(out.strip().splitlines()[-1])
+    return {
+        "impl": f"autokernel {precision}", "batch": b, "seq": s,
+        "p50_ms": row["p50_ms"], "p90_ms": row.get("p90_ms"),
+        "seqs_per_s": row["seqs_per_s"],
+        "cosine_vs_f32": row.get("cosine_vs_f32"),
+        "max_abs_err_vs_f32": row.get("max_abs_err_vs_f32"),
+        "calls": row.get("calls"), "calls_by_precision": row.get("calls_by_precision"),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--autokernel", default="target/release/autokernel")
+    ap.add_argument("--db", default="target/bert.db")
+    ap.add_argument("--model-dir", default="target/bert-base-ckpt")
+    ap.add_argument("--batch", default="1,8")
+    ap.add_argument("--seq", default="128")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--precisions", default="f32,int8,bf16,auto")
+    ap.add_argument("--max-rel-err", type=float, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="default bench_results/<fingerprint>")
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    os.makedirs(args.model_dir, exist_ok=True)
+    make_model(args.model_dir, args.seed)
+    model = load_torch(args.model_dir)
+    onnx_paths = onnx_models(args.model_dir, model)
+    hw = json.loads(subprocess.run([args.autokernel, "hw", "--json", "--threads", str(args.threads)],
+                                   check=True, capture_output=True, text=True).stdout)
+    out_dir = args.out or os.path.join("bench_results", hw["id"].split()[0] if False else
+                                       json.loads(subprocess.run([args.autokernel, "hw", "--json"], check=True,
+                                                                 capture_output=True, text=True).stdout)["id"])
+    os.makedirs(out_dir, exist_ok=True)
+    shapes = [(int(b), int(s)) for b in args.batch.split(",") for s in args.seq.split(",")]
+    precisions = [p for p in args.precisions.split(",") if p]
+    rows = []
+    for r in range(args.rounds):
+        for b, s in shapes:
+            for p in precisions:
+                row = ours(args, p, b, s)
+                row["round"] = r
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            for row in peers(args, model, onnx_paths, b, s):
+                row["round"] = r
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    write_report(args, hw, out_dir, rows, shapes)
+
+
+def write_report(args, hw, out_dir, rows, shapes):
+    meta = {
+        "command": " ".join(sys.argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{hw['brand']} ({hw['vendor']} family {hw['family']} model {hw['model']}), "
+                   f"isa {' '.join(hw['isa'])}, fingerprint {hw['id']}",
+        "threads": args.threads,
+        "loadavg": os.getloadavg(),
+        "python": platform.python_version(),
+    }
+    with open(os.path.join(out_dir, "bert_precision.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    summary = []
+    lines = [f"# BERT-base, f32 / bf16 / int8: autokernel vs PyTorch vs ONNX Runtime", "",
+             f"- command: `{meta['command']}`", f"- date: {meta['date']}",
+             f"- machine: {meta['machine']}", f"- threads: {args.threads}; load average at the end "
+             f"{meta['loadavg'][0]:.2f}", f"- {args.rounds} interleaved rounds × {args.iters} "
+             "timed forward passes; p50 per round, the median of those below; ratios are "
+             "medians of per-round ratios", "- weights: one random BERT-base (hidden_act gelu, "
+             "exact erf) saved by save_pretrained; ours loads that directory", ""]
+    for b, s in shapes:
+        lines += [f"## batch {b} × seq {s}", "",
+                  "| implementation | p50 ms | seq/s | vs ORT int8 | vs torch bf16 | vs ORT f32 | cosine vs f32 | max abs err vs f32 |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        def per_round(impl):
+            return {r["round"]: r for r in rows if r["impl"] == impl and r["batch"] == b and r["seq"] == s}
+        for impl in impls:
+            mine = per_round(impl)
+            if not mine:
+                continue
+            p50 = statistics.median(r["p50_ms"] for r in mine.values())
+            def ratio(peer):
+                other = per_round(peer)
+                rs = [other[k]["p50_ms"] / mine[k]["p50_ms"] for k in mine if k in other]
+                return f"{statistics.median(rs):.2f}×" if rs else "—"
+            any_row = next(iter(mine.values()))
+            cos = any_row.get("cosine_vs_torch_f32", any_row.get("cosine_vs_f32"))
+            err = any_row.get("max_abs_err_vs_torch_f32", any_row.get("max_abs_err_vs_f32"))
+            fmt = lambda x, f: ("—" if x is None else format(x, f))  # noqa: E731
+            lines.append(f"| {impl} | {p50:.1f} | {b * 1e3 / p50:.1f} | {ratio('onnxruntime int8')} | "
+                         f"{ratio('torch bf16 autocast')} | {ratio('onnxruntime f32')} | "
+                         f"{fmt(cos, '.6f')} | {fmt(err, '.2e')} |")
+            summary.append({"impl": impl, "batch": b, "seq": s, "p50_ms": p50, "cosine": cos,
+                            "max_abs_err": err})
+        lines.append("")
+    lines += ["Cosine / max abs err: PyTorch and ORT rows against PyTorch f32 on the same ids; "
+              "autokernel rows against autokernel f32 (which matches transformers within 1e-4: "
+              "tests/infer_cli.rs, tests/fixtures/tiny-bert).", ""]
+    with open(os.path.join(out_dir, "bert_precision.md"), "w") as f:
+        f.write("\n".join(lines))
+    with open(os.path.join(out_dir, "bert_precision.json"), "w") as f:
+        json.dump({"meta": meta, "summary": summary}, f, indent=1)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

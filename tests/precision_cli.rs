@@ -1,0 +1,103 @@
+//! `tune --precision` and the precision policy of `lookup` / `run`: the command-line contract
+//! of reduced precision as a tuned dimension. Nothing here depends on which type wins.
+
+mod common;
+use common::{autokernel, ok_json_lines, stderr};
+
+#[test]
+fn tune_in_several_precisions_then_serve_by_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("p.db");
+    let db = db.to_str().unwrap();
+    let w = "gemm:24x40x33";
+    let o = autokernel(&[
+        "tune",
+        "--workload",
+        w,
+        "--precision",
+        "f32,int8",
+        "--budget",
+        "3",
+        "--db",
+        db,
+        "--isolation",
+        "none",
+        "--json",
+    ]);
+    let lines = ok_json_lines(&o);
+    let keys: Vec<&str> = lines
+        .iter()
+        .map(|l| l["workload"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, [w, "gemm:24x40x33:i8"]);
+    for l in &lines {
+        let e = l["max_rel_err_vs_f32"]
+            .as_f64()
+            .expect("accuracy stored and reported");
+        assert!((0.0..0.05).contains(&e), "{l}");
+    }
+
+    let lookup = |args: &[&str]| {
+        let mut all = vec!["lookup", "--workload", w, "--db", db, "--json"];
+        all.extend_from_slice(args);
+        ok_json_lines(&autokernel(&all)).remove(0)
+    };
+    // The default policy serves f32 and reports every precision with its stored error.
+    let f = lookup(&[]);
+    assert_eq!(f["served_as"], w);
+    assert_eq!(f["workload"], w);
+    assert_eq!(f["precision"], "f32");
+    for d in ["f32", "i8"] {
+        assert_eq!(f["precisions"][d]["level"], "exact", "{f}");
+        assert!(f["precisions"][d]["median_s"].as_f64().unwrap() > 0.0);
+    }
+    let (ef, ei) = (
+        f["precisions"]["f32"]["rel_err"].as_f64().unwrap(),
+        f["precisions"]["i8"]["rel_err"].as_f64().unwrap(),
+    );
+    assert!(ef < 1e-5 && ei > ef, "int8 costs accuracy: {ef} vs {ei}");
+    assert_eq!(f["rel_err"].as_f64(), Some(ef));
+    // int8 asked for: served in int8, unless the budget is below its stored error.
+    let i = lookup(&["--precision", "int8"]);
+    assert_eq!(i["workload"], "gemm:24x40x33:i8");
+    assert_eq!(i["dtype"], "i8");
+    assert_eq!(i["kernel"], "gemm_i8");
+    let tight = format!("{:e}", ei / 2.0);
+    let t = lookup(&["--precision", "int8", "--max-rel-err", &tight]);
+    assert_eq!(t["workload"], w);
+    // auto: the faster of the two measured records, whichever it is here.
+    let a = lookup(&["--precision", "auto", "--max-rel-err", "0.05"]);
+    let faster = if f["precisions"]["i8"]["median_s"].as_f64()
+        < f["precisions"]["f32"]["median_s"].as_f64()
+    {
+        "gemm:24x40x33:i8"
+    } else {
+        w
+    };
+    assert_eq!(a["served_as"], faster);
+
+    // run serves through the same policy, verified against its reference.
+    let o = autokernel(&[
+        "run",
+        "--workload",
+        w,
+        "--db",
+        db,
+        "--precision",
+        "int8",
+        "--json",
+    ]);
+    let r = ok_json_lines(&o).remove(0);
+    assert_eq!(r["dtype"], "i8", "{r}");
+
+    // Bad names and budgets are one-line errors.
+    for bad in [
+        vec!["lookup", "--workload", w, "--db", db, "--precision", "fp8"],
+        vec!["lookup", "--workload", w, "--db", db, "--max-rel-err=-1"],
+        vec!["tune", "--workload", w, "--db", db, "--precision", "int4"],
+    ] {
+        let o = autokernel(&bad);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
+        assert_eq!(stderr(&o).trim().lines().count(), 1, "{}", stderr(&o));
+    }
+}
