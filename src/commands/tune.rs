@@ -281,13 +281,17 @@ fn with_precisions(
 ) -> Vec<Workload> {
     let mut out: Vec<Workload> = Vec::new();
     for w in workloads {
-        let each: Vec<Workload> = if w.dtype() == DType::F32 {
+        let expand = w.dtype() == DType::F32;
+        let each: Vec<Workload> = if expand {
             dtypes.iter().map(|&d| w.with_dtype(d)).collect()
         } else {
             vec![w]
         };
         for wd in each {
-            if wd.dtype() != DType::F32 && kernels::registry::check_runs_on(&wd, device).is_err() {
+            // Only the types added here are skipped; a suffix given by the caller is kept
+            // (and refused later with its reason if nothing runs it).
+            let added = expand && wd.dtype() != DType::F32;
+            if added && kernels::registry::check_runs_on(&wd, device).is_err() {
                 if !quiet {
                     eprintln!("note: no kernel family runs {wd} on this device; skipped");
                 }
