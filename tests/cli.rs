@@ -110,12 +110,12 @@ fn tune_lookup_run_round_trip() {
     assert_eq!(json_lines(&o)[0]["workload"], "gemm:24x20x16");
     let before = file_bytes(Path::new(db));
     for cmd in ["lookup", "run", "tune"] {
-        let o = autokernel(&[cmd, "--workload", "gemm:24x20x16:bf16", "--db", db]);
+        let o = autokernel(&[cmd, "--workload", "attention:1x2x8x4:bf16", "--db", db]);
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "{cmd}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{cmd}: {err}");
         assert!(
-            err.contains("gemm:24x20x16:bf16") && err.contains("bf16 workloads"),
+            err.contains("attention:1x2x8x4:bf16") && err.contains("bf16 workloads"),
             "{err}"
         );
     }
@@ -124,6 +124,23 @@ fn tune_lookup_run_round_trip() {
         before,
         "the database is untouched"
     );
+    // bf16 GEMM runs on the CPU, verified, and costs accuracy against the f32 problem.
+    let o = autokernel(&[
+        "run",
+        "--workload",
+        "gemm:3x40x33:bf16",
+        "--db",
+        db,
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = &json_lines(&o)[0];
+    assert_eq!(
+        (&r["kernel"], &r["dtype"]),
+        (&"gemm_bf16".into(), &"bf16".into())
+    );
+    let err = r["max_rel_err_vs_f32"].as_f64().unwrap();
+    assert!(err > 1e-5 && err < 1e-2, "{r}");
 
     // Never tuned: the nearest tuned shape lends its config if it is valid for this one.
     let o = autokernel(&["lookup", "--workload", "gemm:5x7x9", "--db", db, "--json"]);

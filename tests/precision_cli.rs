@@ -15,7 +15,7 @@ fn tune_in_several_precisions_then_serve_by_policy() {
         "--workload",
         w,
         "--precision",
-        "f32,int8",
+        "f32,int8,bf16",
         "--budget",
         "3",
         "--db",
@@ -29,7 +29,7 @@ fn tune_in_several_precisions_then_serve_by_policy() {
         .iter()
         .map(|l| l["workload"].as_str().unwrap())
         .collect();
-    assert_eq!(keys, [w, "gemm:24x40x33:i8"]);
+    assert_eq!(keys, [w, "gemm:24x40x33:i8", "gemm:24x40x33:bf16"]);
     for l in &lines {
         let e = l["max_rel_err_vs_f32"]
             .as_f64()
@@ -47,7 +47,7 @@ fn tune_in_several_precisions_then_serve_by_policy() {
     assert_eq!(f["served_as"], w);
     assert_eq!(f["workload"], w);
     assert_eq!(f["precision"], "f32");
-    for d in ["f32", "i8"] {
+    for d in ["f32", "i8", "bf16"] {
         assert_eq!(f["precisions"][d]["level"], "exact", "{f}");
         assert!(f["precisions"][d]["median_s"].as_f64().unwrap() > 0.0);
     }
@@ -65,15 +65,25 @@ fn tune_in_several_precisions_then_serve_by_policy() {
     let tight = format!("{:e}", ei / 2.0);
     let t = lookup(&["--precision", "int8", "--max-rel-err", &tight]);
     assert_eq!(t["workload"], w);
-    // auto: the faster of the two measured records, whichever it is here.
+    let eb = f["precisions"]["bf16"]["rel_err"].as_f64().unwrap();
+    assert!(eb > ef, "bf16 costs accuracy: {ef} vs {eb}");
+    let b = lookup(&["--precision", "bf16"]);
+    assert_eq!(
+        (&b["kernel"], &b["dtype"]),
+        (&"gemm_bf16".into(), &"bf16".into())
+    );
+    // auto: the fastest of the three measured records, whichever it is here.
     let a = lookup(&["--precision", "auto", "--max-rel-err", "0.05"]);
-    let faster = if f["precisions"]["i8"]["median_s"].as_f64()
-        < f["precisions"]["f32"]["median_s"].as_f64()
-    {
-        "gemm:24x40x33:i8"
-    } else {
-        w
-    };
+    let median = |d: &str| f["precisions"][d]["median_s"].as_f64().unwrap();
+    let faster = [
+        (w, "f32"),
+        ("gemm:24x40x33:i8", "i8"),
+        ("gemm:24x40x33:bf16", "bf16"),
+    ]
+    .into_iter()
+    .min_by(|x, y| median(x.1).total_cmp(&median(y.1)))
+    .unwrap()
+    .0;
     assert_eq!(a["served_as"], faster);
 
     // run serves through the same policy, verified against its reference.

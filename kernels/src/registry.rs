@@ -37,7 +37,7 @@ pub fn registry() -> &'static [&'static dyn Kernel] {
     })
 }
 
-/// The CPU families: GEMM, GEMM with a fused epilogue, attention.
+/// The CPU families: GEMM, GEMM with a fused epilogue, attention, int8 and bf16 GEMM.
 static CPU_FAMILIES: &[&dyn Kernel] = &[
     &crate::cpu::gemm::Packed,
     &crate::cpu::gemm::Direct,
@@ -46,6 +46,7 @@ static CPU_FAMILIES: &[&dyn Kernel] = &[
     &crate::cpu::attention::Fused,
     &crate::cpu::attention::Unfused,
     &crate::cpu::qgemm::GemmI8,
+    &crate::cpu::bgemm::GemmBf16,
 ];
 
 /// The family called `name`.
@@ -76,6 +77,9 @@ pub fn default_for(
     let chosen: Option<&'static dyn Kernel> = match hw.device_kind() {
         DeviceKind::Cpu => Some(match w {
             _ if w.dtype() == DType::I8 && w.gemm_dims().is_some() => &crate::cpu::qgemm::GemmI8,
+            _ if w.dtype() == DType::Bf16 && w.gemm_dims().is_some() => {
+                &crate::cpu::bgemm::GemmBf16
+            }
             Workload::Gemm { .. } => crate::cpu::gemm::default_family(w),
             Workload::GemmBiasAct { .. } => crate::cpu::gemm::epilogue::default_family(w),
             Workload::Attention { .. } => crate::cpu::attention::default_family(w),
@@ -238,9 +242,13 @@ mod tests {
                 });
             }
         }
-        // The families' own workloads, plus one of another op (space and check are
-        // defined for every workload, supported or not).
-        let mut own: Vec<Workload> = all.iter().copied().filter(|w| k.supports(w)).collect();
+        // The families' own workloads (in each element type they serve), plus one of
+        // another op (space and check are defined for every workload, supported or not).
+        let mut own: Vec<Workload> = all
+            .iter()
+            .flat_map(|w| k.dtypes().iter().map(|d| w.with_dtype(*d)))
+            .filter(|w| k.supports(w))
+            .collect();
         own.extend(all.iter().copied().find(|w| !k.supports(w)));
         own
     }
@@ -267,11 +275,18 @@ mod tests {
                 }
             }
         }
-        let bf16: Workload = "gemm:64x64x64:bf16".parse().unwrap();
+        // bf16 GEMM has a CPU family, bf16 attention none.
+        let bf16: Workload = "gemm_bias_gelu:64x64x64:bf16".parse().unwrap();
+        assert_eq!(default_for(&bf16, hw).unwrap().0.name(), "gemm_bf16");
+        let bf16: Workload = "attention:1x2x16x8:bf16".parse().unwrap();
         let e = default_for(&bf16, hw)
             .err()
-            .expect("no CPU family serves bf16 yet");
-        assert!(e.to_string().contains("gemm:64x64x64:bf16"), "{e}");
+            .expect("no CPU family serves bf16 attention");
+        assert!(
+            e.to_string().contains("attention:1x2x16x8:bf16")
+                && e.to_string().contains("served only by gemm_bf16"),
+            "{e}"
+        );
         assert!(kernels_for(&bf16, hw).is_empty());
     }
 

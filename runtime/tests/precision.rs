@@ -133,3 +133,38 @@ fn calls_served_in_int8_compute_what_int8_computes_and_packed_weights_follow_the
         .unwrap();
     p.check(&got2, &p.reference()).unwrap();
 }
+
+#[test]
+fn calls_served_in_bf16_compute_what_bf16_computes_and_packed_weights_follow_the_policy() {
+    let rt = Runtime::defaults_only();
+    rt.set_precision("bf16".parse().unwrap());
+    let (m, n, k) = (7, 67, 65);
+    let w = Workload::gemm_bias_act(m, n, k, Act::Relu).unwrap();
+    let p = Problem::random(&w, 4);
+    let (a, b, bias) = (&p.inputs[0], &p.inputs[1], &p.inputs[2]);
+    let mut got = vec![0f32; m * n];
+    assert_eq!(
+        rt.gemm_bias_act(m, n, k, Act::Relu, a, b, bias, &mut got)
+            .unwrap(),
+        Level::Default
+    );
+    // The same bits as the bf16 family's default on its own, within bf16's bound.
+    let bw = w.with_dtype(DType::Bf16);
+    let (fam, c) = default_for(&bw, HardwareFingerprint::current()).unwrap();
+    assert_eq!(fam.name(), "gemm_bf16");
+    let mut want = vec![0f32; m * n];
+    fam.prepare(&bw, &c)
+        .unwrap()
+        .run_f32(&[a, b, bias], &mut want)
+        .unwrap();
+    assert!(got == want);
+    let pb = Problem::random(&bw, 4);
+    pb.check(&got, &pb.reference()).unwrap();
+    // Packed once in bf16 for M = 7 and 1, same bits.
+    let packed = rt.pack_weight_for(n, k, Act::Relu, b, &[m, 1]).unwrap();
+    assert_eq!(packed.dtypes(), vec![DType::Bf16]);
+    let mut got2 = vec![0f32; m * n];
+    rt.gemm_bias_act_packed(&packed, a, bias, &mut got2)
+        .unwrap();
+    assert!(got2 == want);
+}

@@ -32,7 +32,7 @@ pub fn parse_precisions(list: &str) -> Result<Vec<DType>, String> {
 }
 
 /// Each f32 workload once per element type of `dtypes` that some family serves on
-/// `device`; workloads written with a type suffix as they are; no repeats. Returns the
+/// `device`; workloads written with a type suffix as they are (never skipped); no repeats. Returns the
 /// workloads and those left out (no family runs them there).
 pub fn with_precisions(
     workloads: &[Workload],
@@ -41,13 +41,17 @@ pub fn with_precisions(
 ) -> (Vec<Workload>, Vec<Workload>) {
     let (mut out, mut skipped) = (Vec::new(), Vec::new());
     for w in workloads {
-        let each: Vec<Workload> = if w.dtype() == DType::F32 {
+        let expand = w.dtype() == DType::F32;
+        let each: Vec<Workload> = if expand {
             dtypes.iter().map(|&d| w.with_dtype(d)).collect()
         } else {
             vec![*w]
         };
         for wd in each {
-            if wd.dtype() != DType::F32 && kernels::registry::check_runs_on(&wd, device).is_err() {
+            // Only the types added here are skipped: a suffix the caller wrote is kept (and
+            // refused later, with its reason, if nothing runs it).
+            let added = expand && wd.dtype() != DType::F32;
+            if added && kernels::registry::check_runs_on(&wd, device).is_err() {
                 skipped.push(wd);
             } else if !out.contains(&wd) {
                 out.push(wd);
@@ -70,10 +74,15 @@ mod tests {
         assert_eq!(parse_precisions("auto").unwrap().len(), 3);
         assert!(parse_precisions("int4").unwrap_err().contains("'int4'"));
         assert!(parse_precisions(" , ").is_err());
-        let ws: Vec<Workload> = ["gemm:4x4x4", "gemm:2x2x2:i8", "attention:1x1x4x4"]
-            .iter()
-            .map(|s| s.parse().unwrap())
-            .collect();
+        let ws: Vec<Workload> = [
+            "gemm:4x4x4",
+            "gemm:2x2x2:i8",
+            "attention:1x1x4x4",
+            "attention:1x1x4x4:i8",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
         let (out, skipped) = with_precisions(&ws, &[DType::F32, DType::I8], DeviceKind::Cpu);
         let keys: Vec<String> = out.iter().map(|w| w.key()).collect();
         assert_eq!(
@@ -82,9 +91,13 @@ mod tests {
                 "gemm:4x4x4",
                 "gemm:4x4x4:i8",
                 "gemm:2x2x2:i8",
-                "attention:1x1x4x4"
+                "attention:1x1x4x4",
+                "attention:1x1x4x4:i8"
             ]
         );
+        // The i8 attention added by the list is skipped; the one written with its suffix is
+        // kept, to be refused later with its reason.
+        assert_eq!(skipped.len(), 1);
         assert_eq!(skipped[0].key(), "attention:1x1x4x4:i8");
     }
 }

@@ -2,6 +2,7 @@
 //! `kernels/src/isa.rs`, part of the vocabulary because the hardware fingerprint records it).
 
 pub mod attention;
+pub mod bgemm;
 pub mod gemm;
 pub(crate) mod knobs;
 pub mod peak;

@@ -65,7 +65,7 @@ impl TileEpilogue<'_> {
 
 /// The store epilogue of a tile `width` values wide: none, or `ep`'s bias and activation.
 /// Panics if the bias is shorter than the tile.
-fn epi_for(ep: Option<&TileEpilogue<'_>>, width: usize) -> Epi {
+pub(crate) fn epi_for(ep: Option<&TileEpilogue<'_>>, width: usize) -> Epi {
     match ep {
         Some(e) => {
             assert!(e.bias.len() >= width, "bias shorter than the tile");

@@ -284,7 +284,7 @@ unsafe fn store_tile<S: Simd, const R: usize, const V: usize, const ACT: u8>(
 /// # Safety
 /// As [`store_tile`], with `ep.bias` readable for `V·W` values unless `ep.act` is none.
 #[inline(always)]
-unsafe fn store_tile_epi<S: Simd, const R: usize, const V: usize>(
+pub(crate) unsafe fn store_tile_epi<S: Simd, const R: usize, const V: usize>(
     acc: &[[S::V; V]; R],
     c: *mut f32,
     ldc: usize,

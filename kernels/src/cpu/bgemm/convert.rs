@@ -1,0 +1,369 @@
+//! bf16 conversion and the two packings of the bf16 GEMM: B converted to bf16 once per
+//! weight ([`Bf16B`], panels of NR columns), A rounded to bf16 *values* kept in f32 as it is
+//! packed per block ([`pack_a_rounded`]).
+//!
+//! Why A stays f32: on AVX2 there is no bf16 arithmetic, so every bf16 value is widened to
+//! f32 in registers before its FMA. Storing packed A as bf16 would cost a conversion going in
+//! and a widening coming out for data that is re-read from L1/L2 by every column panel, and
+//! would save nothing that matters: A's bytes are `M·K`, read from cache, while B's are
+//! `K·N`, streamed from L3 or memory once per row block. Rounding A to bf16 values as it is
+//! packed gives exactly the numerics of bf16 operands (a product of two bf16 values is exact
+//! in f32, so an f32 FMA of them equals a bf16 dot-product step with f32 accumulation) at
+//! the cost of a few integer operations per element of A; only B, the weight, is stored as
+//! bf16, which halves the bytes that bound skinny and GEMV-like shapes.
+//!
+//! ```
+//! use kernels::cpu::bgemm::convert::{from_bf16, round_bf16, to_bf16};
+//!
+//! assert_eq!(to_bf16(1.0), 0x3f80);
+//! assert_eq!(from_bf16(to_bf16(3.0)), 3.0);
+//! // 1 + 2⁻⁸ lies halfway between 1 and 1 + 2⁻⁷: the tie goes to the even mantissa, 1.
+//! assert_eq!(round_bf16(1.0 + 1.0 / 256.0), 1.0);
+//! assert!(round_bf16(f32::NAN).is_nan());
+//! ```
+
+/// Bits of an f32 whose exponent field is all ones (an infinity; above it, NaNs).
+const INF_BITS: u32 = 0x7F80_0000;
+
+/// The quiet bit of an f32 NaN (the top mantissa bit, which survives into bf16).
+const QUIET_BIT: u32 = 0x0040_0000;
+
+/// The f32 bits of `bits` rounded to the nearest bf16 value (ties to even), in the top 16
+/// bits, low 16 bits zero. A NaN stays a NaN (made quiet, sign and top payload kept); an
+/// overflow past the largest bf16 becomes ±∞; subnormals round like every other value (bf16
+/// has f32's exponent range).
+#[inline(always)]
+fn round_bits(bits: u32) -> u32 {
+    let nan = bits & 0x7FFF_FFFF > INF_BITS;
+    // Adding 0x7FFF rounds a low half above 0x8000 up, below it down; the lowest kept bit
+    // adds the last unit at exactly 0x8000 when it is odd (ties to even). No overflow: the
+    // largest non-NaN pattern, 0xFF80_0000 (−∞), plus 0x8000 stays below 2³².
+    let rounded = bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000;
+    if nan {
+        (bits | QUIET_BIT) & 0xFFFF_0000
+    } else {
+        rounded
+    }
+}
+
+/// The bf16 bit pattern nearest to `x`: round to nearest, ties to even; NaN stays NaN.
+#[inline(always)]
+pub fn to_bf16(x: f32) -> u16 {
+    (round_bits(x.to_bits()) >> 16) as u16
+}
+
+/// The f32 value of the bf16 bit pattern `h` (exact).
+#[inline(always)]
+pub fn from_bf16(h: u16) -> f32 {
+    f32::from_bits(u32::from(h) << 16)
+}
+
+/// `x` rounded to the nearest bf16 value, kept as an f32: `from_bf16(to_bf16(x))`.
+#[inline(always)]
+pub fn round_bf16(x: f32) -> f32 {
+    f32::from_bits(round_bits(x.to_bits()))
+}
+
+/// Columns per interleaved group of a B panel row: two vectors of 8 f32 lanes.
+pub const GROUP: usize = 16;
+
+/// Where column `c` (`< NR`) of one panel row sits among its bf16 values: in each group of
+/// [`GROUP`] columns, 32-bit word `j` holds column `j` in its low half and column `j + 8` in
+/// its high half, so one 256-bit load widens to both vectors with a shift and a mask.
+#[inline(always)]
+pub fn slot(c: usize) -> usize {
+    let (g, l) = (c / GROUP, c % GROUP);
+    g * GROUP + (l % 8) * 2 + l / 8
+}
+
+/// A `K×N` weight converted to bf16 once (round to nearest even) and packed in panels of
+/// `nr` columns: panel `q` holds columns `q·nr..`, its `K` rows of `nr` values one after the
+/// other (columns past N are zero), each row in the interleaved order of [`slot`]. A kc-deep
+/// block of a panel is the contiguous range of its rows. The data starts 64-byte aligned.
+pub struct Bf16B {
+    /// Depth (rows of B).
+    pub k: usize,
+    /// Columns of B.
+    pub n: usize,
+    /// Panel width, a multiple of [`GROUP`].
+    pub nr: usize,
+    data: Vec<u16>,
+    /// Index of the first value in `data` (where it is 64-byte aligned).
+    start: usize,
+}
+
+impl std::fmt::Debug for Bf16B {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bf16B")
+            .field("k", &self.k)
+            .field("n", &self.n)
+            .field("nr", &self.nr)
+            .finish()
+    }
+}
+
+impl Bf16B {
+    /// Converts and packs row-major `b` (`k×n`). Panics if `b.len() != k·n`, a dimension is
+    /// 0 or `nr` is not a positive multiple of [`GROUP`] (the family checks all of these
+    /// before it calls).
+    pub fn new(b: &[f32], k: usize, n: usize, nr: usize) -> Bf16B {
+        assert!(k >= 1 && n >= 1, "empty B");
+        assert!(nr >= GROUP && nr.is_multiple_of(GROUP), "panel width {nr}");
+        assert_eq!(b.len(), k * n, "B must be K×N = {k}×{n}");
+        let len = n.div_ceil(nr) * k * nr;
+        let mut data = vec![0u16; len + 32];
+        let start = data.as_ptr().align_offset(64).min(32);
+        let packed = &mut data[start..start + len];
+        for (p, row) in b.chunks_exact(n).enumerate() {
+            for (q, cols) in row.chunks(nr).enumerate() {
+                let dst = &mut packed[(q * k + p) * nr..][..nr];
+                for (c, &x) in cols.iter().enumerate() {
+                    dst[slot(c)] = to_bf16(x);
+                }
+            }
+        }
+        Bf16B {
+            k,
+            n,
+            nr,
+            data,
+            start,
+        }
+    }
+
+    /// Number of panels, `⌈N/nr⌉`.
+    pub fn panels(&self) -> usize {
+        self.n.div_ceil(self.nr)
+    }
+
+    /// Panel `q`: `K` rows of `nr` bf16 values. Panics if `q ≥ panels()`.
+    pub fn panel(&self, q: usize) -> &[u16] {
+        assert!(q < self.panels(), "panel {q} of {}", self.panels());
+        let size = self.k * self.nr;
+        &self.data[self.start + q * size..][..size]
+    }
+
+    /// The bf16 bits of `B[p][j]` as stored.
+    pub fn get(&self, p: usize, j: usize) -> u16 {
+        self.panel(j / self.nr)[p * self.nr + slot(j % self.nr)]
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 2
+    }
+}
+
+/// Packs rows `i0..i0+mc` × columns `p0..p0+kc` of row-major `a` (row stride `lda`) into
+/// `mr`-row micro-panels in `out` (`⌈mc/mr⌉·mr·kc` values; column `p` of a panel's rows
+/// together), every value rounded to bf16 ([`round_bf16`]), missing rows zero.
+pub fn pack_a_rounded(
+    a: &[f32],
+    lda: usize,
+    (i0, mc): (usize, usize),
+    (p0, kc): (usize, usize),
+    mr: usize,
+    out: &mut [f32],
+) {
+    for (panel, dst) in out
+        .chunks_exact_mut(mr * kc)
+        .take(mc.div_ceil(mr))
+        .enumerate()
+    {
+        let r0 = i0 + panel * mr;
+        let rows = mr.min(i0 + mc - r0);
+        match (mr, rows) {
+            (1, 1) => pack_full::<1>(a, lda, r0, p0, kc, dst),
+            (2, 2) => pack_full::<2>(a, lda, r0, p0, kc, dst),
+            (4, 4) => pack_full::<4>(a, lda, r0, p0, kc, dst),
+            (6, 6) => pack_full::<6>(a, lda, r0, p0, kc, dst),
+            _ => {
+                for r in 0..mr {
+                    let column = dst.iter_mut().skip(r).step_by(mr);
+                    if r < rows {
+                        let row = &a[(r0 + r) * lda + p0..][..kc];
+                        column.zip(row).for_each(|(d, x)| *d = round_bf16(*x));
+                    } else {
+                        column.for_each(|d| *d = 0.0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One full `MR`-row panel; `MR` a constant so the inner loop is a fixed-size transpose.
+#[inline(always)]
+fn pack_full<const MR: usize>(
+    a: &[f32],
+    lda: usize,
+    i: usize,
+    p0: usize,
+    kc: usize,
+    dst: &mut [f32],
+) {
+    let rows: [&[f32]; MR] = std::array::from_fn(|r| &a[(i + r) * lda + p0..][..kc]);
+    for (p, d) in dst.chunks_exact_mut(MR).take(kc).enumerate() {
+        for r in 0..MR {
+            d[r] = round_bf16(rows[r][p]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    /// The bf16 nearest to `x` by exact distance in f64, ties to the even pattern: the
+    /// definition, written without bit tricks. `None` for NaN (any NaN pattern is right).
+    fn nearest_by_distance(x: f32) -> Option<u16> {
+        if x.is_nan() {
+            return None;
+        }
+        let hi = (x.to_bits() >> 16) as u16; // truncation: towards zero
+        let lo_next = hi.wrapping_add(1); // one bf16 step away from zero
+        let (a, b) = (from_bf16(hi) as f64, from_bf16(lo_next) as f64);
+        if from_bf16(hi).is_infinite() {
+            return Some(hi);
+        }
+        // The step past the largest finite bf16 is ∞; the rounding boundary is then the
+        // midpoint to the next (virtual) power of two, 2¹²⁸·(1 − 2⁻⁹).
+        let b = if from_bf16(lo_next).is_infinite() {
+            a + (a - from_bf16(hi.wrapping_sub(1)) as f64)
+        } else {
+            b
+        };
+        let (da, db) = ((x as f64 - a).abs(), (x as f64 - b).abs());
+        Some(match da.partial_cmp(&db).unwrap() {
+            std::cmp::Ordering::Less => hi,
+            std::cmp::Ordering::Greater => lo_next,
+            std::cmp::Ordering::Equal if hi.is_multiple_of(2) => hi,
+            std::cmp::Ordering::Equal => lo_next,
+        })
+    }
+
+    fn agrees(x: f32) {
+        let got = to_bf16(x);
+        match nearest_by_distance(x) {
+            Some(want) => assert_eq!(got, want, "{x:e} ({:#010x})", x.to_bits()),
+            None => {
+                assert!(
+                    from_bf16(got).is_nan(),
+                    "{:#010x} lost its NaN",
+                    x.to_bits()
+                );
+                assert_eq!(got >> 15, (x.to_bits() >> 31) as u16, "NaN sign");
+            }
+        }
+        assert_eq!(round_bf16(x).to_bits(), from_bf16(got).to_bits());
+    }
+
+    #[test]
+    fn conversion_rounds_to_nearest_even_on_edge_values() {
+        let one = 1.0f32.to_bits();
+        let edges = [
+            0.0f32,
+            -0.0,
+            1.0,
+            f32::from_bits(one + 0x8000), // exact tie, even below: down to 1
+            f32::from_bits(one + 0x18000), // exact tie, odd below: up
+            f32::from_bits(one + 0x7FFF), // just below the tie
+            f32::from_bits(one + 0x8001), // just above the tie
+            f32::MAX,                     // rounds up past the largest bf16: ∞
+            f32::from_bits(0x7F7F_7FFF),  // just below that tie: the largest bf16
+            f32::from_bits(0x7F7F_8000),  // the tie itself: odd below, so ∞
+            f32::MIN,
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),           // smallest subnormal: rounds to 0
+            f32::from_bits(0x8000),      // subnormal tie, even below: 0
+            f32::from_bits(0x18000),     // subnormal tie, odd below: up
+            f32::from_bits(0x007F_FFFF), // largest subnormal: up to MIN_POSITIVE
+            -f32::from_bits(0x0001_8000),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7F80_0001), // signalling NaN, payload only in the low bits
+            f32::from_bits(0xFF80_0001),
+            f32::from_bits(0x7FC0_1234),
+        ];
+        for x in edges {
+            agrees(x);
+        }
+        assert_eq!(to_bf16(f32::from_bits(one + 0x8000)), 0x3F80);
+        assert_eq!(to_bf16(f32::from_bits(one + 0x18000)), 0x3F82);
+        assert_eq!(to_bf16(f32::MAX), 0x7F80);
+        assert_eq!(to_bf16(f32::from_bits(0x7F7F_7FFF)), 0x7F7F);
+        assert_eq!(to_bf16(f32::from_bits(1)), 0);
+        assert_eq!(to_bf16(f32::from_bits(0x007F_FFFF)), 0x0080);
+        assert_eq!(to_bf16(-0.0), 0x8000);
+        assert_eq!(to_bf16(f32::NEG_INFINITY), 0xFF80);
+        assert!(from_bf16(to_bf16(f32::from_bits(0x7F80_0001))).is_nan());
+        // Every bf16 value converts to itself.
+        for h in 0..=u16::MAX {
+            let x = from_bf16(h);
+            if !x.is_nan() {
+                assert_eq!(to_bf16(x), h);
+            }
+        }
+    }
+
+    #[test]
+    fn conversion_agrees_with_the_definition_on_random_patterns() {
+        let mut rng = Rng::new(16);
+        for _ in 0..200_000 {
+            agrees(f32::from_bits(rng.below(1 << 32) as u32));
+        }
+    }
+
+    #[test]
+    fn b_panels_hold_every_value_once_and_pad_with_zeros() {
+        let (k, n) = (5, 37);
+        let b: Vec<f32> = (0..k * n).map(|i| i as f32 + 0.5).collect();
+        for nr in [16, 32, 64] {
+            let p = Bf16B::new(&b, k, n, nr);
+            assert_eq!(p.panels(), n.div_ceil(nr));
+            for i in 0..k {
+                for j in 0..n {
+                    assert_eq!(p.get(i, j), to_bf16(b[i * n + j]), "nr {nr} ({i}, {j})");
+                }
+            }
+            let last = p.panel(p.panels() - 1);
+            let live = n - (p.panels() - 1) * nr;
+            for row in last.chunks_exact(nr) {
+                for c in live..nr {
+                    assert_eq!(row[slot(c)], 0, "padding column {c}");
+                }
+            }
+            assert_eq!(p.panel(0).as_ptr() as usize % 64, 0, "aligned");
+        }
+        let mut seen = [false; 16];
+        (0..16).for_each(|c| seen[slot(c)] = true);
+        assert!(seen.iter().all(|s| *s), "slot is a permutation");
+    }
+
+    #[test]
+    fn a_packing_rounds_and_pads() {
+        let (m, k) = (7, 9);
+        let a: Vec<f32> = (0..m * k).map(|i| 1.0 + i as f32 / 300.0).collect();
+        for mr in [1, 2, 3, 4, 6] {
+            let (i0, mc, p0, kc) = (1, 6usize, 2, 5);
+            let mut out = vec![f32::NAN; mc.div_ceil(mr) * mr * kc];
+            pack_a_rounded(&a, k, (i0, mc), (p0, kc), mr, &mut out);
+            for (t, panel) in out.chunks_exact(mr * kc).enumerate() {
+                for p in 0..kc {
+                    for r in 0..mr {
+                        let row = t * mr + r;
+                        let want = if row < mc {
+                            round_bf16(a[(i0 + row) * k + p0 + p])
+                        } else {
+                            0.0
+                        };
+                        assert_eq!(panel[p * mr + r], want, "mr {mr} row {row} p {p}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! The bf16 GEMM driver: the blocked loops around the micro-kernel, the `m` / `n` thread
+//! splits, and the [`Executable`] with its prepared weight.
+//!
+//! ```text
+//! B: converted to bf16 and packed in NR-column panels once per weight (all of K, all of N)
+//! per task (rows for par=m, column panels for par=n, everything for none):
+//!   for pc in 0..K step kc
+//!     for ic in task's rows step mc     pack A[ic.., pc..] rounded to bf16 values (L2)
+//!       for each panel q                its kc×NR bf16 block stays in L1
+//!         micro-kernel over the row tiles: C[ic.., q·NR..] (+)= A_block · B_block
+//! ```
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use super::convert::{pack_a_rounded, Bf16B};
+use super::ukernel::Bf16Kernel;
+use crate::cpu::gemm::pack::{with_buffer, Pool};
+use crate::cpu::gemm::ukernel::TileEpilogue;
+use crate::cpu::gemm::view::CView;
+use crate::cpu::weights::WeightCache;
+use crate::error::{Error, Result};
+use crate::kernel::{Executable, PreparedWeight, WeightFormat};
+use crate::operand::{host_f32, host_f32_prepared, Operand, OperandMut};
+use crate::workload::{Act, Workload};
+
+/// How the work is split across tasks (the `par` knob).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Split {
+    None,
+    M,
+    N,
+}
+
+/// A built bf16 GEMM.
+pub(super) struct BGemm {
+    w: Workload,
+    m: usize,
+    n: usize,
+    k: usize,
+    uk: &'static Bf16Kernel,
+    /// Rows of A per packed block, a multiple of MR.
+    mc: usize,
+    /// Depth per block, at most K.
+    kc: usize,
+    /// The epilogue's activation, after the bias (`gemm_bias_*`); `None` for plain GEMM.
+    act: Option<Act>,
+    split: Split,
+    threads: usize,
+    /// B converted and packed once per weight buffer.
+    weights: WeightCache<Bf16B>,
+}
+
+impl BGemm {
+    /// Clamps the block sizes to the shape: `mc` rounded up to whole tiles and at most the
+    /// rows' tiles, `kc` within `1..=K`.
+    pub(super) fn new(
+        w: Workload,
+        (m, n, k): (usize, usize, usize),
+        uk: &'static Bf16Kernel,
+        (mc, kc): (usize, usize),
+        act: Option<Act>,
+        split: Split,
+        threads: usize,
+    ) -> BGemm {
+        let round = |x: usize| x.max(1).div_ceil(uk.mr) * uk.mr;
+        BGemm {
+            w,
+            m,
+            n,
+            k,
+            uk,
+            mc: round(mc).min(round(m)),
+            kc: kc.clamp(1, k.max(1)),
+            act,
+            split,
+            threads,
+            weights: WeightCache::default(),
+        }
+    }
+
+    fn format(&self) -> WeightFormat {
+        WeightFormat {
+            family: "gemm_bf16",
+            params: [self.uk.nr, 0],
+        }
+    }
+
+    /// `c = ep(round(a) · bb)`: row blocks split over `threads` tasks (`par = m`), column
+    /// panels split over them (`par = n`), or one task.
+    fn compute(&self, a: &[f32], bb: &Bf16B, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
+        let (m, n, mr, nr) = (self.m, self.n, self.uk.mr, self.uk.nr);
+        let panels = bb.panels();
+        let mut view = CView::new(c, m, n, n);
+        let t = self.threads;
+        match self.split {
+            Split::M if t > 1 && m > mr => {
+                let per_task = m.div_ceil(mr).div_ceil(t) * mr;
+                let mut tasks = Vec::new();
+                let mut row0 = 0;
+                while view.rows() > per_task {
+                    let (top, rest) = view.split_rows(per_task);
+                    tasks.push((row0, top));
+                    (row0, view) = (row0 + per_task, rest);
+                }
+                tasks.push((row0, view));
+                tasks
+                    .into_par_iter()
+                    .for_each(|(r0, v)| self.task(a, bb, ep, r0, 0..panels, v));
+            }
+            Split::N if t > 1 && panels > 1 => {
+                let per_task = panels.div_ceil(t);
+                let mut tasks = Vec::new();
+                let mut q0 = 0;
+                while q0 + per_task < panels {
+                    let (left, rest) = view.split_cols(per_task * nr);
+                    tasks.push((q0..q0 + per_task, left));
+                    (q0, view) = (q0 + per_task, rest);
+                }
+                tasks.push((q0..panels, view));
+                tasks
+                    .into_par_iter()
+                    .for_each(|(qs, v)| self.task(a, bb, ep, 0, qs, v));
+            }
+            _ => self.task(a, bb, ep, 0, 0..panels, view),
+        }
+    }
+
+    /// One task: rows `row0..row0 + out.rows()` of C, column panels `panels` (whose columns
+    /// `out` holds, from the first panel's first column on).
+    fn task(
+        &self,
+        a: &[f32],
+        bb: &Bf16B,
+        ep: Option<TileEpilogue<'_>>,
+        row0: usize,
+        panels: Range<usize>,
+        mut out: CView<'_>,
+    ) {
+        let (k, mr, nr) = (self.k, self.uk.mr, self.uk.nr);
+        let (rows, col0) = (out.rows(), panels.start * nr);
+        with_buffer(Pool::A, |buf| {
+            for pc in (0..k).step_by(self.kc) {
+                let kcb = self.kc.min(k - pc);
+                let last = pc + kcb == k;
+                for ic in (0..rows).step_by(self.mc) {
+                    let mcb = self.mc.min(rows - ic);
+                    let tiles = mcb.div_ceil(mr);
+                    let apack = buf.slice(tiles * mr * kcb);
+                    pack_a_rounded(a, k, (row0 + ic, mcb), (pc, kcb), mr, apack);
+                    for q in panels.clone() {
+                        let block = &bb.panel(q)[pc * nr..(pc + kcb) * nr];
+                        let ep = ep.filter(|_| last).map(|e| e.skip(q * nr));
+                        let at = (ic, q * nr - col0);
+                        self.uk
+                            .tiles(kcb, apack, tiles, block, &mut out, at, pc > 0, ep);
+                    }
+                }
+            }
+        })
+    }
+
+    fn wrong_b(&self, reason: String) -> Error {
+        Error::Operand {
+            workload: self.w.key(),
+            operand: "b".into(),
+            reason,
+        }
+    }
+}
+
+impl Executable for BGemm {
+    fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> Result<()> {
+        let (a, b, ep, c) = match self.act {
+            None => {
+                let ([a, b], c) = host_f32(&self.w, inputs, out)?;
+                (a, b, None, c)
+            }
+            Some(act) => {
+                let ([a, b, bias], c) = host_f32(&self.w, inputs, out)?;
+                (a, b, Some(TileEpilogue { bias, act }), c)
+            }
+        };
+        let bb = self
+            .weights
+            .get(b, || Bf16B::new(b, self.k, self.n, self.uk.nr));
+        self.compute(a, &bb, ep, c);
+        Ok(())
+    }
+
+    fn weight_format(&self) -> Option<WeightFormat> {
+        Some(self.format())
+    }
+
+    fn prepare_weight(&self, b: &[f32]) -> Result<PreparedWeight> {
+        let want = self.k * self.n;
+        if b.len() != want {
+            return Err(self.wrong_b(format!("{} elements, expected {want}", b.len())));
+        }
+        let bb = Bf16B::new(b, self.k, self.n, self.uk.nr);
+        Ok(PreparedWeight::new(self.format(), bb.bytes(), bb))
+    }
+
+    fn run_prepared(
+        &self,
+        inputs: &[&[f32]],
+        weight: &PreparedWeight,
+        output: &mut [f32],
+    ) -> Result<()> {
+        let bb: &Bf16B = weight.get(self.format(), &self.w)?;
+        if (bb.k, bb.n) != (self.k, self.n) {
+            return Err(self.wrong_b(format!("prepared for K×N {}×{}", bb.k, bb.n)));
+        }
+        match self.act {
+            None => {
+                let ([a], c) = host_f32_prepared(&self.w, inputs, output)?;
+                self.compute(a, bb, None, c);
+            }
+            Some(act) => {
+                let ([a, bias], c) = host_f32_prepared(&self.w, inputs, output)?;
+                self.compute(a, bb, Some(TileEpilogue { bias, act }), c);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,214 @@
+//! bf16 GEMM on the CPU (`gemm:MxNxK:bf16`, `gemm_bias[_relu|_gelu]:MxNxK:bf16`): bf16
+//! operands, f32 accumulation, f32 output — the `gemm_bf16` family.
+//!
+//! ```
+//! use kernels::{default_for, HardwareFingerprint, Problem, Workload};
+//!
+//! let w: Workload = "gemm:33x70x65:bf16".parse()?;
+//! let (kernel, config) = default_for(&w, HardwareFingerprint::current())?;
+//! assert_eq!(kernel.name(), "gemm_bf16");
+//! let exe = kernel.prepare(&w, &config)?;
+//! let p = Problem::random(&w, 3);
+//! let mut c = p.output();
+//! exe.run_f32(&p.input_slices(), &mut c)?;  // A, B in f32; C in f32
+//! p.check(&c, &p.reference())?;             // within the bf16 rounding bound of Problem
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Inputs and output are f32, as for the f32 GEMM. B (the weight) is converted to bf16 once
+//! per weight buffer (round to nearest even, NaN kept) and packed in panels of NR columns
+//! ([`convert::Bf16B`]): half the bytes of f32, which is what bounds skinny and GEMV-like
+//! shapes. A is rounded to bf16 values as it is packed per block but stays f32 (why:
+//! [`convert`]'s docs), so the products are those of bf16 operands, accumulated in f32.
+//! Micro-kernels ([`ukernel`]): AVX2 + FMA (bf16 widened to f32 in registers) and portable.
+//! Knobs: `ukernel` (tile shape and ISA), `mc` (rows of A per packed block, rounded up to
+//! the tile), `kc` (depth per block), `par` (`none`; `m`: row blocks on `threads` tasks;
+//! `n`: column panels on `threads` tasks, for few rows) and `threads`.
+
+pub mod convert;
+mod driver;
+pub mod ukernel;
+
+use crate::cpu::knobs::{
+    cap_rule, first_at_least, int_knob, int_listed, invalid, par_threads_listed,
+    serial_iff_one_thread, snap, str_knob, str_listed, thread_values, unsupported,
+};
+use crate::cpu::Isa;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::hardware::HardwareFingerprint;
+use crate::kernel::{Executable, Kernel};
+use crate::space::{Config, Space};
+use crate::workload::Workload;
+
+use driver::{BGemm, Split};
+use ukernel::{Bf16Kernel, KERNELS};
+
+/// The bf16 GEMM family.
+pub struct GemmBf16;
+
+const NAME: &str = "gemm_bf16";
+
+/// Values of the `par` knob.
+const PAR_VALUES: &[&str] = &["none", "m", "n"];
+
+/// Values of the `mc` knob (rounded up to a multiple of MR when built); capped by M.
+const MC_VALUES: &[usize] = &[24, 48, 96, 144, 192, 288, 384];
+
+/// Values of the `kc` knob: depth per block; capped by K.
+const KC_VALUES: &[usize] = &[64, 128, 192, 256, 384, 512, 1024, 4096];
+
+/// Below this many multiply-adds the default stays single-threaded: lower than the f32 and
+/// int8 families' 256³, because few-row bf16 GEMMs are bound by streaming B, which two
+/// cores do faster than one (on a loaded Zen 3, 1×3072×768 went from 225 to 97 µs on 2
+/// threads; at 1×768×768, below this bound, the gain was lost in the noise).
+const PARALLEL_MIN_MACS: f64 = (1u64 << 21) as f64;
+
+/// The micro-kernels offered on `hw`: those of its ISA level (AVX2 ones on AVX-512 too).
+fn offered(hw: &HardwareFingerprint) -> Vec<&'static Bf16Kernel> {
+    let best = Isa::of(hw);
+    KERNELS
+        .iter()
+        .filter(|k| k.isa.offered_under(best))
+        .collect()
+}
+
+fn dims(w: &Workload) -> (usize, usize, usize) {
+    w.gemm_dims().unwrap_or((1, 1, 1))
+}
+
+impl Kernel for GemmBf16 {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn version(&self) -> u32 {
+        1
+    }
+
+    fn dtypes(&self) -> &'static [DType] {
+        &[DType::Bf16]
+    }
+
+    fn supports(&self, w: &Workload) -> bool {
+        matches!(w, Workload::Gemm { .. } | Workload::GemmBiasAct { .. })
+            && w.dtype() == DType::Bf16
+    }
+
+    fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
+        let ukernels: Vec<&str> = offered(hw).iter().map(|k| k.name).collect();
+        let par: &[&str] = if hw.cores > 1 { PAR_VALUES } else { &["none"] };
+        let (m, _, k) = dims(w);
+        Space::new()
+            .knob("ukernel", ukernels)
+            .knob("mc", MC_VALUES.to_vec())
+            .knob("kc", KC_VALUES.to_vec())
+            .rule("mc at most the rows", cap_rule("mc", MC_VALUES, m))
+            .rule("kc at most the depth", cap_rule("kc", KC_VALUES, k))
+            .knob("par", par.to_vec())
+            .knob("threads", thread_values(hw))
+            .rule("serial iff one thread", serial_iff_one_thread)
+    }
+
+    fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
+        let ukernels: Vec<&str> = offered(hw).iter().map(|k| k.name).collect();
+        let (m, _, k) = dims(w);
+        c.0.len() == 5
+            && str_listed(c, "ukernel", &ukernels)
+            && int_listed(c, "mc", MC_VALUES)
+            && int_listed(c, "kc", KC_VALUES)
+            && cap_rule("mc", MC_VALUES, m)(c)
+            && cap_rule("kc", KC_VALUES, k)(c)
+            && par_threads_listed(c, hw, PAR_VALUES)
+            && serial_iff_one_thread(c)
+    }
+
+    fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
+        let (m, n, k) = dims(w);
+        let uk = default_ukernel(&offered(hw), m, n);
+        let f = std::mem::size_of::<f32>();
+        // kc: an A micro-panel (MR×kc f32) and a B one (kc×NR bf16) fill ~3/4 of L1. For one
+        // or two rows nothing in B is reused: the whole depth at once (C stored once).
+        let kc = if m <= 2 {
+            first_at_least(KC_VALUES, k).unwrap_or(KC_VALUES[KC_VALUES.len() - 1])
+        } else {
+            snap(KC_VALUES, hw.l1d_bytes * 3 / 4 / (uk.mr * f + uk.nr * 2), k)
+        };
+        // mc: the packed A block (mc×kc f32) fills ~half of L2.
+        let mc = snap(MC_VALUES, hw.l2_bytes / 2 / (kc.min(k) * f), m);
+        // Rows when there are enough row tiles for every thread, else column panels.
+        let big = hw.cores > 1 && (m * n * k) as f64 >= PARALLEL_MIN_MACS;
+        let par = match () {
+            _ if big && m >= 2 * uk.mr * hw.cores => "m",
+            _ if big && n >= 2 * uk.nr * hw.cores => "n",
+            _ => "none",
+        };
+        let threads = if par == "none" { 1 } else { hw.cores };
+        let mut c = Config::default();
+        c.set("ukernel", uk.name);
+        c.set("mc", mc);
+        c.set("kc", kc);
+        c.set("par", par);
+        c.set("threads", threads);
+        c
+    }
+
+    fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
+        if !self.supports(w) {
+            return Err(unsupported(NAME, w));
+        }
+        let name = str_knob(NAME, c, "ukernel")?;
+        let uk = Bf16Kernel::by_name(name)
+            .ok_or_else(|| invalid(NAME, c, format!("ukernel '{name}' does not run here")))?;
+        let split = match str_knob(NAME, c, "par")? {
+            "none" => Split::None,
+            "m" => Split::M,
+            "n" => Split::N,
+            other => return Err(invalid(NAME, c, format!("unknown par '{other}'"))),
+        };
+        let threads = match split {
+            Split::None => 1,
+            _ => int_knob(NAME, c, "threads")?.max(1),
+        };
+        let (mc, kc) = (int_knob(NAME, c, "mc")?, int_knob(NAME, c, "kc")?);
+        if mc == 0 || kc == 0 {
+            return Err(invalid(NAME, c, "mc and kc must be positive".into()));
+        }
+        let act = match w {
+            Workload::GemmBiasAct { act, .. } => Some(*act),
+            _ => None,
+        };
+        Ok(Box::new(BGemm::new(
+            *w,
+            dims(w),
+            uk,
+            (mc, kc),
+            act,
+            split,
+            threads,
+        )))
+    }
+}
+
+/// The default tile for `m × n`, among the best ISA's kernels: the fewest padded rows plus
+/// two per row tile (each row tile streams the B panels once more), then the fewest padded
+/// columns, then the first listed. So 6×16 for many rows, 4×16 at M = 7 or 8 (measured on
+/// a loaded Zen 3 at 8×768×768: 1.7× faster than 6×16, whose second tile is mostly
+/// padding), one or two rows at M ≤ 2, and for one row and a wide N `1x64`, whose 8
+/// accumulators keep both FMA pipes busy where `1x32`'s 4 wait on their latency.
+fn default_ukernel(offer: &[&'static Bf16Kernel], m: usize, n: usize) -> &'static Bf16Kernel {
+    let best = offer.iter().map(|k| k.isa).max().unwrap_or(Isa::Portable);
+    offer
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| k.isa == best)
+        .min_by_key(|(i, k)| {
+            let tiles = m.div_ceil(k.mr);
+            (tiles * (k.mr + 2), n.div_ceil(k.nr) * k.nr, *i)
+        })
+        .map(|(_, k)| *k)
+        .unwrap_or(&KERNELS[KERNELS.len() - 1])
+}
+
+#[cfg(test)]
+mod tests;
