@@ -68,10 +68,22 @@ def onnx_models(dir_, model):
     f32 = os.path.join(dir_, "bert.onnx")
     i8 = os.path.join(dir_, "bert.int8.onnx")
     if not os.path.exists(f32):
+        from transformers import BertModel
+
+        eager = BertModel.from_pretrained(dir_, attn_implementation="eager").eval()
+
+        class Wrap(torch.nn.Module):
+            def __init__(self, m):
+                super().__init__()
+                self.m = m
+
+            def forward(self, input_ids, attention_mask):
+                return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
         ids = torch.ones(1, 128, dtype=torch.long)
         mask = torch.ones(1, 128, dtype=torch.long)
         torch.onnx.export(
-            model,
+            Wrap(eager),
             (ids, mask),
             f32,
             input_names=["input_ids", "attention_mask"],
