@@ -29,9 +29,39 @@ SHAPES = [
     ("gemm_bias", 128, 768, 768),
     ("gemm_bias", 128, 3072, 768),
     ("gemm_bias", 128, 768, 3072),
-    ("gemm_bias", 8, 768, 768),
+    ("gemm", 1024, 1024, 1024),
+    ("gemm_bias", 8, 3072, 768),
     ("gemm", 1, 3072, 768),
 ]
+
+
+def torch_median_s(m, n, k, threads, rounds, bias):
+    """PyTorch's dynamically quantised nn.Linear (int8, per-tensor weights, fbgemm) and its
+    bf16 matmul, on the same shape; None when torch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None, None
+    torch.set_num_threads(threads)
+    lin = torch.nn.Linear(k, n, bias=bias).eval()
+    q = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(lin), {torch.nn.Linear}, dtype=torch.qint8)
+    a = torch.rand(m, k) * 2 - 1
+    ab, wb = a.bfloat16(), lin.weight.detach().t().contiguous().bfloat16()
+
+    def med(fn):
+        for _ in range(10):
+            fn()
+        per_call = []
+        for _ in range(rounds):
+            t, calls = time.perf_counter(), 0
+            while time.perf_counter() - t < 0.05:
+                fn()
+                calls += 1
+            per_call.append((time.perf_counter() - t) / calls)
+        return float(np.median(per_call))
+
+    with torch.inference_mode():
+        return med(lambda: q(a)), med(lambda: ab @ wb)
 
 
 def onnx_model(op, m, n, k, path):
@@ -93,27 +123,37 @@ def main():
     hw = json.loads(subprocess.run([args.binary, "hw", "--json"], capture_output=True, text=True).stdout)
     print(f"# int8 GEMM vs ONNX Runtime `quantize_dynamic` ({hw['id']}, {args.threads} threads)\n")
     print(f"- Machine: {hw.get('brand', '?')}; ONNX Runtime {ort.__version__}; date {time.strftime('%Y-%m-%d')}")
-    print(f"- Command: `scripts/bench-i8-peers.py --db {args.db} --threads {args.threads}`\n")
-    print("| workload | ORT f32 ms | ORT int8 ms | ours f32 ms | ours i8 ms | i8 ÷ ORT int8 speed | i8 level |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"- Command: `scripts/bench-i8-peers.py --db {args.db} --threads {args.threads}`")
+    print(f"- Medians of {args.rounds} interleaved rounds; ORT and torch: median per-call time of "
+          "50 ms batches; ours: `autokernel run --json` median (thorough protocol). "
+          "ORT int8: `quantize_dynamic` per-channel; torch int8: `quantize_dynamic` nn.Linear.\n")
+    print("| workload | ORT f32 ms | ORT int8 ms | torch int8 ms | torch bf16 ms | ours f32 ms | ours i8 ms | ours bf16 ms | i8 vs ORT int8 | i8 vs torch int8 | i8 vs ours f32 | bf16 vs ours f32 | levels f32/i8/bf16 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as d:
         for op, m, n, k in SHAPES:
             f32_path, i8_path = f"{d}/f32.onnx", f"{d}/i8.onnx"
             onnx_model(op, m, n, k, f32_path)
             quantize_dynamic(f32_path, i8_path, weight_type=QuantType.QInt8, per_channel=True)
             w = f"{op}:{m}x{n}x{k}"
-            runs = {"ort_f32": [], "ort_i8": [], "f32": [], "i8": []}
-            level = "?"
+            runs = {"ort_f32": [], "ort_i8": [], "t_i8": [], "t_bf16": [], "f32": [], "i8": [], "bf16": []}
+            levels = {}
             for _ in range(args.rounds):
                 runs["ort_f32"].append(ort_median_s(f32_path, m, k, args.threads, 9))
                 runs["ort_i8"].append(ort_median_s(i8_path, m, k, args.threads, 9))
-                runs["f32"].append(ours(args.binary, args.db, w, args.threads)[0])
-                s, level, _ = ours(args.binary, args.db, w + ":i8", args.threads)
-                runs["i8"].append(s)
-            med = {key: float(np.median(v)) * 1e3 for key, v in runs.items()}
+                ti8, tbf = torch_median_s(m, n, k, args.threads, 9, op != "gemm")
+                if ti8 is not None:
+                    runs["t_i8"].append(ti8)
+                    runs["t_bf16"].append(tbf)
+                for key, suffix in [("f32", ""), ("i8", ":i8"), ("bf16", ":bf16")]:
+                    s, levels[key], _ = ours(args.binary, args.db, w + suffix, args.threads)
+                    runs[key].append(s)
+            med = {key: (float(np.median(v)) * 1e3 if v else float("nan")) for key, v in runs.items()}
             print(
-                f"| {w} | {med['ort_f32']:.3f} | {med['ort_i8']:.3f} | {med['f32']:.3f} | "
-                f"{med['i8']:.3f} | {med['ort_i8'] / med['i8']:.2f}× | {level} |"
+                f"| {w} | {med['ort_f32']:.3f} | {med['ort_i8']:.3f} | {med['t_i8']:.3f} | {med['t_bf16']:.3f} | "
+                f"{med['f32']:.3f} | {med['i8']:.3f} | {med['bf16']:.3f} | {med['ort_i8'] / med['i8']:.2f}× | "
+                f"{med['t_i8'] / med['i8']:.2f}× | {med['f32'] / med['i8']:.2f}× | {med['f32'] / med['bf16']:.2f}× | "
+                f"{levels['f32']}/{levels['i8']}/{levels['bf16']} |",
+                flush=True,
             )
 
 

@@ -187,13 +187,23 @@ int autokernel_runtime_gemm(const struct AutokernelRuntime *rt, size_t m, size_t
 
 // Scaled dot-product attention, f32: `O = softmax(Q·Kᵀ/√d)·V` for each of the b·h heads of
 // [b, h, s, d] row-major tensors (each buffer b·h·s·d floats); with `causal` non-zero,
-// query i sees keys j ≤ i. `o` is overwritten. No padding mask (not in the runtime yet).
+// query i sees keys j ≤ i. `o` is overwritten. For a padded batch, see
+// `autokernel_runtime_attention_masked`.
 // `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* that served the call.
 //
 // # Safety
 // `rt` is NULL or a live runtime; each buffer is NULL or holds its stated number of
 // floats; `o` overlaps no input; `level_out` is NULL or writable.
 int autokernel_runtime_attention(const struct AutokernelRuntime *rt, size_t b, size_t h, size_t s, size_t d, int causal, const float *q, size_t q_len, const float *k, size_t k_len, const float *v, size_t v_len, float *o, size_t o_len, int *level_out);
+
+// `autokernel_runtime_attention` on a padded batch: `key_lens` holds `b` key lengths (each
+// in 0..=s, `key_lens_len` must be `b`); keys j ≥ key_lens[batch] are not attended to (what a
+// Hugging Face attention mask of 1s then 0s means), combined with `causal`; a query that sees
+// no key gets zeros. Same tuned variants as unmasked attention.
+//
+// # Safety
+// As `autokernel_runtime_attention`; `key_lens` is NULL or holds `key_lens_len` ints.
+int autokernel_runtime_attention_masked(const struct AutokernelRuntime *rt, size_t b, size_t h, size_t s, size_t d, int causal, const int32_t *key_lens, size_t key_lens_len, const float *q, size_t q_len, const float *k, size_t k_len, const float *v, size_t v_len, float *o, size_t o_len, int *level_out);
 
 // Packs the weight `b` (k×n row-major, `b_len` = k·n) for linear layers with activation
 // `act` (AUTOKERNEL_ACT_*), planned for each row count in `ms` (`ms_len` ≥ 1: the batch

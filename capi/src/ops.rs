@@ -61,7 +61,8 @@ pub unsafe extern "C" fn autokernel_runtime_gemm(
 
 /// Scaled dot-product attention, f32: `O = softmax(Q·Kᵀ/√d)·V` for each of the b·h heads of
 /// [b, h, s, d] row-major tensors (each buffer b·h·s·d floats); with `causal` non-zero,
-/// query i sees keys j ≤ i. `o` is overwritten. No padding mask (not in the runtime yet).
+/// query i sees keys j ≤ i. `o` is overwritten. For a padded batch, see
+/// `autokernel_runtime_attention_masked`.
 /// `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* that served the call.
 ///
 /// # Safety
@@ -93,6 +94,49 @@ pub unsafe extern "C" fn autokernel_runtime_attention(
         let v = unsafe { args::input("v", v, v_len)? };
         let o = unsafe { args::output("o", o, o_len, &[("q", q), ("k", k), ("v", v)])? };
         let level = handle.serve(|rt| rt.attention(b, h, s, d, causal != 0, q, k, v, o))?;
+        unsafe { args::put_optional(level_out, level_code(level)) };
+        Ok(())
+    })
+}
+
+/// `autokernel_runtime_attention` on a padded batch: `key_lens` holds `b` key lengths (each
+/// in 0..=s, `key_lens_len` must be `b`); keys j ≥ key_lens[batch] are not attended to (what a
+/// Hugging Face attention mask of 1s then 0s means), combined with `causal`; a query that sees
+/// no key gets zeros. Same tuned variants as unmasked attention.
+///
+/// # Safety
+/// As `autokernel_runtime_attention`; `key_lens` is NULL or holds `key_lens_len` ints.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn autokernel_runtime_attention_masked(
+    rt: *const AutokernelRuntime,
+    b: usize,
+    h: usize,
+    s: usize,
+    d: usize,
+    causal: c_int,
+    key_lens: *const i32,
+    key_lens_len: usize,
+    q: *const f32,
+    q_len: usize,
+    k: *const f32,
+    k_len: usize,
+    v: *const f32,
+    v_len: usize,
+    o: *mut f32,
+    o_len: usize,
+    level_out: *mut c_int,
+) -> c_int {
+    guard(|| {
+        // SAFETY (this block): the caller's contract above.
+        let handle = unsafe { args::handle("rt", rt)? };
+        let lens = unsafe { args::input("key_lens", key_lens, key_lens_len)? };
+        let q = unsafe { args::input("q", q, q_len)? };
+        let k = unsafe { args::input("k", k, k_len)? };
+        let v = unsafe { args::input("v", v, v_len)? };
+        let o = unsafe { args::output("o", o, o_len, &[("q", q), ("k", k), ("v", v)])? };
+        let level =
+            handle.serve(|rt| rt.attention_masked(b, h, s, d, causal != 0, lens, q, k, v, o))?;
         unsafe { args::put_optional(level_out, level_code(level)) };
         Ok(())
     })

@@ -188,6 +188,59 @@ fn null_and_misshapen_arguments_are_status_codes() {
         expect(st, AUTOKERNEL_OK, "");
         assert!((c[0] - 1.0).abs() < 1e-6);
 
+        // Masked: q = k = v = x; with key length 4 the same as unmasked; with key length 1
+        // every query sees only key 0, so each output row is v's row 0.
+        let y: Vec<f32> = (0..64).map(|i| (i % 7) as f32 * 0.1).collect();
+        let masked = |lens: &[i32], out: &mut [f32]| {
+            autokernel_runtime_attention_masked(
+                rt,
+                1,
+                1,
+                4,
+                16,
+                0,
+                lens.as_ptr(),
+                lens.len(),
+                y.as_ptr(),
+                64,
+                y.as_ptr(),
+                64,
+                y.as_ptr(),
+                64,
+                out.as_mut_ptr(),
+                64,
+                null_mut(),
+            )
+        };
+        let mut one = vec![0f32; 64];
+        expect(masked(&[1], &mut one), AUTOKERNEL_OK, "");
+        for row in one.chunks(16) {
+            assert_eq!(row, &y[..16]);
+        }
+        let (mut full, mut plain) = (vec![0f32; 64], vec![0f32; 64]);
+        expect(masked(&[4], &mut full), AUTOKERNEL_OK, "");
+        let st = autokernel_runtime_attention(
+            rt,
+            1,
+            1,
+            4,
+            16,
+            0,
+            y.as_ptr(),
+            64,
+            y.as_ptr(),
+            64,
+            y.as_ptr(),
+            64,
+            plain.as_mut_ptr(),
+            64,
+            null_mut(),
+        );
+        expect(st, AUTOKERNEL_OK, "");
+        assert_eq!(full, plain);
+        expect(masked(&[5], &mut full), AUTOKERNEL_SHAPE, "");
+        expect(masked(&[1, 1], &mut full), AUTOKERNEL_SHAPE, "key_lens");
+
         let mut json = null_mut();
         let st = autokernel_runtime_lookup(rt, c"gemm:1x2".as_ptr(), &mut json);
         expect(st, AUTOKERNEL_INVALID_ARGUMENT, "bad workload 'gemm:1x2'");
@@ -206,7 +259,7 @@ fn null_and_misshapen_arguments_are_status_codes() {
         assert_eq!(
             counts,
             AutokernelLookupCounts {
-                defaults: 2,
+                defaults: 5, // gemm, attention, and the three masked-test calls
                 ..Default::default()
             }
         );

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use kernels::Workload;
 use numpy::{PyArrayMethods, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyNotImplementedError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use runtime::{PrecisionPolicy, Runtime};
@@ -54,6 +54,45 @@ pub struct PyRuntime {
     rt: Runtime,
     threads: Threads,
     db_path: Option<PathBuf>,
+}
+
+/// The key length of each sequence from `mask`: (B,) lengths in 0..=S, or a (B, S) 0/1
+/// mask of 1s then 0s. Anything else is a ValueError naming `mask`.
+fn key_lengths(py: Python<'_>, mask: &Bound<'_, PyAny>, b: usize, s: usize) -> PyResult<Vec<i32>> {
+    let arr = py
+        .import("numpy")?
+        .call_method1("asarray", (mask,))?
+        .call_method1("astype", ("int64",))?;
+    let view: numpy::PyReadonlyArrayDyn<'_, i64> = arr.extract()?;
+    let a = view.as_array();
+    let bad = |why: String| PyValueError::new_err(format!("mask: {why}"));
+    match a.shape() {
+        [n] if *n == b => a
+            .iter()
+            .map(|&l| {
+                (0..=s as i64)
+                    .contains(&l)
+                    .then_some(l as i32)
+                    .ok_or_else(|| bad(format!("key length {l} is outside 0..={s}")))
+            })
+            .collect(),
+        [n, m] if (*n, *m) == (b, s) => (0..b)
+            .map(|i| {
+                let row: Vec<i64> = (0..s).map(|j| a[[i, j]]).collect();
+                let len = row.iter().take_while(|&&x| x == 1).count();
+                if row[len..].iter().all(|&x| x == 0) {
+                    Ok(len as i32)
+                } else {
+                    Err(bad(format!(
+                        "row {i} is not 1s then 0s (right padding is what is served)"
+                    )))
+                }
+            })
+            .collect(),
+        other => Err(bad(format!(
+            "expected ({b},) key lengths or a ({b}, {s}) 0/1 mask, got shape {other:?}"
+        ))),
+    }
 }
 
 /// Reads 2-D input `name`, returning it with its (rows, cols).
@@ -337,6 +376,10 @@ impl PyRuntime {
 
     /// Scaled dot-product attention: softmax(q·kᵀ/√D)·v over (B, H, S, D) float32 arrays;
     /// with `causal`, query i sees keys j ≤ i. Returns (B, H, S, D).
+    ///
+    /// mask: a padded batch: either the key lengths, (B,) integers in 0..=S, or a Hugging
+    ///     Face attention mask, (B, S) of 1s then 0s (right padding); keys past a sequence's
+    ///     length are not attended to, and a query that sees no key gets zeros.
     #[pyo3(signature = (q, k, v, causal=false, mask=None, out=None, *, copy=false))]
     #[allow(clippy::too_many_arguments)]
     fn attention<'py>(
@@ -350,15 +393,14 @@ impl PyRuntime {
         out: Option<&Bound<'py, PyAny>>,
         copy: bool,
     ) -> PyResult<F32Array<'py>> {
-        if mask.is_some_and(|m| !m.is_none()) {
-            return Err(PyNotImplementedError::new_err(
-                "attention masks are not in this build's runtime (mask=None only)",
-            ));
-        }
         let q = operand::input(q, "q", copy)?;
         let shape = q.shape().to_vec();
         let [b, h, s, d] = shape[..] else {
             return Err(operand::shape_err(&q, "q", "(B, H, S, D)"));
+        };
+        let key_lens = match mask.filter(|m| !m.is_none()) {
+            Some(m) => Some(key_lengths(py, m, b, s)?),
+            None => None,
         };
         let k = operand::input(k, "k", copy)?;
         expect_shape(&k, "k", &shape, &format!("{} like q", dims(&shape)))?;
@@ -367,9 +409,13 @@ impl PyRuntime {
         let o = out_array(py, out, &shape)?;
         with_views(&[(&q, "q"), (&k, "k"), (&v, "v")], &o, |ins, o_out| {
             self.threads
-                .run(py, || {
-                    self.rt
-                        .attention(b, h, s, d, causal, ins[0], ins[1], ins[2], o_out)
+                .run(py, || match &key_lens {
+                    Some(lens) => self
+                        .rt
+                        .attention_masked(b, h, s, d, causal, lens, ins[0], ins[1], ins[2], o_out),
+                    None => self
+                        .rt
+                        .attention(b, h, s, d, causal, ins[0], ins[1], ins[2], o_out),
                 })
                 .map_err(runtime_err)
         })?;

@@ -201,3 +201,24 @@ def test_the_gil_is_released_while_a_kernel_runs():
     assert len(during) >= 3, (len(during), n, end - start)
     gaps = np.diff([start] + during + [end])
     assert gaps.max() < max(0.5 * (end - start), 0.05), (gaps.max(), end - start)
+
+
+def test_attention_with_a_padding_mask_matches_numpy():
+    rt = autokernel.Runtime()
+    b, h, s, d = 3, 2, 13, 16
+    q, k, v = rand(b, h, s, d), rand(b, h, s, d), rand(b, h, s, d)
+    lens = [13, 5, 1]
+    hf_mask = np.array([[1] * n + [0] * (s - n) for n in lens])
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d)
+    keep = (np.arange(s)[None, :] < np.array(lens)[:, None])[:, None, None, :]
+    scores = np.where(keep, scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ v
+    for mask in (np.array(lens), hf_mask, hf_mask.astype(bool)):
+        np.testing.assert_allclose(rt.attention(q, k, v, mask=mask), ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="mask"):
+        rt.attention(q, k, v, mask=np.array([1, 0, 1] + [0] * (s - 3))[None].repeat(b, 0))
+    with pytest.raises(ValueError, match="mask"):
+        rt.attention(q, k, v, mask=np.array([14, 1, 1]))
+    with pytest.raises(ValueError, match="mask"):
+        rt.attention(q, k, v, mask=np.ones((b, s + 1)))

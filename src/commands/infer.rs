@@ -306,7 +306,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
         let vs_f32 = (reduced && untuned.is_some())
             .then(|| agreement(scratch.output(), scratch_u.output(), &input.lens, seq, h));
         if let Some((cos, _)) = vs_f32 {
-            if !(cos >= MIN_COSINE_VS_F32) {
+            if cos.is_nan() || cos < MIN_COSINE_VS_F32 {
                 failures.push(format!(
                     "batch {batch} seq {seq} ({policy}): cosine similarity to the f32 model {cos:.6} < {MIN_COSINE_VS_F32}"
                 ));
