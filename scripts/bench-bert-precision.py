@@ -173,7 +173,7 @@ def ours(args, precision, b, s):
         "seqs_per_s": row["seqs_per_s"],
         "cosine_vs_f32": row.get("cosine_vs_f32"),
         "max_abs_err_vs_f32": row.get("max_abs_err_vs_f32"),
-        "calls": row.get("calls"), "calls_by_precision": row.get("calls_by_precision"),
+        "calls": row.get("calls"), "workloads_by_precision": row.get("workloads_by_precision"),
     }
 
 
