@@ -86,17 +86,18 @@ pub unsafe extern "C" fn autokernel_runtime_attention(
     o_len: usize,
     level_out: *mut c_int,
 ) -> c_int {
-    guard(|| {
-        // SAFETY (this block): the caller's contract above.
-        let handle = unsafe { args::handle("rt", rt)? };
-        let q = unsafe { args::input("q", q, q_len)? };
-        let k = unsafe { args::input("k", k, k_len)? };
-        let v = unsafe { args::input("v", v, v_len)? };
-        let o = unsafe { args::output("o", o, o_len, &[("q", q), ("k", k), ("v", v)])? };
-        let level = handle.serve(|rt| rt.attention(b, h, s, d, causal != 0, q, k, v, o))?;
-        unsafe { args::put_optional(level_out, level_code(level)) };
-        Ok(())
-    })
+    // SAFETY: the caller's contract above; no key lengths.
+    unsafe {
+        attention(
+            rt,
+            [b, h, s, d],
+            causal,
+            None,
+            [(q, q_len), (k, k_len), (v, v_len)],
+            (o, o_len),
+            level_out,
+        )
+    }
 }
 
 /// `autokernel_runtime_attention` on a padded batch: `key_lens` holds `b` key lengths (each
@@ -127,16 +128,50 @@ pub unsafe extern "C" fn autokernel_runtime_attention_masked(
     o_len: usize,
     level_out: *mut c_int,
 ) -> c_int {
+    // SAFETY: the caller's contract above.
+    unsafe {
+        attention(
+            rt,
+            [b, h, s, d],
+            causal,
+            Some((key_lens, key_lens_len)),
+            [(q, q_len), (k, k_len), (v, v_len)],
+            (o, o_len),
+            level_out,
+        )
+    }
+}
+
+/// The body of both attention entry points: `key_lens` `None` for unmasked attention, else
+/// the (pointer, length) of the key lengths, checked like every other buffer.
+///
+/// # Safety
+/// As `autokernel_runtime_attention_masked`.
+unsafe fn attention(
+    rt: *const AutokernelRuntime,
+    [b, h, s, d]: [usize; 4],
+    causal: c_int,
+    key_lens: Option<(*const i32, usize)>,
+    [(q, q_len), (k, k_len), (v, v_len)]: [(*const f32, usize); 3],
+    (o, o_len): (*mut f32, usize),
+    level_out: *mut c_int,
+) -> c_int {
     guard(|| {
-        // SAFETY (this block): the caller's contract above.
+        // SAFETY (this block): the caller's contract.
         let handle = unsafe { args::handle("rt", rt)? };
-        let lens = unsafe { args::input("key_lens", key_lens, key_lens_len)? };
+        let lens = match key_lens {
+            Some((p, n)) => Some(unsafe { args::input("key_lens", p, n)? }),
+            None => None,
+        };
         let q = unsafe { args::input("q", q, q_len)? };
         let k = unsafe { args::input("k", k, k_len)? };
         let v = unsafe { args::input("v", v, v_len)? };
         let o = unsafe { args::output("o", o, o_len, &[("q", q), ("k", k), ("v", v)])? };
-        let level =
-            handle.serve(|rt| rt.attention_masked(b, h, s, d, causal != 0, lens, q, k, v, o))?;
+        let causal = causal != 0;
+        let level = handle.serve(|rt| match lens {
+            Some(lens) => rt.attention_masked(b, h, s, d, causal, lens, q, k, v, o),
+            None => rt.attention(b, h, s, d, causal, q, k, v, o),
+        })?;
         unsafe { args::put_optional(level_out, level_code(level)) };
         Ok(())
     })
