@@ -65,6 +65,10 @@
 // `C = gelu(A·B + bias)`, GELU in its tanh form.
 #define AUTOKERNEL_ACT_GELU 2
 
+// `C = gelu(A·B + bias)`, GELU in its exact erf form (`hidden_act: "gelu"` of most published
+// BERT checkpoints).
+#define AUTOKERNEL_ACT_GELU_ERF 3
+
 // A runtime: a tuning database indexed for this machine, and the threads its kernels run
 // on. Opaque; made by `autokernel_runtime_open`, freed by `autokernel_runtime_free`.
 // Shareable between threads.
