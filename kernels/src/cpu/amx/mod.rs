@@ -50,20 +50,44 @@ pub trait TileUnit: Sized {
     /// Whether it runs `tdpbf16ps` (AMX-BF16).
     fn bf16(&self) -> bool;
     /// `ldtilecfg`: the configuration, every tile zeroed.
+    ///
+    /// # Safety
+    /// The trait's contract (see [`TileUnit`]).
     unsafe fn configure(&mut self, cfg: &TileConfig);
     /// `tilerelease`: back to the initial (unconfigured, zero) state.
+    ///
+    /// # Safety
+    /// The trait's contract (see [`TileUnit`]).
     unsafe fn release(&mut self);
     /// `tilezero tmmT`.
+    ///
+    /// # Safety
+    /// The trait's contract (see [`TileUnit`]).
     unsafe fn zero<const T: u8>(&mut self);
     /// `tileloadd tmmT, [src + stride]`.
+    ///
+    /// # Safety
+    /// The trait's contract (see [`TileUnit`]).
     unsafe fn load<const T: u8>(&mut self, src: *const u8, stride: usize);
     /// `tilestored [dst + stride], tmmT`.
+    ///
+    /// # Safety
+    /// The trait's contract (see [`TileUnit`]).
     unsafe fn store<const T: u8>(&mut self, dst: *mut u8, stride: usize);
     /// `tdpbusd tmmC, tmmA, tmmB`: `u8` rows of A times `s8` columns of B into i32.
+    ///
+    /// # Safety
+    /// The trait's contract (see [`TileUnit`]).
     unsafe fn dpbusd<const C: u8, const A: u8, const B: u8>(&mut self);
     /// `tdpbssd tmmC, tmmA, tmmB`: `s8` times `s8` into i32.
+    ///
+    /// # Safety
+    /// The trait's contract (see [`TileUnit`]).
     unsafe fn dpbssd<const C: u8, const A: u8, const B: u8>(&mut self);
     /// `tdpbf16ps tmmC, tmmA, tmmB`: bf16 pairs into f32.
+    ///
+    /// # Safety
+    /// The trait's contract (see [`TileUnit`]).
     unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self);
 }
 

@@ -143,7 +143,7 @@ fn emulated_bf16_dot_follows_its_definition() {
             &mut Emulated::default(),
             "tdpbf16ps",
             (m, k, n),
-            &bytes(&c),
+            bytes(&c),
             &bf16_tile(&a),
             &bf16_tile(&b),
         );
@@ -164,7 +164,7 @@ fn emulated_bf16_dot_follows_its_definition() {
         &mut Emulated::default(),
         "tdpbf16ps",
         (1, 1, 1),
-        &bytes(&[0f32]),
+        bytes(&[0f32]),
         &bf16_tile(&[tiny, 0.0]),
         &bf16_tile(&[2f32.powi(100), 0.0]),
     );
@@ -175,7 +175,7 @@ fn emulated_bf16_dot_follows_its_definition() {
         &mut Emulated::default(),
         "tdpbf16ps",
         (1, 1, 1),
-        &bytes(&[0f32]),
+        bytes(&[0f32]),
         &bf16_tile(&[small, 0.0]),
         &bf16_tile(&[small, 0.0]),
     );
