@@ -168,6 +168,11 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         for w in skipped {
             eprintln!("note: no kernel family runs {w} on this device; skipped");
         }
+        // Reduced precision is where AMX would serve: say once why it does not here.
+        let reduced = workloads.iter().any(|w| w.dtype() != kernels::DType::F32);
+        if let (true, Some(why)) = (reduced, &kernels::amx::state().refused) {
+            eprintln!("note: {why}");
+        }
     }
     let (workloads, db_path) = shard_plan(&args, workloads)?;
     if args.dry_run {

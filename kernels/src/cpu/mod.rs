@@ -1,6 +1,7 @@
 //! CPU kernel families, and the SIMD level they run at ([`Isa`], detected once in
 //! `kernels/src/isa.rs`, part of the vocabulary because the hardware fingerprint records it).
 
+pub mod amx;
 pub mod attention;
 pub mod bgemm;
 pub mod gemm;

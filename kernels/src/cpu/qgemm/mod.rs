@@ -18,11 +18,20 @@
 //! Inputs and output are f32, as for the f32 GEMM: A (activations) is quantised per row on
 //! every call ([`quant::quantize_rows`], `u8` asymmetric or `s8` symmetric: the `a_quant`
 //! knob), B (weights) per output column, symmetric s8 ([`quant::QuantB`]); the integer
-//! product is exact in i32 ([`ukernel`]: AVX512_VNNI, AVX2, portable); the store dequantises
-//! with the zero-point correction. Knobs: `ukernel` (tile shape and ISA), `a_quant`, `kc`
+//! product is exact in i32 ([`ukernel`]: AMX `tdpbusd`, AVX512_VNNI, AVX2, portable); the
+//! store dequantises with the zero-point correction.
+//!
+//! AMX kernels (`amx_32x32`, `amx_16x64`, `amx_64x16`, `amx_8x64`: four accumulator tiles
+//! in 2×2, 1×4 or 4×1, tile rows 16 or 8) are written once over a tile-unit trait
+//! ([`crate::cpu::amx`]) and share B's packing with the others: a panel's group of 4 depths
+//! is one AMX B-tile row. They are offered only where the fingerprint has `amx_int8` (the CPU
+//! has it and Linux granted the tile state) and run only there; on every other CPU the tests
+//! run the same kernel bodies, through this driver, on the emulated tile unit. Knobs: `ukernel` (tile shape and ISA), `a_quant`, `kc`
 //! (depth per block), `par` (`none`; `m`: row blocks on `threads` tasks; `n`: column panels
 //! on `threads` tasks, for few rows) and `threads`.
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+mod amx;
 pub mod quant;
 pub mod ukernel;
 
@@ -66,13 +75,15 @@ fn kc_cap(k: usize) -> usize {
 const PARALLEL_MIN_MACS: f64 = 256.0 * 256.0 * 256.0;
 
 /// The micro-kernels offered on `hw`: those of its ISA level (AVX2 ones on AVX-512 too), the
-/// VNNI ones only where its flags have `avx512vnni`.
+/// VNNI ones only where its flags have `avx512vnni`, the AMX ones only where they have
+/// `amx_int8` (reported only where the OS granted the tile state).
 fn offered(hw: &HardwareFingerprint) -> Vec<&'static DotKernel> {
     let best = Isa::of(hw);
-    let vnni = hw.isa.iter().any(|f| f == "avx512vnni");
     KERNELS
         .iter()
-        .filter(|k| k.isa.offered_under(best) && (!k.vnni || vnni))
+        .filter(|k| {
+            k.isa.offered_under(best) && k.needs.is_none_or(|f| hw.isa.iter().any(|x| x == f))
+        })
         .collect()
 }
 
@@ -161,51 +172,57 @@ impl Kernel for GemmI8 {
         if !self.supports(w) {
             return Err(unsupported(NAME, w));
         }
-        let (m, n, k) = dims(w);
         let name = str_knob(NAME, c, "ukernel")?;
         let uk = ukernel::DotKernel::by_name(name)
             .ok_or_else(|| invalid(NAME, c, format!("ukernel '{name}' does not run here")))?;
-        let a_quant = match str_knob(NAME, c, "a_quant")? {
-            "u8" => AQuant::U8,
-            "s8" => AQuant::S8,
-            other => return Err(invalid(NAME, c, format!("unknown a_quant '{other}'"))),
-        };
-        let split = match str_knob(NAME, c, "par")? {
-            "none" => Split::None,
-            "m" => Split::M,
-            "n" => Split::N,
-            other => return Err(invalid(NAME, c, format!("unknown par '{other}'"))),
-        };
-        let threads = match split {
-            Split::None => 1,
-            _ => int_knob(NAME, c, "threads")?.max(1),
-        };
-        let act = match w {
-            Workload::GemmBiasAct { act, .. } => Some(*act),
-            _ => None,
-        };
-        let kc = int_knob(NAME, c, "kc")?;
-        if !kc.is_multiple_of(4) || kc == 0 {
-            return Err(invalid(
-                NAME,
-                c,
-                format!("kc {kc} is not a positive multiple of 4"),
-            ));
-        }
-        Ok(Box::new(QGemm {
-            w: *w,
-            m,
-            n,
-            k,
-            kc,
-            act,
-            uk,
-            a_quant,
-            split,
-            threads,
-            weights: WeightCache::default(),
-        }))
+        Ok(Box::new(build_with(w, c, uk)?))
     }
+}
+
+/// The int8 GEMM of the supported workload `w` with the knobs of `c` on micro-kernel `uk`
+/// (the `ukernel` knob, resolved by the caller).
+fn build_with(w: &Workload, c: &Config, uk: &'static DotKernel) -> Result<QGemm> {
+    let (m, n, k) = dims(w);
+    let a_quant = match str_knob(NAME, c, "a_quant")? {
+        "u8" => AQuant::U8,
+        "s8" => AQuant::S8,
+        other => return Err(invalid(NAME, c, format!("unknown a_quant '{other}'"))),
+    };
+    let split = match str_knob(NAME, c, "par")? {
+        "none" => Split::None,
+        "m" => Split::M,
+        "n" => Split::N,
+        other => return Err(invalid(NAME, c, format!("unknown par '{other}'"))),
+    };
+    let threads = match split {
+        Split::None => 1,
+        _ => int_knob(NAME, c, "threads")?.max(1),
+    };
+    let act = match w {
+        Workload::GemmBiasAct { act, .. } => Some(*act),
+        _ => None,
+    };
+    let kc = int_knob(NAME, c, "kc")?;
+    if !kc.is_multiple_of(4) || kc == 0 {
+        return Err(invalid(
+            NAME,
+            c,
+            format!("kc {kc} is not a positive multiple of 4"),
+        ));
+    }
+    Ok(QGemm {
+        w: *w,
+        m,
+        n,
+        k,
+        kc,
+        act,
+        uk,
+        a_quant,
+        split,
+        threads,
+        weights: WeightCache::default(),
+    })
 }
 
 /// A built int8 GEMM.
@@ -491,7 +508,7 @@ mod tests {
                 let key = (c.str("a_quant").unwrap().to_string(), uk.max_code);
                 let want = exact
                     .entry(key)
-                    .or_insert_with(|| integer_reference(&p, &c));
+                    .or_insert_with(|| integer_reference(&p, &c, uk));
                 assert!(out == *want, "{w} {c}: not the exact integer product");
             }
         }
@@ -540,12 +557,62 @@ mod tests {
         }
     }
 
-    /// The output computed from the exact integer product of the operands quantised as `c`
-    /// quantises them (i64 sums, no SIMD), then the same bias + activation: the kernels' i32
-    /// products must equal it exactly, so the outputs agree to the bit.
-    fn integer_reference(p: &Problem, c: &Config) -> Vec<f32> {
-        let (m, n, k) = p.workload.gemm_dims().unwrap();
-        let uk = DotKernel::by_name(c.str("ukernel").unwrap()).unwrap();
+    /// The AMX kernel bodies on the emulated tile unit, through the whole driver (row and
+    /// column edges, depth blocks, K remainders, both splits, bias + activation), on every
+    /// CPU: the outputs equal the exact integer product's to the bit, extreme codes too.
+    #[test]
+    fn emulated_amx_kernels_through_the_driver_equal_the_integer_product() {
+        for text in [
+            "gemm:1x1x1:i8",
+            "gemm:1x67x65:i8",
+            "gemm:63x65x67:i8",
+            "gemm:67x63x130:i8",
+            "gemm:65x97x64:i8",
+            "gemm:31x17x251:i8",
+            "gemm_bias_gelu:13x67x200:i8",
+        ] {
+            let w: Workload = text.parse().unwrap();
+            let (m, n, k) = w.gemm_dims().unwrap();
+            for extreme in [false, true] {
+                let mut p = Problem::random(&w, 11);
+                if extreme {
+                    // u8 codes 255 everywhere (zero point 0); s8 weights ±127 by column.
+                    p.inputs[0] = vec![1.0; m * k];
+                    p.inputs[1] = (0..k * n)
+                        .map(|i| if i % n % 2 == 0 { 1.0 } else { -1.0 })
+                        .collect();
+                }
+                for uk in amx::EMULATED {
+                    for (a_quant, kc, par) in
+                        [("u8", 128usize, "none"), ("s8", 256, "m"), ("u8", 64, "n")]
+                    {
+                        let mut c = Config::default();
+                        c.set("ukernel", uk.name);
+                        c.set("a_quant", a_quant);
+                        c.set("kc", kc);
+                        c.set("par", par);
+                        c.set("threads", if par == "none" { 1usize } else { 2 });
+                        let exe = build_with(&w, &c, uk).unwrap();
+                        let mut out = vec![f32::NAN; w.output_len()];
+                        exe.run_f32(&p.input_slices(), &mut out).unwrap();
+                        let want = integer_reference(&p, &c, uk);
+                        assert!(
+                            out == want,
+                            "{w} {c} extreme {extreme}: not the exact product"
+                        );
+                        if extreme && a_quant == "u8" {
+                            let qa = quantize(&p, &c, uk);
+                            assert!(qa.codes[..k].iter().all(|&x| x == 255), "{w}: codes 255");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A's codes as configuration `c` on kernel `uk` quantises them.
+    fn quantize(p: &Problem, c: &Config, uk: &DotKernel) -> QuantA {
+        let k = p.workload.gemm_dims().unwrap().2;
         let scheme = if c.str("a_quant") == Some("s8") {
             AQuant::S8
         } else {
@@ -553,6 +620,15 @@ mod tests {
         };
         let mut qa = QuantA::default();
         quant::quantize_rows(&p.inputs[0], k, scheme, uk.max_code, &mut qa);
+        qa
+    }
+
+    /// The output computed from the exact integer product of the operands quantised as `c`
+    /// quantises them for kernel `uk` (i64 sums, no SIMD), then the same bias + activation:
+    /// the kernels' i32 products must equal it exactly, so the outputs agree to the bit.
+    fn integer_reference(p: &Problem, c: &Config, uk: &DotKernel) -> Vec<f32> {
+        let (m, n, k) = p.workload.gemm_dims().unwrap();
+        let qa = quantize(p, c, uk);
         let qb = QuantB::new(&p.inputs[1], k, n, uk.nr);
         let mut out = vec![0f32; m * n];
         for i in 0..m {

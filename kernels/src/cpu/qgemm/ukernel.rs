@@ -8,13 +8,19 @@
 //!   i16; with activation codes kept below 128 (`max_code` 127) a pair sum is at most
 //!   `2·127·127 = 32258 < 32767`, so nothing saturates and the result is exact — at the price
 //!   of one bit of activation precision, which the accuracy check of every record measures.
+//! - `amx_*`: `tdpbusd` on AMX tiles (Sapphire Rapids and later, where the OS granted the
+//!   tile state), in several tile arrangements ([`super::amx`]); 8-bit activation codes.
 //! - `portable_*`: scalar, for every other CPU (and as the reference shape of the others).
 
+#[cfg(target_arch = "x86_64")]
+use super::amx;
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::amx::AsmTiles;
 use crate::cpu::Isa;
 
 /// `(kp, a, lda, b_panel, acc, accumulate)`:
 /// `acc[r·NR + c] (+)= Σ_{p<kp} a[r·lda + p] · b[(p/4·NR + c)·4 + p%4]`.
-type DotFn = unsafe fn(usize, *const u8, usize, *const i8, *mut i32, bool);
+pub(super) type DotFn = unsafe fn(usize, *const u8, usize, *const i8, *mut i32, bool);
 
 /// One micro-kernel: its name (the `ukernel` knob's value), tile shape, the largest
 /// activation code it is exact for, and the ISA it needs.
@@ -26,8 +32,9 @@ pub struct DotKernel {
     /// 255, or 127 for kernels that sum `u8·s8` pairs in i16.
     pub max_code: u8,
     pub isa: Isa,
-    /// Whether it also needs AVX512_VNNI (checked at run time with the ISA).
-    pub vnni: bool,
+    /// The fingerprint flag it needs besides its ISA level (`avx512vnni`, `amx_int8`),
+    /// checked at run time with the ISA.
+    pub needs: Option<&'static str>,
     f: DotFn,
 }
 
@@ -44,6 +51,15 @@ pub static KERNELS: &[DotKernel] = &[
     vnni("avx512vnni_2x64", 2, 64, x86::vnni::<2, 4>),
     #[cfg(target_arch = "x86_64")]
     vnni("avx512vnni_1x64", 1, 64, x86::vnni::<1, 4>),
+    // AMX: after the VNNI kernels, so defaults stay on VNNI; tuning picks them.
+    #[cfg(target_arch = "x86_64")]
+    amx("amx_32x32", 32, 32, amx::dot::<AsmTiles, amx::Square, 16>),
+    #[cfg(target_arch = "x86_64")]
+    amx("amx_16x64", 16, 64, amx::dot::<AsmTiles, amx::Wide, 16>),
+    #[cfg(target_arch = "x86_64")]
+    amx("amx_64x16", 64, 16, amx::dot::<AsmTiles, amx::Tall, 16>),
+    #[cfg(target_arch = "x86_64")]
+    amx("amx_8x64", 8, 64, amx::dot::<AsmTiles, amx::Wide, 8>),
     #[cfg(target_arch = "x86_64")]
     avx2("avx2_4x16", 4, 16, x86::maddubs::<4, 2>),
     #[cfg(target_arch = "x86_64")]
@@ -58,7 +74,7 @@ pub static KERNELS: &[DotKernel] = &[
         8,
         255,
         Isa::Portable,
-        false,
+        None,
         portable::<4, 8>,
     ),
 ];
@@ -66,23 +82,30 @@ pub static KERNELS: &[DotKernel] = &[
 /// An AVX512_VNNI kernel (8-bit activation codes).
 #[cfg(target_arch = "x86_64")]
 const fn vnni(name: &'static str, mr: usize, nr: usize, f: DotFn) -> DotKernel {
-    DotKernel::new(name, mr, nr, 255, Isa::Avx512, true, f)
+    DotKernel::new(name, mr, nr, 255, Isa::Avx512, Some("avx512vnni"), f)
+}
+
+/// An AMX-INT8 kernel (8-bit activation codes; AMX CPUs all have AVX-512, whose ISA cap
+/// turns AMX off too).
+#[cfg(target_arch = "x86_64")]
+const fn amx(name: &'static str, mr: usize, nr: usize, f: DotFn) -> DotKernel {
+    DotKernel::new(name, mr, nr, 255, Isa::Avx512, Some("amx_int8"), f)
 }
 
 /// An AVX2 kernel (7-bit activation codes: see the module docs).
 #[cfg(target_arch = "x86_64")]
 const fn avx2(name: &'static str, mr: usize, nr: usize, f: DotFn) -> DotKernel {
-    DotKernel::new(name, mr, nr, 127, Isa::Avx2, false, f)
+    DotKernel::new(name, mr, nr, 127, Isa::Avx2, None, f)
 }
 
 impl DotKernel {
-    const fn new(
+    pub(super) const fn new(
         name: &'static str,
         mr: usize,
         nr: usize,
         max_code: u8,
         isa: Isa,
-        vnni: bool,
+        needs: Option<&'static str>,
         f: DotFn,
     ) -> DotKernel {
         DotKernel {
@@ -91,14 +114,20 @@ impl DotKernel {
             nr,
             max_code,
             isa,
-            vnni,
+            needs,
             f,
         }
     }
 
-    /// Whether this CPU runs it.
+    /// Whether this CPU (and OS, for AMX) runs it.
     pub fn available(&self) -> bool {
-        self.isa.available() && (!self.vnni || has_vnni())
+        self.isa.available()
+            && match self.needs {
+                None => true,
+                Some("avx512vnni") => has_vnni(),
+                Some("amx_int8") => has_amx_int8(),
+                Some(_) => false,
+            }
     }
 
     /// The kernel called `name`, if this CPU runs it.
@@ -167,6 +196,17 @@ pub fn quantize_rows_fast(
         return unsafe { x86::quantize_rows_avx2(a, k, scheme, max_code, q) };
     }
     super::quant::quantize_rows(a, k, scheme, max_code, q)
+}
+
+/// Whether this process may run AMX-INT8 (the CPU has it, Linux granted the tile data
+/// state, the ISA cap allows AVX-512): [`crate::cpu::amx::granted`].
+pub fn has_amx_int8() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::cpu::amx::granted("amx_int8")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Whether the CPU has AVX512_VNNI (and the ISA cap allows AVX-512), detected once.

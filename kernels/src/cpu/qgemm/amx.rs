@@ -1,0 +1,366 @@
+//! AMX int8 micro-kernels: one `MR × NR` tile of the driver's contract
+//! (`acc[r·NR + c] (+)= Σ_p a[r·lda + p] · b[(p/4·NR + c)·4 + p%4]`) with `tdpbusd`, written
+//! once over [`TileUnit`], so the same body runs on the real tile unit ([`AsmTiles`]) and on
+//! the emulated one (tests, every CPU).
+//!
+//! Four accumulator tiles (`tmm0..tmm3`, `rows × 16` i32 each) in one of three arrangements —
+//! 2×2 (`MR = 2·rows`, `NR = 32`), 1×4 (`rows`, 64), 4×1 (`4·rows`, 16) — and the operand
+//! tiles in `tmm4..tmm7`. The tile rows (≤ 16) are part of the kernel, so few-row shapes
+//! compute no padded rows. Activations use full 8-bit codes (`max_code` 255: `tdpbusd` sums
+//! `u8·s8` products in i32, nothing saturates).
+//!
+//! The B panel is already the AMX B-tile layout: a group of 4 depths is one row of `NR`
+//! columns × 4 bytes, so the B tile of columns `16j..16j+16` and depths `64s..64s+64` is 16
+//! rows of 64 bytes at `(64·s·NR + 64·j)` bytes, `4·NR` bytes apart. An A tile is `rows` rows
+//! of 64 codes, `lda` apart. The accumulators are loaded from (or zeroed for) and stored to
+//! `acc`, `4·NR` bytes per row.
+//!
+//! Depth: the driver pads K to a multiple of 4; the kernel steps it by 64. A remainder below
+//! 64 is copied, zero-padded to 64, into staging tiles on the stack (A: `MR × 64` bytes;
+//! B: 16 rows × `4·NR`) and takes one more step: the zeros add nothing, and no load reads past
+//! the operands. The tile state is configured at the start of every call and released at its
+//! end (the session's `Drop`, on every path).
+
+#[cfg(test)]
+use super::ukernel::{DotFn, DotKernel};
+#[cfg(test)]
+use crate::cpu::amx::Emulated;
+use crate::cpu::amx::{bytes, bytes_mut, TileConfig, TileUnit, Tiles};
+
+/// How the four accumulator tiles cover the `MR × NR` tile, and the K step over them.
+pub(super) trait Arrangement {
+    /// Accumulator tiles down (row tiles) and across (16-column tiles).
+    const RT: usize;
+    const CT: usize;
+
+    /// The tile configuration for accumulator tiles of `rows` rows.
+    fn config(rows: usize) -> TileConfig;
+
+    /// One K step of 64: `a` at the step's first depth (`rows·RT` rows `lda` apart), `b` at
+    /// its first group row (16 rows `ldb` bytes apart, `CT` column tiles 64 bytes apart).
+    fn step<U: TileUnit>(
+        t: &mut Tiles<'_, U>,
+        a: &[u8],
+        lda: usize,
+        rows: usize,
+        b: &[u8],
+        ldb: usize,
+    );
+}
+
+/// Accumulator tiles `tmm0..tmm3`, `rows × 64` bytes; the given operand tiles A (`rows × 64`)
+/// and B (`16 × 64`).
+fn config(rows: usize, a: &[u8], b: &[u8]) -> TileConfig {
+    let mut c = TileConfig::new();
+    for t in 0..4 {
+        c = c.tile(t, rows, 64);
+    }
+    for &t in a {
+        c = c.tile(t, rows, 64);
+    }
+    for &t in b {
+        c = c.tile(t, 16, 64);
+    }
+    c
+}
+
+/// 2×2: A in `tmm4, tmm5`, B in `tmm6, tmm7`; each operand tile feeds two dot products.
+pub(super) struct Square;
+
+impl Arrangement for Square {
+    const RT: usize = 2;
+    const CT: usize = 2;
+
+    fn config(rows: usize) -> TileConfig {
+        config(rows, &[4, 5], &[6, 7])
+    }
+
+    fn step<U: TileUnit>(
+        t: &mut Tiles<'_, U>,
+        a: &[u8],
+        lda: usize,
+        rows: usize,
+        b: &[u8],
+        ldb: usize,
+    ) {
+        t.load::<4>(a, lda);
+        t.load::<5>(&a[rows * lda..], lda);
+        t.load::<6>(b, ldb);
+        t.load::<7>(&b[64..], ldb);
+        t.dpbusd::<0, 4, 6>();
+        t.dpbusd::<1, 4, 7>();
+        t.dpbusd::<2, 5, 6>();
+        t.dpbusd::<3, 5, 7>();
+    }
+}
+
+/// 1×4: A in `tmm4`; B in `tmm5..tmm7`, the fourth B tile reusing `tmm5`.
+pub(super) struct Wide;
+
+impl Arrangement for Wide {
+    const RT: usize = 1;
+    const CT: usize = 4;
+
+    fn config(rows: usize) -> TileConfig {
+        config(rows, &[4], &[5, 6, 7])
+    }
+
+    fn step<U: TileUnit>(
+        t: &mut Tiles<'_, U>,
+        a: &[u8],
+        lda: usize,
+        _rows: usize,
+        b: &[u8],
+        ldb: usize,
+    ) {
+        t.load::<4>(a, lda);
+        t.load::<5>(b, ldb);
+        t.load::<6>(&b[64..], ldb);
+        t.load::<7>(&b[128..], ldb);
+        t.dpbusd::<0, 4, 5>();
+        t.dpbusd::<1, 4, 6>();
+        t.dpbusd::<2, 4, 7>();
+        t.load::<5>(&b[192..], ldb);
+        t.dpbusd::<3, 4, 5>();
+    }
+}
+
+/// 4×1: B in `tmm4`; A in `tmm5..tmm7`, the fourth A tile reusing `tmm5`.
+pub(super) struct Tall;
+
+impl Arrangement for Tall {
+    const RT: usize = 4;
+    const CT: usize = 1;
+
+    fn config(rows: usize) -> TileConfig {
+        config(rows, &[5, 6, 7], &[4])
+    }
+
+    fn step<U: TileUnit>(
+        t: &mut Tiles<'_, U>,
+        a: &[u8],
+        lda: usize,
+        rows: usize,
+        b: &[u8],
+        ldb: usize,
+    ) {
+        t.load::<4>(b, ldb);
+        t.load::<5>(a, lda);
+        t.load::<6>(&a[rows * lda..], lda);
+        t.load::<7>(&a[2 * rows * lda..], lda);
+        t.dpbusd::<0, 5, 4>();
+        t.dpbusd::<1, 6, 4>();
+        t.dpbusd::<2, 7, 4>();
+        t.load::<5>(&a[3 * rows * lda..], lda);
+        t.dpbusd::<3, 5, 4>();
+    }
+}
+
+/// Runs `$body` once per accumulator tile, with `$t` the tile register (a constant).
+macro_rules! each_acc {
+    ($t:ident => $body:block) => {{
+        {
+            const $t: u8 = 0;
+            $body
+        }
+        {
+            const $t: u8 = 1;
+            $body
+        }
+        {
+            const $t: u8 = 2;
+            $body
+        }
+        {
+            const $t: u8 = 3;
+            $body
+        }
+    }};
+}
+
+/// Byte offset in `acc` of accumulator tile `t` (row tile `t / CT`, column tile `t % CT`).
+fn acc_offset<L: Arrangement>(t: u8, rows: usize, nr: usize) -> usize {
+    let (i, j) = (t as usize / L::CT, t as usize % L::CT);
+    (i * rows * nr + j * 16) * 4
+}
+
+/// The kernel body on `unit`: `kp` (a multiple of 4) depths of `a` (`RT·rows` rows `lda`
+/// apart) times the B panel chunk `b` (`kp/4` group rows of `NR·4` codes), into `acc`
+/// (`RT·rows × NR` i32), added to its values when `accumulate`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn body<U: TileUnit, L: Arrangement>(
+    unit: &mut U,
+    rows: usize,
+    kp: usize,
+    a: &[u8],
+    lda: usize,
+    b: &[i8],
+    acc: &mut [i32],
+    accumulate: bool,
+) {
+    let (mr, nr) = (L::RT * rows, L::CT * 16);
+    let ld = 4 * nr; // bytes per B group row and per accumulator row
+    let (b, acc) = (bytes(b), bytes_mut(acc));
+    let mut t = Tiles::configure(unit, L::config(rows));
+    each_acc!(T => {
+        let at = acc_offset::<L>(T, rows, nr);
+        if accumulate {
+            t.load::<T>(&acc[at..], ld);
+        } else {
+            t.zero::<T>();
+        }
+    });
+    let full = kp / 64 * 64;
+    for k0 in (0..full).step_by(64) {
+        L::step(&mut t, &a[k0..], lda, rows, &b[k0 * nr..], ld);
+    }
+    if full < kp {
+        let rem = kp - full;
+        let mut sa = [0u8; 64 * 64];
+        for (r, row) in sa.chunks_exact_mut(64).take(mr).enumerate() {
+            row[..rem].copy_from_slice(&a[r * lda + full..r * lda + kp]);
+        }
+        let mut sb = [0u8; 16 * 256];
+        sb[..rem * nr].copy_from_slice(&b[full * nr..kp * nr]);
+        L::step(&mut t, &sa, 64, rows, &sb, ld);
+    }
+    each_acc!(T => {
+        let at = acc_offset::<L>(T, rows, nr);
+        t.store::<T>(&mut acc[at..], ld);
+    });
+}
+
+/// The driver's entry point (`DotFn`) for arrangement `L`, tiles of `ROWS` rows, on the tile
+/// unit `U` (opened per call: the tile state is per thread).
+///
+/// # Safety
+/// `a` is readable for `MR` rows of `kp` codes `lda` apart, `b` for `kp·NR` codes, `acc`
+/// readable and writable for `MR·NR` values (`MR = RT·ROWS`, `NR = 16·CT`); `U` opens here
+/// (for the real unit: the process was granted AMX-INT8).
+pub(super) unsafe fn dot<U: TileUnit, L: Arrangement, const ROWS: usize>(
+    kp: usize,
+    a: *const u8,
+    lda: usize,
+    b: *const i8,
+    acc: *mut i32,
+    accumulate: bool,
+) {
+    let (mr, nr) = (L::RT * ROWS, L::CT * 16);
+    // SAFETY: the extents are the caller's contract (see above).
+    let (a, b, acc) = unsafe {
+        (
+            std::slice::from_raw_parts(a, (mr - 1) * lda + kp),
+            std::slice::from_raw_parts(b, kp * nr),
+            std::slice::from_raw_parts_mut(acc, mr * nr),
+        )
+    };
+    let mut unit = U::open().expect("the AMX tile unit opens where the kernel is available");
+    body::<U, L>(&mut unit, ROWS, kp, a, lda, b, acc, accumulate);
+}
+
+/// The AMX kernels on the emulated tile unit: the same bodies as the real ones in
+/// [`super::ukernel::KERNELS`] (a twin of each, same name and tile), plus odd tile rows.
+#[cfg(test)]
+pub(super) static EMULATED: &[DotKernel] = &[
+    emulated("amx_32x32", 32, 32, dot::<Emulated, Square, 16>),
+    emulated("amx_16x64", 16, 64, dot::<Emulated, Wide, 16>),
+    emulated("amx_64x16", 64, 16, dot::<Emulated, Tall, 16>),
+    emulated("amx_8x64", 8, 64, dot::<Emulated, Wide, 8>),
+    emulated("amx_6x32 (rows 3)", 6, 32, dot::<Emulated, Square, 3>),
+    emulated("amx_1x64 (rows 1)", 1, 64, dot::<Emulated, Wide, 1>),
+    emulated("amx_20x16 (rows 5)", 20, 16, dot::<Emulated, Tall, 5>),
+];
+
+/// An AMX kernel on the emulated unit: portable code, runs everywhere.
+#[cfg(test)]
+const fn emulated(name: &'static str, mr: usize, nr: usize, f: DotFn) -> DotKernel {
+    DotKernel::new(name, mr, nr, 255, crate::cpu::Isa::Portable, None, f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ukernel::{has_amx_int8, KERNELS};
+    use super::*;
+    use crate::rng::Rng;
+
+    /// `acc[r·nr + c] = Σ_p a[r·lda + p] · b[(p/4·nr + c)·4 + p%4]`, in i64.
+    fn reference(k: &DotKernel, kp: usize, a: &[u8], lda: usize, b: &[i8]) -> Vec<i64> {
+        let mut out = vec![0i64; k.mr * k.nr];
+        for r in 0..k.mr {
+            for c in 0..k.nr {
+                out[r * k.nr + c] = (0..kp)
+                    .map(|p| a[r * lda + p] as i64 * b[(p / 4 * k.nr + c) * 4 + p % 4] as i64)
+                    .sum();
+            }
+        }
+        out
+    }
+
+    /// Runs `k` on random (or extreme: 255 × ±127) codes for depths around the K step of 64
+    /// and checks it against the exact reference, fresh and accumulating.
+    fn check_kernel(k: &DotKernel, rng: &mut Rng) {
+        for kp in [4, 60, 64, 68, 128, 132, 196, 772] {
+            for (lda, extreme) in [(kp, false), (kp + 12, false), (kp + 4, true)] {
+                let a: Vec<u8> = (0..(k.mr - 1) * lda + kp)
+                    .map(|_| if extreme { 255 } else { rng.below(256) as u8 })
+                    .collect();
+                let b: Vec<i8> = (0..kp * k.nr)
+                    .map(|i| match (extreme, i / 4 % 2) {
+                        (true, 0) => 127,
+                        (true, _) => -127,
+                        (false, _) => (rng.below(255) as i32 - 127) as i8,
+                    })
+                    .collect();
+                let want = reference(k, kp, &a, lda, &b);
+                let mut acc = vec![7i32; k.mr * k.nr];
+                k.tile(kp, &a, lda, &b, &mut acc, false);
+                let got: Vec<i64> = acc.iter().map(|&x| x as i64).collect();
+                assert!(
+                    got == want,
+                    "{} kp {kp} lda {lda} extreme {extreme}",
+                    k.name
+                );
+                k.tile(kp, &a, lda, &b, &mut acc, true);
+                let twice = acc.iter().zip(&want).all(|(&x, &w)| x as i64 == 2 * w);
+                assert!(twice, "{} kp {kp}: accumulating", k.name);
+            }
+        }
+    }
+
+    #[test]
+    fn emulated_amx_kernels_equal_the_exact_integer_product() {
+        let mut rng = Rng::new(21);
+        for k in EMULATED {
+            check_kernel(k, &mut rng);
+        }
+    }
+
+    #[test]
+    fn every_real_amx_kernel_has_an_emulated_twin() {
+        let real: Vec<&DotKernel> = KERNELS
+            .iter()
+            .filter(|k| k.needs == Some("amx_int8"))
+            .collect();
+        #[cfg(target_arch = "x86_64")]
+        assert!(!real.is_empty());
+        for k in real {
+            let twin = EMULATED.iter().find(|e| e.name == k.name);
+            let twin = twin.unwrap_or_else(|| panic!("{} has no emulated twin", k.name));
+            assert_eq!((twin.mr, twin.nr, twin.max_code), (k.mr, k.nr, 255));
+        }
+    }
+
+    #[test]
+    fn real_amx_kernels_equal_the_exact_integer_product_where_granted() {
+        if !has_amx_int8() {
+            let line = "amx kernels: skipped: no AMX tile state on this CPU/OS\n";
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            return;
+        }
+        let mut rng = Rng::new(22);
+        for k in KERNELS.iter().filter(|k| k.needs == Some("amx_int8")) {
+            assert!(k.available());
+            check_kernel(k, &mut rng);
+        }
+    }
+}
