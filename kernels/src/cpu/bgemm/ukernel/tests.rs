@@ -20,6 +20,16 @@ fn pack_for(uk: &Bf16Kernel, a: &[f32], rows: usize, kc: usize) -> Vec<f32> {
     out
 }
 
+/// Why this process does not run `uk`, if it does not: `no AVX512_BF16 on this CPU`, or the
+/// level capped off by `AUTOKERNEL_ISA`.
+fn skip_reason(uk: &Bf16Kernel) -> Option<String> {
+    let what = uk.missing()?;
+    Some(match uk.isa <= Isa::cpu_best() && what != "AVX512_BF16" {
+        true => format!("{what} capped off by AUTOKERNEL_ISA"),
+        false => format!("no {what} on this CPU"),
+    })
+}
+
 /// Runs `uk` on random operands of depth `kc` over whole and clipped windows, with and
 /// without accumulation and an epilogue, and checks every element against the f64 sum of
 /// the bf16 products within f32 rounding.
@@ -85,8 +95,8 @@ fn check_tiles(uk: &Bf16Kernel, rng: &mut Rng) {
 fn every_available_kernel_computes_its_tile() {
     let mut rng = Rng::new(21);
     for uk in KERNELS {
-        match uk.missing() {
-            Some(what) => println!("skipped {}: no {what} on this CPU", uk.name),
+        match skip_reason(uk) {
+            Some(why) => println!("skipped {}: {why}", uk.name),
             None => check_tiles(uk, &mut rng),
         }
     }
@@ -126,8 +136,8 @@ fn every_avx512_kernel_has_an_emulated_twin() {
 fn real_vdpbf16ps_kernels_against_their_twins() {
     let mut rng = Rng::new(23);
     for uk in KERNELS.iter().filter(|k| k.bf16) {
-        if let Some(what) = uk.missing() {
-            println!("skipped {}: no {what} on this CPU", uk.name);
+        if let Some(why) = skip_reason(uk) {
+            println!("skipped {}: {why}", uk.name);
             continue;
         }
         let twin = twin_of(uk).expect("every AVX-512 kernel has a twin");
