@@ -13,6 +13,9 @@ weights, threads and batch/seq grid, interleaved rounds. Never used by tests or 
 2. Per round, per (batch, seq): our `autokernel infer --model DIR --precision P --json` for
    each P; PyTorch f32, `autocast(bfloat16)` and `quantize_dynamic` int8 (nn.Linear); ORT f32
    and int8. Every stack runs the same random token ids (seeded).
+   With `--python-precisions` (default f32,int8 when the `autokernel` package imports): the
+   same PyTorch model served by `autokernel.torch.optimize(model, precision=P)` (the Python
+   drop-in; same database), rows "autokernel.torch P", compared with the Rust `infer` rows.
 3. Accuracy: each PyTorch/ORT stack's cosine similarity and max |err| of `last_hidden_state`
    against PyTorch f32; ours as `infer` reports it against our f32 model (`cosine_vs_f32`,
    `max_abs_err_vs_f32`; our f32 matches transformers within 1e-4, tests/infer_cli.rs).
@@ -110,7 +113,22 @@ def time_calls(fn, iters):
     return out
 
 
-def peers(args, model, onnx_paths, b, s):
+_OPTIMIZED = {}
+
+
+def optimized(args, model, precision, shapes):
+    """The model served by the Python drop-in in `precision` (built once per precision)."""
+    import copy
+
+    import autokernel.torch as akt
+
+    if precision not in _OPTIMIZED:
+        _OPTIMIZED[precision] = akt.optimize(copy.deepcopy(model), db=args.db, threads=args.threads,
+                                             precision=precision, ms=[b * s for b, s in shapes])
+    return _OPTIMIZED[precision]
+
+
+def peers(args, model, onnx_paths, b, s, shapes=()):
     """Times and checks the PyTorch and ORT stacks on one (batch, seq)."""
     import numpy as np
     import onnxruntime as ort
@@ -135,8 +153,12 @@ def peers(args, model, onnx_paths, b, s):
         def run_i8():
             return q(input_ids=ids, attention_mask=mask).last_hidden_state
 
-        for name, fn in [("torch f32", run_f32), ("torch bf16 autocast", run_bf16),
-                         ("torch int8 dynamic", run_i8)]:
+        stacks = [("torch f32", run_f32), ("torch bf16 autocast", run_bf16), ("torch int8 dynamic", run_i8)]
+        for p in args.python_precisions:
+            opt = optimized(args, model, p, shapes)
+            stacks.append((f"autokernel.torch {p}",
+                           lambda opt=opt: opt(input_ids=ids, attention_mask=mask).last_hidden_state))
+        for name, fn in stacks:
             out = fn().float().numpy()
             rows[name] = (time_calls(fn, args.iters), out)
     opts = ort.SessionOptions()
@@ -191,7 +213,18 @@ def main():
     ap.add_argument("--max-rel-err", type=float, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="default bench_results/<fingerprint>")
+    ap.add_argument("--python-precisions", default=None,
+                    help="precisions to serve the PyTorch model in through autokernel.torch.optimize "
+                         "(default f32,int8 when the autokernel package imports; '' for none)")
     args = ap.parse_args()
+    if args.python_precisions is None:
+        try:
+            import autokernel.torch  # noqa: F401
+
+            args.python_precisions = "f32,int8"
+        except ImportError:
+            args.python_precisions = ""
+    args.python_precisions = [p for p in args.python_precisions.split(",") if p]
 
     import torch
 
@@ -217,7 +250,7 @@ def main():
                 row["round"] = r
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-            for row in peers(args, model, onnx_paths, b, s):
+            for row in peers(args, model, onnx_paths, b, s, shapes):
                 row["round"] = r
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -248,8 +281,8 @@ def write_report(args, hw, out_dir, rows, shapes):
              "exact erf) saved by save_pretrained; ours loads that directory", ""]
     for b, s in shapes:
         lines += [f"## batch {b} × seq {s}", "",
-                  "| implementation | p50 ms | seq/s | vs ORT int8 | vs torch bf16 | vs ORT f32 | cosine vs f32 | max abs err vs f32 |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| implementation | p50 ms | seq/s | vs ORT int8 | vs torch bf16 | vs ORT f32 | vs torch f32 | cosine vs f32 | max abs err vs f32 |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         def per_round(impl):
             return {r["round"]: r for r in rows if r["impl"] == impl and r["batch"] == b and r["seq"] == s}
         for impl in impls:
@@ -266,14 +299,21 @@ def write_report(args, hw, out_dir, rows, shapes):
             err = any_row.get("max_abs_err_vs_torch_f32", any_row.get("max_abs_err_vs_f32"))
             fmt = lambda x, f: ("—" if x is None else format(x, f))  # noqa: E731
             lines.append(f"| {impl} | {p50:.1f} | {b * 1e3 / p50:.1f} | {ratio('onnxruntime int8')} | "
-                         f"{ratio('torch bf16 autocast')} | {ratio('onnxruntime f32')} | "
+                         f"{ratio('torch bf16 autocast')} | {ratio('onnxruntime f32')} | {ratio('torch f32')} | "
                          f"{fmt(cos, '.6f')} | {fmt(err, '.2e')} |")
             summary.append({"impl": impl, "batch": b, "seq": s, "p50_ms": p50, "cosine": cos,
                             "max_abs_err": err})
+        for p in args.python_precisions:
+            py, rust = per_round(f"autokernel.torch {p}"), per_round(f"autokernel {p}")
+            rs = [py[k]["p50_ms"] / rust[k]["p50_ms"] for k in py if k in rust]
+            if rs:
+                lines.append(f"\nPython drop-in {p} / Rust `infer` {p}: {statistics.median(rs):.3f} "
+                             "(time ratio, median of rounds; 1.05 = 5% slower)")
         lines.append("")
     lines += ["Cosine / max abs err: PyTorch and ORT rows against PyTorch f32 on the same ids; "
               "autokernel rows against autokernel f32 (which matches transformers within 1e-4: "
-              "tests/infer_cli.rs, tests/fixtures/tiny-bert).", ""]
+              "tests/infer_cli.rs, tests/fixtures/tiny-bert); autokernel.torch rows (the Python "
+              "drop-in serving the PyTorch model) against PyTorch f32.", ""]
     with open(os.path.join(out_dir, "bert_precision.md"), "w") as f:
         f.write("\n".join(lines))
     with open(os.path.join(out_dir, "bert_precision.json"), "w") as f:

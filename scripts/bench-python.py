@@ -65,8 +65,8 @@ def bert(db, threads, batches, seq, iters, quick, root):
     import autokernel.torch as akt
 
     torch.set_num_threads(threads)
-    cfg = BertConfig(hidden_act="gelu_new") if not quick else BertConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, hidden_act="gelu_new")
+    cfg = BertConfig(hidden_act="gelu") if not quick else BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, hidden_act="gelu")
     torch.manual_seed(0)
     stock = BertModel(cfg).eval()
     opt = akt.optimize(copy.deepcopy(stock), db=db, threads=threads, ms=[b * seq for b in batches])

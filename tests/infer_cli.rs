@@ -256,6 +256,16 @@ fn a_checkpoint_is_tuned_from_its_config_and_matches_transformers_on_a_padded_ba
             serde_json::json!({ dtype: 4 }),
             "{r}"
         );
+        // Calls of one forward pass by the element type served: the GEMMs in `p`, attention
+        // in f32 (no reduced-precision attention on this path).
+        let by = &r["calls_by_precision"];
+        let total: u64 = ["exact", "same_arch", "nearest_shape", "default"]
+            .iter()
+            .map(|l| r["calls"][l].as_u64().unwrap())
+            .sum();
+        let reduced = by[p].as_u64().unwrap();
+        assert!(reduced >= 4 && reduced < total, "{r}");
+        assert_eq!(by["f32"].as_u64().unwrap() + reduced, total, "{r}");
         let cos = r["cosine_vs_f32"].as_f64().unwrap();
         assert!(cos >= min_cos && cos < 1.0, "{p}: cosine {cos}");
         assert!(r["max_abs_err_vs_f32"].as_f64().unwrap() > 0.0);
@@ -268,6 +278,7 @@ fn a_checkpoint_is_tuned_from_its_config_and_matches_transformers_on_a_padded_ba
         serde_json::json!({ "f32": 4 }),
         "{r}"
     );
+    assert_eq!(r["calls_by_precision"]["int8"], 0, "{r}");
 
     // A wrong result fails the transformers check too.
     let o = infer(&["--plant-fault", "--no-untuned"]);

@@ -65,6 +65,10 @@
 // `C = gelu(A·B + bias)`, GELU in its tanh form.
 #define AUTOKERNEL_ACT_GELU 2
 
+// `C = gelu(A·B + bias)`, GELU in its exact erf form (`hidden_act: "gelu"` of most published
+// BERT checkpoints).
+#define AUTOKERNEL_ACT_GELU_ERF 3
+
 // A runtime: a tuning database indexed for this machine, and the threads its kernels run
 // on. Opaque; made by `autokernel_runtime_open`, freed by `autokernel_runtime_free`.
 // Shareable between threads.
@@ -75,7 +79,9 @@ typedef struct AutokernelRuntime AutokernelRuntime;
 // `autokernel_weight_free`. Shareable between threads.
 typedef struct AutokernelWeight AutokernelWeight;
 
-// Lookups served so far by a runtime, by level.
+// Lookups served so far by a runtime, by level and by the element type served in (each
+// lookup counts once in each breakdown: an f32 call the precision policy serves in int8
+// counts under `int8`).
 typedef struct AutokernelLookupCounts {
   // Served by a record of this workload on this machine.
   uint64_t exact;
@@ -85,6 +91,12 @@ typedef struct AutokernelLookupCounts {
   uint64_t nearest_shape;
   // Served by the kernel default.
   uint64_t defaults;
+  // Served in f32.
+  uint64_t f32;
+  // Served in bf16.
+  uint64_t bf16;
+  // Served in int8.
+  uint64_t int8;
 } AutokernelLookupCounts;
 
 #ifdef __cplusplus

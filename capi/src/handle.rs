@@ -218,7 +218,9 @@ pub unsafe extern "C" fn autokernel_runtime_lookup(
     })
 }
 
-/// Lookups served so far by a runtime, by level.
+/// Lookups served so far by a runtime, by level and by the element type served in (each
+/// lookup counts once in each breakdown: an f32 call the precision policy serves in int8
+/// counts under `int8`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AutokernelLookupCounts {
@@ -230,6 +232,12 @@ pub struct AutokernelLookupCounts {
     pub nearest_shape: u64,
     /// Served by the kernel default.
     pub defaults: u64,
+    /// Served in f32.
+    pub f32: u64,
+    /// Served in bf16.
+    pub bf16: u64,
+    /// Served in int8.
+    pub int8: u64,
 }
 
 /// Writes the runtime's lookup counters to `*out`.
@@ -251,6 +259,9 @@ pub unsafe extern "C" fn autokernel_runtime_lookups(
             same_arch: n.same_arch,
             nearest_shape: n.nearest_shape,
             defaults: n.default,
+            f32: n.f32,
+            bf16: n.bf16,
+            int8: n.int8,
         };
         Ok(())
     })

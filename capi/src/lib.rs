@@ -57,7 +57,7 @@ pub use ops::{
 };
 pub use weight::{
     autokernel_runtime_linear, autokernel_weight_free, autokernel_weight_pack, AutokernelWeight,
-    AUTOKERNEL_ACT_GELU, AUTOKERNEL_ACT_NONE, AUTOKERNEL_ACT_RELU,
+    AUTOKERNEL_ACT_GELU, AUTOKERNEL_ACT_GELU_ERF, AUTOKERNEL_ACT_NONE, AUTOKERNEL_ACT_RELU,
 };
 
 /// The library's version, e.g. `"0.1.0"`. A static string: never freed.

@@ -16,6 +16,9 @@ pub const AUTOKERNEL_ACT_NONE: c_int = 0;
 pub const AUTOKERNEL_ACT_RELU: c_int = 1;
 /// `C = gelu(A·B + bias)`, GELU in its tanh form.
 pub const AUTOKERNEL_ACT_GELU: c_int = 2;
+/// `C = gelu(A·B + bias)`, GELU in its exact erf form (`hidden_act: "gelu"` of most published
+/// BERT checkpoints).
+pub const AUTOKERNEL_ACT_GELU_ERF: c_int = 3;
 
 /// A constant weight (the k×n B of a linear layer) packed once in the layouts of the tuned
 /// variants that serve it. Opaque; made by `autokernel_weight_pack`, freed by
@@ -31,8 +34,9 @@ fn act_of(code: c_int) -> Result<Act, CapiError> {
         AUTOKERNEL_ACT_NONE => Ok(Act::Identity),
         AUTOKERNEL_ACT_RELU => Ok(Act::Relu),
         AUTOKERNEL_ACT_GELU => Ok(Act::Gelu),
+        AUTOKERNEL_ACT_GELU_ERF => Ok(Act::GeluErf),
         other => Err(CapiError::invalid(format!(
-            "act = {other}: use AUTOKERNEL_ACT_NONE (0), _RELU (1) or _GELU (2)"
+            "act = {other}: use AUTOKERNEL_ACT_NONE (0), _RELU (1), _GELU (2) or _GELU_ERF (3)"
         ))),
     }
 }
@@ -148,9 +152,10 @@ mod tests {
     #[test]
     fn activation_codes_are_checked() {
         assert_eq!(act_of(AUTOKERNEL_ACT_GELU).unwrap(), Act::Gelu);
-        let e = act_of(3).unwrap_err();
+        assert_eq!(act_of(AUTOKERNEL_ACT_GELU_ERF).unwrap(), Act::GeluErf);
+        let e = act_of(4).unwrap_err();
         assert_eq!(e.code, crate::AUTOKERNEL_INVALID_ARGUMENT);
-        assert!(e.message.contains("act = 3"), "{e}");
+        assert!(e.message.contains("act = 4"), "{e}");
     }
 
     #[test]

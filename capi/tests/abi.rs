@@ -260,6 +260,7 @@ fn null_and_misshapen_arguments_are_status_codes() {
             counts,
             AutokernelLookupCounts {
                 defaults: 5, // gemm, attention, and the three masked-test calls
+                f32: 5,
                 ..Default::default()
             }
         );

@@ -8,10 +8,11 @@
 ``optimize`` replaces every float32 ``nn.Linear`` by an :class:`AutokernelLinear` whose weight
 is packed once; a Linear followed by its activation (a Hugging Face feed-forward block's
 ``dense`` + ``intermediate_act_fn``, or ``nn.Sequential(Linear, act)``) becomes one fused
-``gemm_bias_<act>`` call when the runtime has that epilogue (ReLU, tanh GELU). Hugging Face
-models' scaled-dot-product attention is served by the runtime through the ``autokernel``
-attention implementation; calls it cannot serve (an attention mask, dropout, another scale)
-run PyTorch's own. The ops are ``torch.library`` custom ops with fake implementations, so
+``gemm_bias_<act>`` call (ReLU, tanh GELU, exact-erf GELU). Hugging Face models'
+scaled-dot-product attention is served by the runtime through the ``autokernel`` attention
+implementation, padded batches included (a right-padding mask becomes per-sequence key
+lengths); calls it cannot serve (another mask pattern, dropout, another scale) run PyTorch's
+own. The ops are ``torch.library`` custom ops with fake implementations, so
 ``torch.compile`` and ``torch.export`` trace through them.
 """
 
@@ -79,16 +80,18 @@ def _(x, handle, bias):
 
 
 @torch.library.custom_op("autokernel::attention", mutates_args=())
-def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: int, causal: bool) -> torch.Tensor:
+def _attention_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: int, causal: bool, key_lengths: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     rt = _RUNTIMES[handle]
-    o = rt.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal)
+    o = rt.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal, mask=key_lengths)
     b, h, s, d = q.shape
     _record(f"attention:{b}x{h}x{s}x{d}" + (":causal" if causal else ""))
     return torch.from_numpy(o)
 
 
 @_attention_op.register_fake
-def _(q, k, v, handle, causal):
+def _(q, k, v, handle, causal, key_lengths=None):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -120,8 +123,8 @@ def _classify_act(module: nn.Module) -> Optional[str]:
     return None
 
 
-# The activations the runtime fuses into a linear layer (exact-erf GELU is not one yet).
-_FUSABLE = ("relu", "gelu_tanh")
+# The activations the runtime fuses into a linear layer.
+_FUSABLE = ("relu", "gelu_tanh", "gelu_erf")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,6 +157,8 @@ class AutokernelLinear(nn.Module):
             return torch.relu(y)
         if self.act == "gelu_tanh":
             return nn.functional.gelu(y, approximate="tanh")
+        if self.act == "gelu_erf":
+            return nn.functional.gelu(y)
         return y
 
     def extra_repr(self) -> str:
@@ -175,6 +180,29 @@ def _served(x: torch.Tensor) -> bool:
 # Hugging Face attention
 
 
+def _key_lengths(mask: torch.Tensor, causal: bool) -> Optional[torch.Tensor]:
+    """The per-sequence key lengths a Hugging Face 4-D attention mask encodes, or None when it
+    is not a right-padding mask (with the causal triangle when ``causal``).
+
+    ``mask`` is (B, 1 or H, Sq, Sk): boolean (True = attend) or additive float (0 = attend,
+    a large negative number = masked). The mask is checked in full, never guessed from one row.
+    """
+    if mask.dim() != 4:
+        return None
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    if mask.dtype != torch.bool and not bool(torch.all(allowed | (mask <= -1e4))):
+        return None  # a soft bias, not a mask
+    b, _, sq, sk = allowed.shape
+    lengths = allowed[:, 0, -1, :].sum(-1)  # the last query row sees every unpadded key
+    keys = torch.arange(sk, device=mask.device)
+    want = keys[None, None, None, :] < lengths[:, None, None, None]
+    if causal:
+        want = want & (keys[None, :] <= torch.arange(sq, device=mask.device)[:, None] + (sk - sq))
+    if not bool(torch.equal(allowed, want.expand_as(allowed))):
+        return None
+    return lengths.to(torch.int32)
+
+
 def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """The ``autokernel`` attention implementation of transformers: the runtime's attention when
     it computes the same thing, PyTorch's SDPA otherwise."""
@@ -185,7 +213,6 @@ def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
     plain = (
         handle is not None
-        and attention_mask is None
         and dropout == 0.0
         and (scaling is None or math.isclose(scaling, d**-0.5, rel_tol=1e-6))
         and query.shape == key.shape == value.shape
@@ -193,11 +220,15 @@ def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
         and not kwargs.get("softcap")
         and not (torch.is_grad_enabled() and query.requires_grad)
     )
+    lengths = None
+    if plain and attention_mask is not None:
+        lengths = _key_lengths(attention_mask, causal)
+        plain = lengths is not None
     if not plain:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
-    o = torch.ops.autokernel.attention(query, key, value, handle, causal)
+    o = torch.ops.autokernel.attention(query, key, value, handle, causal, lengths)
     return o.transpose(1, 2).contiguous(), None
 
 
@@ -245,6 +276,31 @@ def _linear_ok(m: nn.Module) -> Optional[str]:
     return None
 
 
+def _limit_torch_threads(model: nn.Module, n: int) -> None:
+    """Runs ``model``'s forward with PyTorch's intra-op threads set to ``n``, restored after.
+
+    PyTorch's OpenMP workers spin for a while after each parallel op; between two runtime
+    calls (a LayerNorm, a residual add) they wake, and then spin on the very cores the
+    runtime's kernels are about to use. Measured on a 2-core Zen 3 VM, BERT-base batch 1:
+    the optimized model took 358 ms with PyTorch on 2 threads, 242 ms with 1 (the runtime on
+    2 threads either way), the same as with ``OMP_WAIT_POLICY=PASSIVE``.
+    """
+    prev = threading.local()
+
+    def before(module, args):
+        if not torch.compiler.is_compiling():
+            prev.n = torch.get_num_threads()
+            torch.set_num_threads(n)
+
+    def after(module, args, out):
+        if not torch.compiler.is_compiling() and hasattr(prev, "n"):
+            torch.set_num_threads(prev.n)
+            del prev.n
+
+    model.register_forward_pre_hook(before)
+    model.register_forward_hook(after, always_call=True)
+
+
 def optimize(
     model: nn.Module,
     db: Optional[str] = None,
@@ -253,14 +309,21 @@ def optimize(
     runtime: Optional[Runtime] = None,
     ms: Iterable[int] = (1, 128),
     attention: bool = True,
+    torch_threads: Optional[int] = 1,
 ) -> nn.Module:
-    """Serves ``model``'s ``nn.Linear`` layers (fused with a following ReLU / tanh-GELU) and its
+    """Serves ``model``'s ``nn.Linear`` layers (fused with a following ReLU / GELU) and its
     Hugging Face attention through the autokernel runtime; returns the model, changed in place.
 
     db: the tuning database (None: kernel defaults). precision, threads: as for
     :class:`autokernel.Runtime` (or pass ``runtime``). ms: the row counts (batch × sequence) to
     plan the packed weights for; others are served too. ``model.autokernel_unsupported``
     lists the modules left to PyTorch, with why; ``model.autokernel_runtime`` is the runtime.
+
+    torch_threads: PyTorch's intra-op threads while ``model`` runs (restored after each
+    forward): the ops left to PyTorch are light, and its spinning OpenMP workers would
+    otherwise compete with the runtime's threads for the same cores (a third slower measured
+    on BERT-base). None leaves PyTorch's setting alone (e.g. when much of the model stays
+    PyTorch's); the setting is process-wide while the forward runs.
     """
     rt = runtime if runtime is not None else Runtime(db, threads=threads, precision=precision)
     ms = [int(m) for m in ms]
@@ -285,8 +348,6 @@ def optimize(
             act = _classify_act(act_fn)
             if act in _FUSABLE and swap(parent, "dense", prefix + "dense", act):
                 parent.intermediate_act_fn = nn.Identity()
-            elif act == "gelu_erf":
-                report.append((prefix + "intermediate_act_fn", "exact-erf GELU is not a runtime epilogue: not fused"))
         # nn.Sequential(..., Linear, act, ...).
         if isinstance(parent, nn.Sequential):
             items = list(parent._modules.items())
@@ -302,6 +363,8 @@ def optimize(
                 swap(parent, name, prefix + name, None)
 
     routed = _install_hf_attention(model, _register(_RUNTIMES, rt), report) if attention else 0
+    if torch_threads is not None:
+        _limit_torch_threads(model, int(torch_threads))
     for name, m in model.named_modules():
         own = list(m.parameters(recurse=False))
         if own and not isinstance(m, AutokernelLinear) and not any(n == name for n, _ in report):

@@ -448,7 +448,9 @@ impl PyRuntime {
         index_info(py, &self.rt.index_info())
     }
 
-    /// Lookups served so far, by level: {'exact', 'same_arch', 'nearest_shape', 'default'}.
+    /// Lookups served so far, by level: {'exact', 'same_arch', 'nearest_shape', 'default'},
+    /// and under 'by_precision' by the element type served in: {'f32', 'bf16', 'int8'} (an
+    /// f32 call the precision policy serves in int8 counts under 'int8').
     fn lookups<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.rt.lookups();
         let d = PyDict::new(py);
@@ -456,6 +458,11 @@ impl PyRuntime {
         d.set_item("same_arch", c.same_arch)?;
         d.set_item("nearest_shape", c.nearest_shape)?;
         d.set_item("default", c.default)?;
+        let p = PyDict::new(py);
+        p.set_item("f32", c.f32)?;
+        p.set_item("bf16", c.bf16)?;
+        p.set_item("int8", c.int8)?;
+        d.set_item("by_precision", p)?;
         Ok(d)
     }
 

@@ -156,7 +156,10 @@ def test_the_precision_policy_serves_f32_calls_in_int8():
     assert rt.precision == "int8"
     assert rt.lookup("gemm:8x16x32")["served_as"] == "gemm:8x16x32:i8"
     a, b = rand(8, 32), rand(32, 16)
+    before = rt.lookups()["by_precision"]
     c = rt.gemm(a, b)
+    after = rt.lookups()["by_precision"]
+    assert (after["int8"] - before["int8"], after["f32"] - before["f32"]) == (1, 0)
     exact = a.astype(np.float64) @ b.astype(np.float64)
     err = np.abs(c - exact).max() / np.abs(exact).max()
     assert 0 < err < 0.05, err  # int8's quantisation, not f32 rounding
@@ -164,6 +167,7 @@ def test_the_precision_policy_serves_f32_calls_in_int8():
     rt.set_precision("int8", max_rel_err=1e-3)
     assert rt.lookup("gemm:8x16x32")["served_as"] == "gemm:8x16x32"
     np.testing.assert_allclose(rt.gemm(a, b), exact, rtol=1e-4, atol=1e-4)
+    assert rt.lookups()["by_precision"]["f32"] == after["f32"] + 2  # the lookup and the call
     with pytest.raises(ValueError, match="max_rel_err"):
         rt.set_precision("auto", max_rel_err=-1.0)
     with pytest.raises(ValueError, match="unknown precision"):

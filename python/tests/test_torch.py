@@ -57,6 +57,27 @@ def test_optimize_fuses_linear_and_activation_and_lists_the_rest():
     assert x.grad is not None
 
 
+class _SeesThreads(nn.Module):
+    seen = []
+
+    def forward(self, x):
+        self.seen.append(torch.get_num_threads())
+        return x
+
+
+def test_optimized_forward_runs_torch_on_its_own_thread_count():
+    before = torch.get_num_threads()
+    model = akt.optimize(nn.Sequential(nn.Linear(8, 8), _SeesThreads()).eval())
+    with torch.no_grad():
+        model(torch.randn(2, 8))
+    assert _SeesThreads.seen[-1] == 1
+    assert torch.get_num_threads() == before  # restored
+    left = akt.optimize(nn.Sequential(nn.Linear(8, 8), _SeesThreads()).eval(), torch_threads=None)
+    with torch.no_grad():
+        left(torch.randn(2, 8))
+    assert _SeesThreads.seen[-1] == before
+
+
 def test_custom_ops_trace_under_compile_and_export():
     model = akt.optimize(mlp())
     x = torch.randn(4, 32)
@@ -102,7 +123,8 @@ def test_hf_bert_matches_stock_with_and_without_padding(act, tmp_path):
         served = [m for m in model.modules() if isinstance(m, akt.AutokernelLinear)]
         assert len(served) == 2 * 6 + 1  # q, k, v, out, ffn in, ffn out per layer; pooler
         fused = [m.act for m in served if m.act]
-        assert fused == ([] if act == "gelu" else ["gelu_tanh"] * 2)
+        assert fused == ["gelu_erf" if act == "gelu" else "gelu_tanh"] * 2
+        assert not any("act_fn" in name for name, _ in model.autokernel_unsupported)
         ids = torch.randint(0, 500, (3, 24))
         mask = torch.ones(3, 24, dtype=torch.long)
         mask[1, 15:] = 0
@@ -113,6 +135,27 @@ def test_hf_bert_matches_stock_with_and_without_padding(act, tmp_path):
                 got = model(**kw)
                 torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-4)
                 torch.testing.assert_close(got.pooler_output, want.pooler_output, rtol=0, atol=1e-4)
-    ws = akt.workloads(model, (ids,))
+    # The padded batch's attention is the runtime's too, not SDPA's.
+    ws = akt.workloads(model, dict(input_ids=ids, attention_mask=mask))
     assert "attention:3x4x24x16" in ws
-    assert ("gemm_bias_gelu:72x128x64" in ws) == (act == "gelu_new")
+    assert ("gemm_bias_gelu_erf:72x128x64" if act == "gelu" else "gemm_bias_gelu:72x128x64") in ws
+
+
+def test_key_lengths_read_only_right_padding_masks():
+    lengths = torch.tensor([5, 1, 0])
+    keys = torch.arange(5)
+    pad = (keys[None, :] < lengths[:, None])[:, None, None, :].expand(3, 1, 5, 5)
+    torch.testing.assert_close(akt._key_lengths(pad, causal=False), lengths.int())
+    # The additive float form of the same mask.
+    additive = torch.zeros(3, 1, 5, 5).masked_fill(~pad, torch.finfo(torch.float32).min)
+    torch.testing.assert_close(akt._key_lengths(additive, causal=False), lengths.int())
+    # Causal and padded.
+    tri = keys[None, :] <= keys[:, None]
+    torch.testing.assert_close(akt._key_lengths(pad & tri, causal=True), lengths.int())
+    assert akt._key_lengths(pad & tri, causal=False) is None
+    # Left padding, a hole, a soft bias: not a key-length mask (served by PyTorch's SDPA).
+    assert akt._key_lengths(pad.flip(-1), causal=False) is None
+    holed = pad.clone()
+    holed[0, 0, 2, 1] = False
+    assert akt._key_lengths(holed, causal=False) is None
+    assert akt._key_lengths(torch.full((3, 1, 5, 5), -0.5), causal=False) is None

@@ -1,4 +1,4 @@
-//! Lookup counters by level. Each serving thread owns one shard of every runtime's
+//! Lookup counters by level and by the element type served. Each serving thread owns one shard of every runtime's
 //! counters (an id handed out per thread, returned when the thread ends), so a count is a
 //! relaxed load and store on a cache line no other thread writes: no read-modify-write,
 //! no contended line. Threads beyond [`SHARDS`] at once share one extra shard, counted
@@ -7,7 +7,22 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use kernels::DType;
+
 use crate::Level;
+
+/// Counter slots per shard: the four levels, then the three element types calls are served
+/// in (f32, bf16, int8).
+const SLOTS: usize = 7;
+
+/// The slot of a call served in `dtype` (workloads have no other element type).
+fn dtype_slot(dtype: DType) -> usize {
+    4 + match dtype {
+        DType::Bf16 => 1,
+        DType::I8 => 2,
+        _ => 0,
+    }
+}
 
 /// Threads that can own a shard at the same time.
 pub(crate) const SHARDS: usize = 64;
@@ -45,9 +60,9 @@ pub(crate) fn release_shard(id: usize) {
 
 #[repr(align(64))]
 #[derive(Default)]
-struct Shard([AtomicU64; 4]);
+struct Shard([AtomicU64; SLOTS]);
 
-/// Counts of lookups per [`Level`].
+/// Counts of lookups per [`Level`] and per element type served.
 pub(crate) struct Counters {
     /// `SHARDS` owned shards, then the shared one.
     shards: Box<[Shard]>,
@@ -62,42 +77,55 @@ impl Default for Counters {
 }
 
 impl Counters {
-    /// Counts one lookup answered at `level` by the thread holding shard `shard` (from
-    /// [`acquire_shard`]).
+    /// Counts one lookup answered at `level`, served in `dtype`, by the thread holding
+    /// shard `shard` (from [`acquire_shard`]).
     #[inline]
-    pub(crate) fn count(&self, shard: usize, level: Level) {
-        if shard < SHARDS {
-            // Only the thread holding `shard` writes here: load + store loses nothing.
-            let a = &self.shards[shard].0[level as usize];
-            a.store(a.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
-        } else {
-            self.shards[SHARDS].0[level as usize].fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn count(&self, shard: usize, level: Level, dtype: DType) {
+        for slot in [level as usize, dtype_slot(dtype)] {
+            if shard < SHARDS {
+                // Only the thread holding `shard` writes here: load + store loses nothing.
+                let a = &self.shards[shard].0[slot];
+                a.store(a.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+            } else {
+                self.shards[SHARDS].0[slot].fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
     pub(crate) fn snapshot(&self) -> LookupCounts {
-        let sum = |l: Level| {
+        let sum = |slot: usize| {
             self.shards
                 .iter()
-                .map(|s| s.0[l as usize].load(Ordering::Relaxed))
+                .map(|s| s.0[slot].load(Ordering::Relaxed))
                 .sum()
         };
         LookupCounts {
-            exact: sum(Level::Exact),
-            same_arch: sum(Level::SameArch),
-            nearest_shape: sum(Level::NearestShape),
-            default: sum(Level::Default),
+            exact: sum(Level::Exact as usize),
+            same_arch: sum(Level::SameArch as usize),
+            nearest_shape: sum(Level::NearestShape as usize),
+            default: sum(Level::Default as usize),
+            f32: sum(dtype_slot(DType::F32)),
+            bf16: sum(dtype_slot(DType::Bf16)),
+            int8: sum(dtype_slot(DType::I8)),
         }
     }
 }
 
-/// Lookups served so far, by level (see [`crate::Runtime::lookups`]).
+/// Lookups served so far, by level and by the element type they were served in (see
+/// [`crate::Runtime::lookups`]). Each lookup counts once in each breakdown: an f32 call the
+/// precision policy serves in int8 counts under `int8`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LookupCounts {
     pub exact: u64,
     pub same_arch: u64,
     pub nearest_shape: u64,
     pub default: u64,
+    /// Served in f32.
+    pub f32: u64,
+    /// Served in bf16.
+    pub bf16: u64,
+    /// Served in int8.
+    pub int8: u64,
 }
 
 impl LookupCounts {
@@ -128,7 +156,7 @@ mod tests {
                     s.spawn(move || {
                         let id = acquire_shard();
                         for _ in 0..1000 {
-                            c.count(id, Level::ALL[t % 4]);
+                            c.count(id, Level::ALL[t % 4], [DType::F32, DType::I8][t % 2]);
                         }
                         release_shard(id);
                     });
@@ -138,5 +166,6 @@ mod tests {
         let n = c.snapshot();
         assert_eq!(n.total(), 2 * (SHARDS as u64 + 8) * 1000);
         assert_eq!(n.exact, 2 * 18 * 1000);
+        assert_eq!((n.f32, n.bf16, n.int8), (2 * 36 * 1000, 0, 2 * 36 * 1000));
     }
 }

@@ -456,7 +456,7 @@ impl Runtime {
         self.index.load().skipped.clone()
     }
 
-    /// Lookups served so far, by level.
+    /// Lookups served so far, by level and by the element type served in.
     pub fn lookups(&self) -> LookupCounts {
         self.counters.snapshot()
     }
@@ -595,7 +595,7 @@ impl Runtime {
     /// Counts (and if asked, logs) one lookup served by `c`; returns `out`.
     #[inline]
     fn served<R>(&self, w: &Workload, c: &Choice, shard: usize, out: R) -> R {
-        self.counters.count(shard, c.level);
+        self.counters.count(shard, c.level, w.dtype());
         if c.level != Level::Exact && !c.logged.load(Ordering::Relaxed) {
             if let Some(log) = self.log.get() {
                 log_once(log, w, c);
@@ -726,6 +726,15 @@ fn log_once(log: &FallbackLog, w: &Workload, c: &Choice) {
 /// This thread's counter shard (the shared one while its thread-locals are being torn down).
 fn local_shard() -> usize {
     LOCAL.try_with(Local::shard).unwrap_or(counters::SHARDS)
+}
+
+impl Runtime {
+    /// Counts one call served at `level` in element type `dtype` without a lookup (a packed
+    /// weight's plan, decided once).
+    #[inline]
+    pub(crate) fn count_call(&self, level: Level, dtype: DType) {
+        self.counters.count(local_shard(), level, dtype);
+    }
 }
 
 /// Checks buffer lengths against those `c` was prepared for (no allocation).

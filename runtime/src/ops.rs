@@ -547,6 +547,7 @@ impl Runtime {
                 exe.run_prepared(&[a, bias], &weight.prepared[*i], c)?;
             }
         }
+        self.count_call(plan.level, plan.workload.dtype());
         Ok(plan.level)
     }
 }

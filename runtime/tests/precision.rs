@@ -122,9 +122,14 @@ fn calls_served_in_int8_compute_what_int8_computes_and_packed_weights_follow_the
     let packed = rt.pack_weight_for(n, k, Act::Gelu, b, &[m, 1]).unwrap();
     assert_eq!(packed.dtypes(), vec![DType::I8]);
     let mut got2 = vec![0f32; m * n];
+    let before = rt.lookups();
     rt.gemm_bias_act_packed(&packed, a, bias, &mut got2)
         .unwrap();
     assert!(got2 == want);
+    // Each packed call counts once, in the element type it was served in.
+    let after = rt.lookups();
+    assert_eq!((after.int8 - before.int8, after.f32 - before.f32), (1, 0));
+    assert_eq!(after.total() - before.total(), 1);
     // f32 again: a new packing serves f32.
     rt.set_precision(PrecisionPolicy::exact());
     let packed = rt.pack_weight_for(n, k, Act::Gelu, b, &[m]).unwrap();

@@ -242,7 +242,14 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
         let mut scratch = bert::Scratch::default();
         let mut scratch_u = bert::Scratch::default();
         // One untimed pass each (warm-up: caches, page faults, lazily planned shapes).
+        let before = rt.lookups();
         let calls = tuned.forward(&rt, shape, &input, &mut scratch, None)?;
+        let after = rt.lookups();
+        let calls_by_precision = json!({
+            "f32": after.f32 - before.f32,
+            "bf16": after.bf16 - before.bf16,
+            "int8": after.int8 - before.int8,
+        });
         bar.inc(tokens);
         let untuned_calls = match &untuned {
             Some(u) => {
@@ -388,6 +395,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
             "profile": profile,
             "precision": policy.to_string(),
             "workloads_by_precision": by_precision,
+            "calls_by_precision": calls_by_precision,
             "cosine_vs_f32": vs_f32.map(|v| v.0),
             "max_abs_err_vs_f32": vs_f32.map(|v| v.1),
         });
