@@ -1,8 +1,9 @@
-//! bf16 conversion and the two packings of the bf16 GEMM: B converted to bf16 once per
-//! weight ([`Bf16B`], panels of NR columns), A rounded to bf16 *values* kept in f32 as it is
-//! packed per block ([`pack_a_rounded`]).
+//! bf16 conversion and the packings of the bf16 GEMM: B converted to bf16 once per weight
+//! ([`Bf16B`], panels of NR columns in a kernel's [`Layout`]), and for the widening kernels
+//! A rounded to bf16 *values* kept in f32 as it is packed per block ([`pack_a_rounded`]);
+//! the pair kernels' A packing is [`super::layout::pack_a_pairs`].
 //!
-//! Why A stays f32: on AVX2 there is no bf16 arithmetic, so every bf16 value is widened to
+//! Why A stays f32 for the widening kernels: on AVX2 there is no bf16 arithmetic, so every bf16 value is widened to
 //! f32 in registers before its FMA. Storing packed A as bf16 would cost a conversion going in
 //! and a widening coming out for data that is re-read from L1/L2 by every column panel, and
 //! would save nothing that matters: A's bytes are `M·K`, read from cache, while B's are
@@ -21,6 +22,8 @@
 //! assert_eq!(round_bf16(1.0 + 1.0 / 256.0), 1.0);
 //! assert!(round_bf16(f32::NAN).is_nan());
 //! ```
+
+use super::layout::{pack_pair_panel, Layout};
 
 /// Bits of an f32 whose exponent field is all ones (an infinity; above it, NaNs).
 const INF_BITS: u32 = 0x7F80_0000;
@@ -64,29 +67,43 @@ pub fn round_bf16(x: f32) -> f32 {
     f32::from_bits(round_bits(x.to_bits()))
 }
 
-/// Columns per interleaved group of a B panel row: two vectors of 8 f32 lanes.
+/// Columns per interleaved group of a B panel row for 8-lane kernels: two vectors of 8 f32
+/// lanes.
 pub const GROUP: usize = 16;
 
-/// Where column `c` (`< NR`) of one panel row sits among its bf16 values: in each group of
-/// [`GROUP`] columns, 32-bit word `j` holds column `j` in its low half and column `j + 8` in
-/// its high half, so one 256-bit load widens to both vectors with a shift and a mask.
+/// Where column `c` (`< NR`) of one panel row sits among its bf16 values for 8-lane
+/// kernels: [`slot_in`] with groups of [`GROUP`].
 #[inline(always)]
 pub fn slot(c: usize) -> usize {
-    let (g, l) = (c / GROUP, c % GROUP);
-    g * GROUP + (l % 8) * 2 + l / 8
+    slot_in(c, GROUP)
+}
+
+/// Where column `c` of one panel row sits in the widening layout of `group`-column groups
+/// (`group` even): in each group, 32-bit word `j` holds column `j` in its low half and column
+/// `j + group/2` in its high half, so one load of the group widens to both vectors of
+/// `group/2` lanes with a shift and a mask.
+#[inline(always)]
+pub fn slot_in(c: usize, group: usize) -> usize {
+    let (g, l, half) = (c / group, c % group, group / 2);
+    g * group + (l % half) * 2 + l / half
 }
 
 /// A `K×N` weight converted to bf16 once (round to nearest even) and packed in panels of
-/// `nr` columns: panel `q` holds columns `q·nr..`, its `K` rows of `nr` values one after the
-/// other (columns past N are zero), each row in the interleaved order of [`slot`]. A kc-deep
-/// block of a panel is the contiguous range of its rows. The data starts 64-byte aligned.
+/// `nr` columns: panel `q` holds columns `q·nr..`, its rows of `nr` values one after the
+/// other (columns past N are zero), in the order of its [`Layout`]: `K` rows, each in the
+/// interleaved order of [`slot_in`], for the widening layouts; `⌈K/2⌉` rows of `nr` depth
+/// pairs, the last one padded with zeros for an odd K, for [`Layout::Pairs`]. A block of
+/// depths `p0..p0+kc` (`p0` a whole number of steps) is the contiguous range
+/// `p0·nr..(p0 + padded(kc))·nr` of a panel. The data starts 64-byte aligned.
 pub struct Bf16B {
     /// Depth (rows of B).
     pub k: usize,
     /// Columns of B.
     pub n: usize,
-    /// Panel width, a multiple of [`GROUP`].
+    /// Panel width, a multiple of the layout's group.
     pub nr: usize,
+    /// How each panel holds its values.
+    pub layout: Layout,
     data: Vec<u16>,
     /// Index of the first value in `data` (where it is 64-byte aligned).
     start: usize,
@@ -98,27 +115,34 @@ impl std::fmt::Debug for Bf16B {
             .field("k", &self.k)
             .field("n", &self.n)
             .field("nr", &self.nr)
+            .field("layout", &self.layout)
             .finish()
     }
 }
 
 impl Bf16B {
-    /// Converts and packs row-major `b` (`k×n`). Panics if `b.len() != k·n`, a dimension is
-    /// 0 or `nr` is not a positive multiple of [`GROUP`] (the family checks all of these
-    /// before it calls).
-    pub fn new(b: &[f32], k: usize, n: usize, nr: usize) -> Bf16B {
+    /// Converts and packs row-major `b` (`k×n`) in `layout`. Panics if `b.len() != k·n`, a
+    /// dimension is 0 or `nr` is not a positive multiple of the layout's group (the family
+    /// checks all of these before it calls).
+    pub fn new(b: &[f32], k: usize, n: usize, nr: usize, layout: Layout) -> Bf16B {
         assert!(k >= 1 && n >= 1, "empty B");
-        assert!(nr >= GROUP && nr.is_multiple_of(GROUP), "panel width {nr}");
+        let group = layout.group();
+        assert!(nr >= group && nr.is_multiple_of(group), "panel width {nr}");
         assert_eq!(b.len(), k * n, "B must be K×N = {k}×{n}");
-        let len = n.div_ceil(nr) * k * nr;
+        let size = layout.padded(k) * nr;
+        let len = n.div_ceil(nr) * size;
         let mut data = vec![0u16; len + 32];
         let start = data.as_ptr().align_offset(64).min(32);
         let packed = &mut data[start..start + len];
-        for (p, row) in b.chunks_exact(n).enumerate() {
-            for (q, cols) in row.chunks(nr).enumerate() {
-                let dst = &mut packed[(q * k + p) * nr..][..nr];
-                for (c, &x) in cols.iter().enumerate() {
-                    dst[slot(c)] = to_bf16(x);
+        for (q, panel) in packed.chunks_exact_mut(size).enumerate() {
+            let cols = q * nr..n.min((q + 1) * nr);
+            if layout == Layout::Pairs {
+                pack_pair_panel(b, n, k, cols, nr, panel);
+                continue;
+            }
+            for (p, dst) in panel.chunks_exact_mut(nr).enumerate() {
+                for (c, &x) in b[p * n + cols.start..p * n + cols.end].iter().enumerate() {
+                    dst[layout.index(0, c, nr)] = to_bf16(x);
                 }
             }
         }
@@ -126,6 +150,7 @@ impl Bf16B {
             k,
             n,
             nr,
+            layout,
             data,
             start,
         }
@@ -136,16 +161,17 @@ impl Bf16B {
         self.n.div_ceil(self.nr)
     }
 
-    /// Panel `q`: `K` rows of `nr` bf16 values. Panics if `q ≥ panels()`.
+    /// Panel `q`: `padded(K)` rows of `nr` bf16 values in the layout's order. Panics if
+    /// `q ≥ panels()`.
     pub fn panel(&self, q: usize) -> &[u16] {
         assert!(q < self.panels(), "panel {q} of {}", self.panels());
-        let size = self.k * self.nr;
+        let size = self.layout.padded(self.k) * self.nr;
         &self.data[self.start + q * size..][..size]
     }
 
     /// The bf16 bits of `B[p][j]` as stored.
     pub fn get(&self, p: usize, j: usize) -> u16 {
-        self.panel(j / self.nr)[p * self.nr + slot(j % self.nr)]
+        self.panel(j / self.nr)[self.layout.index(p, j % self.nr, self.nr)]
     }
 
     /// Bytes held.
@@ -321,22 +347,30 @@ mod tests {
     fn b_panels_hold_every_value_once_and_pad_with_zeros() {
         let (k, n) = (5, 37);
         let b: Vec<f32> = (0..k * n).map(|i| i as f32 + 0.5).collect();
-        for nr in [16, 32, 64] {
-            let p = Bf16B::new(&b, k, n, nr);
-            assert_eq!(p.panels(), n.div_ceil(nr));
-            for i in 0..k {
-                for j in 0..n {
-                    assert_eq!(p.get(i, j), to_bf16(b[i * n + j]), "nr {nr} ({i}, {j})");
+        for layout in [Layout::Widen16, Layout::Widen32, Layout::Pairs] {
+            for nr in [16, 32, 64, 128]
+                .into_iter()
+                .filter(|nr| *nr >= layout.group())
+            {
+                let p = Bf16B::new(&b, k, n, nr, layout);
+                assert_eq!(p.panels(), n.div_ceil(nr));
+                for i in 0..k {
+                    for j in 0..n {
+                        let want = to_bf16(b[i * n + j]);
+                        assert_eq!(p.get(i, j), want, "{layout:?} nr {nr} ({i}, {j})");
+                    }
                 }
-            }
-            let last = p.panel(p.panels() - 1);
-            let live = n - (p.panels() - 1) * nr;
-            for row in last.chunks_exact(nr) {
-                for c in live..nr {
-                    assert_eq!(row[slot(c)], 0, "padding column {c}");
+                // Padding columns of the last panel, and the padding depth of the pairs.
+                let (q, live) = (p.panels() - 1, n - (p.panels() - 1) * nr);
+                for i in 0..layout.padded(k) {
+                    for c in (0..nr).filter(|&c| i >= k || c >= live) {
+                        let at = layout.index(i, c, nr);
+                        assert_eq!(p.panel(q)[at], 0, "{layout:?} pad ({i}, {c})");
+                    }
                 }
+                assert_eq!(p.panel(q).len(), layout.padded(k) * nr);
+                assert_eq!(p.panel(0).as_ptr() as usize % 64, 0, "aligned");
             }
-            assert_eq!(p.panel(0).as_ptr() as usize % 64, 0, "aligned");
         }
         let mut seen = [false; 16];
         (0..16).for_each(|c| seen[slot(c)] = true);

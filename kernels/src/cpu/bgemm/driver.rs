@@ -2,20 +2,26 @@
 //! splits, and the [`Executable`] with its prepared weight.
 //!
 //! ```text
-//! B: converted to bf16 and packed in NR-column panels once per weight (all of K, all of N)
+//! B: converted to bf16 and packed in NR-column panels once per weight (all of K, all of N),
+//!    in the micro-kernel's layout (widening groups, or depth pairs for vdpbf16ps)
 //! per task (rows for par=m, column panels for par=n, everything for none):
 //!   for pc in 0..K step kc
-//!     for ic in task's rows step mc     pack A[ic.., pc..] rounded to bf16 values (L2)
+//!     for ic in task's rows step mc     pack A[ic.., pc..] (L2): rounded to bf16 values
+//!                                       (widening) or as bf16 pairs (vdpbf16ps)
 //!       for each panel q                its kc×NR bf16 block stays in L1
 //!         micro-kernel over the row tiles: C[ic.., q·NR..] (+)= A_block · B_block
 //! ```
+//!
+//! For the pair layout kc is even except for the last block (whose odd depth the packings
+//! pad with zeros), so every block starts at a whole pair.
 
 use std::ops::Range;
 
 use rayon::prelude::*;
 
 use super::convert::{pack_a_rounded, Bf16B};
-use super::ukernel::Bf16Kernel;
+use super::layout::{pack_a_pairs, Layout};
+use super::ukernel::{words_mut, Bf16Kernel};
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::ukernel::TileEpilogue;
 use crate::cpu::gemm::view::CView;
@@ -42,7 +48,7 @@ pub(super) struct BGemm {
     uk: &'static Bf16Kernel,
     /// Rows of A per packed block, a multiple of MR.
     mc: usize,
-    /// Depth per block, at most K.
+    /// Depth per block, at most K; even when below K for the pair layout.
     kc: usize,
     /// The epilogue's activation, after the bias (`gemm_bias_*`); `None` for plain GEMM.
     act: Option<Act>,
@@ -54,7 +60,8 @@ pub(super) struct BGemm {
 
 impl BGemm {
     /// Clamps the block sizes to the shape: `mc` rounded up to whole tiles and at most the
-    /// rows' tiles, `kc` within `1..=K`.
+    /// rows' tiles, `kc` within `1..=K` and, for the pair layout, rounded up to whole pairs
+    /// (or K).
     pub(super) fn new(
         w: Workload,
         (m, n, k): (usize, usize, usize),
@@ -72,7 +79,7 @@ impl BGemm {
             k,
             uk,
             mc: round(mc).min(round(m)),
-            kc: kc.clamp(1, k.max(1)),
+            kc: uk.layout.padded(kc.max(1)).min(k.max(1)),
             act,
             split,
             threads,
@@ -83,7 +90,7 @@ impl BGemm {
     fn format(&self) -> WeightFormat {
         WeightFormat {
             family: "gemm_bf16",
-            params: [self.uk.nr, 0],
+            params: [self.uk.nr, self.uk.layout.code()],
         }
     }
 
@@ -147,18 +154,34 @@ impl BGemm {
                 for ic in (0..rows).step_by(self.mc) {
                     let mcb = self.mc.min(rows - ic);
                     let tiles = mcb.div_ceil(mr);
-                    let apack = buf.slice(tiles * mr * kcb);
-                    pack_a_rounded(a, k, (row0 + ic, mcb), (pc, kcb), mr, apack);
+                    let steps = self.uk.layout.steps(kcb);
+                    let apack = buf.slice(tiles * mr * steps);
+                    self.pack_a(a, (row0 + ic, mcb), (pc, kcb), apack);
+                    let depth = pc..pc + self.uk.layout.padded(kcb);
                     for q in panels.clone() {
-                        let block = &bb.panel(q)[pc * nr..(pc + kcb) * nr];
+                        let block = &bb.panel(q)[depth.start * nr..depth.end * nr];
                         let ep = ep.filter(|_| last).map(|e| e.skip(q * nr));
                         let at = (ic, q * nr - col0);
                         self.uk
-                            .tiles(kcb, apack, tiles, block, &mut out, at, pc > 0, ep);
+                            .tiles(steps, apack, tiles, block, &mut out, at, pc > 0, ep);
                     }
                 }
             }
         })
+    }
+
+    /// Packs rows `rows` × depths `depth` of A for the micro-kernel's layout into `out`.
+    fn pack_a(&self, a: &[f32], rows: (usize, usize), depth: (usize, usize), out: &mut [f32]) {
+        let (k, mr) = (self.k, self.uk.mr);
+        match self.uk.layout {
+            Layout::Pairs => pack_a_pairs(a, k, rows, depth, mr, words_mut(out)),
+            Layout::Widen16 | Layout::Widen32 => pack_a_rounded(a, k, rows, depth, mr, out),
+        }
+    }
+
+    /// B converted and packed for the micro-kernel.
+    fn pack_b(&self, b: &[f32]) -> Bf16B {
+        Bf16B::new(b, self.k, self.n, self.uk.nr, self.uk.layout)
     }
 
     fn wrong_b(&self, reason: String) -> Error {
@@ -182,9 +205,7 @@ impl Executable for BGemm {
                 (a, b, Some(TileEpilogue { bias, act }), c)
             }
         };
-        let bb = self
-            .weights
-            .get(b, || Bf16B::new(b, self.k, self.n, self.uk.nr));
+        let bb = self.weights.get(b, || self.pack_b(b));
         self.compute(a, &bb, ep, c);
         Ok(())
     }
@@ -198,7 +219,7 @@ impl Executable for BGemm {
         if b.len() != want {
             return Err(self.wrong_b(format!("{} elements, expected {want}", b.len())));
         }
-        let bb = Bf16B::new(b, self.k, self.n, self.uk.nr);
+        let bb = self.pack_b(b);
         Ok(PreparedWeight::new(self.format(), bb.bytes(), bb))
     }
 
@@ -209,7 +230,7 @@ impl Executable for BGemm {
         output: &mut [f32],
     ) -> Result<()> {
         let bb: &Bf16B = weight.get(self.format(), &self.w)?;
-        if (bb.k, bb.n) != (self.k, self.n) {
+        if (bb.k, bb.n, bb.layout) != (self.k, self.n, self.uk.layout) {
             return Err(self.wrong_b(format!("prepared for K×N {}×{}", bb.k, bb.n)));
         }
         match self.act {

@@ -17,23 +17,42 @@
 //!
 //! Inputs and output are f32, as for the f32 GEMM. B (the weight) is converted to bf16 once
 //! per weight buffer (round to nearest even, NaN kept) and packed in panels of NR columns
-//! ([`convert::Bf16B`]): half the bytes of f32, which is what bounds skinny and GEMV-like
-//! shapes. A is rounded to bf16 values as it is packed per block but stays f32 (why:
-//! [`convert`]'s docs), so the products are those of bf16 operands, accumulated in f32.
-//! Micro-kernels ([`ukernel`]): AVX2 + FMA (bf16 widened to f32 in registers) and portable.
+//! ([`convert::Bf16B`]) in the micro-kernel's [`layout`]: half the bytes of f32, which is
+//! what bounds skinny and GEMV-like shapes. A is converted as it is packed per block, so the
+//! products are those of bf16 operands, accumulated in f32.
+//!
+//! Micro-kernels ([`ukernel`]), one `ukernel` knob value each (`<isa>_<MR>x<NR>`):
+//!
+//! | values | needs | how |
+//! |---|---|---|
+//! | `avx512bf16_*` (12×32, 4×64, 2×64, 1×128, 1×64) | AVX512_BF16 | `vdpbf16ps`: B in depth pairs, A packed as bf16 pairs and broadcast, 2 depths × 16 columns per instruction |
+//! | `avx512_*` (same shapes) | AVX-512F | bf16 widened to f32 in zmm registers, A as f32 rounded to bf16 values, f32 FMAs |
+//! | `avx2_*` (6×16, 4×16, 2×32, 1×64, 1×32) | AVX2 + FMA | the same in ymm registers |
+//! | `portable_*` | — | the same over 8-lane arrays |
+//!
+//! A space offers its fingerprint's ISA level and AVX2 under AVX-512; the `avx512bf16_*`
+//! values only where the fingerprint has `avx512bf16` (and `avx512bw`); each kernel also
+//! checks the CPU when it is built. The analytic default takes the best tier offered:
+//! `vdpbf16ps` on AVX512_BF16, AVX-512F widening on other AVX-512 machines, AVX2 below.
+//! The AVX-512 kernels are tested on every CPU through emulated twins (same bodies and tile
+//! shapes over a plain-Rust `vdpbf16ps` that follows the Intel SDM: [`ukernel`]), and on the
+//! real instructions only where the CPU has them — they never ran on the development
+//! machine (AMD Zen 3, AVX2 only).
+//!
 //! Knobs: `ukernel` (tile shape and ISA), `mc` (rows of A per packed block, rounded up to
-//! the tile), `kc` (depth per block), `par` (`none`; `m`: row blocks on `threads` tasks;
-//! `n`: column panels on `threads` tasks, for few rows) and `threads`.
+//! the tile), `kc` (depth per block; rounded up to whole pairs for `vdpbf16ps`), `par`
+//! (`none`; `m`: row blocks on `threads` tasks; `n`: column panels on `threads` tasks, for
+//! few rows) and `threads`.
 
 pub mod convert;
 mod driver;
+pub mod layout;
 pub mod ukernel;
 
 use crate::cpu::knobs::{
     cap_rule, first_at_least, int_knob, int_listed, invalid, par_threads_listed,
     serial_iff_one_thread, snap, str_knob, str_listed, thread_values, unsupported,
 };
-use crate::cpu::Isa;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::hardware::HardwareFingerprint;
@@ -64,13 +83,10 @@ const KC_VALUES: &[usize] = &[64, 128, 192, 256, 384, 512, 1024, 4096];
 /// threads; at 1×768×768, below this bound, the gain was lost in the noise).
 const PARALLEL_MIN_MACS: f64 = (1u64 << 21) as f64;
 
-/// The micro-kernels offered on `hw`: those of its ISA level (AVX2 ones on AVX-512 too).
+/// The micro-kernels offered on `hw`: those of its ISA level (AVX2 ones on AVX-512 too),
+/// the `vdpbf16ps` ones only where its flags have AVX512_BF16.
 fn offered(hw: &HardwareFingerprint) -> Vec<&'static Bf16Kernel> {
-    let best = Isa::of(hw);
-    KERNELS
-        .iter()
-        .filter(|k| k.isa.offered_under(best))
-        .collect()
+    KERNELS.iter().filter(|k| k.offered_on(hw)).collect()
 }
 
 fn dims(w: &Workload) -> (usize, usize, usize) {
@@ -126,15 +142,15 @@ impl Kernel for GemmBf16 {
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
         let (m, n, k) = dims(w);
         let uk = default_ukernel(&offered(hw), m, n);
-        let f = std::mem::size_of::<f32>();
-        // kc: an A micro-panel (MR×kc f32) and a B one (kc×NR bf16) fill ~3/4 of L1. For one
-        // or two rows nothing in B is reused: the whole depth at once (C stored once).
+        let f = uk.a_bytes_per_depth();
+        // kc: an A micro-panel (MR×kc f32 or bf16) and a B one (kc×NR bf16) fill ~3/4 of L1.
+        // For one or two rows nothing in B is reused: the whole depth at once (C stored once).
         let kc = if m <= 2 {
             first_at_least(KC_VALUES, k).unwrap_or(KC_VALUES[KC_VALUES.len() - 1])
         } else {
             snap(KC_VALUES, hw.l1d_bytes * 3 / 4 / (uk.mr * f + uk.nr * 2), k)
         };
-        // mc: the packed A block (mc×kc f32) fills ~half of L2.
+        // mc: the packed A block (mc×kc values) fills ~half of L2.
         let mc = snap(MC_VALUES, hw.l2_bytes / 2 / (kc.min(k) * f), m);
         // Rows when there are enough row tiles for every thread, else column panels.
         let big = hw.cores > 1 && (m * n * k) as f64 >= PARALLEL_MIN_MACS;
@@ -190,18 +206,22 @@ impl Kernel for GemmBf16 {
     }
 }
 
-/// The default tile for `m × n`, among the best ISA's kernels: the fewest padded rows plus
-/// two per row tile (each row tile streams the B panels once more), then the fewest padded
-/// columns, then the first listed. So 6×16 for many rows, 4×16 at M = 7 or 8 (measured on
-/// a loaded Zen 3 at 8×768×768: 1.7× faster than 6×16, whose second tile is mostly
-/// padding), one or two rows at M ≤ 2, and for one row and a wide N `1x64`, whose 8
-/// accumulators keep both FMA pipes busy where `1x32`'s 4 wait on their latency.
+/// The default tile for `m × n`, among the best tier's kernels (ISA level, then
+/// `vdpbf16ps` above widening): the fewest padded rows plus two per row tile (each row tile
+/// streams the B panels once more), then the fewest padded columns, then the first listed.
+/// So on AVX2 6×16 for many rows, 4×16 at M = 7 or 8 (measured on a loaded Zen 3 at
+/// 8×768×768: 1.7× faster than 6×16, whose second tile is mostly padding), one or two rows
+/// at M ≤ 2, and for one row and a wide N `1x64`, whose 8 accumulators keep both FMA pipes
+/// busy where `1x32`'s 4 wait on their latency. On AVX-512 likewise 12×32 for many rows,
+/// 4×64 for 3 to 8, and one row `1x128` (N > 64) or `1x64`. (The AVX-512 choices follow
+/// the same rule, unmeasured: no AVX-512 machine was at hand.)
 fn default_ukernel(offer: &[&'static Bf16Kernel], m: usize, n: usize) -> &'static Bf16Kernel {
-    let best = offer.iter().map(|k| k.isa).max().unwrap_or(Isa::Portable);
+    let tier = |k: &Bf16Kernel| (k.isa, k.bf16);
+    let best = offer.iter().map(|k| tier(k)).max();
     offer
         .iter()
         .enumerate()
-        .filter(|(_, k)| k.isa == best)
+        .filter(|(_, k)| Some(tier(k)) == best)
         .min_by_key(|(i, k)| {
             let tiles = m.div_ceil(k.mr);
             (tiles * (k.mr + 2), n.div_ceil(k.nr) * k.nr, *i)

@@ -1,5 +1,6 @@
 //! The family's tests: every offered config against the references on awkward shapes, the
-//! prepared weight against the plain run, wrong operands and configs.
+//! emulated AVX-512 kernels likewise through the driver, spaces and defaults per
+//! fingerprint, the prepared weight against the plain run, wrong operands and configs.
 
 use super::convert::round_bf16;
 use super::*;
@@ -206,4 +207,127 @@ fn bad_configs_are_errors_and_defaults_fit_every_shape() {
             }
         }
     }
+}
+
+/// An x86-64 fingerprint with AVX-512F and AVX512BW, and AVX512_BF16 if `bf16`.
+fn avx512_machine(bf16: bool) -> HardwareFingerprint {
+    let mut isa = vec![
+        "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+    ];
+    if bf16 {
+        isa.push("avx512bf16");
+    }
+    HardwareFingerprint::new(
+        "x86_64",
+        "AuthenticAMD",
+        (26, 2, 0),
+        "AVX-512 test machine",
+        isa.into_iter().map(String::from).collect(),
+        2,
+        (48 << 10, 1 << 20, 32 << 20),
+    )
+}
+
+/// Spaces and defaults are built from the fingerprint, so they can be checked on every CPU:
+/// `vdpbf16ps` kernels only with AVX512_BF16, where the default picks one; AVX-512F widening
+/// on other AVX-512 machines; AVX2 below.
+#[test]
+fn spaces_and_defaults_follow_the_fingerprint() {
+    let shapes = [
+        "gemm:1x768x768:bf16",
+        "gemm:1x33x65:bf16",
+        "gemm:2x3072x768:bf16",
+        "gemm:8x3072x768:bf16",
+        "gemm:128x768x768:bf16",
+        "gemm_bias_gelu:1024x1024x1024:bf16",
+    ];
+    for (hw, prefix) in [
+        (avx512_machine(true), "avx512bf16_"),
+        (avx512_machine(false), "avx512_"),
+        (HardwareFingerprint::reference_zen3(), "avx2_"),
+    ] {
+        let names: Vec<&str> = offered(&hw).iter().map(|k| k.name).collect();
+        let dp = names.iter().any(|n| n.starts_with("avx512bf16_"));
+        assert_eq!(dp, hw.has("avx512bf16"), "{names:?}");
+        assert_eq!(names.iter().any(|n| n.starts_with("avx2_")), hw.has("avx2"));
+        for text in shapes {
+            let w: Workload = text.parse().unwrap();
+            let c = GemmBf16.default_config(&w, &hw);
+            assert!(GemmBf16.config_fits(&w, &hw, &c), "{w}: {c}");
+            let uk = c.str("ukernel").unwrap();
+            assert!(uk.starts_with(prefix), "{w} on {prefix}: {c}");
+            if prefix.starts_with("avx512") && text.contains(":1x") {
+                assert!(uk.ends_with("_1x128") || uk.ends_with("_1x64"), "{w}: {c}");
+            }
+        }
+    }
+}
+
+/// The emulated twins of the AVX-512 kernels through the whole driver (packing, depth
+/// blocks with an odd last one, both splits, epilogues) on awkward shapes, against both
+/// references: the same bodies and tile shapes as the real kernels, on every CPU.
+#[test]
+fn emulated_avx512_kernels_match_the_references_on_awkward_shapes() {
+    use super::ukernel::emulate::EMULATED;
+    for text in [
+        "gemm:1x1x1:bf16",
+        "gemm:1x67x65:bf16",
+        "gemm:2x33x263:bf16",
+        "gemm:5x7x9:bf16",
+        "gemm:63x65x67:bf16",
+        "gemm:17x131x129:bf16",
+        "gemm_bias_gelu_erf:13x67x65:bf16",
+        "gemm_bias_relu:9x33x7:bf16",
+    ] {
+        let w: Workload = text.parse().unwrap();
+        let p = Problem::random(&w, 6);
+        let (loose, exact) = (p.reference(), rounded_operands(&p));
+        let tight = exact.reference();
+        let act = match w {
+            Workload::GemmBiasAct { act, .. } => Some(act),
+            _ => None,
+        };
+        for uk in EMULATED {
+            for (mc, kc, split) in [
+                (24, 64, Split::None),
+                (96, 4096, Split::M),
+                (48, 3, Split::N),
+            ] {
+                let exe = BGemm::new(w, dims(&w), uk, (mc, kc), act, split, 2);
+                let mut out = vec![f32::NAN; w.output_len()];
+                exe.run_f32(&p.input_slices(), &mut out).unwrap();
+                let at = format!("{w} {} mc {mc} kc {kc} {split:?}", uk.name);
+                p.check(&out, &loose)
+                    .unwrap_or_else(|e| panic!("{at}: {e}"));
+                exact
+                    .check(&out, &tight)
+                    .unwrap_or_else(|e| panic!("{at} (bf16 operands): {e}"));
+            }
+        }
+    }
+}
+
+/// A weight prepared for the pair layout is refused by a widening kernel of the same panel
+/// width, and the other way round.
+#[test]
+fn pair_and_widening_weights_are_not_interchangeable() {
+    use super::ukernel::emulate::EMULATED;
+    let w: Workload = "gemm:3x70x9:bf16".parse().unwrap();
+    let by = |name: &str| EMULATED.iter().find(|k| k.name == name).unwrap();
+    let (dp, wide) = (by("emu_avx512bf16_4x64"), by("emu_avx512_4x64"));
+    let make = |uk| BGemm::new(w, dims(&w), uk, (24, 64), None, Split::None, 1);
+    let (x, y) = (make(dp), make(wide));
+    assert_ne!(x.weight_format(), y.weight_format());
+    let p = Problem::random(&w, 2);
+    let ins = p.input_slices();
+    let mut out = vec![0f32; w.output_len()];
+    let (wx, wy) = (
+        x.prepare_weight(ins[1]).unwrap(),
+        y.prepare_weight(ins[1]).unwrap(),
+    );
+    assert!(x.run_prepared(&ins[..1], &wy, &mut out).is_err());
+    assert!(y.run_prepared(&ins[..1], &wx, &mut out).is_err());
+    x.run_prepared(&ins[..1], &wx, &mut out).unwrap();
+    let exact = rounded_operands(&p);
+    exact.check(&out, &exact.reference()).unwrap();
 }
