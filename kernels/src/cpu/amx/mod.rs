@@ -24,6 +24,8 @@
 mod asm;
 mod config;
 mod emulated;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) mod tiled;
 #[cfg(test)]
 mod tests;
 

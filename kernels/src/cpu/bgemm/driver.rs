@@ -7,7 +7,8 @@
 //! per task (rows for par=m, column panels for par=n, everything for none):
 //!   for pc in 0..K step kc
 //!     for ic in task's rows step mc     pack A[ic.., pc..] (L2): rounded to bf16 values
-//!                                       (widening) or as bf16 pairs (vdpbf16ps)
+//!                                       (widening), as bf16 pairs (vdpbf16ps) or as rows
+//!                                       of bf16 pairs (AMX)
 //!       for each panel q                its kc×NR bf16 block stays in L1
 //!         micro-kernel over the row tiles: C[ic.., q·NR..] (+)= A_block · B_block
 //! ```
@@ -20,7 +21,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::convert::{pack_a_rounded, Bf16B};
-use super::layout::{pack_a_pairs, Layout};
+use super::layout::{pack_a_pair_rows, pack_a_pairs, APack};
 use super::ukernel::{words_mut, Bf16Kernel};
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::ukernel::TileEpilogue;
@@ -173,9 +174,10 @@ impl BGemm {
     /// Packs rows `rows` × depths `depth` of A for the micro-kernel's layout into `out`.
     fn pack_a(&self, a: &[f32], rows: (usize, usize), depth: (usize, usize), out: &mut [f32]) {
         let (k, mr) = (self.k, self.uk.mr);
-        match self.uk.layout {
-            Layout::Pairs => pack_a_pairs(a, k, rows, depth, mr, words_mut(out)),
-            Layout::Widen16 | Layout::Widen32 => pack_a_rounded(a, k, rows, depth, mr, out),
+        match self.uk.a_pack {
+            APack::Pairs => pack_a_pairs(a, k, rows, depth, mr, words_mut(out)),
+            APack::PairRows => pack_a_pair_rows(a, k, rows, depth, mr, words_mut(out)),
+            APack::Rounded => pack_a_rounded(a, k, rows, depth, mr, out),
         }
     }
 

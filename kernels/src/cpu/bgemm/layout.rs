@@ -13,7 +13,9 @@
 //!   `2s` in the low half of the 32-bit word): one load gives 16 columns' pairs, the layout
 //!   AMX's `tdpbf16ps` reads too (a B tile row is 16 such words). Packed A holds one 32-bit
 //!   word per row and depth pair, the two bf16 values in the same order, broadcast to every
-//!   lane. An odd depth is padded with a zero value on both sides.
+//!   lane. An odd depth is padded with a zero value on both sides. The AMX `tdpbf16ps`
+//!   kernels read B in this layout too and A in rows of the same pair words
+//!   ([`APack::PairRows`]): 16 consecutive words of a row are one 64-byte A-tile row.
 //!
 //! ```
 //! use kernels::cpu::bgemm::layout::Layout;
@@ -86,6 +88,28 @@ impl Layout {
     }
 }
 
+/// How a kernel's packed A block holds its values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum APack {
+    /// f32 values rounded to bf16, depth by depth ([`super::convert::pack_a_rounded`]):
+    /// the widening layouts.
+    Rounded,
+    /// bf16 pair words, depth pair by depth pair ([`pack_a_pairs`]): `vdpbf16ps`.
+    Pairs,
+    /// bf16 pair words, row by row ([`pack_a_pair_rows`]): AMX `tdpbf16ps` A tiles.
+    PairRows,
+}
+
+impl APack {
+    /// The A packing of the vector kernels of `layout`.
+    pub const fn of(layout: Layout) -> APack {
+        match layout {
+            Layout::Pairs => APack::Pairs,
+            _ => APack::Rounded,
+        }
+    }
+}
+
 /// Packs columns `cols` of row-major `b` (`k` rows, row stride `ldb`) as one panel of `nr`
 /// columns in the pair layout: `⌈k/2⌉` rows of `nr` 32-bit words, word `c` of row `s` holding
 /// `bf16(B[2s][c])` in its low half and `bf16(B[2s + 1][c])` in its high half; columns past
@@ -130,10 +154,38 @@ pub fn pack_pair_panel(
 pub fn pack_a_pairs(
     a: &[f32],
     lda: usize,
+    rows: (usize, usize),
+    depth: (usize, usize),
+    mr: usize,
+    out: &mut [u32],
+) {
+    pack_pairs(a, lda, rows, depth, mr, out, |r, s, _| s * mr + r);
+}
+
+/// The same words as [`pack_a_pairs`], each micro-panel row after row: word `(r, s)` at
+/// `r·⌈kc/2⌉ + s`. Read as bytes, 16 consecutive words of a row are the 64-byte row of an AMX
+/// `tdpbf16ps` A tile (32 depths), and the panel's rows are `4·⌈kc/2⌉` bytes apart.
+pub fn pack_a_pair_rows(
+    a: &[f32],
+    lda: usize,
+    rows: (usize, usize),
+    depth: (usize, usize),
+    mr: usize,
+    out: &mut [u32],
+) {
+    pack_pairs(a, lda, rows, depth, mr, out, |r, s, steps| r * steps + s);
+}
+
+/// The pair packings: word `(r, s)` of each panel (row `r`, depth pair `s`) at
+/// `at(r, s, ⌈kc/2⌉)` within the panel's `mr·⌈kc/2⌉` words.
+fn pack_pairs(
+    a: &[f32],
+    lda: usize,
     (i0, mc): (usize, usize),
     (p0, kc): (usize, usize),
     mr: usize,
     out: &mut [u32],
+    at: impl Fn(usize, usize, usize) -> usize,
 ) {
     let steps = kc.div_ceil(2);
     for (panel, dst) in out
@@ -149,7 +201,7 @@ pub fn pack_a_pairs(
             for (s, pair) in row.chunks(2).enumerate() {
                 let lo = u32::from(to_bf16(pair[0]));
                 let hi = pair.get(1).map_or(0, |&x| u32::from(to_bf16(x)));
-                dst[s * mr + r] = lo | hi << 16;
+                dst[at(r, s, steps)] = lo | hi << 16;
             }
         }
     }
@@ -212,9 +264,12 @@ mod tests {
         for mr in [1, 2, 4, 12] {
             for (i0, mc, p0, kc) in [(1, 6usize, 2, 5usize), (0, 7, 0, 9), (3, 1, 1, 2)] {
                 let steps = kc.div_ceil(2);
-                let mut out = vec![u32::MAX; mc.div_ceil(mr) * mr * steps];
+                let len = mc.div_ceil(mr) * mr * steps;
+                let (mut out, mut rows) = (vec![u32::MAX; len], vec![u32::MAX; len]);
                 pack_a_pairs(&a, k, (i0, mc), (p0, kc), mr, &mut out);
-                for (t, panel) in out.chunks_exact(mr * steps).enumerate() {
+                pack_a_pair_rows(&a, k, (i0, mc), (p0, kc), mr, &mut rows);
+                let panels = out.chunks_exact(mr * steps).zip(rows.chunks_exact(mr * steps));
+                for (t, (panel, by_row)) in panels.enumerate() {
                     for s in 0..steps {
                         for r in 0..mr {
                             let row = t * mr + r;
@@ -224,6 +279,7 @@ mod tests {
                             };
                             let want = at(2 * s) | at(2 * s + 1) << 16;
                             assert_eq!(panel[s * mr + r], want, "mr {mr} row {row} s {s}");
+                            assert_eq!(by_row[r * steps + s], want, "rows: mr {mr} row {row}");
                         }
                     }
                 }

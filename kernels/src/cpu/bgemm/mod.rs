@@ -25,19 +25,27 @@
 //!
 //! | values | needs | how |
 //! |---|---|---|
+//! | `amx_bf16_*` (32×32, 16×64, 64×16, 8×64) | AMX-BF16, tile state granted by the OS | `tdpbf16ps` on four 16×16 f32 accumulator tiles (2×2, 1×4, 4×1; 8-row tiles for 8×64), B in the same depth pairs (a pair row of 16 columns is a 64-byte B-tile row), A packed in rows of bf16 pairs, 32 depths per tile step |
 //! | `avx512bf16_*` (12×32, 4×64, 2×64, 1×128, 1×64) | AVX512_BF16 | `vdpbf16ps`: B in depth pairs, A packed as bf16 pairs and broadcast, 2 depths × 16 columns per instruction |
 //! | `avx512_*` (same shapes) | AVX-512F | bf16 widened to f32 in zmm registers, A as f32 rounded to bf16 values, f32 FMAs |
 //! | `avx2_*` (6×16, 4×16, 2×32, 1×64, 1×32) | AVX2 + FMA | the same in ymm registers |
 //! | `portable_*` | — | the same over 8-lane arrays |
 //!
 //! A space offers its fingerprint's ISA level and AVX2 under AVX-512; the `avx512bf16_*`
-//! values only where the fingerprint has `avx512bf16` (and `avx512bw`); each kernel also
-//! checks the CPU when it is built. The analytic default takes the best tier offered:
-//! `vdpbf16ps` on AVX512_BF16, AVX-512F widening on other AVX-512 machines, AVX2 below.
-//! The AVX-512 kernels are tested on every CPU through emulated twins (same bodies and tile
-//! shapes over a plain-Rust `vdpbf16ps` that follows the Intel SDM: [`ukernel`]), and on the
-//! real instructions only where the CPU has them — they never ran on the development
-//! machine (AMD Zen 3, AVX2 only).
+//! values only where the fingerprint has `avx512bf16` (and `avx512bw`), the `amx_bf16_*`
+//! ones only where it has `amx_bf16` (reported only where Linux granted the tile state);
+//! each kernel also checks the CPU (and OS) when it is built. The analytic default takes the
+//! best tier offered: `vdpbf16ps` on AVX512_BF16, AVX-512F widening on other AVX-512
+//! machines, AVX2 below; never AMX (unmeasured: tuning may pick it). The AVX-512 and AMX
+//! kernels are tested on every CPU through emulated twins (same bodies and tile shapes over
+//! a plain-Rust `vdpbf16ps` that follows the Intel SDM, or over the emulated tile unit
+//! [`crate::cpu::amx::Emulated`]: [`ukernel`]), and on the real instructions only where the
+//! CPU (and OS) has them — they never ran on the development machine (AMD Zen 3, AVX2 only).
+//!
+//! AMX depth: a K block's pairs are stepped 16 pairs (32 bf16) per tile; a remainder (K
+//! not a multiple of 32, odd K padded with a zero) is copied zero-padded into staging tiles
+//! on the stack. The accumulators are loaded from C (later depth blocks) or zeroed, stored to
+//! C, then the bias and activation run over the stored rows.
 //!
 //! Knobs: `ukernel` (tile shape and ISA), `mc` (rows of A per packed block, rounded up to
 //! the tile), `kc` (depth per block; rounded up to whole pairs for `vdpbf16ps`), `par`
@@ -214,14 +222,15 @@ impl Kernel for GemmBf16 {
 /// at M ≤ 2, and for one row and a wide N `1x64`, whose 8 accumulators keep both FMA pipes
 /// busy where `1x32`'s 4 wait on their latency. On AVX-512 likewise 12×32 for many rows,
 /// 4×64 for 3 to 8, and one row `1x128` (N > 64) or `1x64`. (The AVX-512 choices follow
-/// the same rule, unmeasured: no AVX-512 machine was at hand.)
+/// the same rule, unmeasured: no AVX-512 machine was at hand.) The AMX kernels are never a
+/// default: they have not been measured; tuning may pick them where they are offered.
 fn default_ukernel(offer: &[&'static Bf16Kernel], m: usize, n: usize) -> &'static Bf16Kernel {
     let tier = |k: &Bf16Kernel| (k.isa, k.bf16);
-    let best = offer.iter().map(|k| tier(k)).max();
+    let best = offer.iter().filter(|k| !k.amx).map(|k| tier(k)).max();
     offer
         .iter()
         .enumerate()
-        .filter(|(_, k)| Some(tier(k)) == best)
+        .filter(|(_, k)| !k.amx && Some(tier(k)) == best)
         .min_by_key(|(i, k)| {
             let tiles = m.div_ceil(k.mr);
             (tiles * (k.mr + 2), n.div_ceil(k.nr) * k.nr, *i)

@@ -211,12 +211,20 @@ fn bad_configs_are_errors_and_defaults_fit_every_shape() {
 
 /// An x86-64 fingerprint with AVX-512F and AVX512BW, and AVX512_BF16 if `bf16`.
 fn avx512_machine(bf16: bool) -> HardwareFingerprint {
+    machine_with(if bf16 { &["avx512bf16"] } else { &[] })
+}
+
+/// An AVX512_BF16 fingerprint whose OS granted the AMX tile state (a Sapphire Rapids).
+fn amx_machine() -> HardwareFingerprint {
+    machine_with(&["avx512bf16", "amx_tile", "amx_bf16", "amx_int8"])
+}
+
+/// An x86-64 fingerprint with AVX-512F, AVX512BW and the flags `extra`.
+fn machine_with(extra: &[&str]) -> HardwareFingerprint {
     let mut isa = vec![
         "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
     ];
-    if bf16 {
-        isa.push("avx512bf16");
-    }
+    isa.extend_from_slice(extra);
     HardwareFingerprint::new(
         "x86_64",
         "AuthenticAMD",
@@ -229,8 +237,9 @@ fn avx512_machine(bf16: bool) -> HardwareFingerprint {
 }
 
 /// Spaces and defaults are built from the fingerprint, so they can be checked on every CPU:
-/// `vdpbf16ps` kernels only with AVX512_BF16, where the default picks one; AVX-512F widening
-/// on other AVX-512 machines; AVX2 below.
+/// `vdpbf16ps` kernels only with AVX512_BF16, where the default picks one (also where AMX is
+/// granted: the AMX kernels are offered there, never a default); AVX-512F widening on other
+/// AVX-512 machines; AVX2 below.
 #[test]
 fn spaces_and_defaults_follow_the_fingerprint() {
     let shapes = [
@@ -242,6 +251,7 @@ fn spaces_and_defaults_follow_the_fingerprint() {
         "gemm_bias_gelu:1024x1024x1024:bf16",
     ];
     for (hw, prefix) in [
+        (amx_machine(), "avx512bf16_"),
         (avx512_machine(true), "avx512bf16_"),
         (avx512_machine(false), "avx512_"),
         (HardwareFingerprint::reference_zen3(), "avx2_"),
@@ -250,6 +260,9 @@ fn spaces_and_defaults_follow_the_fingerprint() {
         let dp = names.iter().any(|n| n.starts_with("avx512bf16_"));
         assert_eq!(dp, hw.has("avx512bf16"), "{names:?}");
         assert_eq!(names.iter().any(|n| n.starts_with("avx2_")), hw.has("avx2"));
+        let amx = names.iter().filter(|n| n.starts_with("amx_bf16_")).count();
+        let granted = cfg!(target_arch = "x86_64") && hw.has("amx_bf16");
+        assert_eq!(amx, if granted { 4 } else { 0 }, "{names:?}");
         for text in shapes {
             let w: Workload = text.parse().unwrap();
             let c = GemmBf16.default_config(&w, &hw);
@@ -263,12 +276,36 @@ fn spaces_and_defaults_follow_the_fingerprint() {
     }
 }
 
-/// The emulated twins of the AVX-512 kernels through the whole driver (packing, depth
-/// blocks with an odd last one, both splits, epilogues) on awkward shapes, against both
+/// The emulated twins of the AVX-512 and AMX kernels through the whole driver (packing,
+/// depth blocks with an odd last one, both splits, epilogues) on awkward shapes, against both
 /// references: the same bodies and tile shapes as the real kernels, on every CPU.
 #[test]
-fn emulated_avx512_kernels_match_the_references_on_awkward_shapes() {
-    use super::ukernel::emulate::EMULATED;
+fn emulated_avx512_and_amx_kernels_match_the_references_on_awkward_shapes() {
+    through_the_driver(super::ukernel::emulate::EMULATED.iter());
+}
+
+/// The AMX body with tile rows the real kernels do not use, through the driver likewise.
+#[test]
+fn emulated_amx_kernels_with_odd_tile_rows_match_the_references() {
+    through_the_driver(super::ukernel::emulate::AMX_ODD_ROWS.iter());
+}
+
+/// The real `amx_bf16_*` kernels through the driver likewise, where the OS granted this
+/// process AMX-BF16; elsewhere it says it was skipped.
+#[test]
+fn real_amx_kernels_match_the_references_where_granted() {
+    if !super::ukernel::has_amx_bf16() {
+        println!("amx_bf16 through the driver: skipped: no AMX tile state on this CPU/OS");
+        return;
+    }
+    through_the_driver(KERNELS.iter().filter(|k| k.amx));
+}
+
+/// Runs every kernel of `kernels` through the driver on awkward shapes (M = 1, primes,
+/// 63/65/67, odd K, K not a multiple of 32) with three block and split configurations, and
+/// checks the outputs against the bf16 workload's reference and the f64 product of the bf16
+/// operands.
+fn through_the_driver<'k>(kernels: impl Iterator<Item = &'k Bf16Kernel> + Clone) {
     for text in [
         "gemm:1x1x1:bf16",
         "gemm:1x67x65:bf16",
@@ -276,6 +313,7 @@ fn emulated_avx512_kernels_match_the_references_on_awkward_shapes() {
         "gemm:5x7x9:bf16",
         "gemm:63x65x67:bf16",
         "gemm:17x131x129:bf16",
+        "gemm:65x67x63:bf16",
         "gemm_bias_gelu_erf:13x67x65:bf16",
         "gemm_bias_relu:9x33x7:bf16",
     ] {
@@ -287,7 +325,7 @@ fn emulated_avx512_kernels_match_the_references_on_awkward_shapes() {
             Workload::GemmBiasAct { act, .. } => Some(act),
             _ => None,
         };
-        for uk in EMULATED {
+        for uk in kernels.clone() {
             for (mc, kc, split) in [
                 (24, 64, Split::None),
                 (96, 4096, Split::M),

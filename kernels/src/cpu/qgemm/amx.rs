@@ -1,7 +1,8 @@
 //! AMX int8 micro-kernels: one `MR × NR` tile of the driver's contract
-//! (`acc[r·NR + c] (+)= Σ_p a[r·lda + p] · b[(p/4·NR + c)·4 + p%4]`) with `tdpbusd`, written
-//! once over [`TileUnit`], so the same body runs on the real tile unit ([`AsmTiles`]) and on
-//! the emulated one (tests, every CPU).
+//! (`acc[r·NR + c] (+)= Σ_p a[r·lda + p] · b[(p/4·NR + c)·4 + p%4]`) with `tdpbusd`, on the
+//! AMX skeleton shared with the bf16 kernels ([`crate::cpu::amx::tiled`]), written once over
+//! [`TileUnit`], so the same body runs on the real tile unit ([`AsmTiles`]) and on the
+//! emulated one (tests, every CPU).
 //!
 //! Four accumulator tiles (`tmm0..tmm3`, `rows × 16` i32 each) in one of three arrangements —
 //! 2×2 (`MR = 2·rows`, `NR = 32`), 1×4 (`rows`, 64), 4×1 (`4·rows`, 16) — and the operand
@@ -25,164 +26,9 @@
 use super::ukernel::{DotFn, DotKernel};
 #[cfg(test)]
 use crate::cpu::amx::Emulated;
-use crate::cpu::amx::{bytes, bytes_mut, TileConfig, TileUnit, Tiles};
-
-/// How the four accumulator tiles cover the `MR × NR` tile, and the K step over them.
-pub(super) trait Arrangement {
-    /// Accumulator tiles down (row tiles) and across (16-column tiles).
-    const RT: usize;
-    const CT: usize;
-
-    /// The tile configuration for accumulator tiles of `rows` rows.
-    fn config(rows: usize) -> TileConfig;
-
-    /// One K step of 64: `a` at the step's first depth (`rows·RT` rows `lda` apart), `b` at
-    /// its first group row (16 rows `ldb` bytes apart, `CT` column tiles 64 bytes apart).
-    fn step<U: TileUnit>(
-        t: &mut Tiles<'_, U>,
-        a: &[u8],
-        lda: usize,
-        rows: usize,
-        b: &[u8],
-        ldb: usize,
-    );
-}
-
-/// Accumulator tiles `tmm0..tmm3`, `rows × 64` bytes; the given operand tiles A (`rows × 64`)
-/// and B (`16 × 64`).
-fn config(rows: usize, a: &[u8], b: &[u8]) -> TileConfig {
-    let mut c = TileConfig::new();
-    for t in 0..4 {
-        c = c.tile(t, rows, 64);
-    }
-    for &t in a {
-        c = c.tile(t, rows, 64);
-    }
-    for &t in b {
-        c = c.tile(t, 16, 64);
-    }
-    c
-}
-
-/// 2×2: A in `tmm4, tmm5`, B in `tmm6, tmm7`; each operand tile feeds two dot products.
-pub(super) struct Square;
-
-impl Arrangement for Square {
-    const RT: usize = 2;
-    const CT: usize = 2;
-
-    fn config(rows: usize) -> TileConfig {
-        config(rows, &[4, 5], &[6, 7])
-    }
-
-    fn step<U: TileUnit>(
-        t: &mut Tiles<'_, U>,
-        a: &[u8],
-        lda: usize,
-        rows: usize,
-        b: &[u8],
-        ldb: usize,
-    ) {
-        t.load::<4>(a, lda);
-        t.load::<5>(&a[rows * lda..], lda);
-        t.load::<6>(b, ldb);
-        t.load::<7>(&b[64..], ldb);
-        t.dpbusd::<0, 4, 6>();
-        t.dpbusd::<1, 4, 7>();
-        t.dpbusd::<2, 5, 6>();
-        t.dpbusd::<3, 5, 7>();
-    }
-}
-
-/// 1×4: A in `tmm4`; B in `tmm5..tmm7`, the fourth B tile reusing `tmm5`.
-pub(super) struct Wide;
-
-impl Arrangement for Wide {
-    const RT: usize = 1;
-    const CT: usize = 4;
-
-    fn config(rows: usize) -> TileConfig {
-        config(rows, &[4], &[5, 6, 7])
-    }
-
-    fn step<U: TileUnit>(
-        t: &mut Tiles<'_, U>,
-        a: &[u8],
-        lda: usize,
-        _rows: usize,
-        b: &[u8],
-        ldb: usize,
-    ) {
-        t.load::<4>(a, lda);
-        t.load::<5>(b, ldb);
-        t.load::<6>(&b[64..], ldb);
-        t.load::<7>(&b[128..], ldb);
-        t.dpbusd::<0, 4, 5>();
-        t.dpbusd::<1, 4, 6>();
-        t.dpbusd::<2, 4, 7>();
-        t.load::<5>(&b[192..], ldb);
-        t.dpbusd::<3, 4, 5>();
-    }
-}
-
-/// 4×1: B in `tmm4`; A in `tmm5..tmm7`, the fourth A tile reusing `tmm5`.
-pub(super) struct Tall;
-
-impl Arrangement for Tall {
-    const RT: usize = 4;
-    const CT: usize = 1;
-
-    fn config(rows: usize) -> TileConfig {
-        config(rows, &[5, 6, 7], &[4])
-    }
-
-    fn step<U: TileUnit>(
-        t: &mut Tiles<'_, U>,
-        a: &[u8],
-        lda: usize,
-        rows: usize,
-        b: &[u8],
-        ldb: usize,
-    ) {
-        t.load::<4>(b, ldb);
-        t.load::<5>(a, lda);
-        t.load::<6>(&a[rows * lda..], lda);
-        t.load::<7>(&a[2 * rows * lda..], lda);
-        t.dpbusd::<0, 5, 4>();
-        t.dpbusd::<1, 6, 4>();
-        t.dpbusd::<2, 7, 4>();
-        t.load::<5>(&a[3 * rows * lda..], lda);
-        t.dpbusd::<3, 5, 4>();
-    }
-}
-
-/// Runs `$body` once per accumulator tile, with `$t` the tile register (a constant).
-macro_rules! each_acc {
-    ($t:ident => $body:block) => {{
-        {
-            const $t: u8 = 0;
-            $body
-        }
-        {
-            const $t: u8 = 1;
-            $body
-        }
-        {
-            const $t: u8 = 2;
-            $body
-        }
-        {
-            const $t: u8 = 3;
-            $body
-        }
-    }};
-}
-
-/// Byte offset in `acc` of accumulator tile `t` (row tile `t / CT`, column tile `t % CT`).
-fn acc_offset<L: Arrangement>(t: u8, rows: usize, nr: usize) -> usize {
-    let (i, j) = (t as usize / L::CT, t as usize % L::CT);
-    (i * rows * nr + j * 16) * 4
-}
+use crate::cpu::amx::tiled::{self, Arrangement, DpBusd};
+pub(super) use crate::cpu::amx::tiled::{Square, Tall, Wide};
+use crate::cpu::amx::{bytes, bytes_mut, TileUnit, Tiles};
 
 /// The kernel body on `unit`: `kp` (a multiple of 4) depths of `a` (`RT·rows` rows `lda`
 /// apart) times the B panel chunk `b` (`kp/4` group rows of `NR·4` codes), into `acc`
@@ -198,36 +44,10 @@ pub(super) fn body<U: TileUnit, L: Arrangement>(
     acc: &mut [i32],
     accumulate: bool,
 ) {
-    let (mr, nr) = (L::RT * rows, L::CT * 16);
-    let ld = 4 * nr; // bytes per B group row and per accumulator row
-    let (b, acc) = (bytes(b), bytes_mut(acc));
+    let nr = L::CT * 16;
     let mut t = Tiles::configure(unit, L::config(rows));
-    each_acc!(T => {
-        let at = acc_offset::<L>(T, rows, nr);
-        if accumulate {
-            t.load::<T>(&acc[at..], ld);
-        } else {
-            t.zero::<T>();
-        }
-    });
-    let full = kp / 64 * 64;
-    for k0 in (0..full).step_by(64) {
-        L::step(&mut t, &a[k0..], lda, rows, &b[k0 * nr..], ld);
-    }
-    if full < kp {
-        let rem = kp - full;
-        let mut sa = [0u8; 64 * 64];
-        for (r, row) in sa.chunks_exact_mut(64).take(mr).enumerate() {
-            row[..rem].copy_from_slice(&a[r * lda + full..r * lda + kp]);
-        }
-        let mut sb = [0u8; 16 * 256];
-        sb[..rem * nr].copy_from_slice(&b[full * nr..kp * nr]);
-        L::step(&mut t, &sa, 64, rows, &sb, ld);
-    }
-    each_acc!(T => {
-        let at = acc_offset::<L>(T, rows, nr);
-        t.store::<T>(&mut acc[at..], ld);
-    });
+    let (b, acc) = (bytes(b), bytes_mut(acc));
+    tiled::run::<U, L, DpBusd>(&mut t, rows, kp, a, lda, b, acc, 4 * nr, accumulate);
 }
 
 /// The driver's entry point (`DotFn`) for arrangement `L`, tiles of `ROWS` rows, on the tile

@@ -6,6 +6,8 @@
 //! - `WidenBf16 for Emu16`: a group of 32 bf16 values to two 16-lane vectors, as
 //!   `vpslld 16` / `vpandd` do on the zmm load of [`super::x86`].
 //! - [`EmuDp`]: `vdpbf16ps` lane by lane, [`dpbf16_lane`].
+//! - The AMX twins: the AMX tile body ([`super::amx`]) on the emulated tile unit
+//!   ([`crate::cpu::amx::Emulated`], whose `tdpbf16ps` follows the SDM the same way).
 //!
 //! `vdpbf16ps` as emulated, from the Intel SDM (Vol. 2, "VDPBF16PS — Dot Product of BF16
 //! Pairs Accumulated into Packed Single Precision"; the same text is on felixcloutier.com):
@@ -28,12 +30,15 @@
 //! against this emulation bit for bit (the development machine could not confirm that the
 //! hardware matches the SDM's text in every rounding).
 
+use super::amx::tile;
 use super::body::{pair_body, widen_body, DotBf16, WidenBf16};
 use super::{Bf16Kernel, TileFn};
 use crate::cpu::bgemm::convert::from_bf16;
 use crate::cpu::bgemm::layout::Layout;
 use crate::cpu::gemm::ukernel::portable::Portable;
 use crate::cpu::gemm::ukernel::simd::{Epi, Simd};
+use crate::cpu::amx::tiled::{Square, Tall, Wide};
+use crate::cpu::amx::Emulated;
 use crate::cpu::Isa;
 
 /// A 16-lane f32 "register" in plain Rust (the zmm width).
@@ -214,10 +219,20 @@ const fn twin(name: &'static str, mr: usize, nr: usize, layout: Layout, f: TileF
     Bf16Kernel::new(name, mr, nr, Isa::Portable, false, layout, f)
 }
 
-/// The emulated twin of every AVX-512 kernel: `emu_` and the kernel's name, the same tile
-/// shape and layout, the same body over the emulated vocabulary. Runs on every CPU; never
-/// offered.
+/// An emulated AMX twin: the AMX tile body on the emulated tile unit (which follows the SDM's
+/// `tdpbf16ps`: [`crate::cpu::amx::Emulated`]).
+const fn amx_twin(name: &'static str, mr: usize, nr: usize, f: TileFn) -> Bf16Kernel {
+    Bf16Kernel::tiled(name, mr, nr, Isa::Portable, false, f)
+}
+
+/// The emulated twin of every AVX-512 and AMX kernel: `emu_` and the kernel's name, the same
+/// tile shape and layouts, the same body over the emulated vocabulary or tile unit. Runs on
+/// every CPU; never offered.
 pub(crate) static EMULATED: &[Bf16Kernel] = &[
+    amx_twin("emu_amx_bf16_32x32", 32, 32, tile::<Emulated, Square, 16>),
+    amx_twin("emu_amx_bf16_16x64", 16, 64, tile::<Emulated, Wide, 16>),
+    amx_twin("emu_amx_bf16_64x16", 64, 16, tile::<Emulated, Tall, 16>),
+    amx_twin("emu_amx_bf16_8x64", 8, 64, tile::<Emulated, Wide, 8>),
     twin(
         "emu_avx512bf16_12x32",
         12,
@@ -242,3 +257,11 @@ pub(crate) fn twin_of(k: &Bf16Kernel) -> Option<&'static Bf16Kernel> {
         .iter()
         .find(|e| e.name.strip_prefix("emu_") == Some(k.name))
 }
+
+/// The AMX body on the emulated tile unit with tile rows the real kernels do not use (odd
+/// counts, one row): the same body, other accumulator-tile shapes.
+pub(crate) static AMX_ODD_ROWS: &[Bf16Kernel] = &[
+    amx_twin("emu_amx_bf16_6x32 (rows 3)", 6, 32, tile::<Emulated, Square, 3>),
+    amx_twin("emu_amx_bf16_1x64 (rows 1)", 1, 64, tile::<Emulated, Wide, 1>),
+    amx_twin("emu_amx_bf16_20x16 (rows 5)", 20, 16, tile::<Emulated, Tall, 5>),
+];

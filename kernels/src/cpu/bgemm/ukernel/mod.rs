@@ -1,7 +1,8 @@
 //! The bf16 micro-kernels: `MR × NR` tiles of `A · B` over bf16 operands with f32
-//! accumulation, two generic bodies ([`body`]) over a small trait per ISA, and the safe,
-//! bounds-checked entry points the driver calls. All `unsafe` code of the bf16 family lives
-//! in this module.
+//! accumulation, two generic bodies ([`body`]) over a small trait per ISA, the AMX tile
+//! kernels ([`amx`]), and the safe, bounds-checked entry points the driver calls. All
+//! `unsafe` code of the bf16 family lives in this module (the AMX instructions themselves in
+//! [`crate::cpu::amx`]).
 //!
 //! - `avx2_*` (AVX2 + FMA): one 256-bit load of 16 bf16 values per group of 16 columns,
 //!   widened to two f32 vectors in registers (`vpslld 16` for the columns in the low halves,
@@ -12,21 +13,31 @@
 //! - `avx512bf16_*` (AVX512_BF16): `vdpbf16ps`, B packed in depth pairs
 //!   ([`Layout::Pairs`]), A packed as bf16 pairs and broadcast as 32-bit words: one
 //!   instruction per 16 columns and 2 depths, no widening.
+//! - `amx_bf16_*` (AMX-BF16, tile state granted by the OS): `tdpbf16ps` on four 16×16 f32
+//!   accumulator tiles (2×2, 1×4, 4×1), B in the same depth pairs, A in rows of pair words
+//!   ([`APack::PairRows`]), 32 depths per tile step.
 //! - `portable_*`: the widening body over 8-lane arrays, for CPUs without AVX2.
 //!
-//! The AVX-512 tiles have emulated twins (`emulate.rs`, tests only): the same bodies, with the
-//! same tile shapes, over a plain-Rust 16-lane vocabulary and a `vdpbf16ps` that follows the
-//! instruction's documented semantics, so their arithmetic and indexing are tested on every
-//! CPU. The real AVX-512 tiles run (and are tested) only where the CPU has the feature;
-//! none ran on the development machine (AMD Zen 3).
+//! The AVX-512 and AMX tiles have emulated twins (`emulate.rs`, tests only): the same bodies,
+//! with the same tile shapes, over a plain-Rust 16-lane vocabulary and a `vdpbf16ps` that
+//! follows the instruction's documented semantics, or over the emulated tile unit
+//! ([`crate::cpu::amx::Emulated`]), so their arithmetic and indexing are tested on every
+//! CPU. The real AVX-512 and AMX tiles run (and are tested) only where the CPU has the
+//! feature; none ran on the development machine (AMD Zen 3).
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+mod amx;
 mod body;
 #[cfg(test)]
 pub(crate) mod emulate;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use super::layout::Layout;
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::amx::tiled::{Square, Tall, Wide};
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::amx::AsmTiles;
+use super::layout::{APack, Layout};
 use crate::cpu::gemm::ukernel::simd::Epi;
 use crate::cpu::gemm::ukernel::{bias_act_row, epi_for, TileEpilogue};
 use crate::cpu::gemm::view::CView;
@@ -39,13 +50,13 @@ use body::widen_body;
 type TileFn = unsafe fn(usize, *const f32, *const u16, *mut f32, usize, usize, bool, Epi);
 
 /// Largest `MR·NR` of any kernel (edge tiles are computed in a stack buffer).
-const MAX_TILE: usize = 384;
+const MAX_TILE: usize = 1024;
 
 /// Widest panel of any kernel.
 const MAX_NR: usize = 128;
 
 /// One bf16 micro-kernel: its name (the `ukernel` knob's value), tile shape, ISA, whether it
-/// needs AVX512_BF16, and the layout of its operands.
+/// needs AVX512_BF16 or the AMX tile unit, and the layout of its operands.
 #[derive(Debug)]
 pub struct Bf16Kernel {
     pub name: &'static str,
@@ -56,8 +67,13 @@ pub struct Bf16Kernel {
     pub isa: Isa,
     /// Whether it also needs AVX512_BF16 (checked at run time with the ISA).
     pub bf16: bool,
-    /// How B's panels and packed A are laid out for it.
+    /// Whether it also needs AMX-BF16 with the tile state granted by the OS (checked at run
+    /// time with the ISA; offered where the fingerprint has `amx_bf16`).
+    pub amx: bool,
+    /// How B's panels are laid out for it.
     pub layout: Layout,
+    /// How its packed A block is laid out.
+    pub a_pack: APack,
     f: TileFn,
 }
 
@@ -73,6 +89,15 @@ pub static KERNELS: &[Bf16Kernel] = &[
     dp("avx512bf16_1x128", 1, 128, x86::avx512bf16::<1, 8>),
     #[cfg(target_arch = "x86_64")]
     dp("avx512bf16_1x64", 1, 64, x86::avx512bf16::<1, 4>),
+    // AMX: after the vdpbf16ps kernels; never a default (unmeasured), tuning may pick them.
+    #[cfg(target_arch = "x86_64")]
+    amx("amx_bf16_32x32", 32, 32, amx::tile::<AsmTiles, Square, 16>),
+    #[cfg(target_arch = "x86_64")]
+    amx("amx_bf16_16x64", 16, 64, amx::tile::<AsmTiles, Wide, 16>),
+    #[cfg(target_arch = "x86_64")]
+    amx("amx_bf16_64x16", 64, 16, amx::tile::<AsmTiles, Tall, 16>),
+    #[cfg(target_arch = "x86_64")]
+    amx("amx_bf16_8x64", 8, 64, amx::tile::<AsmTiles, Wide, 8>),
     #[cfg(target_arch = "x86_64")]
     wide("avx512_12x32", 12, 32, x86::avx512::<12, 2>),
     #[cfg(target_arch = "x86_64")]
@@ -110,6 +135,13 @@ const fn wide(name: &'static str, mr: usize, nr: usize, f: TileFn) -> Bf16Kernel
     Bf16Kernel::new(name, mr, nr, Isa::Avx512, false, Layout::Widen32, f)
 }
 
+/// An AMX-BF16 `tdpbf16ps` kernel (AMX CPUs all have AVX-512, whose ISA cap turns AMX off
+/// too): B in the pair layout, A in pair rows.
+#[cfg(target_arch = "x86_64")]
+const fn amx(name: &'static str, mr: usize, nr: usize, f: TileFn) -> Bf16Kernel {
+    Bf16Kernel::tiled(name, mr, nr, Isa::Avx512, true, f)
+}
+
 impl Bf16Kernel {
     const fn new(
         name: &'static str,
@@ -127,8 +159,28 @@ impl Bf16Kernel {
             nr,
             isa,
             bf16,
+            amx: false,
             layout,
+            a_pack: APack::of(layout),
             f,
+        }
+    }
+
+    /// An AMX tile kernel (pair layout, A in pair rows) needing the tile unit if `amx` (the
+    /// emulated twins do not).
+    const fn tiled(
+        name: &'static str,
+        mr: usize,
+        nr: usize,
+        isa: Isa,
+        amx: bool,
+        f: TileFn,
+    ) -> Bf16Kernel {
+        let k = Bf16Kernel::new(name, mr, nr, isa, false, Layout::Pairs, f);
+        Bf16Kernel {
+            amx,
+            a_pack: APack::PairRows,
+            ..k
         }
     }
 
@@ -142,8 +194,9 @@ impl Bf16Kernel {
         self.missing().is_none()
     }
 
-    /// What this process lacks to run it (`"AVX-512F"`, `"AVX512_BF16"`, ...), if anything:
-    /// the ISA level (detected, capped by `AUTOKERNEL_ISA`), then AVX512_BF16.
+    /// What this process lacks to run it (`"AVX-512F"`, `"AVX512_BF16"`, `"AMX-BF16"`, ...),
+    /// if anything: the ISA level (detected, capped by `AUTOKERNEL_ISA`), then AVX512_BF16,
+    /// then AMX-BF16 with the tile state granted by the OS.
     pub fn missing(&self) -> Option<&'static str> {
         match self.isa {
             isa if !isa.available() => Some(match isa {
@@ -152,16 +205,20 @@ impl Bf16Kernel {
                 Isa::Portable => "nothing",
             }),
             _ if self.bf16 && !has_avx512bf16() => Some("AVX512_BF16"),
+            _ if self.amx && !has_amx_bf16() => Some("AMX-BF16"),
             _ => None,
         }
     }
 
     /// Whether `hw`'s fingerprint offers it: its ISA under the fingerprint's level (see
-    /// [`Isa::offered_under`]) and, for a `vdpbf16ps` kernel, the `avx512bf16` and
-    /// `avx512bw` flags.
+    /// [`Isa::offered_under`]), for a `vdpbf16ps` kernel the `avx512bf16` and `avx512bw`
+    /// flags, for an AMX kernel `amx_bf16` (reported only where the OS granted the tile
+    /// state).
     pub fn offered_on(&self, hw: &crate::hardware::HardwareFingerprint) -> bool {
         let bf16 = hw.has("avx512bf16") && hw.has("avx512bw");
-        self.isa.offered_under(Isa::of(hw)) && (!self.bf16 || bf16)
+        self.isa.offered_under(Isa::of(hw))
+            && (!self.bf16 || bf16)
+            && (!self.amx || hw.has("amx_bf16"))
     }
 
     /// The kernel called `name`, if this process runs it.
@@ -283,6 +340,15 @@ pub(crate) fn words_mut(buf: &mut [f32]) -> &mut [u32] {
 fn has_avx512bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     return x86::has_avx512bf16();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether this process may run AMX-BF16 (the CPU has it, Linux granted the tile data state,
+/// the ISA cap allows AVX-512): [`crate::cpu::amx::granted`].
+pub fn has_amx_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return crate::cpu::amx::granted("amx_tile") && crate::cpu::amx::granted("amx_bf16");
     #[cfg(not(target_arch = "x86_64"))]
     false
 }

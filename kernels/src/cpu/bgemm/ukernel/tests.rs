@@ -1,11 +1,11 @@
-//! Tests of the micro-kernels: every kernel this process runs and every emulated AVX-512
-//! twin against the f64 sum of the same bf16 products, and the emulated `vdpbf16ps` against
-//! a scalar formula and the SDM's edge cases.
+//! Tests of the micro-kernels: every kernel this process runs and every emulated AVX-512 and
+//! AMX twin against the f64 sum of the same bf16 products, and the emulated `vdpbf16ps`
+//! against a scalar formula and the SDM's edge cases.
 
-use super::emulate::{dpbf16_lane, twin_of, EMULATED};
+use super::emulate::{dpbf16_lane, twin_of, AMX_ODD_ROWS, EMULATED};
 use super::*;
 use crate::cpu::bgemm::convert::{from_bf16, pack_a_rounded, round_bf16, to_bf16, Bf16B};
-use crate::cpu::bgemm::layout::pack_a_pairs;
+use crate::cpu::bgemm::layout::{pack_a_pair_rows, pack_a_pairs};
 use crate::rng::Rng;
 use crate::workload::Act;
 
@@ -13,20 +13,24 @@ use crate::workload::Act;
 fn pack_for(uk: &Bf16Kernel, a: &[f32], rows: usize, kc: usize) -> Vec<f32> {
     let steps = uk.layout.steps(kc);
     let mut out = vec![f32::NAN; rows.div_ceil(uk.mr) * uk.mr * steps];
-    match uk.layout {
-        Layout::Pairs => pack_a_pairs(a, kc, (0, rows), (0, kc), uk.mr, words_mut(&mut out)),
-        _ => pack_a_rounded(a, kc, (0, rows), (0, kc), uk.mr, &mut out),
+    let (all, depth) = ((0, rows), (0, kc));
+    match uk.a_pack {
+        APack::Pairs => pack_a_pairs(a, kc, all, depth, uk.mr, words_mut(&mut out)),
+        APack::PairRows => pack_a_pair_rows(a, kc, all, depth, uk.mr, words_mut(&mut out)),
+        APack::Rounded => pack_a_rounded(a, kc, all, depth, uk.mr, &mut out),
     }
     out
 }
 
-/// Why this process does not run `uk`, if it does not: `no AVX512_BF16 on this CPU`, or the
-/// level capped off by `AUTOKERNEL_ISA`.
+/// Why this process does not run `uk`, if it does not: `no AVX512_BF16 on this CPU`, `no AMX
+/// tile state on this CPU/OS`, or the level capped off by `AUTOKERNEL_ISA`.
 fn skip_reason(uk: &Bf16Kernel) -> Option<String> {
     let what = uk.missing()?;
-    Some(match uk.isa <= Isa::cpu_best() && what != "AVX512_BF16" {
-        true => format!("{what} capped off by AUTOKERNEL_ISA"),
-        false => format!("no {what} on this CPU"),
+    Some(match what {
+        "AMX-BF16" => "no AMX tile state on this CPU/OS".into(),
+        "AVX512_BF16" => format!("no {what} on this CPU"),
+        _ if uk.isa <= Isa::cpu_best() => format!("{what} capped off by AUTOKERNEL_ISA"),
+        _ => format!("no {what} on this CPU"),
     })
 }
 
@@ -102,23 +106,28 @@ fn every_available_kernel_computes_its_tile() {
     }
 }
 
-/// The emulated twins run the AVX-512 bodies on every CPU.
+/// The emulated twins run the AVX-512 and AMX bodies on every CPU; the AMX body also with
+/// tile rows the real kernels do not use.
 #[test]
-fn every_emulated_avx512_kernel_computes_its_tile() {
+fn every_emulated_avx512_and_amx_kernel_computes_its_tile() {
     let mut rng = Rng::new(22);
-    for uk in EMULATED {
+    for uk in EMULATED.iter().chain(AMX_ODD_ROWS) {
         check_tiles(uk, &mut rng);
     }
 }
 
-/// Each AVX-512 kernel has a twin of the same shape and layout (so the same body
-/// instantiation), and each twin a kernel.
+/// Each AVX-512 and AMX kernel has a twin of the same shape and layouts (so the same body
+/// instantiation: for AMX, NR fixes the arrangement and MR the tile rows), and each twin a
+/// kernel.
 #[test]
-fn every_avx512_kernel_has_an_emulated_twin() {
+fn every_avx512_and_amx_kernel_has_an_emulated_twin() {
     for k in KERNELS.iter().filter(|k| k.isa == Isa::Avx512) {
         let t = twin_of(k).unwrap_or_else(|| panic!("{}: no twin", k.name));
-        assert_eq!((t.mr, t.nr, t.layout), (k.mr, k.nr, k.layout), "{}", k.name);
-        assert_eq!(k.bf16, k.layout == Layout::Pairs, "{}", k.name);
+        let shape = |k: &Bf16Kernel| (k.mr, k.nr, k.layout, k.a_pack);
+        assert_eq!(shape(t), shape(k), "{}", k.name);
+        assert_eq!(k.bf16 || k.amx, k.layout == Layout::Pairs, "{}", k.name);
+        assert_eq!(k.amx, k.a_pack == APack::PairRows, "{}", k.name);
+        assert!(!(k.bf16 && k.amx) && !t.amx && !t.bf16, "{}", k.name);
     }
     #[cfg(target_arch = "x86_64")]
     for t in EMULATED {
@@ -126,6 +135,26 @@ fn every_avx512_kernel_has_an_emulated_twin() {
             .iter()
             .any(|k| twin_of(k).is_some_and(|x| std::ptr::eq(x, t)));
         assert!(has_kernel, "{}: no kernel", t.name);
+    }
+}
+
+/// Where the OS granted this process AMX-BF16: every `amx_bf16_*` kernel (the real
+/// `tdpbf16ps`) computes its tiles, and how many outputs differ in any bit from its emulated
+/// twin's is printed (not asserted, as for `vdpbf16ps`). Elsewhere it says it was skipped.
+#[test]
+fn real_amx_bf16_kernels_compute_their_tiles_where_granted() {
+    let real: Vec<&Bf16Kernel> = KERNELS.iter().filter(|k| k.amx).collect();
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(real.len(), 4);
+    if !has_amx_bf16() {
+        println!("amx_bf16 kernels: skipped: no AMX tile state on this CPU/OS");
+        return;
+    }
+    let mut rng = Rng::new(25);
+    for uk in real {
+        assert!(uk.available(), "{}: {:?}", uk.name, uk.missing());
+        check_tiles(uk, &mut rng);
+        print_bits_against_twin(uk, &mut rng);
     }
 }
 
@@ -140,44 +169,42 @@ fn real_vdpbf16ps_kernels_against_their_twins() {
             println!("skipped {}: {why}", uk.name);
             continue;
         }
-        let twin = twin_of(uk).expect("every AVX-512 kernel has a twin");
-        let kc = 301;
-        let a: Vec<f32> = (0..uk.mr * kc)
-            .map(|_| round_bf16(rng.symmetric_f32()))
-            .collect();
-        let b: Vec<f32> = (0..kc * uk.nr).map(|_| rng.symmetric_f32()).collect();
-        let (apack, panel) = (
-            pack_for(uk, &a, uk.mr, kc),
-            Bf16B::new(&b, kc, uk.nr, uk.nr, uk.layout),
-        );
-        let run = |k: &Bf16Kernel| {
-            let mut c = vec![0f32; uk.mr * uk.nr];
-            let mut view = CView::new(&mut c, uk.mr, uk.nr, uk.nr);
-            let steps = k.layout.steps(kc);
-            k.tiles(
-                steps,
-                &apack,
-                1,
-                panel.panel(0),
-                &mut view,
-                (0, 0),
-                false,
-                None,
-            );
-            c
-        };
-        let (real, emu) = (run(uk), run(twin));
-        let differ = real
-            .iter()
-            .zip(&emu)
-            .filter(|(x, y)| x.to_bits() != y.to_bits());
-        println!(
-            "{}: {} of {} outputs differ from the emulation in some bit",
-            uk.name,
-            differ.count(),
-            real.len()
-        );
+        print_bits_against_twin(uk, &mut rng);
     }
+}
+
+/// Prints how many outputs of one `uk` tile (depth 301) differ in any bit from its emulated
+/// twin's on the same operands.
+fn print_bits_against_twin(uk: &Bf16Kernel, rng: &mut Rng) {
+    let twin = twin_of(uk).expect("every AVX-512 and AMX kernel has a twin");
+    let kc = 301;
+    let a: Vec<f32> = (0..uk.mr * kc)
+        .map(|_| round_bf16(rng.symmetric_f32()))
+        .collect();
+    let b: Vec<f32> = (0..kc * uk.nr).map(|_| rng.symmetric_f32()).collect();
+    let (apack, panel) = (
+        pack_for(uk, &a, uk.mr, kc),
+        Bf16B::new(&b, kc, uk.nr, uk.nr, uk.layout),
+    );
+    let run = |k: &Bf16Kernel| {
+        let mut c = vec![0f32; uk.mr * uk.nr];
+        let mut view = CView::new(&mut c, uk.mr, uk.nr, uk.nr);
+        let steps = k.layout.steps(kc);
+        let block = panel.panel(0);
+        k.tiles(steps, &apack, 1, block, &mut view, (0, 0), false, None);
+        c
+    };
+    let (real, emu) = (run(uk), run(twin));
+    let differ = real
+        .iter()
+        .zip(&emu)
+        .filter(|(x, y)| x.to_bits() != y.to_bits());
+    println!(
+        "{}: {} of {} outputs differ from the emulation in some bit",
+        uk.name,
+        differ.count(),
+        real.len()
+    );
 }
 
 /// Words of two bf16 values: `hi` in the high half.
