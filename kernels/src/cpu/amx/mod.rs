@@ -19,15 +19,18 @@
 //! checks the configuration before loading it, every memory extent a load or store touches,
 //! and every dot product's tile shapes (so the real unit never faults), and it releases the
 //! tile state when dropped — on every path, unwinding included.
+//!
+//! The GEMM micro-kernels (int8 `tdpbusd`, bf16 `tdpbf16ps`) share one skeleton over a
+//! session, `tiled` (crate-internal): tile arrangements, K steps, remainder staging.
 
 #[cfg(target_arch = "x86_64")]
 mod asm;
 mod config;
 mod emulated;
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) mod tiled;
 #[cfg(test)]
 mod tests;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) mod tiled;
 
 #[cfg(target_arch = "x86_64")]
 pub use asm::{granted, AsmTiles};

@@ -223,8 +223,14 @@ pub(crate) fn run<U: TileUnit, L: Arrangement, D: Dot>(
     let (mr, nr) = (L::RT * rows, L::CT * 16);
     let ldb = 4 * nr; // bytes per B group row
     assert!(kb.is_multiple_of(4) && lda >= kb, "depth in 4-byte groups");
-    assert!(a.len() >= (mr - 1) * lda + kb && b.len() >= kb * nr, "operands too short");
-    assert!(acc.len() >= (mr - 1) * ld + 4 * nr, "accumulators too short");
+    assert!(
+        a.len() >= (mr - 1) * lda + kb && b.len() >= kb * nr,
+        "operands too short"
+    );
+    assert!(
+        acc.len() >= (mr - 1) * ld + 4 * nr,
+        "accumulators too short"
+    );
     each_acc!(T => {
         let at = acc_offset::<L>(T, rows, ld);
         if accumulate {

@@ -268,7 +268,9 @@ mod tests {
                 let (mut out, mut rows) = (vec![u32::MAX; len], vec![u32::MAX; len]);
                 pack_a_pairs(&a, k, (i0, mc), (p0, kc), mr, &mut out);
                 pack_a_pair_rows(&a, k, (i0, mc), (p0, kc), mr, &mut rows);
-                let panels = out.chunks_exact(mr * steps).zip(rows.chunks_exact(mr * steps));
+                let panels = out
+                    .chunks_exact(mr * steps)
+                    .zip(rows.chunks_exact(mr * steps));
                 for (t, (panel, by_row)) in panels.enumerate() {
                     for s in 0..steps {
                         for r in 0..mr {

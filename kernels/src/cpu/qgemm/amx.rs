@@ -24,10 +24,10 @@
 
 #[cfg(test)]
 use super::ukernel::{DotFn, DotKernel};
-#[cfg(test)]
-use crate::cpu::amx::Emulated;
 use crate::cpu::amx::tiled::{self, Arrangement, DpBusd};
 pub(super) use crate::cpu::amx::tiled::{Square, Tall, Wide};
+#[cfg(test)]
+use crate::cpu::amx::Emulated;
 use crate::cpu::amx::{bytes, bytes_mut, TileUnit, Tiles};
 
 /// The kernel body on `unit`: `kp` (a multiple of 4) depths of `a` (`RT·rows` rows `lda`

@@ -62,7 +62,17 @@ pub(super) unsafe fn tile<U: TileUnit, L: Arrangement, const ROWS: usize>(
         // SAFETY: rows `i·MR..(i+1)·MR` of C, `NR` values each, are the caller's contract.
         let c = unsafe { std::slice::from_raw_parts_mut(c.add(i * mr * ldc), (mr - 1) * ldc + nr) };
         let (ab, bb) = (bytes(a), bytes(b));
-        tiled::run::<U, L, DpBf16ps>(&mut t, ROWS, kb, ab, kb, bb, bytes_mut(c), 4 * ldc, accumulate);
+        tiled::run::<U, L, DpBf16ps>(
+            &mut t,
+            ROWS,
+            kb,
+            ab,
+            kb,
+            bb,
+            bytes_mut(c),
+            4 * ldc,
+            accumulate,
+        );
         if let (Some(act), Some(bias)) = (act, bias) {
             for r in 0..mr {
                 bias_act_row(&mut c[r * ldc..r * ldc + nr], bias, act);

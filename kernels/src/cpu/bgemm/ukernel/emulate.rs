@@ -33,12 +33,12 @@
 use super::amx::tile;
 use super::body::{pair_body, widen_body, DotBf16, WidenBf16};
 use super::{Bf16Kernel, TileFn};
+use crate::cpu::amx::tiled::{Square, Tall, Wide};
+use crate::cpu::amx::Emulated;
 use crate::cpu::bgemm::convert::from_bf16;
 use crate::cpu::bgemm::layout::Layout;
 use crate::cpu::gemm::ukernel::portable::Portable;
 use crate::cpu::gemm::ukernel::simd::{Epi, Simd};
-use crate::cpu::amx::tiled::{Square, Tall, Wide};
-use crate::cpu::amx::Emulated;
 use crate::cpu::Isa;
 
 /// A 16-lane f32 "register" in plain Rust (the zmm width).
@@ -261,7 +261,22 @@ pub(crate) fn twin_of(k: &Bf16Kernel) -> Option<&'static Bf16Kernel> {
 /// The AMX body on the emulated tile unit with tile rows the real kernels do not use (odd
 /// counts, one row): the same body, other accumulator-tile shapes.
 pub(crate) static AMX_ODD_ROWS: &[Bf16Kernel] = &[
-    amx_twin("emu_amx_bf16_6x32 (rows 3)", 6, 32, tile::<Emulated, Square, 3>),
-    amx_twin("emu_amx_bf16_1x64 (rows 1)", 1, 64, tile::<Emulated, Wide, 1>),
-    amx_twin("emu_amx_bf16_20x16 (rows 5)", 20, 16, tile::<Emulated, Tall, 5>),
+    amx_twin(
+        "emu_amx_bf16_6x32 (rows 3)",
+        6,
+        32,
+        tile::<Emulated, Square, 3>,
+    ),
+    amx_twin(
+        "emu_amx_bf16_1x64 (rows 1)",
+        1,
+        64,
+        tile::<Emulated, Wide, 1>,
+    ),
+    amx_twin(
+        "emu_amx_bf16_20x16 (rows 5)",
+        20,
+        16,
+        tile::<Emulated, Tall, 5>,
+    ),
 ];

@@ -33,11 +33,11 @@ pub(crate) mod emulate;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use super::layout::{APack, Layout};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::amx::tiled::{Square, Tall, Wide};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::amx::AsmTiles;
-use super::layout::{APack, Layout};
 use crate::cpu::gemm::ukernel::simd::Epi;
 use crate::cpu::gemm::ukernel::{bias_act_row, epi_for, TileEpilogue};
 use crate::cpu::gemm::view::CView;

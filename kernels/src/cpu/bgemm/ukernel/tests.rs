@@ -147,7 +147,8 @@ fn real_amx_bf16_kernels_compute_their_tiles_where_granted() {
     #[cfg(target_arch = "x86_64")]
     assert_eq!(real.len(), 4);
     if !has_amx_bf16() {
-        println!("amx_bf16 kernels: skipped: no AMX tile state on this CPU/OS");
+        let line = "amx_bf16 kernels: skipped: no AMX tile state on this CPU/OS\n";
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         return;
     }
     let mut rng = Rng::new(25);
