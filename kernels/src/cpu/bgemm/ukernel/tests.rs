@@ -127,7 +127,8 @@ fn every_avx512_and_amx_kernel_has_an_emulated_twin() {
         assert_eq!(shape(t), shape(k), "{}", k.name);
         assert_eq!(k.bf16 || k.amx, k.layout == Layout::Pairs, "{}", k.name);
         assert_eq!(k.amx, k.a_pack == APack::PairRows, "{}", k.name);
-        assert!(!(k.bf16 && k.amx) && !t.amx && !t.bf16, "{}", k.name);
+        assert!(!k.bf16 || !k.amx, "{}: one instruction set", k.name);
+        assert!(!t.amx && !t.bf16, "{}: the twin runs everywhere", t.name);
     }
     #[cfg(target_arch = "x86_64")]
     for t in EMULATED {
