@@ -33,6 +33,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod bf16;
 pub mod fused;
 pub mod ukernel;
 pub mod unfused;

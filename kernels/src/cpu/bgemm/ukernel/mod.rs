@@ -20,11 +20,11 @@
 //! CPU. The real AVX-512 tiles run (and are tested) only where the CPU has the feature;
 //! none ran on the development machine (AMD Zen 3).
 
-mod body;
+pub(crate) mod body;
 #[cfg(test)]
 pub(crate) mod emulate;
 #[cfg(target_arch = "x86_64")]
-mod x86;
+pub(crate) mod x86;
 
 use super::layout::Layout;
 use crate::cpu::gemm::ukernel::simd::Epi;
@@ -280,7 +280,7 @@ pub(crate) fn words_mut(buf: &mut [f32]) -> &mut [u32] {
 }
 
 /// Whether this CPU runs AVX512_BF16 code (with AVX-512F and AVX512BW), detected once.
-fn has_avx512bf16() -> bool {
+pub(crate) fn has_avx512bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     return x86::has_avx512bf16();
     #[cfg(not(target_arch = "x86_64"))]
