@@ -164,7 +164,11 @@ impl Problem {
                 r
             }
             Workload::Attention {
-                s, d, causal, dtype, ..
+                s,
+                d,
+                causal,
+                dtype,
+                ..
             } => {
                 let (q, k, v) = (&self.inputs[0], &self.inputs[1], &self.inputs[2]);
                 let rel = attention_rel_err(dtype);
@@ -201,7 +205,15 @@ impl Problem {
         let (q, k, v) = (&self.inputs[0], &self.inputs[1], &self.inputs[2]);
         let lens = (key_lens, h);
         let rel = attention_rel_err(dtype);
-        Ok(attention_reference(q, k, v, (s, d), causal, Some(lens), rel))
+        Ok(attention_reference(
+            q,
+            k,
+            v,
+            (s, d),
+            causal,
+            Some(lens),
+            rel,
+        ))
     }
 
     /// The [`Accuracy`] of `got` against `reference`'s exact values (0 when they are all 0).

@@ -35,8 +35,8 @@ pub mod ukernel;
 #[cfg(test)]
 mod tests;
 
-use super::{heads_rule, par_from_config, par_values, shape, AttnPar, BC_VALUES, BR_VALUES};
 use super::PARALLEL_MIN_FLOPS;
+use super::{heads_rule, par_from_config, par_values, shape, AttnPar, BC_VALUES, BR_VALUES};
 use crate::cpu::knobs::{
     cap_rule, int_knob, int_listed, invalid, par_threads_listed, serial_iff_one_thread, snap,
     str_knob, thread_values, unsupported,

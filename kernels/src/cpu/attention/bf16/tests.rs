@@ -44,7 +44,11 @@ fn bf16_workload((b, h, s, d, causal): (usize, usize, usize, usize, bool)) -> Wo
 }
 
 fn run(exe: &dyn Executable, p: &Problem, lens: Option<&[i32]>) -> Vec<f32> {
-    let mut inputs: Vec<Operand<'_>> = p.inputs.iter().map(|x| Operand::F32(x.as_slice())).collect();
+    let mut inputs: Vec<Operand<'_>> = p
+        .inputs
+        .iter()
+        .map(|x| Operand::F32(x.as_slice()))
+        .collect();
     if let Some(l) = lens {
         inputs.push(Operand::I32(l));
     }
@@ -57,7 +61,10 @@ fn run(exe: &dyn Executable, p: &Problem, lens: Option<&[i32]>) -> Vec<f32> {
 /// only by the bf16 rounding of the weights (`2⁻⁸` of each): what is left of the error once
 /// the operands' rounding is taken out. A dropped or doubled key is far outside it.
 fn rounded_reference(p: &Problem, lens: Option<&[i32]>) -> Reference {
-    let Workload::Attention { h, s, d, causal, .. } = p.workload else {
+    let Workload::Attention {
+        h, s, d, causal, ..
+    } = p.workload
+    else {
         unreachable!()
     };
     let r: Vec<Vec<f32>> = p
@@ -102,8 +109,14 @@ fn all_shapes(tiles: &'static [Bf16Tile]) {
 #[test]
 fn emulated_twins_match_the_reference_on_awkward_shapes() {
     for t in TILES {
-        let twin = EMULATED.iter().find(|e| e.name.strip_prefix("emu_") == Some(t.name));
-        assert!(twin.is_some_and(|e| (e.mr, e.nr) == (t.mr, t.nr)), "{}", t.name);
+        let twin = EMULATED
+            .iter()
+            .find(|e| e.name.strip_prefix("emu_") == Some(t.name));
+        assert!(
+            twin.is_some_and(|e| (e.mr, e.nr) == (t.mr, t.nr)),
+            "{}",
+            t.name
+        );
     }
     all_shapes(EMULATED);
 }

@@ -118,7 +118,10 @@ impl Bf16Tile {
         assert!(a.kv >= 1 && a.dp.is_multiple_of(LANES) && a.j0.is_multiple_of(2));
         assert!(a.lim.len() == mr && a.lim.iter().all(|&x| x <= a.kv));
         assert!(a.qa.len() >= a.dsteps * mr, "queries too short");
-        assert!(a.kp.len() >= bcp / nr * a.dsteps * 2 * nr, "key panels too short");
+        assert!(
+            a.kp.len() >= bcp / nr * a.dsteps * 2 * nr,
+            "key panels too short"
+        );
         assert!(a.vp.len() >= a.dp * 2 * a.spairs && a.j0 / 2 + kpairs <= a.spairs);
         assert!(a.s.len() >= mr * bcp && a.pa.len() >= kpairs * mr);
         assert!(a.o.len() >= mr * a.dp && a.m.len() >= mr && a.l.len() >= mr);
@@ -249,7 +252,13 @@ unsafe fn softmax_row<S: Simd, const MR: usize>(st: &Step, r: usize) -> f32 {
         }
         *l = *l * alpha + total;
         *m = m_new;
-        let bf = |j: usize| if j < lim { u32::from(to_bf16(*row.add(j))) } else { 0 };
+        let bf = |j: usize| {
+            if j < lim {
+                u32::from(to_bf16(*row.add(j)))
+            } else {
+                0
+            }
+        };
         for t in 0..kpairs {
             *words(t) = bf(2 * t) | bf(2 * t + 1) << 16;
         }
