@@ -4,7 +4,7 @@
 //! Inputs and output are f32, as for the f32 family and the bf16 GEMM: Q, K and V are
 //! rounded to bf16 (nearest even) as they are packed — K and V once per call, per head; Q per
 //! query block — and `Q·Kᵀ` and `P·V` run as `vdpbf16ps` pair tiles (the bf16 GEMM's
-//! [`pair_body`](crate::cpu::bgemm::ukernel::body::pair_body)), with f32 accumulation. The
+//! `pair_body`), with f32 accumulation. The
 //! softmax is online and in f32 (running maximum and sum); the weights `P` are rounded to
 //! bf16 only for `P·V`, the running sum adds them unrounded. Padding (key lengths, the
 //! optional fourth operand) and causal masks as in the f32 family: key blocks past a
