@@ -158,6 +158,7 @@ def peers(args, model, onnx_paths, b, s, shapes=()):
             opt = optimized(args, model, p, shapes)
             stacks.append((f"autokernel.torch {p}",
                            lambda opt=opt: opt(input_ids=ids, attention_mask=mask).last_hidden_state))
+        stacks = [(n, f) for n, f in stacks if n not in args.skip]
         for name, fn in stacks:
             out = fn().float().numpy()
             rows[name] = (time_calls(fn, args.iters), out)
@@ -166,6 +167,8 @@ def peers(args, model, onnx_paths, b, s, shapes=()):
     opts.inter_op_num_threads = 1
     feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
     for name, path in [("onnxruntime f32", onnx_paths[0]), ("onnxruntime int8", onnx_paths[1])]:
+        if name in args.skip:
+            continue
         sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
         fn = lambda: sess.run(["last_hidden_state"], feeds)[0]  # noqa: E731
         rows[name] = (time_calls(fn, args.iters), np.asarray(fn()))
@@ -216,7 +219,10 @@ def main():
     ap.add_argument("--python-precisions", default=None,
                     help="precisions to serve the PyTorch model in through autokernel.torch.optimize "
                          "(default f32,int8 when the autokernel package imports; '' for none)")
+    ap.add_argument("--skip", default="", help="peer stacks to leave out, comma-separated, e.g. "
+                    "'torch bf16 autocast' (10 s a call at batch 8 on CPUs without bf16 hardware)")
     args = ap.parse_args()
+    args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if args.python_precisions is None:
         try:
             import autokernel.torch  # noqa: F401

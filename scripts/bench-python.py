@@ -4,10 +4,12 @@
 1. Call overhead: p50 of `rt.gemm` on gemm:8x64x64 from Python (with `out=` and without) minus
    the p50 of the same `Runtime::gemm` call from Rust (examples/gemm_call_latency.rs).
    Target: <= 3 us.
-2. Hugging Face BertModel (bert-base config, random weights), batch 1 and 8 x seq 128, at
-   --threads: `autokernel.torch.optimize`d vs stock PyTorch f32 (target >= 1.2x), and the
-   Rust `autokernel infer` on the same shapes (target: within 5%; its weights come from a seed,
-   the arithmetic per call is the same).
+2. With --bert: Hugging Face BertModel (bert-base config, random weights), batch 1 and 8 x seq
+   128, at --threads: `autokernel.torch.optimize`d vs stock PyTorch f32 (target >= 1.2x), and
+   the Rust `autokernel infer` on the same shapes (its weights come from a seed, the
+   arithmetic per call is the same). The side-by-side table of record is
+   scripts/bench-bert-precision.py (rows `autokernel.torch f32|int8`: the same checkpoint for
+   every stack, ONNX Runtime included, interleaved rounds).
 
 Needs the package installed (`pip install ./python`), torch and transformers; run from the
 repository root on a quiet machine:
@@ -99,13 +101,15 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny model, few iterations, no report file")
+    ap.add_argument("--bert", action="store_true", help="also time BertModel: optimize vs stock vs Rust infer")
     args = ap.parse_args()
     root = Path(__file__).resolve().parent.parent
     iters_call = args.iters or (2000 if args.quick else 200000)
     iters_model = args.iters or (3 if args.quick else 30)
     call = overhead(args.db, iters_call, root)
     print(json.dumps({"overhead": call}))
-    rows = bert(args.db, args.threads, [1, 8], 16 if args.quick else 128, iters_model, args.quick, root)
+    rows = bert(args.db, args.threads, [1, 8], 16 if args.quick else 128, iters_model, args.quick,
+                root) if args.bert or args.quick else []
     for r in rows:
         print(json.dumps({"bert": r}))
     if args.quick:
@@ -113,13 +117,19 @@ def main():
     fp = autokernel.fingerprint(args.threads)
     out = root / "bench_results" / fp / "python.md"
     out.parent.mkdir(parents=True, exist_ok=True)
+    import platform
+
     lines = [f"# Python package benchmarks ({time.strftime('%Y-%m-%d')}, threads {args.threads}, db {args.db})", "",
+             f"- command: `{' '.join(sys.argv)}`; machine: {platform.processor() or platform.machine()}, "
+             f"fingerprint {fp}; load average {os.getloadavg()[0]:.2f}", "",
              "| gemm:8x64x64 p50 | Python (out=) | Python (new array) | Rust | overhead (out=) | overhead (new) |",
              "|---|---|---|---|---|---|",
              f"| µs | {call['python_out_p50_us']:.2f} | {call['python_alloc_p50_us']:.2f} | {call['rust_p50_us']:.2f} | "
              f"{call['overhead_out_us']:.2f} | {call['overhead_alloc_us']:.2f} |", "",
-             "| BertModel bert-base | stock PyTorch ms | optimize ms | speedup | Rust infer ms | optimize / infer |",
-             "|---|---|---|---|---|---|"]
+             ]
+    if rows:
+        lines += ["| BertModel bert-base | stock PyTorch ms | optimize ms | speedup | Rust infer ms | optimize / infer |",
+                  "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['batch']}×{r['seq']} | {r['stock_ms']:.1f} | {r['optimized_ms']:.1f} | {r['speedup']:.2f}× | "
                      f"{r.get('rust_infer_ms') or 0:.1f} | {r.get('optimized_vs_rust') or 0:.2f} |")

@@ -110,12 +110,12 @@ fn tune_lookup_run_round_trip() {
     assert_eq!(json_lines(&o)[0]["workload"], "gemm:24x20x16");
     let before = file_bytes(Path::new(db));
     for cmd in ["lookup", "run", "tune"] {
-        let o = autokernel(&[cmd, "--workload", "attention:1x2x8x4:bf16", "--db", db]);
+        let o = autokernel(&[cmd, "--workload", "attention:1x2x8x4:i8", "--db", db]);
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "{cmd}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{cmd}: {err}");
         assert!(
-            err.contains("attention:1x2x8x4:bf16") && err.contains("bf16 workloads"),
+            err.contains("attention:1x2x8x4:i8") && err.contains("i8 workloads"),
             "{err}"
         );
     }

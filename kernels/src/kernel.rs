@@ -175,6 +175,12 @@ pub trait Kernel: Send + Sync {
     /// Builds the variant without checking `c` against the space (see [`Kernel::prepare`]).
     fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>>;
 
+    /// Why this family, which serves `w`'s op and element type, does not run `w` in this
+    /// process (a CPU feature it needs), if that is the reason; `None` otherwise.
+    fn missing_here(&self, _w: &Workload) -> Option<String> {
+        None
+    }
+
     /// Whether it runs `w` at all, as an error that says why not: an element type outside
     /// [`Kernel::dtypes`], or another op or shape ([`Kernel::supports`]).
     fn serves(&self, w: &Workload) -> Result<()> {

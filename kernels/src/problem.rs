@@ -120,6 +120,12 @@ impl Problem {
     /// a factor `e^(±e)`, the weighted sum of S terms rounds like a √S-term f32 sum, and the
     /// online rescaling and exp approximation add a few ε. Dropping one key moves an output
     /// by about `w_j·|v_jc - o_c|`, far outside that.
+    ///
+    /// bf16 attention (Q, K, V and the weights P rounded to bf16, f32 accumulation and
+    /// softmax): each score term `q_c·k_c` is off by at most `r = 2·2⁻⁸ + 2⁻¹⁶` of itself
+    /// ([`operand_rel_err`]), so `e_j` gains `r·Σ|q·k_j|/√D`; each weight (rounded, against
+    /// the unrounded running sum) and each value by `2⁻⁸` of themselves, so `tol(o_c)` gains
+    /// `Σ_j w_j·|v_jc| · r`.
     pub fn reference(&self) -> Reference {
         match self.workload {
             Workload::Gemm { m, n, k, dtype } => {
@@ -157,9 +163,16 @@ impl Problem {
                     });
                 r
             }
-            Workload::Attention { s, d, causal, .. } => {
+            Workload::Attention {
+                s,
+                d,
+                causal,
+                dtype,
+                ..
+            } => {
                 let (q, k, v) = (&self.inputs[0], &self.inputs[1], &self.inputs[2]);
-                attention_reference(q, k, v, (s, d), causal, None)
+                let rel = attention_rel_err(dtype);
+                attention_reference(q, k, v, (s, d), causal, None, rel)
             }
         }
     }
@@ -174,7 +187,12 @@ impl Problem {
             reason,
         };
         let Workload::Attention {
-            b, h, s, d, causal, ..
+            b,
+            h,
+            s,
+            d,
+            causal,
+            dtype,
         } = self.workload
         else {
             return Err(bad("key lengths are for attention workloads".into()));
@@ -186,7 +204,16 @@ impl Problem {
         }
         let (q, k, v) = (&self.inputs[0], &self.inputs[1], &self.inputs[2]);
         let lens = (key_lens, h);
-        Ok(attention_reference(q, k, v, (s, d), causal, Some(lens)))
+        let rel = attention_rel_err(dtype);
+        Ok(attention_reference(
+            q,
+            k,
+            v,
+            (s, d),
+            causal,
+            Some(lens),
+            rel,
+        ))
     }
 
     /// The [`Accuracy`] of `got` against `reference`'s exact values (0 when they are all 0).
@@ -278,16 +305,26 @@ fn widen_for_precision(
 }
 
 /// How far a product of two operands rounded to `dtype` may be from the f32 one, relative to
-/// it: bf16 rounds each operand by at most `2⁻⁹`, so `2·2⁻⁹ + 2⁻¹⁸`; 0 otherwise (int8 is
-/// bounded per row and column by [`widen_for_precision`]).
+/// it: bf16 keeps 8 significant bits, so rounding to nearest moves each operand by at most
+/// `2⁻⁸` of itself (half its spacing of `2⁻⁷` relative; e.g. `1 + 2⁻⁸` rounds to 1), and the
+/// product by `2·2⁻⁸ + 2⁻¹⁶`; 0 otherwise (int8 is bounded per row and column by
+/// [`widen_for_precision`]).
 fn operand_rel_err(dtype: crate::DType) -> f64 {
     match dtype {
         crate::DType::Bf16 => {
-            let unit = 2f64.powi(-9);
+            let unit = 2f64.powi(-8);
             2.0 * unit + unit * unit
         }
         _ => 0.0,
     }
+}
+
+/// What rounding to `dtype` adds to the attention bound, `(score_rel, out_rel)` of
+/// [`attention_reference`]: for bf16, [`operand_rel_err`] for the scores (Q and K rounded)
+/// and for the outputs (P and V rounded); nothing otherwise.
+fn attention_rel_err(dtype: crate::DType) -> (f64, f64) {
+    let r = operand_rel_err(dtype);
+    (r, r)
 }
 
 /// `A·B` in f64 with the GEMM tolerance (see [`Problem::reference`]), widened by `rel` of
@@ -318,17 +355,20 @@ fn gemm_reference(a: &[f32], b: &[f32], (m, n, k): (usize, usize, usize), rel: f
 /// Softmax attention in f64 over `[heads, s, d]` tensors (see [`Problem::reference`]).
 /// The attention reference over heads of `s × d`; with `lens = (key_lens, heads)`, head
 /// `hd` sees the first `key_lens[hd / heads]` keys.
-fn attention_reference(
+/// `(score_rel, out_rel)` widen the score bound `e_j` by `score_rel·Σ|q·k_j|/√D` and the
+/// output bound by `out_rel·Σ_j w_j·|v_jc|` ([`attention_rel_err`]).
+pub(crate) fn attention_reference(
     q: &[f32],
     k: &[f32],
     v: &[f32],
     (s, d): (usize, usize),
     causal: bool,
     lens: Option<(&[i32], usize)>,
+    (score_rel, out_rel): (f64, f64),
 ) -> Reference {
     let eps = f32::EPSILON as f64;
     let scale = 1.0 / (d as f64).sqrt();
-    let score_eps = eps * (2.0 * (d as f64).sqrt() + 8.0);
+    let score_eps = eps * (2.0 * (d as f64).sqrt() + 8.0) + score_rel;
     let sum_eps = eps * (2.0 * (s as f64).sqrt() + 32.0);
     let mut values = vec![0.0f64; q.len()];
     let mut tolerance = vec![0.0f64; q.len()];
@@ -375,7 +415,7 @@ fn attention_reference(
                         tol[c] += w * (vj[c] as f64).abs();
                     }
                 }
-                let rel = 3.0 * big_e + sum_eps;
+                let rel = 3.0 * big_e + sum_eps + out_rel;
                 tol.iter_mut().for_each(|t| *t *= rel);
             },
         );

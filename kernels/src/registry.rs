@@ -37,7 +37,8 @@ pub fn registry() -> &'static [&'static dyn Kernel] {
     })
 }
 
-/// The CPU families: GEMM, GEMM with a fused epilogue, attention, int8 and bf16 GEMM.
+/// The CPU families: GEMM, GEMM with a fused epilogue, attention, int8 and bf16 GEMM, bf16
+/// attention.
 static CPU_FAMILIES: &[&dyn Kernel] = &[
     &crate::cpu::gemm::Packed,
     &crate::cpu::gemm::Direct,
@@ -47,6 +48,7 @@ static CPU_FAMILIES: &[&dyn Kernel] = &[
     &crate::cpu::attention::Unfused,
     &crate::cpu::qgemm::GemmI8,
     &crate::cpu::bgemm::GemmBf16,
+    &crate::cpu::attention::bf16::AttentionBf16,
 ];
 
 /// The family called `name`.
@@ -79,6 +81,9 @@ pub fn default_for(
             _ if w.dtype() == DType::I8 && w.gemm_dims().is_some() => &crate::cpu::qgemm::GemmI8,
             _ if w.dtype() == DType::Bf16 && w.gemm_dims().is_some() => {
                 &crate::cpu::bgemm::GemmBf16
+            }
+            Workload::Attention { .. } if w.dtype() == DType::Bf16 => {
+                &crate::cpu::attention::bf16::AttentionBf16
             }
             Workload::Gemm { .. } => crate::cpu::gemm::default_family(w),
             Workload::GemmBiasAct { .. } => crate::cpu::gemm::epilogue::default_family(w),
@@ -134,6 +139,8 @@ fn no_family(w: &Workload, device: DeviceKind) -> Error {
         )
     } else if served.is_empty() {
         format!("no family of this build serves {} workloads yet", w.dtype())
+    } else if let Some(why) = on_device.iter().find_map(|k| k.missing_here(w)) {
+        why
     } else {
         format!(
             "{} workloads are served only by {}",
@@ -275,19 +282,26 @@ mod tests {
                 }
             }
         }
-        // bf16 GEMM has a CPU family, bf16 attention none.
+        // bf16 GEMM has a CPU family; bf16 attention one that runs only with AVX512_BF16.
         let bf16: Workload = "gemm_bias_gelu:64x64x64:bf16".parse().unwrap();
         assert_eq!(default_for(&bf16, hw).unwrap().0.name(), "gemm_bf16");
         let bf16: Workload = "attention:1x2x16x8:bf16".parse().unwrap();
-        let e = default_for(&bf16, hw)
-            .err()
-            .expect("no CPU family serves bf16 attention");
-        assert!(
-            e.to_string().contains("attention:1x2x16x8:bf16")
-                && e.to_string().contains("served only by gemm_bf16"),
-            "{e}"
-        );
-        assert!(kernels_for(&bf16, hw).is_empty());
+        let runs = crate::cpu::attention::bf16::ukernel::TILES
+            .iter()
+            .any(|t| t.available());
+        match default_for(&bf16, hw) {
+            Ok((k, _)) => {
+                assert!(runs, "served without AVX512_BF16");
+                assert_eq!(k.name(), "attention_bf16");
+                assert_eq!(kernels_for(&bf16, hw).len(), 1);
+            }
+            Err(e) => {
+                assert!(!runs, "{e}");
+                let e = e.to_string();
+                assert!(e.contains("attention:1x2x16x8:bf16") && e.contains("AVX512_BF16"));
+                assert!(kernels_for(&bf16, hw).is_empty());
+            }
+        }
     }
 
     /// Configs of the unconstrained product of `k`'s knobs on `hw` (valid or not by the
@@ -336,7 +350,10 @@ mod tests {
         // Every ISA level (spaces follow the fingerprint, whatever this CPU runs) and
         // several thread counts.
         let here = HardwareFingerprint::current();
-        let levels: [&[&str]; 3] = [&["sse4.2"], &["avx2", "fma"], &["avx2", "fma", "avx512f"]];
+        // AVX-512 with AVX512_BF16, so the families that offer `vdpbf16ps` tiles only there
+        // are covered too.
+        let avx512 = ["avx2", "fma", "avx512f", "avx512bw", "avx512bf16"];
+        let levels: [&[&str]; 3] = [&["sse4.2"], &["avx2", "fma"], &avx512];
         let hws: Vec<HardwareFingerprint> = levels
             .iter()
             .flat_map(|flags| {

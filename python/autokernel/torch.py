@@ -12,7 +12,8 @@ is packed once; a Linear followed by its activation (a Hugging Face feed-forward
 scaled-dot-product attention is served by the runtime through the ``autokernel`` attention
 implementation, padded batches included (a right-padding mask becomes per-sequence key
 lengths); calls it cannot serve (another mask pattern, dropout, another scale) run PyTorch's
-own. The ops are ``torch.library`` custom ops with fake implementations, so
+own. A BERT-family self-attention block's query, key and value projections become one GEMM
+(one packed 3·H × hidden weight: in int8, one quantisation of the input instead of three). The ops are ``torch.library`` custom ops with fake implementations, so
 ``torch.compile`` and ``torch.export`` trace through them.
 """
 
@@ -22,6 +23,7 @@ import copy
 import logging
 import math
 import threading
+import types
 from typing import Any, Iterable, Optional
 
 import torch
@@ -258,6 +260,61 @@ def _install_hf_attention(model: nn.Module, handle: int, report: list) -> int:
     return routed
 
 
+def _fusable_qkv(m: nn.Module) -> bool:
+    """Whether ``m`` is a Hugging Face BERT-family self-attention block (``query``, ``key``,
+    ``value`` Linear layers of one input, heads of ``attention_head_size``) whose three
+    projections can be one GEMM."""
+    lins = [getattr(m, n, None) for n in ("query", "key", "value")]
+    return (
+        all(type(x) is nn.Linear and _linear_ok(x) is None for x in lins)
+        and len({(x.in_features, x.out_features, x.bias is None) for x in lins}) == 1
+        and all(hasattr(m, a) for a in ("config", "attention_head_size", "all_head_size", "scaling"))
+    )
+
+
+def _fuse_qkv(m: nn.Module, rt: Runtime, ms: list) -> None:
+    """Packs ``m``'s query, key and value weights as one (3·H × hidden) weight and serves the
+    block's forward with one GEMM for the three projections (one quantisation of the input in
+    int8), the runtime's attention after it. The three Linear layers stay (their parameters,
+    for ``state_dict`` and for the calls the fused forward hands back to the original one)."""
+    lins = [m.query, m.key, m.value]
+    with torch.no_grad():
+        w = torch.cat([x.weight.detach() for x in lins])
+        packed = rt.pack_weight(w, ms=ms, layout="nk")
+        m._autokernel_qkv_bias = None if lins[0].bias is None else torch.cat([x.bias.detach() for x in lins])
+    m._autokernel_qkv = _register(_WEIGHTS, (rt, packed))
+    m._autokernel_qkv_packed = packed
+    m._autokernel_forward = m.forward
+    m.forward = types.MethodType(_fused_self_attention, m)
+
+
+# Keyword arguments that mean a decoder cache or cross-attention: left to the original forward.
+_NOT_FUSED_KWARGS = ("cache", "past_key_values", "past_key_value", "encoder_hidden_states")
+
+
+def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwargs):
+    """A fused self-attention block's forward (see :func:`_fuse_qkv`); the original one for
+    what it does not cover (a cache, cross-attention, training, gradients, another dtype,
+    another attention implementation)."""
+    if (
+        args
+        or any(kwargs.get(n) is not None for n in _NOT_FUSED_KWARGS)
+        or self.training
+        or not _served(hidden_states)
+        or (torch.is_grad_enabled() and self.query.weight.requires_grad)
+        or getattr(self.config, "_attn_implementation", None) != "autokernel"
+    ):
+        return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
+    for n in _NOT_FUSED_KWARGS:
+        kwargs.pop(n, None)
+    h, d = self.all_head_size, self.attention_head_size
+    qkv = torch.ops.autokernel.linear(hidden_states, self._autokernel_qkv, self._autokernel_qkv_bias)
+    shape = (*hidden_states.shape[:-1], -1, d)
+    q, k, v = (qkv[..., i * h : (i + 1) * h].view(shape).transpose(1, 2) for i in range(3))
+    out, weights = _hf_attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
+    return out.reshape(*hidden_states.shape[:-1], -1).contiguous(), weights
+
+
 # ---------------------------------------------------------------------------------------------
 # optimize / workloads
 
@@ -311,13 +368,15 @@ def optimize(
     attention: bool = True,
     torch_threads: Optional[int] = 1,
 ) -> nn.Module:
-    """Serves ``model``'s ``nn.Linear`` layers (fused with a following ReLU / GELU) and its
-    Hugging Face attention through the autokernel runtime; returns the model, changed in place.
+    """Serves ``model``'s ``nn.Linear`` layers (fused with a following ReLU / GELU; a BERT-family
+    block's query/key/value as one GEMM) and its Hugging Face attention through the autokernel
+    runtime; returns the model, changed in place.
 
     db: the tuning database (None: kernel defaults). precision, threads: as for
     :class:`autokernel.Runtime` (or pass ``runtime``). ms: the row counts (batch × sequence) to
     plan the packed weights for; others are served too. ``model.autokernel_unsupported``
-    lists the modules left to PyTorch, with why; ``model.autokernel_runtime`` is the runtime.
+    lists the modules left to PyTorch, with why; ``model.autokernel_runtime`` is the runtime;
+    ``model.autokernel_fused_qkv`` names the self-attention blocks whose projections are fused.
 
     torch_threads: PyTorch's intra-op threads while ``model`` runs (restored after each
     forward): the ops left to PyTorch are light, and its spinning OpenMP workers would
@@ -356,22 +415,31 @@ def optimize(
                     act = _classify_act(m2)
                     if act in _FUSABLE and swap(parent, n1, prefix + n1, act):
                         parent._modules[n2] = nn.Identity()
+    routed = _install_hf_attention(model, _register(_RUNTIMES, rt), report) if attention else 0
+    fused: list[str] = []
+    if routed:
+        for pname, m in list(model.named_modules()):
+            if _fusable_qkv(m):
+                _fuse_qkv(m, rt, ms)
+                replaced.update(id(x) for x in (m.query, m.key, m.value))
+                fused.append(pname)
     for pname, parent in list(model.named_modules()):
         prefix = f"{pname}." if pname else ""
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and id(child) not in replaced:
                 swap(parent, name, prefix + name, None)
 
-    routed = _install_hf_attention(model, _register(_RUNTIMES, rt), report) if attention else 0
     if torch_threads is not None:
         _limit_torch_threads(model, int(torch_threads))
     for name, m in model.named_modules():
         own = list(m.parameters(recurse=False))
-        if own and not isinstance(m, AutokernelLinear) and not any(n == name for n, _ in report):
+        in_fused = any(name.startswith(f + ".") and name.rsplit(".", 1)[-1] in ("query", "key", "value") for f in fused)
+        if own and not isinstance(m, AutokernelLinear) and not in_fused and not any(n == name for n, _ in report):
             report.append((name, f"{type(m).__name__}: no runtime kernel (left to PyTorch)"))
     model.autokernel_runtime = rt
     model.autokernel_unsupported = report
     model.autokernel_attention_modules = routed
+    model.autokernel_fused_qkv = fused
     n = sum(isinstance(m, AutokernelLinear) for m in model.modules())
     log.info("autokernel: %d linear layers and %d attention modules served; %d modules left to PyTorch", n, routed, len(report))
     return model

@@ -120,8 +120,9 @@ def test_hf_bert_matches_stock_with_and_without_padding(act, tmp_path):
     stock.save_pretrained(tmp_path)
     for model in [akt.optimize(copy.deepcopy(stock)), akt.optimize(BertModel.from_pretrained(tmp_path).eval())]:
         assert model.autokernel_attention_modules == 2
+        assert model.autokernel_fused_qkv == [f"encoder.layer.{i}.attention.self" for i in range(2)]
         served = [m for m in model.modules() if isinstance(m, akt.AutokernelLinear)]
-        assert len(served) == 2 * 6 + 1  # q, k, v, out, ffn in, ffn out per layer; pooler
+        assert len(served) == 2 * 3 + 1  # out, ffn in, ffn out per layer (q, k, v fused); pooler
         fused = [m.act for m in served if m.act]
         assert fused == ["gelu_erf" if act == "gelu" else "gelu_tanh"] * 2
         assert not any("act_fn" in name for name, _ in model.autokernel_unsupported)
@@ -135,9 +136,15 @@ def test_hf_bert_matches_stock_with_and_without_padding(act, tmp_path):
                 got = model(**kw)
                 torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-4)
                 torch.testing.assert_close(got.pooler_output, want.pooler_output, rtol=0, atol=1e-4)
+        # With gradients wanted, the original forward runs (and backpropagates).
+        got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        got.sum().backward()
+        assert model.encoder.layer[0].attention.self.query.weight.grad is not None
+        model.zero_grad()
     # The padded batch's attention is the runtime's too, not SDPA's.
     ws = akt.workloads(model, dict(input_ids=ids, attention_mask=mask))
     assert "attention:3x4x24x16" in ws
+    assert "gemm_bias:72x192x64" in ws and "gemm_bias:72x64x64" in ws  # fused q|k|v; out
     assert ("gemm_bias_gelu_erf:72x128x64" if act == "gelu" else "gemm_bias_gelu:72x128x64") in ws
 
 

@@ -173,3 +173,45 @@ fn calls_served_in_bf16_compute_what_bf16_computes_and_packed_weights_follow_the
         .unwrap();
     assert!(got2 == want);
 }
+
+/// Attention under a bf16 policy: served in bf16 by `attention_bf16` where this CPU runs it
+/// (AVX512_BF16), with the family's own result and within bf16's bound, padded batches
+/// included; in f32, exactly as without a policy, everywhere else.
+#[test]
+fn attention_follows_the_bf16_policy_where_the_cpu_runs_bf16_attention() {
+    let runs = kernels::cpu::attention::bf16::ukernel::TILES
+        .iter()
+        .any(|t| t.available());
+    let (b, h, s, d) = (2, 3, 37, 64);
+    let w = Workload::attention(b, h, s, d, true).unwrap();
+    let p = Problem::random(&w, 9);
+    let (q, k, v) = (&p.inputs[0], &p.inputs[1], &p.inputs[2]);
+    let lens = [37, 5];
+    let call = |rt: &Runtime| {
+        let mut o = vec![f32::NAN; w.output_len()];
+        rt.attention_masked(b, h, s, d, true, &lens, q, k, v, &mut o)
+            .unwrap();
+        o
+    };
+    let f32_out = call(&Runtime::defaults_only());
+    let rt = Runtime::defaults_only();
+    rt.set_precision("bf16".parse().unwrap());
+    let served = rt.serve_as(&w);
+    let got = call(&rt);
+    if !runs {
+        assert_eq!(served, w);
+        assert!(got == f32_out, "f32 attention is served as f32");
+        return;
+    }
+    let bw = w.with_dtype(DType::Bf16);
+    assert_eq!(served, bw);
+    let (fam, _) = default_for(&bw, HardwareFingerprint::current()).unwrap();
+    assert_eq!(fam.name(), "attention_bf16");
+    let pb = Problem {
+        workload: bw,
+        inputs: p.inputs.clone(),
+    };
+    pb.check(&got, &pb.reference_with_key_lens(&lens).unwrap())
+        .unwrap();
+    assert!(got != f32_out, "bf16 rounding shows");
+}

@@ -19,6 +19,9 @@
 //!   softmax, then `·V` with the packed GEMM. Knobs: the GEMMs' `ukernel`, and `par` =
 //!   `none`, `heads` (heads in parallel) or `gemm` (parallel inside each GEMM).
 //!
+//! bf16 attention (`attention:…:bf16`) is the `attention_bf16` family ([`bf16`]): flash-style
+//! with `vdpbf16ps`, served only where the CPU has AVX512_BF16.
+//!
 //! ```
 //! use kernels::{default_for, HardwareFingerprint, Problem, Workload};
 //!
@@ -33,6 +36,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod bf16;
 pub mod fused;
 pub mod ukernel;
 pub mod unfused;

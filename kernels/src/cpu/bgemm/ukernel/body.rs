@@ -99,7 +99,7 @@ pub(super) unsafe fn widen_body<S: WidenBf16, const MR: usize, const NV: usize>(
 /// `j < NV·W`; unless `ep.act` is none, `ep.bias` is readable for `NV·W` values.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn pair_body<D: DotBf16, const MR: usize, const NV: usize>(
+pub(crate) unsafe fn pair_body<D: DotBf16, const MR: usize, const NV: usize>(
     steps: usize,
     a: *const u32,
     b: *const u16,

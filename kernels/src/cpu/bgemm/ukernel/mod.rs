@@ -27,11 +27,11 @@
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 mod amx;
-mod body;
+pub(crate) mod body;
 #[cfg(test)]
 pub(crate) mod emulate;
 #[cfg(target_arch = "x86_64")]
-mod x86;
+pub(crate) mod x86;
 
 use super::layout::{APack, Layout};
 #[cfg(target_arch = "x86_64")]
@@ -337,7 +337,7 @@ pub(crate) fn words_mut(buf: &mut [f32]) -> &mut [u32] {
 }
 
 /// Whether this CPU runs AVX512_BF16 code (with AVX-512F and AVX512BW), detected once.
-fn has_avx512bf16() -> bool {
+pub(crate) fn has_avx512bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     return x86::has_avx512bf16();
     #[cfg(not(target_arch = "x86_64"))]

@@ -41,7 +41,7 @@ impl WidenBf16 for Avx512 {
 }
 
 /// `vdpbf16ps` on zmm registers (AVX512_BF16), 16 lanes.
-pub(super) struct Vdpbf16ps;
+pub(crate) struct Vdpbf16ps;
 
 impl DotBf16 for Vdpbf16ps {
     type S = Avx512;
