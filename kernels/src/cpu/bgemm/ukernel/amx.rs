@@ -59,8 +59,9 @@ pub(super) unsafe fn tile<U: TileUnit, L: Arrangement, const ROWS: usize>(
     let mut t = Tiles::configure(&mut unit, L::config(ROWS));
     let kb = 4 * steps; // bytes of depth per A row
     for (i, a) in a.chunks_exact(mr * steps).enumerate() {
+        let len = (mr - 1) * ldc + nr;
         // SAFETY: rows `i·MR..(i+1)·MR` of C, `NR` values each, are the caller's contract.
-        let c = unsafe { std::slice::from_raw_parts_mut(c.add(i * mr * ldc), (mr - 1) * ldc + nr) };
+        let c = unsafe { std::slice::from_raw_parts_mut(c.add(i * mr * ldc), len) };
         let (ab, bb) = (bytes(a), bytes(b));
         tiled::run::<U, L, DpBf16ps>(
             &mut t,
