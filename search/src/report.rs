@@ -72,6 +72,7 @@ pub fn summary_json(s: &TuneSummary, counts: &TrialCounts, hw: &HardwareFingerpr
         "winner_reason": decision.map(|d| d.reason.as_str()),
         "winner_remeasured_median_s": decision.and_then(|d| d.winner_remeasured_s()),
         "default_remeasured_median_s": s.remeasured_s(&s.default),
+        "machine_drift": s.drift(),
         "remeasure_error": decision.and_then(|d| d.note.clone()),
         "median_spread": s.median_spread,
         "median_cv": s.median_cv,

@@ -211,6 +211,17 @@ impl TuneSummary {
             .map(|m| m.median_s)
     }
 
+    /// How much the machine's speed moved during this run, seen on the default config: the
+    /// ratio of its search-phase median to its re-measured one (the larger over the smaller,
+    /// so ≥ 1), when both exist. Near 1 on a quiet machine; well above 1 means trials were
+    /// timed at different speeds, and a winner picked from them may be an artifact (e.g. a
+    /// single-threaded config that looked best while another load held a core).
+    pub fn drift(&self) -> Option<f64> {
+        let first = self.default.measurement.as_ref()?.median_s;
+        let again = self.remeasured_s(&self.default)?;
+        (first > 0.0 && again > 0.0).then(|| first.max(again) / first.min(again))
+    }
+
     /// Whether the decision of this run declared a tie.
     pub fn tie(&self) -> bool {
         self.decision.as_ref().is_some_and(|d| d.tie)

@@ -76,6 +76,12 @@ fn tunes_records_everything_and_resumes() {
     if let (Some(win), Some(def)) = (win, def) {
         assert_eq!(s.speedup_vs_default(), Some(def / win));
     }
+    // The default was timed twice (searched, re-measured): the drift is their ratio, ≥ 1.
+    let first = s.default.measurement.as_ref().unwrap().median_s;
+    let drift = s.drift().unwrap();
+    assert!(drift >= 1.0, "{drift}");
+    let again = def.unwrap();
+    assert!((drift - first.max(again) / first.min(again)).abs() < 1e-12);
     assert!(s.median_spread.is_some() && s.timed >= 5);
     assert_eq!(s.isolation, "none");
 

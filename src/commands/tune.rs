@@ -116,6 +116,9 @@ pub struct TuneArgs {
     dry_run: bool,
 }
 
+/// Above this [`search::TuneSummary::drift`] the tune warns that the machine's speed moved.
+const DRIFT_WARNING: f64 = 1.3;
+
 pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     let names: Vec<String> =
         if args.workloads.is_empty() && args.workloads_from.is_none() && args.model.is_none() {
@@ -419,6 +422,14 @@ fn report(
             "{:>20}  no verified config ({trials} trials, {failures} failed)",
             s.workload.key()
         ),
+    }
+    if let Some(d) = s.drift().filter(|&d| d > DRIFT_WARNING) {
+        eprintln!(
+            "warning: {}: the default config ran {d:.2}x apart during this run (searched vs \
+             re-measured): the machine's speed moved, so this winner may be noise; re-tune on \
+             a quiet machine",
+            s.workload.key()
+        );
     }
     let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}%", 100.0 * v));
     let verdict = match decision {
