@@ -121,6 +121,45 @@ fn par_values(hw: &HardwareFingerprint, parallel: &'static str) -> Vec<&'static 
     }
 }
 
+/// The rules of a flash-style space (`attention_fused`, `attention_bf16`) over its `br`, `bc`,
+/// `par` and `threads` knobs: serial iff one thread, blocks no larger than S needs, a head
+/// per thread for `par = heads`.
+fn block_rules(space: Space, w: &Workload) -> Space {
+    let (b, h, s, _, _) = shape(w);
+    space
+        .rule("serial_iff_one_thread", serial_iff_one_thread)
+        .rule("br_not_beyond_s", cap_rule("br", BR_VALUES, s))
+        .rule("bc_not_beyond_s", cap_rule("bc", BC_VALUES, s))
+        .rule("heads_split_has_a_head_per_thread", heads_rule(b * h))
+}
+
+/// Whether `c`'s `br`, `bc`, `par` and `threads` are listed values that pass
+/// [`block_rules`] (the shared part of a flash-style family's `config_fits`).
+fn blocks_fit(w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
+    let (b, h, s, _, _) = shape(w);
+    int_listed(c, "br", BR_VALUES)
+        && int_listed(c, "bc", BC_VALUES)
+        && par_threads_listed(c, hw, &["none", "heads", "blocks"])
+        && serial_iff_one_thread(c)
+        && cap_rule("br", BR_VALUES, s)(c)
+        && cap_rule("bc", BC_VALUES, s)(c)
+        && heads_rule(b * h)(c)
+}
+
+/// The default split of a flash-style family: one thread below [`PARALLEL_MIN_FLOPS`], whole
+/// heads when there are at least two per core, heads × query blocks otherwise.
+fn default_par(w: &Workload, hw: &HardwareFingerprint) -> (&'static str, usize) {
+    let (b, h, _, _, _) = shape(w);
+    let cores = hw.cores.max(1);
+    if cores == 1 || w.flops() < PARALLEL_MIN_FLOPS {
+        ("none", 1)
+    } else if b * h >= 2 * cores {
+        ("heads", cores)
+    } else {
+        ("blocks", cores)
+    }
+}
+
 /// Rule: `par = heads` only with at least as many heads as threads.
 fn heads_rule(heads: usize) -> impl Fn(&Config) -> bool + Send + Sync + 'static {
     move |c: &Config| {
@@ -156,43 +195,32 @@ impl Kernel for Fused {
     }
 
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
-        let (b, h, s, _, _) = shape(w);
         c.0.len() == 6
             && c.str("tile").is_some_and(|t| {
                 let offered = ukernel::tiles_offered(Isa::of(hw));
                 offered.iter().any(|o| o.name == t)
             })
-            && int_listed(c, "br", BR_VALUES)
-            && int_listed(c, "bc", BC_VALUES)
             && str_listed(c, "k_layout", K_LAYOUT_VALUES)
-            && par_threads_listed(c, hw, &["none", "heads", "blocks"])
-            && serial_iff_one_thread(c)
-            && cap_rule("br", BR_VALUES, s)(c)
-            && cap_rule("bc", BC_VALUES, s)(c)
-            && heads_rule(b * h)(c)
+            && blocks_fit(w, hw, c)
     }
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
-        let (b, h, s, _, _) = shape(w);
         let names: Vec<&str> = ukernel::tiles_offered(Isa::of(hw))
             .iter()
             .map(|t| t.name.as_str())
             .collect();
-        Space::new()
+        let space = Space::new()
             .knob("tile", names)
             .knob("br", BR_VALUES.iter().copied())
             .knob("bc", BC_VALUES.iter().copied())
             .knob("k_layout", K_LAYOUT_VALUES.iter().copied())
             .knob("par", par_values(hw, "blocks"))
-            .knob("threads", thread_values(hw))
-            .rule("serial_iff_one_thread", serial_iff_one_thread)
-            .rule("br_not_beyond_s", cap_rule("br", BR_VALUES, s))
-            .rule("bc_not_beyond_s", cap_rule("bc", BC_VALUES, s))
-            .rule("heads_split_has_a_head_per_thread", heads_rule(b * h))
+            .knob("threads", thread_values(hw));
+        block_rules(space, w)
     }
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
-        let (b, h, s, _, _) = shape(w);
+        let (_, _, s, _, _) = shape(w);
         let tile = default_tile(hw);
         // 64 queries × 256 keys per block: few per-block softmax updates (their fixed cost
         // per row group is what larger key blocks amortise), and a key block, a value block
@@ -201,14 +229,7 @@ impl Kernel for Fused {
         // 64 3% and 32 10% slower; br 32..128 within 1%).
         let br = snap(BR_VALUES, 64, s);
         let bc = snap(BC_VALUES, 256, s);
-        let cores = hw.cores.max(1);
-        let (par, threads) = if cores == 1 || w.flops() < PARALLEL_MIN_FLOPS {
-            ("none", 1)
-        } else if b * h >= 2 * cores {
-            ("heads", cores)
-        } else {
-            ("blocks", cores)
-        };
+        let (par, threads) = default_par(w, hw);
         Config::from_pairs([
             ("tile", Value::from(tile.name.as_str())),
             ("br", br.into()),

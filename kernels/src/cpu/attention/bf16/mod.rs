@@ -35,12 +35,11 @@ pub mod ukernel;
 #[cfg(test)]
 mod tests;
 
-use super::PARALLEL_MIN_FLOPS;
-use super::{heads_rule, par_from_config, par_values, shape, AttnPar, BC_VALUES, BR_VALUES};
-use crate::cpu::knobs::{
-    cap_rule, int_knob, int_listed, invalid, par_threads_listed, serial_iff_one_thread, snap,
-    str_knob, thread_values, unsupported,
+use super::{
+    block_rules, blocks_fit, default_par, par_from_config, par_values, shape, AttnPar, BC_VALUES,
+    BR_VALUES,
 };
+use crate::cpu::knobs::{int_knob, invalid, snap, str_knob, thread_values, unsupported};
 use crate::cpu::Isa;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -95,50 +94,32 @@ impl Kernel for AttentionBf16 {
     }
 
     fn config_fits(&self, w: &W, hw: &HardwareFingerprint, c: &Config) -> bool {
-        let (b, h, s, _, _) = shape(w);
         c.0.len() == 5
             && c.str("tile")
                 .is_some_and(|t| offered(hw).iter().any(|o| o.name == t))
-            && int_listed(c, "br", BR_VALUES)
-            && int_listed(c, "bc", BC_VALUES)
-            && par_threads_listed(c, hw, &["none", "heads", "blocks"])
-            && serial_iff_one_thread(c)
-            && cap_rule("br", BR_VALUES, s)(c)
-            && cap_rule("bc", BC_VALUES, s)(c)
-            && heads_rule(b * h)(c)
+            && blocks_fit(w, hw, c)
     }
 
     fn space(&self, w: &W, hw: &HardwareFingerprint) -> Space {
-        let (b, h, s, _, _) = shape(w);
         let names: Vec<&str> = offered(hw).iter().map(|t| t.name).collect();
         if names.is_empty() {
             return Space::unsatisfiable("the fingerprint has AVX-512 with avx512bf16");
         }
-        Space::new()
+        let space = Space::new()
             .knob("tile", names)
             .knob("br", BR_VALUES.iter().copied())
             .knob("bc", BC_VALUES.iter().copied())
             .knob("par", par_values(hw, "blocks"))
-            .knob("threads", thread_values(hw))
-            .rule("serial_iff_one_thread", serial_iff_one_thread)
-            .rule("br_not_beyond_s", cap_rule("br", BR_VALUES, s))
-            .rule("bc_not_beyond_s", cap_rule("bc", BC_VALUES, s))
-            .rule("heads_split_has_a_head_per_thread", heads_rule(b * h))
+            .knob("threads", thread_values(hw));
+        block_rules(space, w)
     }
 
     fn default_config(&self, w: &W, hw: &HardwareFingerprint) -> Config {
-        let (b, h, s, _, _) = shape(w);
+        let (_, _, s, _, _) = shape(w);
         // The first (largest) tile; 64 queries × 256 keys per block as the f32 family (not
         // measured for bf16: no AVX512_BF16 machine was at hand).
         let tile = offered(hw).first().map_or(TILES_FIRST, |t| t.name);
-        let cores = hw.cores.max(1);
-        let (par, threads) = if cores == 1 || w.flops() < PARALLEL_MIN_FLOPS {
-            ("none", 1)
-        } else if b * h >= 2 * cores {
-            ("heads", cores)
-        } else {
-            ("blocks", cores)
-        };
+        let (par, threads) = default_par(w, hw);
         Config::from_pairs([
             ("tile", Value::from(tile)),
             ("br", snap(BR_VALUES, 64, s).into()),
