@@ -24,6 +24,7 @@ import logging
 import math
 import threading
 import types
+import weakref
 from typing import Any, Iterable, Optional
 
 import torch
@@ -35,8 +36,8 @@ __all__ = ["AutokernelLinear", "optimize", "workloads", "runtime_of"]
 
 log = logging.getLogger("autokernel")
 
-# Handles: custom ops take ints, not Python objects. Entries live as long as the process
-# (a packed weight is freed with its handle by AutokernelLinear.__del__).
+# Handles: custom ops take ints, not Python objects. Runtimes live as long as the process; a
+# packed weight's entry goes when the module that registered it is collected.
 _LOCK = threading.Lock()
 _RUNTIMES: dict[int, Runtime] = {}
 _WEIGHTS: dict[int, tuple[Runtime, Any]] = {}
@@ -51,6 +52,18 @@ def _register(table: dict, value) -> int:
         _NEXT[0] += 1
         table[handle] = value
         return handle
+
+
+def _register_weight(owner: nn.Module, runtime: Runtime, packed) -> int:
+    """The custom ops' handle of ``packed``, released when ``owner`` is collected."""
+    handle = _register(_WEIGHTS, (runtime, packed))
+    weakref.finalize(owner, _release_weight, handle)
+    return handle
+
+
+def _release_weight(handle: int) -> None:
+    with _LOCK:
+        _WEIGHTS.pop(handle, None)
 
 
 def _record(workload: str) -> None:
@@ -148,7 +161,7 @@ class AutokernelLinear(nn.Module):
         with torch.no_grad():
             packed = runtime.pack_weight(linear.weight.detach(), act=act, ms=list(ms), layout="nk")
         self.packed = packed
-        self.handle = _register(_WEIGHTS, (runtime, packed))
+        self.handle = _register_weight(self, runtime, packed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _served(x) and not (torch.is_grad_enabled() and self.weight.requires_grad):
@@ -168,10 +181,6 @@ class AutokernelLinear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, act={self.act!r}, packed={self.packed.workload} ({self.packed.level})"
         )
-
-    def __del__(self):
-        with _LOCK:
-            _WEIGHTS.pop(getattr(self, "handle", None), None)
 
 
 def _served(x: torch.Tensor) -> bool:
@@ -282,8 +291,7 @@ def _fuse_qkv(m: nn.Module, rt: Runtime, ms: list) -> None:
         w = torch.cat([x.weight.detach() for x in lins])
         packed = rt.pack_weight(w, ms=ms, layout="nk")
         m._autokernel_qkv_bias = None if lins[0].bias is None else torch.cat([x.bias.detach() for x in lins])
-    m._autokernel_qkv = _register(_WEIGHTS, (rt, packed))
-    m._autokernel_qkv_packed = packed
+    m._autokernel_qkv = _register_weight(m, rt, packed)
     m._autokernel_forward = m.forward
     m.forward = types.MethodType(_fused_self_attention, m)
 

@@ -148,6 +148,18 @@ def test_hf_bert_matches_stock_with_and_without_padding(act, tmp_path):
     assert ("gemm_bias_gelu_erf:72x128x64" if act == "gelu" else "gemm_bias_gelu:72x128x64") in ws
 
 
+def test_packed_weights_are_released_with_their_modules():
+    import gc
+
+    model = akt.optimize(bert("gelu"))
+    handles = [m.handle for m in model.modules() if isinstance(m, akt.AutokernelLinear)]
+    handles += [m._autokernel_qkv for m in model.modules() if hasattr(m, "_autokernel_qkv")]
+    assert len(handles) == 2 * 3 + 1 + 2 and all(h in akt._WEIGHTS for h in handles)
+    del model
+    gc.collect()
+    assert not any(h in akt._WEIGHTS for h in handles)
+
+
 def test_key_lengths_read_only_right_padding_masks():
     lengths = torch.tensor([5, 1, 0])
     keys = torch.arange(5)
