@@ -24,6 +24,7 @@
 //! ```
 
 use super::layout::{pack_pair_panel, Layout};
+use crate::cpu::gemm::pack::pack_a;
 
 /// Bits of an f32 whose exponent field is all ones (an infinity; above it, NaNs).
 const INF_BITS: u32 = 0x7F80_0000;
@@ -182,58 +183,19 @@ impl Bf16B {
 
 /// Packs rows `i0..i0+mc` × columns `p0..p0+kc` of row-major `a` (row stride `lda`) into
 /// `mr`-row micro-panels in `out` (`⌈mc/mr⌉·mr·kc` values; column `p` of a panel's rows
-/// together), every value rounded to bf16 ([`round_bf16`]), missing rows zero.
+/// together), every value rounded to bf16 ([`round_bf16`]), missing rows zero: the f32
+/// family's [`pack_a`], then the rounding over the packed (cache-hot) block.
 pub fn pack_a_rounded(
     a: &[f32],
     lda: usize,
-    (i0, mc): (usize, usize),
-    (p0, kc): (usize, usize),
+    rows: (usize, usize),
+    depth: (usize, usize),
     mr: usize,
     out: &mut [f32],
 ) {
-    for (panel, dst) in out
-        .chunks_exact_mut(mr * kc)
-        .take(mc.div_ceil(mr))
-        .enumerate()
-    {
-        let r0 = i0 + panel * mr;
-        let rows = mr.min(i0 + mc - r0);
-        match (mr, rows) {
-            (1, 1) => pack_full::<1>(a, lda, r0, p0, kc, dst),
-            (2, 2) => pack_full::<2>(a, lda, r0, p0, kc, dst),
-            (4, 4) => pack_full::<4>(a, lda, r0, p0, kc, dst),
-            (6, 6) => pack_full::<6>(a, lda, r0, p0, kc, dst),
-            _ => {
-                for r in 0..mr {
-                    let column = dst.iter_mut().skip(r).step_by(mr);
-                    if r < rows {
-                        let row = &a[(r0 + r) * lda + p0..][..kc];
-                        column.zip(row).for_each(|(d, x)| *d = round_bf16(*x));
-                    } else {
-                        column.for_each(|d| *d = 0.0);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// One full `MR`-row panel; `MR` a constant so the inner loop is a fixed-size transpose.
-#[inline(always)]
-fn pack_full<const MR: usize>(
-    a: &[f32],
-    lda: usize,
-    i: usize,
-    p0: usize,
-    kc: usize,
-    dst: &mut [f32],
-) {
-    let rows: [&[f32]; MR] = std::array::from_fn(|r| &a[(i + r) * lda + p0..][..kc]);
-    for (p, d) in dst.chunks_exact_mut(MR).take(kc).enumerate() {
-        for r in 0..MR {
-            d[r] = round_bf16(rows[r][p]);
-        }
-    }
+    pack_a(a, lda, rows, depth, mr, out);
+    let packed = rows.1.div_ceil(mr) * mr * depth.1;
+    out[..packed].iter_mut().for_each(|x| *x = round_bf16(*x));
 }
 
 #[cfg(test)]
