@@ -49,6 +49,27 @@ const NEUTRAL_UKERNEL: UkernelId = UkernelId {
     cols: 1,
 };
 
+/// The register tile of a config's `ukernel` knob: an f32 [`UkernelId`], or the
+/// reduced-precision families' names, `{isa}_{rows}x{cols}` with any ISA prefix
+/// (`avx512vnni_8x32`, `amx_bf16_32x32`, `avx512bf16_12x32`), their tile in elements;
+/// AVX-512 and AMX names have 16 f32 lanes.
+fn tile_of(c: &Config) -> UkernelId {
+    if let Ok(uk) = UkernelId::try_from(c) {
+        return uk;
+    }
+    let parsed = c.str(knob::UKERNEL).and_then(|name| {
+        let (prefix, shape) = name.rsplit_once('_')?;
+        let (rows, cols) = shape.split_once('x')?;
+        let wide = prefix.starts_with("avx512") || prefix.starts_with("amx");
+        Some(UkernelId {
+            isa: if wide { Isa::Avx512 } else { Isa::Avx2 },
+            rows: rows.parse().ok()?,
+            cols: cols.parse().ok()?,
+        })
+    });
+    parsed.unwrap_or(NEUTRAL_UKERNEL)
+}
+
 fn log2(x: f64) -> f64 {
     x.max(1.0).log2()
 }
@@ -78,7 +99,7 @@ impl Tiling {
     /// The tiling of `kernel`'s config `c` for an `m × n × k` product.
     fn of(kernel: &str, c: &Config, (mf, nf, kf): (f64, f64, f64)) -> Tiling {
         let direct = kernel.contains("direct");
-        let uk = UkernelId::try_from(c).unwrap_or(NEUTRAL_UKERNEL);
+        let uk = tile_of(c);
         let rows = uk.rows.max(1) as f64;
         let lanes = uk.lanes() as f64;
         // Packed kernels are named MR × NR (floats); direct ones R × V (vectors).
@@ -158,6 +179,9 @@ pub fn features(w: &Workload, kernel: &str, c: &Config, hw: &HardwareFingerprint
         _ => w.gemm_dims().unwrap_or((1, 1, 1)),
     };
     let (mf, nf, kf) = (m as f64, n as f64, k as f64);
+    // Bytes per operand element: what the panels and blocks hold (an int8 GEMM's A is
+    // quantised before packing, a bf16 GEMM's converted).
+    let eb = w.dtype().size() as f64;
     let t = Tiling::of(kernel, c, (mf, nf, kf));
     let (direct, rows, cols, lanes) = (t.direct, t.rows, t.cols, t.lanes);
     let (kc, mc, nc) = (t.kc, t.mc, t.nc);
@@ -176,7 +200,7 @@ pub fn features(w: &Workload, kernel: &str, c: &Config, hw: &HardwareFingerprint
     let pack_bytes = if direct {
         0.0
     } else {
-        4.0 * (mf * kf * n_blocks + kf * nf)
+        eb * (mf * kf * n_blocks + kf * nf)
     };
     let flops = 2.0 * mf * nf * kf;
     // Times B is streamed from its row-major home: once per row tile for direct kernels,
@@ -203,11 +227,11 @@ pub fn features(w: &Workload, kernel: &str, c: &Config, hw: &HardwareFingerprint
         log2(kc),
         log2(mc),
         log2(nc),
-        rows * kc * 4.0 / l1,
-        cols * kc * 4.0 / l1,
-        mc * kc * 4.0 / l2,
-        kc * nc * 4.0 / l2,
-        kc * nc * 4.0 / l3,
+        rows * kc * eb / l1,
+        cols * kc * eb / l1,
+        mc * kc * eb / l2,
+        kc * nc * eb / l2,
+        kc * nc * eb / l3,
         padded / (mf * nf),
         k_blocks,
         n_blocks,
@@ -221,7 +245,7 @@ pub fn features(w: &Workload, kernel: &str, c: &Config, hw: &HardwareFingerprint
         imbalance,
         log2(flops / threads),
         log2(regions + 1.0),
-        flops / (4.0 * (mf * kf + kf * nf + mf * nf)),
+        flops / (eb * (mf * kf + kf * nf + mf * nf)),
         log2(flops),
     ]
 }
@@ -306,6 +330,64 @@ mod tests {
         let empty = features(&w, "gemm_packed", &Config::default(), &hw());
         assert!(empty.iter().all(|v| v.is_finite()));
         assert_eq!(get(&empty, "threads"), 1.0);
+    }
+
+    #[test]
+    fn reduced_precision_tiles_and_element_sizes_are_featurised() {
+        let cfg = |uk: &str| {
+            Config::from_pairs([
+                ("ukernel", Value::from(uk)),
+                ("mc", 128usize.into()),
+                ("kc", 256usize.into()),
+                ("nc", 768usize.into()),
+            ])
+        };
+        for (key, uk, lanes, rows, cols, bytes) in [
+            (
+                "gemm:128x768x768:i8",
+                "avx512vnni_8x32",
+                16.0,
+                8.0,
+                32.0,
+                1.0,
+            ),
+            ("gemm:128x768x768:i8", "amx_16x64", 16.0, 16.0, 64.0, 1.0),
+            ("gemm:128x768x768:i8", "avx2_6x16", 8.0, 6.0, 16.0, 1.0),
+            (
+                "gemm:128x768x768:bf16",
+                "amx_bf16_32x32",
+                16.0,
+                32.0,
+                32.0,
+                2.0,
+            ),
+            (
+                "gemm:128x768x768:bf16",
+                "avx512bf16_12x32",
+                16.0,
+                12.0,
+                32.0,
+                2.0,
+            ),
+            ("gemm:128x768x768", "avx2_6x16", 8.0, 6.0, 16.0, 4.0),
+        ] {
+            let w: Workload = key.parse().unwrap();
+            let x = features(&w, "gemm_i8", &cfg(uk), &hw());
+            assert_eq!(get(&x, "simd_lanes"), lanes, "{uk}");
+            assert_eq!(
+                (get(&x, "tile_rows"), get(&x, "tile_cols")),
+                (rows, cols),
+                "{uk}"
+            );
+            assert_eq!(
+                get(&x, "b_panel_over_l1"),
+                cols * 256.0 * bytes / 32768.0,
+                "{key}"
+            );
+        }
+        // A name with no tile in it stays neutral.
+        let x = features(&"gemm:8x8x8".parse().unwrap(), "k", &cfg("bogus"), &hw());
+        assert_eq!((get(&x, "tile_rows"), get(&x, "tile_cols")), (1.0, 1.0));
     }
 
     #[test]
