@@ -3,8 +3,8 @@
 
 use rayon::prelude::*;
 
-use crate::layer_ops::add_layer_norm;
 use crate::{BertError, TokenBatch};
+use runtime::add_layer_norm;
 
 /// The embedding tables and their LayerNorm, row-major, one `hidden`-wide row per entry.
 #[derive(Debug, Clone)]
@@ -73,7 +73,7 @@ impl Embeddings {
 
     /// The encoder input of `tokens` (`batch × seq × hidden`), f32; positions count from 0
     /// in every sequence. Panics unless [`Embeddings::check`] accepts `tokens`.
-    pub fn forward(&self, tokens: &TokenBatch, out: &mut Vec<f32>) {
+    pub fn forward(&self, tokens: &TokenBatch, out: &mut Vec<f32>) -> Result<(), BertError> {
         let h = self.hidden;
         let n = tokens.batch * tokens.seq;
         out.resize(n * h, 0.0);
@@ -93,7 +93,14 @@ impl Embeddings {
                     .for_each(|(x, (w, p))| *x = w + p);
                 ty.copy_from_slice(&self.token_type[tt * h..][..h]);
             });
-        add_layer_norm(out, &types, &self.ln_gamma, &self.ln_beta, self.ln_eps);
+        add_layer_norm(
+            out,
+            Some(&types),
+            &self.ln_gamma,
+            &self.ln_beta,
+            self.ln_eps,
+        )?;
+        Ok(())
     }
 
     /// The embedding of sequence `i` of `tokens` in f64 (`seq × hidden`).

@@ -5,9 +5,8 @@ use std::time::Instant;
 
 use kernels::Act;
 use rayon::prelude::*;
-use runtime::{Level, PackedWeight, Runtime};
+use runtime::{add_layer_norm, AttentionRows, Level, PackedWeight, Runtime};
 
-use crate::layer_ops::{add_layer_norm, merge_heads, split_heads};
 use crate::{BertConfig, BertError, LayerWeights};
 
 /// How many kernel calls each runtime level served.
@@ -126,10 +125,6 @@ impl std::fmt::Debug for Encoder {
 pub struct Scratch {
     x: Vec<f32>,
     qkv: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    ctx: Vec<f32>,
     rows: Vec<f32>,
     proj: Vec<f32>,
     ffn: Vec<f32>,
@@ -334,10 +329,6 @@ impl Encoder {
         let Scratch {
             x,
             qkv,
-            q,
-            k,
-            v,
-            ctx,
             rows,
             proj,
             ffn,
@@ -345,19 +336,19 @@ impl Encoder {
         } = scratch;
         x.clear();
         x.extend_from_slice(input);
-        let (qkv, q, k, v) = (
+        let (qkv, rows, proj, ffn) = (
             sized(qkv, m * 3 * h),
-            sized(q, m * h),
-            sized(k, m * h),
-            sized(v, m * h),
-        );
-        let (ctx, rows, proj, ffn) = (
-            sized(ctx, m * h),
             sized(rows, m * h),
             sized(proj, m * h),
             sized(ffn, m * f),
         );
-        let dims = (batch, seq, heads, d);
+        let dims = AttentionRows {
+            batch,
+            seq,
+            heads,
+            d,
+            causal: false,
+        };
         let mut t = Instant::now();
         let mut lap = |stage: usize| {
             if let Some(times) = times.as_deref_mut() {
@@ -369,26 +360,17 @@ impl Encoder {
         for l in &self.layers {
             counts.add(rt.gemm_bias_act_packed(&l.qkv, x, &l.b_qkv, qkv)?);
             lap(0);
-            split_heads(qkv, dims, q, k, v);
-            lap(5);
-            counts.add(match key_lens {
-                Some(lens) => {
-                    rt.attention_masked(batch, heads, seq, d, false, lens, q, k, v, ctx)?
-                }
-                None => rt.attention(batch, heads, seq, d, false, q, k, v, ctx)?,
-            });
+            counts.add(rt.attention_qkv(dims, key_lens, qkv, rows)?);
             lap(1);
-            merge_heads(ctx, dims, rows);
-            lap(5);
             counts.add(rt.gemm_bias_act_packed(&l.o, rows, &l.b_o, proj)?);
             lap(2);
-            add_layer_norm(x, proj, &l.ln1.0, &l.ln1.1, c.ln_eps);
+            add_layer_norm(x, Some(proj), &l.ln1.0, &l.ln1.1, c.ln_eps)?;
             lap(5);
             counts.add(rt.gemm_bias_act_packed(&l.ffn1, x, &l.b_ffn1, ffn)?);
             lap(3);
             counts.add(rt.gemm_bias_act_packed(&l.ffn2, ffn, &l.b_ffn2, proj)?);
             lap(4);
-            add_layer_norm(x, proj, &l.ln2.0, &l.ln2.1, c.ln_eps);
+            add_layer_norm(x, Some(proj), &l.ln2.0, &l.ln2.1, c.ln_eps)?;
             lap(5);
         }
         Ok(counts)
@@ -401,8 +383,8 @@ impl Encoder {
 pub struct StageTimes(pub [f64; 6]);
 
 impl StageTimes {
-    /// The stages: the four GEMMs, attention, and everything else (LayerNorm, residual adds,
-    /// head split / merge).
+    /// The stages: the four GEMMs, attention (with its head split and merge), and everything
+    /// else (residual adds and LayerNorm).
     pub const NAMES: [&'static str; 6] = [
         "qkv",
         "attention",

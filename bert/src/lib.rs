@@ -39,8 +39,9 @@
 //!
 //! The weights are **packed once at load** ([`runtime::Runtime::pack_weight_for`]): one
 //! copy per distinct panel layout among the variants the database picks for the shapes
-//! given, usually one (BERT-base: ~340 MB of f32). LayerNorm, residual adds and the head
-//! split / merge are plain Rust, vectorised by the compiler, rayon over rows.
+//! given, usually one (BERT-base: ~340 MB of f32). Attention runs on the QKV
+//! GEMM's rows ([`runtime::Runtime::attention_qkv`]); residual adds and LayerNorm are
+//! [`runtime::add_layer_norm`].
 //!
 //! [`reference_forward`] recomputes one sequence with naive f64 loops; [`check`] compares
 //! within [`TOLERANCE`] (its documentation says why that bound).
@@ -49,7 +50,6 @@ mod checkpoint;
 mod config;
 mod embeddings;
 mod encoder;
-mod layer_ops;
 mod model;
 mod reference;
 mod tokens;

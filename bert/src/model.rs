@@ -66,7 +66,7 @@ impl BertModel {
         self.embeddings.check(tokens)?;
         let start = std::time::Instant::now();
         let mut input = std::mem::take(&mut scratch.embedded);
-        self.embeddings.forward(tokens, &mut input);
+        self.embeddings.forward(tokens, &mut input)?;
         let shape = (tokens.batch, tokens.seq);
         let lens = Some(tokens.lens.as_slice()).filter(|_| tokens.padded());
         let r = match times {

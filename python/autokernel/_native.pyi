@@ -87,6 +87,26 @@ class Runtime:
         *,
         copy: bool = False,
     ) -> F32Array: ...
+    def attention_qkv(
+        self,
+        qkv: Operand,
+        heads: int,
+        causal: bool = False,
+        mask: Optional[Operand] = None,
+        out: Optional[Operand] = None,
+        *,
+        copy: bool = False,
+    ) -> F32Array: ...
+    def add_layer_norm(
+        self,
+        x: Operand,
+        residual: Optional[Operand],
+        weight: Operand,
+        bias: Operand,
+        eps: float = 1e-12,
+        *,
+        copy: bool = False,
+    ) -> Operand: ...
     def lookup(self, workload: str) -> dict[str, Any]: ...
     def reload(self) -> dict[str, Any]: ...
     def info(self) -> dict[str, Any]: ...

@@ -13,7 +13,11 @@ scaled-dot-product attention is served by the runtime through the ``autokernel``
 implementation, padded batches included (a right-padding mask becomes per-sequence key
 lengths); calls it cannot serve (another mask pattern, dropout, another scale) run PyTorch's
 own. A BERT-family self-attention block's query, key and value projections become one GEMM
-(one packed 3·H × hidden weight: in int8, one quantisation of the input instead of three). The ops are ``torch.library`` custom ops with fake implementations, so
+(one packed 3·H × hidden weight: in int8, one quantisation of the input instead of three),
+and its attention reads that GEMM's output rows directly (no head split or merge copies in
+PyTorch). An output block's ``LayerNorm(dense(x) + input_tensor)`` is one call too (the
+residual add and LayerNorm in place, in parallel). The ops are ``torch.library`` custom ops
+with fake implementations, so
 ``torch.compile`` and ``torch.export`` trace through them.
 """
 
@@ -78,6 +82,10 @@ def _record(workload: str) -> None:
 
 @torch.library.custom_op("autokernel::linear", mutates_args=())
 def _linear_op(x: torch.Tensor, handle: int, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return _linear(x, handle, bias)
+
+
+def _linear(x: torch.Tensor, handle: int, bias: Optional[torch.Tensor]) -> torch.Tensor:
     rt, weight = _WEIGHTS[handle]
     x = x.contiguous()
     y = rt.linear(x, weight, bias)
@@ -108,6 +116,44 @@ def _attention_op(
 @_attention_op.register_fake
 def _(q, k, v, handle, causal, key_lengths=None):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("autokernel::attention_qkv", mutates_args=())
+def _attention_qkv_op(
+    qkv: torch.Tensor, handle: int, heads: int, causal: bool, key_lengths: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    rt = _RUNTIMES[handle]
+    o = rt.attention_qkv(qkv.contiguous(), heads, causal, mask=key_lengths)
+    b, s, width = qkv.shape
+    _record(f"attention:{b}x{heads}x{s}x{width // (3 * heads)}" + (":causal" if causal else ""))
+    return torch.from_numpy(o)
+
+
+@_attention_qkv_op.register_fake
+def _(qkv, handle, heads, causal, key_lengths=None):
+    return qkv.new_empty((*qkv.shape[:-1], qkv.shape[-1] // 3))
+
+
+@torch.library.custom_op("autokernel::linear_add_layer_norm", mutates_args=())
+def _linear_add_layer_norm_op(
+    x: torch.Tensor,
+    handle: int,
+    bias: Optional[torch.Tensor],
+    residual: torch.Tensor,
+    ln_weight: torch.Tensor,
+    ln_bias: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    y = _linear(x, handle, bias)
+    rt, _ = _WEIGHTS[handle]
+    rt.add_layer_norm(y, residual.contiguous(), ln_weight, ln_bias, eps)
+    return y
+
+
+@_linear_add_layer_norm_op.register_fake
+def _(x, handle, bias, residual, ln_weight, ln_bias, eps):
+    _, weight = _WEIGHTS[handle]
+    return x.new_empty((*x.shape[:-1], weight.out_features))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,10 +363,86 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
         kwargs.pop(n, None)
     h, d = self.all_head_size, self.attention_head_size
     qkv = torch.ops.autokernel.linear(hidden_states, self._autokernel_qkv, self._autokernel_qkv_bias)
+    causal = bool(kwargs.get("is_causal", getattr(self, "is_causal", False)))
+    lengths = None
+    plain = (
+        hidden_states.dim() == 3
+        and math.isclose(self.scaling, d**-0.5, rel_tol=1e-6)
+        and not kwargs.get("softcap")
+        and not kwargs.get("output_attentions")
+    )
+    if plain and attention_mask is not None:
+        lengths = _key_lengths(attention_mask, causal)
+        plain = lengths is not None
+    if plain:
+        # Straight from the projection's rows: the runtime splits and merges the heads.
+        heads = h // d
+        return torch.ops.autokernel.attention_qkv(qkv, self._autokernel_runtime, heads, causal, lengths), None
     shape = (*hidden_states.shape[:-1], -1, d)
     q, k, v = (qkv[..., i * h : (i + 1) * h].view(shape).transpose(1, 2) for i in range(3))
     out, weights = _hf_attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
     return out.reshape(*hidden_states.shape[:-1], -1).contiguous(), weights
+
+
+def _fusable_output(m: nn.Module) -> bool:
+    """Whether ``m`` looks like a Hugging Face BERT-family output block: ``forward(hidden_states,
+    input_tensor)`` over a served ``dense`` (no activation), a ``dropout`` and an affine
+    ``LayerNorm`` of the dense's width. :func:`_fuse_output` then checks what it computes."""
+    import inspect
+
+    dense, ln = getattr(m, "dense", None), getattr(m, "LayerNorm", None)
+    if not (isinstance(dense, AutokernelLinear) and dense.act is None and isinstance(ln, nn.LayerNorm)):
+        return False
+    if not isinstance(getattr(m, "dropout", None), nn.Dropout) or ln.weight is None or ln.bias is None:
+        return False
+    if tuple(ln.normalized_shape) != (dense.out_features,):
+        return False
+    try:
+        params = list(inspect.signature(type(m).forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    return params == ["self", "hidden_states", "input_tensor"]
+
+
+def _fuse_output(m: nn.Module, rows: int) -> bool:
+    """Serves output block ``m``'s ``LayerNorm(dropout(dense(x)) + input_tensor)`` as one call:
+    the linear layer, then the residual add and LayerNorm in place on its output, in
+    parallel (PyTorch's would run on its one thread). Done only if the fused forward
+    computes what the block's own does on a probe of ``rows`` rows (the linear layer is
+    the same call in both, so only LayerNorm's rounding differs)."""
+    original = m.forward
+    m._autokernel_forward = original
+    m.forward = types.MethodType(_fused_output, m)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, rows, m.dense.in_features, generator=g)
+    r = torch.randn(1, rows, m.dense.out_features, generator=g)
+    try:
+        with torch.no_grad():
+            want, got = original(x, r), m(x, r)
+        ok = isinstance(want, torch.Tensor) and want.shape == got.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+    except Exception:  # a forward that is not what it looked like
+        ok = False
+    if not ok:
+        m.forward = original
+        del m._autokernel_forward
+    return ok
+
+
+def _fused_output(self, hidden_states, input_tensor):
+    """A fused output block's forward (see :func:`_fuse_output`); the original one for what
+    it does not cover (training, gradients, another dtype or shape)."""
+    ln = self.LayerNorm
+    if (
+        self.training
+        or not (_served(hidden_states) and _served(input_tensor))
+        or (torch.is_grad_enabled() and (self.dense.weight.requires_grad or ln.weight.requires_grad))
+        or input_tensor.shape != (*hidden_states.shape[:-1], self.dense.out_features)
+    ):
+        return self._autokernel_forward(hidden_states, input_tensor)
+    bias = None if self.dense.bias is None else self.dense.bias.detach()
+    return torch.ops.autokernel.linear_add_layer_norm(
+        hidden_states, self.dense.handle, bias, input_tensor, ln.weight.detach(), ln.bias.detach(), float(ln.eps)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,7 +506,8 @@ def optimize(
     :class:`autokernel.Runtime` (or pass ``runtime``). ms: the row counts (batch × sequence) to
     plan the packed weights for; others are served too. ``model.autokernel_unsupported``
     lists the modules left to PyTorch, with why; ``model.autokernel_runtime`` is the runtime;
-    ``model.autokernel_fused_qkv`` names the self-attention blocks whose projections are fused.
+    ``model.autokernel_fused_qkv`` names the self-attention blocks whose projections are fused,
+    ``model.autokernel_fused_layer_norm`` the output blocks whose residual LayerNorm is.
 
     torch_threads: PyTorch's intra-op threads while ``model`` runs (restored after each
     forward): the ops left to PyTorch are light, and its spinning OpenMP workers would
@@ -437,17 +560,20 @@ def optimize(
             if type(child) is nn.Linear and id(child) not in replaced:
                 swap(parent, name, prefix + name, None)
 
+    fused_outputs = [pname for pname, m in list(model.named_modules()) if _fusable_output(m) and _fuse_output(m, min(ms))]
     if torch_threads is not None:
         _limit_torch_threads(model, int(torch_threads))
     for name, m in model.named_modules():
         own = list(m.parameters(recurse=False))
         in_fused = any(name.startswith(f + ".") and name.rsplit(".", 1)[-1] in ("query", "key", "value") for f in fused)
+        in_fused = in_fused or any(name == f + ".LayerNorm" for f in fused_outputs)
         if own and not isinstance(m, AutokernelLinear) and not in_fused and not any(n == name for n, _ in report):
             report.append((name, f"{type(m).__name__}: no runtime kernel (left to PyTorch)"))
     model.autokernel_runtime = rt
     model.autokernel_unsupported = report
     model.autokernel_attention_modules = routed
     model.autokernel_fused_qkv = fused
+    model.autokernel_fused_layer_norm = fused_outputs
     n = sum(isinstance(m, AutokernelLinear) for m in model.modules())
     log.info("autokernel: %d linear layers and %d attention modules served; %d modules left to PyTorch", n, routed, len(report))
     return model

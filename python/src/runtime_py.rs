@@ -127,6 +127,15 @@ fn with_views<R>(
     out: &F32Array<'_>,
     f: impl FnOnce(&[&[f32]], &mut [f32]) -> PyResult<R>,
 ) -> PyResult<R> {
+    with_views_named(inputs, (out, "out"), f)
+}
+
+/// [`with_views`] with the written operand called `out_name` in errors.
+fn with_views_named<R>(
+    inputs: &[(&F32Array<'_>, &str)],
+    (out, out_name): (&F32Array<'_>, &str),
+    f: impl FnOnce(&[&[f32]], &mut [f32]) -> PyResult<R>,
+) -> PyResult<R> {
     let guards = inputs
         .iter()
         .map(|(a, name)| {
@@ -143,7 +152,7 @@ fn with_views<R>(
         .collect::<PyResult<Vec<_>>>()?;
     let mut out_guard = out.try_readwrite().map_err(|e| {
         PyValueError::new_err(format!(
-            "argument 'out' must be writable and share no memory with the inputs: {e}"
+            "argument '{out_name}' must be writable and share no memory with the inputs: {e}"
         ))
     })?;
     let out_slice = out_guard
@@ -420,6 +429,110 @@ impl PyRuntime {
                 .map_err(runtime_err)
         })?;
         Ok(o)
+    }
+
+    /// Self-attention straight from a fused QKV projection's output: `qkv` is (B, S, 3·H·D)
+    /// float32 — each token's queries, then keys, then values, head h at columns h·D.. of
+    /// each (what one Linear with the query, key and value weights stacked computes).
+    /// Returns (B, S, H·D), head h at columns h·D.. (the output projection's input).
+    /// Equivalent to splitting the heads, `attention`, and merging them back, without the
+    /// copies: the runtime splits and merges in parallel, in buffers of its own.
+    ///
+    /// heads: H (D is 3·H·D / 3 / H). causal, mask: as for `attention`.
+    #[pyo3(signature = (qkv, heads, causal=false, mask=None, out=None, *, copy=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn attention_qkv<'py>(
+        &self,
+        py: Python<'py>,
+        qkv: &Bound<'py, PyAny>,
+        heads: usize,
+        causal: bool,
+        mask: Option<&Bound<'py, PyAny>>,
+        out: Option<&Bound<'py, PyAny>>,
+        copy: bool,
+    ) -> PyResult<F32Array<'py>> {
+        let qkv = operand::input(qkv, "qkv", copy)?;
+        let [b, s, width] = qkv.shape()[..] else {
+            return Err(operand::shape_err(&qkv, "qkv", "(B, S, 3·H·D)"));
+        };
+        if heads == 0 || width % (3 * heads) != 0 {
+            return Err(PyValueError::new_err(format!(
+                "argument 'qkv' has {width} columns, not a multiple of 3·heads = {}",
+                3 * heads
+            )));
+        }
+        let d = width / (3 * heads);
+        let key_lens = match mask.filter(|m| !m.is_none()) {
+            Some(m) => Some(key_lengths(py, m, b, s)?),
+            None => None,
+        };
+        let o = out_array(py, out, &[b, s, heads * d])?;
+        let dims = runtime::AttentionRows {
+            batch: b,
+            seq: s,
+            heads,
+            d,
+            causal,
+        };
+        with_views(&[(&qkv, "qkv")], &o, |ins, o_out| {
+            self.threads
+                .run(py, || {
+                    self.rt
+                        .attention_qkv(dims, key_lens.as_deref(), ins[0], o_out)
+                })
+                .map_err(runtime_err)
+        })?;
+        Ok(o)
+    }
+
+    /// In place: `x = LayerNorm(x + residual)` over the last axis (`residual` None: plain
+    /// LayerNorm), `weight` and `bias` the (H,) scale and shift, as torch.nn.LayerNorm
+    /// computes it. `x` (..., H) must be writable float32; `residual` has x's shape and
+    /// shares no memory with it. Returns `x`.
+    #[pyo3(signature = (x, residual, weight, bias, eps=1e-12, *, copy=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_layer_norm<'py>(
+        &self,
+        py: Python<'py>,
+        x: &Bound<'py, PyAny>,
+        residual: Option<&Bound<'py, PyAny>>,
+        weight: &Bound<'py, PyAny>,
+        bias: &Bound<'py, PyAny>,
+        eps: f32,
+        copy: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // Written in place: checked as an output (never a converted copy).
+        let shape: Vec<usize> = x
+            .getattr("shape")
+            .and_then(|s| s.extract())
+            .unwrap_or_default();
+        let xo = operand::output(x, "x", &shape)?;
+        let Some(&h) = shape.last() else {
+            return Err(PyValueError::new_err(
+                "argument 'x' is 0-d, expected (..., H)",
+            ));
+        };
+        let weight = operand::input(weight, "weight", copy)?;
+        expect_shape(&weight, "weight", &[h], &dims(&[h]))?;
+        let bias = operand::input(bias, "bias", copy)?;
+        expect_shape(&bias, "bias", &[h], &dims(&[h]))?;
+        let residual = residual
+            .filter(|r| !r.is_none())
+            .map(|r| operand::input(r, "residual", copy))
+            .transpose()?;
+        let mut inputs = vec![(&weight, "weight"), (&bias, "bias")];
+        if let Some(r) = &residual {
+            expect_shape(r, "residual", &shape, &format!("{} like x", dims(&shape)))?;
+            inputs.push((r, "residual"));
+        }
+        with_views_named(&inputs, (&xo, "x"), |ins, x_out| {
+            self.threads
+                .run(py, || {
+                    runtime::add_layer_norm(x_out, ins.get(2).copied(), ins[0], ins[1], eps)
+                })
+                .map_err(runtime_err)
+        })?;
+        Ok(x.clone())
     }
 
     /// What the runtime serves for a workload ('gemm:128x768x768',

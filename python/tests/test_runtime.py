@@ -226,3 +226,48 @@ def test_attention_with_a_padding_mask_matches_numpy():
         rt.attention(q, k, v, mask=np.array([14, 1, 1]))
     with pytest.raises(ValueError, match="mask"):
         rt.attention(q, k, v, mask=np.ones((b, s + 1)))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_qkv_is_attention_on_the_split_heads(causal):
+    rt = autokernel.Runtime()
+    b, s, h, d = 3, 13, 2, 16
+    qkv = rand(b, s, 3 * h * d)
+    heads = [qkv[..., i * h * d : (i + 1) * h * d].reshape(b, s, h, d).transpose(0, 2, 1, 3) for i in range(3)]
+    q, k, v = (np.ascontiguousarray(t) for t in heads)
+    for mask in (None, np.array([13, 5, 0])):
+        want = rt.attention(q, k, v, causal=causal, mask=mask).transpose(0, 2, 1, 3).reshape(b, s, h * d)
+        got = rt.attention_qkv(qkv, h, causal=causal, mask=mask)
+        assert got.shape == (b, s, h * d)
+        np.testing.assert_array_equal(got, want)
+    out = np.empty((b, s, h * d), np.float32)
+    assert rt.attention_qkv(qkv, h, out=out) is out
+    with pytest.raises(ValueError, match="multiple of 3·heads"):
+        rt.attention_qkv(qkv, 5)
+    with pytest.raises(ValueError, match=r"\(B, S, 3·H·D\)"):
+        rt.attention_qkv(qkv[0], h)
+    with pytest.raises(ValueError, match="mask"):
+        rt.attention_qkv(qkv, h, mask=np.array([14, 1, 1]))
+
+
+def test_add_layer_norm_in_place_matches_numpy():
+    rt = autokernel.Runtime()
+    x0, r = rand(2, 5, 24), rand(2, 5, 24)
+    g, bias = rand(24), rand(24)
+    for residual in (r, None):
+        v = x0 + (0 if residual is None else residual)
+        mu, var = v.mean(-1, keepdims=True), v.var(-1, keepdims=True)
+        want = (v - mu) / np.sqrt(var + 1e-5) * g + bias
+        x = x0.copy()
+        assert rt.add_layer_norm(x, residual, g, bias, eps=1e-5) is x
+        np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-5)
+    x = x0.copy()
+    with pytest.raises(ValueError, match="argument 'x' must be writable and share no memory"):
+        rt.add_layer_norm(x, x, g, bias)
+    with pytest.raises(ValueError, match="argument 'residual' has shape"):
+        rt.add_layer_norm(x, r[:1], g, bias)
+    with pytest.raises(ValueError, match="argument 'weight' has shape"):
+        rt.add_layer_norm(x, r, g[:3], bias)
+    with pytest.raises(TypeError, match="argument 'x' has dtype float64"):
+        rt.add_layer_norm(x.astype(np.float64), r, g, bias)
+    np.testing.assert_array_equal(x, x0)  # refused calls wrote nothing

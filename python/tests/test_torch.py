@@ -121,6 +121,9 @@ def test_hf_bert_matches_stock_with_and_without_padding(act, tmp_path):
     for model in [akt.optimize(copy.deepcopy(stock)), akt.optimize(BertModel.from_pretrained(tmp_path).eval())]:
         assert model.autokernel_attention_modules == 2
         assert model.autokernel_fused_qkv == [f"encoder.layer.{i}.attention.self" for i in range(2)]
+        blocks = [f"encoder.layer.{i}.{b}" for i in range(2) for b in ("attention.output", "output")]
+        assert model.autokernel_fused_layer_norm == blocks
+        assert not any(name.endswith("output.LayerNorm") for name, _ in model.autokernel_unsupported)
         served = [m for m in model.modules() if isinstance(m, akt.AutokernelLinear)]
         assert len(served) == 2 * 3 + 1  # out, ffn in, ffn out per layer (q, k, v fused); pooler
         fused = [m.act for m in served if m.act]
@@ -178,3 +181,31 @@ def test_key_lengths_read_only_right_padding_masks():
     holed[0, 0, 2, 1] = False
     assert akt._key_lengths(holed, causal=False) is None
     assert akt._key_lengths(torch.full((3, 1, 5, 5), -0.5), causal=False) is None
+
+
+def test_output_blocks_are_fused_only_when_they_compute_layer_norm_of_the_sum():
+    class Block(nn.Module):
+        def __init__(self, post_add):
+            super().__init__()
+            self.dense = nn.Linear(16, 8)
+            self.LayerNorm = nn.LayerNorm(8)
+            self.dropout = nn.Dropout(0.1)
+            self.post_add = post_add
+
+        def forward(self, hidden_states, input_tensor):
+            h = self.dropout(self.dense(hidden_states))
+            return self.LayerNorm(h) + input_tensor if self.post_add else self.LayerNorm(h + input_tensor)
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = Block(False), Block(True)
+
+    model = akt.optimize(Two().eval(), ms=[5])
+    assert model.autokernel_fused_layer_norm == ["a"]
+    x, r = torch.randn(2, 5, 16), torch.randn(2, 5, 8)
+    with torch.no_grad():
+        for blk in (model.a, model.b):
+            want = blk.LayerNorm(nn.functional.linear(x, blk.dense.weight, blk.dense.bias) + (0 if blk.post_add else r))
+            want = want + r if blk.post_add else want
+            torch.testing.assert_close(blk(x, r), want, rtol=0, atol=1e-5)

@@ -51,17 +51,20 @@
 //!
 //! Besides [`Runtime::gemm`] and the generic [`Runtime::run`]: [`Runtime::attention`],
 //! [`Runtime::gemm_bias_act`], and constant weights packed once with
-//! [`Runtime::pack_weight`] for [`Runtime::gemm_bias_act_packed`] (see the `ops` module).
+//! [`Runtime::pack_weight`] for [`Runtime::gemm_bias_act_packed`] (see the `ops` module);
+//! a transformer layer's glue in the GEMMs' row layout: [`Runtime::attention_qkv`]
+//! (attention straight from a fused QKV projection's rows) and [`add_layer_norm`].
 //! [`Choice::to_json`] describes a lookup as `autokernel lookup --json` prints it.
 //!
 //! Why it exists: inference programs link this crate, not the tuner. Its dependency tree is
-//! `kernels` + `tuning_db` (rusqlite) + `arc-swap` + `serde_json`: no clap, indicatif, linfa or smartcore.
+//! `kernels` + `tuning_db` (rusqlite) + `arc-swap` + `serde_json` + `rayon`: no clap, indicatif, linfa or smartcore.
 
 mod counters;
 mod fallback_log;
 mod hash;
 mod index;
 mod json;
+mod layer;
 mod ops;
 mod precision;
 pub mod probe;
@@ -78,6 +81,7 @@ use tuning_db::DbError;
 pub use counters::LookupCounts;
 pub use fallback_log::parse_lines as parse_workload_list;
 pub use index::{distance, IndexInfo, MISS_CACHE_CAPACITY, NEAREST_MAX_DISTANCE};
+pub use layer::{add_layer_norm, AttentionRows};
 pub use ops::PackedWeight;
 pub use precision::{PrecisionPolicy, UnknownPrecision, DEFAULT_AUTO_MAX_REL_ERR};
 

@@ -1,0 +1,352 @@
+//! The glue of a transformer layer around the tuned ops, in the row layout the GEMMs use:
+//! attention straight from a fused QKV projection's rows ([`Runtime::attention_qkv`]: head
+//! split, the tuned attention, head merge) and the residual add + LayerNorm
+//! ([`add_layer_norm`]). Plain Rust the compiler vectorises, parallel over rows or heads
+//! with rayon, so callers (the BERT encoder, the Python drop-in, C) need no copies of their
+//! own between the GEMMs.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use crate::{Level, Runtime, RuntimeError};
+
+/// Rows per rayon task: enough work (≈ 16 K values at H = 768) to outweigh a task's cost.
+fn rows_per_task(width: usize) -> usize {
+    (16_384 / width.max(1)).max(1)
+}
+
+/// Sum of a slice with 8 independent accumulators (a vectorisable reduction).
+#[inline]
+fn sum8(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += f(c[i]);
+        }
+    }
+    acc.iter().sum::<f32>() + tail.iter().map(|&v| f(v)).sum::<f32>()
+}
+
+/// `x = LayerNorm(x + r)` row by row (rows of `gamma.len()` values; without `r`, plain
+/// LayerNorm): mean and variance over the row (two passes, so no cancellation), then
+/// `γ·(v − μ)/√(σ² + eps) + β`. Errors (nothing written) if a length does not fit.
+pub fn add_layer_norm(
+    x: &mut [f32],
+    r: Option<&[f32]>,
+    gamma: &[f32],
+    beta: &[f32],
+    eps: f32,
+) -> Result<(), RuntimeError> {
+    let h = gamma.len();
+    let what = || format!("layer_norm of rows of {h}");
+    if h == 0 {
+        return check(&what, "gamma", 0, 1);
+    }
+    check(&what, "x", x.len(), x.len().div_ceil(h) * h)?;
+    check(&what, "beta", beta.len(), h)?;
+    if let Some(r) = r {
+        check(&what, "residual", r.len(), x.len())?;
+    }
+    if x.is_empty() {
+        return Ok(());
+    }
+    let norm = |row: &mut [f32]| {
+        let mean = sum8(row, |v| v) / h as f32;
+        let var = sum8(row, |v| (v - mean) * (v - mean)) / h as f32;
+        let inv = 1.0 / (var + eps).sqrt();
+        for ((v, g), b) in row.iter_mut().zip(gamma).zip(beta) {
+            *v = (*v - mean) * inv * g + b;
+        }
+    };
+    let rows = x.par_chunks_mut(h).with_min_len(rows_per_task(h));
+    match r {
+        Some(r) => rows.zip(r.par_chunks(h)).for_each(|(row, res)| {
+            row.iter_mut().zip(res).for_each(|(v, r)| *v += r);
+            norm(row);
+        }),
+        None => rows.for_each(norm),
+    }
+    Ok(())
+}
+
+fn check(
+    what: &impl Fn() -> String,
+    name: &'static str,
+    got: usize,
+    expected: usize,
+) -> Result<(), RuntimeError> {
+    if got == expected {
+        return Ok(());
+    }
+    Err(RuntimeError::BufferSize {
+        name,
+        workload: what(),
+        got,
+        expected,
+    })
+}
+
+/// The dimensions of attention over rows: `batch` sequences of `seq` tokens, `heads` heads
+/// of `d` values (the rows hold `heads·d` values per projection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionRows {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub d: usize,
+    pub causal: bool,
+}
+
+impl AttentionRows {
+    fn tuple(self) -> (usize, usize, usize, usize) {
+        (self.batch, self.seq, self.heads, self.d)
+    }
+
+    /// Values of one projection: `batch·seq·heads·d`.
+    pub fn len(self) -> usize {
+        self.batch * self.seq * self.heads * self.d
+    }
+
+    /// Whether there is no value at all.
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+}
+
+thread_local! {
+    /// The head-major Q, K, V and context of this thread's last [`Runtime::attention_qkv`]:
+    /// grown, never shrunk, so a serving loop allocates (and faults in) once.
+    static HEADS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Runtime {
+    /// Self-attention from a fused QKV projection's output: `qkv` is `[batch·seq, 3·heads·d]`
+    /// rows (Q, then K, then V; head `h` at columns `h·d..` of each), `out` gets
+    /// `[batch·seq, heads·d]` rows (head `h` at columns `h·d..`), ready for the output
+    /// projection. `key_lens` (one per sequence, each in `0..=seq`) masks a padded batch as
+    /// in [`Runtime::attention_masked`]. The heads are split and merged in parallel around
+    /// the tuned attention, in buffers this thread keeps. Returns the level that answered.
+    pub fn attention_qkv(
+        &self,
+        dims: AttentionRows,
+        key_lens: Option<&[i32]>,
+        qkv: &[f32],
+        out: &mut [f32],
+    ) -> Result<Level, RuntimeError> {
+        let AttentionRows {
+            batch,
+            seq,
+            heads,
+            d,
+            causal,
+        } = dims;
+        let w = kernels::Workload::attention(batch, heads, seq, d, causal)?;
+        let n = dims.len();
+        check(&|| w.key(), "qkv", qkv.len(), 3 * n)?;
+        check(&|| w.key(), "out", out.len(), n)?;
+        // Taken, not borrowed: a nested call on this thread (rayon work stealing) gets its own.
+        let mut buf = HEADS.with(|b| std::mem::take(&mut *b.borrow_mut()));
+        if buf.len() < 4 * n {
+            buf.resize(4 * n, 0.0);
+        }
+        let (q, rest) = buf.split_at_mut(n);
+        let (k, rest) = rest.split_at_mut(n);
+        let (v, rest) = rest.split_at_mut(n);
+        let ctx = &mut rest[..n];
+        split_heads(qkv, dims.tuple(), q, k, v);
+        let level = match key_lens {
+            Some(lens) => self.attention_masked(batch, heads, seq, d, causal, lens, q, k, v, ctx),
+            None => self.attention(batch, heads, seq, d, causal, q, k, v, ctx),
+        };
+        if level.is_ok() {
+            merge_heads(ctx, dims.tuple(), out);
+        }
+        HEADS.with(|b| {
+            let mut b = b.borrow_mut();
+            if b.len() < buf.len() {
+                *b = buf;
+            }
+        });
+        level
+    }
+}
+
+/// Splits `qkv` (`[B·S, 3H]`, Q then K then V, head `h` at columns `h·D..`) into
+/// `q`, `k`, `v`, each `[B, heads, S, D]`.
+fn split_heads(
+    qkv: &[f32],
+    (batch, seq, heads, d): (usize, usize, usize, usize),
+    q: &mut [f32],
+    k: &mut [f32],
+    v: &mut [f32],
+) {
+    let hid = heads * d;
+    let per_head = seq * d;
+    debug_assert_eq!(qkv.len(), batch * seq * 3 * hid);
+    if per_head == 0 {
+        return;
+    }
+    let outs = [q, k, v];
+    for (part, out) in outs.into_iter().enumerate() {
+        out.par_chunks_mut(per_head)
+            .enumerate()
+            .for_each(|(bh, dst)| {
+                let (b, h) = (bh / heads, bh % heads);
+                for s in 0..seq {
+                    let src = &qkv[(b * seq + s) * 3 * hid + part * hid + h * d..][..d];
+                    dst[s * d..(s + 1) * d].copy_from_slice(src);
+                }
+            });
+    }
+}
+
+/// Merges `ctx` (`[B, heads, S, D]`) back into rows: `out[b·S + s, h·D + j]`.
+fn merge_heads(
+    ctx: &[f32],
+    (_batch, seq, heads, d): (usize, usize, usize, usize),
+    out: &mut [f32],
+) {
+    let hid = heads * d;
+    if hid == 0 {
+        return;
+    }
+    out.par_chunks_mut(hid)
+        .with_min_len(rows_per_task(hid))
+        .enumerate()
+        .for_each(|(row, dst)| {
+            let (b, s) = (row / seq, row % seq);
+            for h in 0..heads {
+                let src = &ctx[((b * heads + h) * seq + s) * d..][..d];
+                dst[h * d..(h + 1) * d].copy_from_slice(src);
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_norm_matches_f64() {
+        let h = 37;
+        let x0: Vec<f32> = (0..3 * h)
+            .map(|i| ((i * 7 % 13) as f32) * 0.3 - 1.0)
+            .collect();
+        let r: Vec<f32> = (0..3 * h).map(|i| (i % 5) as f32 * 0.1).collect();
+        let gamma: Vec<f32> = (0..h).map(|i| 1.0 + i as f32 * 0.01).collect();
+        let beta: Vec<f32> = (0..h).map(|i| i as f32 * -0.02).collect();
+        for residual in [true, false] {
+            let mut x = x0.clone();
+            let res = residual.then_some(&r[..]);
+            add_layer_norm(&mut x, res, &gamma, &beta, 1e-12).unwrap();
+            for row in 0..3 {
+                let v: Vec<f64> = (0..h)
+                    .map(|j| x0[row * h + j] as f64 + res.map_or(0.0, |r| r[row * h + j] as f64))
+                    .collect();
+                let mean = v.iter().sum::<f64>() / h as f64;
+                let var = v.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / h as f64;
+                for j in 0..h {
+                    let want = (v[j] - mean) / var.sqrt() * gamma[j] as f64 + beta[j] as f64;
+                    assert!((x[row * h + j] as f64 - want).abs() < 1e-5, "{row} {j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn layer_norm_refuses_wrong_lengths_and_writes_nothing() {
+        let (g, b) = (vec![1.0f32; 4], vec![0.0f32; 4]);
+        let mut x = vec![2.0f32; 10]; // not whole rows of 4
+        assert!(add_layer_norm(&mut x, None, &g, &b, 1e-5).is_err());
+        let mut x = vec![2.0f32; 8];
+        assert!(add_layer_norm(&mut x, None, &g, &b[..3], 1e-5).is_err());
+        assert!(add_layer_norm(&mut x, Some(&[1.0; 4]), &g, &b, 1e-5).is_err());
+        assert!(add_layer_norm(&mut x, None, &[], &[], 1e-5).is_err());
+        assert_eq!(x, vec![2.0; 8]);
+        add_layer_norm(&mut [], None, &g, &b, 1e-5).unwrap();
+    }
+
+    #[test]
+    fn attention_qkv_is_split_attention_merge() {
+        let rt = Runtime::defaults_only();
+        for (dims, lens) in [
+            ((2, 13, 3, 8, false), None),
+            ((3, 17, 2, 16, true), None),
+            ((3, 9, 2, 5, false), Some(vec![9, 4, 0])),
+        ] {
+            let (b, s, h, d, causal) = dims;
+            let rows = AttentionRows {
+                batch: b,
+                seq: s,
+                heads: h,
+                d,
+                causal,
+            };
+            let n = rows.len();
+            let qkv: Vec<f32> = (0..3 * n)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
+                .collect();
+            let (mut q, mut k, mut v) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+            split_heads(&qkv, rows.tuple(), &mut q, &mut k, &mut v);
+            let mut ctx = vec![0.0; n];
+            match &lens {
+                Some(l) => rt.attention_masked(b, h, s, d, causal, l, &q, &k, &v, &mut ctx),
+                None => rt.attention(b, h, s, d, causal, &q, &k, &v, &mut ctx),
+            }
+            .unwrap();
+            let mut want = vec![0.0; n];
+            merge_heads(&ctx, rows.tuple(), &mut want);
+            let mut got = vec![f32::NAN; n];
+            rt.attention_qkv(rows, lens.as_deref(), &qkv, &mut got)
+                .unwrap();
+            assert_eq!(got, want, "{dims:?}");
+        }
+        let rows = AttentionRows {
+            batch: 1,
+            seq: 4,
+            heads: 2,
+            d: 3,
+            causal: false,
+        };
+        let mut out = vec![0.0; 24];
+        let err = rt
+            .attention_qkv(rows, None, &[0.0; 71], &mut out)
+            .unwrap_err();
+        assert!(err.to_string().contains("'qkv' has 71 elements"), "{err}");
+        assert!(rt
+            .attention_qkv(rows, None, &[0.0; 72], &mut out[..23])
+            .is_err());
+        assert!(rt
+            .attention_qkv(rows, Some(&[5]), &[0.0; 72], &mut out)
+            .is_err());
+    }
+
+    #[test]
+    fn split_then_merge_round_trips_each_part() {
+        let (b, s, heads, d) = (2, 3, 4, 5);
+        let hid = heads * d;
+        let qkv: Vec<f32> = (0..b * s * 3 * hid).map(|i| i as f32).collect();
+        let n = b * heads * s * d;
+        let (mut q, mut k, mut v) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        split_heads(&qkv, (b, s, heads, d), &mut q, &mut k, &mut v);
+        // q[b=1, h=2, s=1, j=3] = qkv[row 1·3+1, col 0·hid + 2·5 + 3]
+        assert_eq!(q[((4 + 2) * s + 1) * d + 3], qkv[4 * 3 * hid + 13]);
+        assert_eq!(
+            v[((4 + 2) * s + 1) * d + 3],
+            qkv[4 * 3 * hid + 2 * hid + 13]
+        );
+        for (part, t) in [&q, &k, &v].into_iter().enumerate() {
+            let mut rows = vec![0.0; b * s * hid];
+            merge_heads(t, (b, s, heads, d), &mut rows);
+            for r in 0..b * s {
+                assert_eq!(
+                    rows[r * hid..(r + 1) * hid],
+                    qkv[r * 3 * hid + part * hid..][..hid]
+                );
+            }
+        }
+    }
+}
