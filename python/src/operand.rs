@@ -9,7 +9,9 @@ use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
 /// An f32 operand: a C-contiguous, aligned numpy array (a view of a torch tensor's storage
 /// when a tensor was given).
@@ -92,27 +94,35 @@ fn as_ndarray<'py>(
     if let Ok(arr) = obj.cast::<PyUntypedArray>() {
         return Ok(Some(arr.clone()));
     }
-    if !is_torch_tensor(obj)? {
+    let py = obj.py();
+    let Some((tensor, float32)) = torch_types(py)? else {
+        return Ok(None);
+    };
+    if !obj.is_instance(tensor.bind(py))? {
         return Ok(None);
     }
-    let device = obj.getattr("device")?.str()?.to_string();
-    if device != "cpu" {
+    if !obj.getattr(intern!(py, "is_cpu"))?.is_truthy()? {
+        let device = obj.getattr("device")?.str()?.to_string();
         return Err(PyTypeError::new_err(format!(
             "argument '{name}' is a torch tensor on {device}; autokernel runs on the CPU (move it with .cpu())"
         )));
     }
-    let mut t = obj.call_method0("detach")?;
-    let dtype = t.getattr("dtype")?.str()?.to_string();
-    if dtype != "torch.float32" {
+    let mut t = obj.clone();
+    if t.getattr(intern!(py, "requires_grad"))?.is_truthy()? {
+        t = t.call_method0(intern!(py, "detach"))?;
+    }
+    let dtype = t.getattr(intern!(py, "dtype"))?;
+    if !dtype.is(float32.bind(py)) {
         if copy != Some(true) {
             return Err(PyTypeError::new_err(format!(
-                "argument '{name}' is a {dtype} tensor, expected torch.float32{}",
+                "argument '{name}' is a {} tensor, expected torch.float32{}",
+                dtype.str()?,
                 copy_hint(copy)
             )));
         }
         t = t.call_method0("float")?;
     }
-    let arr = t.call_method0("numpy")?;
+    let arr = t.call_method0(intern!(py, "numpy"))?;
     Ok(Some(arr.cast_into::<PyUntypedArray>()?))
 }
 
@@ -169,13 +179,21 @@ fn np_call<'py>(
     Ok(arr.cast_into::<PyUntypedArray>()?)
 }
 
-/// Whether `obj` is a `torch.Tensor` (checked without importing torch).
-fn is_torch_tensor(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
-    let py = obj.py();
+/// `torch.Tensor` and `torch.float32` once the process has imported torch (never imported
+/// here: numpy alone is enough), looked up once.
+fn torch_types(py: Python<'_>) -> PyResult<Option<&'static (Py<PyAny>, Py<PyAny>)>> {
+    static TORCH: PyOnceLock<(Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
+    if let Some(t) = TORCH.get(py) {
+        return Ok(Some(t));
+    }
     let Ok(torch) = py.import("sys")?.getattr("modules")?.get_item("torch") else {
-        return Ok(false);
+        return Ok(None);
     };
-    obj.is_instance(&torch.getattr("Tensor")?)
+    let types = (
+        torch.getattr("Tensor")?.unbind(),
+        torch.getattr("float32")?.unbind(),
+    );
+    Ok(Some(TORCH.get_or_init(py, || types)))
 }
 
 fn not_an_array(obj: &Bound<'_, PyAny>, name: &str) -> PyErr {

@@ -11,9 +11,26 @@ use rayon::prelude::*;
 
 use crate::{Level, Runtime, RuntimeError};
 
-/// Rows per rayon task: enough work (≈ 16 K values at H = 768) to outweigh a task's cost.
-fn rows_per_task(width: usize) -> usize {
-    (16_384 / width.max(1)).max(1)
+/// Values per rayon task: enough work (≈ 21 rows at H = 768) to outweigh a task's cost.
+const TASK_VALUES: usize = 16_384;
+
+/// Calls `f(i, chunk)` on each `chunk`-long piece `i` of `data`: in parallel, a task per
+/// [`TASK_VALUES`] or so, unless all of it is one task's work; then on this thread (a call
+/// into the pool from outside it costs a wake-up and a sleep, tens of µs on a VM).
+fn each_chunk(data: &mut [f32], chunk: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if chunk == 0 {
+        return;
+    }
+    if data.len() <= TASK_VALUES {
+        data.chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
+    } else {
+        data.par_chunks_mut(chunk)
+            .with_min_len(TASK_VALUES.div_ceil(chunk))
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
+    }
 }
 
 /// Sum of a slice with 8 independent accumulators (a vectorisable reduction).
@@ -53,22 +70,19 @@ pub fn add_layer_norm(
     if x.is_empty() {
         return Ok(());
     }
-    let norm = |row: &mut [f32]| {
+    each_chunk(x, h, |i, row| {
+        if let Some(r) = r {
+            row.iter_mut()
+                .zip(&r[i * h..][..h])
+                .for_each(|(v, r)| *v += r);
+        }
         let mean = sum8(row, |v| v) / h as f32;
         let var = sum8(row, |v| (v - mean) * (v - mean)) / h as f32;
         let inv = 1.0 / (var + eps).sqrt();
         for ((v, g), b) in row.iter_mut().zip(gamma).zip(beta) {
             *v = (*v - mean) * inv * g + b;
         }
-    };
-    let rows = x.par_chunks_mut(h).with_min_len(rows_per_task(h));
-    match r {
-        Some(r) => rows.zip(r.par_chunks(h)).for_each(|(row, res)| {
-            row.iter_mut().zip(res).for_each(|(v, r)| *v += r);
-            norm(row);
-        }),
-        None => rows.for_each(norm),
-    }
+    });
     Ok(())
 }
 
@@ -152,11 +166,11 @@ impl Runtime {
         if buf.len() < 4 * n {
             buf.resize(4 * n, 0.0);
         }
-        let (q, rest) = buf.split_at_mut(n);
-        let (k, rest) = rest.split_at_mut(n);
-        let (v, rest) = rest.split_at_mut(n);
+        let (qkv_heads, rest) = buf.split_at_mut(3 * n);
         let ctx = &mut rest[..n];
-        split_heads(qkv, dims.tuple(), q, k, v);
+        split_heads(qkv, dims.tuple(), qkv_heads);
+        let (q, kv) = qkv_heads.split_at(n);
+        let (k, v) = kv.split_at(n);
         let level = match key_lens {
             Some(lens) => self.attention_masked(batch, heads, seq, d, causal, lens, q, k, v, ctx),
             None => self.attention(batch, heads, seq, d, causal, q, k, v, ctx),
@@ -175,32 +189,24 @@ impl Runtime {
 }
 
 /// Splits `qkv` (`[B·S, 3H]`, Q then K then V, head `h` at columns `h·D..`) into
-/// `q`, `k`, `v`, each `[B, heads, S, D]`.
+/// `heads_out` = `q`, `k`, `v` one after the other, each `[B, heads, S, D]`.
 fn split_heads(
     qkv: &[f32],
     (batch, seq, heads, d): (usize, usize, usize, usize),
-    q: &mut [f32],
-    k: &mut [f32],
-    v: &mut [f32],
+    heads_out: &mut [f32],
 ) {
     let hid = heads * d;
-    let per_head = seq * d;
     debug_assert_eq!(qkv.len(), batch * seq * 3 * hid);
-    if per_head == 0 {
-        return;
-    }
-    let outs = [q, k, v];
-    for (part, out) in outs.into_iter().enumerate() {
-        out.par_chunks_mut(per_head)
-            .enumerate()
-            .for_each(|(bh, dst)| {
-                let (b, h) = (bh / heads, bh % heads);
-                for s in 0..seq {
-                    let src = &qkv[(b * seq + s) * 3 * hid + part * hid + h * d..][..d];
-                    dst[s * d..(s + 1) * d].copy_from_slice(src);
-                }
-            });
-    }
+    debug_assert_eq!(heads_out.len(), qkv.len());
+    let per_head = seq * d;
+    each_chunk(heads_out, per_head, |i, dst| {
+        let (part, bh) = (i / (batch * heads), i % (batch * heads));
+        let (b, h) = (bh / heads, bh % heads);
+        for s in 0..seq {
+            let src = &qkv[(b * seq + s) * 3 * hid + part * hid + h * d..][..d];
+            dst[s * d..(s + 1) * d].copy_from_slice(src);
+        }
+    });
 }
 
 /// Merges `ctx` (`[B, heads, S, D]`) back into rows: `out[b·S + s, h·D + j]`.
@@ -210,19 +216,13 @@ fn merge_heads(
     out: &mut [f32],
 ) {
     let hid = heads * d;
-    if hid == 0 {
-        return;
-    }
-    out.par_chunks_mut(hid)
-        .with_min_len(rows_per_task(hid))
-        .enumerate()
-        .for_each(|(row, dst)| {
-            let (b, s) = (row / seq, row % seq);
-            for h in 0..heads {
-                let src = &ctx[((b * heads + h) * seq + s) * d..][..d];
-                dst[h * d..(h + 1) * d].copy_from_slice(src);
-            }
-        });
+    each_chunk(out, hid, |row, dst| {
+        let (b, s) = (row / seq, row % seq);
+        for h in 0..heads {
+            let src = &ctx[((b * heads + h) * seq + s) * d..][..d];
+            dst[h * d..(h + 1) * d].copy_from_slice(src);
+        }
+    });
 }
 
 #[cfg(test)]
@@ -289,12 +289,14 @@ mod tests {
             let qkv: Vec<f32> = (0..3 * n)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
                 .collect();
-            let (mut q, mut k, mut v) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
-            split_heads(&qkv, rows.tuple(), &mut q, &mut k, &mut v);
+            let mut heads = vec![0.0; 3 * n];
+            split_heads(&qkv, rows.tuple(), &mut heads);
+            let (q, kv) = heads.split_at(n);
+            let (k, v) = kv.split_at(n);
             let mut ctx = vec![0.0; n];
             match &lens {
-                Some(l) => rt.attention_masked(b, h, s, d, causal, l, &q, &k, &v, &mut ctx),
-                None => rt.attention(b, h, s, d, causal, &q, &k, &v, &mut ctx),
+                Some(l) => rt.attention_masked(b, h, s, d, causal, l, q, k, v, &mut ctx),
+                None => rt.attention(b, h, s, d, causal, q, k, v, &mut ctx),
             }
             .unwrap();
             let mut want = vec![0.0; n];
@@ -326,27 +328,50 @@ mod tests {
 
     #[test]
     fn split_then_merge_round_trips_each_part() {
-        let (b, s, heads, d) = (2, 3, 4, 5);
-        let hid = heads * d;
-        let qkv: Vec<f32> = (0..b * s * 3 * hid).map(|i| i as f32).collect();
-        let n = b * heads * s * d;
-        let (mut q, mut k, mut v) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
-        split_heads(&qkv, (b, s, heads, d), &mut q, &mut k, &mut v);
-        // q[b=1, h=2, s=1, j=3] = qkv[row 1·3+1, col 0·hid + 2·5 + 3]
-        assert_eq!(q[((4 + 2) * s + 1) * d + 3], qkv[4 * 3 * hid + 13]);
-        assert_eq!(
-            v[((4 + 2) * s + 1) * d + 3],
-            qkv[4 * 3 * hid + 2 * hid + 13]
-        );
-        for (part, t) in [&q, &k, &v].into_iter().enumerate() {
-            let mut rows = vec![0.0; b * s * hid];
-            merge_heads(t, (b, s, heads, d), &mut rows);
-            for r in 0..b * s {
-                assert_eq!(
-                    rows[r * hid..(r + 1) * hid],
-                    qkv[r * 3 * hid + part * hid..][..hid]
-                );
+        // The second shape is past one task's work: the parallel path.
+        for (b, s, heads, d) in [(2, 3, 4, 5), (2, 67, 4, 33)] {
+            let hid = heads * d;
+            let qkv: Vec<f32> = (0..b * s * 3 * hid).map(|i| i as f32).collect();
+            let n = b * heads * s * d;
+            let mut all = vec![0.0; 3 * n];
+            split_heads(&qkv, (b, s, heads, d), &mut all);
+            let (q, kv) = all.split_at(n);
+            let (k, v) = kv.split_at(n);
+            // q[b=1, h=2, s=1, j=3] = qkv[row 1·S+1, col 0·hid + 2·D + 3]
+            assert_eq!(
+                q[((heads + 2) * s + 1) * d + 3],
+                qkv[(s + 1) * 3 * hid + 2 * d + 3]
+            );
+            assert_eq!(
+                v[((heads + 2) * s + 1) * d + 3],
+                qkv[(s + 1) * 3 * hid + 2 * hid + 2 * d + 3]
+            );
+            for (part, t) in [q, k, v].into_iter().enumerate() {
+                let mut rows = vec![0.0; b * s * hid];
+                merge_heads(t, (b, s, heads, d), &mut rows);
+                for r in 0..b * s {
+                    assert_eq!(
+                        rows[r * hid..(r + 1) * hid],
+                        qkv[r * 3 * hid + part * hid..][..hid]
+                    );
+                }
             }
+        }
+    }
+
+    #[test]
+    fn layer_norm_in_parallel_matches_row_by_row() {
+        let h = 37;
+        let rows = 1000; // past one task's work
+        let x0: Vec<f32> = (0..rows * h).map(|i| ((i * 7 % 13) as f32) * 0.3).collect();
+        let r: Vec<f32> = (0..rows * h).map(|i| (i % 5) as f32 * 0.1).collect();
+        let (gamma, beta) = (vec![1.5f32; h], vec![0.25f32; h]);
+        let mut all = x0.clone();
+        add_layer_norm(&mut all, Some(&r), &gamma, &beta, 1e-12).unwrap();
+        for i in [0, 1, 499, 999] {
+            let mut row = x0[i * h..][..h].to_vec();
+            add_layer_norm(&mut row, Some(&r[i * h..][..h]), &gamma, &beta, 1e-12).unwrap();
+            assert_eq!(row, all[i * h..][..h], "row {i}");
         }
     }
 }
