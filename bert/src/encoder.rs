@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use kernels::Act;
 use rayon::prelude::*;
-use runtime::{add_layer_norm, AttentionRows, Level, PackedWeight, Runtime};
+use runtime::{EncoderLayer, LayerScratch, Level, PackedWeight, Runtime, Stage};
 
 use crate::{BertConfig, BertError, LayerWeights};
 
@@ -92,6 +92,22 @@ impl PackedLayer {
     }
 }
 
+impl PackedLayer {
+    /// The layer as the runtime runs it.
+    fn view<'a>(&'a self, c: &BertConfig) -> EncoderLayer<'a> {
+        EncoderLayer {
+            qkv: (&self.qkv, &self.b_qkv),
+            out: (&self.o, &self.b_o),
+            ln1: (&self.ln1.0, &self.ln1.1),
+            ffn_up: (&self.ffn1, &self.b_ffn1),
+            ffn_down: (&self.ffn2, &self.b_ffn2),
+            ln2: (&self.ln2.0, &self.ln2.1),
+            heads: c.heads,
+            eps: c.ln_eps,
+        }
+    }
+}
+
 /// The distinct M = batch·seq of `shapes`: at least one, each at least 1.
 fn rows_of(shapes: &[(usize, usize)]) -> Result<Vec<usize>, BertError> {
     let mut ms: Vec<usize> = shapes.iter().map(|&(b, s)| b * s).collect();
@@ -124,17 +140,9 @@ impl std::fmt::Debug for Encoder {
 #[derive(Debug, Default)]
 pub struct Scratch {
     x: Vec<f32>,
-    qkv: Vec<f32>,
-    rows: Vec<f32>,
-    proj: Vec<f32>,
-    ffn: Vec<f32>,
+    layer: LayerScratch,
     /// The embedding block's output ([`crate::BertModel`]).
     pub(crate) embedded: Vec<f32>,
-}
-
-fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    buf.resize(len, 0.0);
-    &mut buf[..len]
 }
 
 impl Encoder {
@@ -304,7 +312,7 @@ impl Encoder {
         mut times: Option<&mut StageTimes>,
     ) -> Result<LevelCounts, BertError> {
         let c = &self.config;
-        let (h, f, heads, d) = (c.hidden, c.ffn, c.heads, c.head_dim());
+        let h = c.hidden;
         let m = batch * seq;
         if batch == 0 || seq == 0 {
             return Err(BertError::Shape {
@@ -326,52 +334,23 @@ impl Encoder {
             });
         }
         let mut counts = LevelCounts::default();
-        let Scratch {
-            x,
-            qkv,
-            rows,
-            proj,
-            ffn,
-            ..
-        } = scratch;
+        let Scratch { x, layer, .. } = scratch;
         x.clear();
         x.extend_from_slice(input);
-        let (qkv, rows, proj, ffn) = (
-            sized(qkv, m * 3 * h),
-            sized(rows, m * h),
-            sized(proj, m * h),
-            sized(ffn, m * f),
-        );
-        let dims = AttentionRows {
-            batch,
-            seq,
-            heads,
-            d,
-            causal: false,
-        };
         let mut t = Instant::now();
-        let mut lap = |stage: usize| {
-            if let Some(times) = times.as_deref_mut() {
-                let now = Instant::now();
-                times.0[stage] += (now - t).as_secs_f64();
-                t = now;
-            }
-        };
         for l in &self.layers {
-            counts.add(rt.gemm_bias_act_packed(&l.qkv, x, &l.b_qkv, qkv)?);
-            lap(0);
-            counts.add(rt.attention_qkv(dims, key_lens, qkv, rows)?);
-            lap(1);
-            counts.add(rt.gemm_bias_act_packed(&l.o, rows, &l.b_o, proj)?);
-            lap(2);
-            add_layer_norm(x, Some(proj), &l.ln1.0, &l.ln1.1, c.ln_eps)?;
-            lap(5);
-            counts.add(rt.gemm_bias_act_packed(&l.ffn1, x, &l.b_ffn1, ffn)?);
-            lap(3);
-            counts.add(rt.gemm_bias_act_packed(&l.ffn2, ffn, &l.b_ffn2, proj)?);
-            lap(4);
-            add_layer_norm(x, Some(proj), &l.ln2.0, &l.ln2.1, c.ln_eps)?;
-            lap(5);
+            let on_stage = |stage: Stage, level: Option<Level>| {
+                if let Some(level) = level {
+                    counts.add(level);
+                }
+                if let Some(times) = times.as_deref_mut() {
+                    let now = Instant::now();
+                    times.0[StageTimes::index(stage)] += (now - t).as_secs_f64();
+                    t = now;
+                }
+            };
+            l.view(c)
+                .forward(rt, (batch, seq), key_lens, x, layer, on_stage)?;
         }
         Ok(counts)
     }
@@ -393,6 +372,18 @@ impl StageTimes {
         "ffn_down",
         "other",
     ];
+
+    /// The index in [`StageTimes::NAMES`] of a layer's `stage`.
+    fn index(stage: Stage) -> usize {
+        match stage {
+            Stage::Qkv => 0,
+            Stage::Attention => 1,
+            Stage::OutProj => 2,
+            Stage::FfnUp => 3,
+            Stage::FfnDown => 4,
+            Stage::LayerNorm => 5,
+        }
+    }
 
     /// `(name, seconds)` per stage.
     pub fn by_stage(&self) -> impl Iterator<Item = (&'static str, f64)> + '_ {

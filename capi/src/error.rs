@@ -64,7 +64,7 @@ impl From<RuntimeError> for CapiError {
     fn from(e: RuntimeError) -> CapiError {
         let code = match &e {
             RuntimeError::Db(_) | RuntimeError::NoDatabase => AUTOKERNEL_DATABASE,
-            RuntimeError::BufferSize { .. } => AUTOKERNEL_SHAPE,
+            RuntimeError::BufferSize { .. } | RuntimeError::Layer { .. } => AUTOKERNEL_SHAPE,
             RuntimeError::Kernel(k) => kernel_code(k),
             RuntimeError::FallbackLog { .. } | RuntimeError::FallbackLogAlreadySet { .. } => {
                 AUTOKERNEL_INVALID_ARGUMENT

@@ -53,13 +53,15 @@
 //! [`Runtime::gemm_bias_act`], and constant weights packed once with
 //! [`Runtime::pack_weight`] for [`Runtime::gemm_bias_act_packed`] (see the `ops` module);
 //! a transformer layer's glue in the GEMMs' row layout: [`Runtime::attention_qkv`]
-//! (attention straight from a fused QKV projection's rows) and [`add_layer_norm`].
+//! (attention straight from a fused QKV projection's rows) and [`add_layer_norm`], and a
+//! whole BERT encoder layer in one call ([`EncoderLayer`]).
 //! [`Choice::to_json`] describes a lookup as `autokernel lookup --json` prints it.
 //!
 //! Why it exists: inference programs link this crate, not the tuner. Its dependency tree is
 //! `kernels` + `tuning_db` (rusqlite) + `arc-swap` + `serde_json` + `rayon`: no clap, indicatif, linfa or smartcore.
 
 mod counters;
+mod encoder;
 mod fallback_log;
 mod hash;
 mod index;
@@ -79,6 +81,7 @@ use kernels::{Config, DType, Executable, HardwareFingerprint, Kernel, Workload};
 use tuning_db::DbError;
 
 pub use counters::LookupCounts;
+pub use encoder::{EncoderLayer, LayerScratch, Projection, Stage};
 pub use fallback_log::parse_lines as parse_workload_list;
 pub use index::{distance, IndexInfo, MISS_CACHE_CAPACITY, NEAREST_MAX_DISTANCE};
 pub use layer::{add_layer_norm, AttentionRows};
@@ -282,6 +285,8 @@ pub enum RuntimeError {
     FallbackLogAlreadySet { path: PathBuf },
     #[error("this runtime has no database to reload (it was made with defaults_only)")]
     NoDatabase,
+    #[error("encoder layer: {reason}")]
+    Layer { reason: String },
 }
 
 /// A skipped database record, with the reason (reported, then served by the next level).
