@@ -97,7 +97,7 @@ impl EncoderLayer<'_> {
                 ));
             }
         }
-        if self.heads == 0 || h % self.heads != 0 {
+        if self.heads == 0 || !h.is_multiple_of(self.heads) {
             return bad(format!("{} heads do not split hidden {h}", self.heads));
         }
         Ok(())
