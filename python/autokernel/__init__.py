@@ -20,9 +20,9 @@ SQLite tuning database, or to a kernel default valid for every shape::
 through the runtime: ``autokernel.torch.optimize(model, db="tuning.db")``.
 """
 
-from ._native import AutokernelError, PackedWeight, Runtime, __version__, fingerprint, tune
+from ._native import AutokernelError, EncoderLayer, PackedWeight, Runtime, __version__, fingerprint, tune
 
-__all__ = ["AutokernelError", "PackedWeight", "Runtime", "__version__", "fingerprint", "tune"]
+__all__ = ["AutokernelError", "EncoderLayer", "PackedWeight", "Runtime", "__version__", "fingerprint", "tune"]
 
 
 def __getattr__(name):

@@ -1,4 +1,5 @@
 from ._native import AutokernelError as AutokernelError
+from ._native import EncoderLayer as EncoderLayer
 from ._native import PackedWeight as PackedWeight
 from ._native import Runtime as Runtime
 from ._native import __version__ as __version__

@@ -35,6 +35,17 @@ class PackedWeight:
     @property
     def nbytes(self) -> int: ...
 
+class EncoderLayer:
+    """A BERT-style encoder layer served in one call, made by ``Runtime.encoder_layer``."""
+
+    def __call__(
+        self, x: Operand, mask: Optional[Operand] = None, out: Optional[Operand] = None
+    ) -> F32Array: ...
+    @property
+    def hidden(self) -> int: ...
+    @property
+    def heads(self) -> int: ...
+
 class Runtime:
     """Dispatches GEMM, fused linear layers and attention to the best tuned kernel variant."""
 
@@ -107,6 +118,21 @@ class Runtime:
         *,
         copy: bool = False,
     ) -> Operand: ...
+    def encoder_layer(
+        self,
+        qkv: PackedWeight,
+        qkv_bias: Operand,
+        out: PackedWeight,
+        out_bias: Operand,
+        ln1: tuple[Operand, Operand],
+        ffn_up: PackedWeight,
+        ffn_up_bias: Operand,
+        ffn_down: PackedWeight,
+        ffn_down_bias: Operand,
+        ln2: tuple[Operand, Operand],
+        heads: int,
+        eps: float = 1e-12,
+    ) -> EncoderLayer: ...
     def lookup(self, workload: str) -> dict[str, Any]: ...
     def reload(self) -> dict[str, Any]: ...
     def info(self) -> dict[str, Any]: ...

@@ -45,6 +45,7 @@ log = logging.getLogger("autokernel")
 _LOCK = threading.Lock()
 _RUNTIMES: dict[int, Runtime] = {}
 _WEIGHTS: dict[int, tuple[Runtime, Any]] = {}
+_LAYERS: dict[int, Any] = {}
 _NEXT = [1]
 # While workloads() runs: the workload of every runtime call, in order.
 _RECORD = threading.local()
@@ -68,6 +69,7 @@ def _register_weight(owner: nn.Module, runtime: Runtime, packed) -> int:
 def _release_weight(handle: int) -> None:
     with _LOCK:
         _WEIGHTS.pop(handle, None)
+        _LAYERS.pop(handle, None)
 
 
 def _record(workload: str) -> None:
@@ -154,6 +156,21 @@ def _linear_add_layer_norm_op(
 def _(x, handle, bias, residual, ln_weight, ln_bias, eps):
     _, weight = _WEIGHTS[handle]
     return x.new_empty((*x.shape[:-1], weight.out_features))
+
+
+@torch.library.custom_op("autokernel::encoder_layer", mutates_args=())
+def _encoder_layer_op(x: torch.Tensor, handle: int, key_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    layer = _LAYERS[handle]
+    y = layer(x.contiguous(), mask=key_lengths)
+    if getattr(_RECORD, "seen", None) is not None:
+        for w in layer.workloads(x.shape[0], x.shape[1]):
+            _record(w)
+    return torch.from_numpy(y)
+
+
+@_encoder_layer_op.register_fake
+def _(x, handle, key_lengths=None):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,6 +462,96 @@ def _fused_output(self, hidden_states, input_tensor):
     )
 
 
+def _fusable_layer(m: nn.Module, qkv_fused: set, outputs_fused: set) -> bool:
+    """Whether ``m`` is a BERT-family encoder layer (``attention.self``, ``attention.output``,
+    ``intermediate``, ``output``) whose parts are all served by the runtime already: its
+    projections fused (query/key/value; Linear + activation; the two residual LayerNorms)."""
+    att, inter, out = (getattr(m, n, None) for n in ("attention", "intermediate", "output"))
+    sa, so = getattr(att, "self", None), getattr(att, "output", None)
+    if not (id(sa) in qkv_fused and id(so) in outputs_fused and id(out) in outputs_fused):
+        return False
+    dense = getattr(inter, "dense", None)
+    if not (isinstance(dense, AutokernelLinear) and dense.act in _FUSABLE):
+        return False
+    if not isinstance(getattr(inter, "intermediate_act_fn", None), nn.Identity):
+        return False
+    if getattr(m, "chunk_size_feed_forward", 0) or getattr(m, "is_decoder", False) or hasattr(m, "crossattention"):
+        return False
+    d = sa.attention_head_size
+    return (
+        not getattr(sa, "is_causal", False)
+        and math.isclose(sa.scaling, d**-0.5, rel_tol=1e-6)
+        and so.LayerNorm.eps == out.LayerNorm.eps
+        and sa.all_head_size == so.dense.out_features
+    )
+
+
+def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
+    """Serves encoder layer ``m`` as one runtime call (an :class:`autokernel.EncoderLayer`
+    over the weights its parts already packed). Done only if that computes what the layer's
+    own forward does on a probe of ``rows`` rows."""
+    sa, so, inter, out = m.attention.self, m.attention.output, m.intermediate, m.output
+
+    def bias(lin, n):
+        return torch.zeros(n) if lin.bias is None else lin.bias.detach()
+
+    def norm(ln):
+        return (ln.weight.detach(), ln.bias.detach())
+
+    _, qkv = _WEIGHTS[sa._autokernel_qkv]
+    qkv_bias = sa._autokernel_qkv_bias
+    with torch.no_grad():
+        layer = rt.encoder_layer(
+            qkv, torch.zeros(qkv.out_features) if qkv_bias is None else qkv_bias,
+            so.dense.packed, bias(so.dense, so.dense.out_features), norm(so.LayerNorm),
+            inter.dense.packed, bias(inter.dense, inter.dense.out_features),
+            out.dense.packed, bias(out.dense, out.dense.out_features), norm(out.LayerNorm),
+            heads=sa.all_head_size // sa.attention_head_size, eps=float(so.LayerNorm.eps),
+        )
+    handle = _register_weight(m, rt, None)
+    _LAYERS[handle] = layer
+    m._autokernel_layer = handle
+    original = m.forward
+    m._autokernel_forward = original
+    m.forward = types.MethodType(_fused_layer, m)
+    x = torch.randn(1, rows, layer.hidden, generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.no_grad():
+            want, got = original(x), m(x)
+        ok = isinstance(want, torch.Tensor) and want.shape == got.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+    except Exception:  # a forward that is not what it looked like
+        ok = False
+    if not ok:
+        m.forward = original
+        del m._autokernel_forward, m._autokernel_layer
+        _release_weight(handle)
+    return ok
+
+
+def _fused_layer(self, hidden_states, attention_mask=None, *args, **kwargs):
+    """A fused encoder layer's forward (see :func:`_fuse_layer`); the original one for what it
+    does not cover (cross-attention, a cache, training, gradients, another dtype, a mask
+    that is not right padding)."""
+    sa = self.attention.self
+    if (
+        any(a is not None for a in args)
+        or any(kwargs.get(n) is not None for n in _NOT_FUSED_KWARGS + ("encoder_attention_mask",))
+        or kwargs.get("output_attentions")
+        or self.training
+        or not _served(hidden_states)
+        or hidden_states.dim() != 3
+        or (torch.is_grad_enabled() and sa.query.weight.requires_grad)
+        or getattr(sa.config, "_attn_implementation", None) != "autokernel"
+    ):
+        return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
+    lengths = None
+    if attention_mask is not None:
+        lengths = _key_lengths(attention_mask, False)
+        if lengths is None:
+            return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
+    return torch.ops.autokernel.encoder_layer(hidden_states, self._autokernel_layer, lengths)
+
+
 # ---------------------------------------------------------------------------------------------
 # optimize / workloads
 
@@ -507,7 +614,8 @@ def optimize(
     plan the packed weights for; others are served too. ``model.autokernel_unsupported``
     lists the modules left to PyTorch, with why; ``model.autokernel_runtime`` is the runtime;
     ``model.autokernel_fused_qkv`` names the self-attention blocks whose projections are fused,
-    ``model.autokernel_fused_layer_norm`` the output blocks whose residual LayerNorm is.
+    ``model.autokernel_fused_layer_norm`` the output blocks whose residual LayerNorm is,
+    ``model.autokernel_fused_layers`` the encoder layers served whole, in one runtime call.
 
     torch_threads: PyTorch's intra-op threads while ``model`` runs (restored after each
     forward): the ops left to PyTorch are light, and its spinning OpenMP workers would
@@ -561,6 +669,14 @@ def optimize(
                 swap(parent, name, prefix + name, None)
 
     fused_outputs = [pname for pname, m in list(model.named_modules()) if _fusable_output(m) and _fuse_output(m, min(ms))]
+    modules = dict(model.named_modules())
+    qkv_ids = {id(modules[n]) for n in fused}
+    out_ids = {id(modules[n]) for n in fused_outputs}
+    fused_layers = [
+        pname
+        for pname, m in list(model.named_modules())
+        if _fusable_layer(m, qkv_ids, out_ids) and _fuse_layer(m, rt, min(ms))
+    ]
     if torch_threads is not None:
         _limit_torch_threads(model, int(torch_threads))
     for name, m in model.named_modules():
@@ -574,6 +690,7 @@ def optimize(
     model.autokernel_attention_modules = routed
     model.autokernel_fused_qkv = fused
     model.autokernel_fused_layer_norm = fused_outputs
+    model.autokernel_fused_layers = fused_layers
     n = sum(isinstance(m, AutokernelLinear) for m in model.modules())
     log.info("autokernel: %d linear layers and %d attention modules served; %d modules left to PyTorch", n, routed, len(report))
     return model

@@ -9,6 +9,7 @@
 
 mod errors;
 mod json;
+mod layer;
 mod operand;
 mod packed;
 mod runtime_py;
@@ -27,6 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add_class::<runtime_py::PyRuntime>()?;
     m.add_class::<packed::PyPackedWeight>()?;
+    m.add_class::<layer::PyEncoderLayer>()?;
     m.add_function(wrap_pyfunction!(tune::tune, m)?)?;
     m.add_function(wrap_pyfunction!(tune::serve_worker, m)?)?;
     m.add_function(wrap_pyfunction!(runtime_py::fingerprint, m)?)?;

@@ -51,14 +51,19 @@ pub fn parse_policy(p: Option<&str>, max_rel_err: Option<f64>) -> PyResult<Preci
 /// GIL released, and one Runtime may be shared by any number of threads.
 #[pyclass(name = "Runtime", module = "autokernel", frozen)]
 pub struct PyRuntime {
-    rt: Runtime,
-    threads: Threads,
+    pub(crate) rt: Runtime,
+    pub(crate) threads: Threads,
     db_path: Option<PathBuf>,
 }
 
 /// The key length of each sequence from `mask`: (B,) lengths in 0..=S, or a (B, S) 0/1
 /// mask of 1s then 0s. Anything else is a ValueError naming `mask`.
-fn key_lengths(py: Python<'_>, mask: &Bound<'_, PyAny>, b: usize, s: usize) -> PyResult<Vec<i32>> {
+pub(crate) fn key_lengths(
+    py: Python<'_>,
+    mask: &Bound<'_, PyAny>,
+    b: usize,
+    s: usize,
+) -> PyResult<Vec<i32>> {
     let arr = py
         .import("numpy")?
         .call_method1("asarray", (mask,))?
@@ -109,7 +114,7 @@ fn matrix<'py>(
 }
 
 /// The output: `out` checked against `shape`, or a new array.
-fn out_array<'py>(
+pub(crate) fn out_array<'py>(
     py: Python<'py>,
     out: Option<&Bound<'py, PyAny>>,
     shape: &[usize],
@@ -122,7 +127,7 @@ fn out_array<'py>(
 
 /// Runs `f(inputs, output)` over read-only views of `inputs` and a writable view of `out`;
 /// an `out` that shares memory with an input is refused.
-fn with_views<R>(
+pub(crate) fn with_views<R>(
     inputs: &[(&F32Array<'_>, &str)],
     out: &F32Array<'_>,
     f: impl FnOnce(&[&[f32]], &mut [f32]) -> PyResult<R>,
@@ -533,6 +538,57 @@ impl PyRuntime {
                 .map_err(runtime_err)
         })?;
         Ok(x.clone())
+    }
+
+    /// A whole BERT-style (post-LayerNorm) encoder layer served in one call:
+    /// `x = LN1(x + attention(x·Wqkv + b)·Wo + bo)`, then `x = LN2(x + act(x·Wup + bup)·Wdown
+    /// + bdown)`, the activation being the one `ffn_up` was packed with. Weights are
+    /// PackedWeights (in_features → out_features: qkv hidden → 3·hidden, Q then K then V;
+    /// out hidden → hidden; ffn_up hidden → F; ffn_down F → hidden); biases and the
+    /// LayerNorms' (weight, bias) are copied. Returns an EncoderLayer: call it on
+    /// (B, S, hidden) float32 hidden states.
+    #[pyo3(signature = (qkv, qkv_bias, out, out_bias, ln1, ffn_up, ffn_up_bias, ffn_down, ffn_down_bias, ln2, heads, eps=1e-12))]
+    #[allow(clippy::too_many_arguments)]
+    fn encoder_layer(
+        slf: &Bound<'_, Self>,
+        qkv: Py<PyPackedWeight>,
+        qkv_bias: &Bound<'_, PyAny>,
+        out: Py<PyPackedWeight>,
+        out_bias: &Bound<'_, PyAny>,
+        ln1: (Bound<'_, PyAny>, Bound<'_, PyAny>),
+        ffn_up: Py<PyPackedWeight>,
+        ffn_up_bias: &Bound<'_, PyAny>,
+        ffn_down: Py<PyPackedWeight>,
+        ffn_down_bias: &Bound<'_, PyAny>,
+        ln2: (Bound<'_, PyAny>, Bound<'_, PyAny>),
+        heads: usize,
+        eps: f32,
+    ) -> PyResult<crate::layer::PyEncoderLayer> {
+        let vec = |x: &Bound<'_, PyAny>, name: &str| -> PyResult<Vec<f32>> {
+            let a = operand::input(x, name, true)?;
+            let v = a
+                .try_readonly()
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            Ok(v.as_slice()
+                .map_err(|e| PyValueError::new_err(e.to_string()))?
+                .to_vec())
+        };
+        crate::layer::PyEncoderLayer::new(
+            slf.clone().unbind(),
+            [qkv, out, ffn_up, ffn_down],
+            [
+                vec(qkv_bias, "qkv_bias")?,
+                vec(out_bias, "out_bias")?,
+                vec(ffn_up_bias, "ffn_up_bias")?,
+                vec(ffn_down_bias, "ffn_down_bias")?,
+            ],
+            [
+                (vec(&ln1.0, "ln1 weight")?, vec(&ln1.1, "ln1 bias")?),
+                (vec(&ln2.0, "ln2 weight")?, vec(&ln2.1, "ln2 bias")?),
+            ],
+            heads,
+            eps,
+        )
     }
 
     /// What the runtime serves for a workload ('gemm:128x768x768',

@@ -271,3 +271,35 @@ def test_add_layer_norm_in_place_matches_numpy():
     with pytest.raises(TypeError, match="argument 'x' has dtype float64"):
         rt.add_layer_norm(x.astype(np.float64), r, g, bias)
     np.testing.assert_array_equal(x, x0)  # refused calls wrote nothing
+
+
+def test_encoder_layer_is_its_runtime_calls_in_one():
+    rt = autokernel.Runtime()
+    h, f, heads, b, s = 32, 48, 4, 2, 9
+    w = {n: rand(i, o) * 0.2 for n, (i, o) in dict(qkv=(h, 3 * h), out=(h, h), up=(h, f), down=(f, h)).items()}
+    bias = {n: rand(m.shape[1]) for n, m in w.items()}
+    ln1, ln2 = (rand(h), rand(h)), (rand(h), rand(h))
+    packed = {n: rt.pack_weight(m, act="gelu_erf" if n == "up" else None, ms=[b * s]) for n, m in w.items()}
+    layer = rt.encoder_layer(packed["qkv"], bias["qkv"], packed["out"], bias["out"], ln1, packed["up"], bias["up"],
+                             packed["down"], bias["down"], ln2, heads=heads, eps=1e-5)
+    assert (layer.hidden, layer.heads) == (h, heads)
+    assert layer.workloads(b, s) == ["gemm_bias:18x96x32", "attention:2x4x9x8", "gemm_bias:18x32x32",
+                                     "gemm_bias_gelu_erf:18x48x32", "gemm_bias:18x32x48"]
+    x = rand(b, s, h)
+    for mask in (None, np.array([9, 4])):
+        want = x.copy()
+        ctx = rt.attention_qkv(rt.linear(want, packed["qkv"], bias["qkv"]), heads, mask=mask)
+        rt.add_layer_norm(want, rt.linear(ctx, packed["out"], bias["out"]), *ln1, eps=1e-5)
+        ffn = rt.linear(want, packed["up"], bias["up"])
+        rt.add_layer_norm(want, rt.linear(ffn, packed["down"], bias["down"]), *ln2, eps=1e-5)
+        x0 = x.copy()
+        np.testing.assert_array_equal(layer(x, mask=mask), want)
+        np.testing.assert_array_equal(x, x0)  # the input is not modified
+    with pytest.raises(ValueError, match=r"argument 'x' has shape \(2, 9, 31\), expected \(B, S, 32\)"):
+        layer(rand(b, s, h - 1))
+    with pytest.raises(autokernel.AutokernelError, match="5 heads do not split hidden 32"):
+        rt.encoder_layer(packed["qkv"], bias["qkv"], packed["out"], bias["out"], ln1, packed["up"], bias["up"],
+                         packed["down"], bias["down"], ln2, heads=5)
+    with pytest.raises(autokernel.AutokernelError, match="out weight"):
+        rt.encoder_layer(packed["qkv"], bias["qkv"], packed["up"], bias["out"], ln1, packed["up"], bias["up"],
+                         packed["down"], bias["down"], ln2, heads=heads)

@@ -123,6 +123,7 @@ def test_hf_bert_matches_stock_with_and_without_padding(act, tmp_path):
         assert model.autokernel_fused_qkv == [f"encoder.layer.{i}.attention.self" for i in range(2)]
         blocks = [f"encoder.layer.{i}.{b}" for i in range(2) for b in ("attention.output", "output")]
         assert model.autokernel_fused_layer_norm == blocks
+        assert model.autokernel_fused_layers == ["encoder.layer.0", "encoder.layer.1"]
         assert not any(name.endswith("output.LayerNorm") for name, _ in model.autokernel_unsupported)
         served = [m for m in model.modules() if isinstance(m, akt.AutokernelLinear)]
         assert len(served) == 2 * 3 + 1  # out, ffn in, ffn out per layer (q, k, v fused); pooler

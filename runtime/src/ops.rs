@@ -115,6 +115,11 @@ impl PackedWeight {
         self.primary.level
     }
 
+    /// The activation fused into every call.
+    pub fn act(&self) -> Act {
+        self.act
+    }
+
     /// `(n, k)` of the weight.
     pub fn dims(&self) -> (usize, usize) {
         (self.n, self.k)

@@ -1,0 +1,168 @@
+//! `autokernel.EncoderLayer`: a whole BERT-style encoder layer served in one call
+//! ([`runtime::EncoderLayer`]), made by `Runtime.encoder_layer`.
+
+use std::cell::RefCell;
+
+use kernels::Workload;
+use numpy::PyUntypedArrayMethods;
+use pyo3::prelude::*;
+use runtime::{EncoderLayer, LayerScratch};
+
+use crate::errors::runtime_err;
+use crate::operand::{self, F32Array};
+use crate::packed::PyPackedWeight;
+use crate::runtime_py::{key_lengths, out_array, with_views, PyRuntime};
+
+thread_local! {
+    /// This thread's activations of the last layer it ran (grown, never shrunk).
+    static SCRATCH: RefCell<LayerScratch> = RefCell::new(LayerScratch::default());
+}
+
+/// A BERT-style encoder layer whose weights are packed for one Runtime: `layer(x)` runs the
+/// whole layer (four GEMMs, attention, two residual LayerNorms) in one call with the GIL
+/// released. Made by `Runtime.encoder_layer`; safe to share between threads.
+#[pyclass(name = "EncoderLayer", module = "autokernel", frozen)]
+pub struct PyEncoderLayer {
+    rt: Py<PyRuntime>,
+    /// qkv, out, ffn_up, ffn_down.
+    weights: [Py<PyPackedWeight>; 4],
+    biases: [Vec<f32>; 4],
+    /// (weight, bias) of the two LayerNorms.
+    norms: [(Vec<f32>, Vec<f32>); 2],
+    heads: usize,
+    eps: f32,
+}
+
+impl PyEncoderLayer {
+    /// Checks the pieces fit (a ValueError naming the first that does not).
+    pub fn new(
+        rt: Py<PyRuntime>,
+        weights: [Py<PyPackedWeight>; 4],
+        biases: [Vec<f32>; 4],
+        norms: [(Vec<f32>, Vec<f32>); 2],
+        heads: usize,
+        eps: f32,
+    ) -> PyResult<Self> {
+        let layer = PyEncoderLayer {
+            rt,
+            weights,
+            biases,
+            norms,
+            heads,
+            eps,
+        };
+        layer.view().check().map_err(runtime_err)?;
+        Ok(layer)
+    }
+
+    fn view(&self) -> EncoderLayer<'_> {
+        let w = |i: usize| (&self.weights[i].get().inner, &self.biases[i][..]);
+        let n = |i: usize| (&self.norms[i].0[..], &self.norms[i].1[..]);
+        EncoderLayer {
+            qkv: w(0),
+            out: w(1),
+            ln1: n(0),
+            ffn_up: w(2),
+            ffn_down: w(3),
+            ln2: n(1),
+            heads: self.heads,
+            eps: self.eps,
+        }
+    }
+}
+
+#[pymethods]
+impl PyEncoderLayer {
+    /// The layer on hidden states `x`, (B, S, hidden) float32 (not modified); returns the
+    /// layer's output, (B, S, hidden), in `out` when given (it must not be `x`). `mask`: a
+    /// padded batch, as for `Runtime.attention`.
+    #[pyo3(signature = (x, mask=None, out=None))]
+    fn __call__<'py>(
+        &self,
+        py: Python<'py>,
+        x: &Bound<'py, PyAny>,
+        mask: Option<&Bound<'py, PyAny>>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<F32Array<'py>> {
+        let layer = self.view();
+        let h = layer.hidden();
+        let x = operand::input(x, "x", false)?;
+        let [b, s, width] = x.shape()[..] else {
+            return Err(operand::shape_err(&x, "x", &format!("(B, S, {h})")));
+        };
+        if width != h {
+            return Err(operand::shape_err(&x, "x", &format!("(B, S, {h})")));
+        }
+        let key_lens = match mask.filter(|m| !m.is_none()) {
+            Some(m) => Some(key_lengths(py, m, b, s)?),
+            None => None,
+        };
+        let y = out_array(py, out, &[b, s, h])?;
+        let rt = self.rt.get();
+        with_views(&[(&x, "x")], &y, |ins, y_out| {
+            y_out.copy_from_slice(ins[0]);
+            rt.threads
+                .run(py, || {
+                    let mut scratch = SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
+                    let result = layer.forward(
+                        &rt.rt,
+                        (b, s),
+                        key_lens.as_deref(),
+                        y_out,
+                        &mut scratch,
+                        |_, _| {},
+                    );
+                    SCRATCH.with(|c| *c.borrow_mut() = scratch);
+                    result
+                })
+                .map_err(runtime_err)
+        })?;
+        Ok(y)
+    }
+
+    /// The runtime workloads one call on (batch, seq, hidden) runs, in order (as
+    /// `Runtime.lookup` and `autokernel tune` spell them).
+    fn workloads(&self, batch: usize, seq: usize) -> PyResult<Vec<String>> {
+        let l = self.view();
+        let m = batch * seq;
+        let gemm = |w: &runtime::PackedWeight| {
+            let (n, k) = w.dims();
+            Workload::gemm_bias_act(m, n, k, w.act()).map(|w| w.key())
+        };
+        let h = l.hidden();
+        let attention = Workload::attention(batch, self.heads, seq, h / self.heads, false);
+        [
+            gemm(l.qkv.0),
+            attention.map(|w| w.key()),
+            gemm(l.out.0),
+            gemm(l.ffn_up.0),
+            gemm(l.ffn_down.0),
+        ]
+        .into_iter()
+        .map(|w| w.map_err(crate::errors::kernel_err))
+        .collect()
+    }
+
+    /// Hidden width.
+    #[getter]
+    fn hidden(&self) -> usize {
+        self.view().hidden()
+    }
+
+    /// Attention heads.
+    #[getter]
+    fn heads(&self) -> usize {
+        self.heads
+    }
+
+    fn __repr__(&self) -> String {
+        let l = self.view();
+        format!(
+            "EncoderLayer(hidden={}, heads={}, ffn={}, workload={})",
+            l.hidden(),
+            self.heads,
+            l.ffn_up.0.dims().0,
+            l.ffn_up.0.workload().key()
+        )
+    }
+}
