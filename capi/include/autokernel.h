@@ -217,6 +217,28 @@ int autokernel_runtime_attention(const struct AutokernelRuntime *rt, size_t b, s
 // As `autokernel_runtime_attention`; `key_lens` is NULL or holds `key_lens_len` ints.
 int autokernel_runtime_attention_masked(const struct AutokernelRuntime *rt, size_t b, size_t h, size_t s, size_t d, int causal, const int32_t *key_lens, size_t key_lens_len, const float *q, size_t q_len, const float *k, size_t k_len, const float *v, size_t v_len, float *o, size_t o_len, int *level_out);
 
+// Self-attention straight from a fused QKV projection's output, f32: `qkv` holds b·s rows
+// of 3·heads·d floats (each token's queries, then keys, then values; head i at columns
+// i·d.. of each), `o` gets b·s rows of heads·d floats (head i at columns i·d..), ready for
+// the output projection. The runtime splits and merges the heads around the tuned attention
+// (`autokernel_runtime_attention`). `key_lens` (b values, each in 0..=s) masks a padded
+// batch as in `autokernel_runtime_attention_masked`; NULL (with `key_lens_len` 0) for none.
+// `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* that served the attention.
+//
+// # Safety
+// `rt` is NULL or a live runtime; each buffer is NULL or holds its stated number of
+// elements; `o` overlaps no input; `level_out` is NULL or writable.
+int autokernel_runtime_attention_qkv(const struct AutokernelRuntime *rt, size_t b, size_t s, size_t heads, size_t d, int causal, const int32_t *key_lens, size_t key_lens_len, const float *qkv, size_t qkv_len, float *o, size_t o_len, int *level_out);
+
+// In place: `x = LayerNorm(x + residual)` over rows of `h` floats (`x_len` a multiple of
+// `h`), with scale `gamma` and shift `beta` (`h` floats each) and `eps`, as
+// torch.nn.LayerNorm computes it; `residual` (`x_len` floats) may be NULL (with
+// `residual_len` 0) for a plain LayerNorm. Parallel over rows.
+//
+// # Safety
+// Each buffer is NULL or holds its stated number of floats; `x` overlaps no other buffer.
+int autokernel_add_layer_norm(float *x, size_t x_len, const float *residual, size_t residual_len, const float *gamma, const float *beta, size_t h, float eps);
+
 // Packs the weight `b` (k×n row-major, `b_len` = k·n) for linear layers with activation
 // `act` (AUTOKERNEL_ACT_*), planned for each row count in `ms` (`ms_len` ≥ 1: the batch
 // shapes you expect; any other M works too, resolved on first use). Stores the weight in

@@ -51,9 +51,9 @@ pub use handle::{
     AutokernelRuntime,
 };
 pub use ops::{
-    autokernel_runtime_attention, autokernel_runtime_attention_masked, autokernel_runtime_gemm,
-    AUTOKERNEL_LEVEL_DEFAULT, AUTOKERNEL_LEVEL_EXACT, AUTOKERNEL_LEVEL_NEAREST_SHAPE,
-    AUTOKERNEL_LEVEL_SAME_ARCH,
+    autokernel_add_layer_norm, autokernel_runtime_attention, autokernel_runtime_attention_masked,
+    autokernel_runtime_attention_qkv, autokernel_runtime_gemm, AUTOKERNEL_LEVEL_DEFAULT,
+    AUTOKERNEL_LEVEL_EXACT, AUTOKERNEL_LEVEL_NEAREST_SHAPE, AUTOKERNEL_LEVEL_SAME_ARCH,
 };
 pub use weight::{
     autokernel_runtime_linear, autokernel_weight_free, autokernel_weight_pack, AutokernelWeight,

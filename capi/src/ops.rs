@@ -176,3 +176,90 @@ unsafe fn attention(
         Ok(())
     })
 }
+
+/// Self-attention straight from a fused QKV projection's output, f32: `qkv` holds b·s rows
+/// of 3·heads·d floats (each token's queries, then keys, then values; head i at columns
+/// i·d.. of each), `o` gets b·s rows of heads·d floats (head i at columns i·d..), ready for
+/// the output projection. The runtime splits and merges the heads around the tuned attention
+/// (`autokernel_runtime_attention`). `key_lens` (b values, each in 0..=s) masks a padded
+/// batch as in `autokernel_runtime_attention_masked`; NULL (with `key_lens_len` 0) for none.
+/// `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* that served the attention.
+///
+/// # Safety
+/// `rt` is NULL or a live runtime; each buffer is NULL or holds its stated number of
+/// elements; `o` overlaps no input; `level_out` is NULL or writable.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn autokernel_runtime_attention_qkv(
+    rt: *const AutokernelRuntime,
+    b: usize,
+    s: usize,
+    heads: usize,
+    d: usize,
+    causal: c_int,
+    key_lens: *const i32,
+    key_lens_len: usize,
+    qkv: *const f32,
+    qkv_len: usize,
+    o: *mut f32,
+    o_len: usize,
+    level_out: *mut c_int,
+) -> c_int {
+    guard(|| {
+        // SAFETY (this block): the caller's contract above.
+        let handle = unsafe { args::handle("rt", rt)? };
+        let lens = if key_lens.is_null() && key_lens_len == 0 {
+            None
+        } else {
+            Some(unsafe { args::input("key_lens", key_lens, key_lens_len)? })
+        };
+        let qkv = unsafe { args::input("qkv", qkv, qkv_len)? };
+        let o = unsafe { args::output("o", o, o_len, &[("qkv", qkv)])? };
+        let dims = runtime::AttentionRows {
+            batch: b,
+            seq: s,
+            heads,
+            d,
+            causal: causal != 0,
+        };
+        let level = handle.serve(|rt| rt.attention_qkv(dims, lens, qkv, o))?;
+        unsafe { args::put_optional(level_out, level_code(level)) };
+        Ok(())
+    })
+}
+
+/// In place: `x = LayerNorm(x + residual)` over rows of `h` floats (`x_len` a multiple of
+/// `h`), with scale `gamma` and shift `beta` (`h` floats each) and `eps`, as
+/// torch.nn.LayerNorm computes it; `residual` (`x_len` floats) may be NULL (with
+/// `residual_len` 0) for a plain LayerNorm. Parallel over rows.
+///
+/// # Safety
+/// Each buffer is NULL or holds its stated number of floats; `x` overlaps no other buffer.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn autokernel_add_layer_norm(
+    x: *mut f32,
+    x_len: usize,
+    residual: *const f32,
+    residual_len: usize,
+    gamma: *const f32,
+    beta: *const f32,
+    h: usize,
+    eps: f32,
+) -> c_int {
+    guard(|| {
+        // SAFETY (this block): the caller's contract above.
+        let gamma = unsafe { args::input("gamma", gamma, h)? };
+        let beta = unsafe { args::input("beta", beta, h)? };
+        let residual = if residual.is_null() && residual_len == 0 {
+            None
+        } else {
+            Some(unsafe { args::input("residual", residual, residual_len)? })
+        };
+        let mut inputs = vec![("gamma", gamma), ("beta", beta)];
+        inputs.extend(residual.map(|r| ("residual", r)));
+        let x = unsafe { args::output("x", x, x_len, &inputs)? };
+        runtime::add_layer_norm(x, residual, gamma, beta, eps)?;
+        Ok(())
+    })
+}

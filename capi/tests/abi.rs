@@ -526,3 +526,191 @@ fn version_and_status_names_are_static_strings() {
     let name = unsafe { CStr::from_ptr(autokernel_status_name(AUTOKERNEL_DATABASE)) };
     assert_eq!(name.to_str().unwrap(), "AUTOKERNEL_DATABASE");
 }
+
+#[test]
+fn attention_on_qkv_rows_and_layer_norm_in_place() {
+    let rt = open(None, 0, None);
+    let (b, s, heads, d) = (2usize, 5usize, 3usize, 4usize);
+    let (hid, n) = (heads * d, b * s * heads * d);
+    let qkv: Vec<f32> = (0..3 * n)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
+        .collect();
+    // The reference: heads split by hand, the [b, h, s, d] entry point, merged by hand.
+    let split = |part: usize| -> Vec<f32> {
+        let mut t = vec![0f32; n];
+        for (bi, hi, si, j) in (0..b * heads * s * d)
+            .map(|i| (i / (heads * s * d), i / (s * d) % heads, i / d % s, i % d))
+        {
+            t[((bi * heads + hi) * s + si) * d + j] =
+                qkv[(bi * s + si) * 3 * hid + part * hid + hi * d + j];
+        }
+        t
+    };
+    let (q, k, v) = (split(0), split(1), split(2));
+    let lens = [5i32, 2];
+    for masked in [false, true] {
+        let mut ctx = vec![0f32; n];
+        // SAFETY (all calls): pointers into live buffers with their true lengths, or NULL.
+        let st = unsafe {
+            autokernel_runtime_attention_masked(
+                rt,
+                b,
+                heads,
+                s,
+                d,
+                0,
+                if masked { lens.as_ptr() } else { null() },
+                if masked { 2 } else { 0 },
+                q.as_ptr(),
+                n,
+                k.as_ptr(),
+                n,
+                v.as_ptr(),
+                n,
+                ctx.as_mut_ptr(),
+                n,
+                null_mut(),
+            )
+        };
+        if !masked {
+            // The masked entry point wants its lengths: the unmasked one is the reference.
+            assert_ne!(st, AUTOKERNEL_OK);
+            let st = unsafe {
+                autokernel_runtime_attention(
+                    rt,
+                    b,
+                    heads,
+                    s,
+                    d,
+                    0,
+                    q.as_ptr(),
+                    n,
+                    k.as_ptr(),
+                    n,
+                    v.as_ptr(),
+                    n,
+                    ctx.as_mut_ptr(),
+                    n,
+                    null_mut(),
+                )
+            };
+            expect(st, AUTOKERNEL_OK, "");
+        }
+        let mut want = vec![0f32; n];
+        for (row, dst) in want.chunks_mut(hid).enumerate() {
+            for hi in 0..heads {
+                let src = ((row / s * heads + hi) * s + row % s) * d;
+                dst[hi * d..][..d].copy_from_slice(&ctx[src..][..d]);
+            }
+        }
+        let mut got = vec![f32::NAN; n];
+        let mut level: c_int = -1;
+        let (lp, ll) = if masked {
+            (lens.as_ptr(), 2)
+        } else {
+            (null(), 0)
+        };
+        let st = unsafe {
+            autokernel_runtime_attention_qkv(
+                rt,
+                b,
+                s,
+                heads,
+                d,
+                0,
+                lp,
+                ll,
+                qkv.as_ptr(),
+                3 * n,
+                got.as_mut_ptr(),
+                n,
+                &mut level,
+            )
+        };
+        expect(st, AUTOKERNEL_OK, "");
+        assert_eq!(got, want, "masked {masked}");
+        assert_eq!(level, AUTOKERNEL_LEVEL_DEFAULT);
+    }
+    let mut small = vec![0f32; n - 1];
+    let st = unsafe {
+        autokernel_runtime_attention_qkv(
+            rt,
+            b,
+            s,
+            heads,
+            d,
+            0,
+            null(),
+            0,
+            qkv.as_ptr(),
+            3 * n,
+            small.as_mut_ptr(),
+            n - 1,
+            null_mut(),
+        )
+    };
+    expect(st, AUTOKERNEL_SHAPE, "'out' has 119 elements");
+
+    // LayerNorm of x + r, in place, against f64; then the bad arguments.
+    let h = 6;
+    let x0: Vec<f32> = (0..4 * h).map(|i| (i % 7) as f32 * 0.5 - 1.0).collect();
+    let r: Vec<f32> = (0..4 * h).map(|i| (i % 3) as f32 * 0.25).collect();
+    let (g, be) = (vec![2.0f32; h], vec![0.5f32; h]);
+    let mut x = x0.clone();
+    let st = unsafe {
+        autokernel_add_layer_norm(
+            x.as_mut_ptr(),
+            x.len(),
+            r.as_ptr(),
+            r.len(),
+            g.as_ptr(),
+            be.as_ptr(),
+            h,
+            1e-5,
+        )
+    };
+    expect(st, AUTOKERNEL_OK, "");
+    for row in 0..4 {
+        let v: Vec<f64> = (0..h)
+            .map(|j| f64::from(x0[row * h + j]) + f64::from(r[row * h + j]))
+            .collect();
+        let mean = v.iter().sum::<f64>() / h as f64;
+        let var = v.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / h as f64;
+        for j in 0..h {
+            let want = (v[j] - mean) / (var + 1e-5).sqrt() * 2.0 + 0.5;
+            assert!((f64::from(x[row * h + j]) - want).abs() < 1e-5);
+        }
+    }
+    let st = unsafe {
+        autokernel_add_layer_norm(
+            x.as_mut_ptr(),
+            x.len() - 1,
+            null(),
+            0,
+            g.as_ptr(),
+            be.as_ptr(),
+            h,
+            1e-5,
+        )
+    };
+    expect(st, AUTOKERNEL_SHAPE, "'x'");
+    let st = unsafe {
+        autokernel_add_layer_norm(
+            x.as_mut_ptr(),
+            x.len(),
+            x.as_ptr(),
+            x.len(),
+            g.as_ptr(),
+            be.as_ptr(),
+            h,
+            1e-5,
+        )
+    };
+    assert_eq!(st, AUTOKERNEL_INVALID_ARGUMENT, "{}", last_error());
+    let st = unsafe {
+        autokernel_add_layer_norm(null_mut(), 4, null(), 0, g.as_ptr(), be.as_ptr(), h, 1e-5)
+    };
+    expect(st, AUTOKERNEL_INVALID_ARGUMENT, "x is NULL");
+    // SAFETY: a live runtime, freed once.
+    unsafe { autokernel_runtime_free(rt) };
+}
