@@ -428,17 +428,10 @@ impl QGemm {
     /// Dequantises one column panel of every row of `out`.
     fn store(&self, qa: &QuantA, qb: &QuantB, panel: usize, acc: &[i32], out: &mut Out<'_>) {
         let (n, nr) = (self.n, self.uk.nr);
-        let (j0, cols) = (panel * nr, nr.min(n - panel * nr));
-        let at = j0 - out.col0;
-        for (i, row) in out.c.chunks_exact_mut(out.ld).enumerate() {
-            let (sa, za) = (qa.scale[i], qa.zero[i]);
-            let row = &mut row[at..at + cols];
-            let sums = &acc[i * nr..i * nr + cols];
-            for (j, (x, &s)) in row.iter_mut().zip(sums).enumerate() {
-                let q = s - za * qb.colsum[j0 + j];
-                *x = sa * qb.scale[j0 + j] * q as f32;
-            }
-        }
+        let cols = panel * nr..(panel * nr + nr).min(n);
+        let at = cols.start - out.col0;
+        let b = (&qb.colsum[cols.clone()], &qb.scale[cols]);
+        ukernel::dequantize_fast(qa, b, (acc, nr), out.c, (out.ld, at));
     }
 }
 

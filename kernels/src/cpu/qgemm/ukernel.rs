@@ -198,6 +198,24 @@ pub fn quantize_rows_fast(
     super::quant::quantize_rows(a, k, scheme, max_code, q)
 }
 
+/// [`dequantize`](super::quant::dequantize), compiled for AVX2 where this CPU runs it (the
+/// baseline build has no 32-bit vector multiply and half the vector width).
+pub fn dequantize_fast(
+    qa: &super::quant::QuantA,
+    b: (&[i32], &[f32]),
+    acc: (&[i32], usize),
+    c: &mut [f32],
+    at: (usize, usize),
+) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.available() {
+        // SAFETY: `available()` checked that this CPU runs AVX2 (and FMA, which the level
+        // includes).
+        return unsafe { x86::dequantize_avx2(qa, b, acc, c, at) };
+    }
+    super::quant::dequantize(qa, b, acc, c, at)
+}
+
 /// Whether this process may run AMX-INT8 (the CPU has it, Linux granted the tile data
 /// state, the ISA cap allows AVX-512): [`crate::cpu::amx::granted`].
 pub fn has_amx_int8() -> bool {
@@ -284,6 +302,22 @@ mod x86 {
         q: &mut QuantA,
     ) {
         quantize_rows(a, k, scheme, max_code, q)
+    }
+
+    /// [`dequantize`](super::super::quant::dequantize) with AVX2 + FMA enabled (it is
+    /// `#[inline(always)]`, so its body is compiled here, vectorised).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dequantize_avx2(
+        qa: &QuantA,
+        b: (&[i32], &[f32]),
+        acc: (&[i32], usize),
+        c: &mut [f32],
+        at: (usize, usize),
+    ) {
+        super::super::quant::dequantize(qa, b, acc, c, at)
     }
 
     /// One `u8·s8` dot step of an ISA: every i32 lane of `acc` gains the sum of four
