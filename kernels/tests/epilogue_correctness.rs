@@ -62,13 +62,18 @@ fn packed_epilogues_for_every_ukernel_fusion_layout_and_split() {
                 ("separate", "prepacked", "packed"),
                 ("separate", "rowmajor", "packed"),
             ] {
-                for (par, t) in [("none", 1usize), ("m", 2), ("n", 2)] {
+                for (par, t, nc) in [
+                    ("none", 1usize, 512usize),
+                    ("m", 2, 512),
+                    ("m", 2, 32),
+                    ("n", 2, 32),
+                ] {
                     let mut c = EpiloguePacked.default_config(&w, hw);
                     c.set("ukernel", uk.name.as_str());
                     // Small blocks, so several depth blocks and column blocks are used.
                     c.set("kc", 64usize);
                     c.set("mc", 24usize);
-                    c.set("nc", 512usize);
+                    c.set("nc", nc);
                     c.set("fusion", fusion);
                     c.set("b_layout", layout);
                     c.set("a_layout", a_layout);

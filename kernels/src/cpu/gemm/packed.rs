@@ -173,12 +173,17 @@ impl PackedGemm {
     /// all N columns) applied on the last depth block.
     fn gemm(&self, a: &[f32], b: BSource<'_>, mut c: CView<'_>, ep: Option<TileEpilogue<'_>>) {
         let (m, n, k) = (self.m, self.n, self.k);
-        let (mr, nr) = (self.uk.mr, self.uk.nr);
+        let nr = self.uk.nr;
         let threads = self.par.threads();
         // A pre-packed B was packed long before the call: its panels come from L3 (or
         // memory), so each one is prefetched while the tiles of the previous one run. (A B
         // block packed during the call gains nothing from it: measured 2-3% slower.)
         let prefetch = matches!(b, BSource::Packed(_));
+        if let (BSource::Packed(p), Par::M(t)) = (b, self.par) {
+            if t > 1 {
+                return self.packed_row_blocks(a, p, c, ep, t);
+            }
+        }
         with_buffer(Pool::B, |bbuf| {
             for jc in (0..n).step_by(self.nc) {
                 let ncb = self.nc.min(n - jc);
@@ -220,20 +225,9 @@ impl PackedGemm {
                     match self.par {
                         Par::None => self.rows_task(a, bpack, block, 0, depth, ep, prefetch),
                         Par::M(t) => {
-                            // Row blocks (mc rows, fewer if that leaves a thread idle) pulled
-                            // by `t` tasks as they get free, so a core that is slowed down
-                            // (shared machines) does fewer of them.
-                            let rows = self.mc.min(m.div_ceil(t).div_ceil(mr) * mr);
-                            let mut blocks = Vec::with_capacity(m.div_ceil(rows));
-                            let (mut rest, mut row0) = (block, 0);
-                            while rest.rows() > 0 {
-                                let take = rows.min(rest.rows());
-                                let (top, bottom) = rest.split_rows(take);
-                                blocks.push((row0, top));
-                                row0 += take;
-                                rest = bottom;
-                            }
-                            self_scheduled(t, blocks, |(row0, view)| {
+                            // Row blocks pulled by `t` tasks as they get free, so a core that
+                            // is slowed down (shared machines) does fewer of them.
+                            self_scheduled(t, self.row_blocks(block, t), |(row0, view)| {
                                 self.rows_task(a, bpack, view, row0, depth, ep, prefetch)
                             });
                         }
@@ -290,6 +284,50 @@ impl PackedGemm {
     /// at `c`'s first column. With `prefetch`, the next B panel is fetched into the cache a
     /// slice per row tile while the whole row tiles of the current one run.
     #[allow(clippy::too_many_arguments)]
+    /// `c`'s row blocks (mc rows, fewer if that leaves one of `t` threads idle), each with
+    /// its first row.
+    fn row_blocks<'c>(&self, c: CView<'c>, t: usize) -> Vec<(usize, CView<'c>)> {
+        let rows = self
+            .mc
+            .min(self.m.div_ceil(t).div_ceil(self.uk.mr) * self.uk.mr);
+        let mut blocks = Vec::with_capacity(self.m.div_ceil(rows.max(1)));
+        let (mut rest, mut row0) = (c, 0);
+        while rest.rows() > 0 {
+            let take = rows.min(rest.rows());
+            let (top, bottom) = rest.split_rows(take);
+            blocks.push((row0, top));
+            row0 += take;
+            rest = bottom;
+        }
+        blocks
+    }
+
+    /// `par = m` over a B packed ahead: nothing is shared that a task writes, so each task
+    /// takes a row block through every (column, depth) block of B on its own — one fork-join
+    /// per call instead of one per block (each a wake-up and a wait for the slowest thread).
+    fn packed_row_blocks(
+        &self,
+        a: &[f32],
+        p: &PackedB,
+        c: CView<'_>,
+        ep: Option<TileEpilogue<'_>>,
+        t: usize,
+    ) {
+        let (n, k) = (self.n, self.k);
+        self_scheduled(t, self.row_blocks(c, t), |(row0, mut view)| {
+            let rows = view.rows();
+            for jc in (0..n).step_by(self.nc) {
+                let ncb = self.nc.min(n - jc);
+                for pc in (0..k).step_by(self.kc) {
+                    let kcb = self.kc.min(k - pc);
+                    let ep = ep.filter(|_| pc + kcb == k).map(|e| e.skip(jc));
+                    let block = view.sub(0, jc, rows, ncb);
+                    self.rows_task(a, p.block(pc, jc, ncb), block, row0, (pc, kcb), ep, true);
+                }
+            }
+        });
+    }
+
     fn rows_task(
         &self,
         a: &[f32],
