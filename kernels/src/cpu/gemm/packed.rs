@@ -279,11 +279,6 @@ impl PackedGemm {
         });
     }
 
-    /// All `mc` blocks of rows `row0..row0+c.rows()` against the packed B panels `bpack`
-    /// (which cover `c`'s columns), packing A into this thread's buffer; `ep`'s bias starts
-    /// at `c`'s first column. With `prefetch`, the next B panel is fetched into the cache a
-    /// slice per row tile while the whole row tiles of the current one run.
-    #[allow(clippy::too_many_arguments)]
     /// `c`'s row blocks (mc rows, fewer if that leaves one of `t` threads idle), each with
     /// its first row.
     fn row_blocks<'c>(&self, c: CView<'c>, t: usize) -> Vec<(usize, CView<'c>)> {
@@ -328,6 +323,11 @@ impl PackedGemm {
         });
     }
 
+    /// All `mc` blocks of rows `row0..row0+c.rows()` against the packed B panels `bpack`
+    /// (which cover `c`'s columns), packing A into this thread's buffer; `ep`'s bias starts
+    /// at `c`'s first column. With `prefetch`, the next B panel is fetched into the cache a
+    /// slice per row tile while the whole row tiles of the current one run.
+    #[allow(clippy::too_many_arguments)]
     fn rows_task(
         &self,
         a: &[f32],
