@@ -23,36 +23,22 @@ thread_local! {
 /// released. Made by `Runtime.encoder_layer`; safe to share between threads.
 #[pyclass(name = "EncoderLayer", module = "autokernel", frozen)]
 pub struct PyEncoderLayer {
-    rt: Py<PyRuntime>,
+    pub rt: Py<PyRuntime>,
     /// qkv, out, ffn_up, ffn_down.
-    weights: [Py<PyPackedWeight>; 4],
-    biases: [Vec<f32>; 4],
+    pub weights: [Py<PyPackedWeight>; 4],
+    pub biases: [Vec<f32>; 4],
     /// (weight, bias) of the two LayerNorms.
-    norms: [(Vec<f32>, Vec<f32>); 2],
-    heads: usize,
-    eps: f32,
+    pub norms: [(Vec<f32>, Vec<f32>); 2],
+    pub heads: usize,
+    pub eps: f32,
 }
 
 impl PyEncoderLayer {
-    /// Checks the pieces fit (a ValueError naming the first that does not).
-    pub fn new(
-        rt: Py<PyRuntime>,
-        weights: [Py<PyPackedWeight>; 4],
-        biases: [Vec<f32>; 4],
-        norms: [(Vec<f32>, Vec<f32>); 2],
-        heads: usize,
-        eps: f32,
-    ) -> PyResult<Self> {
-        let layer = PyEncoderLayer {
-            rt,
-            weights,
-            biases,
-            norms,
-            heads,
-            eps,
-        };
-        layer.view().check().map_err(runtime_err)?;
-        Ok(layer)
+    /// The layer if its pieces fit one another; else an AutokernelError naming the first
+    /// that does not.
+    pub fn checked(self) -> PyResult<Self> {
+        self.view().check().map_err(runtime_err)?;
+        Ok(self)
     }
 
     fn view(&self) -> EncoderLayer<'_> {

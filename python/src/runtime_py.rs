@@ -573,22 +573,23 @@ impl PyRuntime {
                 .map_err(|e| PyValueError::new_err(e.to_string()))?
                 .to_vec())
         };
-        crate::layer::PyEncoderLayer::new(
-            slf.clone().unbind(),
-            [qkv, out, ffn_up, ffn_down],
-            [
+        crate::layer::PyEncoderLayer {
+            rt: slf.clone().unbind(),
+            weights: [qkv, out, ffn_up, ffn_down],
+            biases: [
                 vec(qkv_bias, "qkv_bias")?,
                 vec(out_bias, "out_bias")?,
                 vec(ffn_up_bias, "ffn_up_bias")?,
                 vec(ffn_down_bias, "ffn_down_bias")?,
             ],
-            [
+            norms: [
                 (vec(&ln1.0, "ln1 weight")?, vec(&ln1.1, "ln1 bias")?),
                 (vec(&ln2.0, "ln2 weight")?, vec(&ln2.1, "ln2 bias")?),
             ],
             heads,
             eps,
-        )
+        }
+        .checked()
     }
 
     /// What the runtime serves for a workload ('gemm:128x768x768',

@@ -44,7 +44,7 @@ def test_eight_threads_and_reloads(tmp_path):
         r = np.random.default_rng(100 + i)
         try:
             while not stop.is_set():
-                kind = calls[i] % 4
+                kind = calls[i] % 5
                 if kind == 0:
                     a, b = r.standard_normal((8, 64), dtype=np.float32), r.standard_normal((64, 64), dtype=np.float32)
                     got, ref = rt.gemm(a, b), a @ b
@@ -54,9 +54,15 @@ def test_eight_threads_and_reloads(tmp_path):
                 elif kind == 2:
                     x = r.standard_normal((16, 32), dtype=np.float32)
                     got, ref = rt.linear(x, packed, bias), np.maximum(x @ w + bias, 0)
-                else:
+                elif kind == 3:
                     q, k, v = (r.standard_normal((1, 2, 16, 8), dtype=np.float32) for _ in range(3))
                     got, ref = rt.attention(q, k, v), attention_ref(q, k, v)
+                else:
+                    # Attention on fused Q|K|V rows: per-thread head buffers under load.
+                    qkv = r.standard_normal((1, 16, 3 * 16), dtype=np.float32)
+                    q, k, v = (qkv[..., j * 16:(j + 1) * 16].reshape(1, 16, 2, 8).transpose(0, 2, 1, 3) for j in range(3))
+                    got = rt.attention_qkv(qkv, 2)
+                    ref = attention_ref(q, k, v).transpose(0, 2, 1, 3).reshape(1, 16, 16)
                 np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
                 calls[i] += 1
         except BaseException as e:  # reported by the main thread

@@ -152,6 +152,22 @@ def test_hf_bert_matches_stock_with_and_without_padding(act, tmp_path):
     assert ("gemm_bias_gelu_erf:72x128x64" if act == "gelu" else "gemm_bias_gelu:72x128x64") in ws
 
 
+def test_fused_layers_leave_other_masks_to_the_modules_own_forward():
+    stock = bert("gelu")
+    model = akt.optimize(copy.deepcopy(stock))
+    assert model.autokernel_fused_layers
+    ids = torch.randint(0, 500, (2, 12))
+    left = torch.ones(2, 12, dtype=torch.long)
+    left[1, :5] = 0  # left padding: not key lengths; SDPA serves the attention
+    with torch.no_grad():
+        want = stock(input_ids=ids, attention_mask=left).last_hidden_state
+        got = model(input_ids=ids, attention_mask=left).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    ws = akt.workloads(model, dict(input_ids=ids, attention_mask=left))
+    assert not any(w.startswith("attention:") for w in ws)  # no runtime attention for it
+    assert "gemm_bias:24x192x64" in ws  # the fused projections still are
+
+
 def test_packed_weights_are_released_with_their_modules():
     import gc
 
