@@ -59,17 +59,21 @@ def _register(table: dict, value) -> int:
         return handle
 
 
-def _register_weight(owner: nn.Module, runtime: Runtime, packed) -> int:
-    """The custom ops' handle of ``packed``, released when ``owner`` is collected."""
-    handle = _register(_WEIGHTS, (runtime, packed))
-    weakref.finalize(owner, _release_weight, handle)
+def _register_owned(owner: nn.Module, table: dict, value) -> int:
+    """The custom ops' handle of ``value`` in ``table``, released when ``owner`` is collected."""
+    handle = _register(table, value)
+    weakref.finalize(owner, _release, table, handle)
     return handle
 
 
-def _release_weight(handle: int) -> None:
+def _register_weight(owner: nn.Module, runtime: Runtime, packed) -> int:
+    """The custom ops' handle of ``packed``, released when ``owner`` is collected."""
+    return _register_owned(owner, _WEIGHTS, (runtime, packed))
+
+
+def _release(table: dict, handle: int) -> None:
     with _LOCK:
-        _WEIGHTS.pop(handle, None)
-        _LAYERS.pop(handle, None)
+        table.pop(handle, None)
 
 
 def _record(workload: str) -> None:
@@ -508,8 +512,7 @@ def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
             out.dense.packed, bias(out.dense, out.dense.out_features), norm(out.LayerNorm),
             heads=sa.all_head_size // sa.attention_head_size, eps=float(so.LayerNorm.eps),
         )
-    handle = _register_weight(m, rt, None)
-    _LAYERS[handle] = layer
+    handle = _register_owned(m, _LAYERS, layer)
     m._autokernel_layer = handle
     original = m.forward
     m._autokernel_forward = original
@@ -524,7 +527,7 @@ def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
     if not ok:
         m.forward = original
         del m._autokernel_forward, m._autokernel_layer
-        _release_weight(handle)
+        _release(_LAYERS, handle)
     return ok
 
 

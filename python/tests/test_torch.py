@@ -175,9 +175,12 @@ def test_packed_weights_are_released_with_their_modules():
     handles = [m.handle for m in model.modules() if isinstance(m, akt.AutokernelLinear)]
     handles += [m._autokernel_qkv for m in model.modules() if hasattr(m, "_autokernel_qkv")]
     assert len(handles) == 2 * 3 + 1 + 2 and all(h in akt._WEIGHTS for h in handles)
+    layers = [m._autokernel_layer for m in model.modules() if hasattr(m, "_autokernel_layer")]
+    assert len(layers) == 2 and all(h in akt._LAYERS for h in layers)
     del model
     gc.collect()
     assert not any(h in akt._WEIGHTS for h in handles)
+    assert not any(h in akt._LAYERS for h in layers)
 
 
 def test_key_lengths_read_only_right_padding_masks():
