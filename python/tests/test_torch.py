@@ -13,6 +13,7 @@ torch = torch_or_skip()
 from torch import nn  # noqa: E402
 
 import autokernel.torch as akt  # noqa: E402
+from autokernel import _hf, _ops  # noqa: E402
 
 
 def test_tensors_are_operands_read_and_written_in_place():
@@ -174,33 +175,33 @@ def test_packed_weights_are_released_with_their_modules():
     model = akt.optimize(bert("gelu"))
     handles = [m.handle for m in model.modules() if isinstance(m, akt.AutokernelLinear)]
     handles += [m._autokernel_qkv for m in model.modules() if hasattr(m, "_autokernel_qkv")]
-    assert len(handles) == 2 * 3 + 1 + 2 and all(h in akt._WEIGHTS for h in handles)
+    assert len(handles) == 2 * 3 + 1 + 2 and all(h in _ops._WEIGHTS for h in handles)
     layers = [m._autokernel_layer for m in model.modules() if hasattr(m, "_autokernel_layer")]
-    assert len(layers) == 2 and all(h in akt._LAYERS for h in layers)
+    assert len(layers) == 2 and all(h in _ops._LAYERS for h in layers)
     del model
     gc.collect()
-    assert not any(h in akt._WEIGHTS for h in handles)
-    assert not any(h in akt._LAYERS for h in layers)
+    assert not any(h in _ops._WEIGHTS for h in handles)
+    assert not any(h in _ops._LAYERS for h in layers)
 
 
 def test_key_lengths_read_only_right_padding_masks():
     lengths = torch.tensor([5, 1, 0])
     keys = torch.arange(5)
     pad = (keys[None, :] < lengths[:, None])[:, None, None, :].expand(3, 1, 5, 5)
-    torch.testing.assert_close(akt._key_lengths(pad, causal=False), lengths.int())
+    torch.testing.assert_close(_hf._key_lengths(pad, causal=False), lengths.int())
     # The additive float form of the same mask.
     additive = torch.zeros(3, 1, 5, 5).masked_fill(~pad, torch.finfo(torch.float32).min)
-    torch.testing.assert_close(akt._key_lengths(additive, causal=False), lengths.int())
+    torch.testing.assert_close(_hf._key_lengths(additive, causal=False), lengths.int())
     # Causal and padded.
     tri = keys[None, :] <= keys[:, None]
-    torch.testing.assert_close(akt._key_lengths(pad & tri, causal=True), lengths.int())
-    assert akt._key_lengths(pad & tri, causal=False) is None
+    torch.testing.assert_close(_hf._key_lengths(pad & tri, causal=True), lengths.int())
+    assert _hf._key_lengths(pad & tri, causal=False) is None
     # Left padding, a hole, a soft bias: not a key-length mask (served by PyTorch's SDPA).
-    assert akt._key_lengths(pad.flip(-1), causal=False) is None
+    assert _hf._key_lengths(pad.flip(-1), causal=False) is None
     holed = pad.clone()
     holed[0, 0, 2, 1] = False
-    assert akt._key_lengths(holed, causal=False) is None
-    assert akt._key_lengths(torch.full((3, 1, 5, 5), -0.5), causal=False) is None
+    assert _hf._key_lengths(holed, causal=False) is None
+    assert _hf._key_lengths(torch.full((3, 1, 5, 5), -0.5), causal=False) is None
 
 
 def test_output_blocks_are_fused_only_when_they_compute_layer_norm_of_the_sum():

@@ -1,0 +1,313 @@
+"""Hugging Face models through the runtime: the ``autokernel`` attention implementation
+(padded batches as key lengths) and the BERT-family fusions — query/key/value as one GEMM with
+attention on its rows, an output block's residual LayerNorm in one call, and a whole encoder
+layer in one call — each kept only if it computes what the module's own forward does."""
+
+from __future__ import annotations
+
+import math
+import types
+from typing import Optional
+
+import torch
+from torch import nn
+
+from . import Runtime
+from ._ops import _FUSABLE, _LAYERS, _WEIGHTS, AutokernelLinear, _linear_ok, _register_owned, _register_weight, _release, _served
+
+
+def _key_lengths(mask: torch.Tensor, causal: bool) -> Optional[torch.Tensor]:
+    """The per-sequence key lengths a Hugging Face 4-D attention mask encodes, or None when it
+    is not a right-padding mask (with the causal triangle when ``causal``).
+
+    ``mask`` is (B, 1 or H, Sq, Sk): boolean (True = attend) or additive float (0 = attend,
+    a large negative number = masked). The mask is checked in full, never guessed from one row.
+    """
+    if mask.dim() != 4:
+        return None
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    if mask.dtype != torch.bool and not bool(torch.all(allowed | (mask <= -1e4))):
+        return None  # a soft bias, not a mask
+    b, _, sq, sk = allowed.shape
+    lengths = allowed[:, 0, -1, :].sum(-1)  # the last query row sees every unpadded key
+    keys = torch.arange(sk, device=mask.device)
+    want = keys[None, None, None, :] < lengths[:, None, None, None]
+    if causal:
+        want = want & (keys[None, :] <= torch.arange(sq, device=mask.device)[:, None] + (sk - sq))
+    if not bool(torch.equal(allowed, want.expand_as(allowed))):
+        return None
+    return lengths.to(torch.int32)
+
+
+def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """The ``autokernel`` attention implementation of transformers: the runtime's attention when
+    it computes the same thing, PyTorch's SDPA otherwise."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    handle = getattr(module, "_autokernel_runtime", None)
+    d = query.shape[-1]
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
+    plain = (
+        handle is not None
+        and dropout == 0.0
+        and (scaling is None or math.isclose(scaling, d**-0.5, rel_tol=1e-6))
+        and query.shape == key.shape == value.shape
+        and all(_served(t) for t in (query, key, value))
+        and not kwargs.get("softcap")
+        and not (torch.is_grad_enabled() and query.requires_grad)
+    )
+    lengths = None
+    if plain and attention_mask is not None:
+        lengths = _key_lengths(attention_mask, causal)
+        plain = lengths is not None
+    if not plain:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    o = torch.ops.autokernel.attention(query, key, value, handle, causal, lengths)
+    return o.transpose(1, 2).contiguous(), None
+
+
+def _install_hf_attention(model: nn.Module, handle: int, report: list) -> int:
+    """Routes a transformers model's attention through the runtime; returns the modules routed."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "_attn_implementation"):
+        return 0
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError as e:
+        report.append(("<attention>", f"transformers without AttentionInterface: {e}"))
+        return 0
+    AttentionInterface.register("autokernel", _hf_attention)
+    AttentionMaskInterface.register("autokernel", sdpa_mask)
+    routed = 0
+    for _, m in model.named_modules():
+        if hasattr(m, "config") and hasattr(m, "is_causal") and hasattr(m, "scaling"):
+            m._autokernel_runtime = handle
+            routed += 1
+    if routed:
+        if hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation("autokernel")
+        else:
+            config._attn_implementation = "autokernel"
+    return routed
+
+
+def _fusable_qkv(m: nn.Module) -> bool:
+    """Whether ``m`` is a Hugging Face BERT-family self-attention block (``query``, ``key``,
+    ``value`` Linear layers of one input, heads of ``attention_head_size``) whose three
+    projections can be one GEMM."""
+    lins = [getattr(m, n, None) for n in ("query", "key", "value")]
+    return (
+        all(type(x) is nn.Linear and _linear_ok(x) is None for x in lins)
+        and len({(x.in_features, x.out_features, x.bias is None) for x in lins}) == 1
+        and all(hasattr(m, a) for a in ("config", "attention_head_size", "all_head_size", "scaling"))
+    )
+
+
+def _fuse_qkv(m: nn.Module, rt: Runtime, ms: list) -> None:
+    """Packs ``m``'s query, key and value weights as one (3·H × hidden) weight and serves the
+    block's forward with one GEMM for the three projections (one quantisation of the input in
+    int8), the runtime's attention after it. The three Linear layers stay (their parameters,
+    for ``state_dict`` and for the calls the fused forward hands back to the original one)."""
+    lins = [m.query, m.key, m.value]
+    with torch.no_grad():
+        w = torch.cat([x.weight.detach() for x in lins])
+        packed = rt.pack_weight(w, ms=ms, layout="nk")
+        m._autokernel_qkv_bias = None if lins[0].bias is None else torch.cat([x.bias.detach() for x in lins])
+    m._autokernel_qkv = _register_weight(m, rt, packed)
+    m._autokernel_forward = m.forward
+    m.forward = types.MethodType(_fused_self_attention, m)
+
+
+# Keyword arguments that mean a decoder cache or cross-attention: left to the original forward.
+_NOT_FUSED_KWARGS = ("cache", "past_key_values", "past_key_value", "encoder_hidden_states")
+
+
+def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwargs):
+    """A fused self-attention block's forward (see :func:`_fuse_qkv`); the original one for
+    what it does not cover (a cache, cross-attention, training, gradients, another dtype,
+    another attention implementation)."""
+    if (
+        args
+        or any(kwargs.get(n) is not None for n in _NOT_FUSED_KWARGS)
+        or self.training
+        or not _served(hidden_states)
+        or (torch.is_grad_enabled() and self.query.weight.requires_grad)
+        or getattr(self.config, "_attn_implementation", None) != "autokernel"
+    ):
+        return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
+    for n in _NOT_FUSED_KWARGS:
+        kwargs.pop(n, None)
+    h, d = self.all_head_size, self.attention_head_size
+    qkv = torch.ops.autokernel.linear(hidden_states, self._autokernel_qkv, self._autokernel_qkv_bias)
+    causal = bool(kwargs.get("is_causal", getattr(self, "is_causal", False)))
+    lengths = None
+    plain = (
+        hidden_states.dim() == 3
+        and math.isclose(self.scaling, d**-0.5, rel_tol=1e-6)
+        and not kwargs.get("softcap")
+        and not kwargs.get("output_attentions")
+    )
+    if plain and attention_mask is not None:
+        lengths = _key_lengths(attention_mask, causal)
+        plain = lengths is not None
+    if plain:
+        # Straight from the projection's rows: the runtime splits and merges the heads.
+        heads = h // d
+        return torch.ops.autokernel.attention_qkv(qkv, self._autokernel_runtime, heads, causal, lengths), None
+    shape = (*hidden_states.shape[:-1], -1, d)
+    q, k, v = (qkv[..., i * h : (i + 1) * h].view(shape).transpose(1, 2) for i in range(3))
+    out, weights = _hf_attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
+    return out.reshape(*hidden_states.shape[:-1], -1).contiguous(), weights
+
+
+def _fusable_output(m: nn.Module) -> bool:
+    """Whether ``m`` looks like a Hugging Face BERT-family output block: ``forward(hidden_states,
+    input_tensor)`` over a served ``dense`` (no activation), a ``dropout`` and an affine
+    ``LayerNorm`` of the dense's width. :func:`_fuse_output` then checks what it computes."""
+    import inspect
+
+    dense, ln = getattr(m, "dense", None), getattr(m, "LayerNorm", None)
+    if not (isinstance(dense, AutokernelLinear) and dense.act is None and isinstance(ln, nn.LayerNorm)):
+        return False
+    if not isinstance(getattr(m, "dropout", None), nn.Dropout) or ln.weight is None or ln.bias is None:
+        return False
+    if tuple(ln.normalized_shape) != (dense.out_features,):
+        return False
+    try:
+        params = list(inspect.signature(type(m).forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    return params == ["self", "hidden_states", "input_tensor"]
+
+
+def _fuse_output(m: nn.Module, rows: int) -> bool:
+    """Serves output block ``m``'s ``LayerNorm(dropout(dense(x)) + input_tensor)`` as one call:
+    the linear layer, then the residual add and LayerNorm in place on its output, in
+    parallel (PyTorch's would run on its one thread). Done only if the fused forward
+    computes what the block's own does on a probe of ``rows`` rows (the linear layer is
+    the same call in both, so only LayerNorm's rounding differs)."""
+    original = m.forward
+    m._autokernel_forward = original
+    m.forward = types.MethodType(_fused_output, m)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, rows, m.dense.in_features, generator=g)
+    r = torch.randn(1, rows, m.dense.out_features, generator=g)
+    try:
+        with torch.no_grad():
+            want, got = original(x, r), m(x, r)
+        ok = isinstance(want, torch.Tensor) and want.shape == got.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+    except Exception:  # a forward that is not what it looked like
+        ok = False
+    if not ok:
+        m.forward = original
+        del m._autokernel_forward
+    return ok
+
+
+def _fused_output(self, hidden_states, input_tensor):
+    """A fused output block's forward (see :func:`_fuse_output`); the original one for what
+    it does not cover (training, gradients, another dtype or shape)."""
+    ln = self.LayerNorm
+    if (
+        self.training
+        or not (_served(hidden_states) and _served(input_tensor))
+        or (torch.is_grad_enabled() and (self.dense.weight.requires_grad or ln.weight.requires_grad))
+        or input_tensor.shape != (*hidden_states.shape[:-1], self.dense.out_features)
+    ):
+        return self._autokernel_forward(hidden_states, input_tensor)
+    bias = None if self.dense.bias is None else self.dense.bias.detach()
+    return torch.ops.autokernel.linear_add_layer_norm(
+        hidden_states, self.dense.handle, bias, input_tensor, ln.weight.detach(), ln.bias.detach(), float(ln.eps)
+    )
+
+
+def _fusable_layer(m: nn.Module, qkv_fused: set, outputs_fused: set) -> bool:
+    """Whether ``m`` is a BERT-family encoder layer (``attention.self``, ``attention.output``,
+    ``intermediate``, ``output``) whose parts are all served by the runtime already: its
+    projections fused (query/key/value; Linear + activation; the two residual LayerNorms)."""
+    att, inter, out = (getattr(m, n, None) for n in ("attention", "intermediate", "output"))
+    sa, so = getattr(att, "self", None), getattr(att, "output", None)
+    if not (id(sa) in qkv_fused and id(so) in outputs_fused and id(out) in outputs_fused):
+        return False
+    dense = getattr(inter, "dense", None)
+    if not (isinstance(dense, AutokernelLinear) and dense.act in _FUSABLE):
+        return False
+    if not isinstance(getattr(inter, "intermediate_act_fn", None), nn.Identity):
+        return False
+    if getattr(m, "chunk_size_feed_forward", 0) or getattr(m, "is_decoder", False) or hasattr(m, "crossattention"):
+        return False
+    d = sa.attention_head_size
+    return (
+        not getattr(sa, "is_causal", False)
+        and math.isclose(sa.scaling, d**-0.5, rel_tol=1e-6)
+        and so.LayerNorm.eps == out.LayerNorm.eps
+        and sa.all_head_size == so.dense.out_features
+    )
+
+
+def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
+    """Serves encoder layer ``m`` as one runtime call (an :class:`autokernel.EncoderLayer`
+    over the weights its parts already packed). Done only if that computes what the layer's
+    own forward does on a probe of ``rows`` rows."""
+    sa, so, inter, out = m.attention.self, m.attention.output, m.intermediate, m.output
+
+    def bias(lin, n):
+        return torch.zeros(n) if lin.bias is None else lin.bias.detach()
+
+    def norm(ln):
+        return (ln.weight.detach(), ln.bias.detach())
+
+    _, qkv = _WEIGHTS[sa._autokernel_qkv]
+    qkv_bias = sa._autokernel_qkv_bias
+    with torch.no_grad():
+        layer = rt.encoder_layer(
+            qkv, torch.zeros(qkv.out_features) if qkv_bias is None else qkv_bias,
+            so.dense.packed, bias(so.dense, so.dense.out_features), norm(so.LayerNorm),
+            inter.dense.packed, bias(inter.dense, inter.dense.out_features),
+            out.dense.packed, bias(out.dense, out.dense.out_features), norm(out.LayerNorm),
+            heads=sa.all_head_size // sa.attention_head_size, eps=float(so.LayerNorm.eps),
+        )
+    handle = _register_owned(m, _LAYERS, layer)
+    m._autokernel_layer = handle
+    original = m.forward
+    m._autokernel_forward = original
+    m.forward = types.MethodType(_fused_layer, m)
+    x = torch.randn(1, rows, layer.hidden, generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.no_grad():
+            want, got = original(x), m(x)
+        ok = isinstance(want, torch.Tensor) and want.shape == got.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+    except Exception:  # a forward that is not what it looked like
+        ok = False
+    if not ok:
+        m.forward = original
+        del m._autokernel_forward, m._autokernel_layer
+        _release(_LAYERS, handle)
+    return ok
+
+
+def _fused_layer(self, hidden_states, attention_mask=None, *args, **kwargs):
+    """A fused encoder layer's forward (see :func:`_fuse_layer`); the original one for what it
+    does not cover (cross-attention, a cache, training, gradients, another dtype, a mask
+    that is not right padding)."""
+    sa = self.attention.self
+    if (
+        any(a is not None for a in args)
+        or any(kwargs.get(n) is not None for n in _NOT_FUSED_KWARGS + ("encoder_attention_mask",))
+        or kwargs.get("output_attentions")
+        or self.training
+        or not _served(hidden_states)
+        or hidden_states.dim() != 3
+        or (torch.is_grad_enabled() and sa.query.weight.requires_grad)
+        or getattr(sa.config, "_attn_implementation", None) != "autokernel"
+    ):
+        return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
+    lengths = None
+    if attention_mask is not None:
+        lengths = _key_lengths(attention_mask, False)
+        if lengths is None:
+            return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
+    return torch.ops.autokernel.encoder_layer(hidden_states, self._autokernel_layer, lengths)

@@ -1,0 +1,239 @@
+"""The runtime's ops as PyTorch sees them: handles for runtimes, packed weights and fused
+layers (custom ops take ints, not Python objects), the ``torch.library`` custom ops with their
+fake implementations, the activations the runtime fuses, and :class:`AutokernelLinear`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Any, Iterable, Optional
+
+import torch
+from torch import nn
+
+from . import Runtime
+
+log = logging.getLogger("autokernel")
+
+# Handles: custom ops take ints, not Python objects. Runtimes live as long as the process; a
+# packed weight's entry goes when the module that registered it is collected.
+_LOCK = threading.Lock()
+_RUNTIMES: dict[int, Runtime] = {}
+_WEIGHTS: dict[int, tuple[Runtime, Any]] = {}
+_LAYERS: dict[int, Any] = {}
+_NEXT = [1]
+# While workloads() runs: the workload of every runtime call, in order.
+_RECORD = threading.local()
+
+
+def _register(table: dict, value) -> int:
+    with _LOCK:
+        handle = _NEXT[0]
+        _NEXT[0] += 1
+        table[handle] = value
+        return handle
+
+
+def _register_owned(owner: nn.Module, table: dict, value) -> int:
+    """The custom ops' handle of ``value`` in ``table``, released when ``owner`` is collected."""
+    handle = _register(table, value)
+    weakref.finalize(owner, _release, table, handle)
+    return handle
+
+
+def _register_weight(owner: nn.Module, runtime: Runtime, packed) -> int:
+    """The custom ops' handle of ``packed``, released when ``owner`` is collected."""
+    return _register_owned(owner, _WEIGHTS, (runtime, packed))
+
+
+def _release(table: dict, handle: int) -> None:
+    with _LOCK:
+        table.pop(handle, None)
+
+
+def _record(workload: str) -> None:
+    seen = getattr(_RECORD, "seen", None)
+    if seen is not None:
+        seen.append(workload)
+
+
+# ---------------------------------------------------------------------------------------------
+# Custom ops
+
+
+@torch.library.custom_op("autokernel::linear", mutates_args=())
+def _linear_op(x: torch.Tensor, handle: int, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return _linear(x, handle, bias)
+
+
+def _linear(x: torch.Tensor, handle: int, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    rt, weight = _WEIGHTS[handle]
+    x = x.contiguous()
+    y = rt.linear(x, weight, bias)
+    if getattr(_RECORD, "seen", None) is not None:
+        m = x.numel() // weight.in_features
+        op = weight.workload.split(":", 1)[0]
+        _record(f"{op}:{m}x{weight.out_features}x{weight.in_features}")
+    return torch.from_numpy(y)
+
+
+@_linear_op.register_fake
+def _(x, handle, bias):
+    _, weight = _WEIGHTS[handle]
+    return x.new_empty((*x.shape[:-1], weight.out_features))
+
+
+@torch.library.custom_op("autokernel::attention", mutates_args=())
+def _attention_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: int, causal: bool, key_lengths: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    rt = _RUNTIMES[handle]
+    o = rt.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal, mask=key_lengths)
+    b, h, s, d = q.shape
+    _record(f"attention:{b}x{h}x{s}x{d}" + (":causal" if causal else ""))
+    return torch.from_numpy(o)
+
+
+@_attention_op.register_fake
+def _(q, k, v, handle, causal, key_lengths=None):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("autokernel::attention_qkv", mutates_args=())
+def _attention_qkv_op(
+    qkv: torch.Tensor, handle: int, heads: int, causal: bool, key_lengths: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    rt = _RUNTIMES[handle]
+    o = rt.attention_qkv(qkv.contiguous(), heads, causal, mask=key_lengths)
+    b, s, width = qkv.shape
+    _record(f"attention:{b}x{heads}x{s}x{width // (3 * heads)}" + (":causal" if causal else ""))
+    return torch.from_numpy(o)
+
+
+@_attention_qkv_op.register_fake
+def _(qkv, handle, heads, causal, key_lengths=None):
+    return qkv.new_empty((*qkv.shape[:-1], qkv.shape[-1] // 3))
+
+
+@torch.library.custom_op("autokernel::linear_add_layer_norm", mutates_args=())
+def _linear_add_layer_norm_op(
+    x: torch.Tensor,
+    handle: int,
+    bias: Optional[torch.Tensor],
+    residual: torch.Tensor,
+    ln_weight: torch.Tensor,
+    ln_bias: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    y = _linear(x, handle, bias)
+    rt, _ = _WEIGHTS[handle]
+    rt.add_layer_norm(y, residual.contiguous(), ln_weight, ln_bias, eps)
+    return y
+
+
+@_linear_add_layer_norm_op.register_fake
+def _(x, handle, bias, residual, ln_weight, ln_bias, eps):
+    _, weight = _WEIGHTS[handle]
+    return x.new_empty((*x.shape[:-1], weight.out_features))
+
+
+@torch.library.custom_op("autokernel::encoder_layer", mutates_args=())
+def _encoder_layer_op(x: torch.Tensor, handle: int, key_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    layer = _LAYERS[handle]
+    y = layer(x.contiguous(), mask=key_lengths)
+    if getattr(_RECORD, "seen", None) is not None:
+        for w in layer.workloads(x.shape[0], x.shape[1]):
+            _record(w)
+    return torch.from_numpy(y)
+
+
+@_encoder_layer_op.register_fake
+def _(x, handle, key_lengths=None):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations
+
+
+def _classify_act(module: nn.Module) -> Optional[str]:
+    """The runtime's name of an activation module ('relu', 'gelu_tanh', 'gelu_erf'), judged by
+    what it computes on a probe (so any class that computes it is recognised), or None."""
+    if not isinstance(module, nn.Module) or any(True for _ in module.parameters()):
+        return None
+    x = torch.linspace(-6.0, 6.0, 241, dtype=torch.float32)
+    try:
+        with torch.no_grad():
+            y = module(x)
+    except Exception:  # not an elementwise activation
+        return None
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+        return None
+    refs = {
+        "relu": torch.relu(x),
+        "gelu_tanh": nn.functional.gelu(x, approximate="tanh"),
+        "gelu_erf": nn.functional.gelu(x),
+    }
+    for name, ref in refs.items():
+        if torch.allclose(y, ref, atol=1e-6, rtol=0):
+            return name
+    return None
+
+
+# The activations the runtime fuses into a linear layer.
+_FUSABLE = ("relu", "gelu_tanh", "gelu_erf")
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules
+
+
+class AutokernelLinear(nn.Module):
+    """An ``nn.Linear`` (optionally followed by a fused activation) served by the runtime, its
+    weight packed once. Keeps the original parameters (shared, not copied) for ``state_dict``
+    and for calls the runtime does not take (gradients, other dtypes or devices)."""
+
+    def __init__(self, linear: nn.Linear, runtime: Runtime, act: Optional[str] = None, ms: Iterable[int] = (1,)):
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.act = act
+        with torch.no_grad():
+            packed = runtime.pack_weight(linear.weight.detach(), act=act, ms=list(ms), layout="nk")
+        self.packed = packed
+        self.handle = _register_weight(self, runtime, packed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _served(x) and not (torch.is_grad_enabled() and self.weight.requires_grad):
+            bias = None if self.bias is None else self.bias.detach()
+            return torch.ops.autokernel.linear(x, self.handle, bias)
+        y = nn.functional.linear(x, self.weight, self.bias)
+        if self.act == "relu":
+            return torch.relu(y)
+        if self.act == "gelu_tanh":
+            return nn.functional.gelu(y, approximate="tanh")
+        if self.act == "gelu_erf":
+            return nn.functional.gelu(y)
+        return y
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, act={self.act!r}, packed={self.packed.workload} ({self.packed.level})"
+        )
+
+
+def _served(x: torch.Tensor) -> bool:
+    return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 1
+
+
+def _linear_ok(m: nn.Module) -> Optional[str]:
+    """Why the runtime cannot serve Linear ``m`` (None when it can)."""
+    if m.weight.dtype != torch.float32:
+        return f"weight dtype {m.weight.dtype} (float32 only)"
+    if m.weight.device.type != "cpu":
+        return f"weight on {m.weight.device} (CPU only)"
+    return None
