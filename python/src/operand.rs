@@ -22,7 +22,7 @@ pub fn input<'py>(obj: &Bound<'py, PyAny>, name: &str, copy: bool) -> PyResult<F
     let arr = match as_ndarray(obj, name, Some(copy))? {
         Some(arr) => arr,
         None if copy => np_call(obj.py(), "asarray", obj)?,
-        None => return Err(not_an_array(obj, name)),
+        None => return Err(not_an_array(obj, name, Some(copy))),
     };
     checked(arr, name, Some(copy))
 }
@@ -33,7 +33,7 @@ pub fn output<'py>(
     name: &str,
     shape: &[usize],
 ) -> PyResult<F32Array<'py>> {
-    let arr = as_ndarray(obj, name, None)?.ok_or_else(|| not_an_array(obj, name))?;
+    let arr = as_ndarray(obj, name, None)?.ok_or_else(|| not_an_array(obj, name, None))?;
     let arr = checked(arr, name, None)?;
     expect_shape(&arr, name, shape, &dims(shape))?;
     Ok(arr)
@@ -196,13 +196,19 @@ fn torch_types(py: Python<'_>) -> PyResult<Option<&'static (Py<PyAny>, Py<PyAny>
     Ok(Some(TORCH.get_or_init(py, || types)))
 }
 
-fn not_an_array(obj: &Bound<'_, PyAny>, name: &str) -> PyErr {
+/// `obj` is neither an array nor a tensor; `copy` as for [`as_ndarray`] (only an input may be
+/// converted, so only an input's message suggests it).
+fn not_an_array(obj: &Bound<'_, PyAny>, name: &str, copy: Option<bool>) -> PyErr {
     let ty = obj
         .get_type()
         .name()
         .map_or_else(|_| "?".to_string(), |n| n.to_string());
+    let hint = match copy {
+        Some(false) => " (pass copy=True to convert other array-likes)",
+        _ => " (written in place: it cannot be a converted copy)",
+    };
     PyTypeError::new_err(format!(
-        "argument '{name}' is a {ty}, expected a float32 numpy array or CPU torch tensor (pass copy=True to convert other array-likes)"
+        "argument '{name}' is a {ty}, expected a float32 numpy array or CPU torch tensor{hint}"
     ))
 }
 

@@ -15,7 +15,7 @@ def test_wrong_dtype_is_a_type_error_naming_the_argument():
         rt.gemm(A.astype(np.float64), B)
     with pytest.raises(TypeError, match="argument 'b'"):
         rt.gemm(A, B.astype(np.int8))
-    with pytest.raises(TypeError, match="argument 'a' is a list"):
+    with pytest.raises(TypeError, match=r"argument 'a' is a list, .*\(pass copy=True"):
         rt.gemm([[1.0] * 8] * 4, B)
 
 
@@ -56,6 +56,8 @@ def test_out_is_checked_and_never_copied():
         rt.gemm(A, B, out=np.empty((4, 6), np.float64))
     with pytest.raises(ValueError, match="argument 'out' .*not C-contiguous"):
         rt.gemm(A, B, out=np.empty((6, 4), np.float32).T)
+    with pytest.raises(TypeError, match=r"argument 'out' is a list, .*\(written in place: it cannot be a converted copy\)"):
+        rt.gemm(A, B, out=[[0.0] * 6] * 4)
     ro = np.empty((4, 6), np.float32)
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="argument 'out' must be writable"):
