@@ -9,6 +9,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use crate::ops::buffer;
 use crate::{Level, Runtime, RuntimeError};
 
 /// Values per rayon task: enough work (≈ 21 rows at H = 768) to outweigh a task's cost.
@@ -58,14 +59,14 @@ pub fn add_layer_norm(
     eps: f32,
 ) -> Result<(), RuntimeError> {
     let h = gamma.len();
-    let what = || format!("layer_norm of rows of {h}");
+    let what = LayerNormOf(h);
     if h == 0 {
-        return check(&what, "gamma", 0, 1);
+        return buffer(what, "gamma", 0, 1);
     }
-    check(&what, "x", x.len(), x.len().div_ceil(h) * h)?;
-    check(&what, "beta", beta.len(), h)?;
+    buffer(what, "x", x.len(), x.len().div_ceil(h) * h)?;
+    buffer(what, "beta", beta.len(), h)?;
     if let Some(r) = r {
-        check(&what, "residual", r.len(), x.len())?;
+        buffer(what, "residual", r.len(), x.len())?;
     }
     if x.is_empty() {
         return Ok(());
@@ -86,21 +87,14 @@ pub fn add_layer_norm(
     Ok(())
 }
 
-fn check(
-    what: &impl Fn() -> String,
-    name: &'static str,
-    got: usize,
-    expected: usize,
-) -> Result<(), RuntimeError> {
-    if got == expected {
-        return Ok(());
+/// How a LayerNorm call is named in its errors.
+#[derive(Clone, Copy)]
+struct LayerNormOf(usize);
+
+impl std::fmt::Display for LayerNormOf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "layer_norm of rows of {}", self.0)
     }
-    Err(RuntimeError::BufferSize {
-        name,
-        workload: what(),
-        got,
-        expected,
-    })
 }
 
 /// The dimensions of attention over rows: `batch` sequences of `seq` tokens, `heads` heads
@@ -159,8 +153,8 @@ impl Runtime {
         } = dims;
         let w = kernels::Workload::attention(batch, heads, seq, d, causal)?;
         let n = dims.len();
-        check(&|| w.key(), "qkv", qkv.len(), 3 * n)?;
-        check(&|| w.key(), "out", out.len(), n)?;
+        buffer(w, "qkv", qkv.len(), 3 * n)?;
+        buffer(w, "out", out.len(), n)?;
         // Taken, not borrowed: a nested call on this thread (rayon work stealing) gets its own.
         let mut buf = HEADS.with(|b| std::mem::take(&mut *b.borrow_mut()));
         if buf.len() < 4 * n {

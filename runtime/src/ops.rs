@@ -275,8 +275,10 @@ impl Candidate {
     }
 }
 
-fn buffer(
-    w: &Workload,
+/// `Ok` if buffer `name` of the call `what` (a workload, or what else describes the call) has
+/// the `expected` length; the description is only formatted for the error.
+pub(crate) fn buffer(
+    what: impl std::fmt::Display,
     name: &'static str,
     got: usize,
     expected: usize,
@@ -286,7 +288,7 @@ fn buffer(
     } else {
         Err(RuntimeError::BufferSize {
             name,
-            workload: w.key(),
+            workload: what.to_string(),
             got,
             expected,
         })
@@ -312,10 +314,10 @@ impl Runtime {
     ) -> Result<Level, RuntimeError> {
         let w = Workload::attention(b, h, s, d, causal)?;
         let len = w.output_len();
-        buffer(&w, "q", q.len(), len)?;
-        buffer(&w, "k", k.len(), len)?;
-        buffer(&w, "v", v.len(), len)?;
-        buffer(&w, "o", o.len(), len)?;
+        buffer(w, "q", q.len(), len)?;
+        buffer(w, "k", k.len(), len)?;
+        buffer(w, "v", v.len(), len)?;
+        buffer(w, "o", o.len(), len)?;
         self.run(&w, &[q, k, v], o)
     }
 
@@ -341,11 +343,11 @@ impl Runtime {
     ) -> Result<Level, RuntimeError> {
         let w = Workload::attention(b, h, s, d, causal)?;
         let len = w.output_len();
-        buffer(&w, "q", q.len(), len)?;
-        buffer(&w, "k", k.len(), len)?;
-        buffer(&w, "v", v.len(), len)?;
-        buffer(&w, "o", o.len(), len)?;
-        buffer(&w, "key_lens", key_lens.len(), b)?;
+        buffer(w, "q", q.len(), len)?;
+        buffer(w, "k", k.len(), len)?;
+        buffer(w, "v", v.len(), len)?;
+        buffer(w, "o", o.len(), len)?;
+        buffer(w, "key_lens", key_lens.len(), b)?;
         let inputs = [
             Operand::F32(q),
             Operand::F32(k),
@@ -376,10 +378,10 @@ impl Runtime {
         c: &mut [f32],
     ) -> Result<Level, RuntimeError> {
         let w = self.serve_as(&Workload::gemm_bias_act(m, n, k, act)?);
-        buffer(&w, "a", a.len(), m * k)?;
-        buffer(&w, "b", b.len(), k * n)?;
-        buffer(&w, "bias", bias.len(), n)?;
-        buffer(&w, "c", c.len(), m * n)?;
+        buffer(w, "a", a.len(), m * k)?;
+        buffer(w, "b", b.len(), k * n)?;
+        buffer(w, "bias", bias.len(), n)?;
+        buffer(w, "c", c.len(), m * n)?;
         let choice = self.lookup(&w)?;
         if BLayout::of(&choice.config) == Some(BLayout::Prepacked) {
             // The same variant with B packed on this call: never relies on `b` staying put.
@@ -424,7 +426,7 @@ impl Runtime {
             reason: "pack_weight_for needs at least one M".into(),
         })?;
         let w0 = Workload::gemm_bias_act(first, n, k, act)?;
-        buffer(&w0, "b", b.len(), k * n)?;
+        buffer(w0, "b", b.len(), k * n)?;
         let mut layouts: Vec<PackedLayout> = Vec::new();
         let mut plans = HashMap::new();
         let mut pending: Vec<(Workload, Arc<Choice>)> = Vec::new();
@@ -533,9 +535,9 @@ impl Runtime {
         let (n, k) = (weight.n, weight.k);
         let m = a.len() / k;
         let w = Workload::gemm_bias_act(m.max(1), n, k, weight.act)?;
-        buffer(&w, "a", a.len(), m.max(1) * k)?;
-        buffer(&w, "bias", bias.len(), n)?;
-        buffer(&w, "c", c.len(), m * n)?;
+        buffer(w, "a", a.len(), m.max(1) * k)?;
+        buffer(w, "bias", bias.len(), n)?;
+        buffer(w, "c", c.len(), m * n)?;
         let plan = weight.plan(self, m)?;
         match &plan.exec {
             PlanExec::Packed { gemm, layout } => {
