@@ -104,16 +104,7 @@ impl BGemm {
         let t = self.threads;
         match self.split {
             Split::M if t > 1 && m > mr => {
-                let per_task = m.div_ceil(mr).div_ceil(t) * mr;
-                let mut tasks = Vec::new();
-                let mut row0 = 0;
-                while view.rows() > per_task {
-                    let (top, rest) = view.split_rows(per_task);
-                    tasks.push((row0, top));
-                    (row0, view) = (row0 + per_task, rest);
-                }
-                tasks.push((row0, view));
-                tasks
+                view.row_chunks(m.div_ceil(mr).div_ceil(t) * mr)
                     .into_par_iter()
                     .for_each(|(r0, v)| self.task(a, bb, ep, r0, 0..panels, v));
             }

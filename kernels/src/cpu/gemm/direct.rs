@@ -182,17 +182,7 @@ impl DirectGemm {
         match self.par {
             Par::None => self.block(a, b, c, (0, 0), ep),
             Par::M(t) => {
-                let per = self.m.div_ceil(t);
-                let mut parts = Vec::with_capacity(t);
-                let (mut rest, mut i0) = (c, 0);
-                while rest.rows() > 0 {
-                    let take = per.min(rest.rows());
-                    let (top, bottom) = rest.split_rows(take);
-                    parts.push((i0, top));
-                    i0 += take;
-                    rest = bottom;
-                }
-                parts
+                c.row_chunks(self.m.div_ceil(t))
                     .into_par_iter()
                     .for_each(|(i0, view)| self.block(a, b, view, (i0, 0), ep));
             }

@@ -282,19 +282,8 @@ impl PackedGemm {
     /// `c`'s row blocks (mc rows, fewer if that leaves one of `t` threads idle), each with
     /// its first row.
     fn row_blocks<'c>(&self, c: CView<'c>, t: usize) -> Vec<(usize, CView<'c>)> {
-        let rows = self
-            .mc
-            .min(self.m.div_ceil(t).div_ceil(self.uk.mr) * self.uk.mr);
-        let mut blocks = Vec::with_capacity(self.m.div_ceil(rows.max(1)));
-        let (mut rest, mut row0) = (c, 0);
-        while rest.rows() > 0 {
-            let take = rows.min(rest.rows());
-            let (top, bottom) = rest.split_rows(take);
-            blocks.push((row0, top));
-            row0 += take;
-            rest = bottom;
-        }
-        blocks
+        let rows = self.m.div_ceil(t).div_ceil(self.uk.mr) * self.uk.mr;
+        c.row_chunks(self.mc.min(rows))
     }
 
     /// `par = m` over a B packed ahead: nothing is shared that a task writes, so each task

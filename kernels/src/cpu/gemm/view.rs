@@ -73,6 +73,21 @@ impl<'a> CView<'a> {
         (top, bottom)
     }
 
+    /// Splits into windows of `rows` rows (the last one fewer), each with its first row.
+    pub fn row_chunks(self, rows: usize) -> Vec<(usize, CView<'a>)> {
+        let rows = rows.max(1);
+        let mut chunks = Vec::with_capacity(self.rows.div_ceil(rows));
+        let (mut rest, mut row0) = (self, 0);
+        while rest.rows() > 0 {
+            let take = rows.min(rest.rows());
+            let (top, bottom) = rest.split_rows(take);
+            chunks.push((row0, top));
+            row0 += take;
+            rest = bottom;
+        }
+        chunks
+    }
+
     /// Splits into columns `..at` and `at..` (`at ≤ cols`).
     pub fn split_cols(self, at: usize) -> (CView<'a>, CView<'a>) {
         assert!(at <= self.cols);
