@@ -189,15 +189,21 @@ def _fuse_output(m: nn.Module, rows: int) -> bool:
     parallel (PyTorch's would run on its one thread). Done only if the fused forward
     computes what the block's own does on a probe of ``rows`` rows (the linear layer is
     the same call in both, so only LayerNorm's rounding differs)."""
-    original = m.forward
-    m._autokernel_forward = original
-    m.forward = types.MethodType(_fused_output, m)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, rows, m.dense.in_features, generator=g)
     r = torch.randn(1, rows, m.dense.out_features, generator=g)
+    return _swap_forward_if_same(m, _fused_output, (x, r))
+
+
+def _swap_forward_if_same(m: nn.Module, fused, probe: tuple) -> bool:
+    """Makes ``fused`` ``m``'s forward (the original kept as ``m._autokernel_forward``) if it
+    computes what the original does on the ``probe`` arguments; else leaves ``m`` as it was."""
+    original = m.forward
+    m._autokernel_forward = original
+    m.forward = types.MethodType(fused, m)
     try:
         with torch.no_grad():
-            want, got = original(x, r), m(x, r)
+            want, got = original(*probe), m(*probe)
         ok = isinstance(want, torch.Tensor) and want.shape == got.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-4)
     except Exception:  # a forward that is not what it looked like
         ok = False
@@ -272,19 +278,10 @@ def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
         )
     handle = _register_owned(m, _LAYERS, layer)
     m._autokernel_layer = handle
-    original = m.forward
-    m._autokernel_forward = original
-    m.forward = types.MethodType(_fused_layer, m)
     x = torch.randn(1, rows, layer.hidden, generator=torch.Generator().manual_seed(0))
-    try:
-        with torch.no_grad():
-            want, got = original(x), m(x)
-        ok = isinstance(want, torch.Tensor) and want.shape == got.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-4)
-    except Exception:  # a forward that is not what it looked like
-        ok = False
+    ok = _swap_forward_if_same(m, _fused_layer, (x,))
     if not ok:
-        m.forward = original
-        del m._autokernel_forward, m._autokernel_layer
+        del m._autokernel_layer
         _release(_LAYERS, handle)
     return ok
 
