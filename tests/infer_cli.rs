@@ -101,6 +101,55 @@ fn tune_a_model_then_infer_with_exact_and_nearest_shape_levels() {
     assert_eq!(rows[1]["nearest_shape"], 10, "{}", rows[1]);
     assert_eq!(rows[1]["calls"]["nearest_shape"], 10);
 
+    // --profile: each stage's time of the tuned pass; with --no-untuned there is no untuned
+    // pass, so no untuned times (neither in the JSON nor in the text line).
+    let profile = |json: bool| {
+        let mut args = vec![
+            "infer",
+            "--model",
+            "bert-tiny",
+            "--batch",
+            "1",
+            "--seq",
+            "4",
+            "--db",
+            db,
+            "--iters",
+            "1",
+            "--threads",
+            "1",
+            "--profile",
+            "--no-untuned",
+        ];
+        if json {
+            args.push("--json");
+        }
+        let o = autokernel(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        o
+    };
+    let row = &json_lines(&profile(true))[0];
+    let stages = row["profile"]["tuned_ms"].as_object().unwrap();
+    let names: Vec<&str> = stages.keys().map(String::as_str).collect();
+    for stage in [
+        "qkv",
+        "attention",
+        "out_proj",
+        "ffn_up",
+        "ffn_down",
+        "other",
+    ] {
+        assert!(names.contains(&stage), "{stage} in {row}");
+    }
+    assert!(stages.values().all(|v| v.as_f64().unwrap() >= 0.0), "{row}");
+    assert!(row["profile"]["untuned_ms"].is_null(), "{row}");
+    let e = stderr(&profile(false));
+    let line = e
+        .lines()
+        .find(|l| l.contains("profile"))
+        .unwrap_or_default();
+    assert!(line.contains("profile, ms tuned: qkv"), "{e}");
+
     // The check can fail: one wrong bias value makes infer exit non-zero, naming it.
     let o = autokernel(&[
         "infer",

@@ -4,21 +4,24 @@
 //! cargo run --release -p kernels --example gemm_speed -- 1024x1024x1024
 //!     default family + config for the shape
 //! cargo run --release -p kernels --example gemm_speed -- 128x768x768 gemm_packed '{"ukernel":"avx2_6x16","mc":144,"kc":256,"nc":1024,"par":"none","threads":1}'
-//!     one config (checked against the space)
+//!     one config (checked against the space); knobs left out take the default config's values
 //! cargo run --release -p kernels --example gemm_speed -- 128x768x768 gemm_packed '{"par":"none"}' --sweep
 //!     every valid config that agrees with the partial config, fastest last
+//! cargo run --release -p kernels --example gemm_speed -- 128x768x768:i8 gemm_i8 '{"threads":1,"par":"none"}' --vs '{"ukernel":"avx2_4x16"}'
+//!     A/B: the second config (its knobs over the first) against the first, in alternating
+//!     samples; prints the median ratio (the only comparison a shared VM's drift leaves alone)
 //! cargo run --release -p kernels --example gemm_speed -- peak [threads]
 //!     the FMA peak
 //! ```
-//! Shapes are M×N×K. Every measured config is first checked against the f64 reference.
+//! Shapes are M×N×K (`gemm:`), or give a whole workload key. Every measured config is first checked against the f64 reference.
 
 use std::time::Instant;
 
 use kernels::cpu::peak::fma_peak_gflops;
 use kernels::{default_for, kernel, Config, Executable, HardwareFingerprint, Problem, Workload};
 
-/// Median GFLOP/s over `samples` samples of at least `min_secs` each.
-fn measure(exe: &dyn Executable, p: &Problem, samples: usize, min_secs: f64) -> f64 {
+/// GFLOP/s of `samples` samples of at least `min_secs` each, slowest first.
+fn rates(exe: &dyn Executable, p: &Problem, samples: usize, min_secs: f64) -> Vec<f64> {
     let inputs = p.input_slices();
     let mut c = p.output();
     exe.run_f32(&inputs, &mut c).unwrap();
@@ -37,7 +40,7 @@ fn measure(exe: &dyn Executable, p: &Problem, samples: usize, min_secs: f64) -> 
         })
         .collect();
     rates.sort_by(|a, b| a.total_cmp(b));
-    rates[rates.len() / 2]
+    rates
 }
 
 fn main() {
@@ -52,7 +55,11 @@ fn main() {
     let shape = args
         .first()
         .expect("usage: gemm_speed MxNxK [family [config-json [--sweep]]] | peak [threads]");
-    let w: Workload = format!("gemm:{shape}").parse().expect("shape MxNxK");
+    // A whole workload key (`gemm_bias_gelu_erf:128x3072x768:i8`) or a GEMM shape.
+    let w: Workload = shape
+        .parse()
+        .or_else(|_| format!("gemm:{shape}").parse())
+        .expect("a workload key or a shape MxNxK");
     let p = Problem::random(&w, 1);
     let reference = p.reference();
     let sweep = args.iter().any(|a| a == "--sweep");
@@ -63,10 +70,18 @@ fn main() {
         }
         Some(name) => {
             let k = kernel(name).expect("family name");
-            let c = match args.get(2) {
-                Some(j) if !j.starts_with("--") => Config::from_json(j).expect("config JSON"),
-                _ => k.default_config(&w, hw),
-            };
+            let mut c = k.default_config(&w, hw);
+            if let Some(j) = args.get(2).filter(|j| !j.starts_with("--")) {
+                // A partial config: its knobs replace the default's; sweeps filter on them.
+                let given = Config::from_json(j).expect("config JSON");
+                if sweep {
+                    c = given;
+                } else {
+                    for (name, value) in given.0 {
+                        c.set(&name, value);
+                    }
+                }
+            }
             (k, c)
         }
     };
@@ -76,10 +91,40 @@ fn main() {
         p.check(&c, &reference)
             .expect("result matches the reference");
     };
+    if let Some(other) = args.iter().position(|a| a == "--vs").map(|i| &args[i + 1]) {
+        // A/B: the partial config `other` over this one, alternating short samples; the
+        // median of the paired ratios cancels the drift of a shared machine's speed.
+        let mut config_b = config.clone();
+        for (name, value) in Config::from_json(other).expect("config JSON").0 {
+            config_b.set(&name, value);
+        }
+        let a = family.prepare(&w, &config).expect("valid config");
+        let b = family.prepare(&w, &config_b).expect("valid config");
+        check(a.as_ref());
+        check(b.as_ref());
+        let pairs: Vec<(f64, f64)> = (0..41)
+            .map(|_| {
+                let ra = median(&rates(a.as_ref(), &p, 1, 0.02));
+                (ra, median(&rates(b.as_ref(), &p, 1, 0.02)))
+            })
+            .collect();
+        let ratio: Vec<f64> = pairs.iter().map(|(a, b)| b / a).collect();
+        let (ra, rb): (Vec<f64>, Vec<f64>) = pairs.into_iter().unzip();
+        println!(
+            "{w} {}\n  A {config}: {:.1} GFLOP/s\n  B {config_b}: {:.1} GFLOP/s\n  B/A {:.3} (median of 41 alternating pairs)",
+            family.name(),
+            median(&ra),
+            median(&rb),
+            median(&ratio)
+        );
+        return;
+    }
     if !sweep {
         let exe = family.prepare(&w, &config).expect("valid config");
         check(exe.as_ref());
-        let runs: Vec<f64> = (0..3).map(|_| measure(exe.as_ref(), &p, 9, 0.05)).collect();
+        let runs: Vec<f64> = (0..3)
+            .map(|_| median(&rates(exe.as_ref(), &p, 9, 0.05)))
+            .collect();
         println!(
             "{w} {} {config}: {:.1} GFLOP/s (runs {runs:.1?})",
             family.name(),
@@ -94,7 +139,7 @@ fn main() {
         .map(|c| {
             let exe = family.prepare(&w, &c).expect("valid config");
             check(exe.as_ref());
-            (measure(exe.as_ref(), &p, 5, 0.01), c)
+            (median(&rates(exe.as_ref(), &p, 5, 0.01)), c)
         })
         .collect();
     results.sort_by(|a, b| a.0.total_cmp(&b.0));

@@ -337,9 +337,11 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
         let profile = if args.profile {
             let mut pt = bert::StageTimes::default();
             tuned.forward(&rt, shape, &input, &mut scratch, Some(&mut pt))?;
-            let mut pu = bert::StageTimes::default();
+            let mut pu = None;
             if let Some(enc) = &untuned {
-                enc.forward(&untuned_rt, shape, &input, &mut scratch_u, Some(&mut pu))?;
+                let mut times = bert::StageTimes::default();
+                enc.forward(&untuned_rt, shape, &input, &mut scratch_u, Some(&mut times))?;
+                pu = Some(times);
             }
             let ms = |p: &bert::StageTimes| {
                 p.by_stage()
@@ -347,17 +349,30 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
                     .collect::<serde_json::Map<_, _>>()
             };
             if !args.json {
-                let line = format!(
-                    "batch {batch} seq {seq} profile, ms tuned / untuned: {}",
-                    pt.by_stage()
+                // Without the untuned pass (`--no-untuned`), only the tuned times.
+                let stages: Vec<String> = match &pu {
+                    Some(pu) => pt
+                        .by_stage()
                         .zip(pu.0)
                         .map(|((k, a), b)| format!("{k} {:.1} / {:.1}", a * 1e3, b * 1e3))
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                        .collect(),
+                    None => pt
+                        .by_stage()
+                        .map(|(k, a)| format!("{k} {:.1}", a * 1e3))
+                        .collect(),
+                };
+                let which = if pu.is_some() {
+                    "tuned / untuned"
+                } else {
+                    "tuned"
+                };
+                let line = format!(
+                    "batch {batch} seq {seq} profile, ms {which}: {}",
+                    stages.join(", ")
                 );
                 bar.suspend(|| eprintln!("{line}"));
             }
-            Some(json!({"tuned_ms": ms(&pt), "untuned_ms": ms(&pu)}))
+            Some(json!({"tuned_ms": ms(&pt), "untuned_ms": pu.as_ref().map(ms)}))
         } else {
             None
         };

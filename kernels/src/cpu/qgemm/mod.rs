@@ -383,7 +383,8 @@ impl QGemm {
     /// The rows of C that `out` holds, from their quantised activations `qa`, for the column
     /// panels `panels`: per panel, the depth in blocks of `kc` (the panel's block stays in L1
     /// while every row tile of A streams past it), the i32 sums of all row tiles kept until
-    /// the panel is done, then dequantised into `out`.
+    /// the panel is done, then dequantised into `out`; the bias and activation every
+    /// [`EPILOGUE_PANELS`] panels, over those columns while they are still in cache.
     fn rows(
         &self,
         qa: &QuantA,
@@ -398,7 +399,7 @@ impl QGemm {
         let tiles = rows.div_ceil(mr);
         let mut acc = vec![0i32; tiles * mr * nr];
         let edge = edge_tile(qa, rows, mr);
-        for panel in panels {
+        for panel in panels.clone() {
             let b = qb.panel(panel);
             for k0 in (0..kp).step_by(kc) {
                 let len = kc.min(kp - k0);
@@ -413,15 +414,25 @@ impl QGemm {
                 }
             }
             self.store(qa, qb, panel, &acc, &mut out);
-        }
-        // The bias and activation once per row over all the columns written: one long
-        // vector loop instead of one short call per panel.
-        if let Some(e) = &ep {
-            // `out` holds exactly the columns its panels cover: `ld` of them.
-            let bias = &e.bias[out.col0..out.col0 + out.ld];
-            for row in out.c.chunks_exact_mut(out.ld) {
-                bias_act_row(row, bias, e.act);
+            // The bias and activation after the last panel of each group.
+            let group = panels.start + (panel - panels.start) / EPILOGUE_PANELS * EPILOGUE_PANELS;
+            let done = panel + 1;
+            if let Some(e) = &ep {
+                if done - group == EPILOGUE_PANELS || done == panels.end {
+                    self.bias_act(e, group..done, &mut out);
+                }
             }
+        }
+    }
+
+    /// `act(x + bias)` over the columns of `panels` in every row of `out`.
+    fn bias_act(&self, e: &TileEpilogue<'_>, panels: std::ops::Range<usize>, out: &mut Out<'_>) {
+        let nr = self.uk.nr;
+        let cols = panels.start * nr..(panels.end * nr).min(self.n);
+        let bias = &e.bias[cols.clone()];
+        let cols = cols.start - out.col0..cols.end - out.col0;
+        for row in out.c.chunks_exact_mut(out.ld) {
+            bias_act_row(&mut row[cols.clone()], bias, e.act);
         }
     }
 
@@ -434,6 +445,11 @@ impl QGemm {
         ukernel::dequantize_fast(qa, b, (acc, nr), out.c, (out.ld, at));
     }
 }
+
+/// Column panels whose bias and activation are applied together: one vector loop over
+/// 64–256 columns per row, while the rows just dequantised are still in L1/L2 (applied to
+/// all of a task's columns at the end, they would come back from L3 or memory).
+const EPILOGUE_PANELS: usize = 4;
 
 /// Where a task's rows go: `c` with rows `ld` apart, holding the columns from `col0` on.
 struct Out<'a> {
