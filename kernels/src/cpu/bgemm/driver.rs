@@ -23,13 +23,14 @@ use rayon::prelude::*;
 use super::convert::{pack_a_rounded, Bf16B};
 use super::layout::{pack_a_pair_rows, pack_a_pairs, APack};
 use super::ukernel::{words_mut, Bf16Kernel};
+use crate::cpu::gemm::epilogue::{gemm_operands, gemm_operands_prepared};
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::ukernel::TileEpilogue;
 use crate::cpu::gemm::view::CView;
 use crate::cpu::weights::WeightCache;
 use crate::error::{Error, Result};
 use crate::kernel::{Executable, PreparedWeight, WeightFormat};
-use crate::operand::{host_f32, host_f32_prepared, Operand, OperandMut};
+use crate::operand::{Operand, OperandMut};
 use crate::workload::{Act, Workload};
 
 /// How the work is split across tasks (the `par` knob).
@@ -188,16 +189,7 @@ impl BGemm {
 
 impl Executable for BGemm {
     fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> Result<()> {
-        let (a, b, ep, c) = match self.act {
-            None => {
-                let ([a, b], c) = host_f32(&self.w, inputs, out)?;
-                (a, b, None, c)
-            }
-            Some(act) => {
-                let ([a, b, bias], c) = host_f32(&self.w, inputs, out)?;
-                (a, b, Some(TileEpilogue { bias, act }), c)
-            }
-        };
+        let (a, b, ep, c) = gemm_operands(&self.w, self.act, inputs, out)?;
         let bb = self.weights.get(b, || self.pack_b(b));
         self.compute(a, &bb, ep, c);
         Ok(())
@@ -226,16 +218,8 @@ impl Executable for BGemm {
         if (bb.k, bb.n, bb.layout) != (self.k, self.n, self.uk.layout) {
             return Err(self.wrong_b(format!("prepared for K×N {}×{}", bb.k, bb.n)));
         }
-        match self.act {
-            None => {
-                let ([a], c) = host_f32_prepared(&self.w, inputs, output)?;
-                self.compute(a, bb, None, c);
-            }
-            Some(act) => {
-                let ([a, bias], c) = host_f32_prepared(&self.w, inputs, output)?;
-                self.compute(a, bb, Some(TileEpilogue { bias, act }), c);
-            }
-        }
+        let (a, ep, c) = gemm_operands_prepared(&self.w, self.act, inputs, output)?;
+        self.compute(a, bb, ep, c);
         Ok(())
     }
 }

@@ -47,7 +47,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::hardware::HardwareFingerprint;
 use crate::kernel::{Executable, Kernel};
-use crate::operand::{host_f32, Operand, OperandMut};
+use crate::operand::{host_f32, host_f32_prepared, Operand, OperandMut};
 use crate::space::{Config, Space};
 use crate::workload::{Act, Workload};
 
@@ -338,6 +338,53 @@ impl Executable for EpilogueGemm {
         }
         Ok(())
     }
+}
+
+/// A GEMM call's host operands: A, B, the epilogue (if the workload has a bias) and C.
+type GemmOperands<'a, 'o> = (
+    &'a [f32],
+    &'a [f32],
+    Option<TileEpilogue<'a>>,
+    &'o mut [f32],
+);
+
+/// The host f32 operands of a call to a GEMM family that serves both `gemm` (`act` none) and
+/// `gemm_bias_<act>`: A, B, the epilogue (the bias input with `act`) and C, checked against `w`.
+pub(crate) fn gemm_operands<'a, 'o>(
+    w: &Workload,
+    act: Option<Act>,
+    inputs: &[Operand<'a>],
+    out: OperandMut<'o>,
+) -> crate::Result<GemmOperands<'a, 'o>> {
+    Ok(match act {
+        None => {
+            let ([a, b], c) = host_f32(w, inputs, out)?;
+            (a, b, None, c)
+        }
+        Some(act) => {
+            let ([a, b, bias], c) = host_f32(w, inputs, out)?;
+            (a, b, Some(TileEpilogue { bias, act }), c)
+        }
+    })
+}
+
+/// [`gemm_operands`] for a call with a prepared B: A, the epilogue and C.
+pub(crate) fn gemm_operands_prepared<'a, 'o>(
+    w: &Workload,
+    act: Option<Act>,
+    inputs: &[&'a [f32]],
+    out: &'o mut [f32],
+) -> crate::Result<(&'a [f32], Option<TileEpilogue<'a>>, &'o mut [f32])> {
+    Ok(match act {
+        None => {
+            let ([a], c) = host_f32_prepared(w, inputs, out)?;
+            (a, None, c)
+        }
+        Some(act) => {
+            let ([a, bias], c) = host_f32_prepared(w, inputs, out)?;
+            (a, Some(TileEpilogue { bias, act }), c)
+        }
+    })
 }
 
 /// The f32 `gemm_bias_<act>` workload of these dimensions (what the operands are checked

@@ -37,6 +37,7 @@ pub mod ukernel;
 
 use std::cell::RefCell;
 
+use crate::cpu::gemm::epilogue::{gemm_operands, gemm_operands_prepared};
 use crate::cpu::gemm::ukernel::{bias_act_row, TileEpilogue};
 use crate::cpu::knobs::{
     cap_rule, first_at_least, int_knob, int_listed, invalid, par_threads_listed,
@@ -48,7 +49,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hardware::HardwareFingerprint;
 use crate::kernel::{Executable, Kernel, PreparedWeight, WeightFormat};
-use crate::operand::{host_f32, host_f32_prepared, Operand, OperandMut};
+use crate::operand::{Operand, OperandMut};
 use crate::space::{Config, Space};
 use crate::workload::{Act, Workload};
 
@@ -250,16 +251,7 @@ thread_local! {
 
 impl Executable for QGemm {
     fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> Result<()> {
-        let (a, b, bias, c) = match self.act {
-            None => {
-                let ([a, b], c) = host_f32(&self.w, inputs, out)?;
-                (a, b, None, c)
-            }
-            Some(act) => {
-                let ([a, b, bias], c) = host_f32(&self.w, inputs, out)?;
-                (a, b, Some(TileEpilogue { bias, act }), c)
-            }
-        };
+        let (a, b, bias, c) = gemm_operands(&self.w, self.act, inputs, out)?;
         let qb = self
             .weights
             .get(b, || QuantB::new(b, self.k, self.n, self.uk.nr));
@@ -299,16 +291,8 @@ impl Executable for QGemm {
                 reason: format!("prepared for K×N {}×{}", qb.k, qb.n),
             });
         }
-        match self.act {
-            None => {
-                let ([a], c) = host_f32_prepared(&self.w, inputs, output)?;
-                self.compute(a, qb, None, c);
-            }
-            Some(act) => {
-                let ([a, bias], c) = host_f32_prepared(&self.w, inputs, output)?;
-                self.compute(a, qb, Some(TileEpilogue { bias, act }), c);
-            }
-        }
+        let (a, ep, c) = gemm_operands_prepared(&self.w, self.act, inputs, output)?;
+        self.compute(a, qb, ep, c);
         Ok(())
     }
 }
