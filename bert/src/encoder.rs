@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use kernels::cpu::pool::on_workers;
 use kernels::Act;
 use rayon::prelude::*;
 use runtime::{EncoderLayer, LayerScratch, Level, PackedWeight, Runtime, Stage};
@@ -309,7 +310,7 @@ impl Encoder {
         (batch, seq, key_lens): (usize, usize, Option<&[i32]>),
         input: &[f32],
         scratch: &mut Scratch,
-        mut times: Option<&mut StageTimes>,
+        times: Option<&mut StageTimes>,
     ) -> Result<LevelCounts, BertError> {
         let c = &self.config;
         let h = c.hidden;
@@ -333,6 +334,22 @@ impl Encoder {
                 reason: format!("{} key lengths for a batch of {batch}", l.len()),
             });
         }
+        // Every layer's stages from one entry into rayon's pool (see `on_workers`).
+        on_workers(rayon::current_num_threads(), || {
+            self.layers_here(rt, (batch, seq, key_lens), input, scratch, times)
+        })
+    }
+
+    /// The layers of [`Encoder::forward_inner`], from this thread.
+    fn layers_here(
+        &self,
+        rt: &Runtime,
+        (batch, seq, key_lens): (usize, usize, Option<&[i32]>),
+        input: &[f32],
+        scratch: &mut Scratch,
+        mut times: Option<&mut StageTimes>,
+    ) -> Result<LevelCounts, BertError> {
+        let c = &self.config;
         let mut counts = LevelCounts::default();
         let Scratch { x, layer, .. } = scratch;
         x.clear();

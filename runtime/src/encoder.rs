@@ -9,6 +9,8 @@
 //! x    = LN2(x + act(x·Wup + bup)·Wdown + bdown)   (act fused into the up projection)
 //! ```
 
+use kernels::cpu::pool::on_workers;
+
 use crate::layer::{add_layer_norm, AttentionRows};
 use crate::{Level, PackedWeight, Runtime, RuntimeError};
 
@@ -107,7 +109,24 @@ impl EncoderLayer<'_> {
     /// hidden`) becomes the layer's output. `key_lens` masks a padded batch as
     /// [`Runtime::attention_masked`] does. `on_stage` hears of each stage as it ends, with the
     /// level that served it (`None` for LayerNorm). On an error `x` may be partly updated.
+    /// Its parallel stages run from one entry into rayon's pool ([`on_workers`]), on whose
+    /// thread `on_stage` is called.
     pub fn forward(
+        &self,
+        rt: &Runtime,
+        shape: (usize, usize),
+        key_lens: Option<&[i32]>,
+        x: &mut [f32],
+        scratch: &mut LayerScratch,
+        on_stage: impl FnMut(Stage, Option<Level>) + Send,
+    ) -> Result<(), RuntimeError> {
+        on_workers(rayon::current_num_threads(), || {
+            self.forward_here(rt, shape, key_lens, x, scratch, on_stage)
+        })
+    }
+
+    /// [`EncoderLayer::forward`] from this thread.
+    fn forward_here(
         &self,
         rt: &Runtime,
         (batch, seq): (usize, usize),

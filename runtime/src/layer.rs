@@ -7,6 +7,7 @@
 
 use std::cell::RefCell;
 
+use kernels::cpu::pool::on_workers;
 use rayon::prelude::*;
 
 use crate::ops::buffer;
@@ -136,8 +137,22 @@ impl Runtime {
     /// `[batch·seq, heads·d]` rows (head `h` at columns `h·d..`), ready for the output
     /// projection. `key_lens` (one per sequence, each in `0..=seq`) masks a padded batch as
     /// in [`Runtime::attention_masked`]. The heads are split and merged in parallel around
-    /// the tuned attention, in buffers this thread keeps. Returns the level that answered.
+    /// the tuned attention, in buffers this thread keeps, from one entry into rayon's pool
+    /// ([`on_workers`]). Returns the level that answered.
     pub fn attention_qkv(
+        &self,
+        dims: AttentionRows,
+        key_lens: Option<&[i32]>,
+        qkv: &[f32],
+        out: &mut [f32],
+    ) -> Result<Level, RuntimeError> {
+        on_workers(rayon::current_num_threads(), || {
+            self.attention_qkv_here(dims, key_lens, qkv, out)
+        })
+    }
+
+    /// [`Runtime::attention_qkv`] from this thread.
+    fn attention_qkv_here(
         &self,
         dims: AttentionRows,
         key_lens: Option<&[i32]>,

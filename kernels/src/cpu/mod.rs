@@ -9,6 +9,7 @@ pub(crate) mod knobs;
 pub mod peak;
 #[cfg(feature = "planted-faults")]
 pub mod planted;
+pub mod pool;
 pub mod qgemm;
 pub(crate) mod weights;
 

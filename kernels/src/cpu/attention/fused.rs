@@ -37,6 +37,7 @@ use super::ukernel::{AttnTile, StepArgs, Values};
 use super::AttnPar;
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::packed::self_scheduled;
+use crate::cpu::pool::on_workers;
 use crate::kernel::Executable;
 use crate::operand::{host_attention, Operand, OperandMut};
 use crate::{DType, Workload};
@@ -318,6 +319,15 @@ impl Executable for FusedAttention {
             dtype: DType::F32,
         };
         let ([q, k, v], lens, out) = host_attention(&w, inputs, out)?;
+        on_workers(self.par.threads(), || self.attend(q, k, v, lens, out));
+        Ok(())
+    }
+}
+
+impl FusedAttention {
+    /// The checked call of [`Executable::run`], from this thread.
+    fn attend(&self, q: &[f32], k: &[f32], v: &[f32], lens: Option<&[i32]>, out: &mut [f32]) {
+        let (s, d) = (self.s, self.d);
         let lanes = self.tile.lanes;
         let dp = d.div_ceil(lanes) * lanes;
         let nr = self.tile.nr;
@@ -336,7 +346,7 @@ impl Executable for FusedAttention {
                 lens,
             };
             self.compute(&cx, out);
-            return Ok(());
+            return;
         }
         with_buffer(Pool::Keys, |kbuf| {
             with_buffer(Pool::Values, |vbuf| {
@@ -373,6 +383,5 @@ impl Executable for FusedAttention {
                 self.compute(&cx, out);
             })
         });
-        Ok(())
     }
 }

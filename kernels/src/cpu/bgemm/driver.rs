@@ -27,6 +27,7 @@ use crate::cpu::gemm::epilogue::{gemm_operands, gemm_operands_prepared};
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::ukernel::TileEpilogue;
 use crate::cpu::gemm::view::CView;
+use crate::cpu::pool::on_workers;
 use crate::cpu::weights::WeightCache;
 use crate::error::{Error, Result};
 use crate::kernel::{Executable, PreparedWeight, WeightFormat};
@@ -99,6 +100,11 @@ impl BGemm {
     /// `c = ep(round(a) · bb)`: row blocks split over `threads` tasks (`par = m`), column
     /// panels split over them (`par = n`), or one task.
     fn compute(&self, a: &[f32], bb: &Bf16B, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
+        on_workers(self.threads, || self.compute_here(a, bb, ep, c));
+    }
+
+    /// [`BGemm::compute`] from this thread.
+    fn compute_here(&self, a: &[f32], bb: &Bf16B, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
         let (m, n, mr, nr) = (self.m, self.n, self.uk.mr, self.uk.nr);
         let panels = bb.panels();
         let mut view = CView::new(c, m, n, n);

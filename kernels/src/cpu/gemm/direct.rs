@@ -12,6 +12,8 @@
 
 use rayon::prelude::*;
 
+use crate::cpu::pool::on_workers;
+
 use super::ukernel::{bias_act_row, DirectUkernel, TileEpilogue};
 use super::view::CView;
 use super::Par;
@@ -67,7 +69,9 @@ impl DirectGemm {
         if let Some(ep) = &ep {
             assert_eq!(ep.bias.len(), n, "bias must have N = {n} values");
         }
-        self.gemm(a, b, CView::new(c, m, n, n), ep);
+        on_workers(self.par.threads(), || {
+            self.gemm(a, b, CView::new(c, m, n, n), ep)
+        });
     }
 
     /// Rows `i0..i0+c.rows()` × columns `j0..j0+c.cols()` of C; `ep`'s bias covers all N.
@@ -216,7 +220,7 @@ impl Executable for DirectGemm {
             dtype: DType::F32,
         };
         let ([a, b], out) = host_f32(&w, inputs, out)?;
-        self.gemm(a, b, CView::new(out, m, n, n), None);
+        self.run_with(a, b, out, None);
         Ok(())
     }
 }

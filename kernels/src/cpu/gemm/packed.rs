@@ -18,6 +18,7 @@ use super::pack::{pack_a, pack_b, with_buffer, AlignedBuf, Pool};
 use super::ukernel::{prefetch_lines, ATiles, PackedUkernel, TileEpilogue};
 use super::view::CView;
 use super::Par;
+use crate::cpu::pool::on_workers;
 use crate::kernel::Executable;
 use crate::operand::{host_f32, Operand, OperandMut};
 use crate::{DType, Workload};
@@ -166,7 +167,8 @@ impl PackedGemm {
         if let Some(ep) = &ep {
             assert_eq!(ep.bias.len(), n, "bias must have N = {n} values");
         }
-        self.gemm(a, b, CView::new(c, m, n, n), ep);
+        let threads = self.par.threads();
+        on_workers(threads, || self.gemm(a, b, CView::new(c, m, n, n), ep));
     }
 
     /// `C = A·B` into the window `c` (the whole output), with the epilogue `ep` (bias of
@@ -489,7 +491,7 @@ impl Executable for PackedGemm {
             dtype: DType::F32,
         };
         let ([a, b], out) = host_f32(&w, inputs, out)?;
-        self.gemm(a, BSource::RowMajor(b), CView::new(out, m, n, n), None);
+        self.run_with(a, BSource::RowMajor(b), out, None);
         Ok(())
     }
 }

@@ -35,7 +35,7 @@ mod amx;
 pub mod quant;
 pub mod ukernel;
 
-use std::cell::RefCell;
+use std::cell::Cell;
 
 use crate::cpu::gemm::epilogue::{gemm_operands, gemm_operands_prepared};
 use crate::cpu::gemm::ukernel::{bias_act_row, TileEpilogue};
@@ -43,6 +43,7 @@ use crate::cpu::knobs::{
     cap_rule, first_at_least, int_knob, int_listed, invalid, par_threads_listed,
     serial_iff_one_thread, str_knob, str_listed, thread_values, unsupported,
 };
+use crate::cpu::pool::on_workers;
 use crate::cpu::weights::WeightCache;
 use crate::cpu::Isa;
 use crate::dtype::DType;
@@ -246,7 +247,25 @@ struct QGemm {
 
 thread_local! {
     /// Quantised activations, reused across calls on this thread.
-    static QA: RefCell<QuantA> = RefCell::new(QuantA::default());
+    static QA: Cell<QuantA> = Cell::new(QuantA::default());
+}
+
+/// Runs `f` on the rows of `a` (`k` values each) quantised into this thread's reusable
+/// buffer. The buffer is taken out of its slot for the duration: a rayon worker waiting in
+/// `f`'s parallel region may run another int8 GEMM's task on this thread, which then
+/// quantises into a buffer of its own instead of finding this one borrowed (a panic).
+fn with_quantised<R>(
+    a: &[f32],
+    k: usize,
+    scheme: AQuant,
+    max_code: u8,
+    f: impl FnOnce(&QuantA) -> R,
+) -> R {
+    let mut qa = QA.take();
+    ukernel::quantize_rows_fast(a, k, scheme, max_code, &mut qa);
+    let r = f(&qa);
+    QA.set(qa);
+    r
 }
 
 impl Executable for QGemm {
@@ -311,12 +330,16 @@ impl QGemm {
     /// quantising its own rows (`par = m`), or column panels split over them (`par = n`,
     /// the only parallelism for a handful of rows), or one task.
     fn compute(&self, a: &[f32], qb: &QuantB, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
+        on_workers(self.threads, || self.compute_here(a, qb, ep, c));
+    }
+
+    /// [`QGemm::compute`] from this thread.
+    fn compute_here(&self, a: &[f32], qb: &QuantB, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
         let (m, n, k, mr) = (self.m, self.n, self.k, self.uk.mr);
         let panels = n.div_ceil(self.uk.nr);
         let per_task = m.div_ceil(mr).div_ceil(self.threads).max(1) * mr;
         let whole = |(a, c): (&[f32], &mut [f32])| {
-            QA.with_borrow_mut(|qa| {
-                ukernel::quantize_rows_fast(a, k, self.a_quant, self.uk.max_code, qa);
+            with_quantised(a, k, self.a_quant, self.uk.max_code, |qa| {
                 self.rows(qa, qb, ep, 0..panels, Out { c, ld: n, col0: 0 });
             })
         };
@@ -326,10 +349,11 @@ impl QGemm {
                 .par_chunks(per_task * k)
                 .zip(c.par_chunks_mut(per_task * n))
                 .for_each(whole),
-            Split::N if self.threads > 1 && panels > 1 => QA.with_borrow_mut(|qa| {
-                ukernel::quantize_rows_fast(a, k, self.a_quant, self.uk.max_code, qa);
-                self.column_tasks(qa, qb, ep, c);
-            }),
+            Split::N if self.threads > 1 && panels > 1 => {
+                with_quantised(a, k, self.a_quant, self.uk.max_code, |qa| {
+                    self.column_tasks(qa, qb, ep, c);
+                })
+            }
             _ => whole((a, c)),
         }
     }
@@ -505,6 +529,39 @@ mod tests {
                 assert!(out == *want, "{w} {c}: not the exact integer product");
             }
         }
+    }
+
+    /// Many int8 GEMMs at once on rayon's workers (as a serving process, or an encoder layer
+    /// entered into the pool, runs them): a worker waiting inside one call's parallel region
+    /// runs another call's tasks, so per-thread buffers must not stay borrowed across it.
+    #[test]
+    fn concurrent_calls_on_the_workers_give_the_same_bits() {
+        let w: Workload = "gemm_bias_gelu:64x512x1024:i8".parse().unwrap();
+        let hw = HardwareFingerprint::current();
+        let p = Problem::random(&w, 4);
+        let exes: Vec<_> = ["m", "n"]
+            .iter()
+            .map(|par| {
+                let mut c = GemmI8.default_config(&w, hw);
+                c.set("par", *par);
+                c.set("threads", 2usize);
+                GemmI8.build(&w, &c).unwrap()
+            })
+            .collect();
+        let mut want = vec![0.0; w.output_len()];
+        exes[0].run_f32(&p.input_slices(), &mut want).unwrap();
+        rayon::scope(|s| {
+            for t in 0..16 {
+                let (exe, p, want) = (&exes[t % 2], &p, &want);
+                s.spawn(move |_| {
+                    for _ in 0..8 {
+                        let mut out = vec![f32::NAN; w.output_len()];
+                        exe.run_f32(&p.input_slices(), &mut out).unwrap();
+                        assert!(out == *want, "task {t}: not the serial result");
+                    }
+                });
+            }
+        });
     }
 
     #[test]

@@ -10,6 +10,7 @@ use rayon::prelude::*;
 use super::ukernel::{pack_keys, pack_queries, pack_values, Bf16Tile, StepArgs, LANES, MAX_MR};
 use crate::cpu::attention::AttnPar;
 use crate::cpu::gemm::packed::self_scheduled;
+use crate::cpu::pool::on_workers;
 use crate::kernel::Executable;
 use crate::operand::{host_attention, Operand, OperandMut};
 use crate::{DType, Workload};
@@ -232,14 +233,16 @@ impl Executable for Bf16Attention {
             .map(|hd| lens.map_or(self.s, |l| usize::try_from(l[hd / self.h]).unwrap_or(0)))
             .map(|x| x.min(self.s))
             .collect();
-        let (kpack, vpack) = self.pack(k, v, &klens);
-        let cx = Ctx {
-            q,
-            kpack: &kpack,
-            vpack: &vpack,
-            klens,
-        };
-        self.compute(&cx, out);
+        on_workers(self.par.threads(), || {
+            let (kpack, vpack) = self.pack(k, v, &klens);
+            let cx = Ctx {
+                q,
+                kpack: &kpack,
+                vpack: &vpack,
+                klens,
+            };
+            self.compute(&cx, out);
+        });
         Ok(())
     }
 }
