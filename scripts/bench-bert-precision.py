@@ -10,8 +10,8 @@ weights, threads and batch/seq grid, interleaved rounds. Never used by tests or 
    `hidden_act="gelu"` (exact erf, as published checkpoints), saved by `save_pretrained`;
    exports it to ONNX (f32) and quantises that with `onnxruntime.quantization.quantize_dynamic`
    (int8, ORT's default per-tensor weights, as users run it).
-2. Per round, per (batch, seq): our `autokernel infer --model DIR --precision P --json` for
-   each P; PyTorch f32, `autocast(bfloat16)` and `quantize_dynamic` int8 (nn.Linear); ORT f32
+2. Per round, per (batch, seq), ours first in even rounds and the peers first in odd ones:
+   our `autokernel infer --model DIR --precision P --json` for each P; PyTorch f32, `autocast(bfloat16)` and `quantize_dynamic` int8 (nn.Linear); ORT f32
    and int8. Every stack runs the same random token ids (seeded).
    With `--python-precisions` (default f32,int8 when the `autokernel` package imports): the
    same PyTorch model served by `autokernel.torch.optimize(model, precision=P)` (the Python
@@ -224,12 +224,9 @@ def main():
     args = ap.parse_args()
     args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if args.python_precisions is None:
-        try:
-            import autokernel.torch  # noqa: F401
-
-            args.python_precisions = "f32,int8"
-        except ImportError:
-            args.python_precisions = ""
+        import importlib.util
+        found = importlib.util.find_spec("autokernel") is not None
+        args.python_precisions = "f32,int8" if found else ""
     args.python_precisions = [p for p in args.python_precisions.split(",") if p]
 
     import torch
@@ -242,24 +239,26 @@ def main():
     onnx_paths = onnx_models(args.model_dir, model)
     hw = json.loads(subprocess.run([args.autokernel, "hw", "--json", "--threads", str(args.threads)],
                                    check=True, capture_output=True, text=True).stdout)
-    out_dir = args.out or os.path.join("bench_results", hw["id"].split()[0] if False else
-                                       json.loads(subprocess.run([args.autokernel, "hw", "--json"], check=True,
-                                                                 capture_output=True, text=True).stdout)["id"])
+    # bench_results/ is keyed by the machine's fingerprint at all its threads (`hw` without
+    # --threads), whatever thread count this run uses.
+    machine = json.loads(subprocess.run([args.autokernel, "hw", "--json"], check=True,
+                                        capture_output=True, text=True).stdout)
+    out_dir = args.out or os.path.join("bench_results", machine["id"])
     os.makedirs(out_dir, exist_ok=True)
     shapes = [(int(b), int(s)) for b in args.batch.split(",") for s in args.seq.split(",")]
     precisions = [p for p in args.precisions.split(",") if p]
     rows = []
     for r in range(args.rounds):
         for b, s in shapes:
-            for p in precisions:
-                row = ours(args, p, b, s)
-                row["round"] = r
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-            for row in peers(args, model, onnx_paths, b, s, shapes):
-                row["round"] = r
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+            # Odd rounds run the peers first: whoever runs right after another stack (whose
+            # idle threads may still spin) takes turns.
+            parts = [lambda: [ours(args, p, b, s) for p in precisions],
+                     lambda: peers(args, model, onnx_paths, b, s, shapes)]
+            for part in parts if r % 2 == 0 else parts[::-1]:
+                for row in part():
+                    row["round"] = r
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
     write_report(args, hw, out_dir, rows, shapes)
 
 
@@ -278,7 +277,7 @@ def write_report(args, hw, out_dir, rows, shapes):
             f.write(json.dumps(r) + "\n")
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     summary = []
-    lines = [f"# BERT-base, f32 / bf16 / int8: autokernel vs PyTorch vs ONNX Runtime", "",
+    lines = ["# BERT-base, f32 / bf16 / int8: autokernel vs PyTorch vs ONNX Runtime", "",
              f"- command: `{meta['command']}`", f"- date: {meta['date']}",
              f"- machine: {meta['machine']}", f"- threads: {args.threads}; load average at the end "
              f"{meta['loadavg'][0]:.2f}", f"- {args.rounds} interleaved rounds × {args.iters} "

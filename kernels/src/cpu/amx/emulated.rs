@@ -9,7 +9,11 @@
 //! `tdpbf16ps` adds the even then the odd product of each bf16 pair to each f32 with one
 //! rounding each (round to nearest even), input denormals read as zero and output denormals
 //! flushed to zero. The order of the f32 additions inside the real unit is not specified
-//! to the bit, so only the integer instructions are bit-exact models.
+//! to the bit, so only the integer instructions are bit-exact models: the bf16 model is the
+//! Intrinsics Guide's (each product added into C in turn); the current SDM text sums the
+//! products into per-row partials from zero and adds C afterwards, which can round
+//! differently. The tests compare the real unit with this one on values where the order
+//! cannot matter, and count (not assert) bit differences on random ones.
 
 use super::config::{TileConfig, BYTES_PER_ROW, MAX_ROWS, TILES, TILE_BYTES};
 use super::{fault, TileUnit};
