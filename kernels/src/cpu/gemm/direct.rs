@@ -192,17 +192,7 @@ impl DirectGemm {
             }
             Par::N(t) => {
                 let lanes = self.uk.lanes;
-                let per = self.n.div_ceil(t).div_ceil(lanes) * lanes;
-                let mut parts = Vec::with_capacity(t);
-                let (mut rest, mut j0) = (c, 0);
-                while rest.cols() > 0 {
-                    let take = per.min(rest.cols());
-                    let (left, right) = rest.split_cols(take);
-                    parts.push((j0, left));
-                    j0 += take;
-                    rest = right;
-                }
-                parts
+                c.col_chunks(self.n.div_ceil(t).div_ceil(lanes) * lanes)
                     .into_par_iter()
                     .for_each(|(j0, view)| self.block(a, b, view, (0, j0), ep));
             }

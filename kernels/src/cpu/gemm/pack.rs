@@ -6,6 +6,7 @@
 //! micro-kernels always run full tiles.
 
 use std::cell::Cell;
+use std::thread::LocalKey;
 
 /// One cache line of `f32`s; the unit of [`AlignedBuf`]'s allocation.
 #[derive(Clone, Copy)]
@@ -65,9 +66,7 @@ pub enum Pool {
     Work,
 }
 
-/// Runs `f` with this thread's reusable buffer for `which`. The buffer is taken out of its
-/// slot for the duration, so a re-entrant call (a rayon worker picking up another GEMM while
-/// it waits) simply gets a fresh buffer instead of a borrow conflict.
+/// Runs `f` with this thread's reusable buffer for `which` (see [`with_taken`]).
 pub fn with_buffer<R>(which: Pool, f: impl FnOnce(&mut AlignedBuf) -> R) -> R {
     let slot = match which {
         Pool::A => &POOL_A,
@@ -76,9 +75,19 @@ pub fn with_buffer<R>(which: Pool, f: impl FnOnce(&mut AlignedBuf) -> R) -> R {
         Pool::Values => &POOL_VALUES,
         Pool::Work => &POOL_WORK,
     };
-    let mut buf = slot.with(Cell::take);
-    let r = f(&mut buf);
-    slot.with(|s| s.set(buf));
+    with_taken(slot, f)
+}
+
+/// Runs `f` with the value of this thread's `slot`, taken out of it for the duration and put
+/// back after: a re-entrant call (a rayon worker running another call's task while it
+/// waits inside `f`) gets a fresh value instead of a borrow conflict.
+pub(crate) fn with_taken<T: Default, R>(
+    slot: &'static LocalKey<Cell<T>>,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    let mut value = slot.take();
+    let r = f(&mut value);
+    slot.set(value);
     r
 }
 

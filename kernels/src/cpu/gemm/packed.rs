@@ -448,14 +448,9 @@ impl PackedGemm {
 /// `block` split by columns, left to right, into parts of `per` panels of `nr` columns (the
 /// last may be narrower): each part's first panel index and its view.
 fn column_parts(block: CView<'_>, per: usize, nr: usize) -> Vec<(usize, CView<'_>)> {
-    let mut parts = Vec::new();
-    let (mut rest, mut q) = (block, 0);
-    while rest.cols() > 0 {
-        let take = (per * nr).min(rest.cols());
-        let (left, right) = rest.split_cols(take);
-        parts.push((q, left));
-        q += per;
-        rest = right;
+    let mut parts = block.col_chunks(per * nr);
+    for (first, _) in &mut parts {
+        *first /= nr;
     }
     parts
 }

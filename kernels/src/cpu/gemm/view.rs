@@ -75,15 +75,31 @@ impl<'a> CView<'a> {
 
     /// Splits into windows of `rows` rows (the last one fewer), each with its first row.
     pub fn row_chunks(self, rows: usize) -> Vec<(usize, CView<'a>)> {
-        let rows = rows.max(1);
-        let mut chunks = Vec::with_capacity(self.rows.div_ceil(rows));
-        let (mut rest, mut row0) = (self, 0);
-        while rest.rows() > 0 {
-            let take = rows.min(rest.rows());
-            let (top, bottom) = rest.split_rows(take);
-            chunks.push((row0, top));
-            row0 += take;
-            rest = bottom;
+        self.chunks(rows, CView::rows, CView::split_rows)
+    }
+
+    /// Splits into windows of `cols` columns (the last one fewer), each with its first column.
+    pub fn col_chunks(self, cols: usize) -> Vec<(usize, CView<'a>)> {
+        self.chunks(cols, CView::cols, CView::split_cols)
+    }
+
+    /// Windows of `size` along the dimension `len` measures and `split` cuts, each with its
+    /// first index along it.
+    fn chunks(
+        self,
+        size: usize,
+        len: fn(&Self) -> usize,
+        split: fn(Self, usize) -> (Self, Self),
+    ) -> Vec<(usize, CView<'a>)> {
+        let size = size.max(1);
+        let mut chunks = Vec::with_capacity(len(&self).div_ceil(size));
+        let (mut rest, mut first) = (self, 0);
+        while len(&rest) > 0 {
+            let take = size.min(len(&rest));
+            let (head, tail) = split(rest, take);
+            chunks.push((first, head));
+            first += take;
+            rest = tail;
         }
         chunks
     }

@@ -38,6 +38,7 @@ pub mod ukernel;
 use std::cell::Cell;
 
 use crate::cpu::gemm::epilogue::{gemm_operands, gemm_operands_prepared};
+use crate::cpu::gemm::pack::with_taken;
 use crate::cpu::gemm::ukernel::{bias_act_row, TileEpilogue};
 use crate::cpu::knobs::{
     cap_rule, first_at_least, int_knob, int_listed, invalid, par_threads_listed,
@@ -251,9 +252,7 @@ thread_local! {
 }
 
 /// Runs `f` on the rows of `a` (`k` values each) quantised into this thread's reusable
-/// buffer. The buffer is taken out of its slot for the duration: a rayon worker waiting in
-/// `f`'s parallel region may run another int8 GEMM's task on this thread, which then
-/// quantises into a buffer of its own instead of finding this one borrowed (a panic).
+/// buffer, taken out of its slot for the call ([`with_taken`]: `par = n` waits inside `f`).
 fn with_quantised<R>(
     a: &[f32],
     k: usize,
@@ -261,11 +260,10 @@ fn with_quantised<R>(
     max_code: u8,
     f: impl FnOnce(&QuantA) -> R,
 ) -> R {
-    let mut qa = QA.take();
-    ukernel::quantize_rows_fast(a, k, scheme, max_code, &mut qa);
-    let r = f(&qa);
-    QA.set(qa);
-    r
+    with_taken(&QA, |qa| {
+        ukernel::quantize_rows_fast(a, k, scheme, max_code, qa);
+        f(qa)
+    })
 }
 
 impl Executable for QGemm {
@@ -423,9 +421,10 @@ impl QGemm {
             }
             self.store(qa, qb, panel, &acc, &mut out);
             // The bias and activation after the last panel of each group.
-            let group = panels.start + (panel - panels.start) / EPILOGUE_PANELS * EPILOGUE_PANELS;
-            let done = panel + 1;
             if let Some(e) = &ep {
+                let group =
+                    panels.start + (panel - panels.start) / EPILOGUE_PANELS * EPILOGUE_PANELS;
+                let done = panel + 1;
                 if done - group == EPILOGUE_PANELS || done == panels.end {
                     self.bias_act(e, group..done, &mut out);
                 }
