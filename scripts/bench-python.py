@@ -2,8 +2,8 @@
 """Benchmarks of the Python package (issue #20's targets), written to bench_results/<fingerprint>/python.md.
 
 1. Call overhead: p50 of `rt.gemm` on gemm:8x64x64 from Python (with `out=` and without) minus
-   the p50 of the same `Runtime::gemm` call from Rust (examples/gemm_call_latency.rs).
-   Target: <= 3 us.
+   the p50 of the same `Runtime::gemm` call from Rust (examples/gemm_call_latency.rs), for a
+   Runtime on all CPUs and one with threads=1. Target: <= 3 us.
 2. With --bert: Hugging Face BertModel (bert-base config, random weights), batch 1 and 8 x seq
    128, at --threads: `autokernel.torch.optimize`d vs stock PyTorch f32 (target >= 1.2x), and
    the Rust `autokernel infer` on the same shapes (its weights come from a seed, the
@@ -43,8 +43,8 @@ def p50(f, iters):
     return statistics.median(samples)
 
 
-def overhead(db, iters, root):
-    rt = autokernel.Runtime(db)
+def overhead(db, iters, root, threads=None):
+    rt = autokernel.Runtime(db, threads=threads)
     a = np.full((8, 64), 0.5, np.float32)
     b = np.full((64, 64), 0.25, np.float32)
     out = np.empty((8, 64), np.float32)
@@ -53,9 +53,9 @@ def overhead(db, iters, root):
     cmd = ["cargo", "run", "--release", "-q", "--example", "gemm_call_latency", "--",
            db or "-", "8", "64", "64", str(iters)]
     rust = json.loads(subprocess.run(cmd, cwd=root, check=True, capture_output=True, text=True).stdout)
-    return {"python_out_p50_us": py_out, "python_alloc_p50_us": py_new, "rust_p50_us": rust["p50_us"],
-            "overhead_out_us": py_out - rust["p50_us"], "overhead_alloc_us": py_new - rust["p50_us"],
-            "level": rust["level"]}
+    return {"threads": threads, "python_out_p50_us": py_out, "python_alloc_p50_us": py_new,
+            "rust_p50_us": rust["p50_us"], "overhead_out_us": py_out - rust["p50_us"],
+            "overhead_alloc_us": py_new - rust["p50_us"], "level": rust["level"]}
 
 
 def bert(db, threads, batches, seq, iters, quick, root):
@@ -106,8 +106,10 @@ def main():
     root = Path(__file__).resolve().parent.parent
     iters_call = args.iters or (2000 if args.quick else 200000)
     iters_model = args.iters or (3 if args.quick else 30)
-    call = overhead(args.db, iters_call, root)
-    print(json.dumps({"overhead": call}))
+    # All CPUs (the process-wide pool), then one thread (each call on the caller's thread).
+    calls = [overhead(args.db, iters_call, root, t) for t in (None, 1)]
+    for call in calls:
+        print(json.dumps({"overhead": call}))
     rows = bert(args.db, args.threads, [1, 8], 16 if args.quick else 128, iters_model, args.quick,
                 root) if args.bert or args.quick else []
     for r in rows:
@@ -122,11 +124,11 @@ def main():
     lines = [f"# Python package benchmarks ({time.strftime('%Y-%m-%d')}, threads {args.threads}, db {args.db})", "",
              f"- command: `{' '.join(sys.argv)}`; machine: {platform.processor() or platform.machine()}, "
              f"fingerprint {fp}; load average {os.getloadavg()[0]:.2f}", "",
-             "| gemm:8x64x64 p50 | Python (out=) | Python (new array) | Rust | overhead (out=) | overhead (new) |",
+             "| gemm:8x64x64 p50, µs | Python (out=) | Python (new array) | Rust | overhead (out=) | overhead (new) |",
              "|---|---|---|---|---|---|",
-             f"| µs | {call['python_out_p50_us']:.2f} | {call['python_alloc_p50_us']:.2f} | {call['rust_p50_us']:.2f} | "
-             f"{call['overhead_out_us']:.2f} | {call['overhead_alloc_us']:.2f} |", "",
-             ]
+             ] + [f"| Runtime(threads={c['threads']}) | {c['python_out_p50_us']:.2f} | {c['python_alloc_p50_us']:.2f} | "
+                  f"{c['rust_p50_us']:.2f} | {c['overhead_out_us']:.2f} | {c['overhead_alloc_us']:.2f} |"
+                  for c in calls] + [""]
     if rows:
         lines += ["| BertModel bert-base | stock PyTorch ms | optimize ms | speedup | Rust infer ms | optimize / infer |",
                   "|---|---|---|---|---|---|"]

@@ -133,8 +133,10 @@ int autokernel_runtime_set_precision(const struct AutokernelRuntime *rt, const c
 // `autokernel_runtime_reload` picks the file up once it is good.
 //
 // `threads`: 0 runs kernels on the process-wide pool (all CPUs this process may use);
-// T > 0 gives this runtime its own pool of T threads and serves the records tuned at T
-// threads (`autokernel tune --threads T`). More than the CPUs available is refused.
+// T > 0 serves the records tuned at T threads (`autokernel tune --threads T`) on a pool of
+// T threads of this runtime's own — except 1, which runs each call on its caller's thread
+// (no hand-over to a pool: concurrent callers each compute on their own thread), and this
+// machine's count, the process-wide pool. More than the CPUs available is refused.
 //
 // `precision`: NULL, `""` or `"f32"` (the default), `"bf16"`, `"int8"` or `"auto"`, with
 // no error budget (see `autokernel_runtime_set_precision` to give one).

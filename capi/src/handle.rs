@@ -3,8 +3,8 @@
 use std::ffi::{c_char, c_int, CString};
 use std::path::Path;
 
-use kernels::{HardwareFingerprint, Workload};
-use runtime::Runtime;
+use kernels::Workload;
+use runtime::{Runtime, Threads, ThreadsError};
 
 use crate::args;
 use crate::error::{guard, CapiError};
@@ -14,45 +14,31 @@ use crate::error::{guard, CapiError};
 /// Shareable between threads.
 pub struct AutokernelRuntime {
     rt: Runtime,
-    /// Its own pool when opened with `threads > 0`; the process-wide pool otherwise.
-    pool: Option<rayon::ThreadPool>,
+    /// The process-wide pool when opened with `threads = 0` (or this machine's count), the
+    /// caller's thread for 1, a pool of its own otherwise.
+    threads: Threads,
 }
 
 impl AutokernelRuntime {
-    /// Runs `f` with the runtime, on its thread pool when it has one (so the kernels' tasks
-    /// run there too).
+    /// Runs `f` with the runtime on its threads (so the kernels' tasks run there too).
     pub(crate) fn serve<R: Send>(&self, f: impl FnOnce(&Runtime) -> R + Send) -> R {
-        match &self.pool {
-            Some(pool) => pool.install(|| f(&self.rt)),
-            None => f(&self.rt),
-        }
+        self.threads.run(|| f(&self.rt))
     }
 
     fn open(path: Option<&str>, threads: u32) -> Result<AutokernelRuntime, CapiError> {
-        // Detected outside any pool: the process-wide pool's size is this machine's count.
-        let here = HardwareFingerprint::current();
-        let (hw, pool) = if threads == 0 {
-            (here.clone(), None)
-        } else {
-            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-            if threads as usize > cpus {
-                return Err(CapiError::invalid(format!(
-                    "threads = {threads}: this process may use {cpus} CPU(s); use at most \
-                     {cpus}, or 0 for all"
-                )));
-            }
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads as usize)
-                .thread_name(|i| format!("autokernel-{i}"))
-                .build()
-                .map_err(|e| CapiError::unsupported(format!("starting {threads} threads: {e}")))?;
-            (here.with_cores(threads as usize), Some(pool))
-        };
+        let asked = (threads > 0).then_some(threads as usize);
+        let (threads, hw) = Threads::new(asked).map_err(|e| match e {
+            ThreadsError::OutOfRange { asked, cpus } => CapiError::invalid(format!(
+                "threads = {asked}: this process may use {cpus} CPU(s); use at most {cpus}, or 0 \
+                 for all"
+            )),
+            e => CapiError::unsupported(e.to_string()),
+        })?;
         let rt = match path {
             Some(p) => Runtime::open_or_defaults_for(Path::new(p), hw),
             None => Runtime::defaults_only_for(hw),
         };
-        Ok(AutokernelRuntime { rt, pool })
+        Ok(AutokernelRuntime { rt, threads })
     }
 }
 
@@ -106,8 +92,10 @@ pub unsafe extern "C" fn autokernel_runtime_set_precision(
 /// `autokernel_runtime_reload` picks the file up once it is good.
 ///
 /// `threads`: 0 runs kernels on the process-wide pool (all CPUs this process may use);
-/// T > 0 gives this runtime its own pool of T threads and serves the records tuned at T
-/// threads (`autokernel tune --threads T`). More than the CPUs available is refused.
+/// T > 0 serves the records tuned at T threads (`autokernel tune --threads T`) on a pool of
+/// T threads of this runtime's own — except 1, which runs each call on its caller's thread
+/// (no hand-over to a pool: concurrent callers each compute on their own thread), and this
+/// machine's count, the process-wide pool. More than the CPUs available is refused.
 ///
 /// `precision`: NULL, `""` or `"f32"` (the default), `"bf16"`, `"int8"` or `"auto"`, with
 /// no error budget (see `autokernel_runtime_set_precision` to give one).

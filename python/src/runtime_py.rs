@@ -38,7 +38,9 @@ pub fn parse_policy(p: Option<&str>, max_rel_err: Option<f64>) -> PyResult<Preci
 ///     database, kernel defaults only.
 /// threads: threads the kernels use (None: every CPU this process may use). Part of the
 ///     hardware fingerprint: records tuned at another thread count are served as
-///     `same_arch`, not `exact`.
+///     `same_arch`, not `exact`. 1 runs each call on the calling thread (no hand-over to a
+///     pool; threads calling at once each compute on their own); other counts below the
+///     CPUs' get a pool of their own.
 /// precision: the element type f32 calls are served in: 'f32' (the default), 'bf16', 'int8'
 ///     (that type wherever a kernel family serves it) or 'auto' (per workload, the fastest
 ///     record measured on its shape); see `set_precision`.

@@ -151,6 +151,45 @@ def test_threads_and_precision_arguments():
     assert rt.fingerprint == autokernel.fingerprint(threads=1)
 
 
+def test_a_one_thread_runtime_computes_on_each_calling_thread():
+    """threads=1 runs each call on its caller's thread (no pool to hand it to): results as
+    from the main thread, bit for bit, when four threads call at once."""
+    import threading
+
+    rt = autokernel.Runtime(threads=1)
+    a, b = rand(67, 130), rand(130, 65)
+    q, k, v = rand(2, 3, 33, 16), rand(2, 3, 33, 16), rand(2, 3, 33, 16)
+    qkv, x, g, beta = rand(2, 200, 3 * 96), rand(2, 200, 96), rand(96), rand(96)  # > one task's rows
+
+    def calls():
+        y = x.copy()
+        rt.add_layer_norm(y, x, g, beta)
+        return [rt.gemm(a, b), rt.attention(q, k, v, mask=np.array([33, 20])),
+                rt.attention_qkv(qkv, 6, mask=np.array([200, 7])), y]
+
+    want = calls()
+    np.testing.assert_allclose(want[0], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    got, errors = [], []
+
+    def worker():
+        try:
+            for _ in range(5):
+                got.append(calls())
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(got) == 20
+    for results in got:
+        for r, w in zip(results, want):
+            np.testing.assert_array_equal(r, w)
+
+
 def test_the_precision_policy_serves_f32_calls_in_int8():
     rt = autokernel.Runtime(precision="int8")
     assert rt.precision == "int8"

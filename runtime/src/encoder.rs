@@ -9,7 +9,7 @@
 //! x    = LN2(x + act(x·Wup + bup)·Wdown + bdown)   (act fused into the up projection)
 //! ```
 
-use kernels::cpu::pool::on_workers;
+use kernels::cpu::pool::{self, on_workers};
 
 use crate::layer::{add_layer_norm, AttentionRows};
 use crate::{Level, PackedWeight, Runtime, RuntimeError};
@@ -120,7 +120,7 @@ impl EncoderLayer<'_> {
         scratch: &mut LayerScratch,
         on_stage: impl FnMut(Stage, Option<Level>) + Send,
     ) -> Result<(), RuntimeError> {
-        on_workers(rayon::current_num_threads(), || {
+        on_workers(pool::threads(), || {
             self.forward_here(rt, shape, key_lens, x, scratch, on_stage)
         })
     }

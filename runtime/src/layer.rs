@@ -7,7 +7,7 @@
 
 use std::cell::RefCell;
 
-use kernels::cpu::pool::on_workers;
+use kernels::cpu::pool::{self, on_workers};
 use rayon::prelude::*;
 
 use crate::ops::buffer;
@@ -17,13 +17,14 @@ use crate::{Level, Runtime, RuntimeError};
 const TASK_VALUES: usize = 16_384;
 
 /// Calls `f(i, chunk)` on each `chunk`-long piece `i` of `data`: in parallel, a task per
-/// [`TASK_VALUES`] or so, unless all of it is one task's work; then on this thread (a call
-/// into the pool from outside it costs a wake-up and a sleep, tens of µs on a VM).
+/// [`TASK_VALUES`] or so, unless all of it is one task's work or this call may use one
+/// thread ([`pool::threads`]); then on this thread (a call into the pool from outside it
+/// costs a wake-up and a sleep, tens of µs on a VM).
 fn each_chunk(data: &mut [f32], chunk: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     if chunk == 0 {
         return;
     }
-    if data.len() <= TASK_VALUES {
+    if data.len() <= TASK_VALUES || pool::threads() == 1 {
         data.chunks_mut(chunk)
             .enumerate()
             .for_each(|(i, c)| f(i, c));
@@ -146,7 +147,7 @@ impl Runtime {
         qkv: &[f32],
         out: &mut [f32],
     ) -> Result<Level, RuntimeError> {
-        on_workers(rayon::current_num_threads(), || {
+        on_workers(pool::threads(), || {
             self.attention_qkv_here(dims, key_lens, qkv, out)
         })
     }

@@ -70,6 +70,7 @@ mod layer;
 mod ops;
 mod precision;
 pub mod probe;
+mod threads;
 
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -87,6 +88,7 @@ pub use index::{distance, IndexInfo, MISS_CACHE_CAPACITY, NEAREST_MAX_DISTANCE};
 pub use layer::{add_layer_norm, AttentionRows};
 pub use ops::PackedWeight;
 pub use precision::{PrecisionPolicy, UnknownPrecision, DEFAULT_AUTO_MAX_REL_ERR};
+pub use threads::{Threads, ThreadsError};
 
 use counters::Counters;
 use fallback_log::FallbackLog;

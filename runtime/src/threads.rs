@@ -1,0 +1,122 @@
+//! Where a runtime's calls run when its user picks a thread count (the Python and C
+//! bindings): rayon's process-wide pool for all CPUs, the caller's own thread for one, a
+//! pool of its own otherwise. The thread count is part of the hardware fingerprint, so it
+//! also picks the records served.
+
+use kernels::cpu::pool;
+use kernels::HardwareFingerprint;
+
+/// The threads of one runtime. Made by [`Threads::new`]; calls go through [`Threads::run`].
+#[derive(Debug)]
+pub struct Threads {
+    pool: Pool,
+    count: usize,
+}
+
+#[derive(Debug)]
+enum Pool {
+    /// Rayon's process-wide pool (all CPUs this process may use).
+    Global,
+    /// One thread: the caller's ([`pool::serial`]); no hand-over to another thread.
+    Caller,
+    /// A pool of its own.
+    Own(rayon::ThreadPool),
+}
+
+/// A thread count that cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ThreadsError {
+    /// 0, or more than the CPUs this process may use.
+    #[error("threads = {asked}: this process may use {cpus} CPU(s)")]
+    OutOfRange { asked: usize, cpus: usize },
+    /// The OS refused the pool's threads.
+    #[error("starting {threads} threads: {why}")]
+    Spawn { threads: usize, why: String },
+}
+
+impl Threads {
+    /// The threads for `threads` (`None`, or this machine's count: the process-wide pool)
+    /// and the fingerprint they serve (its thread count is part of it). Call it outside any
+    /// rayon pool: the process-wide pool's size is the machine's count.
+    pub fn new(threads: Option<usize>) -> Result<(Threads, HardwareFingerprint), ThreadsError> {
+        let here = HardwareFingerprint::current();
+        let Some(t) = threads.filter(|&t| t != here.cores) else {
+            let count = here.cores;
+            let all = Threads {
+                pool: Pool::Global,
+                count,
+            };
+            return Ok((all, here.clone()));
+        };
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if t == 0 || t > cpus {
+            return Err(ThreadsError::OutOfRange { asked: t, cpus });
+        }
+        let pool = if t == 1 {
+            Pool::Caller
+        } else {
+            let own = rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .thread_name(|i| format!("autokernel-{i}"))
+                .build()
+                .map_err(|e| ThreadsError::Spawn {
+                    threads: t,
+                    why: e.to_string(),
+                })?;
+            Pool::Own(own)
+        };
+        Ok((Threads { pool, count: t }, here.with_cores(t)))
+    }
+
+    /// Threads the kernels use.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Runs `f` on these threads: here (process-wide pool: the kernels enter it themselves
+    /// when they fork; one thread: serially, [`pool::serial`]) or on the runtime's own pool.
+    /// Concurrent callers of a one-thread runtime each compute on their own thread.
+    pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Pool::Global => f(),
+            Pool::Caller => pool::serial(f),
+            Pool::Own(own) => own.install(f),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_thread_runs_here_serially_and_a_count_of_its_own_in_its_pool() {
+        let here = HardwareFingerprint::current();
+        let (one, hw) = Threads::new(Some(1)).unwrap();
+        assert_eq!((one.count(), hw.cores), (1, 1));
+        let caller = std::thread::current().id();
+        one.run(|| {
+            assert_eq!(std::thread::current().id(), caller, "no hand-over");
+            assert_eq!(pool::threads(), 1);
+        });
+        let (all, hw) = Threads::new(None).unwrap();
+        assert_eq!((all.count(), hw.id.clone()), (here.cores, here.id.clone()));
+        all.run(|| assert_eq!(std::thread::current().id(), caller));
+        if here.cores > 2 {
+            let (two, _) = Threads::new(Some(2)).unwrap();
+            two.run(|| assert_eq!(rayon::current_num_threads(), 2));
+        }
+    }
+
+    #[test]
+    fn refuses_zero_and_more_than_the_cpus() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for asked in [0, cpus + 1] {
+            let err = Threads::new(Some(asked)).unwrap_err();
+            assert!(
+                matches!(err, ThreadsError::OutOfRange { asked: a, cpus: c } if a == asked && c == cpus),
+                "{err}"
+            );
+        }
+    }
+}
