@@ -11,8 +11,10 @@ weights, threads and batch/seq grid, interleaved rounds. Never used by tests or 
    exports it to ONNX (f32) and quantises that with `onnxruntime.quantization.quantize_dynamic`
    (int8, ORT's default per-tensor weights, as users run it).
 2. Per round, per (batch, seq), ours first in even rounds and the peers first in odd ones:
-   our `autokernel infer --model DIR --precision P --json` for each P; PyTorch f32, `autocast(bfloat16)` and `quantize_dynamic` int8 (nn.Linear); ORT f32
-   and int8. Every stack runs the same random token ids (seeded).
+   our `autokernel infer --model DIR --precision P --json` for each P; PyTorch f32,
+   `autocast(bfloat16)` and `quantize_dynamic` int8 (nn.Linear); ORT f32 and int8. Every
+   stack runs in a fresh process of its own (this script again, `--one-stack NAME`), so none
+   runs beside another's idle (spinning) threads or memory, and on the same random token ids.
    With `--python-precisions` (default f32,int8 when the `autokernel` package imports): the
    same PyTorch model served by `autokernel.torch.optimize(model, precision=P)` (the Python
    drop-in; same database), rows "autokernel.torch P", compared with the Rust `infer` rows.
@@ -65,7 +67,7 @@ def load_torch(dir_):
     return BertModel.from_pretrained(dir_, attn_implementation="sdpa").eval()
 
 
-def onnx_models(dir_, model):
+def onnx_models(dir_):
     import torch
 
     f32 = os.path.join(dir_, "bert.onnx")
@@ -113,75 +115,100 @@ def time_calls(fn, iters):
     return out
 
 
-_OPTIMIZED = {}
+def stacks(args):
+    """The Python stacks timed, in order: PyTorch, the drop-in per precision, ORT."""
+    names = ["torch f32", "torch bf16 autocast", "torch int8 dynamic"]
+    names += [f"autokernel.torch {p}" for p in args.python_precisions]
+    names += ["onnxruntime f32", "onnxruntime int8"]
+    return [n for n in names if n not in args.skip]
 
 
-def optimized(args, model, precision, shapes):
-    """The model served by the Python drop-in in `precision` (built once per precision)."""
-    import copy
-
-    import autokernel.torch as akt
-
-    if precision not in _OPTIMIZED:
-        _OPTIMIZED[precision] = akt.optimize(copy.deepcopy(model), db=args.db, threads=args.threads,
-                                             precision=precision, ms=[b * s for b, s in shapes])
-    return _OPTIMIZED[precision]
-
-
-def peers(args, model, onnx_paths, b, s, shapes=()):
-    """Times and checks the PyTorch and ORT stacks on one (batch, seq)."""
-    import numpy as np
-    import onnxruntime as ort
+def inputs(args, b, s):
+    """The token ids and mask every stack runs at (batch, seq): seeded, all tokens real."""
     import torch
 
+    with open(os.path.join(args.model_dir, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
     g = torch.Generator().manual_seed(1000 * b + s)
-    ids = torch.randint(0, model.config.vocab_size, (b, s), generator=g)
-    mask = torch.ones(b, s, dtype=torch.long)
-    rows = {}
-    with torch.inference_mode():
-        ref = model(input_ids=ids, attention_mask=mask).last_hidden_state.float().numpy()
+    return torch.randint(0, vocab, (b, s), generator=g), torch.ones(b, s, dtype=torch.long)
 
-        def run_f32():
-            return model(input_ids=ids, attention_mask=mask).last_hidden_state
 
-        def run_bf16():
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                return model(input_ids=ids, attention_mask=mask).last_hidden_state
+def one_stack(args, name, b, s, out_path):
+    """In a process of its own: times stack `name` at (batch, seq), saves its output to
+    `out_path` (.npy) and prints its times as JSON."""
+    import numpy as np
+    import torch
 
-        q = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    ids, mask = inputs(args, b, s)
+    if name.startswith("onnxruntime"):
+        import onnxruntime as ort
 
-        def run_i8():
-            return q(input_ids=ids, attention_mask=mask).last_hidden_state
-
-        stacks = [("torch f32", run_f32), ("torch bf16 autocast", run_bf16), ("torch int8 dynamic", run_i8)]
-        for p in args.python_precisions:
-            opt = optimized(args, model, p, shapes)
-            stacks.append((f"autokernel.torch {p}",
-                           lambda opt=opt: opt(input_ids=ids, attention_mask=mask).last_hidden_state))
-        stacks = [(n, f) for n, f in stacks if n not in args.skip]
-        for name, fn in stacks:
-            out = fn().float().numpy()
-            rows[name] = (time_calls(fn, args.iters), out)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = args.threads
-    opts.inter_op_num_threads = 1
-    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
-    for name, path in [("onnxruntime f32", onnx_paths[0]), ("onnxruntime int8", onnx_paths[1])]:
-        if name in args.skip:
-            continue
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = args.threads
+        opts.inter_op_num_threads = 1
+        path = os.path.join(args.model_dir, "bert.onnx" if name.endswith("f32") else "bert.int8.onnx")
         sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-        fn = lambda: sess.run(["last_hidden_state"], feeds)[0]  # noqa: E731
-        rows[name] = (time_calls(fn, args.iters), np.asarray(fn()))
+        feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+
+        def fn():
+            return sess.run(["last_hidden_state"], feeds)[0]
+    else:
+        model = load_torch(args.model_dir)
+        if name == "torch int8 dynamic":
+            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        elif name.startswith("autokernel.torch "):
+            import autokernel.torch as akt
+
+            model = akt.optimize(model, db=args.db, threads=args.threads, precision=name.split()[-1],
+                                 ms=[b * s])
+        autocast = name == "torch bf16 autocast"
+
+        def fn():
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                return model(input_ids=ids, attention_mask=mask).last_hidden_state.float().numpy()
+    times = time_calls(fn, args.iters)
+    np.save(out_path, np.asarray(fn()))
+    print(json.dumps({"times": times}))
+
+
+def peers(args, b, s, outputs):
+    """Times each Python stack at (batch, seq) in a fresh process of its own (as ours runs),
+    so no stack runs beside another's idle threads; `outputs` keeps each stack's output
+    (from the first round) for the accuracy columns."""
+    import tempfile
+
     result = []
-    for name, (times, out) in rows.items():
+    for name in stacks(args):
+        with tempfile.TemporaryDirectory() as tmp:
+            out_path = os.path.join(tmp, "out.npy")
+            cmd = [sys.executable, os.path.abspath(__file__), "--one-stack", name, "--batch", str(b),
+                   "--seq", str(s), "--one-out", out_path, "--model-dir", args.model_dir, "--db", args.db,
+                   "--threads", str(args.threads), "--iters", str(args.iters)]
+            done = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            times = json.loads(done.strip().splitlines()[-1])["times"]
+            if (name, b, s) not in outputs:
+                import numpy as np
+
+                outputs[(name, b, s)] = np.load(out_path)
         result.append({
             "impl": name, "batch": b, "seq": s,
             "p50_ms": 1e3 * pct(times, 0.5), "p90_ms": 1e3 * pct(times, 0.9),
             "seqs_per_s": b / pct(times, 0.5),
-            "cosine_vs_torch_f32": cosine(out, ref),
-            "max_abs_err_vs_torch_f32": float(np.max(np.abs(out - ref))),
         })
     return result
+
+
+def accuracy(rows, outputs):
+    """Each Python stack's cosine and max |err| against PyTorch f32 on the same ids."""
+    import numpy as np
+
+    for r in rows:
+        key, ref = (r["impl"], r["batch"], r["seq"]), outputs.get(("torch f32", r["batch"], r["seq"]))
+        if key in outputs and ref is not None:
+            r["cosine_vs_torch_f32"] = cosine(outputs[key], ref)
+            r["max_abs_err_vs_torch_f32"] = float(np.max(np.abs(outputs[key] - ref)))
 
 
 def ours(args, precision, b, s):
@@ -221,7 +248,11 @@ def main():
                          "(default f32,int8 when the autokernel package imports; '' for none)")
     ap.add_argument("--skip", default="", help="peer stacks to leave out, comma-separated, e.g. "
                     "'torch bf16 autocast' (10 s a call at batch 8 on CPUs without bf16 hardware)")
+    ap.add_argument("--one-stack", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--one-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one_stack:
+        return one_stack(args, args.one_stack, int(args.batch), int(args.seq), args.one_out)
     args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if args.python_precisions is None:
         import importlib.util
@@ -229,14 +260,9 @@ def main():
         args.python_precisions = "f32,int8" if found else ""
     args.python_precisions = [p for p in args.python_precisions.split(",") if p]
 
-    import torch
-
-    torch.set_num_threads(args.threads)
-    torch.set_num_interop_threads(1)
     os.makedirs(args.model_dir, exist_ok=True)
     make_model(args.model_dir, args.seed)
-    model = load_torch(args.model_dir)
-    onnx_paths = onnx_models(args.model_dir, model)
+    onnx_models(args.model_dir)
     hw = json.loads(subprocess.run([args.autokernel, "hw", "--json", "--threads", str(args.threads)],
                                    check=True, capture_output=True, text=True).stdout)
     # bench_results/ is keyed by the machine's fingerprint at all its threads (`hw` without
@@ -247,18 +273,19 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     shapes = [(int(b), int(s)) for b in args.batch.split(",") for s in args.seq.split(",")]
     precisions = [p for p in args.precisions.split(",") if p]
-    rows = []
+    rows, outputs = [], {}
     for r in range(args.rounds):
         for b, s in shapes:
-            # Odd rounds run the peers first: whoever runs right after another stack (whose
-            # idle threads may still spin) takes turns.
+            # Odd rounds run the peers first (every stack runs in a process of its own; the
+            # order still decides who follows whom on a VM whose speed drifts).
             parts = [lambda: [ours(args, p, b, s) for p in precisions],
-                     lambda: peers(args, model, onnx_paths, b, s, shapes)]
+                     lambda: peers(args, b, s, outputs)]
             for part in parts if r % 2 == 0 else parts[::-1]:
                 for row in part():
                     row["round"] = r
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+    accuracy(rows, outputs)
     write_report(args, hw, out_dir, rows, shapes)
 
 

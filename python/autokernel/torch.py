@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from . import Runtime
-from ._hf import _fusable_layer, _fusable_output, _fusable_qkv, _fuse_layer, _fuse_output, _fuse_qkv, _install_hf_attention
+from ._hf import (_fusable_layer, _fusable_output, _fusable_qkv, _fuse_layer, _fuse_output, _fuse_qkv,
+                  _install_hf_attention, _remember_masks)
 from ._ops import _RECORD, _RUNTIMES, AutokernelLinear, _classify_act, _FUSABLE, _linear_ok, _register, log
 
 __all__ = ["AutokernelLinear", "optimize", "workloads", "runtime_of"]
@@ -131,6 +132,8 @@ def optimize(
                     if act in _FUSABLE and swap(parent, n1, prefix + n1, act):
                         parent._modules[n2] = nn.Identity()
     routed = _install_hf_attention(model, _register(_RUNTIMES, rt), report) if attention else 0
+    if routed:
+        _remember_masks(model)
     fused: list[str] = []
     if routed:
         for pname, m in list(model.named_modules()):

@@ -184,6 +184,31 @@ def test_packed_weights_are_released_with_their_modules():
     assert not any(h in _ops._LAYERS for h in layers)
 
 
+def test_key_lengths_are_read_once_per_mask_within_a_forward():
+    keys = torch.arange(6)
+    mask = (keys[None, :] < torch.tensor([6, 2])[:, None])[:, None, None, :].expand(2, 1, 6, 6).clone()
+    reads = []
+    read = _hf._read_key_lengths
+    try:
+        _hf._read_key_lengths = lambda m, c: reads.append(c) or read(m, c)
+        _hf._key_lengths(mask, False), _hf._key_lengths(mask, False)
+        assert len(reads) == 2  # outside a forward: every call reads
+        _hf._remember_masks(hooked := nn.Module())
+        hooked.forward = lambda: [_hf._key_lengths(m, c) for m, c in
+                                  [(mask, False), (mask, False), (mask, True), (mask.clone(), False)]]
+        first, again, causal, other = hooked()
+        assert again is first and causal is None
+        torch.testing.assert_close(other, torch.tensor([6, 2], dtype=torch.int32))
+        assert len(reads) == 2 + 3  # the repeat was remembered; another question, another tensor read
+        assert _hf._MASKS.memo is None  # forgotten after the forward
+        with pytest.raises(RuntimeError):
+            hooked.forward = lambda: (_ for _ in ()).throw(RuntimeError("inside"))
+            hooked()
+        assert _hf._MASKS.memo is None  # also after a failed one
+    finally:
+        _hf._read_key_lengths = read
+
+
 def test_key_lengths_read_only_right_padding_masks():
     lengths = torch.tensor([5, 1, 0])
     keys = torch.arange(5)
