@@ -16,10 +16,10 @@ use crate::{Level, Runtime, RuntimeError};
 /// Values per rayon task: enough work (≈ 21 rows at H = 768) to outweigh a task's cost.
 const TASK_VALUES: usize = 16_384;
 
-/// Calls `f(i, chunk)` on each `chunk`-long piece `i` of `data`: in parallel, a task per
-/// [`TASK_VALUES`] or so, unless all of it is one task's work or this call may use one
-/// thread ([`pool::threads`]); then on this thread (a call into the pool from outside it
-/// costs a wake-up and a sleep, tens of µs on a VM).
+/// Calls `f(i, chunk)` on each `chunk`-long piece `i` of `data`: in parallel on the call's
+/// workers ([`on_workers`]), a task per [`TASK_VALUES`] or so, unless all of it is one
+/// task's work or this call may use one thread ([`pool::threads`]); then on this thread (a
+/// call into the pool from outside it costs a wake-up and a sleep, tens of µs on a VM).
 fn each_chunk(data: &mut [f32], chunk: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     if chunk == 0 {
         return;
@@ -29,10 +29,12 @@ fn each_chunk(data: &mut [f32], chunk: usize, f: impl Fn(usize, &mut [f32]) + Sy
             .enumerate()
             .for_each(|(i, c)| f(i, c));
     } else {
-        data.par_chunks_mut(chunk)
-            .with_min_len(TASK_VALUES.div_ceil(chunk))
-            .enumerate()
-            .for_each(|(i, c)| f(i, c));
+        on_workers(pool::threads(), || {
+            data.par_chunks_mut(chunk)
+                .with_min_len(TASK_VALUES.div_ceil(chunk))
+                .enumerate()
+                .for_each(|(i, c)| f(i, c));
+        });
     }
 }
 

@@ -1,9 +1,11 @@
 //! Where a runtime's calls run when its user picks a thread count (the Python and C
 //! bindings): rayon's process-wide pool for all CPUs, the caller's own thread for one, a
-//! pool of its own otherwise. The thread count is part of the hardware fingerprint, so it
-//! also picks the records served.
+//! pool of its own otherwise — entered only by the calls that fork ([`pool::within`]). The
+//! thread count is part of the hardware fingerprint, so it also picks the records served.
 
-use kernels::cpu::pool;
+use std::sync::Arc;
+
+use kernels::cpu::pool::{self, Workers};
 use kernels::HardwareFingerprint;
 
 /// The threads of one runtime. Made by [`Threads::new`]; calls go through [`Threads::run`].
@@ -17,16 +19,15 @@ pub struct Threads {
 enum Pool {
     /// Rayon's process-wide pool (all CPUs this process may use).
     Global,
-    /// One thread: the caller's ([`pool::serial`]); no hand-over to another thread.
-    Caller,
-    /// A pool of its own.
-    Own(rayon::ThreadPool),
+    /// One thread (the caller's: no hand-over) or a pool of its own.
+    Own(Workers),
 }
 
 /// A thread count that cannot be served.
 #[derive(Debug, thiserror::Error)]
 pub enum ThreadsError {
-    /// 0, or more than the CPUs this process may use.
+    /// 0, or more than the CPUs this process may use (rayon's process-wide pool:
+    /// `RAYON_NUM_THREADS` where set).
     #[error("threads = {asked}: this process may use {cpus} CPU(s)")]
     OutOfRange { asked: usize, cpus: usize },
     /// The OS refused the pool's threads.
@@ -48,12 +49,14 @@ impl Threads {
             };
             return Ok((all, here.clone()));
         };
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // The process-wide pool's size: the CPUs this process may use (what kernels check
+        // configs against), `RAYON_NUM_THREADS` where set.
+        let cpus = here.cores;
         if t == 0 || t > cpus {
             return Err(ThreadsError::OutOfRange { asked: t, cpus });
         }
-        let pool = if t == 1 {
-            Pool::Caller
+        let workers = if t == 1 {
+            Workers::Caller
         } else {
             let own = rayon::ThreadPoolBuilder::new()
                 .num_threads(t)
@@ -63,8 +66,9 @@ impl Threads {
                     threads: t,
                     why: e.to_string(),
                 })?;
-            Pool::Own(own)
+            Workers::Pool(Arc::new(own))
         };
+        let pool = Pool::Own(workers);
         Ok((Threads { pool, count: t }, here.with_cores(t)))
     }
 
@@ -73,14 +77,14 @@ impl Threads {
         self.count
     }
 
-    /// Runs `f` on these threads: here (process-wide pool: the kernels enter it themselves
-    /// when they fork; one thread: serially, [`pool::serial`]) or on the runtime's own pool.
-    /// Concurrent callers of a one-thread runtime each compute on their own thread.
+    /// Runs `f` as a call on these threads, from this thread: the kernels and the runtime's
+    /// steps that fork enter the process-wide pool or the runtime's own (once per call, at
+    /// the first step that forks); serial ones run here. Concurrent callers of a one-thread
+    /// runtime each compute on their own thread.
     pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         match &self.pool {
             Pool::Global => f(),
-            Pool::Caller => pool::serial(f),
-            Pool::Own(own) => own.install(f),
+            Pool::Own(workers) => pool::within(workers, f),
         }
     }
 }
@@ -102,15 +106,24 @@ mod tests {
         let (all, hw) = Threads::new(None).unwrap();
         assert_eq!((all.count(), hw.id.clone()), (here.cores, here.id.clone()));
         all.run(|| assert_eq!(std::thread::current().id(), caller));
-        if here.cores > 2 {
-            let (two, _) = Threads::new(Some(2)).unwrap();
-            two.run(|| assert_eq!(rayon::current_num_threads(), 2));
+        // A count of its own: 2, where the machine has more CPUs.
+        let own = 2;
+        if own < here.cores {
+            let (threads, _) = Threads::new(Some(own)).unwrap();
+            threads.run(|| {
+                assert_eq!(std::thread::current().id(), caller, "a call starts here");
+                assert_eq!(pool::threads(), own);
+                let forked = pool::on_workers(own, rayon::current_num_threads);
+                assert_eq!(forked, own, "and forks on the runtime's pool");
+            });
+        } else {
+            eprintln!("note: 2 CPUs or fewer: a pool of its own is not tested here");
         }
     }
 
     #[test]
     fn refuses_zero_and_more_than_the_cpus() {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpus = HardwareFingerprint::current().cores;
         for asked in [0, cpus + 1] {
             let err = Threads::new(Some(asked)).unwrap_err();
             assert!(

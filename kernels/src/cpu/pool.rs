@@ -9,51 +9,64 @@
 //! vs 0.93× the serial speed, `gemm:128x768x768` 0.92× vs 1.62×; BERT-base int8 batch 1×128
 //! forward from inside the pool 4–11% faster (3 of 3 interleaved pairs).
 //!
-//! A runtime that may use one thread needs no pool at all: [`serial`] runs its calls on the
-//! caller's thread, and the parallel helpers above the kernels ask [`threads`] instead of
-//! rayon (a one-thread pool of its own would cost every call that hand-over: 25–40 µs for a
-//! small GEMM from Python on that VM, against 3 µs here).
+//! A runtime with a thread count of its own ([`Workers`]) enters its pool the same way, and
+//! only then: [`within`] marks its calls on the caller's thread, a call that forks hops into
+//! its pool once, and a serial one (a small GEMM) runs where it was made. One thread needs no
+//! pool at all. (Entering the pool on every call cost a small GEMM from Python 30 µs on that
+//! VM, against 3 µs here.) The runtime's own parallel steps ask [`threads`], not rayon.
 
-use std::cell::Cell;
+use std::cell::RefCell;
+use std::sync::Arc;
 
-thread_local! {
-    /// Whether this thread is inside [`serial`].
-    static SERIAL: Cell<bool> = const { Cell::new(false) };
+/// Where the calls of a runtime with its own thread count fork.
+#[derive(Debug, Clone)]
+pub enum Workers {
+    /// Nowhere: every step runs on the calling thread (a one-thread runtime).
+    Caller,
+    /// The runtime's own pool, entered by the calls that fork.
+    Pool(Arc<rayon::ThreadPool>),
 }
 
-/// Runs `f` on this thread as a one-thread runtime's call: inside it [`threads`] is 1, so
-/// the runtime's own parallel steps run here, and [`on_workers`] never hops. (The kernels
-/// fork by their configs' thread counts, which for such a runtime are 1.) Nests; restored
-/// on unwinding.
-pub fn serial<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(bool);
+thread_local! {
+    /// The workers of the runtime call this thread is in ([`within`]).
+    static WORKERS: RefCell<Option<Workers>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` here as a call of a runtime whose threads are `workers`: inside it, [`threads`]
+/// counts them and [`on_workers`] forks there. Nests; restored on unwinding.
+pub fn within<R>(workers: &Workers, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Workers>);
     impl Drop for Restore {
         fn drop(&mut self) {
-            SERIAL.with(|s| s.set(self.0));
+            WORKERS.with(|w| *w.borrow_mut() = self.0.take());
         }
     }
-    let _restore = Restore(SERIAL.with(|s| s.replace(true)));
+    let _restore = Restore(WORKERS.with(|w| w.borrow_mut().replace(workers.clone())));
     f()
 }
 
-/// Threads a parallel step started on this thread may use: 1 inside [`serial`], else the
-/// size of rayon's current pool.
+/// Threads a parallel step started on this thread may use: the runtime's ([`within`]), else
+/// the size of rayon's current pool.
 pub fn threads() -> usize {
-    if SERIAL.with(Cell::get) {
-        1
-    } else {
-        rayon::current_num_threads()
-    }
+    WORKERS.with(|w| match &*w.borrow() {
+        Some(Workers::Caller) => 1,
+        Some(Workers::Pool(pool)) => pool.current_num_threads(),
+        None => rayon::current_num_threads(),
+    })
 }
 
-/// Runs `f` on a worker of rayon's current pool when it may fork (`threads > 1`) and this
-/// thread is not a worker already (nor inside [`serial`]); otherwise here, directly (a
-/// serial call never hops). A panic in `f` propagates to the caller.
+/// Runs `f` on a worker when it may fork (`threads > 1`) and this thread is not one of the
+/// pool's already: the runtime's pool inside [`within`], else rayon's current one. Otherwise
+/// here, directly (a serial call never hops). A panic in `f` propagates to the caller.
 pub fn on_workers<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
-    if threads > 1 && rayon::current_thread_index().is_none() && !SERIAL.with(Cell::get) {
-        rayon::scope(|_| f())
-    } else {
-        f()
+    if threads <= 1 {
+        return f();
+    }
+    match WORKERS.with(|w| w.borrow().clone()) {
+        Some(Workers::Caller) => f(),
+        Some(Workers::Pool(pool)) if pool.current_thread_index().is_none() => pool.install(f),
+        None if rayon::current_thread_index().is_none() => rayon::scope(|_| f()),
+        _ => f(),
     }
 }
 
@@ -78,16 +91,41 @@ mod tests {
     }
 
     #[test]
-    fn serial_keeps_calls_here_and_restores_on_unwinding() {
+    fn within_a_runtime_calls_fork_on_its_workers_or_stay_here() {
         assert!(threads() >= 1);
-        serial(|| {
+        within(&Workers::Caller, || {
             assert_eq!(threads(), 1);
             assert!(on_workers(2, rayon::current_thread_index).is_none());
-            serial(|| assert_eq!(threads(), 1));
-            assert_eq!(threads(), 1, "an inner serial leaves the outer one on");
+        });
+        let own = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(3)
+                .build()
+                .unwrap(),
+        );
+        within(&Workers::Pool(own.clone()), || {
+            assert_eq!(threads(), 3);
+            // A serial call stays here; one that forks runs on the runtime's pool, and
+            // inside it on_workers does not hop again.
+            assert!(on_workers(1, || own.current_thread_index()).is_none());
+            let inside = on_workers(3, || {
+                (
+                    own.current_thread_index(),
+                    rayon::current_num_threads(),
+                    on_workers(3, threads),
+                )
+            });
+            assert!(inside.0.is_some());
+            assert_eq!((inside.1, inside.2), (3, 3));
+            within(&Workers::Caller, || assert_eq!(threads(), 1));
+            assert_eq!(
+                threads(),
+                3,
+                "an inner call restores the outer one's workers"
+            );
         });
         assert_eq!(threads(), rayon::current_num_threads());
-        let caught = std::panic::catch_unwind(|| serial(|| panic!("inside")));
+        let caught = std::panic::catch_unwind(|| within(&Workers::Caller, || panic!("inside")));
         assert!(caught.is_err());
         assert_eq!(
             threads(),
