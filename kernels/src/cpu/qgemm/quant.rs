@@ -168,6 +168,28 @@ pub struct QuantB {
     pub nr: usize,
 }
 
+/// Writes the codes of the `k × n` row-major `b` (`x · inv[j]`, rounded to nearest even,
+/// clamped to ±127) into `q`'s panels, and their column sums. `#[inline(always)]`, so the
+/// AVX2 build of it ([`super::ukernel::codes_fast`]) rounds in registers (the baseline
+/// build calls libm's `rintf` per weight).
+#[inline(always)]
+pub fn codes(b: &[f32], inv: &[f32], q: &mut QuantB) {
+    let (n, nr) = (q.n, q.nr);
+    let panel_len = q.kp * nr;
+    for (p, row) in b.chunks_exact(n).enumerate() {
+        let within = (p / 4 * nr) * 4 + p % 4;
+        for (panel, cols) in row.chunks(nr).enumerate() {
+            let dst = &mut q.panels[panel * panel_len + within..];
+            for (c, &x) in cols.iter().enumerate() {
+                let j = panel * nr + c;
+                let code = (x * inv[j]).round_ties_even().clamp(-127.0, 127.0) as i8;
+                dst[c * 4] = code;
+                q.colsum[j] += code as i32;
+            }
+        }
+    }
+}
+
 impl QuantB {
     /// Quantises and packs the `k × n` row-major `b`.
     pub fn new(b: &[f32], k: usize, n: usize, nr: usize) -> QuantB {
@@ -197,19 +219,7 @@ impl QuantB {
                 1.0 / *s
             })
             .collect();
-        let panel_len = kp * nr;
-        for (p, row) in b.chunks_exact(n).enumerate() {
-            let within = (p / 4 * nr) * 4 + p % 4;
-            for (panel, cols) in row.chunks(nr).enumerate() {
-                let dst = &mut q.panels[panel * panel_len + within..];
-                for (c, &x) in cols.iter().enumerate() {
-                    let j = panel * nr + c;
-                    let code = (x * inv[j]).round_ties_even().clamp(-127.0, 127.0) as i8;
-                    dst[c * 4] = code;
-                    q.colsum[j] += code as i32;
-                }
-            }
-        }
+        super::ukernel::codes_fast(b, &inv, &mut q);
         q
     }
 
@@ -234,6 +244,31 @@ impl QuantB {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn weight_codes_are_the_same_in_every_build() {
+        // The AVX2 build (QuantB::new on this CPU) against the baseline one, code for code.
+        let (k, n, nr) = (9, 13, 8);
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| (i as f32 - 60.0) * 0.5 + if i % 7 == 0 { 0.25 } else { 0.0 })
+            .collect();
+        let fast = QuantB::new(&b, k, n, nr);
+        let mut portable = QuantB::new(&b, k, n, nr);
+        portable.panels.fill(0);
+        portable.colsum.fill(0);
+        let inv: Vec<f32> = portable.scale.iter().map(|s| 1.0 / s).collect();
+        codes(&b, &inv, &mut portable);
+        assert_eq!(fast.panels, portable.panels);
+        assert_eq!(fast.colsum, portable.colsum);
+        for p in 0..k {
+            for j in 0..n {
+                let want = (b[p * n + j] * inv[j])
+                    .round_ties_even()
+                    .clamp(-127.0, 127.0);
+                assert_eq!(fast.code(p, j) as f32, want, "({p}, {j})");
+            }
+        }
+    }
 
     #[test]
     fn codes_round_trip_within_half_a_step() {

@@ -198,6 +198,18 @@ pub fn quantize_rows_fast(
     super::quant::quantize_rows(a, k, scheme, max_code, q)
 }
 
+/// [`codes`](super::quant::codes) of a weight, compiled for AVX2 + FMA where this CPU runs
+/// them (rounding in registers instead of a libm call per weight).
+pub fn codes_fast(b: &[f32], inv: &[f32], q: &mut super::quant::QuantB) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.available() {
+        // SAFETY: `available()` checked that this CPU runs AVX2 (and FMA, which the level
+        // includes).
+        return unsafe { x86::codes_avx2(b, inv, q) };
+    }
+    super::quant::codes(b, inv, q)
+}
+
 /// [`dequantize`](super::quant::dequantize), compiled for AVX2 where this CPU runs it (the
 /// baseline build has no 32-bit vector multiply and half the vector width).
 pub fn dequantize_fast(
@@ -302,6 +314,16 @@ mod x86 {
         q: &mut QuantA,
     ) {
         quantize_rows(a, k, scheme, max_code, q)
+    }
+
+    /// [`codes`](super::super::quant::codes) with AVX2 + FMA enabled (it is
+    /// `#[inline(always)]`, so its body is compiled here).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn codes_avx2(b: &[f32], inv: &[f32], q: &mut super::super::quant::QuantB) {
+        super::super::quant::codes(b, inv, q)
     }
 
     /// [`dequantize`](super::super::quant::dequantize) with AVX2 + FMA enabled (it is
