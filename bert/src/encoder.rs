@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use kernels::cpu::pool::on_workers;
+use kernels::cpu::pool::{self, on_workers};
 use kernels::Act;
 use rayon::prelude::*;
 use runtime::{EncoderLayer, LayerScratch, Level, PackedWeight, Runtime, Stage};
@@ -335,7 +335,7 @@ impl Encoder {
             });
         }
         // Every layer's stages from one entry into rayon's pool (see `on_workers`).
-        on_workers(rayon::current_num_threads(), || {
+        on_workers(pool::threads(), || {
             self.layers_here(rt, (batch, seq, key_lens), input, scratch, times)
         })
     }

@@ -24,12 +24,13 @@ fn each_chunk(data: &mut [f32], chunk: usize, f: impl Fn(usize, &mut [f32]) + Sy
     if chunk == 0 {
         return;
     }
-    if data.len() <= TASK_VALUES || pool::threads() == 1 {
+    let threads = pool::threads();
+    if data.len() <= TASK_VALUES || threads == 1 {
         data.chunks_mut(chunk)
             .enumerate()
             .for_each(|(i, c)| f(i, c));
     } else {
-        on_workers(pool::threads(), || {
+        on_workers(threads, || {
             data.par_chunks_mut(chunk)
                 .with_min_len(TASK_VALUES.div_ceil(chunk))
                 .enumerate()
