@@ -315,6 +315,34 @@ pub(crate) unsafe fn bias_act_body<S: Simd>(row: *mut f32, bias: *const f32, n: 
     // SAFETY: the caller guarantees the ISA and the extents; j + W ≤ n in the vector loop.
     unsafe {
         let mut j = 0;
+        // Two vectors at a time: GELU's dependency chains are long and the FP scheduler
+        // holds about one of them, so independent work must sit side by side in the stream.
+        while j + 2 * S::W <= n {
+            let p = row.add(j);
+            let (x0, x1) = (S::load(p), S::load(p.add(S::W)));
+            let (b0, b1) = (bias.add(j), bias.add(j + S::W));
+            let (y0, y1) = match act {
+                Epi::GELU => (
+                    epilogue::<S, { Epi::GELU }>(x0, b0),
+                    epilogue::<S, { Epi::GELU }>(x1, b1),
+                ),
+                Epi::GELU_ERF => (
+                    epilogue::<S, { Epi::GELU_ERF }>(x0, b0),
+                    epilogue::<S, { Epi::GELU_ERF }>(x1, b1),
+                ),
+                Epi::BIAS => (
+                    epilogue::<S, { Epi::BIAS }>(x0, b0),
+                    epilogue::<S, { Epi::BIAS }>(x1, b1),
+                ),
+                _ => (
+                    epilogue::<S, { Epi::RELU }>(x0, b0),
+                    epilogue::<S, { Epi::RELU }>(x1, b1),
+                ),
+            };
+            S::store(p, y0);
+            S::store(p.add(S::W), y1);
+            j += 2 * S::W;
+        }
         while j + S::W <= n {
             let p = row.add(j);
             let x = S::load(p);
