@@ -2,7 +2,8 @@
 //! the tile registers. The CPU says what it has (CPUID leaf 7: AMX-TILE, AMX-BF16, AMX-INT8);
 //! on Linux a process must also ask the kernel for the tile data state once
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), which older kernels and some
-//! hypervisors refuse. The fingerprint reports the `amx_*` flags only when both say yes, so a
+//! hypervisors refuse (and the tile bits of XCR0 must be set: a hypervisor that hides AMX
+//! from its guest's kernel leaves them clear). The fingerprint reports the `amx_*` flags only when both say yes, so a
 //! record that needs AMX is never served where tiles cannot run.
 
 use std::sync::OnceLock;
@@ -32,6 +33,15 @@ fn probe() -> AmxState {
         return AmxState {
             flags: cpu,
             refused: None,
+        };
+    }
+    if let Err(why) = os_enabled_tiles() {
+        return AmxState {
+            flags: Vec::new(),
+            refused: Some(format!(
+                "the CPU has {} but {why}; AMX variants are left out",
+                cpu.join(", ")
+            )),
         };
     }
     match request_tile_data() {
@@ -86,28 +96,95 @@ fn cpu_flags() -> Vec<&'static str> {
     flags
 }
 
-/// Asks Linux for permission to use the tile data state (once per process is enough).
+/// The xsave feature number of the tile data (XTILEDATA; XTILECFG is 17).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const XFEATURE_XTILEDATA: u32 = 18;
+
+/// Whether the OS enabled the tile state in XCR0 (XTILECFG and XTILEDATA, bits 17 and 18):
+/// without them every tile instruction faults, whatever CPUID says. A hypervisor that hides
+/// AMX from its guests' kernels leaves them clear.
+#[cfg(target_arch = "x86_64")]
+fn os_enabled_tiles() -> Result<(), String> {
+    use std::arch::x86_64::__cpuid;
+    // SAFETY: CPUID leaf 1 exists on every x86-64 CPU.
+    #[allow(unused_unsafe)]
+    let osxsave = unsafe { __cpuid(1) }.ecx & (1 << 27) != 0;
+    if !osxsave {
+        return Err("the OS has not enabled XSAVE (CPUID.1:ECX.OSXSAVE)".into());
+    }
+    // SAFETY: OSXSAVE is set (checked above), so XGETBV is enabled.
+    let xcr0 = unsafe { xcr0() };
+    tile_bits_set(xcr0)
+}
+
+/// XCR0, the xsave features the OS enabled.
+///
+/// # Safety
+/// CPUID.1:ECX.OSXSAVE is set.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "xsave")]
+unsafe fn xcr0() -> u64 {
+    // SAFETY: the caller checked OSXSAVE; XGETBV(0) reads XCR0 and touches no memory.
+    unsafe { std::arch::x86_64::_xgetbv(0) }
+}
+
+/// `Ok` when `xcr0` has both tile state bits (17 and 18).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn tile_bits_set(xcr0: u64) -> Result<(), String> {
+    let tiles = (1u64 << 17) | (1u64 << XFEATURE_XTILEDATA);
+    if xcr0 & tiles == tiles {
+        Ok(())
+    } else {
+        Err(format!(
+            "the OS has not enabled the tile state in XCR0 ({xcr0:#x})"
+        ))
+    }
+}
+
+/// Asks Linux for permission to use the tile data state (once per process is enough), then
+/// reads the permission back: granted means the bit is in the permitted set.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 fn request_tile_data() -> Result<(), String> {
+    const ARCH_GET_XCOMP_PERM: libc::c_long = 0x1022;
     const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
     // SAFETY: arch_prctl with ARCH_REQ_XCOMP_PERM takes an integer argument and only changes
     // this process's permitted xsave features; it reads or writes no memory of ours.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_arch_prctl,
             ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
+            XFEATURE_XTILEDATA as libc::c_long,
         )
     };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(format!(
+    if rc != 0 {
+        return Err(format!(
             "arch_prctl(ARCH_REQ_XCOMP_PERM): {}",
             std::io::Error::last_os_error()
-        ))
+        ));
     }
+    let mut permitted: u64 = 0;
+    // SAFETY: ARCH_GET_XCOMP_PERM writes one u64, the permitted feature bitmap, through the
+    // pointer, which points at `permitted`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_GET_XCOMP_PERM,
+            &mut permitted as *mut u64,
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "arch_prctl(ARCH_GET_XCOMP_PERM): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    if permitted & (1 << XFEATURE_XTILEDATA) == 0 {
+        return Err(format!(
+            "arch_prctl(ARCH_REQ_XCOMP_PERM) returned 0 but the permitted set \
+             ({permitted:#x}) lacks the tile data"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
@@ -118,6 +195,16 @@ fn request_tile_data() -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn both_tile_state_bits_are_needed_in_xcr0() {
+        // x87, SSE, AVX, AVX-512 state (0xe7) and both tile bits: a Sapphire Rapids host.
+        assert!(tile_bits_set(0x6_00e7).is_ok());
+        for xcr0 in [0xe7, 0x2_00e7, 0x4_00e7] {
+            let e = tile_bits_set(xcr0).unwrap_err();
+            assert!(e.contains("XCR0"), "{e}");
+        }
+    }
 
     #[test]
     fn flags_are_granted_or_refused_with_a_reason_never_both() {

@@ -32,6 +32,7 @@ pub fn granted(flag: &str) -> bool {
     Isa::Avx512.available()
         && crate::amx::state().flags.contains(&flag)
         && palette1().is_ok_and(|p| p.fits())
+        && tmul().is_ok_and(|t| t.fits())
 }
 
 /// Palette 1 as CPUID leaf 0x1D reports it.
@@ -75,6 +76,44 @@ pub fn palette1() -> Result<Palette1, String> {
             max_names: p.ebx >> 16,
             max_rows: p.ecx & 0xffff,
         })
+    })
+    .clone()
+}
+
+/// The matrix unit's limits as CPUID leaf 0x1E reports them: the most rows of B a
+/// `tdp*` reads (`tmul_maxk`) and the most bytes of a B row (`tmul_maxn`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tmul {
+    pub max_k: u32,
+    pub max_n_bytes: u32,
+}
+
+impl Tmul {
+    /// Whether the kernels' largest tiles (16 rows of B, 64-byte rows) are within the unit's
+    /// limits.
+    pub fn fits(&self) -> bool {
+        self.max_k as usize >= MAX_ROWS && self.max_n_bytes as usize >= BYTES_PER_ROW
+    }
+
+    /// From leaf 0x1E's EBX: `tmul_maxk` in bits 0–7, `tmul_maxn` in bits 8–23.
+    pub fn from_ebx(ebx: u32) -> Tmul {
+        Tmul {
+            max_k: ebx & 0xff,
+            max_n_bytes: (ebx >> 8) & 0xffff,
+        }
+    }
+}
+
+/// CPUID leaf 0x1E, sub-leaf 0 (the TMUL unit), read once; an error where the leaf does not
+/// exist.
+pub fn tmul() -> Result<Tmul, String> {
+    static T: OnceLock<Result<Tmul, String>> = OnceLock::new();
+    T.get_or_init(|| {
+        let max_leaf = cpuid(0, 0).eax;
+        if max_leaf < 0x1E {
+            return Err(format!("CPUID has no TMUL leaf (max leaf {max_leaf:#x})"));
+        }
+        Ok(Tmul::from_ebx(cpuid(0x1E, 0).ebx))
     })
     .clone()
 }
