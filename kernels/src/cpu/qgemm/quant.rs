@@ -100,14 +100,14 @@ fn row_params(row: &[f32], scheme: AQuant, max_code: u8) -> (f32, i32) {
 
 /// Dequantises one column panel's i32 sums into C: for each row `i` of `c` (rows `ld`
 /// apart, the panel's columns at `at..at + cols`), with its activation scale and zero point
-/// from `qa`, `c_ij = scale_a_i · scale_b_j · (Σ_ij − zero_a_i · colsum_j)`; the sums of row
+/// `a_scale[i]`, `a_zero[i]` (of [`QuantA`]), `c_ij = scale_a_i · scale_b_j · (Σ_ij − zero_a_i · colsum_j)`; the sums of row
 /// `i` start at `acc[i·nr]`. `colsum` and `scale` are the panel's columns of [`QuantB`].
 ///
 /// Runs on every output, so it is written to vectorise (slices zipped, no indexing);
 /// [`super::ukernel::dequantize_fast`] compiles it for AVX2 where the CPU has it.
 #[inline(always)]
 pub fn dequantize(
-    qa: &QuantA,
+    (a_scale, a_zero): (&[f32], &[i32]),
     (colsum, scale): (&[i32], &[f32]),
     (acc, nr): (&[i32], usize),
     c: &mut [f32],
@@ -115,7 +115,7 @@ pub fn dequantize(
 ) {
     let cols = colsum.len();
     for (i, row) in c.chunks_exact_mut(ld).enumerate() {
-        let (sa, za) = (qa.scale[i], qa.zero[i]);
+        let (sa, za) = (a_scale[i], a_zero[i]);
         let sums = &acc[i * nr..i * nr + cols];
         let row = &mut row[at..at + cols];
         for (((x, &s), &cs), &sb) in row.iter_mut().zip(sums).zip(colsum).zip(scale) {

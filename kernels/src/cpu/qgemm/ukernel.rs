@@ -213,7 +213,7 @@ pub fn codes_fast(b: &[f32], inv: &[f32], q: &mut super::quant::QuantB) {
 /// [`dequantize`](super::quant::dequantize), compiled for AVX2 where this CPU runs it (the
 /// baseline build has no 32-bit vector multiply and half the vector width).
 pub fn dequantize_fast(
-    qa: &super::quant::QuantA,
+    a: (&[f32], &[i32]),
     b: (&[i32], &[f32]),
     acc: (&[i32], usize),
     c: &mut [f32],
@@ -223,9 +223,9 @@ pub fn dequantize_fast(
     if Isa::Avx2.available() {
         // SAFETY: `available()` checked that this CPU runs AVX2 (and FMA, which the level
         // includes).
-        return unsafe { x86::dequantize_avx2(qa, b, acc, c, at) };
+        return unsafe { x86::dequantize_avx2(a, b, acc, c, at) };
     }
-    super::quant::dequantize(qa, b, acc, c, at)
+    super::quant::dequantize(a, b, acc, c, at)
 }
 
 /// Whether this process may run AMX-INT8 (the CPU has it, Linux granted the tile data
@@ -333,13 +333,13 @@ mod x86 {
     /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dequantize_avx2(
-        qa: &QuantA,
+        a: (&[f32], &[i32]),
         b: (&[i32], &[f32]),
         acc: (&[i32], usize),
         c: &mut [f32],
         at: (usize, usize),
     ) {
-        super::super::quant::dequantize(qa, b, acc, c, at)
+        super::super::quant::dequantize(a, b, acc, c, at)
     }
 
     /// One `u8·s8` dot step of an ISA: every i32 lane of `acc` gains the sum of four
