@@ -101,7 +101,7 @@ pub unsafe extern "C" fn autokernel_runtime_attention(
 }
 
 /// `autokernel_runtime_attention` on a padded batch: `key_lens` holds `b` key lengths (each
-/// in 0..=s, `key_lens_len` must be `b`); keys j ≥ key_lens[batch] are not attended to (what a
+/// in 0..=s, `key_lens_len` must be `b`); keys j ≥ `key_lens[batch]` are not attended to (what a
 /// Hugging Face attention mask of 1s then 0s means), combined with `causal`; a query that sees
 /// no key gets zeros. Same tuned variants as unmasked attention.
 ///

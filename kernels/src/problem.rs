@@ -123,7 +123,7 @@ impl Problem {
     ///
     /// bf16 attention (Q, K, V and the weights P rounded to bf16, f32 accumulation and
     /// softmax): each score term `q_c·k_c` is off by at most `r = 2·2⁻⁸ + 2⁻¹⁶` of itself
-    /// ([`operand_rel_err`]), so `e_j` gains `r·Σ|q·k_j|/√D`; each weight (rounded, against
+    /// (`operand_rel_err`), so `e_j` gains `r·Σ|q·k_j|/√D`; each weight (rounded, against
     /// the unrounded running sum) and each value by `2⁻⁸` of themselves, so `tol(o_c)` gains
     /// `Σ_j w_j·|v_jc| · r`.
     pub fn reference(&self) -> Reference {

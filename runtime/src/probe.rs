@@ -1,6 +1,6 @@
 //! The first-use check of a borrowed config: before a `nearest_shape` choice is served (and
 //! cached), it is timed against the kernel default on the new shape, and served only if it
-//! is at least as fast. Structural rules ([`crate::index::suits`]) discard the hopeless
+//! is at least as fast. Structural rules (`index::suits`) discard the hopeless
 //! borrowings without running anything; this check makes the promise the rules cannot: a
 //! fallback is never slower than not having tuned at all (measured:
 //! `bench_results/<fingerprint>/nearest_shape.md`).

@@ -28,7 +28,7 @@
 //! ([`TuningDb::best`], [`TuningDb::best_all`]) through a read-only handle that never waits
 //! for a writer ([`TuningDb::open_read_only`]).
 //!
-//! A record only counts while its (kernel, version) is registered in [`kernels::registry`]
+//! A record only counts while its (kernel, version) is registered in [`kernels::registry()`]
 //! and its config still fits that family's space for the fingerprint. Bumping a kernel's
 //! version therefore invalidates its old records without touching the file. Among usable
 //! records, the winner a tuning job recorded ([`TuningDb::record_winner`], schema v2: decided

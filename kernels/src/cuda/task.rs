@@ -17,7 +17,7 @@
 //! A CUDA family's space and default depend on the GPU's compute capability, which its
 //! fingerprint row carries ([`GpuFingerprint::hardware`], [`gpu_arch`]); for a CPU's
 //! fingerprint the space is empty. The element type of the workload picks the template:
-//! `gemm:…` → [`GemmF32`], `gemm:…:bf16` → [`GemmBf16`](super::GemmBf16) (tensor cores),
+//! `gemm:…` → [`GemmF32`], `gemm:…:bf16` → [`GemmBf16`] (tensor cores),
 //! `attention:…[:bf16]` → [`Attention::F32`] / [`Attention::BF16`]. The families are built
 //! and run on a device by [`GpuTask`], not as host [`Executable`]s.
 

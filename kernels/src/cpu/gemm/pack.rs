@@ -66,7 +66,7 @@ pub enum Pool {
     Work,
 }
 
-/// Runs `f` with this thread's reusable buffer for `which` (see [`with_taken`]).
+/// Runs `f` with this thread's reusable buffer for `which` (see `with_taken`).
 pub fn with_buffer<R>(which: Pool, f: impl FnOnce(&mut AlignedBuf) -> R) -> R {
     let slot = match which {
         Pool::A => &POOL_A,

@@ -588,7 +588,11 @@ mod tests {
         for uk in offered(hw) {
             let kp = quant::padded_k(301);
             let block = row_block(kp, uk.mr, 66, l2);
-            assert!(block < 66 && block.is_multiple_of(uk.mr), "{}: {block}", uk.name);
+            assert!(
+                block < 66 && block.is_multiple_of(uk.mr),
+                "{}: {block}",
+                uk.name
+            );
             for (par, threads) in [("none", 1usize), ("m", 2)] {
                 let mut c = GemmI8.default_config(&w, hw);
                 c.set("ukernel", uk.name);

@@ -9,7 +9,7 @@
 //!   `2·127·127 = 32258 < 32767`, so nothing saturates and the result is exact — at the price
 //!   of one bit of activation precision, which the accuracy check of every record measures.
 //! - `amx_*`: `tdpbusd` on AMX tiles (Sapphire Rapids and later, where the OS granted the
-//!   tile state), in several tile arrangements ([`super::amx`]); 8-bit activation codes.
+//!   tile state), in several tile arrangements (`qgemm::amx`); 8-bit activation codes.
 //! - `portable_*`: scalar, for every other CPU (and as the reference shape of the others).
 
 #[cfg(target_arch = "x86_64")]

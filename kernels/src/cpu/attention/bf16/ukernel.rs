@@ -1,6 +1,6 @@
 //! The bf16 flash step: one `MR`-row group of queries against one key block, written once
-//! over the bf16 GEMM's [`DotBf16`] vocabulary (`vdpbf16ps`) and its `MR × 16·NV` pair tile
-//! ([`pair_body`]), compiled for AVX512_BF16 and, in tests, over the plain-Rust emulation of
+//! over the bf16 GEMM's `DotBf16` vocabulary (`vdpbf16ps`) and its `MR × 16·NV` pair tile
+//! (`pair_body`), compiled for AVX512_BF16 and, in tests, over the plain-Rust emulation of
 //! the instruction (`crate::cpu::bgemm::ukernel::emulate`), so the same body runs on every
 //! CPU under test.
 //!

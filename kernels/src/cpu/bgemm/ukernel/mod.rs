@@ -1,6 +1,6 @@
 //! The bf16 micro-kernels: `MR × NR` tiles of `A · B` over bf16 operands with f32
-//! accumulation, two generic bodies ([`body`]) over a small trait per ISA, the AMX tile
-//! kernels ([`amx`]), and the safe, bounds-checked entry points the driver calls. All
+//! accumulation, two generic bodies (`body`) over a small trait per ISA, the AMX tile
+//! kernels (`amx`), and the safe, bounds-checked entry points the driver calls. All
 //! `unsafe` code of the bf16 family lives in this module (the AMX instructions themselves in
 //! [`crate::cpu::amx`]).
 //!
