@@ -1,12 +1,16 @@
 //! AMX (Advanced Matrix Extensions, Sapphire Rapids and later): whether this process may use
-//! the tile registers. The CPU says what it has (CPUID leaf 7: AMX-TILE, AMX-BF16, AMX-INT8);
-//! on Linux a process must also ask the kernel for the tile data state once
-//! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), which older kernels and some
-//! hypervisors refuse (and the tile bits of XCR0 must be set: a hypervisor that hides AMX
-//! from its guest's kernel leaves them clear). The fingerprint reports the `amx_*` flags only when both say yes, so a
-//! record that needs AMX is never served where tiles cannot run.
+//! the tile registers. Four things must say yes, checked once per process in this order:
+//! the CPU has the features (CPUID leaf 7: AMX-TILE, AMX-BF16, AMX-INT8); its tile palette 1
+//! (leaf 0x1D) and TMUL limits (leaf 0x1E) take the kernels' 16-row, 64-byte tiles; the OS
+//! enabled the tile state in XCR0 (a hypervisor that hides AMX from its guest's kernel leaves
+//! it clear); and Linux grants it to this process (`arch_prctl(ARCH_REQ_XCOMP_PERM,
+//! XFEATURE_XTILEDATA)`, read back with `ARCH_GET_XCOMP_PERM`; older kernels and some
+//! hypervisors refuse). The fingerprint reports the `amx_*` flags only when all do, so a
+//! record that needs AMX is never served where its tiles cannot run.
 
 use std::sync::OnceLock;
+
+use crate::cpu::amx::{BYTES_PER_ROW, MAX_ROWS, TILES, TILE_BYTES};
 
 /// The AMX flags, in the order a fingerprint reports them.
 pub const AMX_FLAGS: [&str; 3] = ["amx_tile", "amx_bf16", "amx_int8"];
@@ -35,7 +39,7 @@ fn probe() -> AmxState {
             refused: None,
         };
     }
-    if let Err(why) = os_enabled_tiles() {
+    if let Err(why) = tiles_fit().and_then(|()| os_enabled_tiles()) {
         return AmxState {
             flags: Vec::new(),
             refused: Some(format!(
@@ -94,6 +98,111 @@ fn cpu_flags() -> Vec<&'static str> {
         flags.push("amx_int8");
     }
     flags
+}
+
+/// Palette 1 as CPUID leaf 0x1D reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Palette1 {
+    pub total_tile_bytes: u32,
+    pub bytes_per_tile: u32,
+    pub bytes_per_row: u32,
+    pub max_names: u32,
+    pub max_rows: u32,
+}
+
+impl Palette1 {
+    /// Whether the kernels' tile configuration ([`crate::cpu::amx::TileConfig`]: 8 tiles of
+    /// 16 rows of 64 bytes) is within this palette's limits.
+    pub fn fits(&self) -> bool {
+        self.bytes_per_row as usize >= BYTES_PER_ROW
+            && self.max_rows as usize >= MAX_ROWS
+            && self.max_names as usize >= TILES
+            && self.bytes_per_tile as usize >= TILE_BYTES
+    }
+}
+
+/// The matrix unit's limits as CPUID leaf 0x1E reports them: the most rows of B a `tdp*`
+/// reads (`tmul_maxk`) and the most bytes of a B row (`tmul_maxn`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tmul {
+    pub max_k: u32,
+    pub max_n_bytes: u32,
+}
+
+impl Tmul {
+    /// Whether the kernels' largest tiles (16 rows of B, 64-byte rows) are within the
+    /// unit's limits.
+    pub fn fits(&self) -> bool {
+        self.max_k as usize >= MAX_ROWS && self.max_n_bytes as usize >= BYTES_PER_ROW
+    }
+
+    /// From leaf 0x1E's EBX: `tmul_maxk` in bits 0–7, `tmul_maxn` in bits 8–23.
+    pub fn from_ebx(ebx: u32) -> Tmul {
+        Tmul {
+            max_k: ebx & 0xff,
+            max_n_bytes: (ebx >> 8) & 0xffff,
+        }
+    }
+}
+
+/// CPUID leaf 0x1D, sub-leaf 1 (palette 1); an error where the leaf or the palette does not
+/// exist.
+#[cfg(target_arch = "x86_64")]
+pub fn palette1() -> Result<Palette1, String> {
+    let max_leaf = cpuid(0, 0).eax;
+    if max_leaf < 0x1D {
+        return Err(format!("CPUID has no tile leaf (max leaf {max_leaf:#x})"));
+    }
+    if cpuid(0x1D, 0).eax < 1 {
+        return Err("CPUID reports no tile palette 1".into());
+    }
+    let p = cpuid(0x1D, 1);
+    Ok(Palette1 {
+        total_tile_bytes: p.eax & 0xffff,
+        bytes_per_tile: p.eax >> 16,
+        bytes_per_row: p.ebx & 0xffff,
+        max_names: p.ebx >> 16,
+        max_rows: p.ecx & 0xffff,
+    })
+}
+
+/// CPUID leaf 0x1E, sub-leaf 0 (the TMUL unit); an error where the leaf does not exist.
+#[cfg(target_arch = "x86_64")]
+pub fn tmul() -> Result<Tmul, String> {
+    let max_leaf = cpuid(0, 0).eax;
+    if max_leaf < 0x1E {
+        return Err(format!("CPUID has no TMUL leaf (max leaf {max_leaf:#x})"));
+    }
+    Ok(Tmul::from_ebx(cpuid(0x1E, 0).ebx))
+}
+
+/// Whether palette 1 and the TMUL limits take the kernels' tiles (an AMX CPU whose leaves
+/// say less is left out rather than faulted on).
+#[cfg(target_arch = "x86_64")]
+fn tiles_fit() -> Result<(), String> {
+    let p = palette1()?;
+    if !p.fits() {
+        return Err(format!(
+            "its tile palette 1 ({p:?}) is smaller than the kernels' tiles"
+        ));
+    }
+    let t = tmul()?;
+    if !t.fits() {
+        return Err(format!(
+            "its TMUL limits ({t:?}) are smaller than the kernels' tiles"
+        ));
+    }
+    Ok(())
+}
+
+/// CPUID `leaf`, `sub`-leaf (a leaf past the highest one returns the highest one's data).
+#[cfg(target_arch = "x86_64")]
+fn cpuid(leaf: u32, sub: u32) -> std::arch::x86_64::CpuidResult {
+    // SAFETY: CPUID exists on every x86-64 CPU and never faults.
+    #[allow(unused_unsafe)]
+    unsafe {
+        std::arch::x86_64::__cpuid_count(leaf, sub)
+    }
 }
 
 /// The xsave feature number of the tile data (XTILEDATA; XTILECFG is 17).
@@ -195,6 +304,32 @@ fn request_tile_data() -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The TMUL limits of leaf 0x1E decode from EBX, and tiles of 16 B rows of 64 bytes need
+    /// both limits at least that large (Sapphire Rapids reports 16 and 64); a palette smaller
+    /// than the kernels' tiles does not fit either.
+    #[test]
+    fn tile_limits_decode_and_bound_the_kernels_tiles() {
+        let spr = Tmul::from_ebx(0x4010);
+        assert_eq!((spr.max_k, spr.max_n_bytes), (16, 64));
+        assert!(spr.fits());
+        assert!(!Tmul::from_ebx(0x4008).fits());
+        assert!(!Tmul::from_ebx(0x2010).fits());
+        let spr = Palette1 {
+            total_tile_bytes: 8192,
+            bytes_per_tile: 1024,
+            bytes_per_row: 64,
+            max_names: 8,
+            max_rows: 16,
+        };
+        assert!(spr.fits());
+        assert!(!Palette1 { max_rows: 8, ..spr }.fits());
+        assert!(!Palette1 {
+            max_names: 4,
+            ..spr
+        }
+        .fits());
+    }
 
     #[test]
     fn both_tile_state_bits_are_needed_in_xcr0() {

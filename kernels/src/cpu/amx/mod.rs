@@ -7,10 +7,10 @@
 //! A kernel is written once against [`TileUnit`] and runs on either implementation:
 //!
 //! - [`AsmTiles`] (x86-64): the real instructions in inline `asm!` (stable Rust has no AMX
-//!   intrinsics). Only constructible where the OS enabled the tile state in XCR0 and granted
-//!   it to this process ([`crate::amx`]: `arch_prctl(ARCH_REQ_XCOMP_PERM,
-//!   XFEATURE_XTILEDATA)`, read back with `ARCH_GET_XCOMP_PERM`), CPUID's palette 1 is the
-//!   one [`TileConfig`] describes and its TMUL leaf (0x1E) takes 16 B rows of 64 bytes.
+//!   intrinsics). Only constructible where [`crate::amx`] found AMX usable: CPUID's palette 1
+//!   and TMUL limits take [`TileConfig`]'s tiles, the OS enabled the tile state in XCR0 and
+//!   granted it to this process (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, read
+//!   back with `ARCH_GET_XCOMP_PERM`).
 //! - [`Emulated`]: the instructions' documented semantics (Intel SDM) in plain Rust on 8 ×
 //!   1 KiB of memory, including the faults (`#GP` from `ldtilecfg`, `#UD` from a tile
 //!   operation on shapes that do not fit), which it raises as panics. It runs on every CPU, so

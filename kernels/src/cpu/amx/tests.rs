@@ -222,18 +222,6 @@ fn faults_and_bounds_panic_before_anything_runs_and_sessions_release() {
     assert!(!unit.configured());
 }
 
-/// The TMUL limits of leaf 0x1E decode from EBX, and tiles of 16 B rows of 64 bytes need
-/// both limits at least that large (Sapphire Rapids reports 16 and 64).
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn tmul_limits_decode_and_bound_the_tiles() {
-    let spr = asm::Tmul::from_ebx(0x4010);
-    assert_eq!((spr.max_k, spr.max_n_bytes), (16, 64));
-    assert!(spr.fits());
-    assert!(!asm::Tmul::from_ebx(0x4008).fits());
-    assert!(!asm::Tmul::from_ebx(0x2010).fits());
-}
-
 /// Where this process may use AMX: the real unit computes what the emulated one does, and a
 /// panic inside a session leaves the thread's tiles released.
 #[cfg(target_arch = "x86_64")]
@@ -242,13 +230,13 @@ fn the_real_unit_agrees_with_the_emulated_one_where_granted() {
     let fp_says =
         crate::amx::state().flags.contains(&"amx_tile") && crate::isa::Isa::Avx512.available();
     if fp_says {
-        // Granted by the OS: palette 1 must fit, or every AMX kernel would be silently off.
-        let p = asm::palette1().expect("CPUID tile palette 1");
+        // Reported: palette 1 and the TMUL limits fit (they are part of the grant).
+        let p = crate::amx::palette1().expect("CPUID tile palette 1");
         assert!(
             p.fits(),
             "palette 1 {p:?} is smaller than TileConfig assumes"
         );
-        let t = asm::tmul().expect("CPUID TMUL leaf");
+        let t = crate::amx::tmul().expect("CPUID TMUL leaf");
         assert!(t.fits(), "TMUL {t:?} is smaller than the kernels' tiles");
     }
     let Some(mut real) = AsmTiles::open() else {
