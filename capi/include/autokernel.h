@@ -211,7 +211,7 @@ int autokernel_runtime_gemm(const struct AutokernelRuntime *rt, size_t m, size_t
 int autokernel_runtime_attention(const struct AutokernelRuntime *rt, size_t b, size_t h, size_t s, size_t d, int causal, const float *q, size_t q_len, const float *k, size_t k_len, const float *v, size_t v_len, float *o, size_t o_len, int *level_out);
 
 // `autokernel_runtime_attention` on a padded batch: `key_lens` holds `b` key lengths (each
-// in 0..=s, `key_lens_len` must be `b`); keys j ≥ key_lens[batch] are not attended to (what a
+// in 0..=s, `key_lens_len` must be `b`); keys j ≥ `key_lens[batch]` are not attended to (what a
 // Hugging Face attention mask of 1s then 0s means), combined with `causal`; a query that sees
 // no key gets zeros. Same tuned variants as unmasked attention.
 //

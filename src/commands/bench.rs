@@ -36,7 +36,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     baseline: Option<PathBuf>,
     /// Save this run as a baseline: to FILE, into a directory, or (no value) to
-    /// `<results>/<fingerprint>/baseline-<UTC date-time>.json`.
+    /// RESULTS/FINGERPRINT/baseline-DATETIME.json (RESULTS: `--results`; the date in UTC).
     #[arg(long, value_name = "FILE|DIR", num_args = 0..=1)]
     save_baseline: Option<Option<PathBuf>>,
     /// Smallest slowdown that counts as a regression, in percent.
@@ -49,7 +49,7 @@ pub struct BenchArgs {
     /// Write report.md and SVG charts into DIR.
     #[arg(long, value_name = "DIR")]
     report: Option<PathBuf>,
-    /// Where baselines live: `<results>/<fingerprint>/` (for `latest`, the default save
+    /// Where baselines live: DIR/FINGERPRINT/ (for `latest`, the default save
     /// location and the history chart).
     #[arg(long, value_name = "DIR", default_value = "bench_results")]
     results: PathBuf,

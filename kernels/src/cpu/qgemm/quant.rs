@@ -100,8 +100,9 @@ fn row_params(row: &[f32], scheme: AQuant, max_code: u8) -> (f32, i32) {
 
 /// Dequantises one column panel's i32 sums into C: for each row `i` of `c` (rows `ld`
 /// apart, the panel's columns at `at..at + cols`), with its activation scale and zero point
-/// `a_scale[i]`, `a_zero[i]` (of [`QuantA`]), `c_ij = scale_a_i · scale_b_j · (Σ_ij − zero_a_i · colsum_j)`; the sums of row
-/// `i` start at `acc[i·nr]`. `colsum` and `scale` are the panel's columns of [`QuantB`].
+/// `a_scale[i]`, `a_zero[i]` (those rows' of [`QuantA`]),
+/// `c_ij = a_scale_i · scale_j · (Σ_ij − a_zero_i · colsum_j)`; the sums of row `i` start at
+/// `acc[i·nr]`. `colsum` and `scale` are the panel's columns of [`QuantB`].
 ///
 /// Runs on every output, so it is written to vectorise (slices zipped, no indexing);
 /// [`super::ukernel::dequantize_fast`] compiles it for AVX2 where the CPU has it.

@@ -157,19 +157,26 @@ pub(crate) unsafe fn gelu_erf<S: Simd>(x: S::V) -> S::V {
 }
 
 /// `Σ c[i]·x^i` in scalar f32, in the order of [`estrin7`] / [`estrin11`] (pairs, then
-/// pairs of pairs with `x²`, `x⁴`, `x⁸`).
-fn estrin_scalar(c: &[f32], x: f32) -> f32 {
-    let mut t: Vec<f32> = c
-        .chunks(2)
-        .map(|p| p.iter().rev().fold(0.0, |s, k| s * x + k))
-        .collect();
+/// pairs of pairs with `x²`, `x⁴`, `x⁸`); no allocation: it runs for the tail of every row.
+fn estrin_scalar<const N: usize>(c: &[f32; N], x: f32) -> f32 {
+    let mut t = [0.0f32; 8];
+    let mut n = N.div_ceil(2);
+    for (i, v) in t.iter_mut().take(n).enumerate() {
+        *v = match c.get(2 * i + 1) {
+            Some(hi) => hi * x + c[2 * i],
+            None => c[2 * i],
+        };
+    }
     let mut p = x;
-    while t.len() > 1 {
+    while n > 1 {
         p *= p;
-        t = t
-            .chunks(2)
-            .map(|q| q.iter().rev().fold(0.0, |s, k| s * p + k))
-            .collect();
+        for i in 0..n / 2 {
+            t[i] = t[2 * i + 1] * p + t[2 * i];
+        }
+        if n % 2 == 1 {
+            t[n / 2] = t[n - 1];
+        }
+        n = n.div_ceil(2);
     }
     t[0]
 }

@@ -155,7 +155,8 @@ pub(crate) unsafe fn exp2<S: Simd>(x: S::V) -> S::V {
 }
 
 /// `2^x` lane-wise for `x ≤ 0` (or `-∞`), as [`exp2`] without the upper clamp: the
-/// softmax exponents, which are never positive.
+/// softmax exponents and erfc's, which are never positive (it stays right for `x < 127.5`,
+/// which lanes discarded after it may hold).
 ///
 /// # Safety
 /// The CPU supports `S`'s ISA.
