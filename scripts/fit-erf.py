@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Fits the polynomials of the vectorised erf / exact GELU (kernels/src/cpu/gemm/ukernel/erf.rs; evaluated there in Estrin's order).
+"""Fits the polynomials of the vectorised erf / exact GELU (kernels/src/cpu/gemm/ukernel/erf.rs,
+which evaluates them in Estrin's order).
 
 erf(z) is computed in two pieces, split at |z| = T:
   near, |z| < T:        erf(z) = z + z * P(z^2)                  (P: degree NEAR_DEG-1 in z^2)
