@@ -313,52 +313,45 @@ pub(crate) unsafe fn store_tile_epi<S: Simd, const R: usize, const V: usize>(
 /// values; `act` is `Epi::BIAS`, `Epi::RELU`, `Epi::GELU` or `Epi::GELU_ERF`.
 #[inline(always)]
 pub(crate) unsafe fn bias_act_body<S: Simd>(row: *mut f32, bias: *const f32, n: usize, act: u8) {
-    // SAFETY: the caller guarantees the ISA and the extents; j + W ≤ n in the vector loop.
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        match act {
+            Epi::GELU => bias_act_rows::<S, { Epi::GELU }>(row, bias, n),
+            Epi::GELU_ERF => bias_act_rows::<S, { Epi::GELU_ERF }>(row, bias, n),
+            Epi::BIAS => bias_act_rows::<S, { Epi::BIAS }>(row, bias, n),
+            _ => bias_act_rows::<S, { Epi::RELU }>(row, bias, n),
+        }
+    }
+}
+
+/// [`bias_act_body`] for the activation `ACT`.
+///
+/// # Safety
+/// As [`bias_act_body`].
+#[inline(always)]
+unsafe fn bias_act_rows<S: Simd, const ACT: u8>(row: *mut f32, bias: *const f32, n: usize) {
+    // SAFETY: the caller guarantees the ISA and the extents; j + 2·W ≤ n, j + W ≤ n in the
+    // vector loops.
     unsafe {
         let mut j = 0;
         // Two vectors at a time: GELU's dependency chains are long and the FP scheduler
         // holds about one of them, so independent work must sit side by side in the stream.
         while j + 2 * S::W <= n {
             let p = row.add(j);
-            let (x0, x1) = (S::load(p), S::load(p.add(S::W)));
-            let (b0, b1) = (bias.add(j), bias.add(j + S::W));
-            let (y0, y1) = match act {
-                Epi::GELU => (
-                    epilogue::<S, { Epi::GELU }>(x0, b0),
-                    epilogue::<S, { Epi::GELU }>(x1, b1),
-                ),
-                Epi::GELU_ERF => (
-                    epilogue::<S, { Epi::GELU_ERF }>(x0, b0),
-                    epilogue::<S, { Epi::GELU_ERF }>(x1, b1),
-                ),
-                Epi::BIAS => (
-                    epilogue::<S, { Epi::BIAS }>(x0, b0),
-                    epilogue::<S, { Epi::BIAS }>(x1, b1),
-                ),
-                _ => (
-                    epilogue::<S, { Epi::RELU }>(x0, b0),
-                    epilogue::<S, { Epi::RELU }>(x1, b1),
-                ),
-            };
+            let y0 = epilogue::<S, ACT>(S::load(p), bias.add(j));
+            let y1 = epilogue::<S, ACT>(S::load(p.add(S::W)), bias.add(j + S::W));
             S::store(p, y0);
             S::store(p.add(S::W), y1);
             j += 2 * S::W;
         }
-        while j + S::W <= n {
+        if j + S::W <= n {
             let p = row.add(j);
-            let x = S::load(p);
-            let y = match act {
-                Epi::GELU => epilogue::<S, { Epi::GELU }>(x, bias.add(j)),
-                Epi::GELU_ERF => epilogue::<S, { Epi::GELU_ERF }>(x, bias.add(j)),
-                Epi::BIAS => epilogue::<S, { Epi::BIAS }>(x, bias.add(j)),
-                _ => epilogue::<S, { Epi::RELU }>(x, bias.add(j)),
-            };
-            S::store(p, y);
+            S::store(p, epilogue::<S, ACT>(S::load(p), bias.add(j)));
             j += S::W;
         }
         while j < n {
             let z = *row.add(j) + *bias.add(j);
-            *row.add(j) = match act {
+            *row.add(j) = match ACT {
                 Epi::GELU => gelu_scalar(z),
                 Epi::GELU_ERF => gelu_erf_scalar(z),
                 Epi::BIAS => z,
