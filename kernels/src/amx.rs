@@ -75,17 +75,11 @@ fn probe() -> AmxState {
 /// The AMX flags of CPUID leaf 7 (EDX bits 24, 22, 25).
 #[cfg(target_arch = "x86_64")]
 fn cpu_flags() -> Vec<&'static str> {
-    use std::arch::x86_64::__cpuid_count;
-    // SAFETY: CPUID exists on every x86-64 CPU; leaf 0 gives the highest leaf, so leaf 7 is
-    // only read where it exists.
-    #[allow(unused_unsafe)]
-    let (max_leaf, edx) = unsafe {
-        let max = __cpuid_count(0, 0).eax;
-        (max, if max >= 7 { __cpuid_count(7, 0).edx } else { 0 })
-    };
-    if max_leaf < 7 {
+    // Leaf 0 gives the highest leaf: leaf 7 is only read where it exists.
+    if cpuid(0, 0).eax < 7 {
         return Vec::new();
     }
+    let edx = cpuid(7, 0).edx;
     let bit = |b: u32| edx & (1 << b) != 0;
     if !bit(24) {
         return Vec::new();
@@ -214,10 +208,7 @@ const XFEATURE_XTILEDATA: u32 = 18;
 /// AMX from its guests' kernels leaves them clear.
 #[cfg(target_arch = "x86_64")]
 fn os_enabled_tiles() -> Result<(), String> {
-    use std::arch::x86_64::__cpuid;
-    // SAFETY: CPUID leaf 1 exists on every x86-64 CPU.
-    #[allow(unused_unsafe)]
-    let osxsave = unsafe { __cpuid(1) }.ecx & (1 << 27) != 0;
+    let osxsave = cpuid(1, 0).ecx & (1 << 27) != 0;
     if !osxsave {
         return Err("the OS has not enabled XSAVE (CPUID.1:ECX.OSXSAVE)".into());
     }
