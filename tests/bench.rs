@@ -332,6 +332,15 @@ fn bad_input_fails_with_one_line_and_measures_nothing() {
         (vec!["--threshold", "lots"], "not a percentage"),
         (vec!["--threshold=-3"], "percentage"),
         (vec!["--rounds", "0"], "rounds"),
+        // Outputs that cannot be written: refused before anything is measured.
+        (
+            vec!["--report", f.s("notes.json/report")],
+            "--report: cannot create directory",
+        ),
+        (
+            vec!["--save-baseline", f.s("notes.json/b.json")],
+            "--save-baseline: cannot create directory",
+        ),
     ] {
         let o = f.bench(&extra);
         let err = stderr(&o);

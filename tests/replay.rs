@@ -214,4 +214,34 @@ fn export_writes_a_space_that_replays() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(json_lines(&o)[0]["space_size"].as_u64(), Some(size));
+
+    // Outputs never overwrite: not the space just written, not the database (as --out or
+    // as a --plot), each refused before any work with the file left as it was.
+    let db_bytes = std::fs::read(db).unwrap();
+    let space_bytes = std::fs::read(out).unwrap();
+    let export = |to: &str| {
+        autokernel(&[
+            "replay",
+            "--export",
+            "gemm:9x20x8",
+            "--db",
+            db,
+            "--out",
+            to,
+            "--threads",
+            "1",
+        ])
+    };
+    for to in [out, db] {
+        let o = export(to);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains("already exists"), "{}", stderr(&o));
+    }
+    let o = autokernel(&[
+        "replay", "--space", out, "--seeds", "2", "--budget", "10", "--plot", db,
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("not an SVG chart"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(db).unwrap(), db_bytes);
+    assert_eq!(std::fs::read(out).unwrap(), space_bytes);
 }

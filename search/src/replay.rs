@@ -220,13 +220,18 @@ impl RecordedSpace {
         Ok(())
     }
 
-    /// Writes the space to `path`.
+    /// Writes the space to `path`, a new file: a path that exists is refused (an `Io` error
+    /// of kind `AlreadyExists`), never overwritten.
     pub fn write(&self, path: &Path, tool_version: &str) -> Result<(), ReplayError> {
         let io = |source| ReplayError::Io {
             path: path.into(),
             source,
         };
-        let file = std::fs::File::create(path).map_err(io)?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(io)?;
         let mut w = std::io::BufWriter::new(file);
         self.write_to(&mut w, tool_version).map_err(io)?;
         w.flush().map_err(io)

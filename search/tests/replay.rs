@@ -246,4 +246,12 @@ fn export_from_a_database_needs_the_whole_space() {
     let path = dir.path().join("s.jsonl");
     space.write(&path, "test").unwrap();
     assert_same(&RecordedSpace::read(&path).unwrap().entries, &space.entries);
+    // A second write to the same path is refused and leaves the file as it was.
+    let before = std::fs::read(&path).unwrap();
+    let err = space.write(&path, "test").unwrap_err();
+    assert!(
+        matches!(&err, search::replay::ReplayError::Io { source, .. } if source.kind() == std::io::ErrorKind::AlreadyExists),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before);
 }

@@ -54,6 +54,61 @@ pub fn open_runtime(path: &Path) -> anyhow::Result<runtime::Runtime> {
     Ok(rt)
 }
 
+/// Checks, before any work is done, that files can be written into `dir` (created with its
+/// parents if missing): a probe file is created there and removed. `what` names the flag
+/// in the error.
+pub fn check_writable_dir(dir: &Path, what: &str) -> anyhow::Result<()> {
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("{what}: cannot create directory {}", dir.display()))?;
+    let probe = dir.join(format!(".autokernel-write-probe-{}", std::process::id()));
+    std::fs::File::create(&probe)
+        .with_context(|| format!("{what}: cannot write into {}", dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// Checks, before any work is done, that `path` can take a new output file: it does not
+/// exist (outputs never overwrite: a mistyped path must not replace a database) and its
+/// directory takes files ([`check_writable_dir`]).
+pub fn check_new_file(path: &Path, what: &str) -> anyhow::Result<()> {
+    if path.exists() {
+        bail!(
+            "{what} {}: already exists; choose another output path or remove it first",
+            path.display()
+        );
+    }
+    check_writable_dir(path.parent().unwrap_or(Path::new(".")), what)
+}
+
+/// Checks, before any work is done, that an SVG chart may be written to `path`: a new file,
+/// or a previous chart (a file that starts as SVG/XML does) — never anything else, such as
+/// a database given by mistake.
+pub fn check_chart_file(path: &Path, what: &str) -> anyhow::Result<()> {
+    if path.is_dir() {
+        bail!("{what} {}: is a directory, not an SVG file", path.display());
+    }
+    if path.exists() {
+        let mut head = [0u8; 5];
+        let n = std::io::Read::read(
+            &mut std::fs::File::open(path).with_context(|| format!("{what} {}", path.display()))?,
+            &mut head,
+        )
+        .with_context(|| format!("{what} {}", path.display()))?;
+        if !(head[..n].starts_with(b"<svg") || head[..n].starts_with(b"<?xml")) {
+            bail!(
+                "{what} {}: exists and is not an SVG chart; refusing to overwrite it (choose another path)",
+                path.display()
+            );
+        }
+    }
+    check_writable_dir(path.parent().unwrap_or(Path::new(".")), what)
+}
+
 /// Prints one JSON value on its own line.
 pub fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
     println!(

@@ -82,6 +82,9 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     if args.spaces.is_empty() {
         bail!("give at least one --space FILE (or --export W --out FILE to write one)");
     }
+    if let Some(svg) = &args.plot {
+        super::check_chart_file(svg, "--plot")?;
+    }
     args.threads.apply()?;
     let spaces: Vec<RecordedSpace> = args
         .spaces
@@ -342,6 +345,7 @@ fn export(args: &ReplayArgs, w: &str) -> anyhow::Result<ExitCode> {
     };
     let w: kernels::Workload = w.parse()?;
     super::require_db(&args.db.db)?;
+    super::check_new_file(out, "--out")?;
     let db = TuningDb::open_read_only(&args.db.db)?;
     let hw: HardwareFingerprint = match &args.fingerprint {
         Some(id) => db
@@ -353,9 +357,6 @@ fn export(args: &ReplayArgs, w: &str) -> anyhow::Result<ExitCode> {
         }
     };
     let space = RecordedSpace::from_db(&db, &w, &hw)?;
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
     space.write(out, env!("CARGO_PKG_VERSION"))?;
     let ok = space
         .entries
