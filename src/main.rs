@@ -127,10 +127,27 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_line(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// The one-line message of `e`: its chain of causes joined by ": " as `{:#}` joins them,
+/// except that a cause the line already ends with is not repeated (many library errors print
+/// their source in their own message, and `{:#}` would print it twice).
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.is_empty() {
+            line = text;
+        } else if !line.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line
 }
 
 /// Rust ignores SIGPIPE, which turns `autokernel db stats | head` into a panic on the closed
@@ -141,5 +158,49 @@ fn restore_sigpipe() {
     // any other thread exists.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_line;
+
+    /// A library error whose message includes its source (as `#[error("{path}: {source}")]`
+    /// of thiserror writes it).
+    #[derive(Debug)]
+    struct Wrapped {
+        path: String,
+        source: std::io::Error,
+    }
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{}: {}", self.path, self.source)
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.source)
+        }
+    }
+
+    #[test]
+    fn error_lines_name_each_cause_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let e = anyhow::Error::new(Wrapped {
+            path: "s.jsonl".into(),
+            source: io(),
+        })
+        .context("reading space s.jsonl");
+        assert_eq!(
+            error_line(&e),
+            "reading space s.jsonl: s.jsonl: no such file"
+        );
+        // Causes that add something are all kept, in order.
+        let e = anyhow::Error::new(io())
+            .context("opening")
+            .context("tuning");
+        assert_eq!(error_line(&e), "tuning: opening: no such file");
     }
 }
