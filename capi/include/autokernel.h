@@ -119,7 +119,8 @@ const char *autokernel_status_name(int status);
 // type wherever a kernel family serves it), or `"auto"` (per workload, the fastest record
 // measured on its shape). `max_rel_err` ≥ 0: a reduced-precision record is served only if
 // its stored max relative error against the f32 problem is at most this (`auto` uses 1e-2
-// when it is negative); negative: no budget. A weight packed before keeps its plans.
+// when it is negative); negative: no budget; NaN or +∞: `AUTOKERNEL_INVALID_ARGUMENT`. A
+// weight packed before keeps its plans.
 //
 // # Safety
 // `rt` is NULL or a live runtime; `precision` is NULL or a NUL-terminated string.
@@ -233,8 +234,8 @@ int autokernel_runtime_attention_masked(const struct AutokernelRuntime *rt, size
 int autokernel_runtime_attention_qkv(const struct AutokernelRuntime *rt, size_t b, size_t s, size_t heads, size_t d, int causal, const int32_t *key_lens, size_t key_lens_len, const float *qkv, size_t qkv_len, float *o, size_t o_len, int *level_out);
 
 // In place: `x = LayerNorm(x + residual)` over rows of `h` floats (`x_len` a multiple of
-// `h`), with scale `gamma` and shift `beta` (`h` floats each) and `eps`, as
-// torch.nn.LayerNorm computes it; `residual` (`x_len` floats) may be NULL (with
+// `h`), with scale `gamma` and shift `beta` (`h` floats each) and `eps` (a positive finite
+// number, else `AUTOKERNEL_INVALID_ARGUMENT`), as torch.nn.LayerNorm computes it; `residual` (`x_len` floats) may be NULL (with
 // `residual_len` 0) for a plain LayerNorm. Parallel over rows.
 //
 // # Safety

@@ -66,9 +66,9 @@ impl From<RuntimeError> for CapiError {
             RuntimeError::Db(_) | RuntimeError::NoDatabase => AUTOKERNEL_DATABASE,
             RuntimeError::BufferSize { .. } | RuntimeError::Layer { .. } => AUTOKERNEL_SHAPE,
             RuntimeError::Kernel(k) => kernel_code(k),
-            RuntimeError::FallbackLog { .. } | RuntimeError::FallbackLogAlreadySet { .. } => {
-                AUTOKERNEL_INVALID_ARGUMENT
-            }
+            RuntimeError::FallbackLog { .. }
+            | RuntimeError::FallbackLogAlreadySet { .. }
+            | RuntimeError::Argument { .. } => AUTOKERNEL_INVALID_ARGUMENT,
         };
         CapiError {
             code,

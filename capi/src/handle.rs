@@ -43,7 +43,7 @@ impl AutokernelRuntime {
 }
 
 /// Sets the precision policy named by `text` (NULL or `""`: the default, f32), with the
-/// error budget `max_rel_err` (negative or NaN: none).
+/// error budget `max_rel_err` (negative: none; NaN or +∞ refused).
 fn set_precision(rt: &Runtime, text: Option<&str>, max_rel_err: f64) -> Result<(), CapiError> {
     let text = match text.unwrap_or("").trim() {
         "" => "f32",
@@ -52,10 +52,13 @@ fn set_precision(rt: &Runtime, text: Option<&str>, max_rel_err: f64) -> Result<(
     let mut policy: runtime::PrecisionPolicy = text
         .parse()
         .map_err(|e: runtime::UnknownPrecision| CapiError::invalid(e.to_string()))?;
-    if max_rel_err >= 0.0 && max_rel_err.is_finite() {
+    if max_rel_err.is_nan() || max_rel_err == f64::INFINITY {
+        return Err(CapiError::invalid(format!(
+            "max_rel_err {max_rel_err} is not a number ≥ 0 (or negative for no budget)"
+        )));
+    }
+    if max_rel_err >= 0.0 {
         policy = policy.with_max_rel_err(max_rel_err);
-    } else if max_rel_err.is_infinite() && max_rel_err > 0.0 {
-        return Err(CapiError::invalid("max_rel_err must be finite".to_string()));
     }
     rt.set_precision(policy);
     Ok(())
@@ -66,7 +69,8 @@ fn set_precision(rt: &Runtime, text: Option<&str>, max_rel_err: f64) -> Result<(
 /// type wherever a kernel family serves it), or `"auto"` (per workload, the fastest record
 /// measured on its shape). `max_rel_err` ≥ 0: a reduced-precision record is served only if
 /// its stored max relative error against the f32 problem is at most this (`auto` uses 1e-2
-/// when it is negative); negative: no budget. A weight packed before keeps its plans.
+/// when it is negative); negative: no budget; NaN or +∞: `AUTOKERNEL_INVALID_ARGUMENT`. A
+/// weight packed before keeps its plans.
 ///
 /// # Safety
 /// `rt` is NULL or a live runtime; `precision` is NULL or a NUL-terminated string.

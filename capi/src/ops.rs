@@ -229,8 +229,8 @@ pub unsafe extern "C" fn autokernel_runtime_attention_qkv(
 }
 
 /// In place: `x = LayerNorm(x + residual)` over rows of `h` floats (`x_len` a multiple of
-/// `h`), with scale `gamma` and shift `beta` (`h` floats each) and `eps`, as
-/// torch.nn.LayerNorm computes it; `residual` (`x_len` floats) may be NULL (with
+/// `h`), with scale `gamma` and shift `beta` (`h` floats each) and `eps` (a positive finite
+/// number, else `AUTOKERNEL_INVALID_ARGUMENT`), as torch.nn.LayerNorm computes it; `residual` (`x_len` floats) may be NULL (with
 /// `residual_len` 0) for a plain LayerNorm. Parallel over rows.
 ///
 /// # Safety

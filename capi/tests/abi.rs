@@ -502,6 +502,10 @@ fn threads_and_precision_are_checked() {
         expect(st, AUTOKERNEL_INVALID_ARGUMENT, "unknown precision 'int4'");
         let st = autokernel_runtime_set_precision(null(), c"int8".as_ptr(), -1.0);
         expect(st, AUTOKERNEL_INVALID_ARGUMENT, "rt");
+        for bad in [f64::NAN, f64::INFINITY] {
+            let st = autokernel_runtime_set_precision(rt, c"int8".as_ptr(), bad);
+            expect(st, AUTOKERNEL_INVALID_ARGUMENT, "max_rel_err");
+        }
         autokernel_runtime_free(rt);
     }
     // A runtime of one thread serves this machine's one-thread fingerprint.
@@ -711,6 +715,24 @@ fn attention_on_qkv_rows_and_layer_norm_in_place() {
         autokernel_add_layer_norm(null_mut(), 4, null(), 0, g.as_ptr(), be.as_ptr(), h, 1e-5)
     };
     expect(st, AUTOKERNEL_INVALID_ARGUMENT, "x is NULL");
+    // An epsilon that is not a positive finite number is refused, x left as it was.
+    let before = x.clone();
+    for eps in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let st = unsafe {
+            autokernel_add_layer_norm(
+                x.as_mut_ptr(),
+                x.len(),
+                null(),
+                0,
+                g.as_ptr(),
+                be.as_ptr(),
+                h,
+                eps,
+            )
+        };
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "eps");
+        assert_eq!(x, before);
+    }
     // SAFETY: a live runtime, freed once.
     unsafe { autokernel_runtime_free(rt) };
 }

@@ -1,6 +1,7 @@
 //! Rust errors as Python exceptions: a bad operand is a `ValueError` or `TypeError` (raised
 //! where it is checked, naming the argument); what the runtime or the database refuses is an
-//! `autokernel.AutokernelError`, except buffer-size and workload errors (`ValueError`).
+//! `autokernel.AutokernelError`, except buffer-size, workload and argument errors
+//! (`ValueError`).
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -17,9 +18,9 @@ create_exception!(
 pub fn runtime_err(e: runtime::RuntimeError) -> PyErr {
     use runtime::RuntimeError as E;
     match e {
-        E::BufferSize { .. } | E::Kernel(kernels::Error::BadWorkload { .. }) => {
-            PyValueError::new_err(e.to_string())
-        }
+        E::BufferSize { .. }
+        | E::Argument { .. }
+        | E::Kernel(kernels::Error::BadWorkload { .. }) => PyValueError::new_err(e.to_string()),
         e => AutokernelError::new_err(e.to_string()),
     }
 }

@@ -102,6 +102,9 @@ impl EncoderLayer<'_> {
         if self.heads == 0 || !h.is_multiple_of(self.heads) {
             return bad(format!("{} heads do not split hidden {h}", self.heads));
         }
+        if crate::layer::check_eps(self.eps).is_err() {
+            return bad(format!("eps {} is not a positive finite number", self.eps));
+        }
         Ok(())
     }
 
@@ -276,6 +279,13 @@ mod tests {
         let short = vals(h - 1, 0);
         for (l, needle) in [
             (EncoderLayer { heads: 3, ..layer }, "3 heads"),
+            (
+                EncoderLayer {
+                    eps: f32::NAN,
+                    ..layer
+                },
+                "eps NaN",
+            ),
             (
                 EncoderLayer {
                     out: (&wup, &bo),

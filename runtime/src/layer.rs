@@ -55,7 +55,8 @@ fn sum8(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
 
 /// `x = LayerNorm(x + r)` row by row (rows of `gamma.len()` values; without `r`, plain
 /// LayerNorm): mean and variance over the row (two passes, so no cancellation), then
-/// `γ·(v − μ)/√(σ² + eps) + β`. Errors (nothing written) if a length does not fit.
+/// `γ·(v − μ)/√(σ² + eps) + β`. Errors (nothing written) if a length does not fit or `eps`
+/// is not a positive finite number ([`check_eps`]).
 pub fn add_layer_norm(
     x: &mut [f32],
     r: Option<&[f32]>,
@@ -63,6 +64,7 @@ pub fn add_layer_norm(
     beta: &[f32],
     eps: f32,
 ) -> Result<(), RuntimeError> {
+    check_eps(eps)?;
     let h = gamma.len();
     let what = LayerNormOf(h);
     if h == 0 {
@@ -90,6 +92,18 @@ pub fn add_layer_norm(
         }
     });
     Ok(())
+}
+
+/// Refuses a LayerNorm epsilon that is not a positive finite number: zero divides a constant
+/// row by zero, a negative or NaN one gives NaN rows.
+pub fn check_eps(eps: f32) -> Result<(), RuntimeError> {
+    if eps > 0.0 && eps.is_finite() {
+        return Ok(());
+    }
+    Err(RuntimeError::Argument {
+        name: "eps",
+        reason: format!("{eps} is not a positive finite number"),
+    })
 }
 
 /// How a LayerNorm call is named in its errors.
@@ -241,6 +255,21 @@ fn merge_heads(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layer_norm_refuses_an_eps_that_is_not_positive_and_finite() {
+        let (g, b) = (vec![1.0f32; 4], vec![0.0f32; 4]);
+        let mut x = vec![1.0f32, 2.0, 3.0, 4.0];
+        for eps in [0.0, -1e-5, f32::NAN, f32::INFINITY] {
+            let err = add_layer_norm(&mut x, None, &g, &b, eps).unwrap_err();
+            assert!(
+                matches!(err, RuntimeError::Argument { name: "eps", .. }),
+                "{eps}: {err}"
+            );
+            assert_eq!(x, [1.0, 2.0, 3.0, 4.0]);
+        }
+        add_layer_norm(&mut x, None, &g, &b, 1e-12).unwrap();
+    }
 
     #[test]
     fn layer_norm_matches_f64() {

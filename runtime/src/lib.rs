@@ -289,6 +289,10 @@ pub enum RuntimeError {
     NoDatabase,
     #[error("encoder layer: {reason}")]
     Layer { reason: String },
+    /// A scalar argument outside its domain (a LayerNorm epsilon that is not a positive
+    /// finite number).
+    #[error("argument '{name}': {reason}")]
+    Argument { name: &'static str, reason: String },
 }
 
 /// A skipped database record, with the reason (reported, then served by the next level).
