@@ -51,7 +51,7 @@ class Runtime:
 
     def __init__(
         self,
-        db_path: Union[str, PathLike, None] = None,
+        db_path: Union[str, bytes, PathLike, None] = None,
         threads: Optional[int] = None,
         precision: Optional[str] = None,
         max_rel_err: Optional[float] = None,
@@ -138,12 +138,12 @@ class Runtime:
     def info(self) -> dict[str, Any]: ...
     def lookups(self) -> dict[str, Any]: ...
     def skipped(self) -> list[tuple[str, str]]: ...
-    def log_fallbacks_to(self, path: Union[str, PathLike]) -> None: ...
+    def log_fallbacks_to(self, path: Union[str, bytes, PathLike]) -> None: ...
     def set_fallback_check(self, on: bool) -> None: ...
 
 def tune(
     workloads: Union[str, Iterable[str]],
-    db: Union[str, PathLike] = "tuning.db",
+    db: Union[str, bytes, PathLike] = "tuning.db",
     budget: int = 32,
     threads: Optional[int] = None,
     precision: Optional[str] = None,

@@ -8,6 +8,7 @@ use numpy::PyUntypedArrayMethods;
 use pyo3::prelude::*;
 use runtime::{EncoderLayer, LayerScratch};
 
+use crate::args::{positive, IntArg};
 use crate::errors::runtime_err;
 use crate::operand::{self, F32Array};
 use crate::packed::PyPackedWeight;
@@ -108,7 +109,8 @@ impl PyEncoderLayer {
 
     /// The runtime workloads one call on (batch, seq, hidden) runs, in order (as
     /// `Runtime.lookup` and `autokernel tune` spell them).
-    fn workloads(&self, batch: usize, seq: usize) -> PyResult<Vec<String>> {
+    fn workloads(&self, batch: IntArg, seq: IntArg) -> PyResult<Vec<String>> {
+        let (batch, seq) = (positive("batch", batch)?, positive("seq", seq)?);
         let l = self.view();
         let m = batch * seq;
         let gemm = |w: &runtime::PackedWeight| {

@@ -7,6 +7,7 @@
 //! pure-Python half of the package (`python/autokernel/`) re-exports these classes and adds
 //! the PyTorch integration.
 
+mod args;
 mod errors;
 mod json;
 mod layer;

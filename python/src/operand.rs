@@ -3,7 +3,8 @@
 //! An operand must be float32, C-contiguous and aligned, with the expected shape; anything
 //! else raises `TypeError` (wrong kind or element type) or `ValueError` (layout, shape)
 //! naming the argument. Nothing is copied unless the caller passed `copy=True`, which allows
-//! a conversion (element type, layout, a list) for inputs; outputs are never copied.
+//! a conversion (element type, layout, a list) for inputs; outputs are never copied, and an
+//! output tensor must not require grad (it is written outside autograd).
 
 use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
@@ -109,6 +110,14 @@ fn as_ndarray<'py>(
     }
     let mut t = obj.clone();
     if t.getattr(intern!(py, "requires_grad"))?.is_truthy()? {
+        if copy.is_none() {
+            // PyTorch refuses in-place writes to a leaf that requires grad, and a write
+            // through the storage would bypass autograd's record of a non-leaf's.
+            return Err(PyValueError::new_err(format!(
+                "argument '{name}' is a tensor that requires grad: autokernel writes it in place, \
+                 outside autograd (pass {name}.detach() to write its storage anyway)"
+            )));
+        }
         t = t.call_method0(intern!(py, "detach"))?;
     }
     let dtype = t.getattr(intern!(py, "dtype"))?;

@@ -1,5 +1,6 @@
 //! `autokernel.Runtime`: the runtime's dispatch from Python.
 
+use std::ops::Range;
 use std::path::PathBuf;
 
 use kernels::Workload;
@@ -9,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use runtime::{PrecisionPolicy, Runtime};
 
+use crate::args::{positive, IntArg, PathArg};
 use crate::errors::{kernel_err, runtime_err};
 use crate::operand::{self, dims, expect_shape, F32Array};
 use crate::packed::{parse_act, PyPackedWeight};
@@ -32,10 +34,10 @@ pub fn parse_policy(p: Option<&str>, max_rel_err: Option<f64>) -> PyResult<Preci
 /// Dispatches GEMM, fused linear layers and attention to the best tuned kernel variant for
 /// this machine, from a tuning database opened read-only.
 ///
-/// db_path: the tuning database (made by `autokernel tune` or `autokernel.tune`). A
-///     missing or unreadable file does not raise: the runtime serves kernel defaults and
-///     `load_error` says why; `reload()` picks the file up once it is good. None: no
-///     database, kernel defaults only.
+/// db_path: the tuning database (made by `autokernel tune` or `autokernel.tune`), a str,
+///     bytes or os.PathLike path. A missing or unreadable file does not raise: the runtime
+///     serves kernel defaults and `load_error` says why; `reload()` picks the file up once
+///     it is good. None: no database, kernel defaults only.
 /// threads: threads the kernels use (None: every CPU this process may use). Part of the
 ///     hardware fingerprint: records tuned at another thread count are served as
 ///     `same_arch`, not `exact`. 1 runs each call on the calling thread (no hand-over to a
@@ -49,8 +51,11 @@ pub fn parse_policy(p: Option<&str>, max_rel_err: Option<f64>) -> PyResult<Preci
 ///
 /// Operands are float32, C-contiguous numpy arrays or CPU torch tensors, read in place; a
 /// wrong element type raises TypeError and a wrong layout or shape ValueError, naming the
-/// argument (`copy=True` allows a converted copy of an input instead). Kernels run with the
-/// GIL released, and one Runtime may be shared by any number of threads.
+/// argument (`copy=True` allows a converted copy of an input instead). An `out` is written in
+/// place: it must share no memory with any input (compared by address, so two views of one
+/// torch storage count) and, as a tensor, must not require grad; both raise ValueError. Integer
+/// arguments out of range (a negative `threads`, `heads`, ...) raise ValueError naming them.
+/// Kernels run with the GIL released, and one Runtime may be shared by any number of threads.
 #[pyclass(name = "Runtime", module = "autokernel", frozen)]
 pub struct PyRuntime {
     pub(crate) rt: Runtime,
@@ -59,35 +64,46 @@ pub struct PyRuntime {
 }
 
 /// The key length of each sequence from `mask`: (B,) lengths in 0..=S, or a (B, S) 0/1
-/// mask of 1s then 0s. Anything else is a ValueError naming `mask`.
+/// mask of 1s then 0s. Anything else (a fractional or non-finite length included) is a
+/// ValueError naming `mask` and the value at fault.
 pub(crate) fn key_lengths(
     py: Python<'_>,
     mask: &Bound<'_, PyAny>,
     b: usize,
     s: usize,
 ) -> PyResult<Vec<i32>> {
+    // As float64, not int64: a cast to an integer would truncate 15.5 and turn NaN into
+    // i64::MIN before anything could be checked.
     let arr = py
         .import("numpy")?
         .call_method1("asarray", (mask,))?
-        .call_method1("astype", ("int64",))?;
-    let view: numpy::PyReadonlyArrayDyn<'_, i64> = arr.extract()?;
+        .call_method1("astype", ("float64",))?;
+    let view: numpy::PyReadonlyArrayDyn<'_, f64> = arr.extract()?;
     let a = view.as_array();
     let bad = |why: String| PyValueError::new_err(format!("mask: {why}"));
     match a.shape() {
         [n] if *n == b => a
             .iter()
             .map(|&l| {
-                (0..=s as i64)
-                    .contains(&l)
-                    .then_some(l as i32)
-                    .ok_or_else(|| bad(format!("key length {l} is outside 0..={s}")))
+                if !l.is_finite() || l.fract() != 0.0 {
+                    Err(bad(format!("key length {l} is not an integer")))
+                } else if !(0.0..=s as f64).contains(&l) {
+                    Err(bad(format!("key length {l} is outside 0..={s}")))
+                } else {
+                    Ok(l as i32)
+                }
             })
             .collect(),
         [n, m] if (*n, *m) == (b, s) => (0..b)
             .map(|i| {
-                let row: Vec<i64> = (0..s).map(|j| a[[i, j]]).collect();
-                let len = row.iter().take_while(|&&x| x == 1).count();
-                if row[len..].iter().all(|&x| x == 0) {
+                let row: Vec<f64> = (0..s).map(|j| a[[i, j]]).collect();
+                if let Some(x) = row.iter().find(|&&x| x != 0.0 && x != 1.0) {
+                    return Err(bad(format!(
+                        "row {i} holds {x}; expected a 0/1 mask of 1s then 0s"
+                    )));
+                }
+                let len = row.iter().take_while(|&&x| x == 1.0).count();
+                if row[len..].iter().all(|&x| x == 0.0) {
                     Ok(len as i32)
                 } else {
                     Err(bad(format!(
@@ -128,7 +144,7 @@ pub(crate) fn out_array<'py>(
 }
 
 /// Runs `f(inputs, output)` over read-only views of `inputs` and a writable view of `out`;
-/// an `out` that shares memory with an input is refused.
+/// an `out` that shares memory with an input is refused (ValueError naming both).
 pub(crate) fn with_views<R>(
     inputs: &[(&F32Array<'_>, &str)],
     out: &F32Array<'_>,
@@ -143,6 +159,15 @@ fn with_views_named<R>(
     (out, out_name): (&F32Array<'_>, &str),
     f: impl FnOnce(&[&[f32]], &mut [f32]) -> PyResult<R>,
 ) -> PyResult<R> {
+    // Compared as memory ranges: numpy's borrow tracking (below) keys on each array's base
+    // object, and every `tensor.numpy()` (or `np.frombuffer` over a tensor) makes a new one,
+    // so two views of one torch storage would pass it.
+    let written = span(out);
+    if let Some((_, name)) = inputs.iter().find(|(a, _)| overlap(&span(a), &written)) {
+        return Err(PyValueError::new_err(format!(
+            "argument '{out_name}' must be writable and share no memory with the inputs: it overlaps argument '{name}'"
+        )));
+    }
     let guards = inputs
         .iter()
         .map(|(a, name)| {
@@ -168,16 +193,28 @@ fn with_views_named<R>(
     f(&slices, out_slice)
 }
 
+/// The bytes `arr` occupies (C-contiguous, as every operand is checked to be).
+fn span(arr: &F32Array<'_>) -> Range<usize> {
+    let start = arr.data() as usize;
+    start..start + arr.len() * size_of::<f32>()
+}
+
+/// Whether two byte ranges share a byte (an empty one shares none).
+fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
 #[pymethods]
 impl PyRuntime {
     #[new]
     #[pyo3(signature = (db_path=None, threads=None, precision=None, max_rel_err=None))]
     fn new(
-        db_path: Option<PathBuf>,
-        threads: Option<usize>,
+        db_path: Option<PathArg>,
+        threads: Option<IntArg>,
         precision: Option<&str>,
         max_rel_err: Option<f64>,
     ) -> PyResult<Self> {
+        let db_path = db_path.map(|p| p.0);
         let policy = parse_policy(precision, max_rel_err)?;
         let (threads, hw) = Threads::new(threads)?;
         let rt = match &db_path {
@@ -335,18 +372,26 @@ impl PyRuntime {
         py: Python<'_>,
         w: &Bound<'_, PyAny>,
         act: Option<&str>,
-        ms: Option<Vec<usize>>,
+        ms: Option<Vec<IntArg>>,
         layout: &str,
         copy: bool,
     ) -> PyResult<PyPackedWeight> {
         let act = parse_act(act)?;
         let (w, rows, cols) = matrix(w, "w", copy)?;
-        let ms = ms.unwrap_or_else(|| vec![1]);
-        if ms.is_empty() || ms.contains(&0) {
-            return Err(PyValueError::new_err(format!(
-                "ms={ms:?}: give at least one row count, each at least 1"
-            )));
-        }
+        let given = ms.unwrap_or_else(|| vec![1]);
+        let ms = match given
+            .iter()
+            .map(|&m| usize::try_from(m).ok().filter(|&m| m > 0))
+            .collect::<Option<Vec<usize>>>()
+        {
+            Some(ms) if !ms.is_empty() => ms,
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "ms={given:?}: give at least one row count, each an integer from 1 to {}",
+                    usize::MAX
+                )))
+            }
+        };
         let transposed = match layout {
             "kn" => false,
             "nk" => true,
@@ -393,9 +438,10 @@ impl PyRuntime {
     /// Scaled dot-product attention: softmax(q·kᵀ/√D)·v over (B, H, S, D) float32 arrays;
     /// with `causal`, query i sees keys j ≤ i. Returns (B, H, S, D).
     ///
-    /// mask: a padded batch: either the key lengths, (B,) integers in 0..=S, or a Hugging
-    ///     Face attention mask, (B, S) of 1s then 0s (right padding); keys past a sequence's
-    ///     length are not attended to, and a query that sees no key gets zeros.
+    /// mask: a padded batch: either the key lengths, (B,) integers in 0..=S (integral floats
+    ///     such as 5.0 are taken; 5.5 or NaN raise ValueError), or a Hugging Face attention
+    ///     mask, (B, S) of 1s then 0s (right padding); keys past a sequence's length are not
+    ///     attended to, and a query that sees no key gets zeros.
     #[pyo3(signature = (q, k, v, causal=false, mask=None, out=None, *, copy=false))]
     #[allow(clippy::too_many_arguments)]
     fn attention<'py>(
@@ -452,23 +498,23 @@ impl PyRuntime {
         &self,
         py: Python<'py>,
         qkv: &Bound<'py, PyAny>,
-        heads: usize,
+        heads: IntArg,
         causal: bool,
         mask: Option<&Bound<'py, PyAny>>,
         out: Option<&Bound<'py, PyAny>>,
         copy: bool,
     ) -> PyResult<F32Array<'py>> {
+        let heads = positive("heads", heads)?;
         let qkv = operand::input(qkv, "qkv", copy)?;
         let [b, s, width] = qkv.shape()[..] else {
             return Err(operand::shape_err(&qkv, "qkv", "(B, S, 3·H·D)"));
         };
-        if heads == 0 || width % (3 * heads) != 0 {
+        let Some(per_token) = heads.checked_mul(3).filter(|&h3| width % h3 == 0) else {
             return Err(PyValueError::new_err(format!(
-                "argument 'qkv' has {width} columns, not a multiple of 3·heads = {}",
-                3 * heads
+                "argument 'qkv' has {width} columns, not a multiple of 3·heads = 3·{heads}"
             )));
-        }
-        let d = width / (3 * heads);
+        };
+        let d = width / per_token;
         let key_lens = match mask.filter(|m| !m.is_none()) {
             Some(m) => Some(key_lengths(py, m, b, s)?),
             None => None,
@@ -563,9 +609,10 @@ impl PyRuntime {
         ffn_down: Py<PyPackedWeight>,
         ffn_down_bias: &Bound<'_, PyAny>,
         ln2: (Bound<'_, PyAny>, Bound<'_, PyAny>),
-        heads: usize,
+        heads: IntArg,
         eps: f32,
     ) -> PyResult<crate::layer::PyEncoderLayer> {
+        let heads = positive("heads", heads)?;
         let vec = |x: &Bound<'_, PyAny>, name: &str| -> PyResult<Vec<f32>> {
             let a = operand::input(x, name, true)?;
             let v = a
@@ -649,8 +696,8 @@ impl PyRuntime {
 
     /// Appends every distinct workload served by a fallback level to `path`, once
     /// ('gemm:24x768x768  # nearest_shape'): the input of `autokernel tune --workloads-from`.
-    fn log_fallbacks_to(&self, path: PathBuf) -> PyResult<()> {
-        self.rt.log_fallbacks_to(path).map_err(runtime_err)
+    fn log_fallbacks_to(&self, path: PathArg) -> PyResult<()> {
+        self.rt.log_fallbacks_to(path.0).map_err(runtime_err)
     }
 
     /// Turns the first-use timing check of borrowed (nearest-shape) configs on or off.
@@ -689,6 +736,6 @@ fn index_info<'py>(py: Python<'py>, info: &runtime::IndexInfo) -> PyResult<Bound
 /// The id of this machine's hardware fingerprint at `threads` (None: all CPUs).
 #[pyfunction]
 #[pyo3(signature = (threads=None))]
-pub fn fingerprint(threads: Option<usize>) -> PyResult<String> {
+pub fn fingerprint(threads: Option<IntArg>) -> PyResult<String> {
     Threads::new(threads).map(|(_, hw)| hw.id)
 }

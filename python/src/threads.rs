@@ -6,18 +6,31 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use runtime::ThreadsError;
 
+use crate::args::IntArg;
+
 /// The threads of one runtime (or one tuning job).
 pub struct Threads(runtime::Threads);
 
 impl Threads {
     /// The threads for `threads` (`None`: all CPUs this process may use) and the fingerprint
-    /// they serve (its thread count is part of it).
-    pub fn new(threads: Option<usize>) -> PyResult<(Threads, HardwareFingerprint)> {
-        match runtime::Threads::new(threads) {
-            Ok((t, hw)) => Ok((Threads(t), hw)),
-            Err(ThreadsError::OutOfRange { asked, cpus }) => Err(PyValueError::new_err(format!(
+    /// they serve (its thread count is part of it). Out of range (negatives included):
+    /// `ValueError` naming `threads` and the counts allowed.
+    pub fn new(threads: Option<IntArg>) -> PyResult<(Threads, HardwareFingerprint)> {
+        let out_of_range = |asked: &dyn std::fmt::Display, cpus: usize| {
+            PyValueError::new_err(format!(
                 "threads={asked}: this process may use {cpus} CPU(s); give 1 to {cpus}, or None for all"
-            ))),
+            ))
+        };
+        let asked = match threads {
+            None => None,
+            Some(t) => match usize::try_from(t) {
+                Ok(t) => Some(t),
+                Err(_) => return Err(out_of_range(&t, HardwareFingerprint::current().cores)),
+            },
+        };
+        match runtime::Threads::new(asked) {
+            Ok((t, hw)) => Ok((Threads(t), hw)),
+            Err(ThreadsError::OutOfRange { asked, cpus }) => Err(out_of_range(&asked, cpus)),
             Err(e) => Err(PyValueError::new_err(e.to_string())),
         }
     }

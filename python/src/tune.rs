@@ -12,6 +12,7 @@ use runner::{Evaluator, InProcess, Isolated, WorkerSpec};
 use search::{StrategyKind, TuneOptions, INITIAL_TIMEOUT};
 use tuning_db::TuningDb;
 
+use crate::args::{int_in, positive, IntArg, PathArg};
 use crate::errors::{kernel_err, other_err};
 use crate::threads::Threads;
 
@@ -99,26 +100,27 @@ fn worker_spec(
 ///     fatal) or 'none' (in this process).
 /// progress: draw the CLI's progress bar on stderr (when it is a terminal).
 #[pyfunction]
-#[pyo3(signature = (workloads, db=PathBuf::from("tuning.db"), budget=32, threads=None, precision=None, strategy="model", seed=0, isolation="process", finalists=3, timeout_s=None, progress=true))]
+#[pyo3(signature = (workloads, db=PathArg(PathBuf::from("tuning.db")), budget=32, threads=None, precision=None, strategy="model", seed=0, isolation="process", finalists=3, timeout_s=None, progress=true))]
 #[allow(clippy::too_many_arguments)]
 pub fn tune<'py>(
     py: Python<'py>,
     workloads: &Bound<'py, PyAny>,
-    db: PathBuf,
-    budget: usize,
-    threads: Option<usize>,
+    db: PathArg,
+    budget: IntArg,
+    threads: Option<IntArg>,
     precision: Option<&str>,
     strategy: &str,
-    seed: u64,
+    seed: IntArg,
     isolation: &str,
-    finalists: usize,
+    finalists: IntArg,
     timeout_s: Option<f64>,
     progress: bool,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let workloads = with_precision(parse_workloads(workloads)?, precision)?;
-    if budget == 0 {
-        return Err(PyValueError::new_err("budget must be at least 1"));
-    }
+    let db = db.0;
+    let budget = positive("budget", budget)?;
+    let seed = int_in("seed", seed, 0, u64::MAX)?;
+    let finalists = int_in("finalists", finalists, 0, usize::MAX)?;
     let strategy: StrategyKind = strategy.parse().map_err(PyValueError::new_err)?;
     let timeout = match timeout_s {
         None => None,

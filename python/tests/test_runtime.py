@@ -1,5 +1,7 @@
 """autokernel.Runtime on numpy arrays: results against numpy, lookups, reload, counters."""
 
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -149,6 +151,63 @@ def test_threads_and_precision_arguments():
     rt = autokernel.Runtime(threads=1, precision="f32")
     assert rt.threads == 1 and rt.precision == "f32"
     assert rt.fingerprint == autokernel.fingerprint(threads=1)
+
+
+def test_negative_integer_arguments_are_value_errors_naming_them(tmp_path):
+    rt = autokernel.Runtime()
+    with pytest.raises(ValueError, match=r"threads=-1: this process may use \d+ CPU\(s\); give 1 to"):
+        autokernel.Runtime(threads=-1)
+    with pytest.raises(ValueError, match="threads=-2"):
+        autokernel.fingerprint(threads=-2)
+    with pytest.raises(ValueError, match=r"heads=-1: expected an integer from 1 to \d+"):
+        rt.attention_qkv(rand(1, 2, 6), -1)
+    with pytest.raises(ValueError, match=r"ms=\[8, -5\]: give at least one row count, each an integer from 1 to \d+"):
+        rt.pack_weight(rand(4, 4), ms=[8, -5])
+    db = str(tmp_path / "n.db")
+    for arg, value in (("budget", -1), ("seed", -1), ("finalists", -3), ("threads", -1)):
+        with pytest.raises(ValueError, match=f"{arg}={value}: "):
+            autokernel.tune("gemm:2x2x2", db=db, progress=False, **{arg: value})
+    with pytest.raises(ValueError, match="budget=0: expected an integer from 1 to"):
+        autokernel.tune("gemm:2x2x2", db=db, budget=0, progress=False)
+    w = {n: rt.pack_weight(rand(8, m), ms=[2]) for n, m in dict(qkv=24, out=8, up=16).items()}
+    w["down"] = rt.pack_weight(rand(16, 8), ms=[2])
+    z = {n: np.zeros(p.out_features, np.float32) for n, p in w.items()}
+    ln = (np.ones(8, np.float32), np.zeros(8, np.float32))
+    args = (w["qkv"], z["qkv"], w["out"], z["out"], ln, w["up"], z["up"], w["down"], z["down"], ln)
+    with pytest.raises(ValueError, match="heads=-2: expected an integer from 1 to"):
+        rt.encoder_layer(*args, heads=-2)
+    with pytest.raises(ValueError, match="seq=-1: expected an integer from 1 to"):
+        rt.encoder_layer(*args, heads=2).workloads(1, -1)
+
+
+def test_key_lengths_must_be_integral_and_finite():
+    rt = autokernel.Runtime()
+    q = rand(2, 1, 16, 8)
+    for bad, shown in ((15.5, "15.5"), (np.nan, "NaN"), (np.inf, "inf"), (-0.5, "-0.5")):
+        with pytest.raises(ValueError, match=f"mask: key length {shown} is not an integer"):
+            rt.attention(q, q, q, mask=np.array([bad, 3.0]))
+        with pytest.raises(ValueError, match=f"mask: key length {shown} is not an integer"):
+            rt.attention_qkv(rand(2, 16, 24), 1, mask=[bad, 3.0])
+    hf = np.ones((2, 16))
+    hf[1, 3] = 0.5
+    with pytest.raises(ValueError, match="mask: row 1 holds 0.5; expected a 0/1 mask"):
+        rt.attention(q, q, q, mask=hf)
+    # Integral floats are lengths as any integer is.
+    np.testing.assert_array_equal(rt.attention(q, q, q, mask=np.array([16.0, 3.0])),
+                                  rt.attention(q, q, q, mask=np.array([16, 3])))
+
+
+def test_db_paths_may_be_str_bytes_or_pathlike(tmp_path, tuned_db):
+    with pytest.raises(TypeError, match="expected str, bytes or os.PathLike object, not int"):
+        autokernel.Runtime(5)
+    for path in (tuned_db, tuned_db.encode(), pathlib.Path(tuned_db)):
+        rt = autokernel.Runtime(path)
+        assert rt.load_error is None and rt.lookup("gemm:8x64x64")["level"] == "exact"
+    log = tmp_path / "fallbacks.txt"
+    rt.log_fallbacks_to(bytes(log))
+    rt.lookup("gemm:9x64x64")
+    rt.gemm(rand(9, 64), rand(64, 64))
+    assert "gemm:9x64x64" in log.read_text()
 
 
 def test_a_one_thread_runtime_computes_on_each_calling_thread():
@@ -309,6 +368,11 @@ def test_add_layer_norm_in_place_matches_numpy():
         rt.add_layer_norm(x, r, g[:3], bias)
     with pytest.raises(TypeError, match="argument 'x' has dtype float64"):
         rt.add_layer_norm(x.astype(np.float64), r, g, bias)
+    # An epsilon that is not a positive finite number, x left as it was.
+    for eps in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="argument 'eps'"):
+            rt.add_layer_norm(x, r, g, bias, eps=eps)
+        np.testing.assert_array_equal(x, x0)
     np.testing.assert_array_equal(x, x0)  # refused calls wrote nothing
 
 

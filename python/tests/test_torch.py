@@ -34,6 +34,54 @@ def test_tensors_are_operands_read_and_written_in_place():
     np.testing.assert_allclose(rt.gemm(a.double(), b, copy=True), c, rtol=1e-5, atol=1e-5)
 
 
+def test_out_sharing_a_tensor_inputs_memory_is_refused():
+    """Each tensor.numpy() is a new base object, so numpy's borrow tracking cannot see two
+    views of one storage: the memory ranges are compared, for every method with an out."""
+    rt = autokernel.Runtime()
+    n = 16
+    a, b = torch.rand(n, n), torch.rand(n, n)
+    a0, b0 = a.clone(), b.clone()
+    overlaps = "argument 'out' must be writable and share no memory with the inputs: it overlaps argument"
+    with pytest.raises(ValueError, match=f"{overlaps} 'a'"):
+        rt.gemm(a, b, out=a)
+    with pytest.raises(ValueError, match=f"{overlaps} 'b'"):
+        rt.gemm(a, b, out=np.frombuffer(b.numpy().data, np.float32).reshape(n, n))
+    big = torch.rand(2 * n * n)
+    with pytest.raises(ValueError, match=f"{overlaps} 'a'"):  # a partial overlap
+        rt.gemm(big[: n * n].view(n, n), b, out=big[n * n // 2 : n * n // 2 + n * n].view(n, n))
+    rt.gemm(big[: n * n].view(n, n), b, out=big[n * n :].view(n, n))  # adjacent: no overlap
+    packed = rt.pack_weight(b)
+    with pytest.raises(ValueError, match=f"{overlaps} 'x'"):
+        rt.linear(a, packed, out=a)
+    bias = torch.rand(n)
+    with pytest.raises(ValueError, match=f"{overlaps} 'bias'"):
+        rt.linear(torch.rand(1, n), packed, bias, out=bias.view(1, n))
+    q = torch.rand(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=f"{overlaps} 'v'"):
+        rt.attention(q.clone(), q.clone(), q, out=q)
+    qkv = torch.rand(1, 4, 3 * 8)
+    with pytest.raises(ValueError, match=f"{overlaps} 'qkv'"):
+        rt.attention_qkv(qkv, 2, out=qkv.view(-1)[:32].view(1, 4, 8))
+    g, beta = torch.rand(n), torch.rand(n)
+    with pytest.raises(ValueError, match="argument 'x' must be writable .* overlaps argument 'residual'"):
+        rt.add_layer_norm(a, a.view(n, n), g, beta)
+    torch.testing.assert_close(a, a0, rtol=0, atol=0)  # refused calls wrote nothing
+    torch.testing.assert_close(b, b0, rtol=0, atol=0)
+
+
+def test_out_that_requires_grad_is_refused():
+    rt = autokernel.Runtime()
+    a, b = torch.rand(4, 8), torch.rand(8, 6)
+    out = torch.zeros(4, 6, requires_grad=True)
+    with pytest.raises(ValueError, match=r"argument 'out' is a tensor that requires grad.*out\.detach\(\)"):
+        rt.gemm(a, b, out=out)
+    assert not out.detach().any()  # nothing written
+    with pytest.raises(ValueError, match="argument 'x' is a tensor that requires grad"):
+        rt.add_layer_norm(torch.rand(2, 8, requires_grad=True), None, torch.ones(8), torch.zeros(8))
+    rt.gemm(a, b, out=out.detach())  # the storage, asked for explicitly
+    torch.testing.assert_close(out.detach(), a @ b, rtol=1e-4, atol=1e-4)
+
+
 def mlp():
     torch.manual_seed(0)
     return nn.Sequential(
