@@ -269,6 +269,16 @@ fn a_checkpoint_is_tuned_from_its_config_and_matches_transformers_on_a_padded_ba
     assert!(vs_hf <= 1e-4, "{r}");
     assert!(r["max_abs_err"].as_f64().unwrap() <= r["tolerance"].as_f64().unwrap());
 
+    // --batch without --seq: the default lengths the model's 16 positions take (its 16).
+    let o = infer(&["--batch", "2", "--no-untuned"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = &json_lines(&o)[0];
+    assert_eq!(
+        (r["batch"].as_u64(), r["seq"].as_u64()),
+        (Some(2), Some(16)),
+        "{r}"
+    );
+
     // A generated padded batch (lengths 16, 5, 1), checked against the f64 reference.
     let o = infer(&[
         "--batch",
@@ -399,6 +409,24 @@ fn broken_checkpoint_directories_are_one_line_errors() {
             assert!(!e.contains("panicked"), "{name}: {e}");
         }
     }
+    // A saved batch whose token id is outside the vocabulary: the file is named.
+    let d = dir.path().join("ids");
+    std::fs::create_dir(&d).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(format!("{FIXTURE}/{f}"), d.join(f)).unwrap();
+    }
+    let mut inputs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{FIXTURE}/inputs.json")).unwrap())
+            .unwrap();
+    inputs["input_ids"][0][0] = serde_json::json!(100_000);
+    std::fs::write(d.join("inputs.json"), inputs.to_string()).unwrap();
+    let o = autokernel(&["infer", "--model", d.to_str().unwrap()]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("inputs.json: bad input: token id 100000") && e.trim().lines().count() == 1,
+        "{e}"
+    );
     let o = autokernel(&["infer", "--model", "/nonexistent/bert"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(

@@ -208,4 +208,15 @@ fn impossible_sizes_are_clean_errors() {
         .output()
         .unwrap();
     refused(&o, "more than this process can allocate");
+    // The same for a BERT batch whose activations cannot be allocated (an abort before).
+    let script = format!(
+        "ulimit -v 8000000 && exec {} infer --model bert-tiny --batch 4000 --seq 512 --iters 1 --check none --db {}",
+        env!("CARGO_BIN_EXE_autokernel"),
+        s(&db)
+    );
+    let o = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    refused(&o, "batch 4000 seq 512: its activations need");
 }

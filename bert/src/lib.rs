@@ -75,8 +75,9 @@ pub enum BertError {
     /// The model sizes are inconsistent.
     #[error("bad model config: {reason}")]
     Config { reason: String },
-    /// A batch / sequence shape or input that does not fit.
-    #[error("bad shape: {reason}")]
+    /// A batch / sequence shape or input that does not fit (a token id outside the
+    /// vocabulary, a sequence longer than the positions).
+    #[error("bad input: {reason}")]
     Shape { reason: String },
     /// A checkpoint file (or a file beside it) that cannot be used: which file, and why
     /// (naming the tensor or the `config.json` field).

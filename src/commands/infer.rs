@@ -96,13 +96,24 @@ pub fn positive_list(s: &str) -> Result<PositiveList, String> {
 
 pub use model::model_config;
 
-/// Refuses a `--seq` longer than the model takes, `max` positions (`infer` and `tune
-/// --model`).
-pub fn check_seqs(seqs: &[usize], max: usize) -> anyhow::Result<()> {
+/// Refuses a `--seq` longer than the model takes, `max` positions.
+fn check_seqs(seqs: &[usize], max: usize) -> anyhow::Result<()> {
     if let Some(s) = seqs.iter().find(|&&s| s > max) {
         bail!("--seq {s}: this BERT takes at most {max} tokens (its position embeddings)");
     }
     Ok(())
+}
+
+/// The sequence lengths asked for (each within the model's `max` positions), or by
+/// default 32, 64 and 128 — those the model takes (its longest, if it takes none of them)
+/// (`infer` and `tune --model`).
+pub fn seqs_or_defaults(asked: Option<&[usize]>, max: usize) -> anyhow::Result<Vec<usize>> {
+    if let Some(seqs) = asked {
+        check_seqs(seqs, max)?;
+        return Ok(seqs.to_vec());
+    }
+    let fit: Vec<usize> = [32, 64, 128].into_iter().filter(|&s| s <= max).collect();
+    Ok(if fit.is_empty() { vec![max] } else { fit })
 }
 
 /// Largest accepted `|ours − transformers|` on a checkpoint's saved output (f32 both).
@@ -152,12 +163,40 @@ fn shapes_of(args: &InferArgs, source: &model::Source) -> anyhow::Result<Vec<(us
         .batch
         .as_ref()
         .map_or(vec![1, 2, 4, 8], |b| b.0.clone());
-    let seqs = args.seq.as_ref().map_or(vec![32, 64, 128], |s| s.0.clone());
-    check_seqs(&seqs, source.max_seq())?;
+    let seqs = seqs_or_defaults(args.seq.as_ref().map(|s| &s.0[..]), source.max_seq())?;
     Ok(batches
         .iter()
         .flat_map(|&b| seqs.iter().map(move |&s| (b, s)))
         .collect())
+}
+
+/// Refuses, before anything is allocated, a (batch, seq) whose activations this process
+/// cannot allocate (under `ulimit -v`, or with overcommit off): a one-line error naming the
+/// shape instead of an abort mid-run. Counted per token: the input and output rows, the
+/// layer's scratch (x, Q/K/V, context, projection, head-major copies: 10 hidden rows) and
+/// an FFN row, once per model run side by side (`models`).
+fn check_memory(
+    config: &bert::BertConfig,
+    shapes: &[(usize, usize)],
+    models: usize,
+) -> anyhow::Result<()> {
+    for &(batch, seq) in shapes {
+        let bytes = (|| {
+            let per_token = config.hidden.checked_mul(12)?.checked_add(config.ffn)?;
+            batch
+                .checked_mul(seq)?
+                .checked_mul(per_token)?
+                .checked_mul(4 * models)
+        })();
+        let mut probe: Vec<u8> = Vec::new();
+        if !bytes.is_some_and(|b| probe.try_reserve_exact(b).is_ok()) {
+            bail!(
+                "batch {batch} seq {seq}: its activations need {:.1} GB, more than this process can allocate (lower --batch or --seq)",
+                bytes.map_or(f64::INFINITY, |b| b as f64 / 1e9)
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Which sequences of a batch of `batch` are checked against the f64 reference.
@@ -182,6 +221,9 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
     let shapes = shapes_of(&args, &source)?;
     let lengths = args.lengths.as_ref().map_or(vec![], |l| l.0.clone());
     let config = *source.config();
+    // The tuned model, the untuned one, and the f32 model a reduced precision is compared to.
+    let models = 1 + usize::from(!args.no_untuned) + usize::from(reduced);
+    check_memory(&config, &shapes, models)?;
     let threads = rt.fingerprint().cores;
     if !args.json {
         eprintln!(

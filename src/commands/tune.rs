@@ -130,28 +130,12 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
             }
             if let Some(name) = &args.model {
                 let (config, max_seq) = super::infer::model_config(name)?;
-                if let Some(seq) = &args.seq {
-                    super::infer::check_seqs(&seq.0, max_seq)?;
-                }
+                let seqs =
+                    super::infer::seqs_or_defaults(args.seq.as_ref().map(|s| &s.0[..]), max_seq)?;
                 let batches = args
                     .batch
                     .as_ref()
                     .map_or(vec![1, 2, 4, 8], |b| b.0.clone());
-                // Without --seq: 32, 64 and 128, those the model's positions take.
-                let seqs = args.seq.as_ref().map_or_else(
-                    || {
-                        let s: Vec<usize> = [32, 64, 128]
-                            .into_iter()
-                            .filter(|&s| s <= max_seq)
-                            .collect();
-                        if s.is_empty() {
-                            vec![max_seq]
-                        } else {
-                            s
-                        }
-                    },
-                    |s| s.0.clone(),
-                );
                 let shapes: Vec<(usize, usize)> = batches
                     .iter()
                     .flat_map(|&b| seqs.iter().map(move |&s| (b, s)))

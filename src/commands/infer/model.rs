@@ -56,6 +56,10 @@ impl Source {
         let inputs = dir.join("inputs.json");
         let fixture = if inputs.exists() {
             let tokens = TokenBatch::from_json(&inputs)?;
+            // Ids and types that fit the tables, named with the file they came from.
+            ckpt.embeddings
+                .check(&tokens)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", inputs.display()))?;
             let exp = dir.join("expected.safetensors");
             let expected = exp.exists().then(|| Expected::load(&exp)).transpose()?;
             if let Some(e) = &expected {
