@@ -189,7 +189,7 @@ fn check_memory(
                 .checked_mul(4 * models)
         })();
         let mut probe: Vec<u8> = Vec::new();
-        if !bytes.is_some_and(|b| probe.try_reserve_exact(b).is_ok()) {
+        if bytes.is_none_or(|b| probe.try_reserve_exact(b).is_err()) {
             bail!(
                 "batch {batch} seq {seq}: its activations need {:.1} GB, more than this process can allocate (lower --batch or --seq)",
                 bytes.map_or(f64::INFINITY, |b| b as f64 / 1e9)
