@@ -483,14 +483,24 @@ impl Worker {
                 let timed_out = matches!(e, RecvTimeoutError::Timeout);
                 let (exit, stderr) = proc.reap(true);
                 let (_, why) = classify_death(exit, &stderr, None);
-                return Err(handshake(if timed_out {
+                let why = if timed_out {
                     format!(
                         "no greeting within {:.0} s",
                         self.spec.startup_timeout.as_secs_f64()
                     )
                 } else {
                     why
-                }));
+                };
+                // A worker that dies before greeting under a memory limit most likely
+                // could not map its own threads and code: say which limit.
+                let hint = match self.spec.mem_limit_bytes {
+                    Some(b) if !timed_out => format!(
+                        " (its memory limit, {} MiB, may be too small for the worker to start)",
+                        b >> 20
+                    ),
+                    _ => String::new(),
+                };
+                return Err(handshake(format!("{why}{hint}")));
             }
         };
         let Ok(Reply::Ready { fingerprint, .. }) = serde_json::from_str::<Reply>(&greeting) else {
@@ -623,6 +633,17 @@ mod tests {
         assert!(matches!(e, WorkerError::Handshake { .. }), "{e}");
         assert!(
             e.to_string().contains("code 4") && e.to_string().contains("oops"),
+            "{e}"
+        );
+
+        // Under a memory limit, a worker that dies before greeting is told with the limit.
+        let mut spec = WorkerSpec::new("sh", ["-c", "exit 5"]);
+        spec.mem_limit_bytes = Some(64 << 20);
+        let e = Worker::new(spec)
+            .setup(&"gemm:2x2x2".parse().unwrap(), 0)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("code 5") && e.to_string().contains("memory limit, 64 MiB"),
             "{e}"
         );
 
