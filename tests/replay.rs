@@ -158,16 +158,14 @@ fn export_writes_a_space_that_replays() {
     let db = db.to_str().unwrap();
     let out = dir.path().join("spaces/gemm_9x20x8.jsonl");
     let out = out.to_str().unwrap();
+    let export = |to: &str, extra: &[&str]| {
+        let mut args = vec!["replay", "--export", "gemm:9x20x8", "--db", db, "--out", to];
+        args.extend(["--threads", "1"]);
+        args.extend(extra);
+        autokernel(&args)
+    };
     // Not recorded yet: a clear error.
-    let o = autokernel(&[
-        "replay",
-        "--export",
-        "gemm:9x20x8",
-        "--db",
-        db,
-        "--out",
-        out,
-    ]);
+    let o = export(out, &[]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("not found"), "{}", stderr(&o));
     let o = autokernel(&[
@@ -186,18 +184,7 @@ fn export_writes_a_space_that_replays() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let size = json_lines(&o)[0]["space_size"].as_u64().unwrap();
-    let o = autokernel(&[
-        "replay",
-        "--export",
-        "gemm:9x20x8",
-        "--db",
-        db,
-        "--out",
-        out,
-        "--threads",
-        "1",
-        "--json",
-    ]);
+    let o = export(out, &["--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(json_lines(&o)[0]["candidates"].as_u64(), Some(size));
     let o = autokernel(&[
@@ -219,21 +206,8 @@ fn export_writes_a_space_that_replays() {
     // as a --plot), each refused before any work with the file left as it was.
     let db_bytes = std::fs::read(db).unwrap();
     let space_bytes = std::fs::read(out).unwrap();
-    let export = |to: &str| {
-        autokernel(&[
-            "replay",
-            "--export",
-            "gemm:9x20x8",
-            "--db",
-            db,
-            "--out",
-            to,
-            "--threads",
-            "1",
-        ])
-    };
     for to in [out, db] {
-        let o = export(to);
+        let o = export(to, &[]);
         assert_eq!(o.status.code(), Some(2));
         assert!(stderr(&o).contains("already exists"), "{}", stderr(&o));
     }

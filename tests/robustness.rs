@@ -196,27 +196,21 @@ fn impossible_sizes_are_clean_errors() {
         "100000",
     ]);
     refused(&o, "BERT takes at most 512 tokens");
-    // A workload whose operands cannot be allocated under a memory limit: an error, not
-    // an abort (8 GB of address space; the operands need 29 GB).
-    let script = format!(
-        "ulimit -v 8000000 && exec {} run --workload gemm:30000x30000x30000 --db {}",
-        env!("CARGO_BIN_EXE_autokernel"),
-        s(&db)
-    );
-    let o = std::process::Command::new("sh")
-        .args(["-c", &script])
-        .output()
-        .unwrap();
+    // Under a memory limit (8 GB of address space), what cannot be allocated is an error,
+    // not an abort: a workload's operands (29 GB), a BERT batch's activations.
+    let limited = |args: &str| {
+        let script = format!(
+            "ulimit -v 8000000 && exec {} {args} --db {}",
+            env!("CARGO_BIN_EXE_autokernel"),
+            s(&db)
+        );
+        std::process::Command::new("sh")
+            .args(["-c", &script])
+            .output()
+            .unwrap()
+    };
+    let o = limited("run --workload gemm:30000x30000x30000");
     refused(&o, "more than this process can allocate");
-    // The same for a BERT batch whose activations cannot be allocated (an abort before).
-    let script = format!(
-        "ulimit -v 8000000 && exec {} infer --model bert-tiny --batch 4000 --seq 512 --iters 1 --check none --db {}",
-        env!("CARGO_BIN_EXE_autokernel"),
-        s(&db)
-    );
-    let o = std::process::Command::new("sh")
-        .args(["-c", &script])
-        .output()
-        .unwrap();
+    let o = limited("infer --model bert-tiny --batch 4000 --seq 512 --iters 1 --check none");
     refused(&o, "batch 4000 seq 512: its activations need");
 }
