@@ -151,6 +151,9 @@ impl EncoderLayer<'_> {
                 ),
             });
         }
+        if m == 0 {
+            return Ok(()); // an empty batch: nothing to compute (no GEMM takes M = 0)
+        }
         let LayerScratch {
             qkv,
             ctx,
@@ -268,6 +271,20 @@ mod tests {
             .unwrap();
         add_layer_norm(&mut want, Some(&proj), &g2, &b2, 1e-12).unwrap();
         assert_eq!(x, want);
+
+        // An empty batch (no sequences, or sequences of no tokens) is nothing to compute.
+        for shape in [(0, seq), (batch, 0)] {
+            layer
+                .forward(
+                    &rt,
+                    shape,
+                    None,
+                    &mut [],
+                    &mut LayerScratch::default(),
+                    |_, _| {},
+                )
+                .unwrap();
+        }
 
         // Weights that do not fit, and a wrong x: errors naming what is wrong.
         let mut scratch = LayerScratch::default();
