@@ -136,13 +136,13 @@ fn main() -> ExitCode {
 /// The one-line message of `e`: its chain of causes joined by ": " as `{:#}` joins them,
 /// except that a cause the line already ends with is not repeated (many library errors print
 /// their source in their own message, and `{:#}` would print it twice).
-fn error_line(e: &anyhow::Error) -> String {
+pub(crate) fn error_line(e: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in e.chain() {
         let text = cause.to_string();
         if line.is_empty() {
             line = text;
-        } else if !line.ends_with(&text) {
+        } else if !(line == text || line.ends_with(&format!(": {text}"))) {
             line.push_str(": ");
             line.push_str(&text);
         }
@@ -202,5 +202,8 @@ mod tests {
             .context("opening")
             .context("tuning");
         assert_eq!(error_line(&e), "tuning: opening: no such file");
+        // Only a whole cause counts as repeated, not a message that merely ends alike.
+        let e = anyhow::anyhow!("not found").context("value not found");
+        assert_eq!(error_line(&e), "value not found: not found");
     }
 }

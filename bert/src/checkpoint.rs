@@ -147,7 +147,8 @@ fn read_config(path: &Path) -> Result<(BertConfig, TableSizes), BertError> {
     let ln_eps = match v.get("layer_norm_eps") {
         None => 1e-12,
         Some(x) => match x.as_f64() {
-            Some(e) if e > 0.0 && e < 1.0 => e as f32,
+            // Positive in f32 too (a subnormal f64 would round to 0).
+            Some(e) if e > 0.0 && e < 1.0 && (e as f32) > 0.0 => e as f32,
             _ => {
                 return Err(bad(format!(
                     "field 'layer_norm_eps' is {x}, not a number in (0, 1)"

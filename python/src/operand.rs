@@ -4,7 +4,8 @@
 //! else raises `TypeError` (wrong kind or element type) or `ValueError` (layout, shape)
 //! naming the argument. Nothing is copied unless the caller passed `copy=True`, which allows
 //! a conversion (element type, layout, a list) for inputs; outputs are never copied, and an
-//! output tensor must not require grad (it is written outside autograd).
+//! output tensor must not require grad (it is written outside autograd) — refused even under
+//! `torch.no_grad()`, where PyTorch itself would allow the in-place write: pass `.detach()`.
 
 use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
@@ -111,8 +112,9 @@ fn as_ndarray<'py>(
     let mut t = obj.clone();
     if t.getattr(intern!(py, "requires_grad"))?.is_truthy()? {
         if copy.is_none() {
-            // PyTorch refuses in-place writes to a leaf that requires grad, and a write
-            // through the storage would bypass autograd's record of a non-leaf's.
+            // With grad enabled PyTorch refuses in-place writes to a leaf that requires
+            // grad, and a write through the storage would bypass autograd's record of a
+            // non-leaf's; refused in every mode, so a call means the same under no_grad.
             return Err(PyValueError::new_err(format!(
                 "argument '{name}' is a tensor that requires grad: autokernel writes it in place, \
                  outside autograd (pass {name}.detach() to write its storage anyway)"

@@ -201,7 +201,7 @@ fn span(arr: &F32Array<'_>) -> Range<usize> {
 
 /// Whether two byte ranges share a byte (an empty one shares none).
 fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
-    a.start < b.end && b.start < a.end
+    !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end
 }
 
 #[pymethods]
@@ -378,20 +378,14 @@ impl PyRuntime {
     ) -> PyResult<PyPackedWeight> {
         let act = parse_act(act)?;
         let (w, rows, cols) = matrix(w, "w", copy)?;
-        let given = ms.unwrap_or_else(|| vec![1]);
-        let ms = match given
-            .iter()
-            .map(|&m| usize::try_from(m).ok().filter(|&m| m > 0))
-            .collect::<Option<Vec<usize>>>()
-        {
-            Some(ms) if !ms.is_empty() => ms,
-            _ => {
-                return Err(PyValueError::new_err(format!(
-                    "ms={given:?}: give at least one row count, each an integer from 1 to {}",
-                    usize::MAX
-                )))
-            }
-        };
+        let ms = ms.unwrap_or_else(|| vec![1]);
+        if ms.is_empty() {
+            return Err(PyValueError::new_err("ms=[]: give at least one row count"));
+        }
+        let ms = ms
+            .into_iter()
+            .map(|m| positive("ms", m))
+            .collect::<PyResult<Vec<usize>>>()?;
         let transposed = match layout {
             "kn" => false,
             "nk" => true,

@@ -161,7 +161,7 @@ def test_negative_integer_arguments_are_value_errors_naming_them(tmp_path):
         autokernel.fingerprint(threads=-2)
     with pytest.raises(ValueError, match=r"heads=-1: expected an integer from 1 to \d+"):
         rt.attention_qkv(rand(1, 2, 6), -1)
-    with pytest.raises(ValueError, match=r"ms=\[8, -5\]: give at least one row count, each an integer from 1 to \d+"):
+    with pytest.raises(ValueError, match=r"ms=-5: expected an integer from 1 to \d+"):
         rt.pack_weight(rand(4, 4), ms=[8, -5])
     db = str(tmp_path / "n.db")
     for arg, value in (("budget", -1), ("seed", -1), ("finalists", -3), ("threads", -1)):
@@ -178,6 +178,11 @@ def test_negative_integer_arguments_are_value_errors_naming_them(tmp_path):
         rt.encoder_layer(*args, heads=-2)
     with pytest.raises(ValueError, match="seq=-1: expected an integer from 1 to"):
         rt.encoder_layer(*args, heads=2).workloads(1, -1)
+    for eps in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="argument 'eps'"):
+            rt.encoder_layer(*args, heads=2, eps=eps)
+    # An empty batch is nothing to compute: an empty output.
+    assert rt.encoder_layer(*args, heads=2)(np.zeros((2, 0, 8), np.float32)).shape == (2, 0, 8)
 
 
 def test_key_lengths_must_be_integral_and_finite():

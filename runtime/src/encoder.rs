@@ -102,10 +102,7 @@ impl EncoderLayer<'_> {
         if self.heads == 0 || !h.is_multiple_of(self.heads) {
             return bad(format!("{} heads do not split hidden {h}", self.heads));
         }
-        if crate::layer::check_eps(self.eps).is_err() {
-            return bad(format!("eps {} is not a positive finite number", self.eps));
-        }
-        Ok(())
+        crate::layer::check_eps(self.eps)
     }
 
     /// The layer over `batch` sequences of `seq` tokens, in place: `x` (`batch·seq ×
@@ -301,7 +298,7 @@ mod tests {
                     eps: f32::NAN,
                     ..layer
                 },
-                "eps NaN",
+                "argument 'eps': NaN",
             ),
             (
                 EncoderLayer {

@@ -100,8 +100,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         ..CompareOptions::default()
     };
 
-    // Everything that can be refused is checked before anything is measured: an output
-    // that would overwrite a file, a directory that cannot take the files.
+    // Everything that can be refused is checked before anything is measured: the inputs,
+    // then an output that would overwrite a file, a directory that cannot take the files
+    // (created here, once nothing else can fail).
     if let Some(Some(p)) = &args.save_baseline {
         if p.exists() && !p.is_dir() {
             bail!(
@@ -110,25 +111,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    let baseline_dir = match &args.save_baseline {
-        None => None,
-        Some(None) => Some(baseline::fingerprint_dir(&args.results, hw)),
-        Some(Some(p)) if p.is_dir() || p.as_os_str().to_string_lossy().ends_with('/') => {
-            Some(p.clone())
-        }
-        Some(Some(p)) => Some(p.parent().map(Path::to_path_buf).unwrap_or_default()),
-    };
-    if let Some(dir) = &baseline_dir {
-        super::check_writable_dir(dir, "--save-baseline")?;
-    }
-    if let Some(dir) = &args.report {
-        if dir.exists() && !dir.is_dir() {
-            bail!(
-                "--report {}: exists and is not a directory (the report is a directory of report.md and SVG charts)",
-                dir.display()
-            );
-        }
-        super::check_writable_dir(dir, "--report")?;
+    if let Some(dir) = args.report.as_ref().filter(|d| d.exists() && !d.is_dir()) {
+        bail!(
+            "--report {}: exists and is not a directory (the report is a directory of report.md and SVG charts)",
+            dir.display()
+        );
     }
     let base = match &args.baseline {
         Some(spec) => {
@@ -144,6 +131,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     } else {
         requested
     };
+    if let Some(arg) = &args.save_baseline {
+        let dir = baseline::save_dir(arg.as_deref(), &args.results, hw);
+        super::check_writable_dir(&dir, "--save-baseline")?;
+    }
+    if let Some(dir) = &args.report {
+        super::check_writable_dir(dir, "--report")?;
+    }
 
     let (protocol, protocol_name) = if args.quick {
         (Protocol::quick(), "quick")

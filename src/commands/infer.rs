@@ -172,22 +172,14 @@ fn shapes_of(args: &InferArgs, source: &model::Source) -> anyhow::Result<Vec<(us
 
 /// Refuses, before anything is allocated, a (batch, seq) whose activations this process
 /// cannot allocate (under `ulimit -v`, or with overcommit off): a one-line error naming the
-/// shape instead of an abort mid-run. Counted per token: the input and output rows, the
-/// layer's scratch (x, Q/K/V, context, projection, head-major copies: 10 hidden rows) and
-/// an FFN row, once per model run side by side (`models`).
+/// shape instead of an abort mid-run. Only address space is reserved; nothing is touched.
 fn check_memory(
     config: &bert::BertConfig,
     shapes: &[(usize, usize)],
     models: usize,
 ) -> anyhow::Result<()> {
     for &(batch, seq) in shapes {
-        let bytes = (|| {
-            let per_token = config.hidden.checked_mul(12)?.checked_add(config.ffn)?;
-            batch
-                .checked_mul(seq)?
-                .checked_mul(per_token)?
-                .checked_mul(4 * models)
-        })();
+        let bytes = activation_bytes(config, batch, seq, models);
         let mut probe: Vec<u8> = Vec::new();
         if bytes.is_none_or(|b| probe.try_reserve_exact(b).is_err()) {
             bail!(
@@ -197,6 +189,22 @@ fn check_memory(
         }
     }
     Ok(())
+}
+
+/// The activation bytes of `models` models run side by side on (batch, seq), counted per
+/// token: the input and output rows, a layer's scratch (x, Q/K/V, context, projection,
+/// head-major copies: 10 hidden rows) and an FFN row. None if it overflows.
+fn activation_bytes(
+    config: &bert::BertConfig,
+    batch: usize,
+    seq: usize,
+    models: usize,
+) -> Option<usize> {
+    let per_token = config.hidden.checked_mul(12)?.checked_add(config.ffn)?;
+    batch
+        .checked_mul(seq)?
+        .checked_mul(per_token)?
+        .checked_mul(models.checked_mul(4)?)
 }
 
 /// Which sequences of a batch of `batch` are checked against the f64 reference.
@@ -221,9 +229,9 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
     let shapes = shapes_of(&args, &source)?;
     let lengths = args.lengths.as_ref().map_or(vec![], |l| l.0.clone());
     let config = *source.config();
-    // The tuned model, the untuned one, and the f32 model a reduced precision is compared to.
-    let models = 1 + usize::from(!args.no_untuned) + usize::from(reduced);
-    check_memory(&config, &shapes, models)?;
+    // The tuned model and, unless --no-untuned, the untuned one (which is also the f32 model
+    // a reduced precision is compared with).
+    check_memory(&config, &shapes, 1 + usize::from(!args.no_untuned))?;
     let threads = rt.fingerprint().cores;
     if !args.json {
         eprintln!(

@@ -349,6 +349,28 @@ pub(super) enum Exchange {
     },
 }
 
+/// Whether a worker's stderr says it ran out of memory or address space before it could
+/// start (threads that could not be spawned, a failed allocation or mapping).
+fn short_of_memory(stderr: &str) -> bool {
+    [
+        "Cannot allocate memory",
+        "Resource temporarily unavailable",
+        "memory allocation of",
+        "failed to spawn thread",
+    ]
+    .iter()
+    .any(|s| stderr.contains(s))
+}
+
+/// `bytes` in MiB for messages (bytes below 1 MiB).
+fn mib(bytes: u64) -> String {
+    if bytes >= 1 << 20 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
 /// Why a worker ended, as a status and a one-line message.
 fn classify_death(
     exit: Option<ExitStatus>,
@@ -482,21 +504,17 @@ impl Worker {
             Err(e) => {
                 let timed_out = matches!(e, RecvTimeoutError::Timeout);
                 let (exit, stderr) = proc.reap(true);
-                let (_, why) = classify_death(exit, &stderr, None);
-                let why = if timed_out {
-                    format!(
+                let (status, why) = classify_death(exit, &stderr, None);
+                if timed_out {
+                    return Err(handshake(format!(
                         "no greeting within {:.0} s",
                         self.spec.startup_timeout.as_secs_f64()
-                    )
-                } else {
-                    why
-                };
-                // A worker that dies before greeting under a memory limit most likely
-                // could not map its own threads and code: say which limit.
+                    )));
+                }
                 let hint = match self.spec.mem_limit_bytes {
-                    Some(b) if !timed_out => format!(
-                        " (its memory limit, {} MiB, may be too small for the worker to start)",
-                        b >> 20
+                    Some(b) if status == Status::Oom || short_of_memory(&stderr) => format!(
+                        " (its memory limit, {}, may be too small for the worker to start)",
+                        mib(b)
                     ),
                     _ => String::new(),
                 };
@@ -636,16 +654,21 @@ mod tests {
             "{e}"
         );
 
-        // Under a memory limit, a worker that dies before greeting is told with the limit.
-        let mut spec = WorkerSpec::new("sh", ["-c", "exit 5"]);
-        spec.mem_limit_bytes = Some(64 << 20);
-        let e = Worker::new(spec)
-            .setup(&"gemm:2x2x2".parse().unwrap(), 0)
-            .unwrap_err();
-        assert!(
-            e.to_string().contains("code 5") && e.to_string().contains("memory limit, 64 MiB"),
-            "{e}"
-        );
+        // Under a memory limit, a worker that dies of memory before greeting is told with
+        // the limit; one that dies of something else is not.
+        for (script, hint) in [
+            ("echo 'Cannot allocate memory' >&2; exit 5", true),
+            ("exit 5", false),
+        ] {
+            let mut spec = WorkerSpec::new("sh", ["-c", script]);
+            spec.mem_limit_bytes = Some(64 << 20);
+            let e = Worker::new(spec)
+                .setup(&"gemm:2x2x2".parse().unwrap(), 0)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("code 5"), "{e}");
+            assert_eq!(e.contains("memory limit, 64 MiB"), hint, "{e}");
+        }
 
         let mut spec = WorkerSpec::new("sh", ["-c", "sleep 5"]);
         spec.startup_timeout = Duration::from_millis(200);

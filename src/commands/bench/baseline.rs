@@ -220,7 +220,7 @@ pub fn find_all(dir: &Path, hw: &HardwareFingerprint) -> Vec<(PathBuf, Baseline)
                 Ok(b) if b.fingerprint.id == hw.id => Some((p, b)),
                 Ok(_) => None,
                 Err(e) => {
-                    eprintln!("warning: skipping {e:#}");
+                    eprintln!("warning: skipping {}", crate::error_line(&e));
                     None
                 }
             }
@@ -236,10 +236,23 @@ pub fn find_all(dir: &Path, hw: &HardwareFingerprint) -> Vec<(PathBuf, Baseline)
 pub fn save_path(arg: Option<&Path>, results: &Path, b: &Baseline) -> PathBuf {
     let name = format!("baseline-{}.json", b.stamp());
     match arg {
-        None => fingerprint_dir(results, &b.fingerprint).join(name),
-        Some(p) if p.is_dir() || p.as_os_str().to_string_lossy().ends_with('/') => p.join(name),
-        Some(p) => p.to_path_buf(),
+        Some(p) if !names_dir(p) => p.to_path_buf(),
+        _ => save_dir(arg, results, &b.fingerprint).join(name),
     }
+}
+
+/// The directory [`save_path`] writes into for fingerprint `hw`.
+pub fn save_dir(arg: Option<&Path>, results: &Path, hw: &HardwareFingerprint) -> PathBuf {
+    match arg {
+        None => fingerprint_dir(results, hw),
+        Some(p) if names_dir(p) => p.to_path_buf(),
+        Some(p) => p.parent().map(Path::to_path_buf).unwrap_or_default(),
+    }
+}
+
+/// Whether `--save-baseline P` names a directory: one that exists, or a path ending in `/`.
+fn names_dir(p: &Path) -> bool {
+    p.is_dir() || p.as_os_str().to_string_lossy().ends_with('/')
 }
 
 /// Refuses a baseline measured on another fingerprint, unless `allow_foreign`.
