@@ -235,8 +235,9 @@ int autokernel_runtime_attention_qkv(const struct AutokernelRuntime *rt, size_t 
 
 // In place: `x = LayerNorm(x + residual)` over rows of `h` floats (`x_len` a multiple of
 // `h`), with scale `gamma` and shift `beta` (`h` floats each) and `eps` (a positive finite
-// number, else `AUTOKERNEL_INVALID_ARGUMENT`), as torch.nn.LayerNorm computes it; `residual` (`x_len` floats) may be NULL (with
-// `residual_len` 0) for a plain LayerNorm. Parallel over rows.
+// number, else `AUTOKERNEL_INVALID_ARGUMENT`), as torch.nn.LayerNorm computes it;
+// `residual` (`x_len` floats) may be NULL (with `residual_len` 0) for a plain LayerNorm.
+// Parallel over rows.
 //
 // # Safety
 // Each buffer is NULL or holds its stated number of floats; `x` overlaps no other buffer.

@@ -230,8 +230,9 @@ pub unsafe extern "C" fn autokernel_runtime_attention_qkv(
 
 /// In place: `x = LayerNorm(x + residual)` over rows of `h` floats (`x_len` a multiple of
 /// `h`), with scale `gamma` and shift `beta` (`h` floats each) and `eps` (a positive finite
-/// number, else `AUTOKERNEL_INVALID_ARGUMENT`), as torch.nn.LayerNorm computes it; `residual` (`x_len` floats) may be NULL (with
-/// `residual_len` 0) for a plain LayerNorm. Parallel over rows.
+/// number, else `AUTOKERNEL_INVALID_ARGUMENT`), as torch.nn.LayerNorm computes it;
+/// `residual` (`x_len` floats) may be NULL (with `residual_len` 0) for a plain LayerNorm.
+/// Parallel over rows.
 ///
 /// # Safety
 /// Each buffer is NULL or holds its stated number of floats; `x` overlaps no other buffer.

@@ -55,8 +55,8 @@ fn sum8(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
 
 /// `x = LayerNorm(x + r)` row by row (rows of `gamma.len()` values; without `r`, plain
 /// LayerNorm): mean and variance over the row (two passes, so no cancellation), then
-/// `γ·(v − μ)/√(σ² + eps) + β`. Errors (nothing written) if a length does not fit or `eps`
-/// is not a positive finite number ([`check_eps`]).
+/// `γ·(v − μ)/√(σ² + eps) + β`. Errors (nothing written) if a length does not fit or
+/// `eps` is not a positive finite number ([`check_eps`]).
 pub fn add_layer_norm(
     x: &mut [f32],
     r: Option<&[f32]>,

@@ -9,8 +9,7 @@
 //! All the `unsafe` of the AMX path that touches hardware is here. An [`AsmTiles`] exists only
 //! where the fingerprint reports AMX ([`crate::amx`]: the tile state granted, CPUID's palette 1
 //! and TMUL limits at least what [`TileConfig`] describes); one thread configures at most one
-//! at a time (checked),
-//! so a session never releases another's tiles.
+//! at a time (checked), so a session never releases another's tiles.
 
 use std::arch::asm;
 use std::cell::Cell;

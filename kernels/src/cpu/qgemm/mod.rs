@@ -164,8 +164,8 @@ impl Kernel for GemmI8 {
         let mut c = Config::default();
         c.set("ukernel", uk.name);
         c.set("a_quant", AQuant::U8.name());
-        // The whole depth in one block (up to the largest `kc`): no i32 sums stored and reloaded between
-        // blocks. Measured on Zen 3 (AVX2, `gemm_speed --vs`, 41 alternating pairs each)
+        // The whole depth in one block (up to the largest `kc`): no i32 sums stored and
+        // reloaded between blocks. Measured on Zen 3 (AVX2, `gemm_speed --vs`, 41 alternating pairs each)
         // against the former 256: 1.01–1.08× on the BERT shapes at M = 8, 128 and 1024 and
         // at 1024³, 2 threads; 1.02× and 1.07× at 128x768x{768,3072} on one thread — also
         // where a 3072-deep panel (48 KiB) outgrows L1 and streams from L2.
@@ -396,9 +396,10 @@ impl QGemm {
     /// The rows of C that `out` holds, from their quantised activations `qa`, for the column
     /// panels `panels`, in blocks of [`row_block`] rows whose codes stay in L2: per block and
     /// panel, the depth in blocks of `kc` (the panel's block stays in cache — L1 for short
-    /// blocks — while every row tile of the block streams past it), the i32 sums of the block's row tiles kept until the
-    /// panel is done, then dequantised into `out`; the bias and activation every
-    /// [`EPILOGUE_PANELS`] panels, over those columns while they are still in cache.
+    /// blocks — while every row tile of the block streams past it), the i32 sums of the
+    /// block's row tiles kept until the panel is done, then dequantised into `out`; the bias
+    /// and activation every [`EPILOGUE_PANELS`] panels, over those columns while they are
+    /// still in cache.
     fn rows(
         &self,
         qa: &QuantA,
