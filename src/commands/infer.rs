@@ -104,16 +104,34 @@ fn check_seqs(seqs: &[usize], max: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The sequence lengths asked for (each within the model's `max` positions), or by
-/// default 32, 64 and 128 — those the model takes (its longest, if it takes none of them)
-/// (`infer` and `tune --model`).
-pub fn seqs_or_defaults(asked: Option<&[usize]>, max: usize) -> anyhow::Result<Vec<usize>> {
-    if let Some(seqs) = asked {
-        check_seqs(seqs, max)?;
-        return Ok(seqs.to_vec());
-    }
-    let fit: Vec<usize> = [32, 64, 128].into_iter().filter(|&s| s <= max).collect();
-    Ok(if fit.is_empty() { vec![max] } else { fit })
+/// Every (batch, seq) of the batches asked for (default 1, 2, 4, 8) and the sequence
+/// lengths asked for (each within the model's `max` positions), or by default 32, 64 and
+/// 128 — those the model takes (its longest, if it takes none of them) (`infer` and `tune
+/// --model`).
+pub fn model_shapes(
+    batch: Option<&PositiveList>,
+    seq: Option<&PositiveList>,
+    max: usize,
+) -> anyhow::Result<Vec<(usize, usize)>> {
+    let seqs = match seq {
+        Some(s) => {
+            check_seqs(&s.0, max)?;
+            s.0.clone()
+        }
+        None => {
+            let fit: Vec<usize> = [32, 64, 128].into_iter().filter(|&s| s <= max).collect();
+            if fit.is_empty() {
+                vec![max]
+            } else {
+                fit
+            }
+        }
+    };
+    let batches = batch.map_or(vec![1, 2, 4, 8], |b| b.0.clone());
+    Ok(batches
+        .iter()
+        .flat_map(|&b| seqs.iter().map(move |&s| (b, s)))
+        .collect())
 }
 
 /// Largest accepted `|ours − transformers|` on a checkpoint's saved output (f32 both).
@@ -159,15 +177,7 @@ fn shapes_of(args: &InferArgs, source: &model::Source) -> anyhow::Result<Vec<(us
     if let Some(shape) = fixture {
         return Ok(vec![shape]);
     }
-    let batches = args
-        .batch
-        .as_ref()
-        .map_or(vec![1, 2, 4, 8], |b| b.0.clone());
-    let seqs = seqs_or_defaults(args.seq.as_ref().map(|s| &s.0[..]), source.max_seq())?;
-    Ok(batches
-        .iter()
-        .flat_map(|&b| seqs.iter().map(move |&s| (b, s)))
-        .collect())
+    model_shapes(args.batch.as_ref(), args.seq.as_ref(), source.max_seq())
 }
 
 /// Refuses, before anything is allocated, a (batch, seq) whose activations this process

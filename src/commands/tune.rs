@@ -130,16 +130,8 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
             }
             if let Some(name) = &args.model {
                 let (config, max_seq) = super::infer::model_config(name)?;
-                let seqs =
-                    super::infer::seqs_or_defaults(args.seq.as_ref().map(|s| &s.0[..]), max_seq)?;
-                let batches = args
-                    .batch
-                    .as_ref()
-                    .map_or(vec![1, 2, 4, 8], |b| b.0.clone());
-                let shapes: Vec<(usize, usize)> = batches
-                    .iter()
-                    .flat_map(|&b| seqs.iter().map(move |&s| (b, s)))
-                    .collect();
+                let shapes =
+                    super::infer::model_shapes(args.batch.as_ref(), args.seq.as_ref(), max_seq)?;
                 names.extend(config.workload_list(&shapes).iter().map(|w| w.key()));
             }
             names
