@@ -228,231 +228,161 @@ fn checked(how: &str, batch: usize) -> Vec<usize> {
 }
 
 pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
-    let source = model::Source::open(&args.model, args.seed)?;
-    super::require_db(&args.db.db)?;
-    args.threads.apply()?;
-    let policy = args.precision.policy()?;
-    let rt = super::open_runtime(&args.db.db)?;
-    rt.set_precision(policy);
-    let reduced = !policy.is_exact();
-    let untuned_rt = Runtime::defaults_only();
-    let shapes = shapes_of(&args, &source)?;
-    let lengths = args.lengths.as_ref().map_or(vec![], |l| l.0.clone());
-    let config = *source.config();
-    // The tuned model and, unless --no-untuned, the untuned one (which is also the f32 model
-    // a reduced precision is compared with).
-    check_memory(&config, &shapes, 1 + usize::from(!args.no_untuned))?;
-    let threads = rt.fingerprint().cores;
-    if !args.json {
-        eprintln!(
-            "{}: {config}, FFN activation {}, {} shape(s), {threads} thread(s), {} iterations each, database {} ({} workloads tuned here)",
-            source.label(),
-            config.act,
-            shapes.len(),
-            args.iters,
-            args.db.db.display(),
-            rt.tuned_workloads()
-        );
-        eprintln!("loading the weights and planning every shape's kernels ...");
+    let mut session = Session::open(&args)?;
+    for i in 0..session.shapes.len() {
+        let row = session.measure(session.shapes[i])?;
+        // Each row as soon as its shape is done.
+        if args.json {
+            super::print_json(&row)?;
+        } else {
+            session.bar.suspend(|| {
+                if i == 0 {
+                    print_header();
+                }
+                print_row(&row);
+            });
+        }
     }
-    let mut tuned = source.load(&rt, &shapes)?;
-    let untuned = if args.no_untuned {
-        None
-    } else {
-        Some(source.load(&untuned_rt, &shapes)?)
-    };
-    if args.plant_fault {
-        tuned.plant_fault(0.1);
-    }
-    if !args.json {
-        eprintln!(
-            "loaded in {:.2} s: {:.0} MB of weights, {} packed layout(s) per weight at most",
-            tuned.load_seconds(),
-            tuned.weight_bytes() as f64 / 1e6,
-            tuned.max_layouts()
+    session.bar.finish_and_clear();
+    if !session.failures.is_empty() {
+        bail!(
+            "{} output(s) differ from the f64 reference forward or transformers' output:\n  {}",
+            session.failures.len(),
+            session.failures.join("\n  ")
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One `infer` run: the model loaded for every shape asked for, tuned (the database under
+/// the precision policy) and, unless `--no-untuned`, untuned (kernel defaults, f32: also the
+/// baseline a reduced precision is compared with).
+struct Session<'a> {
+    args: &'a InferArgs,
+    source: model::Source,
+    rt: Runtime,
+    untuned_rt: Runtime,
+    tuned: model::Loaded,
+    untuned: Option<model::Loaded>,
+    policy: runtime::PrecisionPolicy,
+    shapes: Vec<(usize, usize)>,
+    bar: ProgressBar,
+    /// f64 reference outputs by (seq, sequence, its length, batch for checkpoints).
+    references: HashMap<(usize, usize, i32, usize), Vec<f64>>,
+    failures: Vec<String>,
+}
+
+/// The outputs of the latest tuned and untuned passes.
+#[derive(Default)]
+struct Outputs {
+    tuned: bert::Scratch,
+    untuned: bert::Scratch,
+}
+
+/// What one shape's warm-up passes served, and how they compare with the references.
+struct Checked {
+    calls: LevelCounts,
+    untuned_calls: Option<LevelCounts>,
+    calls_by_precision: serde_json::Value,
+    /// The sequences checked against the f64 reference, and the largest error among them.
+    sequences: usize,
+    worst: f64,
+    vs_transformers: Option<f64>,
+    /// Cosine similarity and max |error| against the f32 model (reduced precisions).
+    vs_f32: Option<(f64, f64)>,
+}
+
+impl<'a> Session<'a> {
+    /// Opens the database and the model, checks the shapes fit in memory, loads (packs) the
+    /// weights for every shape and says so.
+    fn open(args: &'a InferArgs) -> anyhow::Result<Session<'a>> {
+        let source = model::Source::open(&args.model, args.seed)?;
+        super::require_db(&args.db.db)?;
+        args.threads.apply()?;
+        let policy = args.precision.policy()?;
+        let rt = super::open_runtime(&args.db.db)?;
+        rt.set_precision(policy);
+        let untuned_rt = Runtime::defaults_only();
+        let shapes = shapes_of(args, &source)?;
+        let config = *source.config();
+        check_memory(&config, &shapes, 1 + usize::from(!args.no_untuned))?;
+        if !args.json {
+            eprintln!(
+                "{}: {config}, FFN activation {}, {} shape(s), {} thread(s), {} iterations each, database {} ({} workloads tuned here)",
+                source.label(),
+                config.act,
+                shapes.len(),
+                rt.fingerprint().cores,
+                args.iters,
+                args.db.db.display(),
+                rt.tuned_workloads()
+            );
+            eprintln!("loading the weights and planning every shape's kernels ...");
+        }
+        let mut tuned = source.load(&rt, &shapes)?;
+        let untuned = match args.no_untuned {
+            true => None,
+            false => Some(source.load(&untuned_rt, &shapes)?),
+        };
+        if args.plant_fault {
+            tuned.plant_fault(0.1);
+        }
+        if !args.json {
+            eprintln!(
+                "loaded in {:.2} s: {:.0} MB of weights, {} packed layout(s) per weight at most",
+                tuned.load_seconds(),
+                tuned.weight_bytes() as f64 / 1e6,
+                tuned.max_layouts()
+            );
+        }
+        let bar = progress_bar(args, &shapes);
+        Ok(Session {
+            args,
+            source,
+            rt,
+            untuned_rt,
+            tuned,
+            untuned,
+            policy,
+            shapes,
+            bar,
+            references: HashMap::new(),
+            failures: Vec::new(),
+        })
     }
 
-    let work: u64 = shapes
-        .iter()
-        .map(|&(b, s)| {
-            ((b * s) as u64) * (args.iters as u64 + 1) * if untuned.is_some() { 2 } else { 1 }
-        })
-        .sum();
-    let bar = if args.json {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(work)
-    };
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{bar:40} {pos}/{len} tokens [{elapsed_precise} < {eta}] {msg}",
-        )
-        .expect("a valid template"),
-    );
-    let seeded = matches!(source, model::Source::Seeded { .. });
-    let mut references: HashMap<(usize, usize, i32, usize), Vec<f64>> = HashMap::new();
-    let mut rows = Vec::new();
-    let mut failures = Vec::new();
-    for &(batch, seq) in &shapes {
-        bar.set_message(format!("batch {batch} seq {seq}"));
-        let tokens = (batch * seq) as u64;
-        let input = source.input(batch, seq, &lengths, args.seed);
+    /// Warms up, checks and times one shape; its row.
+    fn measure(&mut self, (batch, seq): (usize, usize)) -> anyhow::Result<serde_json::Value> {
         let shape = (batch, seq);
-        let mut scratch = bert::Scratch::default();
-        let mut scratch_u = bert::Scratch::default();
-        // One untimed pass each (warm-up: caches, page faults, lazily planned shapes).
-        let before = rt.lookups();
-        let calls = tuned.forward(&rt, shape, &input, &mut scratch, None)?;
-        let after = rt.lookups();
-        let calls_by_precision = json!({
-            "f32": after.f32 - before.f32,
-            "bf16": after.bf16 - before.bf16,
-            "int8": after.int8 - before.int8,
-        });
-        bar.inc(tokens);
-        let untuned_calls = match &untuned {
-            Some(u) => {
-                let c = u.forward(&untuned_rt, shape, &input, &mut scratch_u, None)?;
-                bar.inc(tokens);
-                Some(c)
-            }
-            None => None,
+        self.bar.set_message(format!("batch {batch} seq {seq}"));
+        let lengths = self.args.lengths.as_ref().map_or(&[][..], |l| &l.0[..]);
+        let input = self.source.input(batch, seq, lengths, self.args.seed);
+        let mut out = Outputs::default();
+        let checked = self.warm_up_and_check(shape, &input, &mut out)?;
+        let by_precision = served_by_precision(&self.rt, self.source.config(), batch, seq);
+        self.bar.set_message(format!("batch {batch} seq {seq}"));
+        let (tuned, untuned) = self.time(shape, &input, &mut out)?;
+        let profile = match self.args.profile {
+            true => Some(self.profile(shape, &input, &mut out)?),
+            false => None,
         };
-        let mut outputs = vec![("tuned", scratch.output())];
-        if untuned.is_some() {
-            outputs.push(("untuned", scratch_u.output()));
-        }
-        // Check the outputs of the warm-up passes: against the f64 reference ...
-        let h = config.hidden;
-        let which = checked(&args.check, batch);
-        let mut worst = 0.0f64;
-        for &i in &which {
-            bar.set_message(format!(
-                "batch {batch} seq {seq}: reference of sequence {i}"
-            ));
-            // Seeded inputs depend on (seq, i) only; checkpoint tokens on the batch too.
-            let key = (seq, i, input.lens[i], if seeded { 0 } else { batch });
-            let reference = references
-                .entry(key)
-                .or_insert_with(|| source.reference(&input, seq, i));
-            for (name, out) in &outputs {
-                match check(&out[i * seq * h..(i + 1) * seq * h], reference) {
-                    Ok(a) => worst = worst.max(a.max_abs_err),
-                    // The f64 reference's tolerance is f32's; a reduced precision is judged
-                    // by its agreement with the f32 model below.
-                    Err(a) if reduced && *name == "tuned" => worst = worst.max(a.max_abs_err),
-                    Err(a) => {
-                        worst = worst.max(a.max_abs_err);
-                        failures.push(format!(
-                            "batch {batch} seq {seq}, sequence {i} ({name}): max |output - reference| = {:.3e} at token {}, dim {} (tolerance {:.0e})",
-                            a.max_abs_err,
-                            a.at / h,
-                            a.at % h,
-                            bert::TOLERANCE
-                        ));
-                    }
-                }
-            }
-        }
-        // ... and against transformers' output, when the checkpoint carries one.
-        let mut vs_transformers: Option<f64> = None;
-        if let Some(expected) = &input.expected {
-            for (name, out) in &outputs {
-                let e = expected.max_abs_err(out)?;
-                vs_transformers = Some(vs_transformers.map_or(e, |w: f64| w.max(e)));
-                let judged = !(reduced && *name == "tuned");
-                if e.is_nan() || (judged && e > TRANSFORMERS_TOLERANCE) {
-                    failures.push(format!(
-                        "batch {batch} seq {seq} ({name}): max |output - transformers| = {e:.3e} (tolerance {TRANSFORMERS_TOLERANCE:.0e})"
-                    ));
-                }
-            }
-        }
-        // ... and, in a reduced precision, against the f32 model (the untuned pass).
-        let vs_f32 = (reduced && untuned.is_some())
-            .then(|| agreement(scratch.output(), scratch_u.output(), &input.lens, seq, h));
-        if let Some((cos, _)) = vs_f32 {
-            if cos.is_nan() || cos < MIN_COSINE_VS_F32 {
-                failures.push(format!(
-                    "batch {batch} seq {seq} ({policy}): cosine similarity to the f32 model {cos:.6} < {MIN_COSINE_VS_F32}"
-                ));
-            }
-        }
-        let by_precision = served_by_precision(&rt, &config, batch, seq);
-        bar.set_message(format!("batch {batch} seq {seq}"));
-        let (mut t, mut u) = (Vec::new(), Vec::new());
-        for _ in 0..args.iters {
-            let start = Instant::now();
-            tuned.forward(&rt, shape, &input, &mut scratch, None)?;
-            t.push(start.elapsed().as_secs_f64());
-            bar.inc(tokens);
-            if let Some(enc) = &untuned {
-                let start = Instant::now();
-                enc.forward(&untuned_rt, shape, &input, &mut scratch_u, None)?;
-                u.push(start.elapsed().as_secs_f64());
-                bar.inc(tokens);
-            }
-        }
-        let profile = if args.profile {
-            let mut pt = bert::StageTimes::default();
-            tuned.forward(&rt, shape, &input, &mut scratch, Some(&mut pt))?;
-            let mut pu = None;
-            if let Some(enc) = &untuned {
-                let mut times = bert::StageTimes::default();
-                enc.forward(&untuned_rt, shape, &input, &mut scratch_u, Some(&mut times))?;
-                pu = Some(times);
-            }
-            let ms = |p: &bert::StageTimes| {
-                p.by_stage()
-                    .map(|(k, v)| (k.to_string(), json!(v * 1e3)))
-                    .collect::<serde_json::Map<_, _>>()
-            };
-            if !args.json {
-                // Without the untuned pass (`--no-untuned`), only the tuned times.
-                let stages: Vec<String> = match &pu {
-                    Some(pu) => pt
-                        .by_stage()
-                        .zip(pu.0)
-                        .map(|((k, a), b)| format!("{k} {:.1} / {:.1}", a * 1e3, b * 1e3))
-                        .collect(),
-                    None => pt
-                        .by_stage()
-                        .map(|(k, a)| format!("{k} {:.1}", a * 1e3))
-                        .collect(),
-                };
-                let which = if pu.is_some() {
-                    "tuned / untuned"
-                } else {
-                    "tuned"
-                };
-                let line = format!(
-                    "batch {batch} seq {seq} profile, ms {which}: {}",
-                    stages.join(", ")
-                );
-                bar.suspend(|| eprintln!("{line}"));
-            }
-            Some(json!({"tuned_ms": ms(&pt), "untuned_ms": pu.as_ref().map(ms)}))
-        } else {
-            None
-        };
-        let tt = Timing::of(t);
-        let ut = (!u.is_empty()).then(|| Timing::of(u));
+        let tt = Timing::of(tuned);
+        let ut = (!untuned.is_empty()).then(|| Timing::of(untuned));
         let seqs = |p50: f64| batch as f64 / p50;
-        let gflops = config.flops(batch, seq) / tt.p50 / 1e9;
-        let row = json!({
-            "model": source.label(),
-            "act": config.act.name(),
+        let calls = &checked.calls;
+        Ok(json!({
+            "model": self.source.label(),
+            "act": self.source.config().act.name(),
             "batch": batch,
             "seq": seq,
             "lengths": input.padded(seq).then_some(&input.lens),
-            "threads": threads,
-            "iters": args.iters,
+            "threads": self.rt.fingerprint().cores,
+            "iters": self.args.iters,
             "p50_ms": tt.p50 * 1e3,
             "p90_ms": tt.p90 * 1e3,
             "p99_ms": tt.p99 * 1e3,
             "seqs_per_s": seqs(tt.p50),
-            "gflops": gflops,
+            "gflops": self.source.config().flops(batch, seq) / tt.p50 / 1e9,
             "untuned_p50_ms": ut.as_ref().map(|u| u.p50 * 1e3),
             "untuned_seqs_per_s": ut.as_ref().map(|u| seqs(u.p50)),
             "speedup_vs_untuned": ut.as_ref().map(|u| u.p50 / tt.p50),
@@ -460,42 +390,268 @@ pub fn run(args: InferArgs) -> anyhow::Result<ExitCode> {
             "same_arch": calls.same_arch,
             "nearest_shape": calls.nearest_shape,
             "default": calls.default,
-            "calls": counts_json(&calls),
-            "untuned_calls": untuned_calls.as_ref().map(counts_json),
-            "checked_sequences": which.len(),
-            "max_abs_err": if which.is_empty() { None } else { Some(worst) },
+            "calls": counts_json(calls),
+            "untuned_calls": checked.untuned_calls.as_ref().map(counts_json),
+            "checked_sequences": checked.sequences,
+            "max_abs_err": (checked.sequences > 0).then_some(checked.worst),
             "tolerance": bert::TOLERANCE,
-            "transformers_max_abs_err": vs_transformers,
-            "transformers_tolerance": vs_transformers.map(|_| TRANSFORMERS_TOLERANCE),
+            "transformers_max_abs_err": checked.vs_transformers,
+            "transformers_tolerance": checked.vs_transformers.map(|_| TRANSFORMERS_TOLERANCE),
             "profile": profile,
-            "precision": policy.to_string(),
+            "precision": self.policy.to_string(),
             "workloads_by_precision": by_precision,
-            "calls_by_precision": calls_by_precision,
-            "cosine_vs_f32": vs_f32.map(|v| v.0),
-            "max_abs_err_vs_f32": vs_f32.map(|v| v.1),
-        });
-        // Each row as soon as its shape is done.
-        if args.json {
-            super::print_json(&row)?;
-        } else {
-            bar.suspend(|| {
-                if rows.is_empty() {
-                    print_header();
-                }
-                print_row(&row);
-            });
+            "calls_by_precision": checked.calls_by_precision,
+            "cosine_vs_f32": checked.vs_f32.map(|v| v.0),
+            "max_abs_err_vs_f32": checked.vs_f32.map(|v| v.1),
+        }))
+    }
+
+    /// One untimed pass of each model (caches, page faults, lazily planned shapes), whose
+    /// outputs are then checked: against the f64 reference, against transformers' output
+    /// when the checkpoint carries one, and (a reduced precision) against the f32 model.
+    fn warm_up_and_check(
+        &mut self,
+        shape: (usize, usize),
+        input: &model::Input,
+        out: &mut Outputs,
+    ) -> anyhow::Result<Checked> {
+        let tokens = (shape.0 * shape.1) as u64;
+        let before = self.rt.lookups();
+        let calls = self
+            .tuned
+            .forward(&self.rt, shape, input, &mut out.tuned, None)?;
+        let after = self.rt.lookups();
+        self.bar.inc(tokens);
+        let untuned_calls = match &self.untuned {
+            Some(u) => {
+                let c = u.forward(&self.untuned_rt, shape, input, &mut out.untuned, None)?;
+                self.bar.inc(tokens);
+                Some(c)
+            }
+            None => None,
+        };
+        let (sequences, worst) = self.check_reference(shape, input, out);
+        let vs_transformers = self.check_transformers(shape, input, out)?;
+        let vs_f32 = self.check_vs_f32(shape, input, out);
+        Ok(Checked {
+            calls,
+            untuned_calls,
+            calls_by_precision: json!({
+                "f32": after.f32 - before.f32,
+                "bf16": after.bf16 - before.bf16,
+                "int8": after.int8 - before.int8,
+            }),
+            sequences,
+            worst,
+            vs_transformers,
+            vs_f32,
+        })
+    }
+
+    /// The outputs to check, by name: tuned, and untuned where it ran.
+    fn outputs<'o>(&self, out: &'o Outputs) -> Vec<(&'static str, &'o [f32])> {
+        let mut v = vec![("tuned", out.tuned.output())];
+        if self.untuned.is_some() {
+            v.push(("untuned", out.untuned.output()));
         }
-        rows.push(row);
+        v
     }
-    bar.finish_and_clear();
-    if !failures.is_empty() {
-        bail!(
-            "{} output(s) differ from the f64 reference forward or transformers' output:\n  {}",
-            failures.len(),
-            failures.join("\n  ")
+
+    /// Checks the `--check` sequences of each output against the f64 reference (f32's
+    /// tolerance; a reduced precision's tuned output is judged against the f32 model
+    /// instead); how many were checked and the largest error.
+    fn check_reference(
+        &mut self,
+        (batch, seq): (usize, usize),
+        input: &model::Input,
+        out: &Outputs,
+    ) -> (usize, f64) {
+        let h = self.source.config().hidden;
+        let which = checked(&self.args.check, batch);
+        let seeded = matches!(self.source, model::Source::Seeded { .. });
+        let reduced = !self.policy.is_exact();
+        let outputs = self.outputs(out);
+        let mut worst = 0.0f64;
+        for &i in &which {
+            self.bar.set_message(format!(
+                "batch {batch} seq {seq}: reference of sequence {i}"
+            ));
+            // Seeded inputs depend on (seq, i) only; checkpoint tokens on the batch too.
+            let key = (seq, i, input.lens[i], if seeded { 0 } else { batch });
+            let source = &self.source;
+            let reference = self
+                .references
+                .entry(key)
+                .or_insert_with(|| source.reference(input, seq, i));
+            for &(name, out) in &outputs {
+                let (a, judged) = match check(&out[i * seq * h..(i + 1) * seq * h], reference) {
+                    Ok(a) => (a, false),
+                    Err(a) => (a, !(reduced && name == "tuned")),
+                };
+                worst = worst.max(a.max_abs_err);
+                if judged {
+                    self.failures.push(format!(
+                        "batch {batch} seq {seq}, sequence {i} ({name}): max |output - reference| = {:.3e} at token {}, dim {} (tolerance {:.0e})",
+                        a.max_abs_err,
+                        a.at / h,
+                        a.at % h,
+                        bert::TOLERANCE
+                    ));
+                }
+            }
+        }
+        (which.len(), worst)
+    }
+
+    /// The largest |output − transformers' output| when the checkpoint carries one (f32
+    /// outputs must be within [`TRANSFORMERS_TOLERANCE`]).
+    fn check_transformers(
+        &mut self,
+        (batch, seq): (usize, usize),
+        input: &model::Input,
+        out: &Outputs,
+    ) -> anyhow::Result<Option<f64>> {
+        let Some(expected) = &input.expected else {
+            return Ok(None);
+        };
+        let reduced = !self.policy.is_exact();
+        let mut worst: Option<f64> = None;
+        for (name, out) in self.outputs(out) {
+            let e = expected.max_abs_err(out)?;
+            worst = Some(worst.map_or(e, |w| w.max(e)));
+            let judged = !(reduced && name == "tuned");
+            if e.is_nan() || (judged && e > TRANSFORMERS_TOLERANCE) {
+                self.failures.push(format!(
+                    "batch {batch} seq {seq} ({name}): max |output - transformers| = {e:.3e} (tolerance {TRANSFORMERS_TOLERANCE:.0e})"
+                ));
+            }
+        }
+        Ok(worst)
+    }
+
+    /// A reduced precision's agreement with the f32 model (the untuned pass), where both
+    /// ran; below [`MIN_COSINE_VS_F32`] is a failure.
+    fn check_vs_f32(
+        &mut self,
+        (batch, seq): (usize, usize),
+        input: &model::Input,
+        out: &Outputs,
+    ) -> Option<(f64, f64)> {
+        if self.policy.is_exact() || self.untuned.is_none() {
+            return None;
+        }
+        let h = self.source.config().hidden;
+        let (cos, worst) = agreement(
+            out.tuned.output(),
+            out.untuned.output(),
+            &input.lens,
+            seq,
+            h,
         );
+        if cos.is_nan() || cos < MIN_COSINE_VS_F32 {
+            self.failures.push(format!(
+                "batch {batch} seq {seq} ({}): cosine similarity to the f32 model {cos:.6} < {MIN_COSINE_VS_F32}",
+                self.policy
+            ));
+        }
+        Some((cos, worst))
     }
-    Ok(ExitCode::SUCCESS)
+
+    /// `--iters` timed passes of the tuned model, each followed by one of the untuned where
+    /// it runs: their seconds.
+    fn time(
+        &self,
+        shape: (usize, usize),
+        input: &model::Input,
+        out: &mut Outputs,
+    ) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+        let tokens = (shape.0 * shape.1) as u64;
+        let (mut t, mut u) = (Vec::new(), Vec::new());
+        for _ in 0..self.args.iters {
+            let start = Instant::now();
+            self.tuned
+                .forward(&self.rt, shape, input, &mut out.tuned, None)?;
+            t.push(start.elapsed().as_secs_f64());
+            self.bar.inc(tokens);
+            if let Some(enc) = &self.untuned {
+                let start = Instant::now();
+                enc.forward(&self.untuned_rt, shape, input, &mut out.untuned, None)?;
+                u.push(start.elapsed().as_secs_f64());
+                self.bar.inc(tokens);
+            }
+        }
+        Ok((t, u))
+    }
+
+    /// `--profile`: one more pass of each model with the seconds per stage, printed (unless
+    /// `--json`) and returned as the row's `profile`.
+    fn profile(
+        &self,
+        (batch, seq): (usize, usize),
+        input: &model::Input,
+        out: &mut Outputs,
+    ) -> anyhow::Result<serde_json::Value> {
+        let mut pt = bert::StageTimes::default();
+        self.tuned
+            .forward(&self.rt, (batch, seq), input, &mut out.tuned, Some(&mut pt))?;
+        let mut pu = self.untuned.as_ref().map(|_| bert::StageTimes::default());
+        if let (Some(enc), Some(times)) = (&self.untuned, pu.as_mut()) {
+            let shape = (batch, seq);
+            enc.forward(
+                &self.untuned_rt,
+                shape,
+                input,
+                &mut out.untuned,
+                Some(times),
+            )?;
+        }
+        if !self.args.json {
+            // Without the untuned pass (`--no-untuned`), only the tuned times.
+            let stages: Vec<String> = match &pu {
+                Some(pu) => pt
+                    .by_stage()
+                    .zip(pu.0)
+                    .map(|((k, a), b)| format!("{k} {:.1} / {:.1}", a * 1e3, b * 1e3))
+                    .collect(),
+                None => pt
+                    .by_stage()
+                    .map(|(k, a)| format!("{k} {:.1}", a * 1e3))
+                    .collect(),
+            };
+            let which = match pu {
+                Some(_) => "tuned / untuned",
+                None => "tuned",
+            };
+            let line = format!(
+                "batch {batch} seq {seq} profile, ms {which}: {}",
+                stages.join(", ")
+            );
+            self.bar.suspend(|| eprintln!("{line}"));
+        }
+        let ms = |p: &bert::StageTimes| {
+            p.by_stage()
+                .map(|(k, v)| (k.to_string(), json!(v * 1e3)))
+                .collect::<serde_json::Map<_, _>>()
+        };
+        Ok(json!({"tuned_ms": ms(&pt), "untuned_ms": pu.as_ref().map(ms)}))
+    }
+}
+
+/// The progress bar of a run: tokens through either model, hidden with `--json`.
+fn progress_bar(args: &InferArgs, shapes: &[(usize, usize)]) -> ProgressBar {
+    let passes = (args.iters as u64 + 1) * if args.no_untuned { 1 } else { 2 };
+    let work: u64 = shapes.iter().map(|&(b, s)| (b * s) as u64 * passes).sum();
+    let bar = match args.json {
+        true => ProgressBar::hidden(),
+        false => ProgressBar::new(work),
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} tokens [{elapsed_precise} < {eta}] {msg}",
+        )
+        .expect("a valid template"),
+    );
+    bar
 }
 
 /// Below this cosine similarity to the f32 model a reduced-precision forward is reported as
