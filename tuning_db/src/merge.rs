@@ -30,7 +30,7 @@ use serde::Serialize;
 
 use crate::bundle::{
     check_file, find_same_trial, insert_raw, open_existing, raw_rows, remove_db_files,
-    require_parent, row_id, temp_beside, BundleError,
+    require_parent, row_id, temp_beside, BundleError, RawRow,
 };
 use crate::db::TuningDb;
 use crate::error::{Ctx, DbError};
@@ -186,63 +186,17 @@ impl TuningDb {
         source: &Path,
         tool_version: &str,
     ) -> Result<ImportReport, BundleError> {
-        if self.is_read_only() {
-            return Err(DbError::ReadOnly {
-                path: self.path.clone(),
-                action: "import".into(),
-            }
-            .into());
-        }
-        // The same file by device and inode: a second path, a symlink or a hard link.
-        use std::os::unix::fs::MetadataExt;
-        if let (Ok(a), Ok(b)) = (std::fs::metadata(source), std::fs::metadata(&self.path)) {
-            if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
-                return Err(BundleError::SameFile {
-                    path: self.path.clone(),
-                });
-            }
-        }
-        let checked = check_file(source)?.into_result()?;
+        self.check_import_source(source)?;
+        let checksum = check_file(source)?.into_result()?.checksum;
         let src = open_existing(source)?;
-        let sp = src.path.clone();
-        let source_name = source.display().to_string();
-        let checksum = checked.checksum;
-
         // Reads first: the bests on both sides, and the raw rows to copy.
-        let fp_ids = src.fingerprint_ids()?;
-        let mut src_best: Vec<Record> = Vec::new();
-        let mut tgt_best: HashMap<Key, Record> = HashMap::new();
-        for fp in &fp_ids {
-            src_best.extend(src.best_all(fp)?);
-            for r in self.best_all(fp)? {
-                tgt_best.insert((fp.clone(), r.workload.key()), r);
-            }
-        }
-        let src_decisions: HashMap<Key, i64> = src
-            .winners_in_force()?
-            .into_iter()
-            .map(|w| ((w.fingerprint_id, w.workload), w.trial_id))
-            .collect();
-        let fps = raw_rows(&src.conn, &sp, "fingerprints", "1 = 1", [])?;
-        let trials = raw_rows(&src.conn, &sp, "trials", "1 = 1", [])?;
-        let prov = raw_rows(&src.conn, &sp, "provenance", "1 = 1", [])?;
-        let winners = raw_rows(
-            &src.conn,
-            &sp,
-            "winners",
-            "id IN (SELECT max(id) FROM winners GROUP BY fingerprint_id, workload)",
-            [],
-        )?;
-        let remeasured = raw_rows(&src.conn, &sp, "remeasurements", "1 = 1", [])?;
-
-        let tp = self.path.clone();
-        let ctx = "importing";
-        let tx = self.begin_write(ctx)?;
+        let rows = SourceRows::read(&src, self)?;
+        let tx = self.begin_write("importing")?;
         let mut report = ImportReport {
             source: source.to_path_buf(),
             source_checksum: checksum.clone(),
-            target: tp.clone(),
-            source_records: trials.len() as u64,
+            target: self.path.clone(),
+            source_records: rows.trials.len() as u64,
             inserted: 0,
             duplicates: 0,
             fingerprints_added: 0,
@@ -251,161 +205,305 @@ impl TuningDb {
             workloads: Vec::new(),
             conflicts: Vec::new(),
         };
-        for row in &fps {
+        let mut import = Import {
+            db: self,
+            tx: &tx,
+            source_name: source.display().to_string(),
+            checksum,
+            tool_version,
+            rows: &rows,
+            ids: HashMap::new(),
+        };
+        report.fingerprints_added = import.fingerprints()?;
+        import.trials(&mut report)?;
+        report.provenance_added = import.provenance()?;
+        // The best of every (fingerprint, workload) the source has.
+        for s in &rows.src_best {
+            import.best(s, &mut report)?;
+        }
+        tx.commit().ctx(&self.path, "committing the import")?;
+        Ok(report)
+    }
+
+    /// Refuses an import into a read-only database, or of the database into itself (by
+    /// device and inode: a second path, a symlink or a hard link).
+    fn check_import_source(&self, source: &Path) -> Result<(), BundleError> {
+        if self.is_read_only() {
+            return Err(DbError::ReadOnly {
+                path: self.path.clone(),
+                action: "import".into(),
+            }
+            .into());
+        }
+        use std::os::unix::fs::MetadataExt;
+        if let (Ok(a), Ok(b)) = (std::fs::metadata(source), std::fs::metadata(&self.path)) {
+            if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
+                return Err(BundleError::SameFile {
+                    path: self.path.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What an import reads before it writes anything.
+struct SourceRows {
+    /// The source's best of every (fingerprint, workload).
+    src_best: Vec<Record>,
+    /// The target's bests of the source's fingerprints, before the import.
+    tgt_best: HashMap<Key, Record>,
+    /// The source's winner decisions in force: their trial ids.
+    src_decisions: HashMap<Key, i64>,
+    fingerprints: Vec<RawRow>,
+    trials: Vec<RawRow>,
+    provenance: Vec<RawRow>,
+    /// The latest winner row of each (fingerprint, workload).
+    winners: Vec<RawRow>,
+    remeasured: Vec<RawRow>,
+}
+
+impl SourceRows {
+    fn read(src: &TuningDb, target: &TuningDb) -> Result<SourceRows, BundleError> {
+        let (conn, sp) = (&src.conn, &src.path);
+        let mut src_best: Vec<Record> = Vec::new();
+        let mut tgt_best: HashMap<Key, Record> = HashMap::new();
+        for fp in &src.fingerprint_ids()? {
+            src_best.extend(src.best_all(fp)?);
+            for r in target.best_all(fp)? {
+                tgt_best.insert((fp.clone(), r.workload.key()), r);
+            }
+        }
+        let src_decisions = src
+            .winners_in_force()?
+            .into_iter()
+            .map(|w| ((w.fingerprint_id, w.workload), w.trial_id))
+            .collect();
+        let latest = "id IN (SELECT max(id) FROM winners GROUP BY fingerprint_id, workload)";
+        Ok(SourceRows {
+            src_best,
+            tgt_best,
+            src_decisions,
+            fingerprints: raw_rows(conn, sp, "fingerprints", "1 = 1", [])?,
+            trials: raw_rows(conn, sp, "trials", "1 = 1", [])?,
+            provenance: raw_rows(conn, sp, "provenance", "1 = 1", [])?,
+            winners: raw_rows(conn, sp, "winners", latest, [])?,
+            remeasured: raw_rows(conn, sp, "remeasurements", "1 = 1", [])?,
+        })
+    }
+}
+
+/// One import's writes, inside its transaction.
+struct Import<'a> {
+    db: &'a TuningDb,
+    tx: &'a rusqlite::Transaction<'a>,
+    source_name: String,
+    checksum: String,
+    tool_version: &'a str,
+    rows: &'a SourceRows,
+    /// The target's id of each source trial.
+    ids: HashMap<i64, i64>,
+}
+
+const IMPORTING: &str = "importing";
+
+impl Import<'_> {
+    /// Copies the fingerprints the target lacks; how many.
+    fn fingerprints(&self) -> Result<u64, BundleError> {
+        let tp = &self.db.path;
+        let mut added = 0;
+        for row in &self.rows.fingerprints {
             let id = row.get("id").cloned().unwrap_or(Value::Null);
-            let exists: bool = tx
+            let exists: bool = self
+                .tx
                 .query_row(
                     "SELECT count(*) FROM fingerprints WHERE id = ?1",
                     [id],
                     |r| r.get::<_, i64>(0),
                 )
-                .ctx(&tp, ctx)?
+                .ctx(tp, IMPORTING)?
                 > 0;
             if !exists {
-                insert_raw(&tx, &tp, "fingerprints", std::slice::from_ref(row), true)?;
-                report.fingerprints_added += 1;
+                insert_raw(self.tx, tp, "fingerprints", std::slice::from_ref(row), true)?;
+                added += 1;
             }
         }
-        let mut map: HashMap<i64, i64> = HashMap::new();
-        for row in &trials {
-            let new_id = match find_same_trial(&tx, &tp, row)? {
+        Ok(added)
+    }
+
+    /// Copies the trials the target lacks (content equal but for the id), noting every
+    /// source trial's id in the target.
+    fn trials(&mut self, report: &mut ImportReport) -> Result<(), BundleError> {
+        let tp = &self.db.path;
+        for row in &self.rows.trials {
+            let new_id = match find_same_trial(self.tx, tp, row)? {
                 Some(id) => {
                     report.duplicates += 1;
                     id
                 }
                 None => {
                     report.inserted += 1;
-                    insert_raw(&tx, &tp, "trials", std::slice::from_ref(row), false)?[0]
+                    insert_raw(self.tx, tp, "trials", std::slice::from_ref(row), false)?[0]
                 }
             };
-            map.insert(row_id(row), new_id);
+            self.ids.insert(row_id(row), new_id);
         }
-        {
-            let mut ins = tx
-                .prepare(
-                    "INSERT OR IGNORE INTO provenance (trial_id, source, source_checksum, \
-                     imported_at) VALUES (?1, ?2, ?3, ?4)",
-                )
-                .ctx(&tp, ctx)?;
-            for p in &prov {
-                let Some(Value::Integer(t)) = p.get("trial_id") else {
-                    continue;
-                };
-                let Some(&t) = map.get(t) else { continue };
-                report.provenance_added += ins
-                    .execute(params![
-                        t,
-                        p.get("source"),
-                        p.get("source_checksum"),
-                        p.get("imported_at")
-                    ])
-                    .ctx(&tp, ctx)? as u64;
-            }
-            let now = now_rfc3339();
-            for &t in map.values() {
-                report.provenance_added += ins
-                    .execute(params![t, source_name, checksum, now])
-                    .ctx(&tp, ctx)? as u64;
-            }
-        }
+        Ok(())
+    }
 
-        // The best of every (fingerprint, workload) the source has.
-        for s in &src_best {
-            let key: Key = (s.fingerprint_id.clone(), s.workload.key());
-            let (Some(s_sum), Some(&s_new)) = (
-                BestSummary::of(&source_name, s),
-                s.id.and_then(|id| map.get(&id)),
-            ) else {
+    /// The source's provenance rows of the copied trials, and one row per trial naming this
+    /// import; how many rows were new.
+    fn provenance(&self) -> Result<u64, BundleError> {
+        let tp = &self.db.path;
+        let mut ins = self
+            .tx
+            .prepare(
+                "INSERT OR IGNORE INTO provenance (trial_id, source, source_checksum, \
+                 imported_at) VALUES (?1, ?2, ?3, ?4)",
+            )
+            .ctx(tp, IMPORTING)?;
+        let mut added = 0;
+        for p in &self.rows.provenance {
+            let Some(Value::Integer(t)) = p.get("trial_id") else {
                 continue;
             };
-            let t = tgt_best.get(&key);
-            let t_sum = t.and_then(|t| BestSummary::of(&tp.display().to_string(), t));
-            let (outcome, chosen, chosen_sum) = match (t, t_sum) {
-                (Some(t), Some(t_sum)) => {
-                    let t_id = t.id.unwrap_or(-1);
-                    if t_id == s_new {
-                        (Outcome::Same, t_id, t_sum)
-                    } else if t_sum.within_noise(&s_sum) {
-                        if !t_sum.same_variant(&s_sum) {
-                            report.conflicts.push(Conflict {
-                                fingerprint_id: key.0.clone(),
-                                workload: key.1.clone(),
-                                kept: t_sum.clone(),
-                                other: s_sum.clone(),
-                            });
-                        }
-                        (Outcome::WithinNoise, t_id, t_sum)
-                    } else if s_sum.median_s < t_sum.median_s {
-                        (Outcome::SourceFaster, s_new, s_sum.clone())
-                    } else {
-                        (Outcome::TargetFaster, t_id, t_sum)
-                    }
-                }
-                _ => (Outcome::New, s_new, s_sum.clone()),
-            };
-            let current = self.best(&key.0, &s.workload)?.and_then(|r| r.id);
-            if current != Some(chosen) {
-                let from_source_decision =
-                    chosen == s_new && src_decisions.get(&key).is_some_and(|&w| Some(w) == s.id);
-                if from_source_decision {
-                    let w = winners
-                        .iter()
-                        .find(|w| {
-                            w.get("fingerprint_id") == Some(&Value::Text(key.0.clone()))
-                                && w.get("workload") == Some(&Value::Text(key.1.clone()))
-                        })
-                        .expect("the decision in force was read");
-                    let mut w2 = w.clone();
-                    w2.insert("trial_id".into(), Value::Integer(s_new));
-                    let wid = insert_raw(&tx, &tp, "winners", &[w2], false)?[0];
-                    let rows: Vec<_> = remeasured
-                        .iter()
-                        .filter(|r| r.get("winner_id") == w.get("id"))
-                        .filter_map(|r| {
-                            let Some(Value::Integer(t)) = r.get("trial_id") else {
-                                return None;
-                            };
-                            let mut r2 = r.clone();
-                            r2.insert("winner_id".into(), Value::Integer(wid));
-                            r2.insert("trial_id".into(), Value::Integer(*map.get(t)?));
-                            Some(r2)
-                        })
-                        .collect();
-                    insert_raw(&tx, &tp, "remeasurements", &rows, false)?;
-                } else {
-                    let reason = match outcome {
-                        Outcome::WithinNoise => "merged_tie_incumbent",
-                        _ => "merged_fastest",
-                    };
-                    tx.execute(
-                        "INSERT INTO winners (fingerprint_id, workload, trial_id, reason, tie, \
-                         decided_at, tool_version) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                        params![
-                            key.0,
-                            key.1,
-                            chosen,
-                            reason,
-                            outcome == Outcome::WithinNoise,
-                            now_rfc3339(),
-                            tool_version
-                        ],
-                    )
-                    .ctx(&tp, ctx)?;
-                }
-                report.winners_recorded += 1;
-            }
-            let mut best = chosen_sum;
-            best.trial_id = chosen;
-            best.source = tp.display().to_string();
-            report.workloads.push(WorkloadOutcome {
-                fingerprint_id: key.0,
-                workload: key.1,
-                outcome,
-                best,
-            });
+            let Some(&t) = self.ids.get(t) else { continue };
+            let row = params![
+                t,
+                p.get("source"),
+                p.get("source_checksum"),
+                p.get("imported_at")
+            ];
+            added += ins.execute(row).ctx(tp, IMPORTING)? as u64;
         }
-        tx.commit().ctx(&tp, "committing the import")?;
-        Ok(report)
+        let now = now_rfc3339();
+        for &t in self.ids.values() {
+            let row = params![t, self.source_name, self.checksum, now];
+            added += ins.execute(row).ctx(tp, IMPORTING)? as u64;
+        }
+        Ok(added)
+    }
+
+    /// Decides the best of the (fingerprint, workload) of the source's best `s` and records
+    /// the decision where it changes what the target serves.
+    fn best(&self, s: &Record, report: &mut ImportReport) -> Result<(), BundleError> {
+        let tp = self.db.path.display().to_string();
+        let key: Key = (s.fingerprint_id.clone(), s.workload.key());
+        let (Some(s_sum), Some(&s_new)) = (
+            BestSummary::of(&self.source_name, s),
+            s.id.and_then(|id| self.ids.get(&id)),
+        ) else {
+            return Ok(());
+        };
+        let t = self.rows.tgt_best.get(&key);
+        let t_sum = t.and_then(|t| BestSummary::of(&tp, t));
+        let (outcome, chosen, chosen_sum) = match (t, t_sum) {
+            (Some(t), Some(t_sum)) => {
+                let t_id = t.id.unwrap_or(-1);
+                if t_id == s_new {
+                    (Outcome::Same, t_id, t_sum)
+                } else if t_sum.within_noise(&s_sum) {
+                    if !t_sum.same_variant(&s_sum) {
+                        report.conflicts.push(Conflict {
+                            fingerprint_id: key.0.clone(),
+                            workload: key.1.clone(),
+                            kept: t_sum.clone(),
+                            other: s_sum.clone(),
+                        });
+                    }
+                    (Outcome::WithinNoise, t_id, t_sum)
+                } else if s_sum.median_s < t_sum.median_s {
+                    (Outcome::SourceFaster, s_new, s_sum.clone())
+                } else {
+                    (Outcome::TargetFaster, t_id, t_sum)
+                }
+            }
+            _ => (Outcome::New, s_new, s_sum.clone()),
+        };
+        let current = self.db.best(&key.0, &s.workload)?.and_then(|r| r.id);
+        if current != Some(chosen) {
+            let decided_by_source = chosen == s_new
+                && self
+                    .rows
+                    .src_decisions
+                    .get(&key)
+                    .is_some_and(|&w| Some(w) == s.id);
+            if decided_by_source {
+                self.copy_decision(&key, s_new)?;
+            } else {
+                self.record_decision(&key, chosen, outcome)?;
+            }
+            report.winners_recorded += 1;
+        }
+        let mut best = chosen_sum;
+        best.trial_id = chosen;
+        best.source = tp;
+        report.workloads.push(WorkloadOutcome {
+            fingerprint_id: key.0,
+            workload: key.1,
+            outcome,
+            best,
+        });
+        Ok(())
+    }
+
+    /// Copies the source's winner decision of `key` (its trial now `trial`), with its
+    /// re-measurements.
+    fn copy_decision(&self, key: &Key, trial: i64) -> Result<(), BundleError> {
+        let tp = &self.db.path;
+        let w = self
+            .rows
+            .winners
+            .iter()
+            .find(|w| {
+                w.get("fingerprint_id") == Some(&Value::Text(key.0.clone()))
+                    && w.get("workload") == Some(&Value::Text(key.1.clone()))
+            })
+            .expect("the decision in force was read");
+        let mut w2 = w.clone();
+        w2.insert("trial_id".into(), Value::Integer(trial));
+        let wid = insert_raw(self.tx, tp, "winners", &[w2], false)?[0];
+        let rows: Vec<_> = self
+            .rows
+            .remeasured
+            .iter()
+            .filter(|r| r.get("winner_id") == w.get("id"))
+            .filter_map(|r| {
+                let Some(Value::Integer(t)) = r.get("trial_id") else {
+                    return None;
+                };
+                let mut r2 = r.clone();
+                r2.insert("winner_id".into(), Value::Integer(wid));
+                r2.insert("trial_id".into(), Value::Integer(*self.ids.get(t)?));
+                Some(r2)
+            })
+            .collect();
+        insert_raw(self.tx, tp, "remeasurements", &rows, false)?;
+        Ok(())
+    }
+
+    /// Records this merge's own decision for `key`: `chosen`, the incumbent on a tie.
+    fn record_decision(&self, key: &Key, chosen: i64, outcome: Outcome) -> Result<(), BundleError> {
+        let reason = match outcome {
+            Outcome::WithinNoise => "merged_tie_incumbent",
+            _ => "merged_fastest",
+        };
+        self.tx
+            .execute(
+                "INSERT INTO winners (fingerprint_id, workload, trial_id, reason, tie, \
+                 decided_at, tool_version) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    key.0,
+                    key.1,
+                    chosen,
+                    reason,
+                    outcome == Outcome::WithinNoise,
+                    now_rfc3339(),
+                    self.tool_version
+                ],
+            )
+            .ctx(&self.db.path, IMPORTING)?;
+        Ok(())
     }
 }
 
