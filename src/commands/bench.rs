@@ -94,38 +94,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     args.threads.apply()?;
     let gpu = args.device.open()?;
     let hw = &super::device::fingerprint(gpu.as_ref());
-    let opts = CompareOptions {
-        threshold: args.threshold,
-        alpha: ALPHA,
-        ..CompareOptions::default()
-    };
-
     // Everything that can be refused is checked before anything is measured: the inputs,
     // then an output that would overwrite a file, a directory that cannot take the files
     // (created here, once nothing else can fail).
-    if let Some(Some(p)) = &args.save_baseline {
-        if p.exists() && !p.is_dir() {
-            bail!(
-                "--save-baseline {}: the file exists; refusing to overwrite it (name a new file or a directory)",
-                p.display()
-            );
-        }
-    }
-    if let Some(dir) = args.report.as_ref().filter(|d| d.exists() && !d.is_dir()) {
-        bail!(
-            "--report {}: exists and is not a directory (the report is a directory of report.md and SVG charts)",
-            dir.display()
-        );
-    }
-    let base = match &args.baseline {
-        Some(spec) => {
-            let path = resolve_baseline(spec, &args.results, hw)?;
-            let b = Baseline::load(&path)?;
-            baseline::check_fingerprint(&b, &path, hw, args.allow_foreign_baseline)?;
-            Some((path, b))
-        }
-        None => None,
-    };
+    refuse_overwrites(&args)?;
+    let base = load_baseline(&args, hw)?;
     let workloads = if requested.is_empty() {
         tuned_workloads(&args.db.db, hw)?
     } else {
@@ -156,9 +129,109 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let rt = super::device::runtime(&args.db.db, gpu.as_ref())?;
+    let current = Baseline {
+        format: baseline::FORMAT.into(),
+        format_version: baseline::FORMAT_VERSION,
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+        created_at: tuning_db::now_rfc3339(),
+        fingerprint: hw.clone(),
+        protocol: protocol_name.into(),
+        db: args.db.db.display().to_string(),
+        workloads: measure_rounds(&args, &rt, &workloads, gpu.as_ref(), protocol)?,
+    };
+    let base = base.as_ref().map(|(p, b)| (p.as_path(), b));
+    let comparisons = compare_with(&args, &current, base)?;
+    let saved = match &args.save_baseline {
+        Some(arg) => {
+            let p = baseline::save_path(arg.as_deref(), &args.results, &current);
+            current.save(&p)?;
+            Some(p)
+        }
+        None => None,
+    };
+    let report_files = match &args.report {
+        Some(dir) => {
+            let history = baseline::find_all(&baseline::fingerprint_dir(&args.results, hw), hw);
+            let input = report::ReportInput {
+                current: &current,
+                baseline: base,
+                comparisons: &comparisons,
+                history: &history,
+                threshold: args.threshold,
+                alpha: ALPHA,
+            };
+            report::write(dir, &input)?
+        }
+        None => Vec::new(),
+    };
+    let regressions = comparisons
+        .iter()
+        .flatten()
+        .filter(|c| c.verdict == Verdict::Regression)
+        .count();
+    let code = u8::from(regressions > 0);
+    let out = Output {
+        current: &current,
+        base,
+        comparisons: &comparisons,
+        saved: saved.as_deref(),
+        report: report_files.first().map(PathBuf::as_path),
+        threshold: args.threshold,
+        code,
+    };
+    if args.json {
+        out.json()?;
+    } else {
+        out.text();
+    }
+    Ok(ExitCode::from(code))
+}
+
+/// Refuses a `--save-baseline` file that exists and a `--report` that is not a directory.
+fn refuse_overwrites(args: &BenchArgs) -> anyhow::Result<()> {
+    if let Some(Some(p)) = &args.save_baseline {
+        if p.exists() && !p.is_dir() {
+            bail!(
+                "--save-baseline {}: the file exists; refusing to overwrite it (name a new file or a directory)",
+                p.display()
+            );
+        }
+    }
+    if let Some(dir) = args.report.as_ref().filter(|d| d.exists() && !d.is_dir()) {
+        bail!(
+            "--report {}: exists and is not a directory (the report is a directory of report.md and SVG charts)",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// The `--baseline` asked for, read and checked against this fingerprint.
+fn load_baseline(
+    args: &BenchArgs,
+    hw: &HardwareFingerprint,
+) -> anyhow::Result<Option<(PathBuf, Baseline)>> {
+    let Some(spec) = &args.baseline else {
+        return Ok(None);
+    };
+    let path = resolve_baseline(spec, &args.results, hw)?;
+    let b = Baseline::load(&path)?;
+    baseline::check_fingerprint(&b, &path, hw, args.allow_foreign_baseline)?;
+    Ok(Some((path, b)))
+}
+
+/// Measures every workload `--rounds` times, tuned and default in alternating order, in
+/// rounds spread over the run.
+fn measure_rounds(
+    args: &BenchArgs,
+    rt: &Runtime,
+    workloads: &[Workload],
+    gpu: Option<&Arc<Gpu>>,
+    protocol: Protocol,
+) -> anyhow::Result<Vec<WorkloadResult>> {
     let mut prepared: Vec<Prepared> = workloads
         .iter()
-        .map(|w| Prepared::new(&rt, w, gpu.as_ref(), protocol.clone()))
+        .map(|w| Prepared::new(rt, w, gpu, protocol.clone()))
         .collect::<anyhow::Result<_>>()?;
     let rounds = args.rounds as usize;
     let mut timings: Vec<(Vec<Measurement>, Vec<Measurement>)> =
@@ -180,93 +253,46 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             timings[i].1.push(d);
         }
     }
-    let results: Vec<WorkloadResult> = prepared
+    Ok(prepared
         .into_iter()
         .zip(timings)
         .map(|(p, (t, d))| p.result(t, d))
-        .collect();
-    let current = Baseline {
-        format: baseline::FORMAT.into(),
-        format_version: baseline::FORMAT_VERSION,
-        tool_version: env!("CARGO_PKG_VERSION").into(),
-        created_at: tuning_db::now_rfc3339(),
-        fingerprint: hw.clone(),
-        protocol: protocol_name.into(),
-        db: args.db.db.display().to_string(),
-        workloads: results,
-    };
+        .collect())
+}
 
-    let comparisons: Vec<Option<Comparison>> = match &base {
-        Some((path, b)) => {
-            if b.protocol != current.protocol && !args.json {
-                eprintln!(
-                    "warning: the baseline was measured with the {} protocol, this run with {}",
-                    b.protocol, current.protocol
-                );
-            }
-            current
-                .workloads
-                .iter()
-                .map(|r| {
-                    b.get(&r.workload)
-                        .map(|old| {
-                            compare_rounds(&old.tuned.rounds(), &r.tuned.rounds(), &opts)
-                                .with_context(|| {
-                                    format!("comparing {} with {}", r.workload, path.display())
-                                })
-                        })
-                        .transpose()
-                })
-                .collect::<anyhow::Result<_>>()?
-        }
-        None => vec![None; current.workloads.len()],
+/// Each workload of `current` against the baseline's (None where either has none).
+fn compare_with(
+    args: &BenchArgs,
+    current: &Baseline,
+    base: Option<(&Path, &Baseline)>,
+) -> anyhow::Result<Vec<Option<Comparison>>> {
+    let Some((path, b)) = base else {
+        return Ok(vec![None; current.workloads.len()]);
     };
-
-    let saved = match &args.save_baseline {
-        Some(arg) => {
-            let p = baseline::save_path(arg.as_deref(), &args.results, &current);
-            current.save(&p)?;
-            Some(p)
-        }
-        None => None,
-    };
-    let report_files = match &args.report {
-        Some(dir) => {
-            let history = baseline::find_all(&baseline::fingerprint_dir(&args.results, hw), hw);
-            let input = report::ReportInput {
-                current: &current,
-                baseline: base.as_ref().map(|(p, b)| (p.as_path(), b)),
-                comparisons: &comparisons,
-                history: &history,
-                threshold: args.threshold,
-                alpha: ALPHA,
-            };
-            report::write(dir, &input)?
-        }
-        None => Vec::new(),
-    };
-
-    let regressions = comparisons
-        .iter()
-        .flatten()
-        .filter(|c| c.verdict == Verdict::Regression)
-        .count();
-    let code = u8::from(regressions > 0);
-    let out = Output {
-        current: &current,
-        base: base.as_ref().map(|(p, b)| (p.as_path(), b)),
-        comparisons: &comparisons,
-        saved: saved.as_deref(),
-        report: report_files.first().map(PathBuf::as_path),
-        threshold: args.threshold,
-        code,
-    };
-    if args.json {
-        out.json()?;
-    } else {
-        out.text();
+    if b.protocol != current.protocol && !args.json {
+        eprintln!(
+            "warning: the baseline was measured with the {} protocol, this run with {}",
+            b.protocol, current.protocol
+        );
     }
-    Ok(ExitCode::from(code))
+    let opts = CompareOptions {
+        threshold: args.threshold,
+        alpha: ALPHA,
+        ..CompareOptions::default()
+    };
+    current
+        .workloads
+        .iter()
+        .map(|r| {
+            b.get(&r.workload)
+                .map(|old| {
+                    compare_rounds(&old.tuned.rounds(), &r.tuned.rounds(), &opts).with_context(
+                        || format!("comparing {} with {}", r.workload, path.display()),
+                    )
+                })
+                .transpose()
+        })
+        .collect()
 }
 
 /// `latest` → the newest baseline of `hw` under `results`; anything else is a path.
