@@ -2,10 +2,12 @@
 //! decide each workload's winner on re-measured, interleaved timings.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use kernels::cuda::Gpu;
 use kernels::{DType, HardwareFingerprint, Kernel, Workload};
 use runner::{Evaluator, Isolated, WorkerSpec};
 use search::{tune_with, StrategyKind, TuneOptions, TuneSummary, INITIAL_TIMEOUT};
@@ -120,39 +122,9 @@ pub struct TuneArgs {
 const DRIFT_WARNING: f64 = 1.3;
 
 pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
-    let names: Vec<String> =
-        if args.workloads.is_empty() && args.workloads_from.is_none() && args.model.is_none() {
-            DEFAULT_WORKLOADS.iter().map(|s| s.to_string()).collect()
-        } else {
-            let mut names = args.workloads.clone();
-            if let Some(file) = &args.workloads_from {
-                names.extend(super::db::read_workload_list(file)?);
-            }
-            if let Some(name) = &args.model {
-                let (config, max_seq) = super::infer::model_config(name)?;
-                let shapes =
-                    super::infer::model_shapes(args.batch.as_ref(), args.seq.as_ref(), max_seq)?;
-                names.extend(config.workload_list(&shapes).iter().map(|w| w.key()));
-            }
-            names
-        };
     let dtypes = search::precision::parse_precisions(&args.precision)
         .map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
-    let (workloads, skipped) = search::precision::with_precisions(
-        &super::parse_workloads(&names)?,
-        &dtypes,
-        args.device.device.kind(),
-    );
-    if !args.json {
-        for w in skipped {
-            eprintln!("note: no kernel family runs {w} on this device; skipped");
-        }
-        // Reduced precision is where AMX would serve: say once why it does not here.
-        let reduced = workloads.iter().any(|w| w.dtype() != kernels::DType::F32);
-        if let (true, Some(why)) = (reduced, &kernels::amx::state().refused) {
-            eprintln!("note: {why}");
-        }
-    }
+    let workloads = requested_workloads(&args, &dtypes)?;
     let (workloads, db_path) = shard_plan(&args, workloads)?;
     if args.dry_run {
         return Ok(ExitCode::SUCCESS);
@@ -205,22 +177,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         timeout,
         ..TuneOptions::default()
     };
-    // On a GPU candidates run in this process: a CUDA context cannot be shared with a
-    // worker, and NVRTC reports a bad config as a compile error rather than a crash.
-    let mut evaluator: Box<dyn Evaluator> = if isolated && gpu.is_none() {
-        let exe =
-            std::env::current_exe().context("locating the autokernel binary for the worker")?;
-        let mut spec = WorkerSpec::new(exe, ["worker", "--threads", &hw.cores.to_string()]);
-        spec.fingerprint = Some(hw.id.clone());
-        spec.mem_limit_bytes = match args.mem_limit_mb.unwrap_or(DEFAULT_MEM_LIMIT_MB) {
-            0 => None,
-            mb => Some(mb.saturating_mul(1 << 20)),
-        };
-        spec.cpus = pin_cpus.clone().unwrap_or_default();
-        Box::new(Isolated::new(spec, timeout.unwrap_or(INITIAL_TIMEOUT)))
-    } else {
-        super::device::evaluator(gpu.as_ref())
-    };
+    let mut evaluator = evaluator(&args, hw, gpu.as_ref(), timeout, pin_cpus.clone())?;
     if !args.json {
         eprintln!(
             "tuning {} workload(s) on {} [{}], budget {} per workload, strategy {}, isolation {}{}, into {}",
@@ -248,6 +205,72 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         precision_summary(&db_path, hw, &workloads, args.max_rel_err)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The workloads asked for (`--workload`, `--workloads-from`, `--model`; the embedded
+/// default set without any), in each element type of `dtypes` a family serves them in on
+/// this device; the ones none does are noted.
+fn requested_workloads(args: &TuneArgs, dtypes: &[DType]) -> anyhow::Result<Vec<Workload>> {
+    let names: Vec<String> =
+        if args.workloads.is_empty() && args.workloads_from.is_none() && args.model.is_none() {
+            DEFAULT_WORKLOADS.iter().map(|s| s.to_string()).collect()
+        } else {
+            let mut names = args.workloads.clone();
+            if let Some(file) = &args.workloads_from {
+                names.extend(super::db::read_workload_list(file)?);
+            }
+            if let Some(name) = &args.model {
+                let (config, max_seq) = super::infer::model_config(name)?;
+                let shapes =
+                    super::infer::model_shapes(args.batch.as_ref(), args.seq.as_ref(), max_seq)?;
+                names.extend(config.workload_list(&shapes).iter().map(|w| w.key()));
+            }
+            names
+        };
+    let (workloads, skipped) = search::precision::with_precisions(
+        &super::parse_workloads(&names)?,
+        dtypes,
+        args.device.device.kind(),
+    );
+    if !args.json {
+        for w in skipped {
+            eprintln!("note: no kernel family runs {w} on this device; skipped");
+        }
+        // Reduced precision is where AMX would serve: say once why it does not here.
+        let reduced = workloads.iter().any(|w| w.dtype() != DType::F32);
+        if let (true, Some(why)) = (reduced, &kernels::amx::state().refused) {
+            eprintln!("note: {why}");
+        }
+    }
+    Ok(workloads)
+}
+
+/// Where candidates run: a worker process (`--isolation process` on a CPU, with its memory
+/// limit and CPU set), else this process. On a GPU candidates run in this process: a CUDA
+/// context cannot be shared with a worker, and NVRTC reports a bad config as a compile
+/// error rather than a crash.
+fn evaluator(
+    args: &TuneArgs,
+    hw: &HardwareFingerprint,
+    gpu: Option<&Arc<Gpu>>,
+    timeout: Option<Duration>,
+    pin_cpus: Option<Vec<usize>>,
+) -> anyhow::Result<Box<dyn Evaluator>> {
+    if args.isolation != "process" || gpu.is_some() {
+        return Ok(super::device::evaluator(gpu));
+    }
+    let exe = std::env::current_exe().context("locating the autokernel binary for the worker")?;
+    let mut spec = WorkerSpec::new(exe, ["worker", "--threads", &hw.cores.to_string()]);
+    spec.fingerprint = Some(hw.id.clone());
+    spec.mem_limit_bytes = match args.mem_limit_mb.unwrap_or(DEFAULT_MEM_LIMIT_MB) {
+        0 => None,
+        mb => Some(mb.saturating_mul(1 << 20)),
+    };
+    spec.cpus = pin_cpus.unwrap_or_default();
+    Ok(Box::new(Isolated::new(
+        spec,
+        timeout.unwrap_or(INITIAL_TIMEOUT),
+    )))
 }
 
 /// Per shape tuned in several element types: each type's best time and stored error, and
@@ -431,7 +454,7 @@ fn report(
         s.timed,
         verdict
     );
-    if let (Some(a), true) = (s.best_accuracy, s.workload.dtype() != kernels::DType::F32) {
+    if let (Some(a), true) = (s.best_accuracy, s.workload.dtype() != DType::F32) {
         println!(
             "{:>20}  accuracy of the best vs the f32 problem: max error {:.2e} of max |C|, Frobenius {:.2e}",
             "", a.max_rel_err, a.fro_rel_err
