@@ -151,12 +151,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     };
     let report_files = match &args.report {
         Some(dir) => {
-            let history = baseline::find_all(&baseline::fingerprint_dir(&args.results, hw), hw);
+            let history_dir = baseline::fingerprint_dir(&args.results, hw);
+            let history = baseline::find_all(&history_dir, hw);
             let input = report::ReportInput {
                 current: &current,
                 baseline: base,
                 comparisons: &comparisons,
                 history: &history,
+                history_dir: &history_dir,
                 threshold: args.threshold,
                 alpha: ALPHA,
             };

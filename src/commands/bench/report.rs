@@ -26,8 +26,10 @@ pub struct ReportInput<'a> {
     pub baseline: Option<(&'a Path, &'a Baseline)>,
     /// One entry per `current.workloads`, `None` where there was nothing to compare with.
     pub comparisons: &'a [Option<Comparison>],
-    /// Earlier runs of this fingerprint, oldest first (the current run is added at the end).
+    /// Earlier runs of this fingerprint, oldest first (the current run is added at the end),
+    /// and the directory they were read from.
     pub history: &'a [(PathBuf, Baseline)],
+    pub history_dir: &'a Path,
     pub threshold: f64,
     pub alpha: f64,
 }
@@ -348,9 +350,22 @@ fn history_chart(path: &Path, runs: &[&Baseline]) -> anyhow::Result<()> {
 }
 
 fn markdown(input: &ReportInput, runs: &[&Baseline], have_comparisons: bool) -> String {
+    let mut md = String::new();
+    md_header(&mut md, input);
+    match input.baseline {
+        Some(base) => md_vs_baseline(&mut md, input, base, have_comparisons),
+        None => md += "No baseline given: this report shows the current run only.\n",
+    }
+    md_tuned_vs_default(&mut md, input.current);
+    md_history(&mut md, input, runs);
+    md_method(&mut md, input);
+    md
+}
+
+/// The title and the machine.
+fn md_header(md: &mut String, input: &ReportInput) {
     let cur = input.current;
     let hw = &cur.fingerprint;
-    let mut md = String::new();
     let _ = writeln!(md, "# Regression benchmark — {}\n", cur.created_at);
     let _ = writeln!(
         md,
@@ -361,79 +376,88 @@ fn markdown(input: &ReportInput, runs: &[&Baseline], have_comparisons: bool) -> 
         cur.protocol,
         cur.db
     );
-    match input.baseline {
-        Some((path, b)) => {
-            let count = |v: Verdict| {
-                input
-                    .comparisons
-                    .iter()
-                    .flatten()
-                    .filter(|c| c.verdict == v)
-                    .count()
-            };
-            let regressions = count(Verdict::Regression);
-            let _ = writeln!(
-                md,
-                "Baseline `{}` ({}, autokernel {}, protocol `{}`{}).\n",
-                path.display(),
-                b.created_at,
-                b.tool_version,
-                b.protocol,
-                if b.fingerprint.id == hw.id {
-                    String::new()
-                } else {
-                    format!(", **foreign fingerprint `{}`**", b.fingerprint.id)
-                }
-            );
-            let _ = writeln!(
-                md,
-                "**{}** — {regressions} regression(s), {} improvement(s), {} unchanged, {} without a baseline (threshold {:.1}%).\n",
-                if regressions > 0 { "FAIL" } else { "PASS" },
-                count(Verdict::Improvement),
-                count(Verdict::Unchanged),
-                input.comparisons.iter().filter(|c| c.is_none()).count(),
-                100.0 * input.threshold
-            );
-            md += "| workload | kernel | GFLOP/s now | GFLOP/s baseline | speed vs baseline | 95% CI | p (Mann–Whitney) | verdict |\n";
-            md += "|---|---|---:|---:|---:|---|---:|---|\n";
-            for (r, c) in cur.workloads.iter().zip(input.comparisons) {
-                let base = b.get(&r.workload);
-                let _ = match c {
-                    Some(c) => {
-                        let (lo, hi) = c.speed_ci();
-                        writeln!(
-                            md,
-                            "| {} | {} | {:.1} | {:.1} | {:.3}× | [{lo:.3}, {hi:.3}] | {:.2e} | {} |",
-                            r.workload,
-                            r.kernel,
-                            r.tuned.gflops,
-                            base.map_or(f64::NAN, |x| x.tuned.gflops),
-                            c.speed_ratio(),
-                            c.p_value,
-                            if c.verdict == Verdict::Regression {
-                                "**regression**".to_string()
-                            } else {
-                                c.verdict.to_string()
-                            }
-                        )
-                    }
-                    None => writeln!(
-                        md,
-                        "| {} | {} | {:.1} | — | — | — | — | new |",
-                        r.workload, r.kernel, r.tuned.gflops
-                    ),
-                };
-            }
-            if have_comparisons {
-                md += "\n![speed vs baseline](speed_vs_baseline.svg)\n";
-            }
-        }
-        None => md += "No baseline given: this report shows the current run only.\n",
-    }
+}
 
-    md += "\n## Tuned vs default\n\n";
-    md += "| workload | level | tuned kernel | config | tuned GFLOP/s | ±MAD | default kernel | default GFLOP/s | speedup |\n";
-    md += "|---|---|---|---|---:|---:|---|---:|---:|\n";
+/// The verdict against the baseline, and each workload's comparison.
+fn md_vs_baseline(
+    md: &mut String,
+    input: &ReportInput,
+    (path, b): (&Path, &Baseline),
+    have_comparisons: bool,
+) {
+    let cur = input.current;
+    let hw = &cur.fingerprint;
+    let count = |v: Verdict| {
+        input
+            .comparisons
+            .iter()
+            .flatten()
+            .filter(|c| c.verdict == v)
+            .count()
+    };
+    let regressions = count(Verdict::Regression);
+    let _ = writeln!(
+        md,
+        "Baseline `{}` ({}, autokernel {}, protocol `{}`{}).\n",
+        path.display(),
+        b.created_at,
+        b.tool_version,
+        b.protocol,
+        if b.fingerprint.id == hw.id {
+            String::new()
+        } else {
+            format!(", **foreign fingerprint `{}`**", b.fingerprint.id)
+        }
+    );
+    let _ = writeln!(
+        md,
+        "**{}** — {regressions} regression(s), {} improvement(s), {} unchanged, {} without a baseline (threshold {:.1}%).\n",
+        if regressions > 0 { "FAIL" } else { "PASS" },
+        count(Verdict::Improvement),
+        count(Verdict::Unchanged),
+        input.comparisons.iter().filter(|c| c.is_none()).count(),
+        100.0 * input.threshold
+    );
+    *md += "| workload | kernel | GFLOP/s now | GFLOP/s baseline | speed vs baseline | 95% CI | p (Mann–Whitney) | verdict |\n";
+    *md += "|---|---|---:|---:|---:|---|---:|---|\n";
+    for (r, c) in cur.workloads.iter().zip(input.comparisons) {
+        let base = b.get(&r.workload);
+        let _ = match c {
+            Some(c) => {
+                let (lo, hi) = c.speed_ci();
+                writeln!(
+                    md,
+                    "| {} | {} | {:.1} | {:.1} | {:.3}× | [{lo:.3}, {hi:.3}] | {:.2e} | {} |",
+                    r.workload,
+                    r.kernel,
+                    r.tuned.gflops,
+                    base.map_or(f64::NAN, |x| x.tuned.gflops),
+                    c.speed_ratio(),
+                    c.p_value,
+                    if c.verdict == Verdict::Regression {
+                        "**regression**".to_string()
+                    } else {
+                        c.verdict.to_string()
+                    }
+                )
+            }
+            None => writeln!(
+                md,
+                "| {} | {} | {:.1} | — | — | — | — | new |",
+                r.workload, r.kernel, r.tuned.gflops
+            ),
+        };
+    }
+    if have_comparisons {
+        *md += "\n![speed vs baseline](speed_vs_baseline.svg)\n";
+    }
+}
+
+/// The tuned config of every workload against the kernel default.
+fn md_tuned_vs_default(md: &mut String, cur: &Baseline) {
+    *md += "\n## Tuned vs default\n\n";
+    *md += "| workload | level | tuned kernel | config | tuned GFLOP/s | ±MAD | default kernel | default GFLOP/s | speedup |\n";
+    *md += "|---|---|---|---|---:|---:|---|---:|---:|\n";
     for r in &cur.workloads {
         let _ = writeln!(
             md,
@@ -449,15 +473,20 @@ fn markdown(input: &ReportInput, runs: &[&Baseline], have_comparisons: bool) -> 
             r.speedup_vs_default()
         );
     }
-    md += "\n![tuned vs default](speedup_vs_default.svg)\n";
+    *md += "\n![tuned vs default](speedup_vs_default.svg)\n";
+}
 
-    md += "\n## History\n\n";
+/// Tuned GFLOP/s of every saved run of this fingerprint.
+fn md_history(md: &mut String, input: &ReportInput, runs: &[&Baseline]) {
+    let cur = input.current;
+    let hw = &cur.fingerprint;
+    *md += "\n## History\n\n";
     let _ = writeln!(
         md,
-        "{} run(s) of fingerprint `{}` (the saved baselines in `bench_results/{}/` and this run), tuned GFLOP/s:\n",
+        "{} run(s) of fingerprint `{}` (the saved baselines in `{}` and this run), tuned GFLOP/s:\n",
         runs.len(),
         hw.id,
-        hw.id
+        input.history_dir.display()
     );
     let mut names: Vec<&str> = Vec::new();
     for r in runs {
@@ -490,8 +519,11 @@ fn markdown(input: &ReportInput, runs: &[&Baseline], have_comparisons: bool) -> 
             cells.join(" | ")
         );
     }
-    md += "\n![history](history.svg)\n";
+    *md += "\n![history](history.svg)\n";
+}
 
+/// How the numbers were measured and judged.
+fn md_method(md: &mut String, input: &ReportInput) {
     let _ = writeln!(
         md,
         "\n## Method\n\nEach workload is run through the runtime's choice (the database's verified winner, or the \
@@ -505,5 +537,4 @@ fn markdown(input: &ReportInput, runs: &[&Baseline], have_comparisons: bool) -> 
         input.alpha,
         100.0 * input.threshold
     );
-    md
 }
