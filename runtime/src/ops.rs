@@ -252,6 +252,74 @@ impl Plan {
 }
 
 /// What a lookup chose, seen from the packing side.
+/// What [`Runtime::pack_weight_for`] collects for one weight: its packed copies (one per
+/// panel layout), its reduced-precision preparations (one per weight format) and a plan
+/// per M.
+#[derive(Default)]
+struct Packing {
+    layouts: Vec<PackedLayout>,
+    prepared: Vec<PreparedWeight>,
+    plans: HashMap<usize, Arc<Plan>>,
+    /// Direct (row-major B) variants, planned once the packing is done.
+    direct: Vec<(Workload, Arc<Choice>)>,
+}
+
+impl Packing {
+    /// Whether M = `m` (or another M served as the same shape `w`) has a plan already.
+    fn planned(&self, m: usize, w: &Workload) -> bool {
+        self.plans.contains_key(&m)
+            || self
+                .direct
+                .iter()
+                .any(|(pw, _)| pw.gemm_dims() == w.gemm_dims())
+    }
+
+    /// Plans M = `m` with a reduced-precision variant that prepares its weight itself (its
+    /// format prepared once); false if `choice` is not one.
+    fn plan_prepared(
+        &mut self,
+        m: usize,
+        w: Workload,
+        choice: &Arc<Choice>,
+        b: &[f32],
+    ) -> Result<bool, RuntimeError> {
+        let Some(exe) = choice
+            .executable()
+            .filter(|_| w.dtype() != kernels::DType::F32)
+        else {
+            return Ok(false);
+        };
+        let Some(format) = exe.weight_format() else {
+            return Ok(false);
+        };
+        let i = match self.prepared.iter().position(|p| p.format() == format) {
+            Some(i) => i,
+            None => {
+                self.prepared.push(exe.prepare_weight(b)?);
+                self.prepared.len() - 1
+            }
+        };
+        self.plans
+            .insert(m, Arc::new(Plan::prepared(w, choice.clone(), i)));
+        Ok(true)
+    }
+
+    /// The index of `gemm`'s packed copy of `b`, packed now if no earlier variant shares its
+    /// layout.
+    fn layout_of(&mut self, gemm: &EpilogueGemm, b: &[f32]) -> usize {
+        let layout = gemm.weight_layout();
+        if let Some(i) = self.layouts.iter().position(|l| l.layout == layout) {
+            return i;
+        }
+        self.layouts.push(PackedLayout {
+            layout,
+            ukernel: gemm.ukernel(),
+            weight: gemm.pack_weight(b),
+        });
+        self.layouts.len() - 1
+    }
+}
+
 enum Candidate {
     /// A packed-family variant, prepared with `b_layout = prepacked`.
     Packed(EpilogueGemm, Config),
@@ -427,79 +495,39 @@ impl Runtime {
         })?;
         let w0 = Workload::gemm_bias_act(first, n, k, act)?;
         buffer(w0, "b", b.len(), k * n)?;
-        let mut layouts: Vec<PackedLayout> = Vec::new();
-        let mut plans = HashMap::new();
-        let mut pending: Vec<(Workload, Arc<Choice>)> = Vec::new();
-        let mut need_rowmajor = false;
-        let mut prepared: Vec<PreparedWeight> = Vec::new();
+        let mut p = Packing::default();
         for &m in ms {
             let w = self.serve_as(&Workload::gemm_bias_act(m, n, k, act)?);
-            if plans.contains_key(&m)
-                || pending
-                    .iter()
-                    .any(|(pw, _)| pw.gemm_dims() == w.gemm_dims())
-            {
+            if p.planned(m, &w) {
                 continue;
             }
             let choice = self.lookup(&w)?;
-            if let Some(exe) = choice
-                .executable()
-                .filter(|_| w.dtype() != kernels::DType::F32)
-            {
-                if let Some(format) = exe.weight_format() {
-                    let i = match prepared.iter().position(|p| p.format() == format) {
-                        Some(i) => i,
-                        None => {
-                            prepared.push(exe.prepare_weight(b)?);
-                            prepared.len() - 1
-                        }
-                    };
-                    plans.insert(m, Arc::new(Plan::prepared(w, choice, i)));
-                    continue;
-                }
+            if p.plan_prepared(m, w, &choice, b)? {
+                continue;
             }
             match Candidate::of(self, &w, &choice)? {
                 Candidate::Packed(gemm, config) => {
-                    let layout = gemm.weight_layout();
-                    let idx = match layouts.iter().position(|l| l.layout == layout) {
-                        Some(i) => i,
-                        None => {
-                            layouts.push(PackedLayout {
-                                layout,
-                                ukernel: gemm.ukernel(),
-                                weight: gemm.pack_weight(b),
-                            });
-                            layouts.len() - 1
-                        }
-                    };
+                    let layout = p.layout_of(&gemm, b);
                     let plan = Plan {
                         workload: w,
                         config,
                         level: choice.level,
-                        exec: PlanExec::Packed { gemm, layout: idx },
+                        exec: PlanExec::Packed { gemm, layout },
                     };
-                    plans.insert(m, Arc::new(plan));
+                    p.plans.insert(m, Arc::new(plan));
                 }
-                Candidate::Direct => {
-                    need_rowmajor = true;
-                    pending.push((w, choice));
-                }
+                Candidate::Direct => p.direct.push((w, choice)),
             }
         }
-        if layouts.is_empty() {
+        if p.layouts.is_empty() {
             // Only direct variants: still pack the family default, so unplanned M have a
             // layout to fall back on.
             let mut config = EpiloguePacked.default_config(&w0, self.fingerprint());
             BLayout::Prepacked.set_in(&mut config);
-            let gemm = EpilogueGemm::from_config(&w0, &config)?;
-            layouts.push(PackedLayout {
-                layout: gemm.weight_layout(),
-                ukernel: gemm.ukernel(),
-                weight: gemm.pack_weight(b),
-            });
+            p.layout_of(&EpilogueGemm::from_config(&w0, &config)?, b);
         }
-        let rowmajor: Option<Arc<[f32]>> = need_rowmajor.then(|| Arc::from(b));
-        for (w, choice) in pending {
+        let rowmajor: Option<Arc<[f32]>> = (!p.direct.is_empty()).then(|| Arc::from(b));
+        for (w, choice) in std::mem::take(&mut p.direct) {
             let (m, _, _) = w.gemm_dims().expect("a gemm_bias workload");
             let plan = Plan {
                 workload: w,
@@ -507,18 +535,18 @@ impl Runtime {
                 level: choice.level,
                 exec: PlanExec::RowMajor(choice),
             };
-            plans.insert(m, Arc::new(plan));
+            p.plans.insert(m, Arc::new(plan));
         }
-        let primary = plans[&first].clone();
+        let primary = p.plans[&first].clone();
         Ok(PackedWeight {
             n,
             k,
             act,
             primary,
-            layouts,
+            layouts: p.layouts,
             rowmajor,
-            prepared,
-            plans: Mutex::new(plans),
+            prepared: p.prepared,
+            plans: Mutex::new(p.plans),
         })
     }
 
