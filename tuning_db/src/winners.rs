@@ -72,60 +72,9 @@ impl TuningDb {
     /// `ok` trial of the same fingerprint and workload.
     pub fn record_winner(&self, d: &WinnerDecision) -> Result<i64> {
         let p = &self.path;
-        let bad = |reason: String| DbError::InvalidRecord {
-            path: p.clone(),
-            reason,
-        };
         let ctx = "recording a winner";
         let tx = self.begin_write(ctx)?;
-        {
-            let mut trial = tx
-                .prepare("SELECT fingerprint_id, workload, status FROM trials WHERE id = ?1")
-                .ctx(p, ctx)?;
-            let ids = std::iter::once(d.trial_id).chain(d.remeasured.iter().map(|r| r.trial_id));
-            for id in ids {
-                let row: Option<(String, String, String)> = trial
-                    .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                    .optional()
-                    .ctx(p, ctx)?;
-                match row {
-                    None => {
-                        return Err(bad(format!(
-                            "winner decision names trial {id}, which does not exist"
-                        )))
-                    }
-                    Some((fp, w, status)) => {
-                        if fp != d.fingerprint_id || w != d.workload.key() {
-                            return Err(bad(format!(
-                                "trial {id} is of {w} on {fp}, not of {} on {}",
-                                d.workload, d.fingerprint_id
-                            )));
-                        }
-                        if status != Status::Ok.as_str() {
-                            return Err(bad(format!(
-                                "trial {id} has status {status}; only ok trials can win"
-                            )));
-                        }
-                    }
-                }
-            }
-            for r in &d.remeasured {
-                let m = &r.measurement;
-                let finite = m.median_s.is_finite()
-                    && m.median_s > 0.0
-                    && m.spread.is_finite()
-                    && !m.samples.is_empty()
-                    && m.samples.iter().all(|s| s.is_finite())
-                    && r.ci_low_s.is_finite()
-                    && !r.ci_high_s.is_nan();
-                if !finite {
-                    return Err(bad(format!(
-                        "re-measurement of trial {} is not a finite positive timing",
-                        r.trial_id
-                    )));
-                }
-            }
-        }
+        self.check_decision(&tx, d)?;
         let decided_at = if d.decided_at.is_empty() {
             now_rfc3339()
         } else {
@@ -170,6 +119,60 @@ impl TuningDb {
         }
         tx.commit().ctx(p, ctx)?;
         Ok(winner_id)
+    }
+
+    /// Refuses a decision whose winning or re-measured trials are missing, of another
+    /// fingerprint or workload, or not `ok`, or whose re-measurements are not finite
+    /// positive timings.
+    fn check_decision(&self, conn: &rusqlite::Connection, d: &WinnerDecision) -> Result<()> {
+        let p = &self.path;
+        let bad = |reason: String| DbError::InvalidRecord {
+            path: p.clone(),
+            reason,
+        };
+        let mut trial = conn
+            .prepare("SELECT fingerprint_id, workload, status FROM trials WHERE id = ?1")
+            .ctx(p, "recording a winner")?;
+        let ids = std::iter::once(d.trial_id).chain(d.remeasured.iter().map(|r| r.trial_id));
+        for id in ids {
+            let row: Option<(String, String, String)> = trial
+                .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .optional()
+                .ctx(p, "recording a winner")?;
+            let Some((fp, w, status)) = row else {
+                return Err(bad(format!(
+                    "winner decision names trial {id}, which does not exist"
+                )));
+            };
+            if fp != d.fingerprint_id || w != d.workload.key() {
+                return Err(bad(format!(
+                    "trial {id} is of {w} on {fp}, not of {} on {}",
+                    d.workload, d.fingerprint_id
+                )));
+            }
+            if status != Status::Ok.as_str() {
+                return Err(bad(format!(
+                    "trial {id} has status {status}; only ok trials can win"
+                )));
+            }
+        }
+        for r in &d.remeasured {
+            let m = &r.measurement;
+            let finite = m.median_s.is_finite()
+                && m.median_s > 0.0
+                && m.spread.is_finite()
+                && !m.samples.is_empty()
+                && m.samples.iter().all(|s| s.is_finite())
+                && r.ci_low_s.is_finite()
+                && !r.ci_high_s.is_nan();
+            if !finite {
+                return Err(bad(format!(
+                    "re-measurement of trial {} is not a finite positive timing",
+                    r.trial_id
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The decision in force for `workload` on `fingerprint_id` (the latest recorded), with
