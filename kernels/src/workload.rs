@@ -510,12 +510,18 @@ fn suffixes<'a>(
     Ok((causal.unwrap_or(false), dtype.unwrap_or_default()))
 }
 
-/// `AxBx…` as whole numbers.
+/// `AxBx…` as whole numbers: decimal digits only (no sign: `+5` is not a dimension).
 fn parse_dims(shape: &str, bad: &dyn Fn(String) -> Error) -> Result<Vec<usize>> {
     shape
         .split('x')
         .map(|d| {
-            d.trim().parse::<usize>().map_err(|e| {
+            let digits = d.trim();
+            if !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad(format!(
+                    "'{d}' is not a positive whole number (shape is {shape})"
+                )));
+            }
+            digits.parse::<usize>().map_err(|e| {
                 bad(match e.kind() {
                     std::num::IntErrorKind::PosOverflow => format!(
                         "dimension '{d}' exceeds the maximum of {MAX_DIM} (shape is {shape})"
@@ -575,6 +581,8 @@ mod tests {
             ("gemm:0x12x12", "at least 1"),
             ("gemm:-3x12x12", "not a positive"),
             ("gemm:axbxc", "not a positive"),
+            ("gemm:+5x5x5", "not a positive"),
+            ("attention:1x2x+3x4", "not a positive"),
             ("gemm:1x1x", "not a positive"),
             ("conv:1x2x3", "unknown op 'conv'"),
             ("gemm:99999999x1x1", "exceeds the maximum"),
