@@ -183,16 +183,38 @@ impl Index {
         siblings.sort_by(|a, b| {
             (a.cores.abs_diff(hw.cores), &a.id).cmp(&(b.cores.abs_diff(hw.cores), &b.id))
         });
+        // A sibling's record that does not fit here (a thread count above this machine's
+        // cores, say) is skipped like an exact one, named once per workload left unserved:
+        // the closest sibling's reason.
+        let mut unserved: Vec<(Workload, Skipped)> = Vec::new();
         for sib in &siblings {
             for rec in db.best_all(&sib.id)? {
                 if hits.contains_key(&rec.workload) {
                     continue;
                 }
-                if let Ok(choice) = serve(&rec, hw, Level::SameArch) {
-                    hits.insert(rec.workload, Arc::new(choice));
+                match serve(&rec, hw, Level::SameArch) {
+                    Ok(choice) => {
+                        hits.insert(rec.workload, Arc::new(choice));
+                    }
+                    Err(reason) if !unserved.iter().any(|(w, _)| *w == rec.workload) => {
+                        let skip = Skipped {
+                            workload: rec.workload.key(),
+                            reason: format!("same-arch record of fingerprint {}: {reason}", sib.id),
+                        };
+                        unserved.push((rec.workload, skip));
+                    }
+                    Err(_) => {}
                 }
             }
         }
+        let unserved: Vec<Skipped> = unserved
+            .into_iter()
+            .filter(|(w, s)| {
+                !hits.contains_key(w) && !skipped.iter().any(|x| x.workload == s.workload)
+            })
+            .map(|(_, s)| s)
+            .collect();
+        skipped.extend(unserved);
         Ok(Index::new(
             generation,
             hits,

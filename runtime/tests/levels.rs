@@ -189,6 +189,38 @@ fn a_record_whose_config_no_longer_fits_is_skipped_with_a_reason() {
 }
 
 #[test]
+fn a_sibling_record_that_does_not_fit_here_is_skipped_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let sib = sibling();
+    let (w, w_served) = (gemm(64, 64, 64), gemm(96, 96, 96));
+    // Valid on the sibling (its core count), not here: more threads than this machine has.
+    let (name, mut c) = tuned_config(&w);
+    c.set("threads", sib.cores);
+    c.set("par", "m");
+    let k = kernels::kernel(&name).unwrap();
+    assert!(k.space(&w, &sib).check(&c).is_ok(), "{c}");
+    let (_, c_ok) = tuned_config(&w_served);
+    add(
+        &path,
+        &sib,
+        &[record(&sib, w, c, 1e-4), record(&sib, w_served, c_ok, 1e-4)],
+    );
+    let rt = Runtime::open(&path).unwrap();
+    rt.set_fallback_check(false);
+    let skipped = rt.skipped();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert_eq!(skipped[0].workload, w.key());
+    assert!(
+        skipped[0].reason.contains(&sib.id) && skipped[0].reason.contains("threads"),
+        "{}",
+        skipped[0].reason
+    );
+    assert_ne!(rt.lookup(&w).unwrap().level, Level::SameArch);
+    assert_eq!(rt.lookup(&w_served).unwrap().level, Level::SameArch);
+}
+
+#[test]
 fn bad_files_are_errors_and_open_or_defaults_serves_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let junk = dir.path().join("junk.db");

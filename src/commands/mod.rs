@@ -40,10 +40,12 @@ pub fn require_db(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Opens the runtime on `path`, warning on stderr about each record it will not serve.
+/// Opens the runtime on `path`, warning on stderr about the records it will not serve (the
+/// first [`SKIPPED_SHOWN`], then how many more).
 pub fn open_runtime(path: &Path) -> anyhow::Result<runtime::Runtime> {
     let rt = runtime::Runtime::open(path)?;
-    for s in rt.skipped() {
+    let skipped = rt.skipped();
+    for s in skipped.iter().take(SKIPPED_SHOWN) {
         eprintln!(
             "warning: {}: not serving the record for {}: {}",
             path.display(),
@@ -51,8 +53,18 @@ pub fn open_runtime(path: &Path) -> anyhow::Result<runtime::Runtime> {
             s.reason
         );
     }
+    if skipped.len() > SKIPPED_SHOWN {
+        eprintln!(
+            "warning: {}: ... and {} more record(s) not served on this machine",
+            path.display(),
+            skipped.len() - SKIPPED_SHOWN
+        );
+    }
     Ok(rt)
 }
+
+/// Skipped records named one per line when a command opens a database.
+const SKIPPED_SHOWN: usize = 5;
 
 /// Checks, before any work is done, that files can be written into `dir` (created with its
 /// parents if missing): a new probe file is created there and removed. `what` names the
