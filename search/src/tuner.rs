@@ -160,6 +160,9 @@ pub struct TuneSummary {
     /// The winner decision of this run: `None` when [`TuneOptions::finalists`] is 0, or when
     /// this run measured nothing new and an earlier decision stands.
     pub decision: Option<Decision>,
+    /// Without a decision of this run: the (best, default) medians the decision in force
+    /// re-measured side by side, where it re-measured both.
+    pub earlier: Option<(f64, f64)>,
     /// Timed (ok) evaluations of this run, the default's included.
     pub timed: usize,
     /// Median over this run's timed evaluations of their spread (MAD ÷ median).
@@ -186,13 +189,15 @@ impl TuneSummary {
     }
 
     /// (best, default) median seconds from the interleaved re-measurement when this run
-    /// re-measured both (what decided the winner), else from their search trials; and which
-    /// of the two they are (`true`: re-measured).
+    /// re-measured both (what decided the winner) or, deciding nothing, the decision in force
+    /// did ([`TuneSummary::earlier`]), else from their search trials; and which of the two
+    /// they are (`true`: re-measured).
     pub fn decided_medians(&self) -> Option<(f64, f64, bool)> {
         let best = self.best.as_ref()?;
         if let Some((b, d)) = self
             .remeasured_s(best)
             .zip(self.remeasured_s(&self.default))
+            .or(self.earlier)
         {
             return Some((b, d, true));
         }
@@ -529,6 +534,10 @@ impl<'a> Job<'a> {
             .len();
         let best = db.best(&hw.id, w)?;
         let best_accuracy = best.as_ref().and_then(|b| b.accuracy);
+        let earlier = match (&decision, &best) {
+            (None, Some(b)) => earlier_medians(db, hw, w, b, &default)?,
+            _ => None,
+        };
         Ok(TuneSummary {
             workload: *w,
             best,
@@ -539,6 +548,7 @@ impl<'a> Job<'a> {
             resumed: self.resumed,
             failures: self.failures,
             decision,
+            earlier,
             timed: self.timed.len(),
             median_spread: median_of(self.timed.iter().map(|m| m.spread)),
             median_cv: median_of(self.timed.iter().filter_map(cv)),
@@ -548,6 +558,33 @@ impl<'a> Job<'a> {
             quarantined,
         })
     }
+}
+
+/// The medians of `best` and `default` (matched by kernel and config) in the re-measurement
+/// of the decision in force for `w`, where it re-measured both.
+fn earlier_medians(
+    db: &TuningDb,
+    hw: &HardwareFingerprint,
+    w: &Workload,
+    best: &Record,
+    default: &Record,
+) -> Result<Option<(f64, f64)>, SearchError> {
+    let Some(decision) = db.winner(&hw.id, w)? else {
+        return Ok(None);
+    };
+    let trials = db.trials(&hw.id, w)?;
+    let median_of = |r: &Record| {
+        decision
+            .remeasured
+            .iter()
+            .find(|m| {
+                trials.iter().any(|t| {
+                    t.id == Some(m.trial_id) && t.kernel == r.kernel && t.config == r.config
+                })
+            })
+            .map(|m| m.measurement.median_s)
+    };
+    Ok(median_of(best).zip(median_of(default)))
 }
 
 /// What the database holds of `w` on `hw` for the current versions of `kernels`: the configs

@@ -301,6 +301,7 @@ fn a_tied_incumbent_is_kept_and_a_resumed_job_does_not_redecide() {
         ev.samples.insert(k, around_rotated(m, 0.05, 4 * v));
     }
     let first = tune_with(&db, &w, hw, &[&Scripted], &opts(5), &mut ev, &mut |_| {}).unwrap();
+    let first_medians = first.decided_medians();
     let d1 = first.decision.unwrap();
     assert_eq!(
         (d1.reason, d1.winner.config.clone()),
@@ -316,6 +317,11 @@ fn a_tied_incumbent_is_kept_and_a_resumed_job_does_not_redecide() {
         db.winner(&hw.id, &w).unwrap().unwrap().trial_id,
         d1.winner.id.unwrap()
     );
+    // Its speedup is the one the decision in force re-measured side by side, not this run's
+    // fresh default against the winner's search trial.
+    assert!(first_medians.is_some_and(|m| m.2));
+    assert_eq!(again.earlier, first_medians.map(|(b, d, _)| (b, d)));
+    assert_eq!(again.decided_medians(), first_medians);
 
     // A bigger budget adds x4 (scripted to be about as fast, 0.99 ms): the finalists are the
     // three fastest trials plus the incumbent, all tied, and the (slow) default; the

@@ -389,6 +389,15 @@ fn report(
     as_json: bool,
 ) -> anyhow::Result<()> {
     let counts = search::report::TrialCounts::of(db, s, hw)?;
+    // On stderr, so `--json` output stays one JSON line per workload.
+    if let Some(d) = s.drift().filter(|&d| d > DRIFT_WARNING) {
+        eprintln!(
+            "warning: {}: the default config ran {d:.2}x apart during this run (searched vs \
+             re-measured): the machine's speed moved, so this winner may be noise; re-tune on \
+             a quiet machine",
+            s.workload.key()
+        );
+    }
     if as_json {
         return super::print_json(&search::report::summary_json(s, &counts, hw));
     }
@@ -407,10 +416,10 @@ fn report(
             b.config,
             gflops(decided.map(|d| d.1)),
             s.speedup_vs_default().unwrap_or(1.0),
-            if decided.is_some_and(|d| d.2) {
-                " (re-measured)"
-            } else {
-                ""
+            match (decided.is_some_and(|d| d.2), decision.is_some()) {
+                (true, true) => " (re-measured)",
+                (true, false) => " (as re-measured when decided)",
+                (false, _) => "",
             },
             trials,
             failures,
@@ -421,14 +430,6 @@ fn report(
             "{:>20}  no verified config ({trials} trials, {failures} failed)",
             s.workload.key()
         ),
-    }
-    if let Some(d) = s.drift().filter(|&d| d > DRIFT_WARNING) {
-        eprintln!(
-            "warning: {}: the default config ran {d:.2}x apart during this run (searched vs \
-             re-measured): the machine's speed moved, so this winner may be noise; re-tune on \
-             a quiet machine",
-            s.workload.key()
-        );
     }
     let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}%", 100.0 * v));
     let verdict = match decision {
