@@ -193,8 +193,14 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
             ""
         };
         println!(
-            "  {} {}, {} threads{mark}: {} records ({} ok, {} failed), {} workload(s)",
-            f.id, f.brand, f.cores, f.records, f.ok, f.failures, f.workloads
+            "  {} {}, {}{mark}: {} records ({} ok, {} failed), {} workload(s)",
+            f.id,
+            f.brand,
+            threads(f.cores),
+            f.records,
+            f.ok,
+            f.failures,
+            f.workloads
         );
     }
     if s.imported_records > 0 {
@@ -233,7 +239,7 @@ fn export(a: ExportArgs) -> anyhow::Result<ExitCode> {
         let brand = db
             .fingerprint(&m.fingerprint)?
             .map_or_else(String::new, |f| {
-                format!(" ({}, {} threads)", f.brand, f.cores)
+                format!(" ({}, {})", f.brand, threads(f.cores as i64))
             });
         println!(
             "wrote {}: fingerprint {}{brand}, {} records, schema v{}, checksum {}",
@@ -245,6 +251,11 @@ fn export(a: ExportArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `1 thread`, `2 threads`.
+fn threads(n: i64) -> String {
+    format!("{n} thread{}", if n == 1 { "" } else { "s" })
 }
 
 fn outcome_counts(r: &ImportReport) -> String {
@@ -337,8 +348,8 @@ fn merge(a: MergeArgs) -> anyhow::Result<ExitCode> {
     println!(
         "{}",
         outcome_counts(&r.b)
-            .replace("source", "B")
-            .replace("target", "A")
+            .replace("the source", "B")
+            .replace("the target", "A")
     );
     print_conflicts(&r.conflicts);
     Ok(ExitCode::SUCCESS)

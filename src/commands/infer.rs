@@ -310,7 +310,7 @@ impl<'a> Session<'a> {
             eprintln!(
                 "{}: {config}, FFN activation {}, {} shape(s), {} thread(s), {} iterations each, database {} ({} workloads tuned here)",
                 source.label(),
-                config.act,
+                describe_act(config.act),
                 shapes.len(),
                 rt.fingerprint().cores,
                 args.iters,
@@ -652,6 +652,16 @@ fn progress_bar(args: &InferArgs, shapes: &[(usize, usize)]) -> ProgressBar {
         .expect("a valid template"),
     );
     bar
+}
+
+/// The FFN activation in words: our names (`gelu` is the tanh form, as in the op
+/// `gemm_bias_gelu`) next to Hugging Face's (`gelu` there is the exact erf form).
+fn describe_act(act: kernels::Act) -> String {
+    match act {
+        kernels::Act::Gelu => "gelu (tanh form; Hugging Face's gelu_new)".into(),
+        kernels::Act::GeluErf => "gelu_erf (exact erf; Hugging Face's gelu)".into(),
+        other => other.name().into(),
+    }
 }
 
 /// Below this cosine similarity to the f32 model a reduced-precision forward is reported as

@@ -25,7 +25,8 @@ const DEFAULT_STRATEGIES: [&str; 5] = [
 
 #[derive(Args)]
 pub struct ReplayArgs {
-    /// Recorded space files (JSON lines; format in bench_results/README.md). Takes one or
+    /// Recorded space files (JSON lines; format in the `spaces/README.md` of a results
+    /// directory, e.g. bench_results/e328fcad30c0f803/spaces/README.md). Takes one or
     /// more values and may repeat.
     #[arg(long = "space", value_name = "FILE", num_args = 1.., action = ArgAction::Append)]
     spaces: Vec<PathBuf>,
