@@ -6,13 +6,15 @@
 #      (scripts/test-isa-levels.sh): the AVX-512 and AMX paths run where the CPU has them;
 #   2. the six GEMM shapes of the reduced-precision issue tuned in f32, int8 and bf16 at 1 and
 #      2 threads, then timed side by side with ONNX Runtime and PyTorch
-#      (scripts/bench-i8-peers.py) -> bench_results/<fp>/gemm_precision_{1t,2t}.md;
+#      (scripts/bench-i8-peers.py) -> gemm_precision_{1t,2t}.md;
 #   3. BERT-base (batch 1 and 8 x 128) tuned in f32, int8 and bf16 at 2 threads, then timed
 #      side by side with PyTorch and ONNX Runtime (scripts/bench-bert-precision.py)
-#      -> bench_results/<fp>/bert_precision.{md,json,jsonl}.
+#      -> bert_precision.{md,json,jsonl}.
 #
-# Each step's output goes to bench_results/<fp>/hw-evidence.log as well (the tests' whole
-# output to kernel-tests*.txt beside it); the script stops at the first failing step. Not a test and not run by CI: a benchmark, run by hand.
+# Everything goes to a folder of its own, bench_results/<fp>/hw-evidence-<UTC date-time>/
+# (earlier tables are never overwritten): the tables, hw-evidence.log with each step's
+# output, and the tests' whole output in kernel-tests*.txt. The script stops at the first
+# failing step. Not a test and not run by CI: a benchmark, run by hand.
 #
 #   scripts/hw-evidence.sh              # budget 24 per workload, 3 rounds: about an hour on 2 cores
 #   scripts/hw-evidence.sh --quick      # budget 8, 2 rounds: about 25 minutes
@@ -30,7 +32,7 @@ case "${1:-}" in
     --quick) BUDGET=8 ROUNDS=2 ;;
     --smoke) BUDGET=2 ROUNDS=1 BATCH=1 ITERS=2 ;;
     "") ;;
-    *) sed -n '2,27p' "$0"; exit 2 ;;
+    *) sed -n '2,29p' "$0"; exit 2 ;;
 esac
 PY=${PY:-python3}
 AK=target/release/autokernel
@@ -41,7 +43,7 @@ SHAPES=(gemm_bias:128x768x768 gemm_bias:128x3072x768 gemm_bias:128x768x3072
 
 cargo build --release --quiet
 FP=$("$AK" hw --json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-OUT=${RESULTS:-bench_results}/$FP
+OUT=${RESULTS:-bench_results}/$FP/hw-evidence-$(date -u +%Y%m%dT%H%MZ)
 mkdir -p "$OUT" "${DBDIR:-target}"
 LOG=$OUT/hw-evidence.log
 exec > >(tee -a "$LOG") 2>&1
