@@ -32,7 +32,7 @@ case "${1:-}" in
     --quick) BUDGET=8 ROUNDS=2 ;;
     --smoke) BUDGET=2 ROUNDS=1 BATCH=1 ITERS=2 ;;
     "") ;;
-    *) sed -n '2,29p' "$0"; exit 2 ;;
+    *) sed -n '2,26p' "$0"; exit 2 ;;
 esac
 PY=${PY:-python3}
 AK=target/release/autokernel
