@@ -94,90 +94,117 @@ struct TableSizes {
 
 /// `config.json` as the encoder's sizes and the embedding tables' row counts.
 fn read_config(path: &Path) -> Result<(BertConfig, TableSizes), BertError> {
-    let bad = |reason: String| BertError::Checkpoint {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
-    match v.get("model_type").and_then(Value::as_str) {
+    let f = Fields::read(path)?;
+    match f.v.get("model_type").and_then(Value::as_str) {
         Some("bert") => {}
         Some(other) => {
-            return Err(bad(format!(
+            return Err(f.bad(format!(
                 "model_type '{other}' is not a BERT model (expected 'bert')"
             )))
         }
-        None => return Err(bad("field 'model_type' is missing (expected 'bert')".into())),
+        None => return Err(f.bad("field 'model_type' is missing (expected 'bert')".into())),
     }
-    let size = |name: &str| -> Result<usize, BertError> {
-        match v.get(name) {
-            None => Err(bad(format!("field '{name}' is missing"))),
-            Some(x) => match x.as_u64() {
-                Some(n) if (1..=1 << 20).contains(&n) => Ok(n as usize),
-                _ => Err(bad(format!(
-                    "field '{name}' is {x}, not a whole number from 1 to 1048576"
-                ))),
-            },
-        }
-    };
-    let text_field = |name: &str, default: &str| -> Result<String, BertError> {
-        match v.get(name) {
-            None | Some(Value::Null) => Ok(default.to_string()),
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(x) => Err(bad(format!("field '{name}' is {x}, not a string"))),
-        }
-    };
-    let act_name = text_field("hidden_act", "gelu")?;
+    let act_name = f.text("hidden_act", "gelu")?;
     let act = HIDDEN_ACTS
         .iter()
         .find(|(n, _)| *n == act_name)
         .map(|&(_, a)| a)
         .ok_or_else(|| {
-            bad(format!(
+            f.bad(format!(
                 "hidden_act '{act_name}' is not supported (supported: {})",
                 HIDDEN_ACTS.map(|(n, _)| n).join(", ")
             ))
         })?;
-    let pos_type = text_field("position_embedding_type", "absolute")?;
+    let pos_type = f.text("position_embedding_type", "absolute")?;
     if pos_type != "absolute" {
-        return Err(bad(format!(
+        return Err(f.bad(format!(
             "position_embedding_type '{pos_type}' is not supported (only 'absolute')"
         )));
     }
-    let ln_eps = match v.get("layer_norm_eps") {
-        None => 1e-12,
-        Some(x) => match x.as_f64() {
-            // Positive in f32 too (a subnormal f64 would round to 0).
-            Some(e) if e > 0.0 && e < 1.0 && (e as f32) > 0.0 => e as f32,
-            _ => {
-                return Err(bad(format!(
-                    "field 'layer_norm_eps' is {x}, not a number in (0, 1)"
-                )))
-            }
-        },
-    };
+    let ln_eps = f.layer_norm_eps()?;
     let config = BertConfig {
         name: "checkpoint",
-        layers: size("num_hidden_layers")?,
-        hidden: size("hidden_size")?,
-        heads: size("num_attention_heads")?,
-        ffn: size("intermediate_size")?,
+        layers: f.size("num_hidden_layers")?,
+        hidden: f.size("hidden_size")?,
+        heads: f.size("num_attention_heads")?,
+        ffn: f.size("intermediate_size")?,
         ln_eps,
         init_std: 0.0,
         act,
     };
     config
         .validate()
-        .map_err(|e| bad(format!("{e} (num_attention_heads, hidden_size)")))?;
+        .map_err(|e| f.bad(format!("{e} (num_attention_heads, hidden_size)")))?;
     let tables = TableSizes {
-        vocab: size("vocab_size")?,
-        positions: size("max_position_embeddings")?,
-        types: match v.get("type_vocab_size") {
+        vocab: f.size("vocab_size")?,
+        positions: f.size("max_position_embeddings")?,
+        types: match f.v.get("type_vocab_size") {
             None => 2,
-            Some(_) => size("type_vocab_size")?,
+            Some(_) => f.size("type_vocab_size")?,
         },
     };
     Ok((config, tables))
+}
+
+/// The fields of a `config.json`, read with errors that name the file and the field.
+struct Fields<'a> {
+    path: &'a Path,
+    v: Value,
+}
+
+impl<'a> Fields<'a> {
+    fn read(path: &'a Path) -> Result<Fields<'a>, BertError> {
+        let f = Fields {
+            path,
+            v: Value::Null,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| f.bad(format!("cannot read: {e}")))?;
+        let v = serde_json::from_str(&text).map_err(|e| f.bad(format!("not JSON: {e}")))?;
+        Ok(Fields { path, v })
+    }
+
+    fn bad(&self, reason: String) -> BertError {
+        BertError::Checkpoint {
+            path: self.path.to_path_buf(),
+            reason,
+        }
+    }
+
+    /// A required size: a whole number from 1 to 2^20.
+    fn size(&self, name: &str) -> Result<usize, BertError> {
+        match self.v.get(name) {
+            None => Err(self.bad(format!("field '{name}' is missing"))),
+            Some(x) => match x.as_u64() {
+                Some(n) if (1..=1 << 20).contains(&n) => Ok(n as usize),
+                _ => Err(self.bad(format!(
+                    "field '{name}' is {x}, not a whole number from 1 to 1048576"
+                ))),
+            },
+        }
+    }
+
+    /// An optional string (`default` when missing or null).
+    fn text(&self, name: &str, default: &str) -> Result<String, BertError> {
+        match self.v.get(name) {
+            None | Some(Value::Null) => Ok(default.to_string()),
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(x) => Err(self.bad(format!("field '{name}' is {x}, not a string"))),
+        }
+    }
+
+    /// `layer_norm_eps` (1e-12 when missing): in (0, 1), and positive in f32 too (a
+    /// subnormal f64 would round to 0).
+    fn layer_norm_eps(&self) -> Result<f32, BertError> {
+        let Some(x) = self.v.get("layer_norm_eps") else {
+            return Ok(1e-12);
+        };
+        match x.as_f64() {
+            Some(e) if e > 0.0 && e < 1.0 && (e as f32) > 0.0 => Ok(e as f32),
+            _ => Err(self.bad(format!(
+                "field 'layer_norm_eps' is {x}, not a number in (0, 1)"
+            ))),
+        }
+    }
 }
 
 /// Tensors by Hugging Face name, with the checkpoint's prefix (`bert.` or none).
