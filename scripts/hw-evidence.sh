@@ -23,17 +23,26 @@
 # Needs cargo, and a Python with numpy, onnx, onnxruntime, torch and transformers (PY=path to
 # it; default python3), plus the autokernel package for the drop-in rows (optional).
 # RESULTS (default bench_results) and DBDIR (default target, for hw-gemm.db and hw-bert.db)
-# move the outputs; a second run resumes the tuning where the databases left it.
+# move the outputs; a second run resumes the tuning where the databases left it. Relative
+# paths in PY, RESULTS and DBDIR are taken from the repository root. AUTOKERNEL_ISA is
+# ignored: the point is to run every level this CPU has.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
 BUDGET=24 ROUNDS=3 BATCH=1,8 ITERS=10
 case "${1:-}" in
     --quick) BUDGET=8 ROUNDS=2 ;;
     --smoke) BUDGET=2 ROUNDS=1 BATCH=1 ITERS=2 ;;
+    -h|--help) usage; exit 0 ;;
     "") ;;
-    *) sed -n '2,26p' "$0"; exit 2 ;;
+    *) echo "hw-evidence.sh: unknown option '$1' (--quick, --smoke or --help)" >&2; exit 2 ;;
 esac
+if [ $# -gt 1 ]; then
+    echo "hw-evidence.sh: one option at most, got: $*" >&2
+    exit 2
+fi
+unset AUTOKERNEL_ISA
+cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 AK=target/release/autokernel
 GEMM_DB=${DBDIR:-target}/hw-gemm.db
@@ -43,7 +52,11 @@ SHAPES=(gemm_bias:128x768x768 gemm_bias:128x3072x768 gemm_bias:128x768x3072
 
 cargo build --release --quiet
 FP=$("$AK" hw --json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-OUT=${RESULTS:-bench_results}/$FP/hw-evidence-$(date -u +%Y%m%dT%H%MZ)
+OUT=${RESULTS:-bench_results}/$FP/hw-evidence-$(date -u +%Y%m%dT%H%M%SZ)
+if [ -e "$OUT" ]; then
+    echo "hw-evidence.sh: $OUT exists; not writing over it" >&2
+    exit 1
+fi
 mkdir -p "$OUT" "${DBDIR:-target}"
 LOG=$OUT/hw-evidence.log
 exec > >(tee -a "$LOG") 2>&1
@@ -61,7 +74,7 @@ tests() {
         echo "FAILED: $* (whole output: $OUT/$name.txt)"
         exit 1
     fi
-    grep -E "^==|^this CPU|^test result|skipped" "$OUT/$name.txt" | awk '!seen[$0]++'
+    { grep -E "^==|^this CPU|^test result|skipped" "$OUT/$name.txt" || true; }
 }
 step "kernel tests at this CPU's best ISA level"
 tests kernel-tests cargo test --release -p kernels

@@ -79,7 +79,13 @@ fn tune_lookup_run_round_trip() {
         "--json",
     ]);
     assert!(again.status.success(), "{}", stderr(&again));
-    assert_eq!(json_lines(&again)[0]["measured_now"], 0);
+    let a = &json_lines(&again)[0];
+    assert_eq!(a["measured_now"], 0);
+    // Its speedup is the one the decision in force re-measured, not a fresh default timing
+    // against the winner's search trial.
+    assert_eq!(t["speedup_from"], "this_run", "{t}");
+    assert_eq!(a["speedup_from"], "earlier_decision", "{a}");
+    assert_eq!(a["speedup_vs_default"], t["speedup_vs_default"]);
 
     let o = autokernel(&[
         "lookup",

@@ -510,18 +510,20 @@ fn suffixes<'a>(
     Ok((causal.unwrap_or(false), dtype.unwrap_or_default()))
 }
 
-/// `AxBx…` as whole numbers: decimal digits only (no sign: `+5` is not a dimension).
+/// `AxBx…` as whole numbers written as the key prints them: decimal digits, no sign, no
+/// spaces, no leading zeros (so a key stores as it was typed).
 fn parse_dims(shape: &str, bad: &dyn Fn(String) -> Error) -> Result<Vec<usize>> {
     shape
         .split('x')
         .map(|d| {
-            let digits = d.trim();
-            if !digits.bytes().all(|b| b.is_ascii_digit()) {
+            let canonical =
+                d.bytes().all(|b| b.is_ascii_digit()) && !(d.len() > 1 && d.starts_with('0'));
+            if !canonical {
                 return Err(bad(format!(
                     "'{d}' is not a positive whole number (shape is {shape})"
                 )));
             }
-            digits.parse::<usize>().map_err(|e| {
+            d.parse::<usize>().map_err(|e| {
                 bad(match e.kind() {
                     std::num::IntErrorKind::PosOverflow => format!(
                         "dimension '{d}' exceeds the maximum of {MAX_DIM} (shape is {shape})"
@@ -582,6 +584,9 @@ mod tests {
             ("gemm:-3x12x12", "not a positive"),
             ("gemm:axbxc", "not a positive"),
             ("gemm:+5x5x5", "not a positive"),
+            ("gemm:5 x5x5", "not a positive"),
+            ("gemm: 5x5x5", "not a positive"),
+            ("gemm:05x5x5", "not a positive"),
             ("attention:1x2x+3x4", "not a positive"),
             ("gemm:1x1x", "not a positive"),
             ("conv:1x2x3", "unknown op 'conv'"),

@@ -1,7 +1,7 @@
 //! The in-memory index a [`Runtime`](crate::Runtime) serves from: built once per database
 //! load, immutable afterwards except for its cache of resolved misses.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -186,7 +186,7 @@ impl Index {
         // A sibling's record that does not fit here (a thread count above this machine's
         // cores, say) is skipped like an exact one, named once per workload left unserved:
         // the closest sibling's reason.
-        let mut unserved: Vec<(Workload, Skipped)> = Vec::new();
+        let mut unserved: HashMap<Workload, Skipped> = HashMap::new();
         for sib in &siblings {
             for rec in db.best_all(&sib.id)? {
                 if hits.contains_key(&rec.workload) {
@@ -196,24 +196,22 @@ impl Index {
                     Ok(choice) => {
                         hits.insert(rec.workload, Arc::new(choice));
                     }
-                    Err(reason) if !unserved.iter().any(|(w, _)| *w == rec.workload) => {
-                        let skip = Skipped {
+                    Err(reason) => {
+                        unserved.entry(rec.workload).or_insert_with(|| Skipped {
                             workload: rec.workload.key(),
                             reason: format!("same-arch record of fingerprint {}: {reason}", sib.id),
-                        };
-                        unserved.push((rec.workload, skip));
+                        });
                     }
-                    Err(_) => {}
                 }
             }
         }
-        let unserved: Vec<Skipped> = unserved
+        let named: HashSet<String> = skipped.iter().map(|s| s.workload.clone()).collect();
+        let mut unserved: Vec<Skipped> = unserved
             .into_iter()
-            .filter(|(w, s)| {
-                !hits.contains_key(w) && !skipped.iter().any(|x| x.workload == s.workload)
-            })
+            .filter(|(w, s)| !hits.contains_key(w) && !named.contains(&s.workload))
             .map(|(_, s)| s)
             .collect();
+        unserved.sort_by(|a, b| a.workload.cmp(&b.workload));
         skipped.extend(unserved);
         Ok(Index::new(
             generation,

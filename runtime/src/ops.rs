@@ -251,7 +251,6 @@ impl Plan {
     }
 }
 
-/// What a lookup chose, seen from the packing side.
 /// What [`Runtime::pack_weight_for`] collects for one weight: its packed copies (one per
 /// panel layout), its reduced-precision preparations (one per weight format) and a plan
 /// per M.
@@ -320,6 +319,7 @@ impl Packing {
     }
 }
 
+/// What a lookup chose, seen from the packing side.
 enum Candidate {
     /// A packed-family variant, prepared with `b_layout = prepacked`.
     Packed(EpilogueGemm, Config),

