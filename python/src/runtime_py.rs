@@ -679,7 +679,8 @@ impl PyRuntime {
         Ok(d)
     }
 
-    /// Database records that are not served, as (workload, reason) pairs.
+    /// Database records that are not served, as (workload, reason) pairs: this machine's own,
+    /// and a same-arch sibling machine's where nothing else serves that workload.
     fn skipped(&self) -> Vec<(String, String)> {
         self.rt
             .skipped()

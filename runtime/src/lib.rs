@@ -466,7 +466,9 @@ impl Runtime {
         self.index.load().info()
     }
 
-    /// Records that were in the database but could not be served, with why.
+    /// Records that were in the database but could not be served, with why: this machine's
+    /// own, and a same-arch sibling's where its workload is left without a record to serve
+    /// (the closest sibling's reason).
     pub fn skipped(&self) -> Vec<Skipped> {
         self.index.load().skipped.clone()
     }
