@@ -264,7 +264,6 @@ struct Session<'a> {
     untuned_rt: Runtime,
     tuned: model::Loaded,
     untuned: Option<model::Loaded>,
-    policy: runtime::PrecisionPolicy,
     shapes: Vec<(usize, usize)>,
     bar: ProgressBar,
     /// f64 reference outputs by (seq, sequence, its length, batch for checkpoints).
@@ -343,7 +342,6 @@ impl<'a> Session<'a> {
             untuned_rt,
             tuned,
             untuned,
-            policy,
             shapes,
             bar,
             references: HashMap::new(),
@@ -398,7 +396,7 @@ impl<'a> Session<'a> {
             "transformers_max_abs_err": checked.vs_transformers,
             "transformers_tolerance": checked.vs_transformers.map(|_| TRANSFORMERS_TOLERANCE),
             "profile": profile,
-            "precision": self.policy.to_string(),
+            "precision": self.rt.precision().to_string(),
             "workloads_by_precision": by_precision,
             "calls_by_precision": checked.calls_by_precision,
             "cosine_vs_f32": checked.vs_f32.map(|v| v.0),
@@ -469,8 +467,8 @@ impl<'a> Session<'a> {
         let h = self.source.config().hidden;
         let which = checked(&self.args.check, batch);
         let seeded = matches!(self.source, model::Source::Seeded { .. });
-        let reduced = !self.policy.is_exact();
         let outputs = self.outputs(out);
+        let policy = self.rt.precision();
         let mut worst = 0.0f64;
         for &i in &which {
             self.bar.set_message(format!(
@@ -486,7 +484,7 @@ impl<'a> Session<'a> {
             for &(name, out) in &outputs {
                 let (a, judged) = match check(&out[i * seq * h..(i + 1) * seq * h], reference) {
                     Ok(a) => (a, false),
-                    Err(a) => (a, !(reduced && name == "tuned")),
+                    Err(a) => (a, judged_at_f32_tolerance(policy, name)),
                 };
                 worst = worst.max(a.max_abs_err);
                 if judged {
@@ -514,13 +512,12 @@ impl<'a> Session<'a> {
         let Some(expected) = &input.expected else {
             return Ok(None);
         };
-        let reduced = !self.policy.is_exact();
+        let policy = self.rt.precision();
         let mut worst: Option<f64> = None;
         for (name, out) in self.outputs(out) {
             let e = expected.max_abs_err(out)?;
             worst = Some(worst.map_or(e, |w| w.max(e)));
-            let judged = !(reduced && name == "tuned");
-            if e.is_nan() || (judged && e > TRANSFORMERS_TOLERANCE) {
+            if e.is_nan() || (judged_at_f32_tolerance(policy, name) && e > TRANSFORMERS_TOLERANCE) {
                 self.failures.push(format!(
                     "batch {batch} seq {seq} ({name}): max |output - transformers| = {e:.3e} (tolerance {TRANSFORMERS_TOLERANCE:.0e})"
                 ));
@@ -537,7 +534,8 @@ impl<'a> Session<'a> {
         input: &model::Input,
         out: &Outputs,
     ) -> Option<(f64, f64)> {
-        if self.policy.is_exact() || self.untuned.is_none() {
+        let policy = self.rt.precision();
+        if policy.is_exact() || self.untuned.is_none() {
             return None;
         }
         let h = self.source.config().hidden;
@@ -551,7 +549,7 @@ impl<'a> Session<'a> {
         if cos.is_nan() || cos < MIN_COSINE_VS_F32 {
             self.failures.push(format!(
                 "batch {batch} seq {seq} ({}): cosine similarity to the f32 model {cos:.6} < {MIN_COSINE_VS_F32}",
-                self.policy
+                policy
             ));
         }
         Some((cos, worst))
@@ -635,6 +633,12 @@ impl<'a> Session<'a> {
         };
         Ok(json!({"tuned_ms": ms(&pt), "untuned_ms": pu.as_ref().map(ms)}))
     }
+}
+
+/// Whether output `name` is held to f32's tolerances: all but the tuned output of a reduced
+/// precision, which is judged by its agreement with the f32 model instead.
+fn judged_at_f32_tolerance(policy: runtime::PrecisionPolicy, name: &str) -> bool {
+    policy.is_exact() || name != "tuned"
 }
 
 /// The progress bar of a run: tokens through either model, hidden with `--json`.
