@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use crate::device::DeviceKind;
 
 /// The ISA flags that change code generation, in the order they are reported (then the
-/// AMX flags the OS granted, [`crate::amx`]; machines without AMX keep their ids).
+/// AMX flags the OS granted, [`crate::amx`]; machines without AMX keep their ids). `avxvnni`
+/// is reported only where `avx512vnni` is not ([`reported`]).
 #[cfg(target_arch = "x86_64")]
 const ISA_FLAGS: &[&str] = &[
     "sse4.2",
@@ -27,6 +28,7 @@ const ISA_FLAGS: &[&str] = &[
     "avx512dq",
     "avx512bf16",
     "avx512vnni",
+    "avxvnni",
 ];
 
 /// A CPU's identity for tuning purposes.
@@ -241,10 +243,23 @@ fn detect() -> HardwareFingerprint {
 /// The ISA flags this process reports: the CPU's, without those above the
 /// [`Isa::detect`](crate::isa::Isa::detect) level when `AUTOKERNEL_ISA` caps it.
 fn detect_isa() -> Vec<String> {
-    let level = crate::isa::Isa::detect();
-    cpu_isa_flags()
+    reported(cpu_isa_flags(), crate::isa::Isa::detect())
+}
+
+/// The flags of `cpu` a process capped at `level` reports: none above the level, and
+/// `avxvnni` only without `avx512vnni`. The int8 GEMM offers its AVX-VNNI kernels only where
+/// the flag is reported (where both exist the 16-lane `vpdpbusd` is at least as fast), so
+/// machines with AVX512_VNNI keep their ids, and a process capped at AVX2 on them runs the
+/// AVX-VNNI kernels.
+fn reported(cpu: Vec<String>, level: crate::isa::Isa) -> Vec<String> {
+    let capped: Vec<String> = cpu
         .into_iter()
         .filter(|f| crate::isa::Isa::of_flag(f) <= level)
+        .collect();
+    let vnni512 = capped.iter().any(|f| f == "avx512vnni");
+    capped
+        .into_iter()
+        .filter(|f| !(vnni512 && f == "avxvnni"))
         .collect()
 }
 
@@ -265,6 +280,7 @@ pub(crate) fn cpu_isa_flags() -> Vec<String> {
             "avx512dq" => std::arch::is_x86_feature_detected!("avx512dq"),
             "avx512bf16" => std::arch::is_x86_feature_detected!("avx512bf16"),
             "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
+            "avxvnni" => std::arch::is_x86_feature_detected!("avxvnni"),
             _ => false,
         })
         .chain(crate::amx::state().flags.iter())
@@ -342,6 +358,26 @@ mod tests {
         b.cores = 4;
         assert!(!b.id_is_consistent());
         assert_ne!(b.compute_id(), a.id);
+    }
+
+    #[test]
+    fn avxvnni_is_reported_only_without_avx512vnni_and_capped_like_the_others() {
+        use crate::isa::Isa;
+        let flags = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let client = flags(&["avx", "avx2", "avxvnni", "fma"]);
+        assert_eq!(reported(client.clone(), Isa::Avx2), client);
+        assert_eq!(reported(client, Isa::Portable), Vec::<String>::new());
+        let server = flags(&["avx2", "avx512f", "avx512vnni", "avxvnni", "fma"]);
+        assert_eq!(
+            reported(server.clone(), Isa::Avx512),
+            flags(&["avx2", "avx512f", "avx512vnni", "fma"]),
+            "the flags (and so the id) of an AVX512_VNNI machine are those it had before"
+        );
+        assert_eq!(
+            reported(server, Isa::Avx2),
+            flags(&["avx2", "avxvnni", "fma"]),
+            "capped at AVX2 it runs the AVX-VNNI kernels"
+        );
     }
 
     #[test]

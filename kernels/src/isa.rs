@@ -63,7 +63,7 @@ impl Isa {
     pub fn of_flag(flag: &str) -> Isa {
         if flag.starts_with("avx512") || flag.starts_with("amx") {
             Isa::Avx512
-        } else if matches!(flag, "avx" | "avx2" | "fma" | "f16c") {
+        } else if matches!(flag, "avx" | "avx2" | "fma" | "f16c" | "avxvnni") {
             Isa::Avx2
         } else {
             Isa::Portable
@@ -224,7 +224,7 @@ mod tests {
         ] {
             assert_eq!(Isa::of_flag(f), Isa::Avx512);
         }
-        for f in ["avx", "avx2", "fma", "f16c"] {
+        for f in ["avx", "avx2", "fma", "f16c", "avxvnni"] {
             assert_eq!(Isa::of_flag(f), Isa::Avx2);
         }
         assert_eq!(Isa::of_flag("sse4.2"), Isa::Portable);

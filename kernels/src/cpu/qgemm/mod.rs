@@ -18,7 +18,7 @@
 //! Inputs and output are f32, as for the f32 GEMM: A (activations) is quantised per row on
 //! every call ([`quant::quantize_rows`], `u8` asymmetric or `s8` symmetric: the `a_quant`
 //! knob), B (weights) per output column, symmetric s8 ([`quant::QuantB`]); the integer
-//! product is exact in i32 ([`ukernel`]: AMX `tdpbusd`, AVX512_VNNI, AVX2, portable); the
+//! product is exact in i32 ([`ukernel`]: AMX `tdpbusd`, AVX512_VNNI, AVX-VNNI, AVX2, portable); the
 //! store dequantises with the zero-point correction.
 //!
 //! AMX kernels (`amx_32x32`, `amx_16x64`, `amx_64x16`, `amx_8x64`: four accumulator tiles
@@ -78,7 +78,7 @@ fn kc_cap(k: usize) -> usize {
 const PARALLEL_MIN_MACS: f64 = 256.0 * 256.0 * 256.0;
 
 /// The micro-kernels offered on `hw`: those of its ISA level (AVX2 ones on AVX-512 too), the
-/// VNNI ones only where its flags have `avx512vnni`, the AMX ones only where they have
+/// VNNI ones only where its flags have `avx512vnni` (or `avxvnni`), the AMX ones only where they have
 /// `amx_int8` (reported only where the OS granted the tile state).
 fn offered(hw: &HardwareFingerprint) -> Vec<&'static DotKernel> {
     let best = Isa::of(hw);

@@ -4,6 +4,10 @@
 //!
 //! - `avx512vnni_*`: `vpdpbusd` (AVX512_VNNI): four `u8·s8` products summed into each i32 lane
 //!   per instruction; activation codes use all 8 bits.
+//! - `avxvnni_*`: `vpdpbusd` in its VEX form (AVX-VNNI: Intel client cores from Alder Lake,
+//!   Sierra Forest, Zen 5), 8 lanes; 8-bit activation codes. Offered only where AVX512_VNNI
+//!   is not ([`crate::hardware`] reports `avxvnni` only there): the 16-lane form is at least
+//!   as fast where both exist.
 //! - `avx2_*`: `vpmaddubsw` then `vpmaddwd` by ones. `vpmaddubsw` saturates its pair sums to
 //!   i16; with activation codes kept below 128 (`max_code` 127) a pair sum is at most
 //!   `2·127·127 = 32258 < 32767`, so nothing saturates and the result is exact — at the price
@@ -60,6 +64,15 @@ pub static KERNELS: &[DotKernel] = &[
     amx("amx_64x16", 64, 16, amx::dot::<AsmTiles, amx::Tall, 16>),
     #[cfg(target_arch = "x86_64")]
     amx("amx_8x64", 8, 64, amx::dot::<AsmTiles, amx::Wide, 8>),
+    // AVX-VNNI: before the AVX2 kernels of the same level, so defaults take it where it runs.
+    #[cfg(target_arch = "x86_64")]
+    avxvnni("avxvnni_4x16", 4, 16, x86::avxvnni::<4, 2>),
+    #[cfg(target_arch = "x86_64")]
+    avxvnni("avxvnni_6x16", 6, 16, x86::avxvnni::<6, 2>),
+    #[cfg(target_arch = "x86_64")]
+    avxvnni("avxvnni_2x32", 2, 32, x86::avxvnni::<2, 4>),
+    #[cfg(target_arch = "x86_64")]
+    avxvnni("avxvnni_1x32", 1, 32, x86::avxvnni::<1, 4>),
     #[cfg(target_arch = "x86_64")]
     avx2("avx2_4x16", 4, 16, x86::maddubs::<4, 2>),
     #[cfg(target_arch = "x86_64")]
@@ -90,6 +103,12 @@ const fn vnni(name: &'static str, mr: usize, nr: usize, f: DotFn) -> DotKernel {
 #[cfg(target_arch = "x86_64")]
 const fn amx(name: &'static str, mr: usize, nr: usize, f: DotFn) -> DotKernel {
     DotKernel::new(name, mr, nr, 255, Isa::Avx512, Some("amx_int8"), f)
+}
+
+/// An AVX-VNNI kernel (VEX `vpdpbusd` on 256-bit vectors; 8-bit activation codes).
+#[cfg(target_arch = "x86_64")]
+const fn avxvnni(name: &'static str, mr: usize, nr: usize, f: DotFn) -> DotKernel {
+    DotKernel::new(name, mr, nr, 255, Isa::Avx2, Some("avxvnni"), f)
 }
 
 /// An AVX2 kernel (7-bit activation codes: see the module docs).
@@ -125,6 +144,7 @@ impl DotKernel {
             && match self.needs {
                 None => true,
                 Some("avx512vnni") => has_vnni(),
+                Some("avxvnni") => has_avxvnni(),
                 Some("amx_int8") => has_amx_int8(),
                 Some(_) => false,
             }
@@ -252,6 +272,18 @@ pub fn has_vnni() -> bool {
     false
 }
 
+/// Whether the CPU has AVX-VNNI (and the ISA cap allows AVX2), detected once.
+pub fn has_avxvnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVXVNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVXVNNI
+            .get_or_init(|| Isa::Avx2.available() && std::arch::is_x86_feature_detected!("avxvnni"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// The scalar kernel.
 ///
 /// # Safety
@@ -342,63 +374,33 @@ mod x86 {
         super::super::quant::dequantize(a, b, acc, c, at)
     }
 
-    /// One `u8·s8` dot step of an ISA: every i32 lane of `acc` gains the sum of four
-    /// products of the 4 bytes of `a` (the same in every lane) and the lane's 4 bytes of `b`.
-    trait Dot4 {
+    /// The vector width a kernel works in: loads, stores and broadcasts of i32 lanes.
+    trait Lanes {
         type V: Copy;
         /// i32 lanes per vector.
         const LANES: usize;
         unsafe fn zero() -> Self::V;
         unsafe fn load(p: *const i32) -> Self::V;
         unsafe fn load_b(p: *const i8) -> Self::V;
+        /// The 4 bytes at `p` in every lane.
         unsafe fn splat4(p: *const u8) -> Self::V;
-        unsafe fn dot(acc: Self::V, a: Self::V, b: Self::V) -> Self::V;
         unsafe fn store(p: *mut i32, v: Self::V);
     }
 
-    /// `vpdpbusd` (AVX512_VNNI), 16 lanes.
-    struct Vnni;
-
-    impl Dot4 for Vnni {
-        type V = __m512i;
-        const LANES: usize = 16;
-        #[inline(always)]
-        unsafe fn zero() -> __m512i {
-            // SAFETY: AVX-512F is available (caller contract).
-            unsafe { _mm512_setzero_si512() }
-        }
-        #[inline(always)]
-        unsafe fn load(p: *const i32) -> __m512i {
-            // SAFETY: AVX-512F; `p` readable for 16 i32 (caller contract).
-            unsafe { _mm512_loadu_si512(p.cast()) }
-        }
-        #[inline(always)]
-        unsafe fn load_b(p: *const i8) -> __m512i {
-            // SAFETY: AVX-512F; `p` readable for 64 bytes (caller contract).
-            unsafe { _mm512_loadu_si512(p.cast()) }
-        }
-        #[inline(always)]
-        unsafe fn splat4(p: *const u8) -> __m512i {
-            // SAFETY: AVX-512F; `p` readable for 4 bytes (caller contract).
-            unsafe { _mm512_set1_epi32(p.cast::<i32>().read_unaligned()) }
-        }
-        #[inline(always)]
-        unsafe fn dot(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
-            // SAFETY: AVX-512F and AVX512_VNNI are available (caller contract).
-            unsafe { _mm512_dpbusd_epi32(acc, a, b) }
-        }
-        #[inline(always)]
-        unsafe fn store(p: *mut i32, v: __m512i) {
-            // SAFETY: AVX-512F; `p` writable for 16 i32 (caller contract).
-            unsafe { _mm512_storeu_si512(p.cast(), v) }
-        }
+    /// One `u8·s8` dot step of an ISA: every i32 lane of `acc` gains the sum of four
+    /// products of the 4 bytes of `a` (the same in every lane) and the lane's 4 bytes of `b`.
+    trait Dot4 {
+        type L: Lanes;
+        unsafe fn dot(acc: Dv<Self>, a: Dv<Self>, b: Dv<Self>) -> Dv<Self>;
     }
 
-    /// `vpmaddubsw` + `vpmaddwd` by ones (AVX2), 8 lanes: exact while activation codes stay
-    /// below 128 (see the module docs).
-    struct Maddubs;
+    /// The vector type of a [`Dot4`].
+    type Dv<D> = <<D as Dot4>::L as Lanes>::V;
 
-    impl Dot4 for Maddubs {
+    /// 256-bit vectors (AVX2), 8 lanes.
+    struct Ymm;
+
+    impl Lanes for Ymm {
         type V = __m256i;
         const LANES: usize = 8;
         #[inline(always)]
@@ -422,6 +424,76 @@ mod x86 {
             unsafe { _mm256_set1_epi32(p.cast::<i32>().read_unaligned()) }
         }
         #[inline(always)]
+        unsafe fn store(p: *mut i32, v: __m256i) {
+            // SAFETY: AVX2; `p` writable for 8 i32 (caller contract).
+            unsafe { _mm256_storeu_si256(p.cast(), v) }
+        }
+    }
+
+    /// 512-bit vectors (AVX-512F), 16 lanes.
+    struct Zmm;
+
+    impl Lanes for Zmm {
+        type V = __m512i;
+        const LANES: usize = 16;
+        #[inline(always)]
+        unsafe fn zero() -> __m512i {
+            // SAFETY: AVX-512F is available (caller contract).
+            unsafe { _mm512_setzero_si512() }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const i32) -> __m512i {
+            // SAFETY: AVX-512F; `p` readable for 16 i32 (caller contract).
+            unsafe { _mm512_loadu_si512(p.cast()) }
+        }
+        #[inline(always)]
+        unsafe fn load_b(p: *const i8) -> __m512i {
+            // SAFETY: AVX-512F; `p` readable for 64 bytes (caller contract).
+            unsafe { _mm512_loadu_si512(p.cast()) }
+        }
+        #[inline(always)]
+        unsafe fn splat4(p: *const u8) -> __m512i {
+            // SAFETY: AVX-512F; `p` readable for 4 bytes (caller contract).
+            unsafe { _mm512_set1_epi32(p.cast::<i32>().read_unaligned()) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut i32, v: __m512i) {
+            // SAFETY: AVX-512F; `p` writable for 16 i32 (caller contract).
+            unsafe { _mm512_storeu_si512(p.cast(), v) }
+        }
+    }
+
+    /// `vpdpbusd` (AVX512_VNNI), 16 lanes.
+    struct Vnni;
+
+    impl Dot4 for Vnni {
+        type L = Zmm;
+        #[inline(always)]
+        unsafe fn dot(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: AVX-512F and AVX512_VNNI are available (caller contract).
+            unsafe { _mm512_dpbusd_epi32(acc, a, b) }
+        }
+    }
+
+    /// `vpdpbusd` in its VEX form (AVX-VNNI), 8 lanes.
+    struct AvxVnni;
+
+    impl Dot4 for AvxVnni {
+        type L = Ymm;
+        #[inline(always)]
+        unsafe fn dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: AVX-VNNI is available (caller contract).
+            unsafe { _mm256_dpbusd_avx_epi32(acc, a, b) }
+        }
+    }
+
+    /// `vpmaddubsw` + `vpmaddwd` by ones (AVX2), 8 lanes: exact while activation codes stay
+    /// below 128 (see the module docs).
+    struct Maddubs;
+
+    impl Dot4 for Maddubs {
+        type L = Ymm;
+        #[inline(always)]
         unsafe fn dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
             // SAFETY: AVX2 is available (caller contract).
             unsafe {
@@ -429,20 +501,15 @@ mod x86 {
                 _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
             }
         }
-        #[inline(always)]
-        unsafe fn store(p: *mut i32, v: __m256i) {
-            // SAFETY: AVX2; `p` writable for 8 i32 (caller contract).
-            unsafe { _mm256_storeu_si256(p.cast(), v) }
-        }
     }
 
-    /// The `MR × LANES·NV` tile of any [`Dot4`]: per group of 4 depths, `NV` vectors of B,
+    /// The `MR × LANES·NV` tile of any [`Dot4`] on its vectors `L`: per group of 4 depths, `NV` vectors of B,
     /// `MR` broadcasts of A, `MR·NV` dot steps.
     ///
     /// # Safety
     /// The CPU runs `D`'s ISA; extents as for [`super::portable`] with `NR = LANES·NV`.
     #[inline(always)]
-    unsafe fn body<D: Dot4, const MR: usize, const NV: usize>(
+    unsafe fn body<D: Dot4<L = L>, L: Lanes, const MR: usize, const NV: usize>(
         kp: usize,
         a: *const u8,
         lda: usize,
@@ -450,25 +517,25 @@ mod x86 {
         acc: *mut i32,
         accumulate: bool,
     ) {
-        let nr = D::LANES * NV;
+        let nr = L::LANES * NV;
         // SAFETY (whole body): the ISA and the extents are the caller's contract; every read
         // is at `a + r·lda + 4g` (4 bytes, g < kp/4, r < MR) or `b + (g·nr + LANES·v)·4`
         // (one vector, v < NV), every read (when accumulating) and write at
         // `acc + r·nr + LANES·v` (one vector of i32).
         unsafe {
-            let mut t = [[D::zero(); NV]; MR];
+            let mut t = [[L::zero(); NV]; MR];
             if accumulate {
                 for (r, row) in t.iter_mut().enumerate() {
                     for (v, x) in row.iter_mut().enumerate() {
-                        *x = D::load(acc.add(r * nr + D::LANES * v));
+                        *x = L::load(acc.add(r * nr + L::LANES * v));
                     }
                 }
             }
             for g in 0..kp / 4 {
                 let bg = b.add(g * nr * 4);
-                let bv: [D::V; NV] = std::array::from_fn(|v| D::load_b(bg.add(v * D::LANES * 4)));
+                let bv: [L::V; NV] = std::array::from_fn(|v| L::load_b(bg.add(v * L::LANES * 4)));
                 for (r, row) in t.iter_mut().enumerate() {
-                    let a4 = D::splat4(a.add(r * lda + 4 * g));
+                    let a4 = L::splat4(a.add(r * lda + 4 * g));
                     for (x, bv) in row.iter_mut().zip(&bv) {
                         *x = D::dot(*x, a4, *bv);
                     }
@@ -476,7 +543,7 @@ mod x86 {
             }
             for (r, row) in t.iter().enumerate() {
                 for (v, x) in row.iter().enumerate() {
-                    D::store(acc.add(r * nr + D::LANES * v), *x);
+                    L::store(acc.add(r * nr + L::LANES * v), *x);
                 }
             }
         }
@@ -497,7 +564,24 @@ mod x86 {
         accumulate: bool,
     ) {
         // SAFETY: this function's contract, with the ISA enabled here.
-        unsafe { body::<Vnni, MR, NV>(kp, a, lda, b, acc, accumulate) }
+        unsafe { body::<Vnni, Zmm, MR, NV>(kp, a, lda, b, acc, accumulate) }
+    }
+
+    /// `MR × 8·NV` tile with VEX `vpdpbusd`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and AVX-VNNI; extents as for [`super::portable`] with `NR = 8·NV`.
+    #[target_feature(enable = "avx2,avxvnni")]
+    pub(super) unsafe fn avxvnni<const MR: usize, const NV: usize>(
+        kp: usize,
+        a: *const u8,
+        lda: usize,
+        b: *const i8,
+        acc: *mut i32,
+        accumulate: bool,
+    ) {
+        // SAFETY: this function's contract, with the ISA enabled here.
+        unsafe { body::<AvxVnni, Ymm, MR, NV>(kp, a, lda, b, acc, accumulate) }
     }
 
     /// `MR × 8·NV` tile with `vpmaddubsw` + `vpmaddwd` (activation codes ≤ 127: exact).
@@ -515,7 +599,7 @@ mod x86 {
         accumulate: bool,
     ) {
         // SAFETY: this function's contract, with the ISA enabled here.
-        unsafe { body::<Maddubs, MR, NV>(kp, a, lda, b, acc, accumulate) }
+        unsafe { body::<Maddubs, Ymm, MR, NV>(kp, a, lda, b, acc, accumulate) }
     }
 }
 
