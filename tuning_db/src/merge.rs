@@ -385,7 +385,8 @@ impl Import<'_> {
     }
 
     /// Decides the best of the (fingerprint, workload) of the source's best `s` and records
-    /// the decision where it changes what the target serves.
+    /// the decision where it changes what the target serves, or copies the source's where
+    /// that decided it.
     fn best(&self, s: &Record, report: &mut ImportReport) -> Result<(), BundleError> {
         let tp = self.db.path.display().to_string();
         let key: Key = (s.fingerprint_id.clone(), s.workload.key());
@@ -420,14 +421,21 @@ impl Import<'_> {
             }
             _ => (Outcome::New, s_new, s_sum.clone()),
         };
-        let current = self.db.best(&key.0, &s.workload)?.and_then(|r| r.id);
-        if current != Some(chosen) {
-            let decided_by_source = chosen == s_new
-                && self
-                    .rows
-                    .src_decisions
-                    .get(&key)
-                    .is_some_and(|&w| Some(w) == s.id);
+        let decided_by_source = chosen == s_new
+            && self
+                .rows
+                .src_decisions
+                .get(&key)
+                .is_some_and(|&w| Some(w) == s.id);
+        // The source's decision travels with its re-measurements even where the target
+        // would serve the same trial without it (it is then the raw fastest), unless a
+        // decision for that trial is already in force (an import repeated).
+        let write = if decided_by_source {
+            self.db.winner_trial(&key.0, &s.workload)?.and_then(|r| r.id) != Some(chosen)
+        } else {
+            self.db.best(&key.0, &s.workload)?.and_then(|r| r.id) != Some(chosen)
+        };
+        if write {
             if decided_by_source {
                 self.copy_decision(&key, s_new)?;
             } else {

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use tuning_db::{check_file, TuningDb};
+use tuning_db::{check_file, merge_files, Remeasurement, TuningDb, WinnerDecision};
 
 #[test]
 fn the_checksum_ignores_insertion_order_and_row_ids_but_not_content() {
@@ -76,4 +76,56 @@ fn export_then_import_keeps_every_record_and_the_best() {
     let again = target.import_from(&bundle, "t").unwrap();
     assert!(!again.changed());
     assert_eq!(target.stats().unwrap().records, 3);
+}
+
+/// A decision in force whose trial is also the fastest one (so the target would serve it
+/// without the decision) still travels, with its re-measurements: a round trip or a merge
+/// with itself keeps every decision and the checksum.
+#[test]
+fn decisions_on_the_fastest_trial_survive_import_and_merge() {
+    let dir = tempfile::tempdir().unwrap();
+    let hw = hw();
+    let w = gemm(32, 48, 64);
+    let src = dir.path().join("src.db");
+    let db = TuningDb::open(&src).unwrap();
+    db.upsert_fingerprint(&hw).unwrap();
+    let cs = configs(&w, &hw, 2);
+    let fast = db.insert(&ok(&hw.id, w, cs[0].clone(), 1e-4)).unwrap();
+    let slow = db.insert(&ok(&hw.id, w, cs[1].clone(), 2e-4)).unwrap();
+    let remeasured = |trial_id, t: f64| Remeasurement {
+        trial_id,
+        measurement: kernels::Measurement::from_samples(vec![t, t * 1.01, t * 0.99]),
+        ci_low_s: t * 0.99,
+        ci_high_s: t * 1.01,
+    };
+    db.record_winner(&WinnerDecision {
+        id: None,
+        fingerprint_id: hw.id.clone(),
+        workload: w,
+        trial_id: fast,
+        reason: "fastest".into(),
+        tie: false,
+        remeasured: vec![remeasured(fast, 1e-4), remeasured(slow, 2e-4)],
+        decided_at: String::new(),
+        tool_version: "t".into(),
+    })
+    .unwrap();
+    let decision = |db: &TuningDb| {
+        let d = db.winner(&hw.id, &w).unwrap().expect("a decision in force");
+        (d.reason, d.remeasured.len())
+    };
+    let bundle = dir.path().join("a.bundle");
+    let m = db.export_bundle(&hw.id, &bundle, "t").unwrap();
+
+    let target = TuningDb::open(dir.path().join("t.db")).unwrap();
+    let r = target.import_from(&bundle, "t").unwrap();
+    assert_eq!(r.winners_recorded, 1);
+    assert_eq!(decision(&target), ("fastest".to_string(), 2));
+    let again = dir.path().join("b.bundle");
+    assert_eq!(target.export_bundle(&hw.id, &again, "t").unwrap().checksum, m.checksum);
+    assert!(!target.import_from(&bundle, "t").unwrap().changed(), "idempotent");
+
+    let merged = dir.path().join("m.db");
+    merge_files(&src, &src, &merged, "t").unwrap();
+    assert_eq!(decision(&TuningDb::open(&merged).unwrap()), ("fastest".to_string(), 2));
 }
