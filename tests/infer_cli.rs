@@ -382,6 +382,11 @@ fn broken_checkpoint_directories_are_one_line_errors() {
             ("vocab_size", serde_json::json!("many")),
             "field 'vocab_size' is \"many\"",
         ),
+        (
+            "decoder",
+            ("is_decoder", serde_json::json!(true)),
+            "is_decoder true is not supported",
+        ),
     ] {
         let d = dir.path().join(name);
         std::fs::create_dir(&d).unwrap();
@@ -434,4 +439,60 @@ fn broken_checkpoint_directories_are_one_line_errors() {
         "{}",
         stderr(&o)
     );
+}
+
+/// A NaN in the weights fails the check, its error reported as not finite (JSON null), never
+/// as an error of 0.
+#[test]
+fn a_nan_in_the_weights_is_a_failure_reported_as_nan() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "inputs.json",
+        "expected.safetensors",
+    ] {
+        std::fs::copy(format!("{FIXTURE}/{f}"), dir.path().join(f)).unwrap();
+    }
+    // The last layer's output bias, element 0, set to NaN in place (safetensors: an 8-byte
+    // little-endian header length, the JSON header, then the data at its offsets).
+    let path = dir.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    let at = 8
+        + len
+        + header["encoder.layer.1.output.dense.bias"]["data_offsets"][0]
+            .as_u64()
+            .unwrap() as usize;
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&path, bytes).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let db = format!("{d}/t.db");
+    let o = autokernel(&[
+        "tune",
+        "--workload",
+        "gemm:2x2x2",
+        "--db",
+        &db,
+        "--budget",
+        "1",
+        "--finalists",
+        "0",
+        "--isolation",
+        "none",
+        "--threads",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = autokernel(&["infer", "--model", d, "--db", &db, "--iters", "1", "--json"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let rows = json_lines(&o);
+    assert!(!rows.is_empty());
+    for row in rows {
+        assert!(row["max_abs_err"].is_null(), "{row}");
+        assert!(row["transformers_max_abs_err"].is_null(), "{row}");
+    }
+    let e = stderr(&o);
+    assert!(e.contains("max |output - reference| = inf"), "{e}");
 }

@@ -121,6 +121,13 @@ fn read_config(path: &Path) -> Result<(BertConfig, TableSizes), BertError> {
             "position_embedding_type '{pos_type}' is not supported (only 'absolute')"
         )));
     }
+    if f.flag("is_decoder")? {
+        return Err(f.bad(
+            "is_decoder true is not supported (a decoder masks attention causally; this \
+             encoder attends both ways)"
+                .into(),
+        ));
+    }
     let ln_eps = f.layer_norm_eps()?;
     let config = BertConfig {
         name: "checkpoint",
@@ -189,6 +196,15 @@ impl<'a> Fields<'a> {
             None | Some(Value::Null) => Ok(default.to_string()),
             Some(Value::String(s)) => Ok(s.clone()),
             Some(x) => Err(self.bad(format!("field '{name}' is {x}, not a string"))),
+        }
+    }
+
+    /// An optional boolean (false when missing or null).
+    fn flag(&self, name: &str) -> Result<bool, BertError> {
+        match self.v.get(name) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(x) => Err(self.bad(format!("field '{name}' is {x}, not true or false"))),
         }
     }
 

@@ -297,3 +297,33 @@ fn spaces_cap_the_blocks_and_bad_configs_are_errors() {
         )
         .is_err());
 }
+
+/// A NaN query makes its output row NaN in every family (its scores are NaN: none may come
+/// out of the softmax as a weight, which would turn the row into a finite mean of V), and
+/// leaves the other rows as they were.
+#[test]
+fn a_nan_query_gives_a_nan_row_and_only_that() {
+    let hw = HardwareFingerprint::current();
+    let w: Workload = "attention:1x2x9x16".parse().unwrap();
+    let mut p = Problem::random(&w, 6);
+    let r = p.reference();
+    let d = 16;
+    p.inputs[0][3 * d + 5] = f32::NAN; // head 0, query row 3
+    for family in attention::FAMILIES.iter().filter(|f| f.supports(&w)) {
+        let exe = family.build(&w, &family.default_config(&w, hw)).unwrap();
+        let mut out = p.output();
+        exe.run_f32(&p.input_slices(), &mut out).unwrap();
+        for (row, (got, want)) in out.chunks(d).zip(r.values.chunks(d)).enumerate() {
+            if row == 3 {
+                assert!(got.iter().all(|x| x.is_nan()), "{}: {got:?}", family.name());
+            } else {
+                let err = got.iter().zip(want).map(|(g, w)| (*g as f64 - w).abs());
+                assert!(
+                    err.fold(0.0, f64::max) < 1e-4,
+                    "{} row {row}",
+                    family.name()
+                );
+            }
+        }
+    }
+}

@@ -486,7 +486,7 @@ impl<'a> Session<'a> {
                     Ok(a) => (a, false),
                     Err(a) => (a, judged_at_f32_tolerance(policy, name)),
                 };
-                worst = worst.max(a.max_abs_err);
+                worst = worse(worst, a.max_abs_err);
                 if judged {
                     self.failures.push(format!(
                         "batch {batch} seq {seq}, sequence {i} ({name}): max |output - reference| = {:.3e} at token {}, dim {} (tolerance {:.0e})",
@@ -516,7 +516,7 @@ impl<'a> Session<'a> {
         let mut worst: Option<f64> = None;
         for (name, out) in self.outputs(out) {
             let e = expected.max_abs_err(out)?;
-            worst = Some(worst.map_or(e, |w| w.max(e)));
+            worst = Some(worst.map_or(e, |w| worse(w, e)));
             if e.is_nan() || (judged_at_f32_tolerance(policy, name) && e > TRANSFORMERS_TOLERANCE) {
                 self.failures.push(format!(
                     "batch {batch} seq {seq} ({name}): max |output - transformers| = {e:.3e} (tolerance {TRANSFORMERS_TOLERANCE:.0e})"
@@ -672,6 +672,16 @@ fn describe_act(act: kernels::Act) -> String {
 /// a failure: not a target (bf16 ≈ 0.9999, int8 ≈ 0.999 are typical), a guard against garbage.
 const MIN_COSINE_VS_F32: f64 = 0.9;
 
+/// The larger error of the two, NaN if either is (`f64::max` would drop it and report a NaN
+/// output as agreeing exactly).
+fn worse(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
 /// Cosine similarity and max |a − b| of two `last_hidden_state`s over the real (unpadded)
 /// tokens of each sequence.
 fn agreement(a: &[f32], b: &[f32], lens: &[i32], seq: usize, h: usize) -> (f64, f64) {
@@ -687,7 +697,7 @@ fn agreement(a: &[f32], b: &[f32], lens: &[i32], seq: usize, h: usize) -> (f64, 
             dot += p * q;
             na += p * p;
             nb += q * q;
-            worst = worst.max((p - q).abs());
+            worst = worse(worst, (p - q).abs());
         }
     }
     (dot / (na.sqrt() * nb.sqrt()), worst)

@@ -431,7 +431,8 @@ impl Import<'_> {
         // would serve the same trial without it (it is then the raw fastest), unless a
         // decision for that trial is already in force (an import repeated).
         let write = if decided_by_source {
-            self.db.winner_trial(&key.0, &s.workload)?.and_then(|r| r.id) != Some(chosen)
+            let in_force = self.db.winner_trial(&key.0, &s.workload)?;
+            in_force.and_then(|r| r.id) != Some(chosen)
         } else {
             self.db.best(&key.0, &s.workload)?.and_then(|r| r.id) != Some(chosen)
         };

@@ -122,10 +122,19 @@ fn decisions_on_the_fastest_trial_survive_import_and_merge() {
     assert_eq!(r.winners_recorded, 1);
     assert_eq!(decision(&target), ("fastest".to_string(), 2));
     let again = dir.path().join("b.bundle");
-    assert_eq!(target.export_bundle(&hw.id, &again, "t").unwrap().checksum, m.checksum);
-    assert!(!target.import_from(&bundle, "t").unwrap().changed(), "idempotent");
+    assert_eq!(
+        target.export_bundle(&hw.id, &again, "t").unwrap().checksum,
+        m.checksum
+    );
+    assert!(
+        !target.import_from(&bundle, "t").unwrap().changed(),
+        "idempotent"
+    );
 
     let merged = dir.path().join("m.db");
     merge_files(&src, &src, &merged, "t").unwrap();
-    assert_eq!(decision(&TuningDb::open(&merged).unwrap()), ("fastest".to_string(), 2));
+    assert_eq!(
+        decision(&TuningDb::open(&merged).unwrap()),
+        ("fastest".to_string(), 2)
+    );
 }

@@ -383,7 +383,9 @@ unsafe fn exp2_softmax<S: Simd>(x: S::V) -> S::V {
     ];
     // SAFETY: the caller guarantees the ISA; only register operations follow.
     unsafe {
-        let x = S::max(x, S::set1(-127.0));
+        // NaN stays NaN (`max` returns its second operand where either is NaN): a NaN score
+        // must not come out as a weight of 2^-127.
+        let x = S::max(S::set1(-127.0), x);
         let t = S::add(x, S::set1(MAGIC));
         let f = S::sub(x, S::sub(t, S::set1(MAGIC)));
         let mut p = S::set1(P[5]);
