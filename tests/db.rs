@@ -357,6 +357,12 @@ fn bad_inputs_get_one_line_errors_and_change_nothing() {
         .execute_batch("UPDATE trials SET median_s = median_s / 2 WHERE id = 1;")
         .unwrap();
     bad.push((p, "checksum mismatch"));
+    let p = d.join("future_manifest.bundle");
+    std::fs::copy(&bundle, &p).unwrap();
+    raw(&p)
+        .execute_batch("UPDATE meta SET value = '99' WHERE key = 'bundle.schema_version';")
+        .unwrap();
+    bad.push((p, "the manifest says schema v99"));
     let p = d.join("stale_config.bundle");
     std::fs::copy(&bundle, &p).unwrap();
     {
@@ -413,7 +419,8 @@ fn bad_inputs_get_one_line_errors_and_change_nothing() {
             needle,
         );
         assert!(!fresh.exists(), "a refused import created its target");
-        if !needle.contains("checksum") && !needle.contains("fits") {
+        if !needle.contains("checksum") && !needle.contains("fits") && !needle.contains("manifest")
+        {
             // Files that do not open at all.
             one_line_error(&ak(&["db", "stats", "--db", s(file)]), file, needle);
             one_line_error(&ak(&["db", "diff", s(&good), s(file)]), file, needle);
@@ -508,6 +515,19 @@ fn export_names_what_is_wrong() {
     ]);
     one_line_error(&o, &a, "no fingerprint 'deadbeef00'");
     assert!(!out.exists());
+    // A database the receiver's check would refuse is not exported.
+    let broken = dir.path().join("broken.db");
+    std::fs::copy(&a, &broken).unwrap();
+    raw(&broken)
+        .execute_batch("UPDATE trials SET config = '{\"bogus\":1}' WHERE id = 1;")
+        .unwrap();
+    let out = dir.path().join("y.bundle");
+    one_line_error(
+        &ak(&["db", "export", "--db", s(&broken), "--out", s(&out)]),
+        &broken,
+        "no longer fits",
+    );
+    assert!(!out.exists(), "a refused export left its output");
     let missing = dir.path().join("missing.db");
     one_line_error(
         &ak(&["db", "verify", s(&missing)]),

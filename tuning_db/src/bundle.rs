@@ -363,7 +363,19 @@ impl TuningDb {
         }
         require_parent(out)?;
         let tmp = temp_beside(out);
-        let result = self.write_bundle(&id, &tmp, tool_version);
+        // What the receiver's check would refuse is not shipped: the problems are reported
+        // against this database, the file they came from.
+        let result = self.write_bundle(&id, &tmp, tool_version).and_then(|m| {
+            let report = check_file(&tmp)?;
+            if report.problems.is_empty() {
+                Ok(m)
+            } else {
+                Err(BundleError::Invalid {
+                    path: self.path.clone(),
+                    problems: report.problems,
+                })
+            }
+        });
         match result {
             Ok(manifest) => {
                 if out.exists() {
@@ -645,6 +657,15 @@ pub fn check_file(path: &Path) -> Result<CheckReport, BundleError> {
             problems.push(format!(
                 "unknown bundle format '{}' (this build writes {BUNDLE_FORMAT})",
                 m.format
+            ));
+        }
+        // The file's schema can only have moved up since the export (a migration), never
+        // below what the manifest says it was written in.
+        let file_schema = db.schema_version()?;
+        if !(1..=file_schema).contains(&m.schema_version) {
+            problems.push(format!(
+                "the manifest says schema v{} but the file is v{file_schema}",
+                m.schema_version
             ));
         }
         if m.record_count != stats.records {

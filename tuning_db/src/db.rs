@@ -1019,6 +1019,14 @@ fn check_row(r: &Row<'_>) -> Result<Record, String> {
                 Some(s) => serde_json::from_str::<Vec<f64>>(&s)
                     .map_err(|e| format!("samples {s:?} do not parse: {e}"))?,
             };
+            // What `insert` refuses, refused on reading too: such a row is never served.
+            if !(median_s.is_finite() && median_s > 0.0) {
+                return Err(format!("median {median_s} s is not a positive time"));
+            }
+            let time = |x: f64| x.is_finite() && x >= 0.0;
+            if !spread.is_none_or(time) || !samples.iter().all(|&x| time(x)) {
+                return Err("samples and spread must be finite times ≥ 0".into());
+            }
             Some(Measurement {
                 samples,
                 median_s,

@@ -157,6 +157,46 @@ fn best_skips_rows_whose_config_no_longer_parses() {
     assert!(msg.contains(path.to_str().unwrap()), "{msg}");
 }
 
+/// A row another program wrote with an impossible time (a negative, zero or infinite median) is
+/// never served, and `verify` names it.
+#[test]
+fn best_skips_and_verify_names_rows_with_impossible_times() {
+    for median in ["-1e-9", "0", "1e999"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let db = TuningDb::open(&path).unwrap();
+        let hw = hw();
+        db.upsert_fingerprint(&hw).unwrap();
+        let w = gemm(64, 64, 64);
+        let cs = configs(&w, &hw, 2);
+        let id = db.insert(&ok(&hw.id, w, cs[0].clone(), 1e-3)).unwrap();
+        let raw = rusqlite::Connection::open(&path).unwrap();
+        raw.execute(
+            &format!(
+                "INSERT INTO trials (fingerprint_id, workload, op, kernel, kernel_version, \
+                 config, status, median_s, created_at, tool_version) \
+                 VALUES (?1, ?2, 'gemm', ?3, ?4, ?5, 'ok', {median}, 'x', 'y')"
+            ),
+            rusqlite::params![
+                hw.id,
+                w.key(),
+                family(&w).name(),
+                family(&w).version(),
+                cs[1].to_json()
+            ],
+        )
+        .unwrap();
+        drop(raw);
+        assert_eq!(
+            db.best(&hw.id, &w).unwrap().unwrap().id,
+            Some(id),
+            "{median}"
+        );
+        let msg = db.verify().unwrap_err().to_string();
+        assert!(msg.contains("is not a positive time"), "{median}: {msg}");
+    }
+}
+
 #[test]
 fn best_all_returns_one_winner_per_workload() {
     let (db, hw) = db_with_hw();
