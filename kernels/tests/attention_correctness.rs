@@ -327,3 +327,26 @@ fn a_nan_query_gives_a_nan_row_and_only_that() {
         }
     }
 }
+
+/// Scores far beyond any a model produces (|q·k| near 2^33, where an f32 ulp is 2^10) still
+/// give the reference's nearly one-hot weights in every family.
+#[test]
+fn huge_scores_stay_within_the_softmax() {
+    let hw = HardwareFingerprint::current();
+    let w: Workload = "attention:1x2x9x16".parse().unwrap();
+    let mut p = Problem::random(&w, 7);
+    for x in p.inputs[0].iter_mut() {
+        *x *= 1e10;
+    }
+    let r = p.reference();
+    for family in attention::FAMILIES.iter().filter(|f| f.supports(&w)) {
+        let exe = family.build(&w, &family.default_config(&w, hw)).unwrap();
+        let mut out = p.output();
+        exe.run_f32(&p.input_slices(), &mut out).unwrap();
+        let err = out
+            .iter()
+            .zip(&r.values)
+            .map(|(g, w)| (*g as f64 - w).abs());
+        assert!(err.fold(0.0, f64::max) < 1e-4, "{}: {out:?}", family.name());
+    }
+}

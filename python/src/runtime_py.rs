@@ -409,7 +409,8 @@ impl PyRuntime {
         let inner = self
             .threads
             .run(py, || {
-                if transposed {
+                // An empty `w` has nothing to transpose: the runtime refuses its dimensions.
+                if transposed && k > 0 {
                     let mut b = vec![0.0f32; k * n];
                     for (j, row) in data.chunks_exact(k).enumerate() {
                         for (i, &x) in row.iter().enumerate() {

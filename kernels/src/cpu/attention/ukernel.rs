@@ -482,8 +482,12 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
             );
             S::store(alpha.as_mut_ptr().add(c), exp2_softmax::<S>(x));
         }
-        // P = 2^(scale·S - m_new) in place (one FMA: the scale costs nothing), and the
-        // running sums; with `last`, the factors 1/l that finish the rows.
+        // P = 2^(scale·S - m_new) in place, and the running sums; with `last`, the factors
+        // 1/l that finish the rows. The product is rounded before the maximum is subtracted
+        // (not one FMA): rounding is monotonic, so the row's largest score gives exactly 2^0
+        // and no other more, however large the scores (an FMA's unrounded product is off the
+        // rounded maximum by up to half an ulp: ±2^10 at scores near 2^34, which zeroed or
+        // overflowed every weight of the row).
         let sc = S::set1(scale);
         let mut fin = [0.0f32; 16];
         for r in 0..MR {
@@ -491,7 +495,7 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
             let mv = S::set1(-m_new[r]);
             let mut sum = S::zero();
             for c in 0..bcp / S::W {
-                let p = exp2_softmax::<S>(S::fmadd(S::load(row.add(c * chunk)), sc, mv));
+                let p = exp2_softmax::<S>(S::add(S::mul(S::load(row.add(c * chunk)), sc), mv));
                 S::store(row.add(c * chunk), p);
                 sum = S::add(sum, p);
             }

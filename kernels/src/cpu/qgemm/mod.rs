@@ -584,6 +584,35 @@ mod tests {
     /// task's rows span several row blocks ([`row_block`]), the last one ending in a partial
     /// tile: every micro-kernel, serial and split by rows, still gives the exact integer
     /// product.
+    /// A row of A holding NaN or ±∞ gives a NaN row of C (the f32 product is not finite
+    /// there either); the other rows are exactly those of the same A without it.
+    #[test]
+    fn non_finite_activations_give_nan_rows_and_leave_the_others_alone() {
+        let hw = HardwareFingerprint::current();
+        let w: Workload = "gemm_bias:5x20x37:i8".parse().unwrap();
+        let p = Problem::random(&w, 8);
+        for a_quant in ["u8", "s8"] {
+            let mut c = GemmI8.default_config(&w, hw);
+            c.set("a_quant", a_quant);
+            let exe = GemmI8.build(&w, &c).unwrap();
+            let mut clean = p.output();
+            exe.run_f32(&p.input_slices(), &mut clean).unwrap();
+            let mut bad = p.clone();
+            bad.inputs[0][37 + 3] = f32::NAN; // row 1
+            bad.inputs[0][3 * 37 + 36] = f32::INFINITY; // row 3
+            bad.inputs[0][4 * 37] = f32::NEG_INFINITY; // row 4
+            let mut out = p.output();
+            exe.run_f32(&bad.input_slices(), &mut out).unwrap();
+            for (r, (got, want)) in out.chunks(20).zip(clean.chunks(20)).enumerate() {
+                if [1, 3, 4].contains(&r) {
+                    assert!(got.iter().all(|x| x.is_nan()), "{a_quant} row {r}: {got:?}");
+                } else {
+                    assert_eq!(got, want, "{a_quant} row {r}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn row_blocks_with_an_edge_tile_are_exact() {
         let w: Workload = "gemm_bias_gelu_erf:133x21x301:i8".parse().unwrap();

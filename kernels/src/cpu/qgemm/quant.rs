@@ -59,6 +59,9 @@ pub fn quantize_rows(a: &[f32], k: usize, scheme: AQuant, max_code: u8, q: &mut 
     q.zero.resize(m, 0);
     for (i, row) in a.chunks_exact(k).enumerate() {
         let (scale, zero) = row_params(row, scheme, max_code);
+        // A row holding NaN or ±∞ gets a NaN scale: its outputs come out NaN, as from the
+        // f32 product, instead of finite values of its clamped codes.
+        let scale = if all_finite(row) { scale } else { f32::NAN };
         let inv = 1.0 / scale;
         let codes = &mut q.codes[i * q.kp..i * q.kp + k];
         let (z, top) = (zero as f32, max_code as f32);
@@ -123,6 +126,21 @@ pub fn dequantize(
             *x = sa * sb * s.wrapping_sub(za.wrapping_mul(cs)) as f32;
         }
     }
+}
+
+/// Whether every value of `row` is finite: `x·0` is 0 for finite x and NaN otherwise, summed
+/// in 16 independent lanes (so it vectorises).
+#[inline(always)]
+fn all_finite(row: &[f32]) -> bool {
+    let mut lanes = [0.0f32; 16];
+    let chunks = row.chunks_exact(16);
+    let tail = chunks.remainder().iter().fold(0.0f32, |s, &x| s + x * 0.0);
+    for ch in chunks {
+        for (s, &x) in lanes.iter_mut().zip(ch) {
+            *s += x * 0.0;
+        }
+    }
+    (lanes.iter().sum::<f32>() + tail) == 0.0
 }
 
 /// `max(0, max_x f(x))` over `row`, in 16 independent lanes (element-wise compare-selects
