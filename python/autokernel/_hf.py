@@ -14,7 +14,20 @@ import torch
 from torch import nn
 
 from . import Runtime
-from ._ops import _FUSABLE, _LAYERS, _WEIGHTS, AutokernelLinear, _linear_ok, _register_owned, _register_weight, _release, _served
+from ._ops import (
+    _FUSABLE,
+    _LAYERS,
+    _LOCK,
+    _WEIGHTS,
+    AutokernelLinear,
+    _linear_ok,
+    _needs_grad,
+    _register_owned,
+    _register_weight,
+    _release,
+    _served,
+    _stamp,
+)
 
 
 _MASKS = threading.local()
@@ -87,7 +100,7 @@ def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
         and query.shape == key.shape == value.shape
         and all(_served(t) for t in (query, key, value))
         and not kwargs.get("softcap")
-        and not (torch.is_grad_enabled() and query.requires_grad)
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
     )
     lengths = None
     if plain and attention_mask is not None:
@@ -144,14 +157,29 @@ def _fuse_qkv(m: nn.Module, rt: Runtime, ms: list) -> None:
     block's forward with one GEMM for the three projections (one quantisation of the input in
     int8), the runtime's attention after it. The three Linear layers stay (their parameters,
     for ``state_dict`` and for the calls the fused forward hands back to the original one)."""
+    m._autokernel_qkv = _register_weight(m, rt, None)
+    m._autokernel_qkv_packing = (rt, list(ms))
+    _refresh_qkv(m)
+    m._autokernel_forward = m.forward
+    m.forward = types.MethodType(_fused_self_attention, m)
+
+
+def _refresh_qkv(m: nn.Module) -> None:
+    """Packs fused block ``m``'s three projections (and joins their biases) again if any of
+    them changed since they were packed (a no-op otherwise)."""
     lins = [m.query, m.key, m.value]
+    stamp = tuple(_stamp(x) for x in lins)
+    if None in stamp or getattr(m, "_autokernel_qkv_stamp", None) == stamp:
+        return
+    rt, ms = m._autokernel_qkv_packing
     with torch.no_grad():
         w = torch.cat([x.weight.detach() for x in lins])
         packed = rt.pack_weight(w, ms=ms, layout="nk")
-        m._autokernel_qkv_bias = None if lins[0].bias is None else torch.cat([x.bias.detach() for x in lins])
-    m._autokernel_qkv = _register_weight(m, rt, packed)
-    m._autokernel_forward = m.forward
-    m.forward = types.MethodType(_fused_self_attention, m)
+        bias = None if lins[0].bias is None else torch.cat([x.bias.detach() for x in lins])
+    with _LOCK:
+        _WEIGHTS[m._autokernel_qkv] = (rt, packed)
+    m._autokernel_qkv_bias = bias
+    m._autokernel_qkv_stamp = stamp
 
 
 # Keyword arguments that mean a decoder cache or cross-attention: left to the original forward.
@@ -167,10 +195,11 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
         or any(kwargs.get(n) is not None for n in _NOT_FUSED_KWARGS)
         or self.training
         or not _served(hidden_states)
-        or (torch.is_grad_enabled() and self.query.weight.requires_grad)
+        or _needs_grad(hidden_states, self)
         or getattr(self.config, "_attn_implementation", None) != "autokernel"
     ):
         return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
+    _refresh_qkv(self)
     for n in _NOT_FUSED_KWARGS:
         kwargs.pop(n, None)
     h, d = self.all_head_size, self.attention_head_size
@@ -253,10 +282,12 @@ def _fused_output(self, hidden_states, input_tensor):
     if (
         self.training
         or not (_served(hidden_states) and _served(input_tensor))
-        or (torch.is_grad_enabled() and (self.dense.weight.requires_grad or ln.weight.requires_grad))
+        or _needs_grad(hidden_states, self)
+        or _needs_grad(input_tensor, self)
         or input_tensor.shape != (*hidden_states.shape[:-1], self.dense.out_features)
     ):
         return self._autokernel_forward(hidden_states, input_tensor)
+    self.dense.refresh()
     bias = None if self.dense.bias is None else self.dense.bias.detach()
     return torch.ops.autokernel.linear_add_layer_norm(
         hidden_states, self.dense.handle, bias, input_tensor, ln.weight.detach(), ln.bias.detach(), float(ln.eps)
@@ -291,7 +322,25 @@ def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
     """Serves encoder layer ``m`` as one runtime call (an :class:`autokernel.EncoderLayer`
     over the weights its parts already packed). Done only if that computes what the layer's
     own forward does on a probe of ``rows`` rows."""
+    layer = _encoder_layer(m, rt)
+    handle = _register_owned(m, _LAYERS, layer)
+    m._autokernel_layer = handle
+    m._autokernel_layer_packing = (rt, _stamp(m))
+    x = torch.randn(1, rows, layer.hidden, generator=torch.Generator().manual_seed(0))
+    ok = _swap_forward_if_same(m, _fused_layer, (x,))
+    if not ok:
+        del m._autokernel_layer
+        _release(_LAYERS, handle)
+    return ok
+
+
+def _encoder_layer(m: nn.Module, rt: Runtime):
+    """Encoder layer ``m`` as an :class:`autokernel.EncoderLayer`, from the weights its parts
+    packed (packed again first where they changed)."""
     sa, so, inter, out = m.attention.self, m.attention.output, m.intermediate, m.output
+    _refresh_qkv(sa)
+    for lin in (so.dense, inter.dense, out.dense):
+        lin.refresh()
 
     def bias(lin, n):
         return torch.zeros(n) if lin.bias is None else lin.bias.detach()
@@ -302,21 +351,13 @@ def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
     _, qkv = _WEIGHTS[sa._autokernel_qkv]
     qkv_bias = sa._autokernel_qkv_bias
     with torch.no_grad():
-        layer = rt.encoder_layer(
+        return rt.encoder_layer(
             qkv, torch.zeros(qkv.out_features) if qkv_bias is None else qkv_bias,
             so.dense.packed, bias(so.dense, so.dense.out_features), norm(so.LayerNorm),
             inter.dense.packed, bias(inter.dense, inter.dense.out_features),
             out.dense.packed, bias(out.dense, out.dense.out_features), norm(out.LayerNorm),
             heads=sa.all_head_size // sa.attention_head_size, eps=float(so.LayerNorm.eps),
         )
-    handle = _register_owned(m, _LAYERS, layer)
-    m._autokernel_layer = handle
-    x = torch.randn(1, rows, layer.hidden, generator=torch.Generator().manual_seed(0))
-    ok = _swap_forward_if_same(m, _fused_layer, (x,))
-    if not ok:
-        del m._autokernel_layer
-        _release(_LAYERS, handle)
-    return ok
 
 
 def _fused_layer(self, hidden_states, attention_mask=None, *args, **kwargs):
@@ -331,10 +372,16 @@ def _fused_layer(self, hidden_states, attention_mask=None, *args, **kwargs):
         or self.training
         or not _served(hidden_states)
         or hidden_states.dim() != 3
-        or (torch.is_grad_enabled() and sa.query.weight.requires_grad)
+        or _needs_grad(hidden_states, self)
         or getattr(sa.config, "_attn_implementation", None) != "autokernel"
     ):
         return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
+    rt, stamp = self._autokernel_layer_packing
+    if _stamp(self) not in (None, stamp):
+        layer = _encoder_layer(self, rt)
+        with _LOCK:
+            _LAYERS[self._autokernel_layer] = layer
+        self._autokernel_layer_packing = (rt, _stamp(self))
     lengths = None
     if attention_mask is not None:
         lengths = _key_lengths(attention_mask, False)

@@ -191,8 +191,9 @@ _FUSABLE = ("relu", "gelu_tanh", "gelu_erf")
 
 class AutokernelLinear(nn.Module):
     """An ``nn.Linear`` (optionally followed by a fused activation) served by the runtime, its
-    weight packed once. Keeps the original parameters (shared, not copied) for ``state_dict``
-    and for calls the runtime does not take (gradients, other dtypes or devices)."""
+    weight packed once — and again if it changes in place (``load_state_dict``, an optimizer
+    step). Keeps the original parameters (shared, not copied) for ``state_dict`` and for calls
+    the runtime does not take (gradients, other dtypes or devices)."""
 
     def __init__(self, linear: nn.Linear, runtime: Runtime, act: Optional[str] = None, ms: Iterable[int] = (1,)):
         super().__init__()
@@ -201,13 +202,26 @@ class AutokernelLinear(nn.Module):
         self.weight = linear.weight
         self.bias = linear.bias
         self.act = act
+        self._runtime = runtime
+        self._ms = list(ms)
+        self.handle = _register_weight(self, runtime, None)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Packs the weight again if it changed since it was packed (a no-op otherwise)."""
+        stamp = _stamp(self)
+        if stamp is None or getattr(self, "_stamp", None) == stamp:
+            return
         with torch.no_grad():
-            packed = runtime.pack_weight(linear.weight.detach(), act=act, ms=list(ms), layout="nk")
+            packed = self._runtime.pack_weight(self.weight.detach(), act=self.act, ms=self._ms, layout="nk")
+        with _LOCK:
+            _WEIGHTS[self.handle] = (self._runtime, packed)
         self.packed = packed
-        self.handle = _register_weight(self, runtime, packed)
+        self._stamp = stamp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _served(x) and not (torch.is_grad_enabled() and self.weight.requires_grad):
+        if _served(x) and not _needs_grad(x, self):
+            self.refresh()
             bias = None if self.bias is None else self.bias.detach()
             return torch.ops.autokernel.linear(x, self.handle, bias)
         y = nn.functional.linear(x, self.weight, self.bias)
@@ -226,12 +240,31 @@ class AutokernelLinear(nn.Module):
         )
 
 
+def _stamp(module: nn.Module) -> Optional[tuple]:
+    """Which parameters ``module`` holds and how often each was changed in place: packed
+    copies of them are stale when this differs from the stamp taken when they were made.
+    None while ``torch.compile`` or ``torch.export`` traces (its parameters are stand-ins;
+    what is packed stays)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return None
+    return tuple((id(p), p._version) for p in module.parameters())
+
+
+def _needs_grad(x: torch.Tensor, module: nn.Module) -> bool:
+    """Whether a call of ``module`` on ``x`` must be recorded for autograd (the runtime's ops
+    have no backward): grad mode on, and the input or any of ``module``'s parameters
+    requiring a gradient."""
+    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters()))
+
+
 def _served(x: torch.Tensor) -> bool:
     return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 1
 
 
 def _linear_ok(m: nn.Module) -> Optional[str]:
     """Why the runtime cannot serve Linear ``m`` (None when it can)."""
+    if m.in_features == 0 or m.out_features == 0:
+        return f"zero-sized ({m.in_features} → {m.out_features} features)"
     if m.weight.dtype != torch.float32:
         return f"weight dtype {m.weight.dtype} (float32 only)"
     if m.weight.device.type != "cpu":

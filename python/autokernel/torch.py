@@ -100,6 +100,11 @@ def optimize(
     on BERT-base). None leaves PyTorch's setting alone (e.g. when much of the model stays
     PyTorch's); the setting is process-wide while the forward runs.
     """
+    if hasattr(model, "autokernel_runtime"):
+        raise ValueError(
+            "this model was already optimized by autokernel.torch.optimize; optimize the original "
+            "model (a second pass would pack its weights twice and stack its thread hooks)"
+        )
     rt = runtime if runtime is not None else Runtime(db, threads=threads, precision=precision)
     ms = [int(m) for m in ms]
     report: list[tuple[str, str]] = []

@@ -303,3 +303,65 @@ def test_output_blocks_are_fused_only_when_they_compute_layer_norm_of_the_sum():
             want = blk.LayerNorm(nn.functional.linear(x, blk.dense.weight, blk.dense.bias) + (0 if blk.post_add else r))
             want = want + r if blk.post_add else want
             torch.testing.assert_close(blk(x, r), want, rtol=0, atol=1e-5)
+
+
+def test_weights_changed_after_optimize_are_packed_again():
+    """load_state_dict or an optimizer step changes parameters in place: the served model
+    follows them (every fused path: linear, q|k|v, output block, whole layer)."""
+    stock, new = mlp(), mlp()
+    with torch.no_grad():
+        for p in new.parameters():
+            p.mul_(-0.5).add_(0.01)
+    model = akt.optimize(copy.deepcopy(stock))
+    x = torch.randn(3, 32)
+    model.load_state_dict(new.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), new(x), rtol=1e-4, atol=1e-4)
+    stock_bert, new_bert = bert("gelu"), bert("gelu")
+    with torch.no_grad():
+        for p in new_bert.parameters():
+            p.mul_(0.9).add_(0.001)
+    model = akt.optimize(copy.deepcopy(stock_bert))
+    assert model.autokernel_fused_layers
+    ids = torch.randint(0, 500, (2, 12))
+    with torch.no_grad():
+        model(input_ids=ids)  # served once with the old weights
+        model.load_state_dict(new_bert.state_dict())
+        got, want = model(input_ids=ids), new_bert(input_ids=ids)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-4)
+    # The fused layers' parts outside a layer call follow too.
+    sa = model.encoder.layer[0].attention.self
+    with torch.no_grad():
+        sa.query.weight.add_(0.05)
+        new_bert.encoder.layer[0].attention.self.query.weight.add_(0.05)
+        got, want = model(input_ids=ids), new_bert(input_ids=ids)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-4)
+
+
+def test_gradients_through_the_input_or_a_bias_alone_flow():
+    """The runtime's ops have no backward: an input that requires grad (saliency), or a bias
+    that does while the weights are frozen (BitFit), runs the stock path."""
+    model = akt.optimize(mlp())
+    for p in model.parameters():
+        p.requires_grad_(False)
+    x = torch.randn(2, 32, requires_grad=True)
+    model(x).sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    model[0].bias.requires_grad_(True)
+    model(torch.randn(2, 32)).sum().backward()
+    assert model[0].bias.grad is not None
+    b = akt.optimize(bert("gelu"))
+    for p in b.parameters():
+        p.requires_grad_(False)
+    emb = b.embeddings(input_ids=torch.randint(0, 500, (1, 8))).detach().requires_grad_()
+    b.encoder(emb).last_hidden_state.sum().backward()
+    assert emb.grad is not None and emb.grad.abs().sum() > 0
+
+
+def test_optimize_refuses_a_second_pass_and_leaves_empty_linears():
+    model = akt.optimize(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 0)))
+    assert isinstance(model[0], akt.AutokernelLinear)
+    assert [name for name, _ in model.autokernel_unsupported] == ["2"]
+    assert "zero-sized" in model.autokernel_unsupported[0][1]
+    with pytest.raises(ValueError, match="already optimized"):
+        akt.optimize(model)

@@ -10,6 +10,7 @@
 //! ```
 
 use kernels::cpu::pool::{self, on_workers};
+use kernels::workload::Act;
 
 use crate::layer::{add_layer_norm, AttentionRows};
 use crate::{Level, PackedWeight, Runtime, RuntimeError};
@@ -87,6 +88,18 @@ impl EncoderLayer<'_> {
                     "{name} bias has {} values, expected {}",
                     b.len(),
                     want.0
+                ));
+            }
+        }
+        for (name, w) in [
+            ("qkv", self.qkv.0),
+            ("out", self.out.0),
+            ("ffn_down", self.ffn_down.0),
+        ] {
+            if w.act() != Act::Identity {
+                return bad(format!(
+                    "{name} weight was packed with activation {}; only ffn_up's carries one",
+                    w.act().name()
                 ));
             }
         }
@@ -291,7 +304,15 @@ mod tests {
                 .to_string()
         };
         let short = vals(h - 1, 0);
+        let relu_out = pack(h, h, Act::Relu, 2).unwrap();
         for (l, needle) in [
+            (
+                EncoderLayer {
+                    out: (&relu_out, &bo),
+                    ..layer
+                },
+                "out weight was packed with activation relu",
+            ),
             (EncoderLayer { heads: 3, ..layer }, "3 heads"),
             (
                 EncoderLayer {
