@@ -317,7 +317,38 @@ fn bad_input_fails_with_one_line_and_measures_nothing() {
     let f = Fixture::new();
     std::fs::write(f.p("notes.json"), "{\"hello\": 1}").unwrap();
     std::fs::write(f.p("garbage.json"), "<<<").unwrap();
+    // A well-formed baseline of another machine that shares no workload with this run.
+    let hw = autokernel(&["hw", "--json", "--threads", "1"]);
+    let hw: Value = serde_json::from_slice(&hw.stdout).unwrap();
+    let keys = [
+        "id",
+        "arch",
+        "vendor",
+        "family",
+        "model",
+        "stepping",
+        "brand",
+        "isa",
+        "cores",
+        "l1d_bytes",
+        "l2_bytes",
+        "l3_bytes",
+    ];
+    let fingerprint: serde_json::Map<String, Value> = keys
+        .iter()
+        .map(|k| (k.to_string(), hw[*k].clone()))
+        .collect();
+    let disjoint = serde_json::json!({
+        "format": "autokernel-bench-baseline", "format_version": 1, "tool_version": "0",
+        "created_at": "2026-01-01T00:00:00Z", "fingerprint": fingerprint,
+        "protocol": "quick", "db": "x.db", "workloads": [],
+    });
+    std::fs::write(f.p("disjoint.json"), disjoint.to_string()).unwrap();
     for (extra, needle) in [
+        (
+            vec!["--baseline", f.s("disjoint.json")],
+            "shares no workload with this run",
+        ),
         (vec!["--baseline", f.s("absent.json")], "not found"),
         (
             vec!["--baseline", f.s("notes.json")],

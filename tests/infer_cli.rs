@@ -432,6 +432,15 @@ fn broken_checkpoint_directories_are_one_line_errors() {
         e.contains("inputs.json: bad input: token id 100000") && e.trim().lines().count() == 1,
         "{e}"
     );
+    // A weights file that is a device (it would never end): refused, not read.
+    let d = dir.path().join("device");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::copy(format!("{FIXTURE}/config.json"), d.join("config.json")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", d.join("model.safetensors")).unwrap();
+    let o = autokernel(&["infer", "--model", d.to_str().unwrap()]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("model.safetensors: not a regular file"), "{e}");
     let o = autokernel(&["infer", "--model", "/nonexistent/bert"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(

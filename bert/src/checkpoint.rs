@@ -54,7 +54,7 @@ impl Checkpoint {
             path: st_path.clone(),
             reason,
         };
-        let bytes = std::fs::read(&st_path).map_err(|e| bad(format!("cannot read: {e}")))?;
+        let bytes = read_file(&st_path, u64::MAX).map_err(bad)?;
         let st = SafeTensors::deserialize(&bytes)
             .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
         let reader = Reader::new(&st);
@@ -159,14 +159,30 @@ struct Fields<'a> {
     v: Value,
 }
 
+/// The most bytes a JSON file of a checkpoint directory is read up to.
+pub(crate) const JSON_LIMIT: u64 = 64 << 20;
+
+/// The bytes of regular file `path` of at most `limit` bytes (a device such as `/dev/zero`,
+/// a FIFO or a directory named like a checkpoint file is refused, not read without end).
+pub(crate) fn read_file(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > limit {
+        return Err(format!("{} bytes, more than the {limit} read", meta.len()));
+    }
+    std::fs::read(path).map_err(|e| format!("cannot read: {e}"))
+}
+
 impl<'a> Fields<'a> {
     fn read(path: &'a Path) -> Result<Fields<'a>, BertError> {
         let f = Fields {
             path,
             v: Value::Null,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| f.bad(format!("cannot read: {e}")))?;
-        let v = serde_json::from_str(&text).map_err(|e| f.bad(format!("not JSON: {e}")))?;
+        let text = read_file(path, JSON_LIMIT).map_err(|e| f.bad(e))?;
+        let v = serde_json::from_slice(&text).map_err(|e| f.bad(format!("not JSON: {e}")))?;
         Ok(Fields { path, v })
     }
 

@@ -115,7 +115,7 @@ impl Expected {
             path: path.to_path_buf(),
             reason,
         };
-        let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+        let bytes = crate::checkpoint::read_file(path, u64::MAX).map_err(bad)?;
         let st = SafeTensors::deserialize(&bytes)
             .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
         let t = st

@@ -72,8 +72,9 @@ impl TokenBatch {
             path: path.to_path_buf(),
             reason,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let text =
+            crate::checkpoint::read_file(path, crate::checkpoint::JSON_LIMIT).map_err(bad)?;
+        let v: Value = serde_json::from_slice(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
         let ids = matrix(&v, "input_ids")
             .map_err(bad)?
             .ok_or_else(|| BertError::Checkpoint {

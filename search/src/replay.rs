@@ -533,7 +533,7 @@ pub struct Summary {
     pub curve: Vec<f64>,
 }
 
-/// Replays `kind` with seeds `first_seed..first_seed + seeds` and summarises.
+/// Replays `kind` with seeds `first_seed..first_seed + seeds` (wrapping) and summarises.
 pub fn summarize(
     replayer: &Replayer<'_>,
     label: &str,
@@ -545,7 +545,7 @@ pub fn summarize(
     use rayon::prelude::*;
     let runs: Vec<Run> = (0..seeds as u64)
         .into_par_iter()
-        .map(|s| replayer.run(kind, first_seed + s, opts))
+        .map(|s| replayer.run(kind, first_seed.wrapping_add(s), opts))
         .collect();
     let best = replayer.best_s();
     let to = |f: f64| {
@@ -642,7 +642,7 @@ pub fn evaluate_model(
     let mut sums = (0.0, 0.0, 0.0);
     let k = 10;
     for s in 0..seeds as u64 {
-        let seed = first_seed + s;
+        let seed = first_seed.wrapping_add(s);
         let mut rng = kernels::Rng::new(seed ^ 0xE7A1);
         let mut order: Vec<usize> = (0..timed.len()).collect();
         for i in (1..order.len()).rev() {

@@ -104,6 +104,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     } else {
         requested
     };
+    if let Some((path, b)) = &base {
+        // A gate that compares nothing must not pass.
+        if !workloads.iter().any(|w| b.get(&w.key()).is_some()) {
+            bail!(
+                "the baseline {} shares no workload with this run ({} of its own): nothing would be compared",
+                path.display(),
+                b.workloads.len()
+            );
+        }
+    }
     if let Some(arg) = &args.save_baseline {
         let dir = baseline::save_dir(arg.as_deref(), &args.results, hw);
         super::check_writable_dir(&dir, "--save-baseline")?;

@@ -38,7 +38,7 @@ pub struct ReplayArgs {
     /// Seeds per (space, strategy); results are medians over them.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     seeds: u32,
-    /// First seed (seeds are FIRST, FIRST+1, ...).
+    /// First seed (seeds are FIRST, FIRST+1, ..., wrapping past 2^64 - 1 to 0).
     #[arg(long = "first-seed", default_value_t = 0, value_name = "FIRST")]
     first_seed: u64,
     /// Trials per run.

@@ -212,8 +212,13 @@ pub fn find_all(dir: &Path, hw: &HardwareFingerprint) -> Vec<(PathBuf, Baseline)
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "json") && p.is_file())
         .filter_map(|p| {
-            let text = std::fs::read_to_string(&p).ok()?;
-            if !text.contains(FORMAT) {
+            // A file named as `--save-baseline` names them is reported when it does not load;
+            // other JSON files are someone else's.
+            let named = p
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("baseline-"));
+            let text = std::fs::read_to_string(&p).ok();
+            if !named && !text.is_some_and(|t| t.contains(FORMAT)) {
                 return None;
             }
             match Baseline::load(&p) {
