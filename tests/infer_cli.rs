@@ -243,6 +243,18 @@ fn a_checkpoint_is_tuned_from_its_config_and_matches_transformers_on_a_padded_ba
             .contains(&"gemm_bias_gelu_erf:16x128x64".into()),
         "{plan}"
     );
+    // Without either, tune plans the saved batch (4 × 11), as infer runs it.
+    let o = tune(&["--dry-run"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan = &json_lines(&o)[0]["workloads"];
+    let plan: Vec<&str> = plan
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w.as_str())
+        .collect();
+    assert!(plan.contains(&"gemm_bias_gelu_erf:44x128x64"), "{plan:?}");
+    assert!(plan.iter().all(|w| !w.contains(":16x")), "{plan:?}");
 
     // infer runs the saved batch by default, every call from the database, and checks it
     // against transformers' last_hidden_state (padded positions included).

@@ -94,7 +94,7 @@ pub fn positive_list(s: &str) -> Result<PositiveList, String> {
     Ok(PositiveList(out))
 }
 
-pub use model::model_config;
+pub use model::{model_config, saved_shape};
 
 /// Refuses a `--seq` longer than the model takes, `max` positions.
 fn check_seqs(seqs: &[usize], max: usize) -> anyhow::Result<()> {

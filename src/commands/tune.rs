@@ -39,7 +39,8 @@ pub struct TuneArgs {
     workloads_from: Option<std::path::PathBuf>,
     /// Also tune every workload of this model's forward pass (`bert-base`, `bert-tiny`, or a
     /// Hugging Face BERT directory: its config.json's sizes and activation) at each --batch ×
-    /// --seq, deduplicated: the list `autokernel infer` calls.
+    /// --seq (a directory's inputs.json batch when neither is given), deduplicated: the list
+    /// `autokernel infer` calls.
     #[arg(long, value_name = "MODEL|DIR")]
     model: Option<String>,
     /// Batch sizes for --model, comma-separated.
@@ -219,8 +220,15 @@ fn requested_workloads(args: &TuneArgs) -> anyhow::Result<(Vec<Workload>, Vec<DT
             }
             if let Some(name) = &args.model {
                 let (config, max_seq) = super::infer::model_config(name)?;
-                let shapes =
-                    super::infer::model_shapes(args.batch.as_ref(), args.seq.as_ref(), max_seq)?;
+                // As `infer` runs it: a checkpoint's saved batch when no shape is given.
+                let saved = super::infer::saved_shape(name)?
+                    .filter(|_| args.batch.is_none() && args.seq.is_none());
+                let shapes = match saved {
+                    Some(shape) => vec![shape],
+                    None => {
+                        super::infer::model_shapes(args.batch.as_ref(), args.seq.as_ref(), max_seq)?
+                    }
+                };
                 names.extend(config.workload_list(&shapes).iter().map(|w| w.key()));
             }
             names

@@ -35,6 +35,17 @@ pub fn model_config(name: &str) -> anyhow::Result<(BertConfig, usize)> {
     bail!("{}", unknown(name))
 }
 
+/// `(batch, seq)` of the batch saved beside checkpoint `name` (`inputs.json`), if it is a
+/// directory with one: what `infer --model DIR` runs when no shape is given.
+pub fn saved_shape(name: &str) -> anyhow::Result<Option<(usize, usize)>> {
+    let inputs = Path::new(name).join("inputs.json");
+    if BertConfig::by_name(name).is_some() || !inputs.exists() {
+        return Ok(None);
+    }
+    let t = TokenBatch::from_json(&inputs)?;
+    Ok(Some((t.batch, t.seq)))
+}
+
 fn unknown(name: &str) -> String {
     format!(
         "unknown model '{name}' (known models: {}, or a Hugging Face BERT directory with config.json and model.safetensors)",
