@@ -63,10 +63,13 @@ pub enum BundleError {
     OutputExists { path: PathBuf },
 
     /// A fingerprint that is not in the database.
-    #[error("{}: no fingerprint '{id}' in this database (it has: {known})", .path.display())]
+    #[error("{}: no fingerprint '{id}' in this database{why} (it has: {known})", .path.display())]
     UnknownFingerprint {
         path: PathBuf,
         id: String,
+        /// What the id was taken for (`current`: this machine's), or why a prefix did not
+        /// resolve; empty otherwise.
+        why: String,
         known: String,
     },
 
@@ -321,9 +324,18 @@ impl TuningDb {
         if let [one] = matches[..] {
             return Ok(one.clone());
         }
+        let why = match () {
+            _ if id == "current" => format!(" (this machine is {wanted})"),
+            _ if matches.len() > 1 => format!(" (a prefix of {} of them)", matches.len()),
+            _ if wanted.len() < 4 && ids.iter().any(|x| x.starts_with(&wanted)) => {
+                " (a prefix takes 4 digits or more)".into()
+            }
+            _ => String::new(),
+        };
         Err(BundleError::UnknownFingerprint {
             path: self.path.clone(),
             id: id.to_string(),
+            why,
             known: if ids.is_empty() {
                 "none".into()
             } else {
@@ -916,17 +928,17 @@ pub(crate) fn require_parent(out: &Path) -> Result<(), DbError> {
     }
 }
 
-/// `out.tmp-<pid>-<n>` in the same directory (so the final rename is atomic).
+/// `out.tmp-<pid>-<n>` in the same directory (so the final rename is atomic), the name of
+/// `out` cut as [`crate::db::temp_name`] does.
 pub(crate) fn temp_beside(out: &Path) -> PathBuf {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
-    let mut name = out.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(
+    let tag = format!(
         ".tmp-{}-{}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
-    ));
-    out.with_file_name(name)
+    );
+    crate::db::temp_name(out, &tag)
 }
 
 /// Removes a database file and its WAL companions, ignoring errors.
@@ -1008,5 +1020,12 @@ mod tests {
             .to_str()
             .unwrap()
             .starts_with("out.db.tmp-"));
+        // A long valid name leaves room for the tag and SQLite's suffixes.
+        let long = format!("/x/{}.db", "é".repeat(120));
+        let t = temp_beside(Path::new(&long));
+        assert!(
+            t.file_name().unwrap().len() + "-journal".len() < 255,
+            "{t:?}"
+        );
     }
 }

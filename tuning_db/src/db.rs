@@ -869,7 +869,7 @@ fn create_complete(path: &Path) -> Result<()> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    let tmp = sidecar(path, &format!(".init-{}-{nanos}", std::process::id()));
+    let tmp = temp_name(path, &format!(".init-{}-{nanos}", std::process::id()));
     let made = (|| {
         let conn = Connection::open(&tmp).ctx(&tmp, "creating the database")?;
         let db = TuningDb {
@@ -901,6 +901,16 @@ fn wal_has_content(path: &Path) -> bool {
 }
 
 /// `path` with `suffix` appended (`-wal`, `-shm`).
+/// A temporary file beside `path`: its name (cut to its first 128 bytes, so that a long but
+/// valid name still leaves room for the tag and SQLite's `-journal`) then `tag`.
+pub(crate) fn temp_name(path: &Path, tag: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let name = path.file_name().unwrap_or_default().as_bytes();
+    let mut short = OsString::from(std::ffi::OsStr::from_bytes(&name[..name.len().min(128)]));
+    short.push(tag);
+    path.with_file_name(short)
+}
+
 fn sidecar(path: &Path, suffix: &str) -> PathBuf {
     let mut p = OsString::from(path.as_os_str());
     p.push(suffix);
