@@ -365,3 +365,6 @@ def test_optimize_refuses_a_second_pass_and_leaves_empty_linears():
     assert "zero-sized" in model.autokernel_unsupported[0][1]
     with pytest.raises(ValueError, match="already optimized"):
         akt.optimize(model)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="torch_threads"):
+            akt.optimize(nn.Sequential(nn.Linear(4, 4)), torch_threads=bad)
