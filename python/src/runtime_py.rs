@@ -271,6 +271,7 @@ impl PyRuntime {
 
     /// C = A·B for a (M, K) and b (K, N) float32 arrays; returns C (M, N), written into
     /// `out` when given (float32, C-contiguous, (M, N), sharing no memory with a or b).
+    /// Empty dimensions give what numpy gives (K = 0: zeros).
     #[pyo3(signature = (a, b, out=None, *, copy=false))]
     fn gemm<'py>(
         &self,
@@ -294,8 +295,14 @@ impl PyRuntime {
         };
         let c = out_array(py, out, &[m, n])?;
         with_views(&[(&a, "a"), (&b, "b")], &c, |ins, c_out| {
+            if m * n * k == 0 {
+                // As numpy's: an empty product, or zeros where only the depth is empty.
+                c_out.fill(0.0);
+                return Ok(());
+            }
             self.threads
                 .run(py, || self.rt.gemm(m, n, k, ins[0], ins[1], c_out))
+                .map(drop)
                 .map_err(runtime_err)
         })?;
         Ok(c)
@@ -464,6 +471,9 @@ impl PyRuntime {
         let v = operand::input(v, "v", copy)?;
         expect_shape(&v, "v", &shape, &format!("{} like q", dims(&shape)))?;
         let o = out_array(py, out, &shape)?;
+        if shape.contains(&0) {
+            return Ok(o); // nothing to compute, nothing to write
+        }
         with_views(&[(&q, "q"), (&k, "k"), (&v, "v")], &o, |ins, o_out| {
             self.threads
                 .run(py, || match &key_lens {

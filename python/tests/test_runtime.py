@@ -23,6 +23,14 @@ def test_gemm_matches_numpy_and_writes_out():
     out = np.empty((8, 40), dtype=np.float32)
     assert rt.gemm(a, b, out=out) is out
     np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+    # Empty operands as numpy: an empty product, or zeros where only the depth is empty.
+    for m, k, n in [(0, 3, 4), (3, 4, 0), (3, 0, 4)]:
+        np.testing.assert_array_equal(rt.gemm(rand(m, k), rand(k, n)), np.zeros((m, n), np.float32))
+    out = np.full((3, 4), np.nan, np.float32)
+    rt.gemm(rand(3, 0), rand(0, 4), out=out)
+    np.testing.assert_array_equal(out, np.zeros((3, 4), np.float32))
+    for shape in [(0, 2, 5, 8), (1, 2, 0, 8), (1, 2, 5, 0)]:
+        assert rt.attention(rand(*shape), rand(*shape), rand(*shape)).shape == shape
 
 
 @pytest.mark.parametrize("act", [None, "relu", "gelu_tanh"])
