@@ -40,7 +40,7 @@ class EncoderLayer:
     """A BERT-style encoder layer served in one call, made by ``Runtime.encoder_layer``."""
 
     def __call__(
-        self, x: Operand, mask: Optional[Operand] = None, out: Optional[Operand] = None
+        self, x: Operand, mask: Optional[Operand] = None, out: Optional[Operand] = None, *, copy: bool = False
     ) -> F32Array: ...
     @property
     def hidden(self) -> int: ...

@@ -62,18 +62,19 @@ impl PyEncoderLayer {
 impl PyEncoderLayer {
     /// The layer on hidden states `x`, (B, S, hidden) float32 (not modified); returns the
     /// layer's output, (B, S, hidden), in `out` when given (it must not be `x`). `mask`: a
-    /// padded batch, as for `Runtime.attention`.
-    #[pyo3(signature = (x, mask=None, out=None))]
+    /// padded batch, as for `Runtime.attention`. copy: as for `Runtime.gemm`.
+    #[pyo3(signature = (x, mask=None, out=None, *, copy=false))]
     fn __call__<'py>(
         &self,
         py: Python<'py>,
         x: &Bound<'py, PyAny>,
         mask: Option<&Bound<'py, PyAny>>,
         out: Option<&Bound<'py, PyAny>>,
+        copy: bool,
     ) -> PyResult<F32Array<'py>> {
         let layer = self.view();
         let h = layer.hidden();
-        let x = operand::input(x, "x", false)?;
+        let x = operand::input(x, "x", copy)?;
         let [b, s, width] = x.shape()[..] else {
             return Err(operand::shape_err(&x, "x", &format!("(B, S, {h})")));
         };

@@ -413,6 +413,9 @@ def test_encoder_layer_is_its_runtime_calls_in_one():
         np.testing.assert_array_equal(x, x0)  # the input is not modified
     with pytest.raises(ValueError, match=r"argument 'x' has shape \(2, 9, 31\), expected \(B, S, 32\)"):
         layer(rand(b, s, h - 1))
+    with pytest.raises(TypeError, match="copy=True"):
+        layer(x.astype(np.float64))
+    np.testing.assert_array_equal(layer(x.astype(np.float64), copy=True), layer(x))
     with pytest.raises(autokernel.AutokernelError, match="5 heads do not split hidden 32"):
         rt.encoder_layer(packed["qkv"], bias["qkv"], packed["out"], bias["out"], ln1, packed["up"], bias["up"],
                          packed["down"], bias["down"], ln2, heads=5)
