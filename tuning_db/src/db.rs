@@ -871,7 +871,10 @@ fn create_complete(path: &Path) -> Result<()> {
         .map_or(0, |d| d.subsec_nanos());
     let tmp = temp_name(path, &format!(".init-{}-{nanos}", std::process::id()));
     let made = (|| {
-        let conn = Connection::open(&tmp).ctx(&tmp, "creating the database")?;
+        let conn = Connection::open(&tmp).ctx(
+            path,
+            "creating the database (its directory must be writable)",
+        )?;
         let db = TuningDb {
             conn,
             path: tmp.clone(),
