@@ -317,7 +317,7 @@ fn bad_input_fails_with_one_line_and_measures_nothing() {
     let f = Fixture::new();
     std::fs::write(f.p("notes.json"), "{\"hello\": 1}").unwrap();
     std::fs::write(f.p("garbage.json"), "<<<").unwrap();
-    // A well-formed baseline of another machine that shares no workload with this run.
+    // A well-formed baseline of this machine that shares no workload with this run.
     let hw = autokernel(&["hw", "--json", "--threads", "1"]);
     let hw: Value = serde_json::from_slice(&hw.stdout).unwrap();
     let keys = [

@@ -168,8 +168,8 @@ def _refresh_qkv(m: nn.Module) -> None:
     """Packs fused block ``m``'s three projections (and joins their biases) again if any of
     them changed since they were packed (a no-op otherwise)."""
     lins = [m.query, m.key, m.value]
-    stamp = tuple(_stamp(x) for x in lins)
-    if None in stamp or getattr(m, "_autokernel_qkv_stamp", None) == stamp:
+    stamp = _stamp(t for x in lins for t in (x.weight, x.bias))
+    if stamp is None or getattr(m, "_autokernel_qkv_stamp", None) == stamp:
         return
     rt, ms = m._autokernel_qkv_packing
     with torch.no_grad():
@@ -195,7 +195,7 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
         or any(kwargs.get(n) is not None for n in _NOT_FUSED_KWARGS)
         or self.training
         or not _served(hidden_states)
-        or _needs_grad(hidden_states, self)
+        or _needs_grad(hidden_states, self.parameters())
         or getattr(self.config, "_attn_implementation", None) != "autokernel"
     ):
         return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
@@ -282,8 +282,8 @@ def _fused_output(self, hidden_states, input_tensor):
     if (
         self.training
         or not (_served(hidden_states) and _served(input_tensor))
-        or _needs_grad(hidden_states, self)
-        or _needs_grad(input_tensor, self)
+        or _needs_grad(hidden_states, self.parameters())
+        or _needs_grad(input_tensor, self.parameters())
         or input_tensor.shape != (*hidden_states.shape[:-1], self.dense.out_features)
     ):
         return self._autokernel_forward(hidden_states, input_tensor)
@@ -322,10 +322,12 @@ def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
     """Serves encoder layer ``m`` as one runtime call (an :class:`autokernel.EncoderLayer`
     over the weights its parts already packed). Done only if that computes what the layer's
     own forward does on a probe of ``rows`` rows."""
+    # The stamp before the packing: a change made meanwhile is seen at the next call.
+    m._autokernel_params = list(m.parameters())
+    m._autokernel_layer_packing = (rt, _stamp(m._autokernel_params))
     layer = _encoder_layer(m, rt)
     handle = _register_owned(m, _LAYERS, layer)
     m._autokernel_layer = handle
-    m._autokernel_layer_packing = (rt, _stamp(m))
     x = torch.randn(1, rows, layer.hidden, generator=torch.Generator().manual_seed(0))
     ok = _swap_forward_if_same(m, _fused_layer, (x,))
     if not ok:
@@ -372,16 +374,17 @@ def _fused_layer(self, hidden_states, attention_mask=None, *args, **kwargs):
         or self.training
         or not _served(hidden_states)
         or hidden_states.dim() != 3
-        or _needs_grad(hidden_states, self)
+        or _needs_grad(hidden_states, self._autokernel_params)
         or getattr(sa.config, "_attn_implementation", None) != "autokernel"
     ):
         return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
-    rt, stamp = self._autokernel_layer_packing
-    if _stamp(self) not in (None, stamp):
+    rt, packed = self._autokernel_layer_packing
+    stamp = _stamp(self._autokernel_params)
+    if stamp not in (None, packed):
         layer = _encoder_layer(self, rt)
         with _LOCK:
             _LAYERS[self._autokernel_layer] = layer
-        self._autokernel_layer_packing = (rt, _stamp(self))
+        self._autokernel_layer_packing = (rt, stamp)
     lengths = None
     if attention_mask is not None:
         lengths = _key_lengths(attention_mask, False)

@@ -209,7 +209,7 @@ class AutokernelLinear(nn.Module):
 
     def refresh(self) -> None:
         """Packs the weight again if it changed since it was packed (a no-op otherwise)."""
-        stamp = _stamp(self)
+        stamp = _stamp((self.weight, self.bias))
         if stamp is None or getattr(self, "_stamp", None) == stamp:
             return
         with torch.no_grad():
@@ -220,7 +220,7 @@ class AutokernelLinear(nn.Module):
         self._stamp = stamp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _served(x) and not _needs_grad(x, self):
+        if _served(x) and not _needs_grad(x, (self.weight, self.bias)):
             self.refresh()
             bias = None if self.bias is None else self.bias.detach()
             return torch.ops.autokernel.linear(x, self.handle, bias)
@@ -240,21 +240,22 @@ class AutokernelLinear(nn.Module):
         )
 
 
-def _stamp(module: nn.Module) -> Optional[tuple]:
-    """Which parameters ``module`` holds and how often each was changed in place: packed
-    copies of them are stale when this differs from the stamp taken when they were made.
-    None while ``torch.compile`` or ``torch.export`` traces (its parameters are stand-ins;
-    what is packed stays)."""
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+def _stamp(params: Iterable[Optional[torch.Tensor]]) -> Optional[tuple]:
+    """Which tensors ``params`` are and how often each was changed in place: packed copies of
+    them are stale when this differs from the stamp taken when they were made. None while
+    ``torch.compile`` or ``torch.export`` traces (its parameters are stand-ins; what is
+    packed stays). Inference tensors keep no version counter: their in-place changes are
+    not seen."""
+    if torch.compiler.is_compiling():
         return None
-    return tuple((id(p), p._version) for p in module.parameters())
+    return tuple((id(p), None if p is None or p.is_inference() else p._version) for p in params)
 
 
-def _needs_grad(x: torch.Tensor, module: nn.Module) -> bool:
-    """Whether a call of ``module`` on ``x`` must be recorded for autograd (the runtime's ops
-    have no backward): grad mode on, and the input or any of ``module``'s parameters
-    requiring a gradient."""
-    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters()))
+def _needs_grad(x: torch.Tensor, params: Iterable[Optional[torch.Tensor]]) -> bool:
+    """Whether a call on ``x`` with parameters ``params`` must be recorded for autograd (the
+    runtime's ops have no backward): grad mode on, and the input or any parameter requiring
+    a gradient."""
+    return torch.is_grad_enabled() and (x.requires_grad or any(p is not None and p.requires_grad for p in params))
 
 
 def _served(x: torch.Tensor) -> bool:

@@ -24,6 +24,7 @@ with fake implementations, so
 from __future__ import annotations
 
 import copy
+import numbers
 import threading
 from typing import Any, Iterable, Optional
 
@@ -105,7 +106,9 @@ def optimize(
             "this model was already optimized by autokernel.torch.optimize; optimize the original "
             "model (a second pass would pack its weights twice and stack its thread hooks)"
         )
-    if torch_threads is not None and (isinstance(torch_threads, bool) or int(torch_threads) != torch_threads or torch_threads < 1):
+    if torch_threads is not None and (
+        isinstance(torch_threads, bool) or not isinstance(torch_threads, numbers.Integral) or torch_threads < 1
+    ):
         raise ValueError(f"torch_threads={torch_threads!r}: expected a whole number ≥ 1, or None")
     rt = runtime if runtime is not None else Runtime(db, threads=threads, precision=precision)
     ms = [int(m) for m in ms]

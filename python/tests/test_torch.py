@@ -329,7 +329,18 @@ def test_weights_changed_after_optimize_are_packed_again():
         model.load_state_dict(new_bert.state_dict())
         got, want = model(input_ids=ids), new_bert(input_ids=ids)
     torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-4)
-    # The fused layers' parts outside a layer call follow too.
+    # The fused blocks called on their own (not through their layer) follow too.
+    layer, new_layer = model.encoder.layer[1], new_bert.encoder.layer[1]
+    with torch.no_grad():
+        for p in new_layer.parameters():
+            p.add_(0.02)
+        model.load_state_dict(new_bert.state_dict())
+        x = torch.randn(2, 12, 64)
+        got = layer.attention.self(x)[0]
+        torch.testing.assert_close(got, new_layer.attention.self(x)[0], rtol=0, atol=1e-4)
+        got = layer.attention.output(x, x)
+        torch.testing.assert_close(got, new_layer.attention.output(x, x), rtol=0, atol=1e-4)
+    # And again through the layers.
     sa = model.encoder.layer[0].attention.self
     with torch.no_grad():
         sa.query.weight.add_(0.05)
@@ -365,6 +376,14 @@ def test_optimize_refuses_a_second_pass_and_leaves_empty_linears():
     assert "zero-sized" in model.autokernel_unsupported[0][1]
     with pytest.raises(ValueError, match="already optimized"):
         akt.optimize(model)
-    for bad in (0, -1, 1.5, True):
+    for bad in (0, -1, 1.5, float("inf"), True):
         with pytest.raises(ValueError, match="torch_threads"):
             akt.optimize(nn.Sequential(nn.Linear(4, 4)), torch_threads=bad)
+
+
+def test_a_model_made_under_inference_mode_is_optimized():
+    with torch.inference_mode():
+        stock = mlp()
+        model = akt.optimize(copy.deepcopy(stock))
+        x = torch.randn(3, 32)
+        torch.testing.assert_close(model(x), stock(x), rtol=1e-4, atol=1e-4)

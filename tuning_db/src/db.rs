@@ -558,8 +558,10 @@ impl TuningDb {
                         m.median_s
                     ));
                 }
-                if !m.spread.is_finite() || m.samples.iter().any(|s| !s.is_finite()) {
-                    return bad(format!("{what}: samples and spread must be finite"));
+                if !(is_time(m.spread) && m.samples.iter().all(|&s| is_time(s))) {
+                    return bad(format!(
+                        "{what}: samples and spread must be finite times ≥ 0"
+                    ));
                 }
                 Ok(())
             }
@@ -899,11 +901,16 @@ fn create_complete(path: &Path) -> Result<()> {
     linked
 }
 
+/// Whether `x` can be a measured time or spread: finite and not negative (what `insert`
+/// takes and reading keeps).
+fn is_time(x: f64) -> bool {
+    x.is_finite() && x >= 0.0
+}
+
 fn wal_has_content(path: &Path) -> bool {
     std::fs::metadata(sidecar(path, "-wal")).is_ok_and(|m| m.len() > 0)
 }
 
-/// `path` with `suffix` appended (`-wal`, `-shm`).
 /// A temporary file beside `path`: its name (cut to its first 128 bytes, so that a long but
 /// valid name still leaves room for the tag and SQLite's `-journal`) then `tag`.
 pub(crate) fn temp_name(path: &Path, tag: &str) -> PathBuf {
@@ -914,6 +921,7 @@ pub(crate) fn temp_name(path: &Path, tag: &str) -> PathBuf {
     path.with_file_name(short)
 }
 
+/// `path` with `suffix` appended (`-wal`, `-shm`).
 fn sidecar(path: &Path, suffix: &str) -> PathBuf {
     let mut p = OsString::from(path.as_os_str());
     p.push(suffix);
@@ -1036,8 +1044,7 @@ fn check_row(r: &Row<'_>) -> Result<Record, String> {
             if !(median_s.is_finite() && median_s > 0.0) {
                 return Err(format!("median {median_s} s is not a positive time"));
             }
-            let time = |x: f64| x.is_finite() && x >= 0.0;
-            if !spread.is_none_or(time) || !samples.iter().all(|&x| time(x)) {
+            if !spread.is_none_or(is_time) || !samples.iter().all(|&x| is_time(x)) {
                 return Err("samples and spread must be finite times ≥ 0".into());
             }
             Some(Measurement {

@@ -580,10 +580,6 @@ mod tests {
         }
     }
 
-    /// On a core with a small L2 (set here, so that the test means the same everywhere) a
-    /// task's rows span several row blocks ([`row_block`]), the last one ending in a partial
-    /// tile: every micro-kernel, serial and split by rows, still gives the exact integer
-    /// product.
     /// A row of A holding NaN or ±∞ gives a NaN row of C (the f32 product is not finite
     /// there either); the other rows are exactly those of the same A without it.
     #[test]
@@ -613,6 +609,10 @@ mod tests {
         }
     }
 
+    /// On a core with a small L2 (set here, so that the test means the same everywhere) a
+    /// task's rows span several row blocks ([`row_block`]), the last one ending in a partial
+    /// tile: every micro-kernel, serial and split by rows, still gives the exact integer
+    /// product.
     #[test]
     fn row_blocks_with_an_edge_tile_are_exact() {
         let w: Workload = "gemm_bias_gelu_erf:133x21x301:i8".parse().unwrap();

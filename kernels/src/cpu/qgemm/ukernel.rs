@@ -5,9 +5,9 @@
 //! - `avx512vnni_*`: `vpdpbusd` (AVX512_VNNI): four `u8·s8` products summed into each i32 lane
 //!   per instruction; activation codes use all 8 bits.
 //! - `avxvnni_*`: `vpdpbusd` in its VEX form (AVX-VNNI: Intel client cores from Alder Lake,
-//!   Sierra Forest, Zen 5), 8 lanes; 8-bit activation codes. Offered only where AVX512_VNNI
-//!   is not ([`crate::hardware`] reports `avxvnni` only there): the 16-lane form is at least
-//!   as fast where both exist.
+//!   Sierra Forest), 8 lanes; 8-bit activation codes. Offered only where AVX512_VNNI is not
+//!   ([`crate::hardware`] reports `avxvnni` only there): the 16-lane form is at least as
+//!   fast where both exist, so Zen 5 and Sapphire Rapids run these only capped at AVX2.
 //! - `avx2_*`: `vpmaddubsw` then `vpmaddwd` by ones. `vpmaddubsw` saturates its pair sums to
 //!   i16; with activation codes kept below 128 (`max_code` 127) a pair sum is at most
 //!   `2·127·127 = 32258 < 32767`, so nothing saturates and the result is exact — at the price
