@@ -551,20 +551,10 @@ impl TuningDb {
         }
         match (&r.status, &r.measurement) {
             (Status::Ok, None) => bad(format!("{what}: status ok needs a measurement")),
-            (Status::Ok, Some(m)) => {
-                if !(m.median_s.is_finite() && m.median_s > 0.0) {
-                    return bad(format!(
-                        "{what}: median {} s is not a positive time",
-                        m.median_s
-                    ));
-                }
-                if !(is_time(m.spread) && m.samples.iter().all(|&s| is_time(s))) {
-                    return bad(format!(
-                        "{what}: samples and spread must be finite times ≥ 0"
-                    ));
-                }
-                Ok(())
-            }
+            (Status::Ok, Some(m)) => match timing_problem(m) {
+                Some(why) => bad(format!("{what}: {why}")),
+                None => Ok(()),
+            },
             (s, Some(_)) => bad(format!(
                 "{what}: a {s} record cannot carry a measurement (only ok records are timed)"
             )),
@@ -901,10 +891,18 @@ fn create_complete(path: &Path) -> Result<()> {
     linked
 }
 
-/// Whether `x` can be a measured time or spread: finite and not negative (what `insert`
-/// takes and reading keeps).
-fn is_time(x: f64) -> bool {
-    x.is_finite() && x >= 0.0
+/// What makes `m` an impossible measurement, if anything: a median that is not a positive
+/// time, or samples or a spread that are not finite times ≥ 0 (`insert` refuses such a
+/// record, reading skips such a row).
+fn timing_problem(m: &Measurement) -> Option<String> {
+    let time = |x: f64| x.is_finite() && x >= 0.0;
+    if !(m.median_s.is_finite() && m.median_s > 0.0) {
+        Some(format!("median {} s is not a positive time", m.median_s))
+    } else if !(time(m.spread) && m.samples.iter().all(|&x| time(x))) {
+        Some("samples and spread must be finite times ≥ 0".into())
+    } else {
+        None
+    }
 }
 
 fn wal_has_content(path: &Path) -> bool {
@@ -1040,18 +1038,16 @@ fn check_row(r: &Row<'_>) -> Result<Record, String> {
                 Some(s) => serde_json::from_str::<Vec<f64>>(&s)
                     .map_err(|e| format!("samples {s:?} do not parse: {e}"))?,
             };
-            // What `insert` refuses, refused on reading too: such a row is never served.
-            if !(median_s.is_finite() && median_s > 0.0) {
-                return Err(format!("median {median_s} s is not a positive time"));
-            }
-            if !spread.is_none_or(is_time) || !samples.iter().all(|&x| is_time(x)) {
-                return Err("samples and spread must be finite times ≥ 0".into());
-            }
-            Some(Measurement {
+            let m = Measurement {
                 samples,
                 median_s,
                 spread: spread.unwrap_or(0.0),
-            })
+            };
+            // What `insert` refuses, refused on reading too: such a row is never served.
+            if let Some(why) = timing_problem(&m) {
+                return Err(why);
+            }
+            Some(m)
         }
     };
     let max_rel_err: Option<f64> = r.get(14).map_err(sql)?;

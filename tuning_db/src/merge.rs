@@ -430,18 +430,14 @@ impl Import<'_> {
         // The source's decision travels with its re-measurements even where the target
         // would serve the same trial without it (it is then the raw fastest), unless a
         // decision for that trial is already in force (an import repeated).
-        let write = if decided_by_source {
+        if decided_by_source {
             let in_force = self.db.winner_trial(&key.0, &s.workload)?;
-            in_force.and_then(|r| r.id) != Some(chosen)
-        } else {
-            self.db.best(&key.0, &s.workload)?.and_then(|r| r.id) != Some(chosen)
-        };
-        if write {
-            if decided_by_source {
+            if in_force.and_then(|r| r.id) != Some(chosen) {
                 self.copy_decision(&key, s_new)?;
-            } else {
-                self.record_decision(&key, chosen, outcome)?;
+                report.winners_recorded += 1;
             }
+        } else if self.db.best(&key.0, &s.workload)?.and_then(|r| r.id) != Some(chosen) {
+            self.record_decision(&key, chosen, outcome)?;
             report.winners_recorded += 1;
         }
         let mut best = chosen_sum;
