@@ -4,14 +4,16 @@ weights, threads and batch/seq grid, interleaved rounds. Never used by tests or 
 
     scripts/bench-bert-precision.py --autokernel target/release/autokernel --db bert.db \\
         [--model-dir target/bert-base-ckpt] [--batch 1,8] [--seq 128] [--threads 2] \\
-        [--rounds 3] [--iters 10] [--precisions f32,int8,bf16,auto] [--out DIR]
+        [--rounds 3] [--iters 10] [--precisions f32,int8,bf16,auto,auto@5e-3] [--out DIR]
+    scripts/bench-bert-precision.py --prepare [--model-dir DIR]   # step 1 only (to tune on it)
 
 1. Makes (once) a Hugging Face BERT-base directory: random weights from a seed,
    `hidden_act="gelu"` (exact erf, as published checkpoints), saved by `save_pretrained`;
    exports it to ONNX (f32) and quantises that with `onnxruntime.quantization.quantize_dynamic`
    (int8, ORT's default per-tensor weights, as users run it).
 2. Per round, per (batch, seq), ours first in even rounds and the peers first in odd ones:
-   our `autokernel infer --model DIR --precision P --json` for each P; PyTorch f32,
+   our `autokernel infer --model DIR --precision P --json` for each P (`auto@E` is `auto` with
+   the error budget E: `auto@5e-3` keeps int8 out and mixes bf16 and f32); PyTorch f32,
    `autocast(bfloat16)` and `quantize_dynamic` int8 (nn.Linear); ORT f32 and int8. Every
    stack runs in a fresh process of its own (this script again, `--one-stack NAME`), so none
    runs beside another's idle (spinning) threads or memory, and on the same random token ids.
@@ -212,11 +214,13 @@ def accuracy(rows, outputs):
 
 
 def ours(args, precision, b, s):
+    policy, _, budget = precision.partition("@")
     cmd = [args.autokernel, "infer", "--model", args.model_dir, "--db", args.db,
            "--batch", str(b), "--seq", str(s), "--threads", str(args.threads),
-           "--iters", str(args.iters), "--precision", precision, "--check", "none", "--json"]
-    if args.max_rel_err is not None:
-        cmd += ["--max-rel-err", str(args.max_rel_err)]
+           "--iters", str(args.iters), "--precision", policy, "--check", "none", "--json"]
+    budget = budget or (str(args.max_rel_err) if args.max_rel_err is not None else "")
+    if budget:
+        cmd += ["--max-rel-err", budget]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     row = json.loads(out.strip().splitlines()[-1])
     return {
@@ -239,7 +243,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--precisions", default="f32,int8,bf16,auto")
+    ap.add_argument("--precisions", default="f32,int8,bf16,auto",
+                    help="our precisions, comma-separated: f32, int8, bf16, auto, or auto@E "
+                         "(auto within the error budget E)")
     ap.add_argument("--max-rel-err", type=float, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="default bench_results/<fingerprint>")
@@ -248,6 +254,8 @@ def main():
                          "(default f32,int8 when the autokernel package imports; '' for none)")
     ap.add_argument("--skip", default="", help="peer stacks to leave out, comma-separated, e.g. "
                     "'torch bf16 autocast' (10 s a call at batch 8 on CPUs without bf16 hardware)")
+    ap.add_argument("--prepare", action="store_true",
+                    help="only make the model directory and its ONNX models, then exit")
     ap.add_argument("--one-stack", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--one-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -263,6 +271,8 @@ def main():
     os.makedirs(args.model_dir, exist_ok=True)
     make_model(args.model_dir, args.seed)
     onnx_models(args.model_dir)
+    if args.prepare:
+        return 0
     hw = json.loads(subprocess.run([args.autokernel, "hw", "--json", "--threads", str(args.threads)],
                                    check=True, capture_output=True, text=True).stdout)
     # bench_results/ is keyed by the machine's fingerprint at all its threads (`hw` without
