@@ -34,6 +34,14 @@ impl Isa {
         }
     }
 
+    /// f32 lanes of the level's vectors (the portable kernels' arrays are 8 wide).
+    pub fn f32_lanes(self) -> usize {
+        match self {
+            Isa::Avx512 => 16,
+            Isa::Avx2 | Isa::Portable => 8,
+        }
+    }
+
     /// The level called `name` ([`Isa::name`]).
     pub fn parse(name: &str) -> Option<Isa> {
         Isa::ALL.into_iter().find(|i| i.name() == name)

@@ -34,7 +34,7 @@ pub fn fma_peak_gflops(threads: usize, seconds: f64) -> f64 {
 /// Flops done by this thread in about `seconds`.
 fn one_thread(seconds: f64) -> f64 {
     let isa = Isa::detect();
-    let per_round = 2.0 * CHAINS as f64 * lanes(isa) as f64;
+    let per_round = 2.0 * CHAINS as f64 * isa.f32_lanes() as f64;
     let start = Instant::now();
     let mut rounds = 0usize;
     let mut sink = 0.0f32;
@@ -47,14 +47,6 @@ fn one_thread(seconds: f64) -> f64 {
     }
     black_box(sink);
     rounds as f64 * per_round
-}
-
-fn lanes(isa: Isa) -> usize {
-    match isa {
-        Isa::Avx512 => 16,
-        Isa::Avx2 => 8,
-        Isa::Portable => 8,
-    }
 }
 
 /// `rounds` rounds of `CHAINS` vector FMAs; returns a value derived from every chain.

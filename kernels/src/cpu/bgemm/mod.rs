@@ -149,11 +149,15 @@ impl Kernel for GemmBf16 {
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
         let (m, n, k) = dims(w);
-        let uk = default_ukernel(&offered(hw), m, n);
+        let big = hw.cores > 1 && (m * n * k) as f64 >= PARALLEL_MIN_MACS;
+        let uk = default_ukernel(&offered(hw), (m, n), if big { hw.cores } else { 1 });
         let f = uk.a_bytes_per_depth();
         // kc: an A micro-panel (MR×kc f32 or bf16) and a B one (kc×NR bf16) fill ~3/4 of L1.
         // For one or two rows nothing in B is reused: the whole depth at once (C stored once).
-        let kc = if m <= 2 {
+        // So too for the `vdpbf16ps` kernels: measured on a Zen 4, the whole depth (B's panel
+        // streamed from L2) beat the L1 rule's kc = 192 by 1.27× at 1024³ on one thread and
+        // was the best of every kc on the BERT shapes at 2 threads.
+        let kc = if m <= 2 || (uk.bf16 && !uk.amx) {
             first_at_least(KC_VALUES, k).unwrap_or(KC_VALUES[KC_VALUES.len() - 1])
         } else {
             snap(KC_VALUES, hw.l1d_bytes * 3 / 4 / (uk.mr * f + uk.nr * 2), k)
@@ -161,7 +165,6 @@ impl Kernel for GemmBf16 {
         // mc: the packed A block (mc×kc values) fills ~half of L2.
         let mc = snap(MC_VALUES, hw.l2_bytes / 2 / (kc.min(k) * f), m);
         // Rows when there are enough row tiles for every thread, else column panels.
-        let big = hw.cores > 1 && (m * n * k) as f64 >= PARALLEL_MIN_MACS;
         let par = match () {
             _ if big && m >= 2 * uk.mr * hw.cores => "m",
             _ if big && n >= 2 * uk.nr * hw.cores => "n",
@@ -214,17 +217,23 @@ impl Kernel for GemmBf16 {
     }
 }
 
-/// The default tile for `m × n`, among the best tier's kernels (ISA level, then
-/// `vdpbf16ps` above widening): the fewest padded rows plus two per row tile (each row tile
-/// streams the B panels once more), then the fewest padded columns, then the first listed.
-/// So on AVX2 6×16 for many rows, 4×16 at M = 7 or 8 (measured on a loaded Zen 3 at
-/// 8×768×768: 1.7× faster than 6×16, whose second tile is mostly padding), one or two rows
-/// at M ≤ 2, and for one row and a wide N `1x64`, whose 8 accumulators keep both FMA pipes
-/// busy where `1x32`'s 4 wait on their latency. On AVX-512 likewise 12×32 for many rows,
-/// 4×64 for 3 to 8, and one row `1x128` (N > 64) or `1x64`. (The AVX-512 choices follow
-/// the same rule, unmeasured: no AVX-512 machine was at hand.) The AMX kernels are never a
-/// default: they have not been measured; tuning may pick them where they are offered.
-fn default_ukernel(offer: &[&'static Bf16Kernel], m: usize, n: usize) -> &'static Bf16Kernel {
+/// The default tile for `m × n` over `threads` row shares, among the best tier's kernels
+/// (ISA level, then `vdpbf16ps` above widening): the fewest instructions per depth step in
+/// one thread's share of C — per tile `MR·NV` multiply-adds, `MR` broadcasts of A and `NV`
+/// loads of B (`NV` vectors across the tile), with padded rows and columns counted as work
+/// and the row tiles split over the threads — then the first listed. So on AVX2 6×16 for
+/// many rows, 4×16 at M = 7 or 8 (measured on a loaded Zen 3 at 8×768×768: 1.7× faster
+/// than 6×16, whose second tile is mostly padding), and one row `1x64`, whose 8
+/// accumulators keep both FMA pipes busy where `1x32`'s 4 wait on their latency. On
+/// AVX512_BF16 4×64 for most shapes: measured on a Zen 4 (2 threads, 128×768×768: 1.4×
+/// 12×32, whose 11 row tiles split 6 / 5 with a padded last one; one thread, 1024³: 1.07×),
+/// and one row `1x128`. The AMX kernels are never a default: they have not been measured;
+/// tuning may pick them where they are offered.
+fn default_ukernel(
+    offer: &[&'static Bf16Kernel],
+    (m, n): (usize, usize),
+    threads: usize,
+) -> &'static Bf16Kernel {
     let tier = |k: &Bf16Kernel| (k.isa, k.bf16);
     let best = offer.iter().filter(|k| !k.amx).map(|k| tier(k)).max();
     offer
@@ -232,8 +241,9 @@ fn default_ukernel(offer: &[&'static Bf16Kernel], m: usize, n: usize) -> &'stati
         .enumerate()
         .filter(|(_, k)| !k.amx && Some(tier(k)) == best)
         .min_by_key(|(i, k)| {
-            let tiles = m.div_ceil(k.mr);
-            (tiles * (k.mr + 2), n.div_ceil(k.nr) * k.nr, *i)
+            let nv = k.nr / k.isa.f32_lanes();
+            let tiles = m.div_ceil(k.mr).div_ceil(threads) * n.div_ceil(k.nr);
+            (tiles * (k.mr * nv + k.mr + nv), *i)
         })
         .map(|(_, k)| *k)
         .unwrap_or(&KERNELS[KERNELS.len() - 1])
