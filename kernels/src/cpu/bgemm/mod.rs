@@ -40,7 +40,8 @@
 //! kernels are tested on every CPU through emulated twins (same bodies and tile shapes over
 //! a plain-Rust `vdpbf16ps` that follows the Intel SDM, or over the emulated tile unit
 //! [`crate::cpu::amx::Emulated`]: [`ukernel`]), and on the real instructions only where the
-//! CPU (and OS) has them — they never ran on the development machine (AMD Zen 3, AVX2 only).
+//! CPU (and OS) has them: the AVX-512 and `vdpbf16ps` ones ran on an AMD Zen 4, the AMX
+//! ones never on a real tile unit.
 //!
 //! AMX depth: a K block's pairs are stepped 16 pairs (32 bf16) per tile; a remainder (K
 //! not a multiple of 32, odd K padded with a zero) is copied zero-padded into staging tiles

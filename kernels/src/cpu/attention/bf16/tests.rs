@@ -249,3 +249,74 @@ fn spaces_follow_the_fingerprint_and_support_this_cpu() {
         Err(e) => assert!(!runs && e.to_string().contains("AVX512_BF16"), "{e}"),
     }
 }
+
+/// The packers against their layouts written out element by element: odd D, D past one
+/// 32-column stripe, D past the packers' one-piece width (300), odd key lengths, length 0.
+#[test]
+fn packers_follow_their_layouts() {
+    use super::ukernel::{pack_keys, pack_queries, pack_values};
+    use crate::cpu::bgemm::convert::to_bf16;
+    for (s, d, nr, klen) in [
+        (7usize, 17usize, 32usize, 5usize),
+        (13, 80, 64, 13),
+        (5, 300, 32, 4),
+        (3, 33, 32, 0),
+    ] {
+        let x: Vec<f32> = (0..s * d).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let (dsteps, dp, spairs) = (d.div_ceil(2), d.div_ceil(16) * 16, s.div_ceil(2));
+        let at = |j: usize, c: usize| {
+            if j < klen && c < d {
+                to_bf16(x[j * d + c])
+            } else {
+                0
+            }
+        };
+
+        let mut kp = vec![0u16; s.div_ceil(nr) * dsteps * 2 * nr];
+        pack_keys(&x, d, nr, klen, &mut kp);
+        for j in 0..s.div_ceil(nr) * nr {
+            for c in 0..2 * dsteps {
+                let want = at(j, c);
+                assert_eq!(
+                    kp[j / nr * dsteps * 2 * nr + c / 2 * 2 * nr + 2 * (j % nr) + c % 2],
+                    want
+                );
+            }
+        }
+
+        let mut vp = vec![0u16; dp * 2 * spairs];
+        pack_values(&x, d, dp, klen, &mut vp);
+        for j in 0..2 * spairs {
+            for c in 0..dp {
+                let (c0, width) = (c / 32 * 32, 32.min(dp - c / 32 * 32));
+                let got = vp[c0 * 2 * spairs + j / 2 * 2 * width + 2 * (c - c0) + j % 2];
+                assert_eq!(
+                    got,
+                    at(j, c),
+                    "value ({j}, {c}) of S {s} D {d} length {klen}"
+                );
+            }
+        }
+
+        let mr = 8;
+        let rows = s.min(mr - 1);
+        let mut qa = vec![7u32; dsteps * mr];
+        pack_queries(&x, d, rows, mr, &mut qa);
+        for t in 0..dsteps {
+            for r in 0..mr {
+                let q = |c: usize| {
+                    if r < rows && c < d {
+                        u32::from(to_bf16(x[r * d + c]))
+                    } else {
+                        0
+                    }
+                };
+                assert_eq!(
+                    qa[t * mr + r],
+                    q(2 * t) | q(2 * t + 1) << 16,
+                    "query ({r}, {t})"
+                );
+            }
+        }
+    }
+}
