@@ -175,12 +175,15 @@ pub(super) unsafe fn bias_act(row: *mut f32, bias: *const f32, n: usize, act: u8
     unsafe { bias_act_body::<Avx512>(row, bias, n, act) }
 }
 
-/// The packed shapes: (MR, NR, kernel over packed A, kernel over row-major A).
+/// The packed shapes: (MR, NR, kernel over packed A, kernel over row-major A), best first.
+/// 6×64 leads: the fewest instructions per multiply-add (6 broadcasts and 4 loads per 24
+/// FMAs), the most frequent winner of tuning on an Intel AVX-512 VM, and 1.03–1.08× 14×32 on
+/// a Zen 4 (A/B at 128×768×768 and 1024³, one thread).
 pub(super) const PACKED: &[(usize, usize, PackedFn, PackedFn)] = &[
+    (6, 64, packed::<6, 4, true>, packed::<6, 4, false>),
     (14, 32, packed::<14, 2, true>, packed::<14, 2, false>),
     (12, 32, packed::<12, 2, true>, packed::<12, 2, false>),
     (8, 48, packed::<8, 3, true>, packed::<8, 3, false>),
-    (6, 64, packed::<6, 4, true>, packed::<6, 4, false>),
 ];
 
 /// The direct tile shapes offered as knob values: (rows, vectors).
