@@ -290,6 +290,46 @@ mod tests {
     }
 
     #[test]
+    fn activation_codes_and_dequantisation_are_the_same_in_every_build() {
+        // The build this CPU runs (AVX-512 or AVX2) against the baseline one, bit for bit:
+        // k not a multiple of any vector width, rows with ties, a constant row, a NaN row.
+        let k = 37;
+        let mut a: Vec<f32> = (0..6 * k)
+            .map(|i| ((i * 29 % 41) as f32 - 17.0) * 0.25)
+            .collect();
+        a[2 * k..3 * k].fill(1.5);
+        a[4 * k + 5] = f32::NAN;
+        for scheme in [AQuant::U8, AQuant::S8] {
+            for max_code in [255, 127] {
+                let (mut fast, mut base) = (QuantA::default(), QuantA::default());
+                super::super::ukernel::quantize_rows_fast(&a, k, scheme, max_code, &mut fast);
+                quantize_rows(&a, k, scheme, max_code, &mut base);
+                assert_eq!(fast.codes, base.codes, "{scheme:?} {max_code}");
+                assert_eq!(fast.zero, base.zero);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast.scale), bits(&base.scale));
+            }
+        }
+        let (m, cols, nr) = (3, 21, 24);
+        let acc: Vec<i32> = (0..m * nr)
+            .map(|i| (i as i32 * 7919) % 100_003 - 50_000)
+            .collect();
+        let colsum: Vec<i32> = (0..cols).map(|j| j as i32 * 13 - 100).collect();
+        let scale: Vec<f32> = (0..cols).map(|j| 0.01 + j as f32 * 1e-3).collect();
+        let (a_scale, a_zero) = (vec![0.02, 0.5, f32::NAN], vec![3, 128, 0]);
+        let (mut fast, mut base) = (vec![0f32; m * 30], vec![0f32; m * 30]);
+        let args = (
+            (&a_scale[..], &a_zero[..]),
+            (&colsum[..], &scale[..]),
+            (&acc[..], nr),
+        );
+        super::super::ukernel::dequantize_fast(args.0, args.1, args.2, &mut fast, (30, 4));
+        dequantize(args.0, args.1, args.2, &mut base, (30, 4));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fast), bits(&base));
+    }
+
+    #[test]
     fn codes_round_trip_within_half_a_step() {
         let a: Vec<f32> = (0..3 * 7)
             .map(|i| ((i * 37 % 23) as f32 - 9.0) / 4.0)
