@@ -310,11 +310,11 @@ mod tests {
                 assert_eq!(bits(&fast.scale), bits(&base.scale));
             }
         }
-        let (m, cols, nr) = (3, 21, 24);
+        let (m, cols, nr) = (3usize, 21usize, 24usize);
         let acc: Vec<i32> = (0..m * nr)
             .map(|i| (i as i32 * 7919) % 100_003 - 50_000)
             .collect();
-        let colsum: Vec<i32> = (0..cols).map(|j| j as i32 * 13 - 100).collect();
+        let colsum: Vec<i32> = (0..cols as i32).map(|j| j * 13 - 100).collect();
         let scale: Vec<f32> = (0..cols).map(|j| 0.01 + j as f32 * 1e-3).collect();
         let (a_scale, a_zero) = (vec![0.02, 0.5, f32::NAN], vec![3, 128, 0]);
         let (mut fast, mut base) = (vec![0f32; m * 30], vec![0f32; m * 30]);
