@@ -48,7 +48,8 @@ pub struct QuantA {
 /// kernels whose `u8 × s8` pair sums must stay below `i16::MAX`), reusing `q`'s buffers.
 ///
 /// Runs on every call, so it is written to vectorise (compare-select min/max, ties-to-even
-/// rounding); [`super::ukernel::quantize_rows_fast`] compiles it for AVX2 where the CPU has it.
+/// rounding); [`super::ukernel::quantize_rows_fast`] compiles it for AVX-512F or AVX2 where the CPU
+/// has them.
 #[inline(always)]
 pub fn quantize_rows(a: &[f32], k: usize, scheme: AQuant, max_code: u8, q: &mut QuantA) {
     let m = a.len() / k.max(1);
@@ -108,7 +109,7 @@ fn row_params(row: &[f32], scheme: AQuant, max_code: u8) -> (f32, i32) {
 /// `acc[i·nr]`. `colsum` and `scale` are the panel's columns of [`QuantB`].
 ///
 /// Runs on every output, so it is written to vectorise (slices zipped, no indexing);
-/// [`super::ukernel::dequantize_fast`] compiles it for AVX2 where the CPU has it.
+/// [`super::ukernel::dequantize_fast`] compiles it for AVX-512F or AVX2 where the CPU has them.
 #[inline(always)]
 pub fn dequantize(
     (a_scale, a_zero): (&[f32], &[i32]),
