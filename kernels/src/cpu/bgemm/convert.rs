@@ -62,6 +62,31 @@ pub fn from_bf16(h: u16) -> f32 {
     f32::from_bits(u32::from(h) << 16)
 }
 
+/// `src` rounded to bf16 into `dst` (as many as the shorter has), in a loop that vectorises.
+#[inline(always)]
+pub fn to_bf16_slice(src: &[f32], dst: &mut [u16]) {
+    for (o, &x) in dst.iter_mut().zip(src) {
+        *o = to_bf16(x);
+    }
+}
+
+/// `row` rounded to bf16 as pair words, `f(s, word)` for each depth pair `s` in order: value
+/// `2s` in the word's low half, `2s + 1` in its high half, an odd last value paired with 0.
+/// Converts 64 values at a time ([`to_bf16_slice`]) before the words are formed.
+#[inline(always)]
+pub fn pair_words(row: &[f32], mut f: impl FnMut(usize, u32)) {
+    let mut h = [0u16; 64];
+    for (piece, part) in row.chunks(64).enumerate() {
+        to_bf16_slice(part, &mut h);
+        if part.len() % 2 == 1 {
+            h[part.len()] = 0;
+        }
+        for (s, p) in h.chunks_exact(2).take(part.len().div_ceil(2)).enumerate() {
+            f(piece * 32 + s, u32::from(p[0]) | u32::from(p[1]) << 16);
+        }
+    }
+}
+
 /// `x` rounded to the nearest bf16 value, kept as an f32: `from_bf16(to_bf16(x))`.
 #[inline(always)]
 pub fn round_bf16(x: f32) -> f32 {

@@ -26,7 +26,7 @@
 //! assert_eq!(Layout::Widen16.index(3, 5, 32), 3 * 32 + 10);
 //! ```
 
-use super::convert::{slot_in, to_bf16};
+use super::convert::{pair_words, slot_in, to_bf16};
 
 /// The arrangement of a B panel's bf16 values and of packed A (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -198,11 +198,7 @@ fn pack_pairs(
         dst.fill(0);
         for r in 0..rows {
             let row = &a[(r0 + r) * lda + p0..][..kc];
-            for (s, pair) in row.chunks(2).enumerate() {
-                let lo = u32::from(to_bf16(pair[0]));
-                let hi = pair.get(1).map_or(0, |&x| u32::from(to_bf16(x)));
-                dst[at(r, s, steps)] = lo | hi << 16;
-            }
+            pair_words(row, |s, w| dst[at(r, s, steps)] = w);
         }
     }
 }

@@ -251,7 +251,8 @@ fn spaces_follow_the_fingerprint_and_support_this_cpu() {
 }
 
 /// The packers against their layouts written out element by element: odd D, D past one
-/// 32-column stripe, D past the packers' one-piece width (300), odd key lengths, length 0.
+/// 32-column stripe, D past several 64-value conversion pieces (300), odd key lengths,
+/// length 0.
 #[test]
 fn packers_follow_their_layouts() {
     use super::ukernel::{pack_keys, pack_queries, pack_values};

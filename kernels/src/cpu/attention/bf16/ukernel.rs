@@ -19,7 +19,8 @@
 //! every extent before calling the kernel, and a tile is looked up by name only when the CPU
 //! runs it.
 
-use crate::cpu::bgemm::convert::to_bf16;
+use crate::cpu::bgemm::convert::{pair_words, to_bf16_slice};
+use crate::cpu::bgemm::layout::pack_a_pairs;
 use crate::cpu::bgemm::ukernel::body::{pair_body, DotBf16};
 use crate::cpu::gemm::ukernel::simd::{exp2_nonpos, Epi, Simd};
 
@@ -252,17 +253,10 @@ unsafe fn softmax_row<S: Simd, const MR: usize>(st: &Step, r: usize) -> f32 {
         }
         *l = *l * alpha + total;
         *m = m_new;
-        // The weights to bf16, 32 at a time (zero past `lim`; the row holds `bcp` values, a
-        // multiple of 32), and each pair of halves into one word of `pa`.
-        let mut h = [0u16; 32];
-        for c0 in (0..2 * kpairs).step_by(32) {
-            for (i, o) in h.iter_mut().enumerate() {
-                let x = if c0 + i < lim { *row.add(c0 + i) } else { 0.0 };
-                *o = to_bf16(x);
-            }
-            for (i, p) in h.chunks_exact(2).take(kpairs - c0 / 2).enumerate() {
-                *words(c0 / 2 + i) = u32::from(p[0]) | u32::from(p[1]) << 16;
-            }
+        // The weights to bf16 pair words; zero past `lim`.
+        pair_words(std::slice::from_raw_parts(row, lim), |t, w| *words(t) = w);
+        for t in lim.div_ceil(2)..kpairs {
+            *words(t) = 0;
         }
         alpha
     }
@@ -306,7 +300,7 @@ pub static TILES: &[Bf16Tile] = &[];
 
 #[cfg(target_arch = "x86_64")]
 const fn real(name: &'static str, mr: usize, nr: usize, f: StepFn) -> Bf16Tile {
-    assert!(mr <= MAX_MR && nr.is_multiple_of(2 * LANES));
+    assert!(mr <= MAX_MR && nr.is_multiple_of(LANES));
     Bf16Tile {
         name,
         mr,
@@ -344,44 +338,18 @@ pub fn tile(name: &str) -> Option<&'static Bf16Tile> {
         .filter(|t| t.available())
 }
 
-/// `src` rounded to bf16 into `dst` (as long as `src`), in a loop the compiler vectorizes.
-fn to_bf16_row(src: &[f32], dst: &mut [u16]) {
-    for (o, &x) in dst.iter_mut().zip(src) {
-        *o = to_bf16(x);
-    }
-}
-
-/// One row of `d` values as bf16 pair words (`⌈D/2⌉`; an odd last depth pairs with 0).
-fn pair_words<'w>(row: &[f32], words: &'w mut [u32; MAX_PAIRS]) -> &'w [u32] {
-    let mut h = [0u16; 2 * MAX_PAIRS];
-    to_bf16_row(row, &mut h);
-    let n = row.len().div_ceil(2);
-    for (w, p) in words[..n].iter_mut().zip(h.chunks_exact(2)) {
-        *w = u32::from(p[0]) | u32::from(p[1]) << 16;
-    }
-    &words[..n]
-}
-
-/// Largest head dimension the packers take in one piece, in depth pairs; longer rows are
-/// packed piece by piece.
-const MAX_PAIRS: usize = 128;
-
 /// Packs keys `0..klen` of one head (`S × D`, row-major) as bf16 into panels of `nr` keys,
 /// `[depth pair][key][2]` each (`⌈D/2⌉·2·nr` values per panel, `⌈S/nr⌉` panels); `out` must
 /// be zero (keys past `klen` and the odd depth past `D` stay zero).
 pub fn pack_keys(k: &[f32], d: usize, nr: usize, klen: usize, out: &mut [u16]) {
     let panel = d.div_ceil(2) * 2 * nr;
-    let mut words = [0u32; MAX_PAIRS];
     for (j, row) in k.chunks_exact(d).take(klen).enumerate() {
         let base = j / nr * panel + 2 * (j % nr);
-        for (piece, part) in row.chunks(2 * MAX_PAIRS).enumerate() {
-            let first = piece * MAX_PAIRS;
-            for (t, &w) in pair_words(part, &mut words).iter().enumerate() {
-                let at = base + (first + t) * 2 * nr;
-                out[at] = w as u16;
-                out[at + 1] = (w >> 16) as u16;
-            }
-        }
+        pair_words(row, |t, w| {
+            let at = base + t * 2 * nr;
+            out[at] = w as u16;
+            out[at + 1] = (w >> 16) as u16;
+        });
     }
 }
 
@@ -397,9 +365,9 @@ pub fn pack_values(v: &[f32], d: usize, dp: usize, klen: usize, out: &mut [u16])
         let odd = if 2 * jp + 1 < klen { odd } else { &[] };
         for c0 in (0..d).step_by(32) {
             let (width, cols) = (32.min(dp - c0), 32.min(d - c0));
-            to_bf16_row(&even[c0..c0 + cols], &mut lo);
+            to_bf16_slice(&even[c0..c0 + cols], &mut lo);
             hi.fill(0);
-            to_bf16_row(odd.get(c0..c0 + cols).unwrap_or(&[]), &mut hi);
+            to_bf16_slice(odd.get(c0..c0 + cols).unwrap_or(&[]), &mut hi);
             let dst = &mut out[c0 * 2 * spairs + jp * 2 * width..][..2 * cols];
             for (o, (&a, &b)) in dst.chunks_exact_mut(2).zip(lo.iter().zip(&hi)) {
                 o[0] = a;
@@ -412,14 +380,9 @@ pub fn pack_values(v: &[f32], d: usize, dp: usize, klen: usize, out: &mut [u16])
 /// Packs query rows (`rows ≤ mr` of `d` values at stride `d`) as bf16 pair words
 /// `[depth pair][row]` into `out` (`⌈D/2⌉·mr` words); padding rows and the odd depth are 0.
 pub fn pack_queries(q: &[f32], d: usize, rows: usize, mr: usize, out: &mut [u32]) {
-    out.fill(0);
-    let mut words = [0u32; MAX_PAIRS];
-    for (r, row) in q.chunks_exact(d).take(rows).enumerate() {
-        for (piece, part) in row.chunks(2 * MAX_PAIRS).enumerate() {
-            let first = piece * MAX_PAIRS;
-            for (t, &w) in pair_words(part, &mut words).iter().enumerate() {
-                out[(first + t) * mr + r] = w;
-            }
-        }
+    if rows == 0 {
+        out.fill(0); // no panel to pack
+    } else {
+        pack_a_pairs(q, d, (0, rows), (0, d), mr, out);
     }
 }
