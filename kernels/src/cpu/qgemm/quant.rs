@@ -48,8 +48,7 @@ pub struct QuantA {
 /// kernels whose `u8 × s8` pair sums must stay below `i16::MAX`), reusing `q`'s buffers.
 ///
 /// Runs on every call, so it is written to vectorise (compare-select min/max, ties-to-even
-/// rounding); [`super::ukernel::quantize_rows_fast`] compiles it for AVX-512F or AVX2 where the CPU
-/// has them.
+/// rounding); [`super::ukernel::quantize_rows_fast`] compiles it for AVX2 where the CPU has it.
 #[inline(always)]
 pub fn quantize_rows(a: &[f32], k: usize, scheme: AQuant, max_code: u8, q: &mut QuantA) {
     let m = a.len() / k.max(1);
@@ -109,7 +108,7 @@ fn row_params(row: &[f32], scheme: AQuant, max_code: u8) -> (f32, i32) {
 /// `acc[i·nr]`. `colsum` and `scale` are the panel's columns of [`QuantB`].
 ///
 /// Runs on every output, so it is written to vectorise (slices zipped, no indexing);
-/// [`super::ukernel::dequantize_fast`] compiles it for AVX-512F or AVX2 where the CPU has them.
+/// [`super::ukernel::dequantize_fast`] compiles it for AVX2 where the CPU has it.
 #[inline(always)]
 pub fn dequantize(
     (a_scale, a_zero): (&[f32], &[i32]),
@@ -292,7 +291,7 @@ mod tests {
 
     #[test]
     fn activation_codes_and_dequantisation_are_the_same_in_every_build() {
-        // The build this CPU runs (AVX-512 or AVX2) against the baseline one, bit for bit:
+        // The AVX2 build (where this CPU has it) against the baseline one, bit for bit:
         // k not a multiple of any vector width, rows with ties, a constant row, a NaN row.
         let k = 37;
         let mut a: Vec<f32> = (0..6 * k)

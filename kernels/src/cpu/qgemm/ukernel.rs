@@ -199,9 +199,9 @@ impl DotKernel {
     }
 }
 
-/// [`quantize_rows`](super::quant::quantize_rows), compiled for AVX-512F or AVX2 + FMA where
-/// this CPU runs them (vector rounding, min/max and conversions; the baseline build has no
-/// vector rounding and calls libm per value). Every width gives the same codes.
+/// [`quantize_rows`](super::quant::quantize_rows), compiled for AVX2 + FMA where this CPU
+/// runs them (vector rounding, min/max and conversions; the baseline build has no vector
+/// rounding and calls libm per value).
 pub fn quantize_rows_fast(
     a: &[f32],
     k: usize,
@@ -209,11 +209,6 @@ pub fn quantize_rows_fast(
     max_code: u8,
     q: &mut super::quant::QuantA,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if Isa::Avx512.available() {
-        // SAFETY: `available()` checked that this CPU runs AVX-512F (and FMA).
-        return unsafe { x86::quantize_rows_avx512(a, k, scheme, max_code, q) };
-    }
     #[cfg(target_arch = "x86_64")]
     if Isa::Avx2.available() {
         // SAFETY: `available()` checked that this CPU runs AVX2 (and FMA, which the level
@@ -235,8 +230,8 @@ pub fn codes_fast(b: &[f32], inv: &[f32], q: &mut super::quant::QuantB) {
     super::quant::codes(b, inv, q)
 }
 
-/// [`dequantize`](super::quant::dequantize), compiled for AVX-512F or AVX2 where this CPU
-/// runs it (the baseline build has no 32-bit vector multiply and a narrower vector).
+/// [`dequantize`](super::quant::dequantize), compiled for AVX2 where this CPU runs it (the
+/// baseline build has no 32-bit vector multiply and half the vector width).
 pub fn dequantize_fast(
     a: (&[f32], &[i32]),
     b: (&[i32], &[f32]),
@@ -244,11 +239,6 @@ pub fn dequantize_fast(
     c: &mut [f32],
     at: (usize, usize),
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if Isa::Avx512.available() {
-        // SAFETY: `available()` checked that this CPU runs AVX-512F (and FMA).
-        return unsafe { x86::dequantize_avx512(a, b, acc, c, at) };
-    }
     #[cfg(target_arch = "x86_64")]
     if Isa::Avx2.available() {
         // SAFETY: `available()` checked that this CPU runs AVX2 (and FMA, which the level
@@ -358,21 +348,6 @@ mod x86 {
         quantize_rows(a, k, scheme, max_code, q)
     }
 
-    /// [`quantize_rows`] with AVX-512F + FMA enabled: the same body at twice the width.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F, AVX2 and FMA (the AVX-512 level implies them).
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn quantize_rows_avx512(
-        a: &[f32],
-        k: usize,
-        scheme: AQuant,
-        max_code: u8,
-        q: &mut QuantA,
-    ) {
-        quantize_rows(a, k, scheme, max_code, q)
-    }
-
     /// [`codes`](super::super::quant::codes) with AVX2 + FMA enabled (it is
     /// `#[inline(always)]`, so its body is compiled here).
     ///
@@ -390,21 +365,6 @@ mod x86 {
     /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dequantize_avx2(
-        a: (&[f32], &[i32]),
-        b: (&[i32], &[f32]),
-        acc: (&[i32], usize),
-        c: &mut [f32],
-        at: (usize, usize),
-    ) {
-        super::super::quant::dequantize(a, b, acc, c, at)
-    }
-
-    /// [`dequantize`](super::super::quant::dequantize) with AVX-512F + FMA enabled.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F, AVX2 and FMA (the AVX-512 level implies them).
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn dequantize_avx512(
         a: (&[f32], &[i32]),
         b: (&[i32], &[f32]),
         acc: (&[i32], usize),
