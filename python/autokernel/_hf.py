@@ -20,6 +20,13 @@ from ._ops import (
     _LOCK,
     _WEIGHTS,
     AutokernelLinear,
+    _attention_op,
+    _attention_qkv_op,
+    _encoder_layer_op,
+    _encoder_op,
+    _linear_add_layer_norm_op,
+    _linear_op,
+    call,
     _linear_ok,
     _needs_grad,
     _register_owned,
@@ -68,9 +75,21 @@ def _read_key_lengths(mask: torch.Tensor, causal: bool) -> Optional[torch.Tensor
 
     ``mask`` is (B, 1 or H, Sq, Sk): boolean (True = attend) or additive float (0 = attend,
     a large negative number = masked). The mask is checked in full, never guessed from one row.
+    Under ``torch.export`` its values are unknown (no check can run): None, and the modules'
+    own forwards serve that attention.
     """
     if mask.dim() != 4:
         return None
+    try:
+        return _check_key_lengths(mask, causal)
+    except RuntimeError:  # a data-dependent check on a traced mask
+        if torch.compiler.is_compiling():
+            return None
+        raise
+
+
+def _check_key_lengths(mask: torch.Tensor, causal: bool) -> Optional[torch.Tensor]:
+    """:func:`_read_key_lengths` of a 4-D mask."""
     allowed = mask if mask.dtype == torch.bool else mask == 0
     if mask.dtype != torch.bool and not bool(torch.all(allowed | (mask <= -1e4))):
         return None  # a soft bias, not a mask
@@ -110,7 +129,7 @@ def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
-    o = torch.ops.autokernel.attention(query, key, value, handle, causal, lengths)
+    o = call(_attention_op, query, key, value, handle, causal, lengths)
     return o.transpose(1, 2).contiguous(), None
 
 
@@ -203,7 +222,7 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
     for n in _NOT_FUSED_KWARGS:
         kwargs.pop(n, None)
     h, d = self.all_head_size, self.attention_head_size
-    qkv = torch.ops.autokernel.linear(hidden_states, self._autokernel_qkv, self._autokernel_qkv_bias)
+    qkv = call(_linear_op, hidden_states, self._autokernel_qkv, self._autokernel_qkv_bias)
     causal = bool(kwargs.get("is_causal", getattr(self, "is_causal", False)))
     lengths = None
     plain = (
@@ -218,7 +237,7 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
     if plain:
         # Straight from the projection's rows: the runtime splits and merges the heads.
         heads = h // d
-        return torch.ops.autokernel.attention_qkv(qkv, self._autokernel_runtime, heads, causal, lengths), None
+        return call(_attention_qkv_op, qkv, self._autokernel_runtime, heads, causal, lengths), None
     shape = (*hidden_states.shape[:-1], -1, d)
     q, k, v = (qkv[..., i * h : (i + 1) * h].view(shape).transpose(1, 2) for i in range(3))
     out, weights = _hf_attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
@@ -289,7 +308,8 @@ def _fused_output(self, hidden_states, input_tensor):
         return self._autokernel_forward(hidden_states, input_tensor)
     self.dense.refresh()
     bias = None if self.dense.bias is None else self.dense.bias.detach()
-    return torch.ops.autokernel.linear_add_layer_norm(
+    return call(
+        _linear_add_layer_norm_op,
         hidden_states, self.dense.handle, bias, input_tensor, ln.weight.detach(), ln.bias.detach(), float(ln.eps)
     )
 
@@ -366,28 +386,113 @@ def _fused_layer(self, hidden_states, attention_mask=None, *args, **kwargs):
     """A fused encoder layer's forward (see :func:`_fuse_layer`); the original one for what it
     does not cover (cross-attention, a cache, training, gradients, another dtype, a mask
     that is not right padding)."""
-    sa = self.attention.self
-    if (
-        any(a is not None for a in args)
-        or any(kwargs.get(n) is not None for n in _NOT_FUSED_KWARGS + ("encoder_attention_mask",))
+    plain = not any(a is not None for a in args) and _plain_layer_call(kwargs)
+    handle = _layer_handle(self, hidden_states) if plain else None
+    lengths = None
+    if handle is not None and attention_mask is not None:
+        lengths = _key_lengths(attention_mask, False)
+        handle = None if lengths is None else handle
+    if handle is None:
+        return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
+    return call(_encoder_layer_op, hidden_states, handle, lengths)
+
+
+def _plain_layer_call(kwargs: dict) -> bool:
+    """Whether an encoder layer (or encoder) call with keyword arguments ``kwargs`` is one the
+    fused forwards serve: no cross-attention, cache or attention weights asked for."""
+    return not (
+        any(kwargs.get(n) is not None for n in _NOT_FUSED_KWARGS + ("encoder_attention_mask",))
         or kwargs.get("output_attentions")
-        or self.training
+    )
+
+
+def _layer_handle(layer: nn.Module, hidden_states: torch.Tensor) -> Optional[int]:
+    """The runtime handle of fused encoder ``layer`` for a call on ``hidden_states`` (its
+    packing refreshed first if its parameters changed), or None when the runtime cannot serve
+    that call (training, gradients, another dtype or shape, another attention implementation)."""
+    if (
+        layer.training
         or not _served(hidden_states)
         or hidden_states.dim() != 3
-        or _needs_grad(hidden_states, self._autokernel_params)
-        or getattr(sa.config, "_attn_implementation", None) != "autokernel"
+        or _needs_grad(hidden_states, layer._autokernel_params)
+        or getattr(layer.attention.self.config, "_attn_implementation", None) != "autokernel"
     ):
-        return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
-    rt, packed = self._autokernel_layer_packing
-    stamp = _stamp(self._autokernel_params)
+        return None
+    rt, packed = layer._autokernel_layer_packing
+    stamp = _stamp(layer._autokernel_params)
     if stamp not in (None, packed):
-        layer = _encoder_layer(self, rt)
+        fresh = _encoder_layer(layer, rt)
         with _LOCK:
-            _LAYERS[self._autokernel_layer] = layer
-        self._autokernel_layer_packing = (rt, stamp)
+            _LAYERS[layer._autokernel_layer] = fresh
+        layer._autokernel_layer_packing = (rt, stamp)
+    return layer._autokernel_layer
+
+
+def _fusable_encoder(m: nn.Module, layers_fused: set) -> bool:
+    """Whether ``m`` is a BERT-family encoder: its only child a ``layer`` list of encoder layers
+    all served whole (:func:`_fuse_layer`)."""
+    layers = getattr(m, "layer", None)
+    return (
+        isinstance(layers, nn.ModuleList)
+        and len(layers) > 0
+        and set(m._modules) == {"layer"}
+        and all(id(x) in layers_fused for x in layers)
+    )
+
+
+def _fuse_encoder(m: nn.Module, rows: int) -> bool:
+    """Serves encoder ``m``'s whole stack of fused layers as one runtime call
+    (``Runtime.encoder``: one release of the GIL, one entry into the runtime's threads, and no
+    Python between the layers). Done only if the fused forward returns what the encoder's own
+    does on a probe of ``rows`` rows: the same output type, the same ``last_hidden_state``."""
+    original = m.forward
+    x = torch.randn(1, rows, m.layer[0].attention.self.all_head_size, generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.no_grad():
+            want = original(x)
+        m._autokernel_output = type(want)
+        m._autokernel_forward = original
+        m.forward = types.MethodType(_fused_encoder, m)
+        with torch.no_grad():
+            got = m(x)
+        ok = (
+            type(got) is type(want)
+            and isinstance(getattr(want, "last_hidden_state", None), torch.Tensor)
+            and torch.allclose(got.last_hidden_state, want.last_hidden_state, rtol=1e-4, atol=1e-4)
+        )
+    except Exception:  # a forward that is not what it looked like
+        ok = False
+    if not ok:
+        m.forward = original
+        for a in ("_autokernel_forward", "_autokernel_output"):
+            if hasattr(m, a):
+                delattr(m, a)
+    return ok
+
+
+def _fused_encoder(self, hidden_states, attention_mask=None, *args, **kwargs):
+    """A fused encoder's forward (see :func:`_fuse_encoder`); the original one for what it does
+    not cover: what a fused layer leaves to its original forward, hidden states or attention
+    weights asked for, a tuple instead of the output object, a layer with hooks (each layer
+    would no longer be called)."""
+    from torch.nn.modules import module as torch_module
+
+    plain = (
+        not any(a is not None for a in args)
+        and _plain_layer_call(kwargs)
+        and not kwargs.get("use_cache")
+        and not kwargs.get("output_hidden_states")
+        and kwargs.get("return_dict", True) is not False
+        and not (torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
+        and not any(x._forward_hooks or x._forward_pre_hooks for x in self.layer)
+        and all(getattr(x.forward, "__func__", None) is _fused_layer for x in self.layer)
+    )
+    handles = [_layer_handle(x, hidden_states) for x in self.layer] if plain else [None]
     lengths = None
-    if attention_mask is not None:
+    if None not in handles and attention_mask is not None:
         lengths = _key_lengths(attention_mask, False)
-        if lengths is None:
-            return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
-    return torch.ops.autokernel.encoder_layer(hidden_states, self._autokernel_layer, lengths)
+        handles = handles if lengths is not None else [None]
+    if None in handles:
+        return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
+    y = call(_encoder_op, hidden_states, handles, lengths)
+    return self._autokernel_output(last_hidden_state=y)

@@ -61,8 +61,34 @@ def _record(workload: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # Custom ops
 
+# Each op's Python implementation, by op.
+_IMPLS: dict = {}
 
-@torch.library.custom_op("autokernel::linear", mutates_args=())
+
+def _custom_op(name: str):
+    """Registers the decorated function as the custom op ``autokernel::name`` (which
+    ``torch.compile`` and ``torch.export`` trace through); :func:`call` runs the function itself
+    in eager mode."""
+
+    def register(fn):
+        op = torch.library.custom_op(f"autokernel::{name}", fn, mutates_args=())
+        _IMPLS[op] = fn
+        return op
+
+    return register
+
+
+def call(op, *args):
+    """Custom op ``op`` on ``args``: through the dispatcher while ``torch.compile`` or
+    ``torch.export`` traces (its graph needs the op), else its implementation directly.
+    Measured on a 2-vCPU Zen 4 VM, alternating in one process: through the dispatcher a
+    128×768 · 768×3072 linear layer took 50-80 µs longer a call (its own overhead is ~8 µs)."""
+    if torch.compiler.is_compiling():
+        return op(*args)
+    return _IMPLS[op](*args)
+
+
+@_custom_op("linear")
 def _linear_op(x: torch.Tensor, handle: int, bias: Optional[torch.Tensor]) -> torch.Tensor:
     return _linear(x, handle, bias)
 
@@ -84,7 +110,7 @@ def _(x, handle, bias):
     return x.new_empty((*x.shape[:-1], weight.out_features))
 
 
-@torch.library.custom_op("autokernel::attention", mutates_args=())
+@_custom_op("attention")
 def _attention_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: int, causal: bool, key_lengths: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
@@ -100,7 +126,7 @@ def _(q, k, v, handle, causal, key_lengths=None):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("autokernel::attention_qkv", mutates_args=())
+@_custom_op("attention_qkv")
 def _attention_qkv_op(
     qkv: torch.Tensor, handle: int, heads: int, causal: bool, key_lengths: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
@@ -116,7 +142,7 @@ def _(qkv, handle, heads, causal, key_lengths=None):
     return qkv.new_empty((*qkv.shape[:-1], qkv.shape[-1] // 3))
 
 
-@torch.library.custom_op("autokernel::linear_add_layer_norm", mutates_args=())
+@_custom_op("linear_add_layer_norm")
 def _linear_add_layer_norm_op(
     x: torch.Tensor,
     handle: int,
@@ -138,7 +164,7 @@ def _(x, handle, bias, residual, ln_weight, ln_bias, eps):
     return x.new_empty((*x.shape[:-1], weight.out_features))
 
 
-@torch.library.custom_op("autokernel::encoder_layer", mutates_args=())
+@_custom_op("encoder_layer")
 def _encoder_layer_op(x: torch.Tensor, handle: int, key_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
     layer = _LAYERS[handle]
     y = layer(x.contiguous(), mask=key_lengths)
@@ -150,6 +176,22 @@ def _encoder_layer_op(x: torch.Tensor, handle: int, key_lengths: Optional[torch.
 
 @_encoder_layer_op.register_fake
 def _(x, handle, key_lengths=None):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@_custom_op("encoder")
+def _encoder_op(x: torch.Tensor, handles: list[int], key_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    layers = [_LAYERS[h] for h in handles]
+    y = layers[0].runtime.encoder(layers, x.contiguous(), mask=key_lengths)
+    if getattr(_RECORD, "seen", None) is not None:
+        for layer in layers:
+            for w in layer.workloads(x.shape[0], x.shape[1]):
+                _record(w)
+    return torch.from_numpy(y)
+
+
+@_encoder_op.register_fake
+def _(x, handles, key_lengths=None):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -223,7 +265,7 @@ class AutokernelLinear(nn.Module):
         if _served(x) and not _needs_grad(x, (self.weight, self.bias)):
             self.refresh()
             bias = None if self.bias is None else self.bias.detach()
-            return torch.ops.autokernel.linear(x, self.handle, bias)
+            return call(_linear_op, x, self.handle, bias)
         y = nn.functional.linear(x, self.weight, self.bias)
         if self.act == "relu":
             return torch.relu(y)

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from . import Runtime
-from ._hf import (_fusable_layer, _fusable_output, _fusable_qkv, _fuse_layer, _fuse_output, _fuse_qkv,
+from ._hf import (_fusable_encoder, _fusable_layer, _fusable_output, _fusable_qkv, _fuse_encoder, _fuse_layer, _fuse_output, _fuse_qkv,
                   _install_hf_attention, _remember_masks)
 from ._ops import _RECORD, _RUNTIMES, AutokernelLinear, _classify_act, _FUSABLE, _linear_ok, _register, log
 
@@ -93,7 +93,8 @@ def optimize(
     lists the modules left to PyTorch, with why; ``model.autokernel_runtime`` is the runtime;
     ``model.autokernel_fused_qkv`` names the self-attention blocks whose projections are fused,
     ``model.autokernel_fused_layer_norm`` the output blocks whose residual LayerNorm is,
-    ``model.autokernel_fused_layers`` the encoder layers served whole, in one runtime call.
+    ``model.autokernel_fused_layers`` the encoder layers served whole, in one runtime call,
+    ``model.autokernel_fused_encoders`` the encoders whose whole stack of layers is.
 
     torch_threads: PyTorch's intra-op threads while ``model`` runs (restored after each
     forward): the ops left to PyTorch are light, and its spinning OpenMP workers would
@@ -166,6 +167,10 @@ def optimize(
         for pname, m in list(model.named_modules())
         if _fusable_layer(m, qkv_ids, out_ids) and _fuse_layer(m, rt, min(ms))
     ]
+    layer_ids = {id(modules[n]) for n in fused_layers}
+    fused_encoders = [
+        pname for pname, m in list(model.named_modules()) if _fusable_encoder(m, layer_ids) and _fuse_encoder(m, min(ms))
+    ]
     if torch_threads is not None:
         _limit_torch_threads(model, int(torch_threads))
     for name, m in model.named_modules():
@@ -180,6 +185,7 @@ def optimize(
     model.autokernel_fused_qkv = fused
     model.autokernel_fused_layer_norm = fused_outputs
     model.autokernel_fused_layers = fused_layers
+    model.autokernel_fused_encoders = fused_encoders
     n = sum(isinstance(m, AutokernelLinear) for m in model.modules())
     log.info("autokernel: %d linear layers and %d attention modules served; %d modules left to PyTorch", n, routed, len(report))
     return model

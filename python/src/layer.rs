@@ -3,8 +3,10 @@
 
 use std::cell::RefCell;
 
+use kernels::cpu::pool::{self, on_workers};
 use kernels::Workload;
 use numpy::PyUntypedArrayMethods;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use runtime::{EncoderLayer, LayerScratch};
 
@@ -42,6 +44,11 @@ impl PyEncoderLayer {
         Ok(self)
     }
 
+    /// The runtime this layer's weights were packed for.
+    pub fn runtime(&self) -> &Py<PyRuntime> {
+        &self.rt
+    }
+
     fn view(&self) -> EncoderLayer<'_> {
         let w = |i: usize| (&self.weights[i].get().inner, &self.biases[i][..]);
         let n = |i: usize| (&self.norms[i].0[..], &self.norms[i].1[..]);
@@ -72,40 +79,7 @@ impl PyEncoderLayer {
         out: Option<&Bound<'py, PyAny>>,
         copy: bool,
     ) -> PyResult<F32Array<'py>> {
-        let layer = self.view();
-        let h = layer.hidden();
-        let x = operand::input(x, "x", copy)?;
-        let [b, s, width] = x.shape()[..] else {
-            return Err(operand::shape_err(&x, "x", &format!("(B, S, {h})")));
-        };
-        if width != h {
-            return Err(operand::shape_err(&x, "x", &format!("(B, S, {h})")));
-        }
-        let key_lens = match mask.filter(|m| !m.is_none()) {
-            Some(m) => Some(key_lengths(py, m, b, s)?),
-            None => None,
-        };
-        let y = out_array(py, out, &[b, s, h])?;
-        let rt = self.rt.get();
-        with_views(&[(&x, "x")], &y, |ins, y_out| {
-            y_out.copy_from_slice(ins[0]);
-            rt.threads
-                .run(py, || {
-                    let mut scratch = SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
-                    let result = layer.forward(
-                        &rt.rt,
-                        (b, s),
-                        key_lens.as_deref(),
-                        y_out,
-                        &mut scratch,
-                        |_, _| {},
-                    );
-                    SCRATCH.with(|c| *c.borrow_mut() = scratch);
-                    result
-                })
-                .map_err(runtime_err)
-        })?;
-        Ok(y)
+        run_layers(py, self.rt.get(), &[self], x, mask, out, copy)
     }
 
     /// The runtime workloads one call on (batch, seq, hidden) runs, in order (as
@@ -132,6 +106,13 @@ impl PyEncoderLayer {
         .collect()
     }
 
+    /// The Runtime this layer's weights were packed for (whose `encoder` runs a stack of
+    /// its layers in one call).
+    #[getter(runtime)]
+    fn get_runtime(&self, py: Python<'_>) -> Py<PyRuntime> {
+        self.rt.clone_ref(py)
+    }
+
     /// Hidden width.
     #[getter]
     fn hidden(&self) -> usize {
@@ -154,4 +135,60 @@ impl PyEncoderLayer {
             l.ffn_up.0.workload().key()
         )
     }
+}
+
+/// `layers` one after the other on hidden states `x`, (B, S, hidden) float32 (not modified),
+/// in one call on `rt`'s threads (one entry into its pool, the GIL released once): the
+/// output, (B, S, hidden), in `out` when given. The layers must all be `hidden` wide.
+pub fn run_layers<'py>(
+    py: Python<'py>,
+    rt: &PyRuntime,
+    layers: &[&PyEncoderLayer],
+    x: &Bound<'py, PyAny>,
+    mask: Option<&Bound<'py, PyAny>>,
+    out: Option<&Bound<'py, PyAny>>,
+    copy: bool,
+) -> PyResult<F32Array<'py>> {
+    let views: Vec<EncoderLayer<'_>> = layers.iter().map(|l| l.view()).collect();
+    let Some(h) = views.first().map(EncoderLayer::hidden) else {
+        return Err(PyValueError::new_err(
+            "layers: expected at least one EncoderLayer",
+        ));
+    };
+    if let Some(i) = views.iter().position(|l| l.hidden() != h) {
+        return Err(PyValueError::new_err(format!(
+            "layers[{i}]: hidden width {} differs from layers[0]'s {h}",
+            views[i].hidden()
+        )));
+    }
+    let x = operand::input(x, "x", copy)?;
+    let [b, s, width] = x.shape()[..] else {
+        return Err(operand::shape_err(&x, "x", &format!("(B, S, {h})")));
+    };
+    if width != h {
+        return Err(operand::shape_err(&x, "x", &format!("(B, S, {h})")));
+    }
+    let key_lens = match mask.filter(|m| !m.is_none()) {
+        Some(m) => Some(key_lengths(py, m, b, s)?),
+        None => None,
+    };
+    let y = out_array(py, out, &[b, s, h])?;
+    with_views(&[(&x, "x")], &y, |ins, y_out| {
+        y_out.copy_from_slice(ins[0]);
+        rt.threads
+            .run(py, || {
+                // Entered once for all layers; each layer's forward runs on this worker.
+                on_workers(pool::threads(), || {
+                    let mut scratch = SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
+                    let result = views.iter().try_for_each(|layer| {
+                        let lens = key_lens.as_deref();
+                        layer.forward(&rt.rt, (b, s), lens, y_out, &mut scratch, |_, _| {})
+                    });
+                    SCRATCH.with(|c| *c.borrow_mut() = scratch);
+                    result
+                })
+            })
+            .map_err(runtime_err)
+    })?;
+    Ok(y)
 }

@@ -646,6 +646,29 @@ impl PyRuntime {
         .checked()
     }
 
+    /// Encoder layers made by this runtime (`encoder_layer`) run one after the other on
+    /// hidden states `x`, (B, S, hidden) float32 (not modified), in one call: the GIL
+    /// released and the runtime's threads entered once for the whole stack, not once per
+    /// layer. Returns the last layer's output, (B, S, hidden), in `out` when given (it must
+    /// not be `x`). `mask`: a padded batch, as for `attention`. copy: as for `gemm`.
+    #[pyo3(signature = (layers, x, mask=None, out=None, *, copy=false))]
+    fn encoder<'py>(
+        slf: &Bound<'py, Self>,
+        layers: Vec<Bound<'py, crate::layer::PyEncoderLayer>>,
+        x: &Bound<'py, PyAny>,
+        mask: Option<&Bound<'py, PyAny>>,
+        out: Option<&Bound<'py, PyAny>>,
+        copy: bool,
+    ) -> PyResult<F32Array<'py>> {
+        let refs: Vec<&crate::layer::PyEncoderLayer> = layers.iter().map(|l| l.get()).collect();
+        if let Some(i) = refs.iter().position(|l| !l.runtime().is(slf)) {
+            return Err(PyValueError::new_err(format!(
+                "layers[{i}] was made by another Runtime: every layer must come from this one's encoder_layer"
+            )));
+        }
+        crate::layer::run_layers(slf.py(), slf.get(), &refs, x, mask, out, copy)
+    }
+
     /// What the runtime serves for a workload ('gemm:128x768x768',
     /// 'gemm_bias_gelu:128x3072x768', 'attention:1x12x128x64:causal', ...): the fields of
     /// `autokernel lookup --json` (workload, dtype, device, level, kernel, kernel_version,

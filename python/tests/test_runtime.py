@@ -422,3 +422,43 @@ def test_encoder_layer_is_its_runtime_calls_in_one():
     with pytest.raises(autokernel.AutokernelError, match="out weight"):
         rt.encoder_layer(packed["qkv"], bias["qkv"], packed["up"], bias["out"], ln1, packed["up"], bias["up"],
                          packed["down"], bias["down"], ln2, heads=heads)
+
+
+def test_encoder_runs_a_stack_of_layers_in_one_call():
+    rt = autokernel.Runtime()
+    h, f, heads, b, s = 32, 48, 4, 2, 9
+
+    def layer(seed_scale, h=h, heads=heads):
+        w = {n: rand(i, o) * seed_scale for n, (i, o) in dict(qkv=(h, 3 * h), out=(h, h), up=(h, f), down=(f, h)).items()}
+        bias = {n: rand(m.shape[1]) for n, m in w.items()}
+        packed = {n: rt.pack_weight(m, act="gelu_erf" if n == "up" else None, ms=[b * s]) for n, m in w.items()}
+        return rt.encoder_layer(packed["qkv"], bias["qkv"], packed["out"], bias["out"], (rand(h), rand(h)), packed["up"],
+                                bias["up"], packed["down"], bias["down"], (rand(h), rand(h)), heads=heads, eps=1e-5)
+
+    layers = [layer(0.2), layer(0.3), layer(0.1)]
+    assert all(x.runtime is rt for x in layers)
+    x = rand(b, s, h)
+    x0 = x.copy()
+    for mask in (None, np.array([9, 4])):
+        want = x
+        for one in layers:
+            want = one(want, mask=mask)
+        np.testing.assert_array_equal(rt.encoder(layers, x, mask=mask), want)
+        out = np.empty_like(x)
+        assert rt.encoder(layers, x, mask=mask, out=out) is out
+        np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(x, x0)  # the input is not modified
+    with pytest.raises(ValueError, match="at least one"):
+        rt.encoder([], x)
+    with pytest.raises(ValueError, match=r"layers\[1\] was made by another Runtime"):
+        other = autokernel.Runtime()
+        w = other.pack_weight(rand(h, h))
+        rt.encoder([layers[0], other.encoder_layer(other.pack_weight(rand(h, 3 * h)), rand(3 * h), w, rand(h),
+                                                   (rand(h), rand(h)), w, rand(h), w, rand(h), (rand(h), rand(h)),
+                                                   heads=heads)], x)
+    with pytest.raises(ValueError, match=r"layers\[1\]: hidden width 16 differs from layers\[0\]'s 32"):
+        rt.encoder([layers[0], layer(0.2, h=16, heads=2)], x)
+    with pytest.raises(ValueError, match=r"argument 'x' has shape \(2, 9, 31\), expected \(B, S, 32\)"):
+        rt.encoder(layers, rand(b, s, h - 1))
+    with pytest.raises(ValueError, match="share no memory"):
+        rt.encoder(layers, x, out=x)

@@ -173,6 +173,7 @@ def test_hf_bert_matches_stock_with_and_without_padding(act, tmp_path):
         blocks = [f"encoder.layer.{i}.{b}" for i in range(2) for b in ("attention.output", "output")]
         assert model.autokernel_fused_layer_norm == blocks
         assert model.autokernel_fused_layers == ["encoder.layer.0", "encoder.layer.1"]
+        assert model.autokernel_fused_encoders == ["encoder"]
         assert not any(name.endswith("output.LayerNorm") for name, _ in model.autokernel_unsupported)
         served = [m for m in model.modules() if isinstance(m, akt.AutokernelLinear)]
         assert len(served) == 2 * 3 + 1  # out, ffn in, ffn out per layer (q, k, v fused); pooler
@@ -199,6 +200,44 @@ def test_hf_bert_matches_stock_with_and_without_padding(act, tmp_path):
     assert "attention:3x4x24x16" in ws
     assert "gemm_bias:72x192x64" in ws and "gemm_bias:72x64x64" in ws  # fused q|k|v; out
     assert ("gemm_bias_gelu_erf:72x128x64" if act == "gelu" else "gemm_bias_gelu:72x128x64") in ws
+
+
+def test_whole_encoder_leaves_calls_that_need_its_layers_to_the_layers():
+    stock = bert("gelu")
+    model = akt.optimize(copy.deepcopy(stock))
+    assert model.autokernel_fused_encoders == ["encoder"]
+    ids = torch.randint(0, 500, (2, 12))
+    with torch.no_grad():
+        want = stock(input_ids=ids, output_hidden_states=True)
+        got = model(input_ids=ids, output_hidden_states=True)
+    assert len(got.hidden_states) == len(want.hidden_states) == 3
+    for g, w in zip(got.hidden_states, want.hidden_states):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-4)
+    # A hook on a layer: the layers are called one by one, so it runs.
+    seen = []
+    hook = model.encoder.layer[1].register_forward_hook(lambda m, args, out: seen.append(m))
+    with torch.no_grad():
+        got = model(input_ids=ids).last_hidden_state
+    hook.remove()
+    assert seen == [model.encoder.layer[1]]
+    torch.testing.assert_close(got, want.last_hidden_state, rtol=0, atol=1e-4)
+    # The whole-encoder call records every layer's workloads, in order.
+    ws = akt.workloads(model, dict(input_ids=ids))
+    assert ws[:5] == ["gemm_bias:24x192x64", "attention:2x4x12x16", "gemm_bias:24x64x64",
+                      "gemm_bias_gelu_erf:24x128x64", "gemm_bias:24x64x128"]
+
+
+def test_hf_bert_compiles_and_exports():
+    model = akt.optimize(bert("gelu"))
+    ids = torch.randint(0, 500, (2, 12))
+    with torch.no_grad():
+        want = model(input_ids=ids).last_hidden_state
+        compiled = torch.compile(model, backend="eager")
+        torch.testing.assert_close(compiled(input_ids=ids).last_hidden_state, want, rtol=0, atol=1e-5)
+        # Export cannot read the mask's values: the attention goes to SDPA, the linear layers stay ours.
+        exported = torch.export.export(model, (), dict(input_ids=ids))
+        assert "autokernel.linear" in str(exported.graph)
+        torch.testing.assert_close(exported.module()(input_ids=ids).last_hidden_state, want, rtol=0, atol=1e-4)
 
 
 def test_fused_layers_leave_other_masks_to_the_modules_own_forward():
