@@ -164,23 +164,8 @@ def _(x, handle, bias, residual, ln_weight, ln_bias, eps):
     return x.new_empty((*x.shape[:-1], weight.out_features))
 
 
-@_custom_op("encoder_layer")
-def _encoder_layer_op(x: torch.Tensor, handle: int, key_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
-    layer = _LAYERS[handle]
-    y = layer(x.contiguous(), mask=key_lengths)
-    if getattr(_RECORD, "seen", None) is not None:
-        for w in layer.workloads(x.shape[0], x.shape[1]):
-            _record(w)
-    return torch.from_numpy(y)
-
-
-@_encoder_layer_op.register_fake
-def _(x, handle, key_lengths=None):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@_custom_op("encoder")
-def _encoder_op(x: torch.Tensor, handles: list[int], key_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+def _run_layers(x: torch.Tensor, handles: list[int], key_lengths: Optional[torch.Tensor]) -> torch.Tensor:
+    """The fused encoder layers ``handles`` one after the other on ``x``, in one runtime call."""
     layers = [_LAYERS[h] for h in handles]
     y = layers[0].runtime.encoder(layers, x.contiguous(), mask=key_lengths)
     if getattr(_RECORD, "seen", None) is not None:
@@ -190,9 +175,22 @@ def _encoder_op(x: torch.Tensor, handles: list[int], key_lengths: Optional[torch
     return torch.from_numpy(y)
 
 
-@_encoder_op.register_fake
-def _(x, handles, key_lengths=None):
+@_custom_op("encoder_layer")
+def _encoder_layer_op(x: torch.Tensor, handle: int, key_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return _run_layers(x, [handle], key_lengths)
+
+
+@_custom_op("encoder")
+def _encoder_op(x: torch.Tensor, handles: list[int], key_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return _run_layers(x, handles, key_lengths)
+
+
+def _like_x(x, handle_or_handles, key_lengths=None):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+_encoder_layer_op.register_fake(_like_x)
+_encoder_op.register_fake(_like_x)
 
 
 # ---------------------------------------------------------------------------------------------
