@@ -350,6 +350,8 @@ fn wrong_operands_are_errors_naming_them_in_every_family() {
 
 #[test]
 fn fma_peak_is_positive() {
+    // Positive and finite, nothing about its size: a debug build of the portable loop on a
+    // loaded 2-core VM measured 0.098 GFLOP/s, under the 0.1 once asserted here.
     let g = kernels::cpu::peak::fma_peak_gflops(1, 0.01);
-    assert!(g.is_finite() && g > 0.1, "{g}");
+    assert!(g.is_finite() && g > 0.0, "{g}");
 }
