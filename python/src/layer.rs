@@ -44,11 +44,6 @@ impl PyEncoderLayer {
         Ok(self)
     }
 
-    /// The runtime this layer's weights were packed for.
-    pub fn runtime(&self) -> &Py<PyRuntime> {
-        &self.rt
-    }
-
     fn view(&self) -> EncoderLayer<'_> {
         let w = |i: usize| (&self.weights[i].get().inner, &self.biases[i][..]);
         let n = |i: usize| (&self.norms[i].0[..], &self.norms[i].1[..]);

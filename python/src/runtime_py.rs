@@ -661,7 +661,7 @@ impl PyRuntime {
         copy: bool,
     ) -> PyResult<F32Array<'py>> {
         let refs: Vec<&crate::layer::PyEncoderLayer> = layers.iter().map(|l| l.get()).collect();
-        if let Some(i) = refs.iter().position(|l| !l.runtime().is(slf)) {
+        if let Some(i) = refs.iter().position(|l| !l.rt.is(slf)) {
             return Err(PyValueError::new_err(format!(
                 "layers[{i}] was made by another Runtime: every layer must come from this one's encoder_layer"
             )));
