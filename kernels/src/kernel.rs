@@ -32,6 +32,21 @@ pub trait Executable: Send + Sync {
         }
     }
 
+    /// For an `attention:…` variant: the same attention over the rows of a transformer
+    /// layer's fused QKV projection, read and written in place — `qkv` is `[B·S, 3·H·D]`
+    /// (Q, then K, then V; head `h` at columns `h·D..` of each), `out` gets `[B·S, H·D]`
+    /// (head `h` at columns `h·D..`), `key_lens` as [`run`](Self::run)'s fourth operand.
+    /// Operands of the wrong length are an [`Error::Operand`]. `None` (the default) where
+    /// the variant reads `[B, H, S, D]` operands only: the caller splits the heads out.
+    fn run_qkv_rows(
+        &self,
+        _qkv: &[f32],
+        _key_lens: Option<&[i32]>,
+        _out: &mut [f32],
+    ) -> Option<Result<()>> {
+        None
+    }
+
     /// The form this variant keeps a constant B operand (the weight of a `gemm*` workload)
     /// in, if it prepares weights at all: variants with equal formats share one
     /// [`PreparedWeight`]. `None` (the default): B is read as given on every call.

@@ -236,7 +236,7 @@ pub fn host_attention<'a, 'o>(
     inputs: &[Operand<'a>],
     output: OperandMut<'o>,
 ) -> Result<AttentionOperands<'a, 'o>> {
-    let Workload::Attention { b, s, .. } = *w else {
+    let Workload::Attention { b, .. } = *w else {
         panic!("host_attention takes an attention workload, got {w}");
     };
     let lens = match inputs {
@@ -266,20 +266,64 @@ pub fn host_attention<'a, 'o>(
             })
         }
     };
-    if let Some((batch, len)) = lens
+    check_key_lens(w, lens)?;
+    let (qkv, out) = host_f32::<3>(w, &inputs[..3], output)?;
+    Ok((qkv, lens, out))
+}
+
+/// Checks that every key length is in `0..=S` (`w` is attention).
+fn check_key_lens(w: &Workload, lens: Option<&[i32]>) -> Result<()> {
+    let Workload::Attention { s, .. } = *w else {
+        panic!("key lengths belong to an attention workload, got {w}");
+    };
+    match lens
         .into_iter()
         .flatten()
         .enumerate()
         .find(|(_, l)| !(0..=s as i64).contains(&i64::from(**l)))
     {
-        return Err(Error::Operand {
+        Some((batch, len)) => Err(Error::Operand {
             workload: w.key(),
             operand: KEY_LENS.into(),
             reason: format!("key length {len} of batch {batch} is outside 0..={s}"),
-        });
+        }),
+        None => Ok(()),
     }
-    let (qkv, out) = host_f32::<3>(w, &inputs[..3], output)?;
-    Ok((qkv, lens, out))
+}
+
+/// The check of [`Executable::run_qkv_rows`]'s operands against an f32 attention workload
+/// `w` (`B, H, S, D`): `qkv` holds `B·S` rows of `3·H·D`, `out` `B·S` rows of `H·D`, and
+/// `key_lens`, if given, one length in `0..=S` per batch.
+///
+/// [`Executable::run_qkv_rows`]: crate::Executable::run_qkv_rows
+pub fn host_qkv_rows(
+    w: &Workload,
+    qkv: &[f32],
+    key_lens: Option<&[i32]>,
+    out: &[f32],
+) -> Result<()> {
+    let Workload::Attention { b, .. } = *w else {
+        panic!("host_qkv_rows takes an attention workload, got {w}");
+    };
+    let host = |len, dtype| Shape {
+        len,
+        dtype,
+        device: Device::Cpu,
+    };
+    let n = w.output_len();
+    if qkv.len() != 3 * n {
+        let want = host(3 * n, DType::F32);
+        return Err(mismatch(w, "qkv", want, host(qkv.len(), DType::F32)));
+    }
+    if out.len() != n {
+        let want = host(n, DType::F32);
+        return Err(mismatch(w, "out", want, host(out.len(), DType::F32)));
+    }
+    if let Some(lens) = key_lens.filter(|l| l.len() != b) {
+        let got = host(lens.len(), DType::I32);
+        return Err(mismatch(w, KEY_LENS, host(b, DType::I32), got));
+    }
+    check_key_lens(w, key_lens)
 }
 
 /// [`host_f32`] for [`Executable::run_prepared`]: the workload's f32 inputs without B (its

@@ -350,3 +350,104 @@ fn huge_scores_stay_within_the_softmax() {
         assert!(err.fold(0.0, f64::max) < 1e-4, "{}: {out:?}", family.name());
     }
 }
+
+/// `w`'s operands in the layout of a transformer layer ([`attention::layout::Layout::QkvRows`]).
+fn rows_of(w: &Workload) -> attention::layout::Rows {
+    let Workload::Attention { b, h, s, d, .. } = *w else {
+        unreachable!()
+    };
+    attention::layout::Rows {
+        layout: attention::layout::Layout::QkvRows,
+        b,
+        h,
+        s,
+        d,
+    }
+}
+
+/// `exe` over a fused QKV projection's rows (`run_qkv_rows`) against the same variant on the
+/// heads split out of them (`run`), output merged back: equal to the bit, with and without
+/// key lengths. `exe` must read the rows in place (not return `None`).
+fn rows_match_heads(exe: &dyn kernels::Executable, w: &Workload, lens: Option<&[i32]>, tag: &str) {
+    let n = w.output_len();
+    let qkv: Vec<f32> = (0..3 * n)
+        .map(|i| (i as f32 * 0.7311).sin() * 2.0)
+        .collect();
+    let mut want = vec![f32::NAN; n];
+    let scratch = &mut Vec::new();
+    attention::layout::run_via_heads(exe, &rows_of(w), (&qkv, lens), &mut want, scratch).unwrap();
+    // Twice: buffers reused across calls must not leak state.
+    for _ in 0..2 {
+        let mut got = vec![f32::NAN; n];
+        exe.run_qkv_rows(&qkv, lens, &mut got)
+            .unwrap_or_else(|| panic!("{tag} {w}: does not read QKV rows"))
+            .unwrap_or_else(|e| panic!("{tag} {w}: {e}"));
+        let diff = got
+            .iter()
+            .zip(&want)
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        assert!(diff.is_none(), "{tag} {w} {lens:?}: value {diff:?} differs");
+    }
+}
+
+/// Attention straight from QKV rows (what a BERT layer calls, no head split or merge) is the
+/// same computation as on `[B, H, S, D]` operands, for every fused tile, K layout and split,
+/// odd D (scratch outputs) and D a multiple of the lanes, masks and causal; the unfused
+/// family reads heads only (`None`: the runtime splits for it); bad operands are errors.
+#[test]
+fn fused_reads_qkv_rows_in_place_exactly() {
+    for text in [
+        "attention:2x3x37x64",
+        "attention:1x2x17x7:causal",
+        "attention:3x1x1x32",
+        "attention:2x2x70x80:causal",
+    ] {
+        let w: Workload = text.parse().unwrap();
+        let Workload::Attention { b, s, .. } = w else {
+            unreachable!()
+        };
+        let lens = &length_patterns(b, s)[0];
+        for tile in ukernel::tiles_available() {
+            for k_layout in ["prepacked", "blockwise"] {
+                for (br, bc, par, t) in [
+                    (16, 32, "none", 1),
+                    (64, 16, "blocks", 2),
+                    (32, 64, "heads", 2),
+                ] {
+                    let c = fused_config(&tile.name, br, bc, k_layout, par, t);
+                    if !Fused.config_fits(&w, HardwareFingerprint::current(), &c) && par == "heads"
+                    {
+                        continue; // fewer heads than threads
+                    }
+                    let exe = Fused.build(&w, &c).unwrap();
+                    let tag = format!("{c}");
+                    rows_match_heads(exe.as_ref(), &w, None, &tag);
+                    rows_match_heads(exe.as_ref(), &w, Some(lens), &tag);
+                }
+            }
+        }
+    }
+    let w: Workload = "attention:2x2x9x16".parse().unwrap();
+    let hw = HardwareFingerprint::current();
+    let unfused = Unfused.build(&w, &Unfused.default_config(&w, hw)).unwrap();
+    assert!(unfused
+        .run_qkv_rows(&[0.0; 3 * 576], None, &mut [0.0; 576])
+        .is_none());
+    let fused = Fused.build(&w, &Fused.default_config(&w, hw)).unwrap();
+    let n = w.output_len();
+    let (qkv, mut out) = (vec![0.5; 3 * n], vec![0.0; n]);
+    for (qkv, lens, out_len, bad) in [
+        (&qkv[1..], None, n, "qkv"),
+        (&qkv[..], None, n + 1, "out"),
+        (&qkv[..], Some(&[1][..]), n, "key_lens"),
+        (&qkv[..], Some(&[1, 10][..]), n, "key_lens"),
+    ] {
+        let mut o = vec![0.0; out_len];
+        let err = fused.run_qkv_rows(qkv, lens, &mut o).unwrap().unwrap_err();
+        assert!(err.to_string().contains(bad), "{bad}: {err}");
+    }
+    assert!(fused
+        .run_qkv_rows(&qkv, Some(&[0, 9]), &mut out)
+        .unwrap()
+        .is_ok());
+}

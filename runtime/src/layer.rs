@@ -7,6 +7,7 @@
 
 use std::cell::RefCell;
 
+use kernels::cpu::attention::layout::{Layout, Rows};
 use kernels::cpu::pool::{self, on_workers};
 use rayon::prelude::*;
 
@@ -128,8 +129,15 @@ pub struct AttentionRows {
 }
 
 impl AttentionRows {
-    fn tuple(self) -> (usize, usize, usize, usize) {
-        (self.batch, self.seq, self.heads, self.d)
+    /// Where the heads' rows are: [`Layout::QkvRows`].
+    fn rows(self) -> Rows {
+        Rows {
+            layout: Layout::QkvRows,
+            b: self.batch,
+            h: self.heads,
+            s: self.seq,
+            d: self.d,
+        }
     }
 
     /// Values of one projection: `batch·seq·heads·d`.
@@ -144,8 +152,9 @@ impl AttentionRows {
 }
 
 thread_local! {
-    /// The head-major Q, K, V and context of this thread's last [`Runtime::attention_qkv`]:
-    /// grown, never shrunk, so a serving loop allocates (and faults in) once.
+    /// The head-major Q, K, V and context of this thread's last [`Runtime::attention_qkv`]
+    /// served by a variant that reads `[B, H, S, D]` operands only: grown, never shrunk, so
+    /// a serving loop allocates (and faults in) once.
     static HEADS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -154,8 +163,9 @@ impl Runtime {
     /// rows (Q, then K, then V; head `h` at columns `h·d..` of each), `out` gets
     /// `[batch·seq, heads·d]` rows (head `h` at columns `h·d..`), ready for the output
     /// projection. `key_lens` (one per sequence, each in `0..=seq`) masks a padded batch as
-    /// in [`Runtime::attention_masked`]. The heads are split and merged in parallel around
-    /// the tuned attention, in buffers this thread keeps, from one entry into rayon's pool
+    /// in [`Runtime::attention_masked`]. The tuned variant reads and writes the rows in
+    /// place where it can (the fused CPU families do); for one that cannot, the heads are
+    /// split out and merged back in buffers this thread keeps. One entry into rayon's pool
     /// ([`on_workers`]). Returns the level that answered.
     pub fn attention_qkv(
         &self,
@@ -188,73 +198,31 @@ impl Runtime {
         let n = dims.len();
         buffer(w, "qkv", qkv.len(), 3 * n)?;
         buffer(w, "out", out.len(), n)?;
-        // Taken, not borrowed: a nested call on this thread (rayon work stealing) gets its own.
-        let mut buf = HEADS.with(|b| std::mem::take(&mut *b.borrow_mut()));
-        if buf.len() < 4 * n {
-            buf.resize(4 * n, 0.0);
+        if let Some(lens) = key_lens {
+            buffer(w, "key_lens", lens.len(), batch)?;
         }
-        let (qkv_heads, rest) = buf.split_at_mut(3 * n);
-        let ctx = &mut rest[..n];
-        split_heads(qkv, dims.tuple(), qkv_heads);
-        let (q, kv) = qkv_heads.split_at(n);
-        let (k, v) = kv.split_at(n);
-        let level = match key_lens {
-            Some(lens) => self.attention_masked(batch, heads, seq, d, causal, lens, q, k, v, ctx),
-            None => self.attention(batch, heads, seq, d, causal, q, k, v, ctx),
-        };
-        if level.is_ok() {
-            merge_heads(ctx, dims.tuple(), out);
-        }
-        HEADS.with(|b| {
-            let mut b = b.borrow_mut();
-            if b.len() < buf.len() {
-                *b = buf;
-            }
-        });
-        level
+        let rows = dims.rows();
+        let w = self.serve_as(&w);
+        self.serve(&w, |c| {
+            // Taken, not borrowed: a nested call on this thread (rayon work stealing) gets
+            // its own.
+            let mut buf = HEADS.with(|b| std::mem::take(&mut *b.borrow_mut()));
+            let done = c.run_qkv_rows(&rows, (qkv, key_lens), out, &mut buf);
+            HEADS.with(|b| {
+                let mut b = b.borrow_mut();
+                if b.len() < buf.len() {
+                    *b = buf;
+                }
+            });
+            done
+        })
     }
-}
-
-/// Splits `qkv` (`[B·S, 3H]`, Q then K then V, head `h` at columns `h·D..`) into
-/// `heads_out` = `q`, `k`, `v` one after the other, each `[B, heads, S, D]`.
-fn split_heads(
-    qkv: &[f32],
-    (batch, seq, heads, d): (usize, usize, usize, usize),
-    heads_out: &mut [f32],
-) {
-    let hid = heads * d;
-    debug_assert_eq!(qkv.len(), batch * seq * 3 * hid);
-    debug_assert_eq!(heads_out.len(), qkv.len());
-    let per_head = seq * d;
-    each_chunk(heads_out, per_head, |i, dst| {
-        let (part, bh) = (i / (batch * heads), i % (batch * heads));
-        let (b, h) = (bh / heads, bh % heads);
-        for s in 0..seq {
-            let src = &qkv[(b * seq + s) * 3 * hid + part * hid + h * d..][..d];
-            dst[s * d..(s + 1) * d].copy_from_slice(src);
-        }
-    });
-}
-
-/// Merges `ctx` (`[B, heads, S, D]`) back into rows: `out[b·S + s, h·D + j]`.
-fn merge_heads(
-    ctx: &[f32],
-    (_batch, seq, heads, d): (usize, usize, usize, usize),
-    out: &mut [f32],
-) {
-    let hid = heads * d;
-    each_chunk(out, hid, |row, dst| {
-        let (b, s) = (row / seq, row % seq);
-        for h in 0..heads {
-            let src = &ctx[((b * heads + h) * seq + s) * d..][..d];
-            dst[h * d..(h + 1) * d].copy_from_slice(src);
-        }
-    });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kernels::cpu::attention::layout::{merge_heads, split_heads};
 
     #[test]
     fn layer_norm_refuses_an_eps_that_is_not_positive_and_finite() {
@@ -332,7 +300,7 @@ mod tests {
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
                 .collect();
             let mut heads = vec![0.0; 3 * n];
-            split_heads(&qkv, rows.tuple(), &mut heads);
+            split_heads(&rows.rows(), &qkv, &mut heads);
             let (q, kv) = heads.split_at(n);
             let (k, v) = kv.split_at(n);
             let mut ctx = vec![0.0; n];
@@ -342,7 +310,7 @@ mod tests {
             }
             .unwrap();
             let mut want = vec![0.0; n];
-            merge_heads(&ctx, rows.tuple(), &mut want);
+            merge_heads(&rows.rows(), &ctx, &mut want);
             let mut got = vec![f32::NAN; n];
             rt.attention_qkv(rows, lens.as_deref(), &qkv, &mut got)
                 .unwrap();
@@ -366,39 +334,6 @@ mod tests {
         assert!(rt
             .attention_qkv(rows, Some(&[5]), &[0.0; 72], &mut out)
             .is_err());
-    }
-
-    #[test]
-    fn split_then_merge_round_trips_each_part() {
-        // The second shape is past one task's work: the parallel path.
-        for (b, s, heads, d) in [(2, 3, 4, 5), (2, 67, 4, 33)] {
-            let hid = heads * d;
-            let qkv: Vec<f32> = (0..b * s * 3 * hid).map(|i| i as f32).collect();
-            let n = b * heads * s * d;
-            let mut all = vec![0.0; 3 * n];
-            split_heads(&qkv, (b, s, heads, d), &mut all);
-            let (q, kv) = all.split_at(n);
-            let (k, v) = kv.split_at(n);
-            // q[b=1, h=2, s=1, j=3] = qkv[row 1·S+1, col 0·hid + 2·D + 3]
-            assert_eq!(
-                q[((heads + 2) * s + 1) * d + 3],
-                qkv[(s + 1) * 3 * hid + 2 * d + 3]
-            );
-            assert_eq!(
-                v[((heads + 2) * s + 1) * d + 3],
-                qkv[(s + 1) * 3 * hid + 2 * hid + 2 * d + 3]
-            );
-            for (part, t) in [q, k, v].into_iter().enumerate() {
-                let mut rows = vec![0.0; b * s * hid];
-                merge_heads(t, (b, s, heads, d), &mut rows);
-                for r in 0..b * s {
-                    assert_eq!(
-                        rows[r * hid..(r + 1) * hid],
-                        qkv[r * 3 * hid + part * hid..][..hid]
-                    );
-                }
-            }
-        }
     }
 
     #[test]

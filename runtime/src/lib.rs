@@ -78,6 +78,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
+use kernels::cpu::attention::layout::{run_via_heads, Rows};
 use kernels::{Config, DType, Executable, HardwareFingerprint, Kernel, Workload};
 use tuning_db::DbError;
 
@@ -231,13 +232,7 @@ impl Choice {
     /// Runs the chosen variant (buffer sizes as for [`Executable::run`]). A CUDA family's
     /// choice has no host executable (it runs through a device session): an error.
     pub fn run(&self, inputs: &[&[f32]], output: &mut [f32]) -> Result<(), RuntimeError> {
-        match &self.exe {
-            Some(exe) => Ok(exe.run_f32(inputs, output)?),
-            None => Err(RuntimeError::Kernel(kernels::Error::DeviceOnly {
-                kernel: self.kernel.name().into(),
-                workload: self.workload.key(),
-            })),
-        }
+        Ok(self.host()?.run_f32(inputs, output)?)
     }
 
     /// Runs the chosen variant on typed operands ([`Executable::run`]: e.g. attention's
@@ -247,13 +242,34 @@ impl Choice {
         inputs: &[kernels::Operand<'_>],
         output: kernels::OperandMut<'_>,
     ) -> Result<(), RuntimeError> {
-        match &self.exe {
-            Some(exe) => Ok(exe.run(inputs, output)?),
-            None => Err(RuntimeError::Kernel(kernels::Error::DeviceOnly {
+        Ok(self.host()?.run(inputs, output)?)
+    }
+
+    /// Runs the chosen attention variant over a fused QKV projection's rows
+    /// ([`Executable::run_qkv_rows`]), read in place where the variant can, else through
+    /// `[B, H, S, D]` copies in `scratch` ([`run_via_heads`]).
+    pub fn run_qkv_rows(
+        &self,
+        rows: &Rows,
+        (qkv, key_lens): (&[f32], Option<&[i32]>),
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), RuntimeError> {
+        let exe = self.host()?;
+        match exe.run_qkv_rows(qkv, key_lens, out) {
+            Some(done) => Ok(done?),
+            None => Ok(run_via_heads(exe, rows, (qkv, key_lens), out, scratch)?),
+        }
+    }
+
+    /// The host executable, or the error a device (CUDA) family's choice gives on the host.
+    fn host(&self) -> Result<&dyn Executable, RuntimeError> {
+        self.exe.as_deref().ok_or_else(|| {
+            RuntimeError::Kernel(kernels::Error::DeviceOnly {
                 kernel: self.kernel.name().into(),
                 workload: self.workload.key(),
-            })),
-        }
+            })
+        })
     }
 
     /// The host executable of the choice; `None` for a device (CUDA) family.

@@ -356,3 +356,52 @@ fn a_borrowed_config_must_suit_the_new_shape() {
     assert_eq!(threads(&far), 1);
     assert_eq!(rt.lookup(&far).unwrap().level, Level::Default);
 }
+
+/// A tuned attention variant that reads `[B, H, S, D]` operands only (the unfused family)
+/// still serves attention over a fused QKV projection's rows — through head copies — at its
+/// record's level, padded batches included, and agrees with the default (fused, in place).
+#[test]
+fn attention_over_qkv_rows_is_served_by_a_heads_only_variant_too() {
+    use kernels::cpu::attention::Unfused;
+    use kernels::Kernel;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let here = HardwareFingerprint::current().clone();
+    let (batch, seq, heads, d) = (2, 19, 3, 16);
+    let w = Workload::attention(batch, heads, seq, d, false).unwrap();
+    let rec = Record::ok(
+        &here.id,
+        w,
+        Unfused.name(),
+        Unfused.version(),
+        Unfused.default_config(&w, &here),
+        Measurement::from_samples(vec![1e-4; 3]),
+        "test",
+    );
+    add(&path, &here, &[rec]);
+    let rt = Runtime::open(&path).unwrap();
+    assert_eq!(rt.lookup(&w).unwrap().kernel.name(), Unfused.name());
+    let dims = runtime::AttentionRows {
+        batch,
+        seq,
+        heads,
+        d,
+        causal: false,
+    };
+    let n = dims.len();
+    let qkv: Vec<f32> = (0..3 * n).map(|i| (i as f32 * 0.37).cos()).collect();
+    let defaults = Runtime::defaults_only();
+    for lens in [None, Some(&[19, 5][..])] {
+        let mut got = vec![f32::NAN; n];
+        let level = rt.attention_qkv(dims, lens, &qkv, &mut got).unwrap();
+        assert_eq!(level, Level::Exact);
+        let mut want = vec![f32::NAN; n];
+        defaults.attention_qkv(dims, lens, &qkv, &mut want).unwrap();
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "{lens:?}: {worst}");
+    }
+}

@@ -33,13 +33,15 @@
 
 use rayon::prelude::*;
 
-use super::ukernel::{AttnTile, StepArgs, Values};
+use super::layout::{Layout, Part, Rows};
+use super::ukernel::{pack_keys, AttnTile, StepArgs, Values};
 use super::AttnPar;
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::packed::self_scheduled;
+use crate::cpu::gemm::view::CView;
 use crate::cpu::pool::on_workers;
 use crate::kernel::Executable;
-use crate::operand::{host_attention, Operand, OperandMut};
+use crate::operand::{host_attention, host_qkv_rows, Operand, OperandMut};
 use crate::{DType, Workload};
 
 /// Where the score kernels read Kᵀ from.
@@ -69,12 +71,12 @@ pub struct FusedAttention {
     pub par: AttnPar,
 }
 
-/// A packing destination and its source.
-type Dst<'a> = (&'a mut [f32], &'a [f32]);
-
 /// Shared, read-only inputs of one call.
 #[derive(Clone, Copy)]
 struct Ctx<'a> {
+    /// Where each head's rows are in `q`, `k` and `v` (one and the same `qkv` matrix for
+    /// [`Layout::QkvRows`]).
+    rows: Rows,
     q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
@@ -95,6 +97,18 @@ impl Ctx<'_> {
         self.lens
             .map_or(s, |l| usize::try_from(l[hd / heads]).unwrap_or(0).min(s))
     }
+}
+
+/// The per-task working buffers of [`FusedAttention::steps`].
+struct Scratch<'w> {
+    /// Running maxima and sums, a value per query row.
+    m: &'w mut [f32],
+    l: &'w mut [f32],
+    /// One row group's scores.
+    sbuf: &'w mut [f32],
+    /// This key block's packed keys and values (`k_layout = blockwise`; else empty).
+    kblock: &'w mut [f32],
+    vblock: &'w mut [f32],
 }
 
 impl FusedAttention {
@@ -127,27 +141,29 @@ impl FusedAttention {
         self.b * self.h
     }
 
-    /// One query block `[i0, i0 + rows)` of head `hd`; `out` holds its `rows × D` outputs.
-    fn query_block(&self, cx: &Ctx<'_>, hd: usize, i0: usize, out: &mut [f32]) {
-        let (s, d, dp) = (self.s, self.d, cx.dp);
-        let (mr, nr) = (self.tile.mr, self.tile.nr);
-        let rows = out.len() / d;
-        let head = hd * s * d;
-        let (qh, kh, vh) = (
-            &cx.q[head..head + s * d],
-            &cx.k[head..head + s * d],
-            &cx.v[head..head + s * d],
-        );
-        let blockwise = self.k_layout == KLayout::Blockwise;
-        // With D a multiple of the lanes, outputs are written in place.
-        let in_place = d == dp;
-        let bcp_max = self.bc.div_ceil(nr) * nr;
-        let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
-        let klen = cx.keys(hd, self.h, s);
-        if klen == 0 {
-            out.fill(0.0);
+    fn rows(&self, layout: Layout) -> Rows {
+        Rows {
+            layout,
+            b: self.b,
+            h: self.h,
+            s: self.s,
+            d: self.d,
+        }
+    }
+
+    /// One query block `[i0, i0 + rows)` of head `hd`; `out` is its `rows × D` window.
+    /// Outputs are written in place where D is a multiple of the lanes and the window's rows
+    /// are adjacent; otherwise through a scratch block copied out at the end.
+    fn query_block(&self, cx: &Ctx<'_>, hd: usize, i0: usize, mut out: CView<'_>) {
+        let (d, dp, mr) = (self.d, cx.dp, self.tile.mr);
+        let rows = out.rows();
+        if cx.keys(hd, self.h, self.s) == 0 {
+            (0..rows).for_each(|r| out.row_mut(r).fill(0.0));
             return;
         }
+        let in_place = d == dp && out.contiguous_mut().is_some();
+        let blockwise = self.k_layout == KLayout::Blockwise;
+        let bcp_max = self.bc.div_ceil(self.tile.nr) * self.tile.nr;
         with_buffer(Pool::Work, |work| {
             let kblock_len = if blockwise { bcp_max * dp } else { 0 };
             let vblock_len = if blockwise { self.bc * dp } else { 0 };
@@ -161,106 +177,129 @@ impl FusedAttention {
             let (kblock, vblock) = rest.split_at_mut(kblock_len);
             m.fill(f32::NEG_INFINITY);
             l.fill(0.0);
-            let (o, ldo): (&mut [f32], usize) = if in_place {
-                (&mut *out, d)
-            } else {
-                (&mut *oscr, dp)
+            let scratch = Scratch {
+                m,
+                l,
+                sbuf,
+                kblock,
+                vblock,
             };
-
-            let kend = if self.causal { s.min(i0 + rows) } else { s }.min(klen);
-            let mut lim = [0usize; 16];
-            debug_assert!(mr <= lim.len());
-            for j0 in (0..kend).step_by(self.bc) {
-                let kvb = self.bc.min(kend - j0);
-                let ph = hd - cx.first_head;
-                let kp: &[f32] = match cx.kpre {
-                    Some(kpre) => {
-                        let per_head = s.div_ceil(nr) * nr * dp;
-                        &kpre[ph * per_head + j0 * dp
-                            ..ph * per_head + (j0 + kvb).div_ceil(nr) * nr * dp]
+            match out.contiguous_mut() {
+                Some(o) if in_place => self.steps(cx, hd, (i0, rows), (o, d), scratch),
+                _ => {
+                    self.steps(cx, hd, (i0, rows), (&mut *oscr, dp), scratch);
+                    for r in 0..rows {
+                        out.row_mut(r).copy_from_slice(&oscr[r * dp..][..d]);
                     }
-                    None => {
-                        pack_keys(kh, d, dp, nr, j0, kvb, kblock);
-                        kblock
-                    }
-                };
-                let vals = match cx.vpre {
-                    Some(vpre) => Values(&vpre[ph * s * dp..(ph + 1) * s * dp], s, j0),
-                    None => {
-                        let src = &vh[j0 * d..(j0 + kvb) * d];
-                        self.tile.pack_values(src, d, dp, kvb, vblock);
-                        Values(&vblock[..kvb * dp], kvb, 0)
-                    }
-                };
-                for g0 in (0..rows).step_by(mr) {
-                    let r0 = i0 + g0;
-                    let valid = mr.min(rows - g0);
-                    let mut kv = 0;
-                    for (r, x) in lim[..valid].iter_mut().enumerate() {
-                        *x = if self.causal {
-                            kvb.min((r0 + r + 1).saturating_sub(j0))
-                        } else {
-                            kvb
-                        };
-                        kv = kv.max(*x);
-                    }
-                    if kv == 0 {
-                        continue;
-                    }
-                    // The group's last key block: no later one holds a key it sees.
-                    let group_kend = if self.causal { s.min(r0 + valid) } else { s }.min(klen);
-                    self.tile.step(
-                        valid,
-                        StepArgs {
-                            q: &qh[r0 * d..],
-                            ldq: d,
-                            d,
-                            scale,
-                            kp,
-                            v: vals,
-                            dp,
-                            kv,
-                            lim: &lim[..valid],
-                            s: sbuf,
-                            o: &mut o[g0 * ldo..],
-                            ldo,
-                            m: &mut m[g0..g0 + valid],
-                            l: &mut l[g0..g0 + valid],
-                            first: j0 == 0,
-                            last: j0 + self.bc >= group_kend,
-                        },
-                    );
-                }
-            }
-            if !in_place {
-                for (r, orow) in out.chunks_exact_mut(d).enumerate() {
-                    orow.copy_from_slice(&oscr[r * dp..r * dp + d]);
                 }
             }
         });
     }
 
-    /// All query blocks of head `hd` (`out`: its `S × D` outputs). With `k_layout =
+    /// The key blocks of query block `[i0, i0 + rows)` of head `hd` (which sees at least one
+    /// key), its outputs finished into `o` (rows `ldo` apart).
+    fn steps(
+        &self,
+        cx: &Ctx<'_>,
+        hd: usize,
+        (i0, rows): (usize, usize),
+        (o, ldo): (&mut [f32], usize),
+        sc: Scratch<'_>,
+    ) {
+        let (s, d, dp) = (self.s, self.d, cx.dp);
+        let (mr, nr) = (self.tile.mr, self.tile.nr);
+        let ld = cx.rows.ld();
+        let qh = cx.rows.head(cx.q, hd, Part::Q);
+        let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
+        let klen = cx.keys(hd, self.h, s);
+        let kend = if self.causal { s.min(i0 + rows) } else { s }.min(klen);
+        let mut lim = [0usize; 16];
+        debug_assert!(mr <= lim.len());
+        for j0 in (0..kend).step_by(self.bc) {
+            let kvb = self.bc.min(kend - j0);
+            let ph = hd - cx.first_head;
+            let kp: &[f32] = match cx.kpre {
+                Some(kpre) => {
+                    let per_head = s.div_ceil(nr) * nr * dp;
+                    &kpre
+                        [ph * per_head + j0 * dp..ph * per_head + (j0 + kvb).div_ceil(nr) * nr * dp]
+                }
+                None => {
+                    let kh = cx.rows.head(cx.k, hd, Part::K);
+                    pack_keys((kh, ld), d, dp, nr, (j0, kvb), sc.kblock);
+                    sc.kblock
+                }
+            };
+            let vals = match cx.vpre {
+                Some(vpre) => Values(&vpre[ph * s * dp..(ph + 1) * s * dp], s, j0),
+                None => {
+                    let vh = cx.rows.head(cx.v, hd, Part::V);
+                    self.tile
+                        .pack_values((&vh[j0 * ld..], ld), d, dp, kvb, sc.vblock);
+                    Values(&sc.vblock[..kvb * dp], kvb, 0)
+                }
+            };
+            for g0 in (0..rows).step_by(mr) {
+                let r0 = i0 + g0;
+                let valid = mr.min(rows - g0);
+                let mut kv = 0;
+                for (r, x) in lim[..valid].iter_mut().enumerate() {
+                    *x = if self.causal {
+                        kvb.min((r0 + r + 1).saturating_sub(j0))
+                    } else {
+                        kvb
+                    };
+                    kv = kv.max(*x);
+                }
+                if kv == 0 {
+                    continue;
+                }
+                // The group's last key block: no later one holds a key it sees.
+                let group_kend = if self.causal { s.min(r0 + valid) } else { s }.min(klen);
+                self.tile.step(
+                    valid,
+                    StepArgs {
+                        q: &qh[r0 * ld..],
+                        ldq: ld,
+                        d,
+                        scale,
+                        kp,
+                        v: vals,
+                        dp,
+                        kv,
+                        lim: &lim[..valid],
+                        s: sc.sbuf,
+                        o: &mut o[g0 * ldo..],
+                        ldo,
+                        m: &mut sc.m[g0..g0 + valid],
+                        l: &mut sc.l[g0..g0 + valid],
+                        first: j0 == 0,
+                        last: j0 + self.bc >= group_kend,
+                    },
+                );
+            }
+        }
+    }
+
+    /// All query blocks of head `hd` (`out`: its `S × D` window). With `k_layout =
     /// prepacked` and nothing packed yet, packs this head's keys and values first, into this
     /// thread's buffers: the head's query blocks then find them in L2, where packing every
     /// head up front would have evicted them.
-    fn head(&self, cx: &Ctx<'_>, hd: usize, out: &mut [f32]) {
-        let blocks = |cx: &Ctx<'_>, out: &mut [f32]| {
-            for (qb, ob) in out.chunks_mut(self.br * self.d).enumerate() {
-                self.query_block(cx, hd, qb * self.br, ob);
+    fn head(&self, cx: &Ctx<'_>, hd: usize, out: CView<'_>) {
+        let blocks = |cx: &Ctx<'_>, out: CView<'_>| {
+            for (i0, ob) in out.row_chunks(self.br) {
+                self.query_block(cx, hd, i0, ob);
             }
         };
         if self.k_layout == KLayout::Blockwise || cx.kpre.is_some() {
             return blocks(cx, out);
         }
-        let (s, d, dp, nr) = (self.s, self.d, cx.dp, self.tile.nr);
+        let (s, dp, nr) = (self.s, cx.dp, self.tile.nr);
         with_buffer(Pool::Keys, |kbuf| {
             with_buffer(Pool::Values, |vbuf| {
                 let kp = kbuf.slice(s.div_ceil(nr) * nr * dp);
-                let head = hd * s * d..(hd + 1) * s * d;
-                pack_keys(&cx.k[head.clone()], d, dp, nr, 0, s, kp);
                 let vp = vbuf.slice(s * dp);
-                self.tile.pack_values(&cx.v[head], d, dp, s, vp);
+                self.pack_head(cx, hd, kp, vp);
                 let local = Ctx {
                     kpre: Some(kp),
                     vpre: Some(vp),
@@ -272,23 +311,38 @@ impl FusedAttention {
         });
     }
 
+    /// Packs all keys (`kp`) and values (`vp`) of head `hd`.
+    fn pack_head(&self, cx: &Ctx<'_>, hd: usize, kp: &mut [f32], vp: &mut [f32]) {
+        let (s, d, dp, ld) = (self.s, self.d, cx.dp, cx.rows.ld());
+        pack_keys(
+            (cx.rows.head(cx.k, hd, Part::K), ld),
+            d,
+            dp,
+            self.tile.nr,
+            (0, s),
+            kp,
+        );
+        let vh = cx.rows.head(cx.v, hd, Part::V);
+        self.tile.pack_values((vh, ld), d, dp, s, vp);
+    }
+
     fn compute(&self, cx: &Ctx<'_>, out: &mut [f32]) {
-        let (s, d) = (self.s, self.d);
+        let heads = cx.rows.out_heads(out);
         match self.par {
             AttnPar::None => {
-                for (hd, oh) in out.chunks_exact_mut(s * d).enumerate() {
+                for (hd, oh) in heads.into_iter().enumerate() {
                     self.head(cx, hd, oh);
                 }
             }
             AttnPar::Heads(t) => {
-                let items: Vec<_> = out.chunks_exact_mut(s * d).enumerate().collect();
+                let items: Vec<_> = heads.into_iter().enumerate().collect();
                 self_scheduled(t, items, |(hd, oh)| self.head(cx, hd, oh));
             }
             AttnPar::Blocks(t) => {
-                let mut items: Vec<(usize, usize, &mut [f32])> = Vec::new();
-                for (hd, oh) in out.chunks_exact_mut(s * d).enumerate() {
-                    for (qb, ob) in oh.chunks_mut(self.br * d).enumerate() {
-                        items.push((hd, qb * self.br, ob));
+                let mut items: Vec<(usize, usize, CView<'_>)> = Vec::new();
+                for (hd, oh) in heads.into_iter().enumerate() {
+                    for (i0, ob) in oh.row_chunks(self.br) {
+                        items.push((hd, i0, ob));
                     }
                 }
                 if self.causal {
@@ -299,89 +353,91 @@ impl FusedAttention {
             }
         }
     }
-}
 
-/// Packs keys `j0..j0+kv` of one head (`S×D`) into `⌈kv/NR⌉` panels of `dp × NR` values
-/// (the NR keys of column `c` together), zero-padded past key `j0+kv` and column `D`.
-fn pack_keys(k: &[f32], d: usize, dp: usize, nr: usize, j0: usize, kv: usize, out: &mut [f32]) {
-    super::ukernel::pack_keys(k, d, dp, nr, (j0, kv), out);
-}
-
-impl Executable for FusedAttention {
-    fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> crate::Result<()> {
-        let (s, d) = (self.s, self.d);
-        let w = Workload::Attention {
-            b: self.b,
-            h: self.h,
-            s,
-            d,
-            causal: self.causal,
-            dtype: DType::F32,
-        };
-        let ([q, k, v], lens, out) = host_attention(&w, inputs, out)?;
-        on_workers(self.par.threads(), || self.attend(q, k, v, lens, out));
-        Ok(())
-    }
-}
-
-impl FusedAttention {
-    /// The checked call of [`Executable::run`], from this thread.
-    fn attend(&self, q: &[f32], k: &[f32], v: &[f32], lens: Option<&[i32]>, out: &mut [f32]) {
+    /// The checked call, from this thread: `q`, `k`, `v` and `out` laid out as `rows` says.
+    fn attend(&self, rows: Rows, [q, k, v]: [&[f32]; 3], lens: Option<&[i32]>, out: &mut [f32]) {
         let (s, d) = (self.s, self.d);
         let lanes = self.tile.lanes;
         let dp = d.div_ceil(lanes) * lanes;
         let nr = self.tile.nr;
-        let parallel = self.par.threads() > 1;
+        let cx = Ctx {
+            rows,
+            q,
+            k,
+            v,
+            kpre: None,
+            vpre: None,
+            first_head: 0,
+            dp,
+            lens,
+        };
         // Keys and values packed up front only when tasks split heads (`par = blocks`);
         // otherwise each head packs its own when its task starts (see `head`).
         if self.k_layout == KLayout::Blockwise || !matches!(self.par, AttnPar::Blocks(_)) {
-            let cx = Ctx {
-                q,
-                k,
-                v,
-                kpre: None,
-                vpre: None,
-                first_head: 0,
-                dp,
-                lens,
-            };
-            self.compute(&cx, out);
-            return;
+            return self.compute(&cx, out);
         }
         with_buffer(Pool::Keys, |kbuf| {
             with_buffer(Pool::Values, |vbuf| {
                 let per_head = s.div_ceil(nr) * nr * dp;
                 let kpre = kbuf.slice(self.heads() * per_head);
                 let vpre = vbuf.slice(self.heads() * s * dp);
-                let tile = self.tile;
-                let pack = |((kp, kh), (vp, vh)): (Dst<'_>, Dst<'_>)| {
-                    pack_keys(kh, d, dp, nr, 0, s, kp);
-                    tile.pack_values(vh, d, dp, s, vp);
+                let pack = |(hd, (kp, vp)): (usize, (&mut [f32], &mut [f32]))| {
+                    self.pack_head(&cx, hd, kp, vp)
                 };
-                if parallel {
+                if self.par.threads() > 1 {
                     kpre.par_chunks_mut(per_head)
-                        .zip(k.par_chunks(s * d))
-                        .zip(vpre.par_chunks_mut(s * dp).zip(v.par_chunks(s * d)))
+                        .zip(vpre.par_chunks_mut(s * dp))
+                        .enumerate()
                         .for_each(pack);
                 } else {
                     kpre.chunks_mut(per_head)
-                        .zip(k.chunks(s * d))
-                        .zip(vpre.chunks_mut(s * dp).zip(v.chunks(s * d)))
+                        .zip(vpre.chunks_mut(s * dp))
+                        .enumerate()
                         .for_each(pack);
                 }
-                let vpre = Some(&*vpre);
                 let cx = Ctx {
-                    q,
-                    k,
-                    v,
                     kpre: Some(kpre),
-                    vpre,
-                    first_head: 0,
-                    dp,
-                    lens,
+                    vpre: Some(vpre),
+                    ..cx
                 };
                 self.compute(&cx, out);
             })
         });
+    }
+
+    fn workload(&self) -> Workload {
+        Workload::Attention {
+            b: self.b,
+            h: self.h,
+            s: self.s,
+            d: self.d,
+            causal: self.causal,
+            dtype: DType::F32,
+        }
+    }
+}
+
+impl Executable for FusedAttention {
+    fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> crate::Result<()> {
+        let (qkv, lens, out) = host_attention(&self.workload(), inputs, out)?;
+        let rows = self.rows(Layout::Heads);
+        on_workers(self.par.threads(), || self.attend(rows, qkv, lens, out));
+        Ok(())
+    }
+
+    fn run_qkv_rows(
+        &self,
+        qkv: &[f32],
+        key_lens: Option<&[i32]>,
+        out: &mut [f32],
+    ) -> Option<crate::Result<()>> {
+        let rows = self.rows(Layout::QkvRows);
+        Some(
+            host_qkv_rows(&self.workload(), qkv, key_lens, out).map(|()| {
+                on_workers(self.par.threads(), || {
+                    self.attend(rows, [qkv; 3], key_lens, out)
+                })
+            }),
+        )
     }
 }

@@ -218,14 +218,25 @@ impl AttnTile {
         self.pv * self.lanes
     }
 
-    /// Packs `rows` value rows (`src`, row-major, `d` columns) for [`AttnTile::step`]:
+    /// Packs `rows` value rows (`src`: `d` columns, rows `ld` apart) for [`AttnTile::step`]:
     /// stripes of [`AttnTile::value_stripe`] columns (the last one narrower when `dp` is not
     /// a multiple), each holding its columns of every row contiguously (stripe at column
     /// `c0`, of width `w`, starts at `c0·rows`; row `j` at `+ j·w`), zero-padded past `d`.
     /// The `P·V` tile then streams one contiguous, aligned run per stripe.
     /// `out` needs `rows·dp` values; panics if `src` or `out` is too short.
-    pub fn pack_values(&self, src: &[f32], d: usize, dp: usize, rows: usize, out: &mut [f32]) {
-        assert!(d >= 1 && dp >= d && src.len() >= rows * d && out.len() >= rows * dp);
+    pub fn pack_values(
+        &self,
+        (src, ld): (&[f32], usize),
+        d: usize,
+        dp: usize,
+        rows: usize,
+        out: &mut [f32],
+    ) {
+        assert!(d >= 1 && dp >= d && ld >= d && out.len() >= rows * dp);
+        assert!(
+            rows == 0 || src.len() >= (rows - 1) * ld + d,
+            "values too short"
+        );
         let sw = self.value_stripe();
         let mut c0 = 0;
         while c0 < dp {
@@ -235,15 +246,15 @@ impl AttnTile {
             // Copies of a compile-time length for the usual widths: a short copy_from_slice
             // of run-time length is a memcpy call per row (measured: 4% of a 128-key head).
             match (w, n) {
-                (8, 8) => copy_rows::<8>(stripe, src, d, c0),
-                (16, 16) => copy_rows::<16>(stripe, src, d, c0),
-                (24, 24) => copy_rows::<24>(stripe, src, d, c0),
-                (32, 32) => copy_rows::<32>(stripe, src, d, c0),
-                (48, 48) => copy_rows::<48>(stripe, src, d, c0),
-                (64, 64) => copy_rows::<64>(stripe, src, d, c0),
+                (8, 8) => copy_rows::<8>(stripe, src, ld, c0),
+                (16, 16) => copy_rows::<16>(stripe, src, ld, c0),
+                (24, 24) => copy_rows::<24>(stripe, src, ld, c0),
+                (32, 32) => copy_rows::<32>(stripe, src, ld, c0),
+                (48, 48) => copy_rows::<48>(stripe, src, ld, c0),
+                (64, 64) => copy_rows::<64>(stripe, src, ld, c0),
                 _ => {
-                    for (dst, row) in stripe.chunks_exact_mut(w).zip(src.chunks_exact(d)) {
-                        dst[..n].copy_from_slice(&row[c0..c0 + n]);
+                    for (j, dst) in stripe.chunks_exact_mut(w).enumerate() {
+                        dst[..n].copy_from_slice(&src[j * ld + c0..][..n]);
                         dst[n..].fill(0.0);
                     }
                 }
@@ -254,22 +265,22 @@ impl AttnTile {
 }
 
 /// `dst` row `j` (N values) ← `src[j·d + c0..][..N]`, for every N-value row of `dst`.
-fn copy_rows<const N: usize>(dst: &mut [f32], src: &[f32], d: usize, c0: usize) {
-    for (x, row) in dst.chunks_exact_mut(N).zip(src.chunks_exact(d)) {
+fn copy_rows<const N: usize>(dst: &mut [f32], src: &[f32], ld: usize, c0: usize) {
+    for (j, x) in dst.chunks_exact_mut(N).enumerate() {
         let x: &mut [f32; N] = x.try_into().expect("N values");
-        let y: &[f32; N] = row[c0..c0 + N].try_into().expect("N values");
+        let y: &[f32; N] = src[j * ld + c0..][..N].try_into().expect("N values");
         *x = *y;
     }
 }
 
-/// Packs keys `j0..j0 + kv` of one head (`k`: row-major, `d` columns) into `⌈kv/nr⌉` panels
+/// Packs keys `j0..j0 + kv` of one head (`k`: `d` columns, rows `ld` apart) into `⌈kv/nr⌉` panels
 /// of `dp × nr` values (the `nr` keys of column `c` together), zero-padded past key
 /// `j0 + kv` and column `d`: the layout [`AttnTile::step`] reads keys in. With AVX2 and `nr` a
 /// multiple of 8, whole 8 keys × 8 columns pieces are moved by an in-register transpose (a
 /// scalar gather costs about a cycle per value: 5% of a 128-key head). Panics if `k` or
 /// `out` is too short.
 pub fn pack_keys(
-    k: &[f32],
+    (k, ld): (&[f32], usize),
     d: usize,
     dp: usize,
     nr: usize,
@@ -277,7 +288,11 @@ pub fn pack_keys(
     out: &mut [f32],
 ) {
     let panels = kv.div_ceil(nr);
-    assert!(d >= 1 && dp >= d && nr >= 1 && k.len() >= (j0 + kv) * d);
+    assert!(d >= 1 && dp >= d && ld >= d && nr >= 1);
+    assert!(
+        kv == 0 || k.len() >= (j0 + kv - 1) * ld + d,
+        "keys too short"
+    );
     assert!(out.len() >= panels * nr * dp, "key panels too short");
     #[cfg(target_arch = "x86_64")]
     let simd = nr.is_multiple_of(8) && Isa::Avx2.available();
@@ -294,17 +309,17 @@ pub fn pack_keys(
         #[cfg(target_arch = "x86_64")]
         for g in 0..g8 {
             for cb in 0..c8 {
-                let src = &k[(first + g * 8) * d + cb * 8..];
+                let src = &k[(first + g * 8) * ld + cb * 8..];
                 let dst = &mut panel[cb * 8 * nr + g * 8..];
-                assert!(src.len() >= 7 * d + 8 && dst.len() >= 7 * nr + 8);
-                // SAFETY: AVX2 is available (checked above); the 8 source rows (stride d)
+                assert!(src.len() >= 7 * ld + 8 && dst.len() >= 7 * nr + 8);
+                // SAFETY: AVX2 is available (checked above); the 8 source rows (stride ld)
                 // and the 8 destination rows (stride nr) of 8 values each lie inside the
                 // slices (asserted just above).
-                unsafe { transpose8_avx2(src.as_ptr(), d, dst.as_mut_ptr(), nr) };
+                unsafe { transpose8_avx2(src.as_ptr(), ld, dst.as_mut_ptr(), nr) };
             }
         }
         for r in 0..nr {
-            let row = (r < keys).then(|| &k[(first + r) * d..(first + r + 1) * d]);
+            let row = (r < keys).then(|| &k[(first + r) * ld..][..d]);
             // Columns the transposes did not cover for this key.
             let c_from = if r < g8 * 8 { c8 * 8 } else { 0 };
             for c in c_from..dp {
@@ -851,6 +866,7 @@ mod tests {
 
     #[test]
     fn key_and_value_packing_match_their_layouts() {
+        // Row strides: packed rows (`ld = d`) and rows of a wider matrix (a fused QKV row).
         for (rows, d, j0, kv, nr) in [
             (1usize, 1usize, 0usize, 1usize, 8usize),
             (40, 64, 3, 37, 16),
@@ -859,38 +875,46 @@ mod tests {
             (20, 128, 1, 19, 32),
             (9, 9, 0, 9, 4),
         ] {
-            let k: Vec<f32> = (0..rows * d).map(|i| i as f32 * 0.5 - 3.0).collect();
-            let dp = d.div_ceil(8) * 8;
-            let panels = kv.div_ceil(nr);
-            let mut out = vec![f32::NAN; panels * nr * dp];
-            pack_keys(&k, d, dp, nr, (j0, kv), &mut out);
-            for t in 0..panels {
-                for c in 0..dp {
-                    for r in 0..nr {
-                        let key = t * nr + r;
-                        let want = if key < kv && c < d {
-                            k[(j0 + key) * d + c]
-                        } else {
-                            0.0
-                        };
-                        let got = out[t * nr * dp + c * nr + r];
-                        assert_eq!(got, want, "{rows} {d} {j0} {kv} {nr}: {t} {c} {r}");
+            for ld in [d, 3 * d + 5] {
+                // Only the last row's end: a strided source need not hold a full last row.
+                let k: Vec<f32> = (0..(rows - 1) * ld + d)
+                    .map(|i| i as f32 * 0.5 - 3.0)
+                    .collect();
+                let dp = d.div_ceil(8) * 8;
+                let panels = kv.div_ceil(nr);
+                let mut out = vec![f32::NAN; panels * nr * dp];
+                pack_keys((&k, ld), d, dp, nr, (j0, kv), &mut out);
+                for t in 0..panels {
+                    for c in 0..dp {
+                        for r in 0..nr {
+                            let key = t * nr + r;
+                            let want = if key < kv && c < d {
+                                k[(j0 + key) * ld + c]
+                            } else {
+                                0.0
+                            };
+                            let got = out[t * nr * dp + c * nr + r];
+                            assert_eq!(got, want, "{rows} {d} {ld} {j0} {kv} {nr}: {t} {c} {r}");
+                        }
                     }
                 }
             }
         }
         for tile in tiles_available() {
             for (rows, d) in [(5usize, 64usize), (3, 7), (4, 80), (2, 128)] {
-                let dp = d.div_ceil(tile.lanes) * tile.lanes;
-                let v: Vec<f32> = (0..rows * d).map(|i| i as f32).collect();
-                let mut out = vec![f32::NAN; rows * dp];
-                tile.pack_values(&v, d, dp, rows, &mut out);
-                let sw = tile.value_stripe();
-                for j in 0..rows {
-                    for c in 0..dp {
-                        let (c0, w) = (c / sw * sw, sw.min(dp - c / sw * sw));
-                        let want = if c < d { v[j * d + c] } else { 0.0 };
-                        assert_eq!(out[c0 * rows + j * w + c - c0], want, "{} {d}", tile.name);
+                for ld in [d, 2 * d + 3] {
+                    let dp = d.div_ceil(tile.lanes) * tile.lanes;
+                    let v: Vec<f32> = (0..(rows - 1) * ld + d).map(|i| i as f32).collect();
+                    let mut out = vec![f32::NAN; rows * dp];
+                    tile.pack_values((&v, ld), d, dp, rows, &mut out);
+                    let sw = tile.value_stripe();
+                    for j in 0..rows {
+                        for c in 0..dp {
+                            let (c0, w) = (c / sw * sw, sw.min(dp - c / sw * sw));
+                            let want = if c < d { v[j * ld + c] } else { 0.0 };
+                            let got = out[c0 * rows + j * w + c - c0];
+                            assert_eq!(got, want, "{} {d} {ld}", tile.name);
+                        }
                     }
                 }
             }

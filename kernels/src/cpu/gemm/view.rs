@@ -136,6 +136,18 @@ impl<'a> CView<'a> {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r * self.ld), self.cols) }
     }
 
+    /// The whole window as one slice, where its rows are adjacent (`cols = ld`, or at most
+    /// one row); `None` where other views' elements lie between its rows.
+    pub fn contiguous_mut(&mut self) -> Option<&mut [f32]> {
+        if self.rows > 1 && self.cols != self.ld {
+            return None;
+        }
+        let len = self.rows * self.cols;
+        // SAFETY: the window's rows are adjacent, so its `rows·cols` elements from `ptr` are
+        // exactly the window: inside the borrowed slice, owned by no other view.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr, len) })
+    }
+
     /// Pointer to element `(r, c)` for a micro-kernel that writes the `rows × cols` block there.
     /// Panics unless the block lies inside the window.
     pub(crate) fn block_ptr(&mut self, r: usize, c: usize, rows: usize, cols: usize) -> *mut f32 {

@@ -8,11 +8,13 @@
 use rayon::prelude::*;
 
 use super::ukernel::{pack_keys, pack_queries, pack_values, Bf16Tile, StepArgs, LANES, MAX_MR};
+use crate::cpu::attention::layout::{Layout, Part, Rows};
 use crate::cpu::attention::AttnPar;
 use crate::cpu::gemm::packed::self_scheduled;
+use crate::cpu::gemm::view::CView;
 use crate::cpu::pool::on_workers;
 use crate::kernel::Executable;
-use crate::operand::{host_attention, Operand, OperandMut};
+use crate::operand::{host_attention, host_qkv_rows, Operand, OperandMut};
 use crate::{DType, Workload};
 
 /// A prepared bf16 attention.
@@ -33,6 +35,8 @@ pub struct Bf16Attention {
 
 /// Shared, read-only inputs of one call.
 struct Ctx<'a> {
+    /// Where each head's query rows are in `q`.
+    rows: Rows,
     q: &'a [f32],
     kpack: &'a [u16],
     vpack: &'a [u16],
@@ -85,22 +89,32 @@ impl Bf16Attention {
         }
     }
 
-    /// One query block `[i0, i0 + rows)` of head `hd`; `out` holds its `rows × D` outputs.
-    fn query_block(&self, cx: &Ctx<'_>, hd: usize, i0: usize, out: &mut [f32]) {
+    fn rows(&self, layout: Layout) -> Rows {
+        Rows {
+            layout,
+            b: self.b,
+            h: self.h,
+            s: self.s,
+            d: self.d,
+        }
+    }
+
+    /// One query block `[i0, i0 + rows)` of head `hd`; `out` is its `rows × D` window.
+    fn query_block(&self, cx: &Ctx<'_>, hd: usize, i0: usize, mut out: CView<'_>) {
         let (s, d, mr, nr) = (self.s, self.d, self.tile.mr, self.tile.nr);
         let dm = self.dims();
-        let rows = out.len() / d;
+        let rows = out.rows();
         let klen = cx.klens[hd];
         if klen == 0 {
-            out.fill(0.0);
+            (0..rows).for_each(|r| out.row_mut(r).fill(0.0));
             return;
         }
         let groups = rows.div_ceil(mr);
-        let head_q = &cx.q[hd * s * d..(hd + 1) * s * d];
+        let (head_q, ld) = (cx.rows.head(cx.q, hd, Part::Q), cx.rows.ld());
         let mut qa = vec![0u32; groups * dm.dsteps * mr];
         for (g, qg) in qa.chunks_exact_mut(dm.dsteps * mr).enumerate() {
             let r0 = i0 + g * mr;
-            pack_queries(&head_q[r0 * d..], d, mr.min(rows - g * mr), mr, qg);
+            pack_queries((&head_q[r0 * ld..], ld), d, mr.min(rows - g * mr), mr, qg);
         }
         let kp = &cx.kpack[hd * dm.kstride..(hd + 1) * dm.kstride];
         let vp = &cx.vpack[hd * dm.vstride..(hd + 1) * dm.vstride];
@@ -148,36 +162,36 @@ impl Bf16Attention {
                 });
             }
         }
-        for (r, orow) in out.chunks_exact_mut(d).enumerate() {
+        for r in 0..rows {
             let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
-            for (x, y) in orow.iter_mut().zip(&o[r * dm.dp..]) {
+            for (x, y) in out.row_mut(r).iter_mut().zip(&o[r * dm.dp..]) {
                 *x = y * inv;
             }
         }
     }
 
     fn compute(&self, cx: &Ctx<'_>, out: &mut [f32]) {
-        let (s, d, br) = (self.s, self.d, self.br);
-        let head = |hd: usize, oh: &mut [f32]| {
-            for (qb, ob) in oh.chunks_mut(br * d).enumerate() {
-                self.query_block(cx, hd, qb * br, ob);
+        let heads = cx.rows.out_heads(out);
+        let head = |hd: usize, oh: CView<'_>| {
+            for (i0, ob) in oh.row_chunks(self.br) {
+                self.query_block(cx, hd, i0, ob);
             }
         };
         match self.par {
             AttnPar::None => {
-                for (hd, oh) in out.chunks_exact_mut(s * d).enumerate() {
+                for (hd, oh) in heads.into_iter().enumerate() {
                     head(hd, oh);
                 }
             }
             AttnPar::Heads(t) => {
-                let items: Vec<_> = out.chunks_exact_mut(s * d).enumerate().collect();
+                let items: Vec<_> = heads.into_iter().enumerate().collect();
                 self_scheduled(t, items, |(hd, oh)| head(hd, oh));
             }
             AttnPar::Blocks(t) => {
-                let mut items: Vec<(usize, usize, &mut [f32])> = Vec::new();
-                for (hd, oh) in out.chunks_exact_mut(s * d).enumerate() {
-                    for (qb, ob) in oh.chunks_mut(br * d).enumerate() {
-                        items.push((hd, qb * br, ob));
+                let mut items: Vec<(usize, usize, CView<'_>)> = Vec::new();
+                for (hd, oh) in heads.into_iter().enumerate() {
+                    for (i0, ob) in oh.row_chunks(self.br) {
+                        items.push((hd, i0, ob));
                     }
                 }
                 if self.causal {
@@ -189,17 +203,18 @@ impl Bf16Attention {
         }
     }
 
-    /// Keys and values of every head converted and packed (zeros past each head's length).
-    fn pack(&self, k: &[f32], v: &[f32], klens: &[usize]) -> (Vec<u16>, Vec<u16>) {
-        let (s, d, nr) = (self.s, self.d, self.tile.nr);
+    /// Keys and values of every head (laid out as `rows` says) converted and packed (zeros
+    /// past each head's length).
+    fn pack(&self, rows: Rows, [k, v]: [&[f32]; 2], klens: &[usize]) -> (Vec<u16>, Vec<u16>) {
+        let (d, nr, ld) = (self.d, self.tile.nr, rows.ld());
         let dm = self.dims();
         let heads = self.b * self.h;
         let mut kpack = vec![0u16; heads * dm.kstride];
         let mut vpack = vec![0u16; heads * dm.vstride];
         let pack = |(hd, (kp, vp)): (usize, (&mut [u16], &mut [u16]))| {
-            let src = hd * s * d..(hd + 1) * s * d;
-            pack_keys(&k[src.clone()], d, nr, klens[hd], kp);
-            pack_values(&v[src], d, dm.dp, klens[hd], vp);
+            pack_keys((rows.head(k, hd, Part::K), ld), d, nr, klens[hd], kp);
+            let vh = rows.head(v, hd, Part::V);
+            pack_values((vh, ld), (d, dm.dp), dm.spairs, klens[hd], vp);
         };
         if self.par.threads() > 1 {
             kpack
@@ -218,24 +233,28 @@ impl Bf16Attention {
     }
 }
 
-impl Executable for Bf16Attention {
-    fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> crate::Result<()> {
-        let w = Workload::Attention {
+impl Bf16Attention {
+    fn workload(&self) -> Workload {
+        Workload::Attention {
             b: self.b,
             h: self.h,
             s: self.s,
             d: self.d,
             causal: self.causal,
             dtype: DType::Bf16,
-        };
-        let ([q, k, v], lens, out) = host_attention(&w, inputs, out)?;
+        }
+    }
+
+    /// The checked call: `q`, `k`, `v` and `out` laid out as `rows` says.
+    fn attend(&self, rows: Rows, [q, k, v]: [&[f32]; 3], lens: Option<&[i32]>, out: &mut [f32]) {
         let klens: Vec<usize> = (0..self.b * self.h)
             .map(|hd| lens.map_or(self.s, |l| usize::try_from(l[hd / self.h]).unwrap_or(0)))
             .map(|x| x.min(self.s))
             .collect();
         on_workers(self.par.threads(), || {
-            let (kpack, vpack) = self.pack(k, v, &klens);
+            let (kpack, vpack) = self.pack(rows, [k, v], &klens);
             let cx = Ctx {
+                rows,
                 q,
                 kpack: &kpack,
                 vpack: &vpack,
@@ -243,6 +262,26 @@ impl Executable for Bf16Attention {
             };
             self.compute(&cx, out);
         });
+    }
+}
+
+impl Executable for Bf16Attention {
+    fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> crate::Result<()> {
+        let (qkv, lens, out) = host_attention(&self.workload(), inputs, out)?;
+        self.attend(self.rows(Layout::Heads), qkv, lens, out);
         Ok(())
+    }
+
+    fn run_qkv_rows(
+        &self,
+        qkv: &[f32],
+        key_lens: Option<&[i32]>,
+        out: &mut [f32],
+    ) -> Option<crate::Result<()>> {
+        let rows = self.rows(Layout::QkvRows);
+        Some(
+            host_qkv_rows(&self.workload(), qkv, key_lens, out)
+                .map(|()| self.attend(rows, [qkv; 3], key_lens, out)),
+        )
     }
 }

@@ -170,6 +170,58 @@ fn avx512bf16_tiles_mask_padding_where_the_cpu_has_them() {
     }
 }
 
+/// QKV rows read in place (`run_qkv_rows`) give the heads-layout result to the bit, padded
+/// or not, for every shape and blocking.
+fn qkv_rows(tiles: &'static [Bf16Tile]) {
+    use crate::cpu::attention::layout::{run_via_heads, Layout, Rows};
+    for tile in tiles {
+        for &shape in SHAPES {
+            let (b, h, s, d, _) = shape;
+            let rows = Rows {
+                layout: Layout::QkvRows,
+                b,
+                h,
+                s,
+                d,
+            };
+            let n = b * h * s * d;
+            let qkv: Vec<f32> = (0..3 * n).map(|i| (i as f32 * 0.913).sin()).collect();
+            let lens: Vec<i32> = (0..b).map(|i| [s as i32 - 1, 0][i % 2]).collect();
+            for (br, bc, par) in blockings() {
+                let exe = Bf16Attention::new(shape, tile, (br, bc), par);
+                for lens in [None, Some(&lens[..])] {
+                    let mut want = vec![f32::NAN; n];
+                    run_via_heads(&exe, &rows, (&qkv, lens), &mut want, &mut Vec::new()).unwrap();
+                    let mut got = vec![f32::NAN; n];
+                    exe.run_qkv_rows(&qkv, lens, &mut got).unwrap().unwrap();
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{} {shape:?} br={br} bc={bc} {lens:?}", tile.name);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn emulated_twins_read_qkv_rows_in_place() {
+    qkv_rows(EMULATED);
+}
+
+#[test]
+fn avx512bf16_tiles_read_qkv_rows_in_place_where_the_cpu_has_them() {
+    let runnable: Vec<&'static Bf16Tile> = TILES.iter().filter(|t| t.available()).collect();
+    if runnable.is_empty() {
+        println!("skipped: no AVX512_BF16 on this CPU");
+        return;
+    }
+    for tile in runnable {
+        qkv_rows(std::slice::from_ref(tile));
+    }
+}
+
 /// The bf16 result really is bf16: against the f32 problem it is off by more than f32
 /// rounding would be, and within the bf16 bound.
 #[test]
@@ -252,7 +304,7 @@ fn spaces_follow_the_fingerprint_and_support_this_cpu() {
 
 /// The packers against their layouts written out element by element: odd D, D past one
 /// 32-column stripe, D past several 64-value conversion pieces (300), odd key lengths,
-/// length 0.
+/// length 0; rows adjacent (`ld = D`) and rows of a wider matrix (a fused QKV row).
 #[test]
 fn packers_follow_their_layouts() {
     use super::ukernel::{pack_keys, pack_queries, pack_values};
@@ -263,60 +315,59 @@ fn packers_follow_their_layouts() {
         (5, 300, 32, 4),
         (3, 33, 32, 0),
     ] {
-        let x: Vec<f32> = (0..s * d).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        for ld in [d, 3 * d + 1] {
+            let x: Vec<f32> = (0..(s - 1) * ld + d)
+                .map(|i| (i as f32 * 0.37).sin() * 3.0)
+                .collect();
+            packed_as_written_out(&x, (s, d, ld), nr, klen);
+        }
+    }
+
+    fn packed_as_written_out(x: &[f32], (s, d, ld): (usize, usize, usize), nr: usize, klen: usize) {
         let (dsteps, dp, spairs) = (d.div_ceil(2), d.div_ceil(16) * 16, s.div_ceil(2));
         let at = |j: usize, c: usize| {
             if j < klen && c < d {
-                to_bf16(x[j * d + c])
+                to_bf16(x[j * ld + c])
             } else {
                 0
             }
         };
+        let case = format!("S {s} D {d} ld {ld} length {klen}");
 
         let mut kp = vec![0u16; s.div_ceil(nr) * dsteps * 2 * nr];
-        pack_keys(&x, d, nr, klen, &mut kp);
+        pack_keys((x, ld), d, nr, klen, &mut kp);
         for j in 0..s.div_ceil(nr) * nr {
             for c in 0..2 * dsteps {
-                let want = at(j, c);
-                assert_eq!(
-                    kp[j / nr * dsteps * 2 * nr + c / 2 * 2 * nr + 2 * (j % nr) + c % 2],
-                    want
-                );
+                let got = kp[j / nr * dsteps * 2 * nr + c / 2 * 2 * nr + 2 * (j % nr) + c % 2];
+                assert_eq!(got, at(j, c), "key ({j}, {c}) of {case}");
             }
         }
 
         let mut vp = vec![0u16; dp * 2 * spairs];
-        pack_values(&x, d, dp, klen, &mut vp);
+        pack_values((x, ld), (d, dp), spairs, klen, &mut vp);
         for j in 0..2 * spairs {
             for c in 0..dp {
                 let (c0, width) = (c / 32 * 32, 32.min(dp - c / 32 * 32));
                 let got = vp[c0 * 2 * spairs + j / 2 * 2 * width + 2 * (c - c0) + j % 2];
-                assert_eq!(
-                    got,
-                    at(j, c),
-                    "value ({j}, {c}) of S {s} D {d} length {klen}"
-                );
+                assert_eq!(got, at(j, c), "value ({j}, {c}) of {case}");
             }
         }
 
         let mr = 8;
         let rows = s.min(mr - 1);
         let mut qa = vec![7u32; dsteps * mr];
-        pack_queries(&x, d, rows, mr, &mut qa);
+        pack_queries((x, ld), d, rows, mr, &mut qa);
         for t in 0..dsteps {
             for r in 0..mr {
                 let q = |c: usize| {
                     if r < rows && c < d {
-                        u32::from(to_bf16(x[r * d + c]))
+                        u32::from(to_bf16(x[r * ld + c]))
                     } else {
                         0
                     }
                 };
-                assert_eq!(
-                    qa[t * mr + r],
-                    q(2 * t) | q(2 * t + 1) << 16,
-                    "query ({r}, {t})"
-                );
+                let want = q(2 * t) | q(2 * t + 1) << 16;
+                assert_eq!(qa[t * mr + r], want, "query ({r}, {t}) of {case}");
             }
         }
     }

@@ -338,14 +338,15 @@ pub fn tile(name: &str) -> Option<&'static Bf16Tile> {
         .filter(|t| t.available())
 }
 
-/// Packs keys `0..klen` of one head (`S × D`, row-major) as bf16 into panels of `nr` keys,
-/// `[depth pair][key][2]` each (`⌈D/2⌉·2·nr` values per panel, `⌈S/nr⌉` panels); `out` must
-/// be zero (keys past `klen` and the odd depth past `D` stay zero).
-pub fn pack_keys(k: &[f32], d: usize, nr: usize, klen: usize, out: &mut [u16]) {
+/// Packs keys `0..klen` of one head (`k`: rows of `D` values, `ld` apart) as bf16 into
+/// panels of `nr` keys, `[depth pair][key][2]` each (`⌈D/2⌉·2·nr` values per panel,
+/// `⌈S/nr⌉` panels); `out` must be zero (keys past `klen` and the odd depth past `D` stay
+/// zero).
+pub fn pack_keys((k, ld): (&[f32], usize), d: usize, nr: usize, klen: usize, out: &mut [u16]) {
     let panel = d.div_ceil(2) * 2 * nr;
-    for (j, row) in k.chunks_exact(d).take(klen).enumerate() {
+    for j in 0..klen {
         let base = j / nr * panel + 2 * (j % nr);
-        pair_words(row, |t, w| {
+        pair_words(&k[j * ld..][..d], |t, w| {
             let at = base + t * 2 * nr;
             out[at] = w as u16;
             out[at + 1] = (w >> 16) as u16;
@@ -353,16 +354,26 @@ pub fn pack_keys(k: &[f32], d: usize, nr: usize, klen: usize, out: &mut [u16]) {
     }
 }
 
-/// Packs values `0..klen` of one head (`S × D`) as bf16 into column stripes of 32 (the last
-/// one 16 if `dp` needs it), `[key pair][column][2]` each; stripe at column `c0` starts at
-/// `c0·2·spairs` (`spairs = ⌈S/2⌉`, `dp·2·spairs` values in all). `out` must be zero (rows
-/// past `klen` and columns past `D` stay zero).
-pub fn pack_values(v: &[f32], d: usize, dp: usize, klen: usize, out: &mut [u16]) {
-    let spairs = (v.len() / d.max(1)).div_ceil(2);
+/// Packs values `0..klen` of one head (`v`: rows of `D` values, `ld` apart) as bf16 into
+/// column stripes of 32 (the last one 16 if `dp` needs it), `[key pair][column][2]` each;
+/// stripe at column `c0` starts at `c0·2·spairs` (`dp·2·spairs` values in all, `spairs =
+/// ⌈S/2⌉` for the head's `S` keys). `out` must be zero (rows past `klen` and columns past
+/// `D` stay zero).
+pub fn pack_values(
+    (v, ld): (&[f32], usize),
+    (d, dp): (usize, usize),
+    spairs: usize,
+    klen: usize,
+    out: &mut [u16],
+) {
     let (mut lo, mut hi) = ([0u16; 32], [0u16; 32]);
-    for (jp, rows) in v.chunks(2 * d).take(klen.div_ceil(2)).enumerate() {
-        let (even, odd) = rows.split_at(d.min(rows.len()));
-        let odd = if 2 * jp + 1 < klen { odd } else { &[] };
+    for jp in 0..klen.div_ceil(2) {
+        let even = &v[2 * jp * ld..][..d];
+        let odd = if 2 * jp + 1 < klen {
+            &v[(2 * jp + 1) * ld..][..d]
+        } else {
+            &[]
+        };
         for c0 in (0..d).step_by(32) {
             let (width, cols) = (32.min(dp - c0), 32.min(d - c0));
             to_bf16_slice(&even[c0..c0 + cols], &mut lo);
@@ -377,12 +388,12 @@ pub fn pack_values(v: &[f32], d: usize, dp: usize, klen: usize, out: &mut [u16])
     }
 }
 
-/// Packs query rows (`rows ≤ mr` of `d` values at stride `d`) as bf16 pair words
+/// Packs query rows (`rows ≤ mr` of `d` values, `ld` apart) as bf16 pair words
 /// `[depth pair][row]` into `out` (`⌈D/2⌉·mr` words); padding rows and the odd depth are 0.
-pub fn pack_queries(q: &[f32], d: usize, rows: usize, mr: usize, out: &mut [u32]) {
+pub fn pack_queries((q, ld): (&[f32], usize), d: usize, rows: usize, mr: usize, out: &mut [u32]) {
     if rows == 0 {
         out.fill(0); // no panel to pack
     } else {
-        pack_a_pairs(q, d, (0, rows), (0, d), mr, out);
+        pack_a_pairs(q, ld, (0, rows), (0, d), mr, out);
     }
 }
