@@ -10,6 +10,8 @@ use rayon::prelude::*;
 use super::ukernel::{pack_keys, pack_queries, pack_values, Bf16Tile, StepArgs, LANES, MAX_MR};
 use crate::cpu::attention::layout::{Layout, Part, Rows};
 use crate::cpu::attention::AttnPar;
+use crate::cpu::bgemm::ukernel::words_mut;
+use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::packed::self_scheduled;
 use crate::cpu::gemm::view::CView;
 use crate::cpu::pool::on_workers;
@@ -34,14 +36,21 @@ pub struct Bf16Attention {
 }
 
 /// Shared, read-only inputs of one call.
+#[derive(Clone, Copy)]
 struct Ctx<'a> {
-    /// Where each head's query rows are in `q`.
+    /// Where each head's rows are in `q`, `k` and `v` (one and the same `qkv` matrix for
+    /// [`Layout::QkvRows`]).
     rows: Rows,
     q: &'a [f32],
-    kpack: &'a [u16],
-    vpack: &'a [u16],
-    /// Keys each head sees (its batch's length, or S).
-    klens: Vec<usize>,
+    k: &'a [f32],
+    v: &'a [f32],
+    /// Packed keys and values of the heads from `first_head` on (all of them for `par =
+    /// blocks`; else the head a task is on), `None` before any is packed.
+    kpack: Option<&'a [u32]>,
+    vpack: Option<&'a [u32]>,
+    first_head: usize,
+    /// Keys seen per batch (every `S` without).
+    lens: Option<&'a [i32]>,
 }
 
 /// Per-call sizes derived from the shape and the tile.
@@ -50,7 +59,7 @@ struct Dims {
     dsteps: usize,
     dp: usize,
     spairs: usize,
-    /// Packed keys (values) per head.
+    /// Packed key (value) words per head.
     kstride: usize,
     vstride: usize,
 }
@@ -84,8 +93,8 @@ impl Bf16Attention {
             dsteps,
             dp,
             spairs,
-            kstride: s.div_ceil(nr) * dsteps * 2 * nr,
-            vstride: dp * 2 * spairs,
+            kstride: s.div_ceil(nr) * dsteps * nr,
+            vstride: dp * spairs,
         }
     }
 
@@ -99,93 +108,150 @@ impl Bf16Attention {
         }
     }
 
+    /// Keys head `hd` sees: its batch's length, or S.
+    fn keys(&self, cx: &Ctx<'_>, hd: usize) -> usize {
+        cx.lens
+            .map_or(self.s, |l| usize::try_from(l[hd / self.h]).unwrap_or(0))
+            .min(self.s)
+    }
+
     /// One query block `[i0, i0 + rows)` of head `hd`; `out` is its `rows × D` window.
     fn query_block(&self, cx: &Ctx<'_>, hd: usize, i0: usize, mut out: CView<'_>) {
         let (s, d, mr, nr) = (self.s, self.d, self.tile.mr, self.tile.nr);
         let dm = self.dims();
         let rows = out.rows();
-        let klen = cx.klens[hd];
-        if klen == 0 {
+        let klen = self.keys(cx, hd);
+        let (Some(kpack), Some(vpack), true) = (cx.kpack, cx.vpack, klen > 0) else {
             (0..rows).for_each(|r| out.row_mut(r).fill(0.0));
             return;
-        }
+        };
+        let ph = hd - cx.first_head;
+        let kp = &kpack[ph * dm.kstride..(ph + 1) * dm.kstride];
+        let vp = &vpack[ph * dm.vstride..(ph + 1) * dm.vstride];
         let groups = rows.div_ceil(mr);
         let (head_q, ld) = (cx.rows.head(cx.q, hd, Part::Q), cx.rows.ld());
-        let mut qa = vec![0u32; groups * dm.dsteps * mr];
-        for (g, qg) in qa.chunks_exact_mut(dm.dsteps * mr).enumerate() {
-            let r0 = i0 + g * mr;
-            pack_queries((&head_q[r0 * ld..], ld), d, mr.min(rows - g * mr), mr, qg);
-        }
-        let kp = &cx.kpack[hd * dm.kstride..(hd + 1) * dm.kstride];
-        let vp = &cx.vpack[hd * dm.vstride..(hd + 1) * dm.vstride];
-        let mut o = vec![0f32; groups * mr * dm.dp];
-        let mut m = vec![f32::NEG_INFINITY; groups * mr];
-        let mut l = vec![0f32; groups * mr];
-        let mut sbuf = vec![0f32; mr * self.bc];
-        let mut pa = vec![0u32; self.bc.div_ceil(2) * mr];
-        let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
-        let kend = if self.causal { s.min(i0 + rows) } else { s }.min(klen);
-        let mut lim = [0usize; MAX_MR];
-        for j0 in (0..kend).step_by(self.bc) {
-            let kvb = self.bc.min(kend - j0);
-            for g in 0..groups {
-                let (r0, valid) = (i0 + g * mr, mr.min(rows - g * mr));
-                for (r, x) in lim[..mr].iter_mut().enumerate() {
-                    *x = match r < valid {
-                        false => 0,
-                        true if self.causal => kvb.min((r0 + r + 1).saturating_sub(j0)),
-                        true => kvb,
-                    };
-                }
-                let kv = lim[..mr].iter().copied().max().unwrap_or(0);
-                if kv == 0 {
-                    continue;
-                }
-                let rows_of = |x: usize| g * mr * x..(g + 1) * mr * x;
-                self.tile.step(StepArgs {
-                    qa: &qa[rows_of(dm.dsteps)],
-                    dsteps: dm.dsteps,
-                    kp: &kp[j0 / nr * dm.dsteps * 2 * nr..],
-                    vp,
-                    spairs: dm.spairs,
-                    j0,
-                    dp: dm.dp,
-                    kv,
-                    lim: &lim[..mr],
-                    scale,
-                    s: &mut sbuf,
-                    pa: &mut pa,
-                    o: &mut o[rows_of(dm.dp)],
-                    m: &mut m[rows_of(1)],
-                    l: &mut l[rows_of(1)],
-                    first: j0 == 0,
-                });
+        with_buffer(Pool::Work, |work| {
+            let (qa_len, o_len) = (groups * dm.dsteps * mr, groups * mr * dm.dp);
+            let pa_len = self.bc.div_ceil(2) * mr;
+            let buf = work.slice(qa_len + o_len + 2 * groups * mr + mr * self.bc + pa_len);
+            let (qa, rest) = buf.split_at_mut(qa_len);
+            let (o, rest) = rest.split_at_mut(o_len);
+            let (m, rest) = rest.split_at_mut(groups * mr);
+            let (l, rest) = rest.split_at_mut(groups * mr);
+            let (sbuf, pa) = rest.split_at_mut(mr * self.bc);
+            let (qa, pa) = (words_mut(qa), words_mut(pa));
+            o.fill(0.0);
+            m.fill(f32::NEG_INFINITY);
+            l.fill(0.0);
+            for (g, qg) in qa.chunks_exact_mut(dm.dsteps * mr).enumerate() {
+                let r0 = i0 + g * mr;
+                pack_queries((&head_q[r0 * ld..], ld), d, mr.min(rows - g * mr), mr, qg);
             }
-        }
-        for r in 0..rows {
-            let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
-            for (x, y) in out.row_mut(r).iter_mut().zip(&o[r * dm.dp..]) {
-                *x = y * inv;
+            let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
+            let kend = if self.causal { s.min(i0 + rows) } else { s }.min(klen);
+            let mut lim = [0usize; MAX_MR];
+            for j0 in (0..kend).step_by(self.bc) {
+                let kvb = self.bc.min(kend - j0);
+                for g in 0..groups {
+                    let (r0, valid) = (i0 + g * mr, mr.min(rows - g * mr));
+                    for (r, x) in lim[..mr].iter_mut().enumerate() {
+                        *x = match r < valid {
+                            false => 0,
+                            true if self.causal => kvb.min((r0 + r + 1).saturating_sub(j0)),
+                            true => kvb,
+                        };
+                    }
+                    let kv = lim[..mr].iter().copied().max().unwrap_or(0);
+                    if kv == 0 {
+                        continue;
+                    }
+                    let rows_of = |x: usize| g * mr * x..(g + 1) * mr * x;
+                    self.tile.step(StepArgs {
+                        qa: &qa[rows_of(dm.dsteps)],
+                        dsteps: dm.dsteps,
+                        kp: &kp[j0 / nr * dm.dsteps * nr..],
+                        vp,
+                        spairs: dm.spairs,
+                        j0,
+                        dp: dm.dp,
+                        kv,
+                        lim: &lim[..mr],
+                        scale,
+                        s: &mut *sbuf,
+                        pa: &mut *pa,
+                        o: &mut o[rows_of(dm.dp)],
+                        m: &mut m[rows_of(1)],
+                        l: &mut l[rows_of(1)],
+                        first: j0 == 0,
+                    });
+                }
             }
+            for r in 0..rows {
+                let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+                for (x, y) in out.row_mut(r).iter_mut().zip(&o[r * dm.dp..]) {
+                    *x = y * inv;
+                }
+            }
+        });
+    }
+
+    /// All query blocks of head `hd` (`out`: its `S × D` window), its keys and values packed
+    /// first into this thread's buffers if nothing is packed yet: the head's query blocks
+    /// then find them in L2.
+    fn head(&self, cx: &Ctx<'_>, hd: usize, out: CView<'_>) {
+        let blocks = |cx: &Ctx<'_>, out: CView<'_>| {
+            for (i0, ob) in out.row_chunks(self.br) {
+                self.query_block(cx, hd, i0, ob);
+            }
+        };
+        if cx.kpack.is_some() {
+            return blocks(cx, out);
         }
+        let dm = self.dims();
+        with_buffer(Pool::Keys, |kbuf| {
+            with_buffer(Pool::Values, |vbuf| {
+                let kp = words_mut(kbuf.slice(dm.kstride));
+                let vp = words_mut(vbuf.slice(dm.vstride));
+                self.pack_head(cx, hd, kp, vp);
+                let local = Ctx {
+                    kpack: Some(kp),
+                    vpack: Some(vp),
+                    first_head: hd,
+                    ..*cx
+                };
+                blocks(&local, out);
+            })
+        });
+    }
+
+    /// Head `hd`'s keys (`kp`) and values (`vp`) converted and packed, zeros past its length.
+    fn pack_head(&self, cx: &Ctx<'_>, hd: usize, kp: &mut [u32], vp: &mut [u32]) {
+        let (d, ld, dm) = (self.d, cx.rows.ld(), self.dims());
+        let klen = self.keys(cx, hd);
+        kp.fill(0);
+        vp.fill(0);
+        pack_keys(
+            (cx.rows.head(cx.k, hd, Part::K), ld),
+            d,
+            self.tile.nr,
+            klen,
+            kp,
+        );
+        let vh = cx.rows.head(cx.v, hd, Part::V);
+        pack_values((vh, ld), (d, dm.dp), dm.spairs, klen, vp);
     }
 
     fn compute(&self, cx: &Ctx<'_>, out: &mut [f32]) {
         let heads = cx.rows.out_heads(out);
-        let head = |hd: usize, oh: CView<'_>| {
-            for (i0, ob) in oh.row_chunks(self.br) {
-                self.query_block(cx, hd, i0, ob);
-            }
-        };
         match self.par {
             AttnPar::None => {
                 for (hd, oh) in heads.into_iter().enumerate() {
-                    head(hd, oh);
+                    self.head(cx, hd, oh);
                 }
             }
             AttnPar::Heads(t) => {
                 let items: Vec<_> = heads.into_iter().enumerate().collect();
-                self_scheduled(t, items, |(hd, oh)| head(hd, oh));
+                self_scheduled(t, items, |(hd, oh)| self.head(cx, hd, oh));
             }
             AttnPar::Blocks(t) => {
                 let mut items: Vec<(usize, usize, CView<'_>)> = Vec::new();
@@ -203,33 +269,46 @@ impl Bf16Attention {
         }
     }
 
-    /// Keys and values of every head (laid out as `rows` says) converted and packed (zeros
-    /// past each head's length).
-    fn pack(&self, rows: Rows, [k, v]: [&[f32]; 2], klens: &[usize]) -> (Vec<u16>, Vec<u16>) {
-        let (d, nr, ld) = (self.d, self.tile.nr, rows.ld());
+    /// The checked call, from this thread: `q`, `k`, `v` and `out` laid out as `rows` says.
+    /// With `par = blocks` every head's keys and values are packed up front (tasks split
+    /// heads); otherwise each head's task packs its own ([`Self::head`]).
+    fn attend(&self, rows: Rows, [q, k, v]: [&[f32]; 3], lens: Option<&[i32]>, out: &mut [f32]) {
+        let cx = Ctx {
+            rows,
+            q,
+            k,
+            v,
+            kpack: None,
+            vpack: None,
+            first_head: 0,
+            lens,
+        };
+        if !matches!(self.par, AttnPar::Blocks(_)) {
+            return self.compute(&cx, out);
+        }
         let dm = self.dims();
         let heads = self.b * self.h;
-        let mut kpack = vec![0u16; heads * dm.kstride];
-        let mut vpack = vec![0u16; heads * dm.vstride];
-        let pack = |(hd, (kp, vp)): (usize, (&mut [u16], &mut [u16]))| {
-            pack_keys((rows.head(k, hd, Part::K), ld), d, nr, klens[hd], kp);
-            let vh = rows.head(v, hd, Part::V);
-            pack_values((vh, ld), (d, dm.dp), dm.spairs, klens[hd], vp);
-        };
-        if self.par.threads() > 1 {
-            kpack
-                .par_chunks_mut(dm.kstride)
-                .zip(vpack.par_chunks_mut(dm.vstride))
-                .enumerate()
-                .for_each(pack);
-        } else {
-            kpack
-                .chunks_mut(dm.kstride)
-                .zip(vpack.chunks_mut(dm.vstride))
-                .enumerate()
-                .for_each(pack);
-        }
-        (kpack, vpack)
+        with_buffer(Pool::Keys, |kbuf| {
+            with_buffer(Pool::Values, |vbuf| {
+                let (kn, vn) = (heads * dm.kstride, heads * dm.vstride);
+                let kpack = words_mut(kbuf.slice(kn));
+                let vpack = words_mut(vbuf.slice(vn));
+                let pack = |(hd, (kp, vp)): (usize, (&mut [u32], &mut [u32]))| {
+                    self.pack_head(&cx, hd, kp, vp)
+                };
+                kpack
+                    .par_chunks_mut(dm.kstride)
+                    .zip(vpack.par_chunks_mut(dm.vstride))
+                    .enumerate()
+                    .for_each(pack);
+                let cx = Ctx {
+                    kpack: Some(kpack),
+                    vpack: Some(vpack),
+                    ..cx
+                };
+                self.compute(&cx, out);
+            })
+        });
     }
 }
 
@@ -244,31 +323,13 @@ impl Bf16Attention {
             dtype: DType::Bf16,
         }
     }
-
-    /// The checked call: `q`, `k`, `v` and `out` laid out as `rows` says.
-    fn attend(&self, rows: Rows, [q, k, v]: [&[f32]; 3], lens: Option<&[i32]>, out: &mut [f32]) {
-        let klens: Vec<usize> = (0..self.b * self.h)
-            .map(|hd| lens.map_or(self.s, |l| usize::try_from(l[hd / self.h]).unwrap_or(0)))
-            .map(|x| x.min(self.s))
-            .collect();
-        on_workers(self.par.threads(), || {
-            let (kpack, vpack) = self.pack(rows, [k, v], &klens);
-            let cx = Ctx {
-                rows,
-                q,
-                kpack: &kpack,
-                vpack: &vpack,
-                klens,
-            };
-            self.compute(&cx, out);
-        });
-    }
 }
 
 impl Executable for Bf16Attention {
     fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> crate::Result<()> {
         let (qkv, lens, out) = host_attention(&self.workload(), inputs, out)?;
-        self.attend(self.rows(Layout::Heads), qkv, lens, out);
+        let rows = self.rows(Layout::Heads);
+        on_workers(self.par.threads(), || self.attend(rows, qkv, lens, out));
         Ok(())
     }
 
@@ -280,8 +341,11 @@ impl Executable for Bf16Attention {
     ) -> Option<crate::Result<()>> {
         let rows = self.rows(Layout::QkvRows);
         Some(
-            host_qkv_rows(&self.workload(), qkv, key_lens, out)
-                .map(|()| self.attend(rows, [qkv; 3], key_lens, out)),
+            host_qkv_rows(&self.workload(), qkv, key_lens, out).map(|()| {
+                on_workers(self.par.threads(), || {
+                    self.attend(rows, [qkv; 3], key_lens, out)
+                })
+            }),
         )
     }
 }

@@ -69,7 +69,9 @@ impl Kernel for AttentionBf16 {
     }
 
     fn version(&self) -> u32 {
-        1
+        // 2: buffers reused across calls, keys and values packed per head by its task, rows
+        // of query and weight pair words (no scattered stores), AVX-512 conversions.
+        2
     }
 
     fn dtypes(&self) -> &'static [DType] {

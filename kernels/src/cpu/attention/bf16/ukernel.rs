@@ -6,11 +6,12 @@
 //!
 //! Per step:
 //!
-//! 1. scores `S = Q·Kᵀ`: one `MR × NR` pair tile per key panel, Q as bf16 pair words
-//!    (`[depth pair][row]`), K as panels of `NR` keys (`[depth pair][key][2]`);
+//! 1. scores `S = Q·Kᵀ`: one `MR × NR` pair tile per key panel, Q as rows of bf16 pair
+//!    words (`[row][depth pair]`: each row's values in order), K as panels of `NR` keys
+//!    (`[depth pair][key][2]`);
 //! 2. per row, in f32: scale into the log2 domain, running maximum, `p = 2^(x − m)`, the
-//!    running sum `l` gains the f32 weights, and the weights are rounded to bf16 into pair
-//!    words (`[key pair][row]`), zero past the row's last visible key;
+//!    running sum `l` gains the f32 weights, and the weights are rounded to bf16 in order
+//!    into the row's pair words (`[row][key pair]`), zero past the row's last visible key;
 //! 3. `O = α·O + P·V`: the running outputs rescaled in f32, then `MR × 32` (and a last
 //!    `MR × 16`) pair tiles accumulate `P·V` over the block's key pairs, V packed in column
 //!    stripes of key pairs (`[key pair][column][2]`).
@@ -19,9 +20,8 @@
 //! every extent before calling the kernel, and a tile is looked up by name only when the CPU
 //! runs it.
 
-use crate::cpu::bgemm::convert::{pair_words, to_bf16_slice};
-use crate::cpu::bgemm::layout::pack_a_pairs;
-use crate::cpu::bgemm::ukernel::body::{pair_body, DotBf16};
+use crate::cpu::bgemm::convert::to_bf16_slice;
+use crate::cpu::bgemm::ukernel::body::{pair_body, DotBf16, PairsA};
 use crate::cpu::gemm::ukernel::simd::{exp2_nonpos, Epi, Simd};
 
 /// Lanes of a `vdpbf16ps` accumulator (zmm, 16 f32).
@@ -31,8 +31,8 @@ pub const LANES: usize = 16;
 struct Step {
     qa: *const u32,
     dsteps: usize,
-    kp: *const u16,
-    vp: *const u16,
+    kp: *const u32,
+    vp: *const u32,
     spairs: usize,
     j0: usize,
     dp: usize,
@@ -51,15 +51,16 @@ struct Step {
 /// The arguments of one [`Bf16Tile::step`]: an `MR`-row group of queries against keys
 /// `j0..j0 + kv` of one head.
 pub struct StepArgs<'a, 'b> {
-    /// The group's queries as bf16 pair words, `[depth pair][row]`: `dsteps·MR` words.
+    /// The group's queries as rows of bf16 pair words, `[row][depth pair]`: `MR·dsteps`
+    /// words ([`pack_queries`]).
     pub qa: &'a [u32],
     /// Depth pairs, `⌈D/2⌉`.
     pub dsteps: usize,
     /// The block's key panels, from its first key on: `⌈kv/NR⌉` panels of `dsteps·2·NR`
     /// values ([`pack_keys`]).
-    pub kp: &'a [u16],
+    pub kp: &'a [u32],
     /// The head's packed values ([`pack_values`]): `dp·2·spairs` values.
-    pub vp: &'a [u16],
+    pub vp: &'a [u32],
     /// Key pairs of the head, `⌈S/2⌉`.
     pub spairs: usize,
     /// The block's first key (a multiple of NR).
@@ -74,7 +75,7 @@ pub struct StepArgs<'a, 'b> {
     pub scale: f32,
     /// Scores scratch: `MR·⌈kv/NR⌉·NR` values.
     pub s: &'b mut [f32],
-    /// Weights scratch: `⌈kv/2⌉·MR` words.
+    /// Weights scratch: `MR·⌈kv/2⌉` words.
     pub pa: &'b mut [u32],
     /// Running outputs, `MR` rows of `dp` (stride `dp`).
     pub o: &'b mut [f32],
@@ -120,10 +121,10 @@ impl Bf16Tile {
         assert!(a.lim.len() == mr && a.lim.iter().all(|&x| x <= a.kv));
         assert!(a.qa.len() >= a.dsteps * mr, "queries too short");
         assert!(
-            a.kp.len() >= bcp / nr * a.dsteps * 2 * nr,
+            a.kp.len() >= bcp / nr * a.dsteps * nr,
             "key panels too short"
         );
-        assert!(a.vp.len() >= a.dp * 2 * a.spairs && a.j0 / 2 + kpairs <= a.spairs);
+        assert!(a.vp.len() >= a.dp * a.spairs && a.j0 / 2 + kpairs <= a.spairs);
         assert!(a.s.len() >= mr * bcp && a.pa.len() >= kpairs * mr);
         assert!(a.o.len() >= mr * a.dp && a.m.len() >= mr && a.l.len() >= mr);
         let st = Step {
@@ -172,9 +173,10 @@ unsafe fn step_body<D: DotBf16, const MR: usize, const NV: usize>(st: &Step) {
     unsafe {
         // 1. Scores, one MR × NR tile per key panel.
         for t in 0..bcp / nr {
-            let kp = st.kp.add(t * st.dsteps * 2 * nr);
+            let kp = st.kp.add(t * st.dsteps * nr).cast::<u16>();
             let s = st.s.add(t * nr);
-            pair_body::<D, MR, NV>(st.dsteps, st.qa, kp, s, bcp, 1, false, Epi::NONE);
+            let qa = PairsA::rows(st.qa, st.dsteps, MR);
+            pair_body::<D, MR, NV>(st.dsteps, qa, kp, s, bcp, 1, false, Epi::NONE);
         }
         // 2. Online softmax per row, weights to bf16 pairs; running outputs rescaled.
         for r in 0..MR {
@@ -185,17 +187,18 @@ unsafe fn step_body<D: DotBf16, const MR: usize, const NV: usize>(st: &Step) {
             }
         }
         // 3. O += P·V, stripes of 32 columns, then one of 16 if D needs it.
+        let pa = PairsA::rows(st.pa, kpairs, MR);
         let mut c0 = 0;
         while c0 < dp {
-            let base = st.vp.add(c0 * 2 * st.spairs);
+            let base = st.vp.add(c0 * st.spairs).cast::<u16>();
             let o = st.o.add(c0);
             if dp - c0 >= 32 {
                 let v = base.add(st.j0 * 32);
-                pair_body::<D, MR, 2>(kpairs, st.pa, v, o, dp, 1, true, Epi::NONE);
+                pair_body::<D, MR, 2>(kpairs, pa, v, o, dp, 1, true, Epi::NONE);
                 c0 += 32;
             } else {
                 let v = base.add(st.j0 * 16);
-                pair_body::<D, MR, 1>(kpairs, st.pa, v, o, dp, 1, true, Epi::NONE);
+                pair_body::<D, MR, 1>(kpairs, pa, v, o, dp, 1, true, Epi::NONE);
                 c0 += 16;
             }
         }
@@ -216,11 +219,11 @@ unsafe fn softmax_row<S: Simd, const MR: usize>(st: &Step, r: usize) -> f32 {
         let lim = *st.lim.add(r);
         let row = st.s.add(r * st.bcp);
         let (m, l) = (st.m.add(r), st.l.add(r));
-        let words = |t: usize| st.pa.add(t * MR + r);
+        // The row's weights as bf16 values in order: its `kpairs` pair words.
+        let halves =
+            std::slice::from_raw_parts_mut(st.pa.add(r * kpairs).cast::<u16>(), 2 * kpairs);
         if lim == 0 {
-            for t in 0..kpairs {
-                *words(t) = 0;
-            }
+            halves.fill(0);
             return 1.0;
         }
         let vend = lim / w * w;
@@ -253,11 +256,9 @@ unsafe fn softmax_row<S: Simd, const MR: usize>(st: &Step, r: usize) -> f32 {
         }
         *l = *l * alpha + total;
         *m = m_new;
-        // The weights to bf16 pair words; zero past `lim`.
-        pair_words(std::slice::from_raw_parts(row, lim), |t, w| *words(t) = w);
-        for t in lim.div_ceil(2)..kpairs {
-            *words(t) = 0;
-        }
+        // The weights to bf16, zero past `lim`.
+        to_bf16_slice(std::slice::from_raw_parts(row, lim), &mut halves[..lim]);
+        halves[lim..].fill(0);
         alpha
     }
 }
@@ -338,62 +339,97 @@ pub fn tile(name: &str) -> Option<&'static Bf16Tile> {
         .filter(|t| t.available())
 }
 
-/// Packs keys `0..klen` of one head (`k`: rows of `D` values, `ld` apart) as bf16 into
-/// panels of `nr` keys, `[depth pair][key][2]` each (`⌈D/2⌉·2·nr` values per panel,
-/// `⌈S/nr⌉` panels); `out` must be zero (keys past `klen` and the odd depth past `D` stay
-/// zero).
-pub fn pack_keys((k, ld): (&[f32], usize), d: usize, nr: usize, klen: usize, out: &mut [u16]) {
-    let panel = d.div_ceil(2) * 2 * nr;
-    for j in 0..klen {
-        let base = j / nr * panel + 2 * (j % nr);
-        pair_words(&k[j * ld..][..d], |t, w| {
-            let at = base + t * 2 * nr;
-            out[at] = w as u16;
-            out[at + 1] = (w >> 16) as u16;
-        });
+/// `src` rounded to bf16 into `dst` ([`to_bf16_slice`]), compiled for AVX-512F and AVX512BW
+/// where the CPU runs them and `AUTOKERNEL_ISA` allows (16 values a vector; the generic
+/// build converts 4): the packers' conversion.
+fn to_bf16_wide(src: &[f32], dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::Isa::Avx512.available() {
+        // SAFETY: the CPU has AVX-512F and AVX512BW (`Isa::Avx512` implies both).
+        return unsafe { to_bf16_avx512(src, dst) };
     }
+    to_bf16_slice(src, dst)
 }
 
-/// Packs values `0..klen` of one head (`v`: rows of `D` values, `ld` apart) as bf16 into
-/// column stripes of 32 (the last one 16 if `dp` needs it), `[key pair][column][2]` each;
-/// stripe at column `c0` starts at `c0·2·spairs` (`dp·2·spairs` values in all, `spairs =
-/// ⌈S/2⌉` for the head's `S` keys). `out` must be zero (rows past `klen` and columns past
-/// `D` stay zero).
-pub fn pack_values(
-    (v, ld): (&[f32], usize),
-    (d, dp): (usize, usize),
-    spairs: usize,
-    klen: usize,
-    out: &mut [u16],
-) {
-    let (mut lo, mut hi) = ([0u16; 32], [0u16; 32]);
-    for jp in 0..klen.div_ceil(2) {
-        let even = &v[2 * jp * ld..][..d];
-        let odd = if 2 * jp + 1 < klen {
-            &v[(2 * jp + 1) * ld..][..d]
-        } else {
-            &[]
-        };
-        for c0 in (0..d).step_by(32) {
-            let (width, cols) = (32.min(dp - c0), 32.min(d - c0));
-            to_bf16_slice(&even[c0..c0 + cols], &mut lo);
-            hi.fill(0);
-            to_bf16_slice(odd.get(c0..c0 + cols).unwrap_or(&[]), &mut hi);
-            let dst = &mut out[c0 * 2 * spairs + jp * 2 * width..][..2 * cols];
-            for (o, (&a, &b)) in dst.chunks_exact_mut(2).zip(lo.iter().zip(&hi)) {
-                o[0] = a;
-                o[1] = b;
+/// [`to_bf16_slice`] compiled for AVX-512F and AVX512BW.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX512BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn to_bf16_avx512(src: &[f32], dst: &mut [u16]) {
+    to_bf16_slice(src, dst)
+}
+
+/// Packs keys `0..klen` of one head (`k`: rows of `D` values, `ld` apart) as bf16 pair
+/// words into panels of `nr` keys, `[depth pair][key]` each (word: depths `2s`, `2s + 1` of
+/// one key; `⌈D/2⌉·nr` words per panel, `⌈S/nr⌉` panels); `out` must be zero (keys past
+/// `klen` and the odd depth past `D` stay zero).
+pub fn pack_keys((k, ld): (&[f32], usize), d: usize, nr: usize, klen: usize, out: &mut [u32]) {
+    let panel = d.div_ceil(2) * nr;
+    let mut h = [0u16; 64];
+    for j in 0..klen {
+        let at = &mut out[j / nr * panel + j % nr..];
+        for (piece, part) in k[j * ld..][..d].chunks(64).enumerate() {
+            to_bf16_wide(part, &mut h);
+            h[part.len()..].fill(0);
+            for (t, p) in h.chunks_exact(2).take(part.len().div_ceil(2)).enumerate() {
+                at[(piece * 32 + t) * nr] = u32::from(p[0]) | u32::from(p[1]) << 16;
             }
         }
     }
 }
 
-/// Packs query rows (`rows ≤ mr` of `d` values, `ld` apart) as bf16 pair words
-/// `[depth pair][row]` into `out` (`⌈D/2⌉·mr` words); padding rows and the odd depth are 0.
+/// Packs values `0..klen` of one head (`v`: rows of `D` values, `ld` apart) as bf16 pair
+/// words into column stripes of 32 (the last one 16 if `dp` needs it), `[key pair][column]`
+/// each (word: keys `2p`, `2p + 1` of one column); stripe at column `c0` starts at word
+/// `c0·spairs` (`dp·spairs` words in all, `spairs = ⌈S/2⌉` for the head's `S` keys). `out`
+/// must be zero (rows past `klen` and columns past `D` stay zero).
+pub fn pack_values(
+    (v, ld): (&[f32], usize),
+    (d, dp): (usize, usize),
+    spairs: usize,
+    klen: usize,
+    out: &mut [u32],
+) {
+    // Both rows of a key pair converted whole, then interleaved stripe by stripe.
+    let (mut lo, mut hi) = ([0u16; 64], [0u16; 64]);
+    for jp in 0..klen.div_ceil(2) {
+        let row = |j: usize| (j < klen).then(|| &v[j * ld..][..d]);
+        for (piece, c0) in (0..d).step_by(64).enumerate() {
+            let cols = 64.min(d - 64 * piece);
+            to_bf16_wide(&row(2 * jp).unwrap_or(&[])[c0..c0 + cols], &mut lo);
+            match row(2 * jp + 1) {
+                Some(odd) => to_bf16_wide(&odd[c0..c0 + cols], &mut hi),
+                None => hi.fill(0),
+            }
+            for s0 in (c0..c0 + cols).step_by(32) {
+                let (width, n) = (32.min(dp - s0), 32.min(d - s0));
+                let dst = &mut out[s0 * spairs + jp * width..][..n];
+                let (lo, hi) = (&lo[s0 - c0..][..n], &hi[s0 - c0..][..n]);
+                for (o, (&a, &b)) in dst.iter_mut().zip(lo.iter().zip(hi)) {
+                    *o = u32::from(a) | u32::from(b) << 16;
+                }
+            }
+        }
+    }
+}
+
+/// Packs query rows (`rows ≤ mr` of `d` values, `ld` apart) as rows of bf16 pair words
+/// `[row][depth pair]` into `out` (`mr·⌈D/2⌉` words: each row's values in order); padding
+/// rows and the odd depth are 0.
 pub fn pack_queries((q, ld): (&[f32], usize), d: usize, rows: usize, mr: usize, out: &mut [u32]) {
-    if rows == 0 {
-        out.fill(0); // no panel to pack
-    } else {
-        pack_a_pairs(q, ld, (0, rows), (0, d), mr, out);
+    let dsteps = d.div_ceil(2);
+    for (r, words) in out[..mr * dsteps].chunks_exact_mut(dsteps).enumerate() {
+        // SAFETY: a `u32` is two `u16`s' worth of bytes with stricter alignment, every bit
+        // pattern is a valid value of both, and the borrow of `words` moves into `halves`.
+        let halves =
+            unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u16>(), 2 * dsteps) };
+        if r < rows {
+            to_bf16_wide(&q[r * ld..][..d], &mut halves[..d]);
+            halves[d..].fill(0);
+        } else {
+            halves.fill(0);
+        }
     }
 }

@@ -89,19 +89,55 @@ pub(super) unsafe fn widen_body<S: WidenBf16, const MR: usize, const NV: usize>(
     }
 }
 
+/// Where a pair tile's A words are: word (row `r`, depth pair `s`) of row tile `t` at
+/// `a + t·tile + s·step + r·row`.
+#[derive(Clone, Copy)]
+pub(crate) struct PairsA {
+    pub a: *const u32,
+    pub tile: usize,
+    pub step: usize,
+    pub row: usize,
+}
+
+impl PairsA {
+    /// A packed A block ([`crate::cpu::bgemm::layout::pack_a_pairs`]): per row tile, per
+    /// depth pair, `MR` words.
+    #[inline(always)]
+    pub(crate) fn packed(a: *const u32, steps: usize, mr: usize) -> Self {
+        PairsA {
+            a,
+            tile: steps * mr,
+            step: mr,
+            row: 1,
+        }
+    }
+
+    /// Rows of pair words `ld` apart (a row's words contiguous: its values in order).
+    #[inline(always)]
+    pub(crate) fn rows(a: *const u32, ld: usize, mr: usize) -> Self {
+        PairsA {
+            a,
+            tile: mr * ld,
+            step: 1,
+            row: ld,
+        }
+    }
+}
+
 /// The pair `MR × W·NV` tile: for each of `tiles` row tiles, per depth pair, `NV` loads of B
 /// pairs, `MR` broadcasts of an A pair word, `MR·NV` pair dot products; then the tile is
 /// stored (added with `accumulate`) with the epilogue `ep`.
 ///
 /// # Safety
-/// The CPU supports `D`'s ISA; `a` is readable for `tiles·steps·MR` 32-bit words, `b` for
-/// `steps·2·NV·W` values; `c + r·ldc + j` is readable and writable for `r < tiles·MR`,
-/// `j < NV·W`; unless `ep.act` is none, `ep.bias` is readable for `NV·W` values.
+/// The CPU supports `D`'s ISA; `a` is readable for the words of `tiles` row tiles of `MR`
+/// rows × `steps` depth pairs, `b` for `steps·2·NV·W` values; `c + r·ldc + j` is readable
+/// and writable for `r < tiles·MR`, `j < NV·W`; unless `ep.act` is none, `ep.bias` is
+/// readable for `NV·W` values.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn pair_body<D: DotBf16, const MR: usize, const NV: usize>(
     steps: usize,
-    a: *const u32,
+    a: PairsA,
     b: *const u16,
     c: *mut f32,
     ldc: usize,
@@ -111,22 +147,23 @@ pub(crate) unsafe fn pair_body<D: DotBf16, const MR: usize, const NV: usize>(
 ) {
     let w = D::S::W;
     // SAFETY (whole body): the caller guarantees the ISA and the extents; every read is at
-    // `a + (t·steps + s)·MR + r` (one word) or `b + s·2·NV·W + 2W·v` (2W values, v < NV),
-    // every store inside the `MR × NV·W` block of tile t (t < tiles, s < steps, r < MR).
+    // `a.a + t·a.tile + s·a.step + r·a.row` (one word) or `b + s·2·NV·W + 2W·v` (2W values,
+    // v < NV), every store inside the `MR × NV·W` block of tile t (t < tiles, s < steps,
+    // r < MR).
     unsafe {
         for t in 0..tiles {
             let mut acc = [[D::S::zero(); NV]; MR];
-            let mut ap = a.add(t * steps * MR);
+            let mut ap = a.a.add(t * a.tile);
             let mut bp = b;
             for _ in 0..steps {
                 let bv: [D::P; NV] = std::array::from_fn(|v| D::load_pairs(bp.add(2 * w * v)));
                 for (r, row) in acc.iter_mut().enumerate() {
-                    let ar = D::splat_pair(ap.add(r));
+                    let ar = D::splat_pair(ap.add(r * a.row));
                     for (x, bv) in row.iter_mut().zip(&bv) {
                         *x = D::dot(*x, ar, *bv);
                     }
                 }
-                ap = ap.add(MR);
+                ap = ap.add(a.step);
                 bp = bp.add(2 * NV * w);
             }
             store_tile_epi::<D::S, MR, NV>(&acc, c.add(t * MR * ldc), ldc, accumulate, ep);

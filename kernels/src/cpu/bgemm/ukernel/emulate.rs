@@ -31,7 +31,7 @@
 //! hardware matches the SDM's text in every rounding).
 
 use super::amx::tile;
-use super::body::{pair_body, widen_body, DotBf16, WidenBf16};
+use super::body::{pair_body, widen_body, DotBf16, PairsA, WidenBf16};
 use super::{Bf16Kernel, TileFn};
 use crate::cpu::amx::tiled::{Square, Tall, Wide};
 use crate::cpu::amx::Emulated;
@@ -212,7 +212,10 @@ unsafe fn pairs<const MR: usize, const NV: usize>(
 ) {
     // SAFETY: forwarded caller contract (words read as `u32`, same size and alignment as
     // `f32`); the emulation needs no CPU feature.
-    unsafe { pair_body::<EmuDp, MR, NV>(steps, a.cast(), b, c, ldc, tiles, accumulate, ep) }
+    unsafe {
+        let a = PairsA::packed(a.cast(), steps, MR);
+        pair_body::<EmuDp, MR, NV>(steps, a, b, c, ldc, tiles, accumulate, ep)
+    }
 }
 
 const fn twin(name: &'static str, mr: usize, nr: usize, layout: Layout, f: TileFn) -> Bf16Kernel {

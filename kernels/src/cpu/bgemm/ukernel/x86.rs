@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::body::{pair_body, widen_body, DotBf16, WidenBf16};
+use super::body::{pair_body, widen_body, DotBf16, PairsA, WidenBf16};
 use crate::cpu::gemm::ukernel::avx2::Avx2;
 use crate::cpu::gemm::ukernel::avx512::Avx512;
 use crate::cpu::gemm::ukernel::simd::Epi;
@@ -133,7 +133,10 @@ pub(super) unsafe fn avx512bf16<const MR: usize, const NV: usize>(
 ) {
     // SAFETY: forwarded caller contract (`a`'s words are read as `u32`, same size and
     // alignment as `f32`); this function is compiled with the features `Vdpbf16ps` needs.
-    unsafe { pair_body::<Vdpbf16ps, MR, NV>(steps, a.cast(), b, c, ldc, tiles, accumulate, ep) }
+    unsafe {
+        let a = PairsA::packed(a.cast(), steps, MR);
+        pair_body::<Vdpbf16ps, MR, NV>(steps, a, b, c, ldc, tiles, accumulate, ep)
+    }
 }
 
 /// Whether the CPU runs AVX512_BF16 code (and AVX512BW, which the target feature implies),
