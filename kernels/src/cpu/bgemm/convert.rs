@@ -70,21 +70,26 @@ pub fn to_bf16_slice(src: &[f32], dst: &mut [u16]) {
     }
 }
 
-/// `row` rounded to bf16 as pair words, `f(s, word)` for each depth pair `s` in order: value
-/// `2s` in the word's low half, `2s + 1` in its high half, an odd last value paired with 0.
-/// Converts 64 values at a time ([`to_bf16_slice`]) before the words are formed.
-#[inline(always)]
-pub fn pair_words(row: &[f32], mut f: impl FnMut(usize, u32)) {
-    let mut h = [0u16; 64];
-    for (piece, part) in row.chunks(64).enumerate() {
-        to_bf16_slice(part, &mut h);
-        if part.len() % 2 == 1 {
-            h[part.len()] = 0;
-        }
-        for (s, p) in h.chunks_exact(2).take(part.len().div_ceil(2)).enumerate() {
-            f(piece * 32 + s, u32::from(p[0]) | u32::from(p[1]) << 16);
-        }
+/// [`to_bf16_slice`] compiled for AVX-512F and AVX512BW where the CPU runs them and
+/// `AUTOKERNEL_ISA` allows (16 values a vector; the generic build converts 4): for packers
+/// that convert whole rows.
+pub fn to_bf16_wide(src: &[f32], dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::Isa::Avx512.available() {
+        // SAFETY: the CPU has AVX-512F and AVX512BW (`Isa::Avx512` implies both).
+        return unsafe { to_bf16_avx512(src, dst) };
     }
+    to_bf16_slice(src, dst)
+}
+
+/// [`to_bf16_slice`] compiled for AVX-512F and AVX512BW.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX512BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn to_bf16_avx512(src: &[f32], dst: &mut [u16]) {
+    to_bf16_slice(src, dst)
 }
 
 /// `x` rounded to the nearest bf16 value, kept as an f32: `from_bf16(to_bf16(x))`.

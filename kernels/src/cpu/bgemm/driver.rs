@@ -21,8 +21,8 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::convert::{pack_a_rounded, Bf16B};
-use super::layout::{pack_a_pair_rows, pack_a_pairs, APack};
-use super::ukernel::{words_mut, Bf16Kernel};
+use super::layout::{pack_a_pair_rows, APack};
+use super::ukernel::{halves_mut, Bf16Kernel};
 use crate::cpu::gemm::epilogue::{gemm_operands, gemm_operands_prepared};
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::ukernel::TileEpilogue;
@@ -173,8 +173,7 @@ impl BGemm {
     fn pack_a(&self, a: &[f32], rows: (usize, usize), depth: (usize, usize), out: &mut [f32]) {
         let (k, mr) = (self.k, self.uk.mr);
         match self.uk.a_pack {
-            APack::Pairs => pack_a_pairs(a, k, rows, depth, mr, words_mut(out)),
-            APack::PairRows => pack_a_pair_rows(a, k, rows, depth, mr, words_mut(out)),
+            APack::PairRows => pack_a_pair_rows(a, k, rows, depth, mr, halves_mut(out)),
             APack::Rounded => pack_a_rounded(a, k, rows, depth, mr, out),
         }
     }

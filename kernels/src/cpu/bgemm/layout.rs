@@ -11,11 +11,11 @@
 //! - **Pair** kernels (`vdpbf16ps`, AVX512_BF16) multiply bf16 pairs. For each pair of
 //!   depths `(2s, 2s + 1)` a panel holds, per column, the two values side by side (depth
 //!   `2s` in the low half of the 32-bit word): one load gives 16 columns' pairs, the layout
-//!   AMX's `tdpbf16ps` reads too (a B tile row is 16 such words). Packed A holds one 32-bit
-//!   word per row and depth pair, the two bf16 values in the same order, broadcast to every
-//!   lane. An odd depth is padded with a zero value on both sides. The AMX `tdpbf16ps`
-//!   kernels read B in this layout too and A in rows of the same pair words
-//!   ([`APack::PairRows`]): 16 consecutive words of a row are one 64-byte A-tile row.
+//!   AMX's `tdpbf16ps` reads too (a B tile row is 16 such words). Packed A holds rows of the
+//!   same pair words ([`APack::PairRows`]: a row's bf16 values in order, so packing is a
+//!   plain conversion), each word broadcast to every lane; for the AMX `tdpbf16ps` kernels 16
+//!   consecutive words of a row are one 64-byte A-tile row. An odd depth is padded with a
+//!   zero value on both sides.
 //!
 //! ```
 //! use kernels::cpu::bgemm::layout::Layout;
@@ -26,7 +26,7 @@
 //! assert_eq!(Layout::Widen16.index(3, 5, 32), 3 * 32 + 10);
 //! ```
 
-use super::convert::{pair_words, slot_in, to_bf16};
+use super::convert::{slot_in, to_bf16, to_bf16_wide};
 
 /// The arrangement of a B panel's bf16 values and of packed A (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -94,9 +94,7 @@ pub enum APack {
     /// f32 values rounded to bf16, depth by depth ([`super::convert::pack_a_rounded`]):
     /// the widening layouts.
     Rounded,
-    /// bf16 pair words, depth pair by depth pair ([`pack_a_pairs`]): `vdpbf16ps`.
-    Pairs,
-    /// bf16 pair words, row by row ([`pack_a_pair_rows`]): AMX `tdpbf16ps` A tiles.
+    /// bf16 pair words, row by row ([`pack_a_pair_rows`]): `vdpbf16ps` and AMX `tdpbf16ps`.
     PairRows,
 }
 
@@ -104,7 +102,7 @@ impl APack {
     /// The A packing of the vector kernels of `layout`.
     pub const fn of(layout: Layout) -> APack {
         match layout {
-            Layout::Pairs => APack::Pairs,
+            Layout::Pairs => APack::PairRows,
             _ => APack::Rounded,
         }
     }
@@ -147,58 +145,32 @@ pub fn pack_pair_panel(
 }
 
 /// Packs rows `i0..i0+mc` × depths `p0..p0+kc` of row-major `a` (row stride `lda`) into
-/// `mr`-row micro-panels of bf16 pairs in `out` (`⌈mc/mr⌉·mr·⌈kc/2⌉` words): per panel, per
-/// depth pair `s`, `mr` words, word `r` holding `bf16(A[i][p0 + 2s])` in its low half and
-/// `bf16(A[i][p0 + 2s + 1])` in its high half (`i` the panel's row `r`). Missing rows, and
-/// the depth past an odd `kc`, are zero.
-pub fn pack_a_pairs(
-    a: &[f32],
-    lda: usize,
-    rows: (usize, usize),
-    depth: (usize, usize),
-    mr: usize,
-    out: &mut [u32],
-) {
-    pack_pairs(a, lda, rows, depth, mr, out, |r, s, _| s * mr + r);
-}
-
-/// The same words as [`pack_a_pairs`], each micro-panel row after row: word `(r, s)` at
-/// `r·⌈kc/2⌉ + s`. Read as bytes, 16 consecutive words of a row are the 64-byte row of an AMX
-/// `tdpbf16ps` A tile (32 depths), and the panel's rows are `4·⌈kc/2⌉` bytes apart.
+/// `mr`-row micro-panels of bf16 pair words, row after row, as halves in `out`
+/// (`⌈mc/mr⌉·mr·2⌈kc/2⌉` values): word `(r, s)` of a panel (its row `r`, depth pair `s`), at
+/// halves `2(r·⌈kc/2⌉ + s)..`, holds `bf16(A[i][p0 + 2s])` in its low half and
+/// `bf16(A[i][p0 + 2s + 1])` in its high half — each row's values in order. Read as bytes,
+/// 16 consecutive words of a row are the 64-byte row of an AMX `tdpbf16ps` A tile (32
+/// depths), and the panel's rows are `4·⌈kc/2⌉` bytes apart. Missing rows, and the depth
+/// past an odd `kc`, are zero.
 pub fn pack_a_pair_rows(
-    a: &[f32],
-    lda: usize,
-    rows: (usize, usize),
-    depth: (usize, usize),
-    mr: usize,
-    out: &mut [u32],
-) {
-    pack_pairs(a, lda, rows, depth, mr, out, |r, s, steps| r * steps + s);
-}
-
-/// The pair packings: word `(r, s)` of each panel (row `r`, depth pair `s`) at
-/// `at(r, s, ⌈kc/2⌉)` within the panel's `mr·⌈kc/2⌉` words.
-fn pack_pairs(
     a: &[f32],
     lda: usize,
     (i0, mc): (usize, usize),
     (p0, kc): (usize, usize),
     mr: usize,
-    out: &mut [u32],
-    at: impl Fn(usize, usize, usize) -> usize,
+    out: &mut [u16],
 ) {
-    let steps = kc.div_ceil(2);
-    for (panel, dst) in out
-        .chunks_exact_mut(mr * steps)
-        .take(mc.div_ceil(mr))
+    let row_len = 2 * kc.div_ceil(2);
+    for (i, dst) in out
+        .chunks_exact_mut(row_len)
+        .take(mc.div_ceil(mr) * mr)
         .enumerate()
     {
-        let r0 = i0 + panel * mr;
-        let rows = mr.min(i0 + mc - r0);
-        dst.fill(0);
-        for r in 0..rows {
-            let row = &a[(r0 + r) * lda + p0..][..kc];
-            pair_words(row, |s, w| dst[at(r, s, steps)] = w);
+        if i < mc {
+            to_bf16_wide(&a[(i0 + i) * lda + p0..][..kc], &mut dst[..kc]);
+            dst[kc..].fill(0);
+        } else {
+            dst.fill(0);
         }
     }
 }
@@ -254,31 +226,22 @@ mod tests {
     }
 
     #[test]
-    fn a_pairs_pack_low_depth_low_and_pad() {
+    fn a_pair_rows_pack_low_depth_low_and_pad() {
         let (m, k) = (7, 9);
         let a: Vec<f32> = (0..m * k).map(|i| 1.0 + i as f32 / 300.0).collect();
         for mr in [1, 2, 4, 12] {
             for (i0, mc, p0, kc) in [(1, 6usize, 2, 5usize), (0, 7, 0, 9), (3, 1, 1, 2)] {
                 let steps = kc.div_ceil(2);
-                let len = mc.div_ceil(mr) * mr * steps;
-                let (mut out, mut rows) = (vec![u32::MAX; len], vec![u32::MAX; len]);
-                pack_a_pairs(&a, k, (i0, mc), (p0, kc), mr, &mut out);
+                let len = mc.div_ceil(mr) * mr * 2 * steps;
+                let mut rows = vec![u16::MAX; len];
                 pack_a_pair_rows(&a, k, (i0, mc), (p0, kc), mr, &mut rows);
-                let panels = out
-                    .chunks_exact(mr * steps)
-                    .zip(rows.chunks_exact(mr * steps));
-                for (t, (panel, by_row)) in panels.enumerate() {
-                    for s in 0..steps {
-                        for r in 0..mr {
-                            let row = t * mr + r;
-                            let at = |p: usize| match row < mc && p < kc {
-                                true => u32::from(to_bf16(a[(i0 + row) * k + p0 + p])),
-                                false => 0,
-                            };
-                            let want = at(2 * s) | at(2 * s + 1) << 16;
-                            assert_eq!(panel[s * mr + r], want, "mr {mr} row {row} s {s}");
-                            assert_eq!(by_row[r * steps + s], want, "rows: mr {mr} row {row}");
-                        }
+                for (row, halves) in rows.chunks_exact(2 * steps).enumerate() {
+                    for (p, &got) in halves.iter().enumerate() {
+                        let want = match row < mc && p < kc {
+                            true => to_bf16(a[(i0 + row) * k + p0 + p]),
+                            false => 0,
+                        };
+                        assert_eq!(got, want, "mr {mr} row {row} depth {p}");
                     }
                 }
             }

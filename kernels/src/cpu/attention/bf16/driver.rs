@@ -7,10 +7,11 @@
 
 use rayon::prelude::*;
 
-use super::ukernel::{pack_keys, pack_queries, pack_values, Bf16Tile, StepArgs, LANES, MAX_MR};
+use super::ukernel::{pack_keys, pack_values, Bf16Tile, StepArgs, LANES, MAX_MR};
 use crate::cpu::attention::layout::{Layout, Part, Rows};
 use crate::cpu::attention::AttnPar;
-use crate::cpu::bgemm::ukernel::words_mut;
+use crate::cpu::bgemm::layout::pack_a_pair_rows;
+use crate::cpu::bgemm::ukernel::{halves_mut, words_mut};
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::packed::self_scheduled;
 use crate::cpu::gemm::view::CView;
@@ -139,14 +140,11 @@ impl Bf16Attention {
             let (m, rest) = rest.split_at_mut(groups * mr);
             let (l, rest) = rest.split_at_mut(groups * mr);
             let (sbuf, pa) = rest.split_at_mut(mr * self.bc);
+            pack_a_pair_rows(head_q, ld, (i0, rows), (0, d), mr, halves_mut(qa));
             let (qa, pa) = (words_mut(qa), words_mut(pa));
             o.fill(0.0);
             m.fill(f32::NEG_INFINITY);
             l.fill(0.0);
-            for (g, qg) in qa.chunks_exact_mut(dm.dsteps * mr).enumerate() {
-                let r0 = i0 + g * mr;
-                pack_queries((&head_q[r0 * ld..], ld), d, mr.min(rows - g * mr), mr, qg);
-            }
             let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
             let kend = if self.causal { s.min(i0 + rows) } else { s }.min(klen);
             let mut lim = [0usize; MAX_MR];

@@ -20,7 +20,7 @@
 //! every extent before calling the kernel, and a tile is looked up by name only when the CPU
 //! runs it.
 
-use crate::cpu::bgemm::convert::to_bf16_slice;
+use crate::cpu::bgemm::convert::{to_bf16_slice, to_bf16_wide};
 use crate::cpu::bgemm::ukernel::body::{pair_body, DotBf16, PairsA};
 use crate::cpu::gemm::ukernel::simd::{exp2_nonpos, Epi, Simd};
 
@@ -52,7 +52,7 @@ struct Step {
 /// `j0..j0 + kv` of one head.
 pub struct StepArgs<'a, 'b> {
     /// The group's queries as rows of bf16 pair words, `[row][depth pair]`: `MR·dsteps`
-    /// words ([`pack_queries`]).
+    /// words ([`crate::cpu::bgemm::layout::pack_a_pair_rows`]).
     pub qa: &'a [u32],
     /// Depth pairs, `⌈D/2⌉`.
     pub dsteps: usize,
@@ -339,28 +339,6 @@ pub fn tile(name: &str) -> Option<&'static Bf16Tile> {
         .filter(|t| t.available())
 }
 
-/// `src` rounded to bf16 into `dst` ([`to_bf16_slice`]), compiled for AVX-512F and AVX512BW
-/// where the CPU runs them and `AUTOKERNEL_ISA` allows (16 values a vector; the generic
-/// build converts 4): the packers' conversion.
-fn to_bf16_wide(src: &[f32], dst: &mut [u16]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::cpu::Isa::Avx512.available() {
-        // SAFETY: the CPU has AVX-512F and AVX512BW (`Isa::Avx512` implies both).
-        return unsafe { to_bf16_avx512(src, dst) };
-    }
-    to_bf16_slice(src, dst)
-}
-
-/// [`to_bf16_slice`] compiled for AVX-512F and AVX512BW.
-///
-/// # Safety
-/// The CPU has AVX-512F and AVX512BW.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn to_bf16_avx512(src: &[f32], dst: &mut [u16]) {
-    to_bf16_slice(src, dst)
-}
-
 /// Packs keys `0..klen` of one head (`k`: rows of `D` values, `ld` apart) as bf16 pair
 /// words into panels of `nr` keys, `[depth pair][key]` each (word: depths `2s`, `2s + 1` of
 /// one key; `⌈D/2⌉·nr` words per panel, `⌈S/nr⌉` panels); `out` must be zero (keys past
@@ -411,25 +389,6 @@ pub fn pack_values(
                     *o = u32::from(a) | u32::from(b) << 16;
                 }
             }
-        }
-    }
-}
-
-/// Packs query rows (`rows ≤ mr` of `d` values, `ld` apart) as rows of bf16 pair words
-/// `[row][depth pair]` into `out` (`mr·⌈D/2⌉` words: each row's values in order); padding
-/// rows and the odd depth are 0.
-pub fn pack_queries((q, ld): (&[f32], usize), d: usize, rows: usize, mr: usize, out: &mut [u32]) {
-    let dsteps = d.div_ceil(2);
-    for (r, words) in out[..mr * dsteps].chunks_exact_mut(dsteps).enumerate() {
-        // SAFETY: a `u32` is two `u16`s' worth of bytes with stricter alignment, every bit
-        // pattern is a valid value of both, and the borrow of `words` moves into `halves`.
-        let halves =
-            unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u16>(), 2 * dsteps) };
-        if r < rows {
-            to_bf16_wide(&q[r * ld..][..d], &mut halves[..d]);
-            halves[d..].fill(0);
-        } else {
-            halves.fill(0);
         }
     }
 }

@@ -100,18 +100,6 @@ pub(crate) struct PairsA {
 }
 
 impl PairsA {
-    /// A packed A block ([`crate::cpu::bgemm::layout::pack_a_pairs`]): per row tile, per
-    /// depth pair, `MR` words.
-    #[inline(always)]
-    pub(crate) fn packed(a: *const u32, steps: usize, mr: usize) -> Self {
-        PairsA {
-            a,
-            tile: steps * mr,
-            step: mr,
-            row: 1,
-        }
-    }
-
     /// Rows of pair words `ld` apart (a row's words contiguous: its values in order).
     #[inline(always)]
     pub(crate) fn rows(a: *const u32, ld: usize, mr: usize) -> Self {

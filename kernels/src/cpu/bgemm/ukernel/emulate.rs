@@ -213,7 +213,7 @@ unsafe fn pairs<const MR: usize, const NV: usize>(
     // SAFETY: forwarded caller contract (words read as `u32`, same size and alignment as
     // `f32`); the emulation needs no CPU feature.
     unsafe {
-        let a = PairsA::packed(a.cast(), steps, MR);
+        let a = PairsA::rows(a.cast(), steps, MR);
         pair_body::<EmuDp, MR, NV>(steps, a, b, c, ldc, tiles, accumulate, ep)
     }
 }

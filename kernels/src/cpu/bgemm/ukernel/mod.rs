@@ -11,8 +11,8 @@
 //! - `avx512_*` (AVX-512F, with or without AVX512_BF16): the same scheme in zmm registers,
 //!   one 512-bit load per 32 columns ([`Layout::Widen32`]).
 //! - `avx512bf16_*` (AVX512_BF16): `vdpbf16ps`, B packed in depth pairs
-//!   ([`Layout::Pairs`]), A packed as bf16 pairs and broadcast as 32-bit words: one
-//!   instruction per 16 columns and 2 depths, no widening.
+//!   ([`Layout::Pairs`]), A packed as rows of bf16 pairs ([`APack::PairRows`]) and broadcast
+//!   as 32-bit words: one instruction per 16 columns and 2 depths, no widening.
 //! - `amx_bf16_*` (AMX-BF16, tile state granted by the OS): `tdpbf16ps` on four 16×16 f32
 //!   accumulator tiles (2×2, 1×4, 4×1), B in the same depth pairs, A in rows of pair words
 //!   ([`APack::PairRows`]), 32 depths per tile step.
@@ -178,11 +178,7 @@ impl Bf16Kernel {
         f: TileFn,
     ) -> Bf16Kernel {
         let k = Bf16Kernel::new(name, mr, nr, isa, false, Layout::Pairs, f);
-        Bf16Kernel {
-            amx,
-            a_pack: APack::PairRows,
-            ..k
-        }
+        Bf16Kernel { amx, ..k }
     }
 
     /// An 8-lane widening kernel (groups of 16 columns).
@@ -335,6 +331,14 @@ pub(crate) fn words_mut(buf: &mut [f32]) -> &mut [u32] {
     // SAFETY: `f32` and `u32` have the same size and alignment and every bit pattern is a
     // valid value of both; the borrow of `buf` is moved into the result.
     unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u32>(), buf.len()) }
+}
+
+/// `buf`'s values as twice as many 16-bit halves (bf16 values written into the family's f32
+/// buffer).
+pub(crate) fn halves_mut(buf: &mut [f32]) -> &mut [u16] {
+    // SAFETY: an `f32` is two `u16`s' worth of bytes, `u16`'s alignment divides `f32`'s, and
+    // every bit pattern is a valid value of both; the borrow of `buf` is moved into the result.
+    unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u16>(), 2 * buf.len()) }
 }
 
 /// Whether this CPU runs AVX512_BF16 code (with AVX-512F and AVX512BW), detected once.

@@ -5,7 +5,7 @@
 use super::emulate::{dpbf16_lane, twin_of, AMX_ODD_ROWS, EMULATED};
 use super::*;
 use crate::cpu::bgemm::convert::{from_bf16, pack_a_rounded, round_bf16, to_bf16, Bf16B};
-use crate::cpu::bgemm::layout::{pack_a_pair_rows, pack_a_pairs};
+use crate::cpu::bgemm::layout::pack_a_pair_rows;
 use crate::rng::Rng;
 use crate::workload::Act;
 
@@ -15,8 +15,7 @@ fn pack_for(uk: &Bf16Kernel, a: &[f32], rows: usize, kc: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; rows.div_ceil(uk.mr) * uk.mr * steps];
     let (all, depth) = ((0, rows), (0, kc));
     match uk.a_pack {
-        APack::Pairs => pack_a_pairs(a, kc, all, depth, uk.mr, words_mut(&mut out)),
-        APack::PairRows => pack_a_pair_rows(a, kc, all, depth, uk.mr, words_mut(&mut out)),
+        APack::PairRows => pack_a_pair_rows(a, kc, all, depth, uk.mr, halves_mut(&mut out)),
         APack::Rounded => pack_a_rounded(a, kc, all, depth, uk.mr, &mut out),
     }
     out
@@ -126,7 +125,7 @@ fn every_avx512_and_amx_kernel_has_an_emulated_twin() {
         let shape = |k: &Bf16Kernel| (k.mr, k.nr, k.layout, k.a_pack);
         assert_eq!(shape(t), shape(k), "{}", k.name);
         assert_eq!(k.bf16 || k.amx, k.layout == Layout::Pairs, "{}", k.name);
-        assert_eq!(k.amx, k.a_pack == APack::PairRows, "{}", k.name);
+        assert_eq!(k.bf16 || k.amx, k.a_pack == APack::PairRows, "{}", k.name);
         assert!(!k.bf16 || !k.amx, "{}: one instruction set", k.name);
         assert!(!t.amx && !t.bf16, "{}: the twin runs everywhere", t.name);
     }

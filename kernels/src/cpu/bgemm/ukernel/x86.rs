@@ -134,7 +134,7 @@ pub(super) unsafe fn avx512bf16<const MR: usize, const NV: usize>(
     // SAFETY: forwarded caller contract (`a`'s words are read as `u32`, same size and
     // alignment as `f32`); this function is compiled with the features `Vdpbf16ps` needs.
     unsafe {
-        let a = PairsA::packed(a.cast(), steps, MR);
+        let a = PairsA::rows(a.cast(), steps, MR);
         pair_body::<Vdpbf16ps, MR, NV>(steps, a, b, c, ldc, tiles, accumulate, ep)
     }
 }
