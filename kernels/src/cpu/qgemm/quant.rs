@@ -58,10 +58,11 @@ pub fn quantize_rows(a: &[f32], k: usize, scheme: AQuant, max_code: u8, q: &mut 
     q.scale.resize(m, 1.0);
     q.zero.resize(m, 0);
     for (i, row) in a.chunks_exact(k).enumerate() {
-        let (scale, zero) = row_params(row, scheme, max_code);
+        let stats = RowStats::of(row);
+        let (scale, zero) = row_params(stats, scheme, max_code);
         // A row holding NaN or ±∞ gets a NaN scale: its outputs come out NaN, as from the
         // f32 product, instead of finite values of its clamped codes.
-        let scale = if all_finite(row) { scale } else { f32::NAN };
+        let scale = if stats.finite { scale } else { f32::NAN };
         let inv = 1.0 / scale;
         let codes = &mut q.codes[i * q.kp..i * q.kp + k];
         let (z, top) = (zero as f32, max_code as f32);
@@ -79,14 +80,13 @@ pub fn quantize_rows(a: &[f32], k: usize, scheme: AQuant, max_code: u8, q: &mut 
     }
 }
 
-/// `(scale, zero point)` of one row.
+/// `(scale, zero point)` of one row, from its [`RowStats`].
 #[inline(always)]
-fn row_params(row: &[f32], scheme: AQuant, max_code: u8) -> (f32, i32) {
+fn row_params(stats: RowStats, scheme: AQuant, max_code: u8) -> (f32, i32) {
     let top = max_code as f32;
     match scheme {
         AQuant::U8 => {
-            let lo = -lanes_max(row, |x| -x);
-            let hi = lanes_max(row, |x| x);
+            let (lo, hi) = (-stats.neg, stats.pos);
             let scale = nonzero((hi - lo) / top);
             (
                 scale,
@@ -95,7 +95,7 @@ fn row_params(row: &[f32], scheme: AQuant, max_code: u8) -> (f32, i32) {
         }
         AQuant::S8 => {
             let half = (max_code / 2) as f32;
-            let mag = lanes_max(row, f32::abs);
+            let mag = stats.pos.max(stats.neg);
             (nonzero(mag / half), max_code as i32 / 2 + 1)
         }
     }
@@ -128,38 +128,47 @@ pub fn dequantize(
     }
 }
 
-/// Whether every value of `row` is finite: `x·0` is 0 for finite x and NaN otherwise, summed
-/// in 16 independent lanes (so it vectorises).
-#[inline(always)]
-fn all_finite(row: &[f32]) -> bool {
-    let mut lanes = [0.0f32; 16];
-    let chunks = row.chunks_exact(16);
-    let tail = chunks.remainder().iter().fold(0.0f32, |s, &x| s + x * 0.0);
-    for ch in chunks {
-        for (s, &x) in lanes.iter_mut().zip(ch) {
-            *s += x * 0.0;
-        }
-    }
-    (lanes.iter().sum::<f32>() + tail) == 0.0
+/// What quantising a row needs to know of it, found in one pass.
+#[derive(Clone, Copy)]
+struct RowStats {
+    /// `max(0, max x)` and `max(0, max −x)` (NaNs ignored).
+    pos: f32,
+    neg: f32,
+    /// Whether every value is finite.
+    finite: bool,
 }
 
-/// `max(0, max_x f(x))` over `row`, in 16 independent lanes (element-wise compare-selects
-/// vectorise without reassociating anything; a single running maximum would not).
-#[inline(always)]
-fn lanes_max(row: &[f32], f: impl Fn(f32) -> f32) -> f32 {
-    let mut lanes = [0.0f32; 16];
-    let chunks = row.chunks_exact(16);
-    let tail = chunks.remainder();
-    for ch in chunks {
-        for (m, &x) in lanes.iter_mut().zip(ch) {
-            let v = f(x);
-            *m = if v > *m { v } else { *m };
+impl RowStats {
+    /// One pass in 16 independent lanes (element-wise compare-selects and sums vectorise
+    /// without reassociating anything; a single running maximum would not). A value is
+    /// finite iff `x·0` is 0 (NaN otherwise), so the lanes sum those.
+    #[inline(always)]
+    fn of(row: &[f32]) -> RowStats {
+        let (mut pos, mut neg, mut zero) = ([0.0f32; 16], [0.0f32; 16], [0.0f32; 16]);
+        let chunks = row.chunks_exact(16);
+        let tail = chunks.remainder();
+        for ch in chunks {
+            for i in 0..16 {
+                let x = ch[i];
+                pos[i] = if x > pos[i] { x } else { pos[i] };
+                neg[i] = if -x > neg[i] { -x } else { neg[i] };
+                zero[i] += x * 0.0;
+            }
+        }
+        let max = |lanes: &[f32; 16], init: f32| {
+            lanes.iter().fold(init, |m, &x| if x > m { x } else { m })
+        };
+        let tail_max = |f: fn(f32) -> f32| {
+            tail.iter()
+                .fold(0.0f32, |m, &x| if f(x) > m { f(x) } else { m })
+        };
+        let tail_zero = tail.iter().fold(0.0f32, |s, &x| s + x * 0.0);
+        RowStats {
+            pos: max(&pos, tail_max(|x| x)),
+            neg: max(&neg, tail_max(|x| -x)),
+            finite: zero.iter().sum::<f32>() + tail_zero == 0.0,
         }
     }
-    let m = tail
-        .iter()
-        .fold(0.0f32, |m, &x| if f(x) > m { f(x) } else { m });
-    lanes.iter().fold(m, |m, &x| if x > m { x } else { m })
 }
 
 /// A scale that dequantises an all-zero row to zeros and never divides by zero.

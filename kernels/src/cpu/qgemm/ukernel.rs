@@ -208,9 +208,9 @@ impl DotKernel {
     }
 }
 
-/// [`quantize_rows`](super::quant::quantize_rows), compiled for AVX2 + FMA where this CPU
-/// runs them (vector rounding, min/max and conversions; the baseline build has no vector
-/// rounding and calls libm per value).
+/// [`quantize_rows`](super::quant::quantize_rows), compiled for AVX-512 or AVX2 + FMA where
+/// this CPU runs them (vector rounding, min/max and conversions, 16 or 8 lanes; the baseline
+/// build has no vector rounding and calls libm per value).
 pub fn quantize_rows_fast(
     a: &[f32],
     k: usize,
@@ -218,6 +218,12 @@ pub fn quantize_rows_fast(
     max_code: u8,
     q: &mut super::quant::QuantA,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx512.available() {
+        // SAFETY: `available()` checked that this CPU runs AVX-512F and AVX512BW (and AVX2
+        // and FMA, which the level includes).
+        return unsafe { x86::quantize_rows_avx512(a, k, scheme, max_code, q) };
+    }
     #[cfg(target_arch = "x86_64")]
     if Isa::Avx2.available() {
         // SAFETY: `available()` checked that this CPU runs AVX2 (and FMA, which the level
@@ -239,8 +245,8 @@ pub fn codes_fast(b: &[f32], inv: &[f32], q: &mut super::quant::QuantB) {
     super::quant::codes(b, inv, q)
 }
 
-/// [`dequantize`](super::quant::dequantize), compiled for AVX2 where this CPU runs it (the
-/// baseline build has no 32-bit vector multiply and half the vector width).
+/// [`dequantize`](super::quant::dequantize), compiled for AVX-512 or AVX2 where this CPU runs
+/// them (the baseline build has no 32-bit vector multiply and a quarter of AVX-512's width).
 pub fn dequantize_fast(
     a: (&[f32], &[i32]),
     b: (&[i32], &[f32]),
@@ -248,6 +254,12 @@ pub fn dequantize_fast(
     c: &mut [f32],
     at: (usize, usize),
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx512.available() {
+        // SAFETY: `available()` checked that this CPU runs AVX-512F and AVX512BW (and AVX2
+        // and FMA, which the level includes).
+        return unsafe { x86::dequantize_avx512(a, b, acc, c, at) };
+    }
     #[cfg(target_arch = "x86_64")]
     if Isa::Avx2.available() {
         // SAFETY: `available()` checked that this CPU runs AVX2 (and FMA, which the level
@@ -357,6 +369,21 @@ mod x86 {
         quantize_rows(a, k, scheme, max_code, q)
     }
 
+    /// [`quantize_rows`] with AVX-512F/BW (and AVX2 + FMA) enabled: 16 lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, AVX512BW, AVX2 and FMA.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+    pub(super) unsafe fn quantize_rows_avx512(
+        a: &[f32],
+        k: usize,
+        scheme: AQuant,
+        max_code: u8,
+        q: &mut QuantA,
+    ) {
+        quantize_rows(a, k, scheme, max_code, q)
+    }
+
     /// [`codes`](super::super::quant::codes) with AVX2 + FMA enabled (it is
     /// `#[inline(always)]`, so its body is compiled here).
     ///
@@ -374,6 +401,22 @@ mod x86 {
     /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dequantize_avx2(
+        a: (&[f32], &[i32]),
+        b: (&[i32], &[f32]),
+        acc: (&[i32], usize),
+        c: &mut [f32],
+        at: (usize, usize),
+    ) {
+        super::super::quant::dequantize(a, b, acc, c, at)
+    }
+
+    /// [`dequantize`](super::super::quant::dequantize) with AVX-512F/BW (and AVX2 + FMA)
+    /// enabled: 16 lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, AVX512BW, AVX2 and FMA.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+    pub(super) unsafe fn dequantize_avx512(
         a: (&[f32], &[i32]),
         b: (&[i32], &[f32]),
         acc: (&[i32], usize),
