@@ -223,8 +223,9 @@ int autokernel_runtime_attention_masked(const struct AutokernelRuntime *rt, size
 // Self-attention straight from a fused QKV projection's output, f32: `qkv` holds b·s rows
 // of 3·heads·d floats (each token's queries, then keys, then values; head i at columns
 // i·d.. of each), `o` gets b·s rows of heads·d floats (head i at columns i·d..), ready for
-// the output projection. The runtime splits and merges the heads around the tuned attention
-// (`autokernel_runtime_attention`). `key_lens` (b values, each in 0..=s) masks a padded
+// the output projection. The tuned attention (`autokernel_runtime_attention`'s) reads and
+// writes the rows in place (a variant that cannot gets the heads split out and merged back
+// in buffers of the runtime). `key_lens` (b values, each in 0..=s) masks a padded
 // batch as in `autokernel_runtime_attention_masked`; NULL (with `key_lens_len` 0) for none.
 // `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* that served the attention.
 //

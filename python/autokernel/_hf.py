@@ -235,7 +235,7 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
         lengths = _key_lengths(attention_mask, causal)
         plain = lengths is not None
     if plain:
-        # Straight from the projection's rows: the runtime splits and merges the heads.
+        # Straight from the projection's rows, read in place by the tuned attention.
         heads = h // d
         return call(_attention_qkv_op, qkv, self._autokernel_runtime, heads, causal, lengths), None
     shape = (*hidden_states.shape[:-1], -1, d)

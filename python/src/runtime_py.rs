@@ -494,7 +494,7 @@ impl PyRuntime {
     /// each (what one Linear with the query, key and value weights stacked computes).
     /// Returns (B, S, H·D), head h at columns h·D.. (the output projection's input).
     /// Equivalent to splitting the heads, `attention`, and merging them back, without the
-    /// copies: the runtime splits and merges in parallel, in buffers of its own.
+    /// copies: the tuned attention reads and writes the rows in place.
     ///
     /// heads: H (D is 3·H·D / 3 / H). causal, mask: as for `attention`.
     #[pyo3(signature = (qkv, heads, causal=false, mask=None, out=None, *, copy=false))]
