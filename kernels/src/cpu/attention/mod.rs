@@ -47,6 +47,8 @@ pub mod layout;
 pub mod ukernel;
 pub mod unfused;
 
+use crate::cpu::gemm::packed::self_scheduled;
+use crate::cpu::gemm::view::CView;
 use crate::cpu::gemm::Packed;
 use crate::cpu::knobs::{
     cap_rule, int_knob, int_listed, invalid, par_threads_listed, serial_iff_one_thread, snap,
@@ -99,6 +101,42 @@ impl AttnPar {
         match self {
             AttnPar::None => 1,
             AttnPar::Heads(t) | AttnPar::Blocks(t) => t,
+        }
+    }
+
+    /// Runs a flash-style family's work on `heads` (each head's `S × D` output window, in
+    /// head order) as this split says: whole heads through `head(hd, window)` (`none`,
+    /// `heads`), or query blocks of `br` rows through `block(hd, i0, window)` (`blocks`;
+    /// with `causal`, the later blocks, which see more keys, start first).
+    pub(crate) fn run<'a>(
+        self,
+        heads: Vec<CView<'a>>,
+        (br, causal): (usize, bool),
+        head: impl Fn(usize, CView<'a>) + Sync,
+        block: impl Fn(usize, usize, CView<'a>) + Sync,
+    ) {
+        match self {
+            AttnPar::None => {
+                for (hd, oh) in heads.into_iter().enumerate() {
+                    head(hd, oh);
+                }
+            }
+            AttnPar::Heads(t) => {
+                let items: Vec<_> = heads.into_iter().enumerate().collect();
+                self_scheduled(t, items, |(hd, oh)| head(hd, oh));
+            }
+            AttnPar::Blocks(t) => {
+                let mut items: Vec<(usize, usize, CView<'a>)> = Vec::new();
+                for (hd, oh) in heads.into_iter().enumerate() {
+                    for (i0, ob) in oh.row_chunks(br) {
+                        items.push((hd, i0, ob));
+                    }
+                }
+                if causal {
+                    items.sort_by_key(|&(hd, i0, _)| (std::cmp::Reverse(i0), hd));
+                }
+                self_scheduled(t, items, |(hd, i0, ob)| block(hd, i0, ob));
+            }
         }
     }
 }

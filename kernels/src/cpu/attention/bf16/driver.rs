@@ -13,7 +13,6 @@ use crate::cpu::attention::AttnPar;
 use crate::cpu::bgemm::layout::pack_a_pair_rows;
 use crate::cpu::bgemm::ukernel::{halves_mut, words_mut};
 use crate::cpu::gemm::pack::{with_buffer, Pool};
-use crate::cpu::gemm::packed::self_scheduled;
 use crate::cpu::gemm::view::CView;
 use crate::cpu::pool::on_workers;
 use crate::kernel::Executable;
@@ -240,31 +239,12 @@ impl Bf16Attention {
     }
 
     fn compute(&self, cx: &Ctx<'_>, out: &mut [f32]) {
-        let heads = cx.rows.out_heads(out);
-        match self.par {
-            AttnPar::None => {
-                for (hd, oh) in heads.into_iter().enumerate() {
-                    self.head(cx, hd, oh);
-                }
-            }
-            AttnPar::Heads(t) => {
-                let items: Vec<_> = heads.into_iter().enumerate().collect();
-                self_scheduled(t, items, |(hd, oh)| self.head(cx, hd, oh));
-            }
-            AttnPar::Blocks(t) => {
-                let mut items: Vec<(usize, usize, CView<'_>)> = Vec::new();
-                for (hd, oh) in heads.into_iter().enumerate() {
-                    for (i0, ob) in oh.row_chunks(self.br) {
-                        items.push((hd, i0, ob));
-                    }
-                }
-                if self.causal {
-                    // Later query blocks see more keys: start them first.
-                    items.sort_by_key(|&(hd, i0, _)| (std::cmp::Reverse(i0), hd));
-                }
-                self_scheduled(t, items, |(hd, i0, ob)| self.query_block(cx, hd, i0, ob));
-            }
-        }
+        self.par.run(
+            cx.rows.out_heads(out),
+            (self.br, self.causal),
+            |hd, oh| self.head(cx, hd, oh),
+            |hd, i0, ob| self.query_block(cx, hd, i0, ob),
+        );
     }
 
     /// The checked call, from this thread: `q`, `k`, `v` and `out` laid out as `rows` says.
