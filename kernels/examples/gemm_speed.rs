@@ -85,6 +85,14 @@ fn main() {
             (k, c)
         }
     };
+    // A partial config merged over the default may break a rule (e.g. `{"threads":1}` with
+    // the default's parallel split): say which, instead of a panic.
+    let prepare = |c: &Config| {
+        family.prepare(&w, c).unwrap_or_else(|e| {
+            eprintln!("gemm_speed: {e}");
+            std::process::exit(2)
+        })
+    };
     let check = |exe: &dyn Executable| {
         let mut c = p.output();
         exe.run_f32(&p.input_slices(), &mut c).unwrap();
@@ -98,8 +106,7 @@ fn main() {
         for (name, value) in Config::from_json(other).expect("config JSON").0 {
             config_b.set(&name, value);
         }
-        let a = family.prepare(&w, &config).expect("valid config");
-        let b = family.prepare(&w, &config_b).expect("valid config");
+        let (a, b) = (prepare(&config), prepare(&config_b));
         check(a.as_ref());
         check(b.as_ref());
         let pairs: Vec<(f64, f64)> = (0..41)
@@ -120,7 +127,7 @@ fn main() {
         return;
     }
     if !sweep {
-        let exe = family.prepare(&w, &config).expect("valid config");
+        let exe = prepare(&config);
         check(exe.as_ref());
         let runs: Vec<f64> = (0..3)
             .map(|_| median(&rates(exe.as_ref(), &p, 9, 0.05)))
