@@ -351,20 +351,6 @@ fn huge_scores_stay_within_the_softmax() {
     }
 }
 
-/// `w`'s operands in the layout of a transformer layer ([`attention::layout::Layout::QkvRows`]).
-fn rows_of(w: &Workload) -> attention::layout::Rows {
-    let Workload::Attention { b, h, s, d, .. } = *w else {
-        unreachable!()
-    };
-    attention::layout::Rows {
-        layout: attention::layout::Layout::QkvRows,
-        b,
-        h,
-        s,
-        d,
-    }
-}
-
 /// `exe` over a fused QKV projection's rows (`run_qkv_rows`) against the same variant on the
 /// heads split out of them (`run`), output merged back: equal to the bit, with and without
 /// key lengths. `exe` must read the rows in place (not return `None`).
@@ -374,8 +360,7 @@ fn rows_match_heads(exe: &dyn kernels::Executable, w: &Workload, lens: Option<&[
         .map(|i| (i as f32 * 0.7311).sin() * 2.0)
         .collect();
     let mut want = vec![f32::NAN; n];
-    let scratch = &mut Vec::new();
-    attention::layout::run_via_heads(exe, &rows_of(w), (&qkv, lens), &mut want, scratch).unwrap();
+    attention::layout::run_via_heads(exe, w, (&qkv, lens), &mut want).unwrap();
     // Twice: buffers reused across calls must not leak state.
     for _ in 0..2 {
         let mut got = vec![f32::NAN; n];

@@ -5,9 +5,6 @@
 //! with rayon, so callers (the BERT encoder, the Python drop-in, C) need no copies of their
 //! own between the GEMMs.
 
-use std::cell::RefCell;
-
-use kernels::cpu::attention::layout::{Layout, Rows};
 use kernels::cpu::pool::{self, on_workers};
 use rayon::prelude::*;
 
@@ -129,17 +126,6 @@ pub struct AttentionRows {
 }
 
 impl AttentionRows {
-    /// Where the heads' rows are: [`Layout::QkvRows`].
-    fn rows(self) -> Rows {
-        Rows {
-            layout: Layout::QkvRows,
-            b: self.batch,
-            h: self.heads,
-            s: self.seq,
-            d: self.d,
-        }
-    }
-
     /// Values of one projection: `batch·seq·heads·d`.
     pub fn len(self) -> usize {
         self.batch * self.seq * self.heads * self.d
@@ -151,13 +137,6 @@ impl AttentionRows {
     }
 }
 
-thread_local! {
-    /// The head-major Q, K, V and context of this thread's last [`Runtime::attention_qkv`]
-    /// served by a variant that reads `[B, H, S, D]` operands only: grown, never shrunk, so
-    /// a serving loop allocates (and faults in) once.
-    static HEADS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
 impl Runtime {
     /// Self-attention from a fused QKV projection's output: `qkv` is `[batch·seq, 3·heads·d]`
     /// rows (Q, then K, then V; head `h` at columns `h·d..` of each), `out` gets
@@ -165,7 +144,7 @@ impl Runtime {
     /// projection. `key_lens` (one per sequence, each in `0..=seq`) masks a padded batch as
     /// in [`Runtime::attention_masked`]. The tuned variant reads and writes the rows in
     /// place where it can (the fused CPU families do); for one that cannot, the heads are
-    /// split out and merged back in buffers this thread keeps. One entry into rayon's pool
+    /// split out and merged back in buffers the thread keeps. One entry into rayon's pool
     /// ([`on_workers`]). Returns the level that answered.
     pub fn attention_qkv(
         &self,
@@ -201,28 +180,15 @@ impl Runtime {
         if let Some(lens) = key_lens {
             buffer(w, "key_lens", lens.len(), batch)?;
         }
-        let rows = dims.rows();
         let w = self.serve_as(&w);
-        self.serve(&w, |c| {
-            // Taken, not borrowed: a nested call on this thread (rayon work stealing) gets
-            // its own.
-            let mut buf = HEADS.with(|b| std::mem::take(&mut *b.borrow_mut()));
-            let done = c.run_qkv_rows(&rows, (qkv, key_lens), out, &mut buf);
-            HEADS.with(|b| {
-                let mut b = b.borrow_mut();
-                if b.len() < buf.len() {
-                    *b = buf;
-                }
-            });
-            done
-        })
+        self.serve(&w, |c| c.run_qkv_rows((qkv, key_lens), out))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kernels::cpu::attention::layout::{merge_heads, split_heads};
+    use kernels::cpu::attention::layout::{merge_heads, split_heads, Layout, Rows};
 
     #[test]
     fn layer_norm_refuses_an_eps_that_is_not_positive_and_finite() {
@@ -299,8 +265,10 @@ mod tests {
             let qkv: Vec<f32> = (0..3 * n)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
                 .collect();
+            let w = kernels::Workload::attention(b, h, s, d, causal).unwrap();
+            let layout = Rows::of(&w, Layout::QkvRows);
             let mut heads = vec![0.0; 3 * n];
-            split_heads(&rows.rows(), &qkv, &mut heads);
+            split_heads(&layout, &qkv, &mut heads);
             let (q, kv) = heads.split_at(n);
             let (k, v) = kv.split_at(n);
             let mut ctx = vec![0.0; n];
@@ -310,7 +278,7 @@ mod tests {
             }
             .unwrap();
             let mut want = vec![0.0; n];
-            merge_heads(&rows.rows(), &ctx, &mut want);
+            merge_heads(&layout, &ctx, &mut want);
             let mut got = vec![f32::NAN; n];
             rt.attention_qkv(rows, lens.as_deref(), &qkv, &mut got)
                 .unwrap();

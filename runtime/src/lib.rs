@@ -78,7 +78,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
-use kernels::cpu::attention::layout::{run_via_heads, Rows};
+use kernels::cpu::attention::layout::run_via_heads;
 use kernels::{Config, DType, Executable, HardwareFingerprint, Kernel, Workload};
 use tuning_db::DbError;
 
@@ -247,18 +247,16 @@ impl Choice {
 
     /// Runs the chosen attention variant over a fused QKV projection's rows
     /// ([`Executable::run_qkv_rows`]), read in place where the variant can, else through
-    /// `[B, H, S, D]` copies in `scratch` ([`run_via_heads`]).
+    /// `[B, H, S, D]` copies ([`run_via_heads`]).
     pub fn run_qkv_rows(
         &self,
-        rows: &Rows,
         (qkv, key_lens): (&[f32], Option<&[i32]>),
         out: &mut [f32],
-        scratch: &mut Vec<f32>,
     ) -> Result<(), RuntimeError> {
         let exe = self.host()?;
         match exe.run_qkv_rows(qkv, key_lens, out) {
             Some(done) => Ok(done?),
-            None => Ok(run_via_heads(exe, rows, (qkv, key_lens), out, scratch)?),
+            None => Ok(run_via_heads(exe, &self.workload, (qkv, key_lens), out)?),
         }
     }
 

@@ -33,14 +33,13 @@
 
 use rayon::prelude::*;
 
-use super::layout::{Layout, Part, Rows};
+use super::layout::{Part, Rows};
 use super::ukernel::{pack_keys, AttnTile, StepArgs, Values};
-use super::AttnPar;
+use super::{AttnPar, Flash};
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::view::CView;
-use crate::cpu::pool::on_workers;
 use crate::kernel::Executable;
-use crate::operand::{host_attention, host_qkv_rows, Operand, OperandMut};
+use crate::operand::{Operand, OperandMut};
 use crate::{DType, Workload};
 
 /// Where the score kernels read Kᵀ from.
@@ -90,14 +89,6 @@ struct Ctx<'a> {
     lens: Option<&'a [i32]>,
 }
 
-impl Ctx<'_> {
-    /// Keys head `hd` (of `heads` per batch) sees: its batch's length, or `s`.
-    fn keys(&self, hd: usize, heads: usize, s: usize) -> usize {
-        self.lens
-            .map_or(s, |l| usize::try_from(l[hd / heads]).unwrap_or(0).min(s))
-    }
-}
-
 /// The per-task working buffers of [`FusedAttention::steps`].
 struct Scratch<'w> {
     /// Running maxima and sums, a value per query row.
@@ -140,23 +131,13 @@ impl FusedAttention {
         self.b * self.h
     }
 
-    fn rows(&self, layout: Layout) -> Rows {
-        Rows {
-            layout,
-            b: self.b,
-            h: self.h,
-            s: self.s,
-            d: self.d,
-        }
-    }
-
     /// One query block `[i0, i0 + rows)` of head `hd`; `out` is its `rows × D` window.
     /// Outputs are written in place where D is a multiple of the lanes and the window's rows
     /// are adjacent; otherwise through a scratch block copied out at the end.
     fn query_block(&self, cx: &Ctx<'_>, hd: usize, i0: usize, mut out: CView<'_>) {
         let (d, dp, mr) = (self.d, cx.dp, self.tile.mr);
         let rows = out.rows();
-        if cx.keys(hd, self.h, self.s) == 0 {
+        if cx.rows.keys(cx.lens, hd) == 0 {
             (0..rows).for_each(|r| out.row_mut(r).fill(0.0));
             return;
         }
@@ -210,7 +191,7 @@ impl FusedAttention {
         let ld = cx.rows.ld();
         let qh = cx.rows.head(cx.q, hd, Part::Q);
         let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
-        let klen = cx.keys(hd, self.h, s);
+        let klen = cx.rows.keys(cx.lens, hd);
         let kend = if self.causal { s.min(i0 + rows) } else { s }.min(klen);
         let mut lim = [0usize; 16];
         debug_assert!(mr <= lim.len());
@@ -333,6 +314,23 @@ impl FusedAttention {
             |hd, i0, ob| self.query_block(cx, hd, i0, ob),
         );
     }
+}
+
+impl Flash for FusedAttention {
+    fn workload(&self) -> Workload {
+        Workload::Attention {
+            b: self.b,
+            h: self.h,
+            s: self.s,
+            d: self.d,
+            causal: self.causal,
+            dtype: DType::F32,
+        }
+    }
+
+    fn par(&self) -> AttnPar {
+        self.par
+    }
 
     /// The checked call, from this thread: `q`, `k`, `v` and `out` laid out as `rows` says.
     fn attend(&self, rows: Rows, [q, k, v]: [&[f32]; 3], lens: Option<&[i32]>, out: &mut [f32]) {
@@ -384,25 +382,11 @@ impl FusedAttention {
             })
         });
     }
-
-    fn workload(&self) -> Workload {
-        Workload::Attention {
-            b: self.b,
-            h: self.h,
-            s: self.s,
-            d: self.d,
-            causal: self.causal,
-            dtype: DType::F32,
-        }
-    }
 }
 
 impl Executable for FusedAttention {
     fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> crate::Result<()> {
-        let (qkv, lens, out) = host_attention(&self.workload(), inputs, out)?;
-        let rows = self.rows(Layout::Heads);
-        on_workers(self.par.threads(), || self.attend(rows, qkv, lens, out));
-        Ok(())
+        self.run_heads(inputs, out)
     }
 
     fn run_qkv_rows(
@@ -411,13 +395,6 @@ impl Executable for FusedAttention {
         key_lens: Option<&[i32]>,
         out: &mut [f32],
     ) -> Option<crate::Result<()>> {
-        let rows = self.rows(Layout::QkvRows);
-        Some(
-            host_qkv_rows(&self.workload(), qkv, key_lens, out).map(|()| {
-                on_workers(self.par.threads(), || {
-                    self.attend(rows, [qkv; 3], key_lens, out)
-                })
-            }),
-        )
+        Some(self.run_rows(qkv, key_lens, out))
     }
 }

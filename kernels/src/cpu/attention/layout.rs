@@ -2,12 +2,15 @@
 //! tensors, or the rows of a transformer layer's fused QKV projection, read and written in
 //! place (no copies splitting the heads out and merging them back).
 
+use std::cell::RefCell;
+
 use rayon::prelude::*;
 
 use crate::cpu::gemm::view::CView;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernel::Executable;
-use crate::operand::{Operand, OperandMut};
+use crate::operand::{host_qkv_rows, Operand, OperandMut};
+use crate::workload::Workload;
 
 /// The memory layout of an attention call's Q, K, V and O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +42,22 @@ pub struct Rows {
 }
 
 impl Rows {
+    /// Attention workload `w`'s shape in `layout`. Panics if `w` is not attention.
+    pub fn of(w: &Workload, layout: Layout) -> Rows {
+        let Workload::Attention { b, h, s, d, .. } = *w else {
+            panic!("Rows::of takes an attention workload, got {w}");
+        };
+        Rows { layout, b, h, s, d }
+    }
+
+    /// Keys head `hd` (`batch·H + head`) sees: its batch's entry of `key_lens` (clamped to
+    /// `0..=S`), or S without.
+    pub fn keys(&self, key_lens: Option<&[i32]>, hd: usize) -> usize {
+        key_lens
+            .map_or(self.s, |l| usize::try_from(l[hd / self.h]).unwrap_or(0))
+            .min(self.s)
+    }
+
     /// The row stride of Q, K and V.
     pub fn ld(&self) -> usize {
         match self.layout {
@@ -136,38 +155,47 @@ pub fn merge_heads(rows: &Rows, ctx: &[f32], out: &mut [f32]) {
         });
 }
 
-/// QKV rows through a variant that reads `[B, H, S, D]` operands only (where
-/// [`Executable::run_qkv_rows`] says `None`): the heads split out into `scratch` (grown to
-/// `4·B·H·S·D` values as needed, so a serving loop allocates once), [`Executable::run`], and
-/// the output merged back into `out` rows. `rows` gives the shape; `exe` checks the lengths.
+thread_local! {
+    /// The head-major Q, K, V and context of this thread's last [`run_via_heads`]: grown,
+    /// never shrunk, so a serving loop allocates (and faults in) once.
+    static HEADS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// QKV rows ([`Executable::run_qkv_rows`]'s operands for attention workload `w`) through a
+/// variant that reads `[B, H, S, D]` operands only (where `run_qkv_rows` says `None`): the
+/// heads split out into a buffer this thread keeps, [`Executable::run`], and the output
+/// merged back into `out` rows. Operands that do not fit `w` are an error, as from
+/// `run_qkv_rows`.
 pub fn run_via_heads(
     exe: &dyn Executable,
-    rows: &Rows,
+    w: &Workload,
     (qkv, key_lens): (&[f32], Option<&[i32]>),
     out: &mut [f32],
-    scratch: &mut Vec<f32>,
 ) -> Result<()> {
-    let n = rows.b * rows.h * rows.s * rows.d;
-    for (name, want, got) in [("qkv", 3 * n, qkv.len()), ("out", n, out.len())] {
-        if want != got {
-            return Err(Error::Operand {
-                workload: format!("attention:{}x{}x{}x{}", rows.b, rows.h, rows.s, rows.d),
-                operand: name.into(),
-                reason: format!("expected {want} f32 values, got {got}"),
-            });
-        }
+    host_qkv_rows(w, qkv, key_lens, out)?;
+    let rows = Rows::of(w, Layout::QkvRows);
+    let n = out.len();
+    // Taken, not borrowed: a nested call on this thread (rayon work stealing) gets its own.
+    let mut buf = HEADS.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    if buf.len() < 4 * n {
+        buf.resize(4 * n, 0.0);
     }
-    if scratch.len() < 4 * n {
-        scratch.resize(4 * n, 0.0);
-    }
-    let (heads, rest) = scratch.split_at_mut(3 * n);
+    let (heads, rest) = buf.split_at_mut(3 * n);
     let ctx = &mut rest[..n];
-    split_heads(rows, qkv, heads);
+    split_heads(&rows, qkv, heads);
     let mut inputs: Vec<Operand<'_>> = heads.chunks_exact(n).map(Operand::F32).collect();
     inputs.extend(key_lens.map(Operand::I32));
-    exe.run(&inputs, OperandMut::F32(ctx))?;
-    merge_heads(rows, ctx, out);
-    Ok(())
+    let done = exe.run(&inputs, OperandMut::F32(ctx));
+    if done.is_ok() {
+        merge_heads(&rows, ctx, out);
+    }
+    HEADS.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < buf.len() {
+            *b = buf;
+        }
+    });
+    done
 }
 
 #[cfg(test)]

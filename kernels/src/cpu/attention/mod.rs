@@ -54,15 +54,18 @@ use crate::cpu::knobs::{
     cap_rule, int_knob, int_listed, invalid, par_threads_listed, serial_iff_one_thread, snap,
     str_knob, str_listed, thread_values, unsupported,
 };
+use crate::cpu::pool::on_workers;
 use crate::cpu::Isa;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::hardware::HardwareFingerprint;
 use crate::kernel::{Executable, Kernel};
+use crate::operand::{host_attention, host_qkv_rows, Operand, OperandMut};
 use crate::space::{Config, Space, Value};
 use crate::workload::Workload;
 
 use fused::{FusedAttention, KLayout};
+use layout::{Layout, Rows};
 use unfused::{UnfusedAttention, UNFUSED_MAX_S};
 
 /// The fused (flash-style) family.
@@ -138,6 +141,37 @@ impl AttnPar {
                 self_scheduled(t, items, |(hd, i0, ob)| block(hd, i0, ob));
             }
         }
+    }
+}
+
+/// A flash-style family's prepared variant once its operands are checked: attention over
+/// `[q, k, v]` and `out` laid out as `rows` says, from the calling thread. The provided
+/// methods are its two [`Executable`] entry points.
+trait Flash: Sync {
+    /// The workload it was prepared for.
+    fn workload(&self) -> Workload;
+    /// Its split across threads.
+    fn par(&self) -> AttnPar;
+    fn attend(&self, rows: Rows, qkv: [&[f32]; 3], key_lens: Option<&[i32]>, out: &mut [f32]);
+
+    /// [`Executable::run`]: the workload's `[B, H, S, D]` operands.
+    fn run_heads(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> Result<()> {
+        let w = self.workload();
+        let (qkv, lens, out) = host_attention(&w, inputs, out)?;
+        let rows = Rows::of(&w, Layout::Heads);
+        on_workers(self.par().threads(), || self.attend(rows, qkv, lens, out));
+        Ok(())
+    }
+
+    /// [`Executable::run_qkv_rows`]: a fused QKV projection's rows, read in place.
+    fn run_rows(&self, qkv: &[f32], key_lens: Option<&[i32]>, out: &mut [f32]) -> Result<()> {
+        let w = self.workload();
+        host_qkv_rows(&w, qkv, key_lens, out)?;
+        let rows = Rows::of(&w, Layout::QkvRows);
+        on_workers(self.par().threads(), || {
+            self.attend(rows, [qkv; 3], key_lens, out)
+        });
+        Ok(())
     }
 }
 

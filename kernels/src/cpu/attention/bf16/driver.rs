@@ -8,15 +8,14 @@
 use rayon::prelude::*;
 
 use super::ukernel::{pack_keys, pack_values, Bf16Tile, StepArgs, LANES, MAX_MR};
-use crate::cpu::attention::layout::{Layout, Part, Rows};
-use crate::cpu::attention::AttnPar;
+use crate::cpu::attention::layout::{Part, Rows};
+use crate::cpu::attention::{AttnPar, Flash};
 use crate::cpu::bgemm::layout::pack_a_pair_rows;
 use crate::cpu::bgemm::ukernel::{halves_mut, words_mut};
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::view::CView;
-use crate::cpu::pool::on_workers;
 use crate::kernel::Executable;
-use crate::operand::{host_attention, host_qkv_rows, Operand, OperandMut};
+use crate::operand::{Operand, OperandMut};
 use crate::{DType, Workload};
 
 /// A prepared bf16 attention.
@@ -98,29 +97,12 @@ impl Bf16Attention {
         }
     }
 
-    fn rows(&self, layout: Layout) -> Rows {
-        Rows {
-            layout,
-            b: self.b,
-            h: self.h,
-            s: self.s,
-            d: self.d,
-        }
-    }
-
-    /// Keys head `hd` sees: its batch's length, or S.
-    fn keys(&self, cx: &Ctx<'_>, hd: usize) -> usize {
-        cx.lens
-            .map_or(self.s, |l| usize::try_from(l[hd / self.h]).unwrap_or(0))
-            .min(self.s)
-    }
-
     /// One query block `[i0, i0 + rows)` of head `hd`; `out` is its `rows × D` window.
     fn query_block(&self, cx: &Ctx<'_>, hd: usize, i0: usize, mut out: CView<'_>) {
         let (s, d, mr, nr) = (self.s, self.d, self.tile.mr, self.tile.nr);
         let dm = self.dims();
         let rows = out.rows();
-        let klen = self.keys(cx, hd);
+        let klen = cx.rows.keys(cx.lens, hd);
         let (Some(kpack), Some(vpack), true) = (cx.kpack, cx.vpack, klen > 0) else {
             (0..rows).for_each(|r| out.row_mut(r).fill(0.0));
             return;
@@ -224,7 +206,7 @@ impl Bf16Attention {
     /// Head `hd`'s keys (`kp`) and values (`vp`) converted and packed, zeros past its length.
     fn pack_head(&self, cx: &Ctx<'_>, hd: usize, kp: &mut [u32], vp: &mut [u32]) {
         let (d, ld, dm) = (self.d, cx.rows.ld(), self.dims());
-        let klen = self.keys(cx, hd);
+        let klen = cx.rows.keys(cx.lens, hd);
         kp.fill(0);
         vp.fill(0);
         pack_keys(
@@ -245,6 +227,23 @@ impl Bf16Attention {
             |hd, oh| self.head(cx, hd, oh),
             |hd, i0, ob| self.query_block(cx, hd, i0, ob),
         );
+    }
+}
+
+impl Flash for Bf16Attention {
+    fn workload(&self) -> Workload {
+        Workload::Attention {
+            b: self.b,
+            h: self.h,
+            s: self.s,
+            d: self.d,
+            causal: self.causal,
+            dtype: DType::Bf16,
+        }
+    }
+
+    fn par(&self) -> AttnPar {
+        self.par
     }
 
     /// The checked call, from this thread: `q`, `k`, `v` and `out` laid out as `rows` says.
@@ -290,25 +289,9 @@ impl Bf16Attention {
     }
 }
 
-impl Bf16Attention {
-    fn workload(&self) -> Workload {
-        Workload::Attention {
-            b: self.b,
-            h: self.h,
-            s: self.s,
-            d: self.d,
-            causal: self.causal,
-            dtype: DType::Bf16,
-        }
-    }
-}
-
 impl Executable for Bf16Attention {
     fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> crate::Result<()> {
-        let (qkv, lens, out) = host_attention(&self.workload(), inputs, out)?;
-        let rows = self.rows(Layout::Heads);
-        on_workers(self.par.threads(), || self.attend(rows, qkv, lens, out));
-        Ok(())
+        self.run_heads(inputs, out)
     }
 
     fn run_qkv_rows(
@@ -317,13 +300,6 @@ impl Executable for Bf16Attention {
         key_lens: Option<&[i32]>,
         out: &mut [f32],
     ) -> Option<crate::Result<()>> {
-        let rows = self.rows(Layout::QkvRows);
-        Some(
-            host_qkv_rows(&self.workload(), qkv, key_lens, out).map(|()| {
-                on_workers(self.par.threads(), || {
-                    self.attend(rows, [qkv; 3], key_lens, out)
-                })
-            }),
-        )
+        Some(self.run_rows(qkv, key_lens, out))
     }
 }

@@ -173,17 +173,11 @@ fn avx512bf16_tiles_mask_padding_where_the_cpu_has_them() {
 /// QKV rows read in place (`run_qkv_rows`) give the heads-layout result to the bit, padded
 /// or not, for every shape and blocking.
 fn qkv_rows(tiles: &'static [Bf16Tile]) {
-    use crate::cpu::attention::layout::{run_via_heads, Layout, Rows};
+    use crate::cpu::attention::layout::run_via_heads;
     for tile in tiles {
         for &shape in SHAPES {
             let (b, h, s, d, _) = shape;
-            let rows = Rows {
-                layout: Layout::QkvRows,
-                b,
-                h,
-                s,
-                d,
-            };
+            let w = bf16_workload(shape);
             let n = b * h * s * d;
             let qkv: Vec<f32> = (0..3 * n).map(|i| (i as f32 * 0.913).sin()).collect();
             let lens: Vec<i32> = (0..b).map(|i| [s as i32 - 1, 0][i % 2]).collect();
@@ -191,7 +185,7 @@ fn qkv_rows(tiles: &'static [Bf16Tile]) {
                 let exe = Bf16Attention::new(shape, tile, (br, bc), par);
                 for lens in [None, Some(&lens[..])] {
                     let mut want = vec![f32::NAN; n];
-                    run_via_heads(&exe, &rows, (&qkv, lens), &mut want, &mut Vec::new()).unwrap();
+                    run_via_heads(&exe, &w, (&qkv, lens), &mut want).unwrap();
                     let mut got = vec![f32::NAN; n];
                     exe.run_qkv_rows(&qkv, lens, &mut got).unwrap().unwrap();
                     let same = got

@@ -373,11 +373,12 @@ pub fn pack_values(
     // Both rows of a key pair converted whole, then interleaved stripe by stripe.
     let (mut lo, mut hi) = ([0u16; 64], [0u16; 64]);
     for jp in 0..klen.div_ceil(2) {
-        let row = |j: usize| (j < klen).then(|| &v[j * ld..][..d]);
-        for (piece, c0) in (0..d).step_by(64).enumerate() {
-            let cols = 64.min(d - 64 * piece);
-            to_bf16_wide(&row(2 * jp).unwrap_or(&[])[c0..c0 + cols], &mut lo);
-            match row(2 * jp + 1) {
+        let even = &v[2 * jp * ld..][..d];
+        let odd = (2 * jp + 1 < klen).then(|| &v[(2 * jp + 1) * ld..][..d]);
+        for c0 in (0..d).step_by(64) {
+            let cols = 64.min(d - c0);
+            to_bf16_wide(&even[c0..c0 + cols], &mut lo);
+            match odd {
                 Some(odd) => to_bf16_wide(&odd[c0..c0 + cols], &mut hi),
                 None => hi.fill(0),
             }
