@@ -152,8 +152,18 @@ pub trait Kernel: Send + Sync {
     /// Stable name, stored in the database (e.g. `gemm_packed`).
     fn name(&self) -> &'static str;
 
-    /// Bumped whenever the meaning of a config changes; records of older versions are ignored.
+    /// Bumped whenever the meaning of a config changes; records of older versions are ignored
+    /// unless [`Kernel::upgrade`] reads them.
     fn version(&self) -> u32;
+
+    /// `c`, stored by version `from` of this family, as this version reads it: `Some` for the
+    /// current version, and for an older one whose configs this version still runs the same
+    /// way (a version that only added a knob fills in the value that behaves as before);
+    /// `None` for a record that must be re-tuned. The tuning database upgrades records as it
+    /// reads them, so a shipped database keeps serving across such a change.
+    fn upgrade(&self, from: u32, c: &Config) -> Option<Config> {
+        (from == self.version()).then(|| c.clone())
+    }
 
     /// The kind of device it runs on; its spaces and defaults are those of fingerprints of
     /// that kind ([`HardwareFingerprint::device_kind`]).

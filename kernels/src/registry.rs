@@ -155,6 +155,19 @@ fn no_family(w: &Workload, device: DeviceKind) -> Error {
     }
 }
 
+/// A stored record's family version and config as this build reads them
+/// ([`Kernel::upgrade`]): unchanged when the family is unknown or the record cannot be
+/// upgraded (it is then stale, and says so where it is checked).
+pub fn upgrade_record(kernel: &str, version: u32, config: Config) -> (u32, Config) {
+    match crate::registry::kernel(kernel) {
+        Ok(k) if k.version() != version => match k.upgrade(version, &config) {
+            Some(c) => (k.version(), c),
+            None => (version, config),
+        },
+        _ => (version, config),
+    }
+}
+
 /// Whether a stored record (family `kernel` at `version`, config `config` for `w`, measured
 /// on `hw`) can still be served: the family is registered at that version, runs on `hw`'s
 /// kind of device, supports `w`, and `config` fits its space for `hw`. The tuning database

@@ -61,6 +61,8 @@ fn packed_epilogues_for_every_ukernel_fusion_layout_and_split() {
                 ("fused", "rowmajor", "inplace"),
                 ("separate", "prepacked", "packed"),
                 ("separate", "rowmajor", "packed"),
+                ("fused", "inplace", "packed"),
+                ("separate", "inplace", "inplace"),
             ] {
                 for (par, t, nc) in [
                     ("none", 1usize, 512usize),

@@ -88,13 +88,17 @@ fn packed_every_ukernel_par_and_blocking() {
             // Every par mode on the two small blockings; the big one only serially.
             let pars = if i == 2 { &PARS[..1] } else { PARS };
             for &(par, threads) in pars {
-                for &a_layout in gemm::A_LAYOUT_VALUES {
+                let layouts = gemm::A_LAYOUT_VALUES
+                    .iter()
+                    .flat_map(|a| gemm::B_LAYOUT_VALUES.iter().map(move |b| (a, b)));
+                for (&a_layout, &b_layout) in layouts {
                     let c = cfg(&[
                         ("ukernel", uk.name.as_str().into()),
                         ("mc", mc.into()),
                         ("kc", kc.into()),
                         ("nc", nc.into()),
                         ("a_layout", a_layout.into()),
+                        ("b_layout", b_layout.into()),
                         ("par", par.into()),
                         ("threads", threads.into()),
                     ]);
@@ -146,7 +150,36 @@ fn families_and_versions() {
     let names: Vec<_> = gemm::FAMILIES.iter().map(|k| k.name()).collect();
     assert_eq!(names, ["gemm_packed", "gemm_direct"]);
     let versions: Vec<_> = gemm::FAMILIES.iter().map(|k| k.version()).collect();
-    assert_eq!(versions, [2, 1]);
+    assert_eq!(versions, [3, 1]);
+}
+
+/// A `gemm_packed` v2 record (no `b_layout`: B packed on every call) reads as the v3 config
+/// that runs the same way, and fits the space; v1 records (no `a_layout`) stay stale.
+#[test]
+fn packed_v2_configs_upgrade_to_rowmajor_b() {
+    let packed = kernel("gemm_packed").unwrap();
+    let w = Workload::gemm(128, 768, 768).unwrap();
+    let hw = HardwareFingerprint::current();
+    let current = packed.default_config(&w, hw);
+    let mut v2 = current.clone();
+    v2.0.remove("b_layout");
+    let up = packed.upgrade(2, &v2).expect("v2 upgrades");
+    assert_eq!(up.str("b_layout"), Some("rowmajor"));
+    assert!(packed.config_fits(&w, hw, &up));
+    assert_eq!(
+        kernels::registry::upgrade_record("gemm_packed", 2, v2.clone()),
+        (3, up)
+    );
+    assert_eq!(packed.upgrade(3, &current), Some(current.clone()));
+    let mut v1 = v2.clone();
+    v1.0.remove("a_layout");
+    assert_eq!(packed.upgrade(1, &v1), None);
+    assert_eq!(
+        kernels::registry::upgrade_record("gemm_packed", 1, v1.clone()),
+        (1, v1),
+        "a stale record is left as it is"
+    );
+    assert_eq!(packed.upgrade(2, &current), None, "v2 never had b_layout");
 }
 
 /// Shapes for the default / space checks (no reference needed, so they can be big).
@@ -232,10 +265,11 @@ fn spaces_are_small_nonempty_and_named() {
             let names: Vec<_> = s.knobs().iter().map(|k| k.name.as_str()).collect();
             assert_eq!(
                 names,
-                ["ukernel", "mc", "kc", "nc", "a_layout", "par", "threads"]
+                ["ukernel", "mc", "kc", "nc", "a_layout", "b_layout", "par", "threads"]
             );
             let count = s.count_valid();
-            assert!((1..=10_000).contains(&count), "{w}: {count} packed configs");
+            // Small enough for the tuner to enumerate and the cost model to rank every one.
+            assert!((1..=20_000).contains(&count), "{w}: {count} packed configs");
             assert!(s.rule_names().contains(&"serial_iff_one_thread"));
             if m <= gemm::DIRECT_MAX_M {
                 let s = direct.space(&w, hw);

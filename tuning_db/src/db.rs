@@ -1024,6 +1024,10 @@ fn check_row(r: &Row<'_>) -> Result<Record, String> {
     let config: String = r.get(5).map_err(sql)?;
     let config =
         Config::from_json(&config).map_err(|e| format!("config {config:?} does not parse: {e}"))?;
+    let kernel: String = r.get(3).map_err(sql)?;
+    // A record of an older family version this build still runs reads as the current one.
+    let (kernel_version, config) =
+        kernels::registry::upgrade_record(&kernel, kernel_version, config);
     let status: String = r.get(6).map_err(sql)?;
     let status = Status::parse(&status).ok_or_else(|| format!("unknown status '{status}'"))?;
     let median: Option<f64> = r.get(8).map_err(sql)?;
@@ -1063,7 +1067,7 @@ fn check_row(r: &Row<'_>) -> Result<Record, String> {
         id: Some(r.get(0).map_err(sql)?),
         fingerprint_id: r.get(1).map_err(sql)?,
         workload,
-        kernel: r.get(3).map_err(sql)?,
+        kernel,
         kernel_version,
         config,
         status,

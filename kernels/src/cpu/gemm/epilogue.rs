@@ -64,7 +64,11 @@ pub static FAMILIES: &[&dyn Kernel] = &[&EpiloguePacked, &EpilogueDirect];
 pub const FUSION_VALUES: &[&str] = &[Fusion::Fused.name(), Fusion::Separate.name()];
 
 /// Values of the `b_layout` knob.
-pub const B_LAYOUT_VALUES: &[&str] = &[BLayout::RowMajor.name(), BLayout::Prepacked.name()];
+pub const B_LAYOUT_VALUES: &[&str] = &[
+    BLayout::RowMajor.name(),
+    BLayout::Prepacked.name(),
+    BLayout::InPlace.name(),
+];
 
 /// The fallback for a `gemm_bias_*` workload: like plain GEMM (direct for small M, packed
 /// otherwise), with the epilogue fused and B row-major (valid for every shape, and safe for
@@ -89,11 +93,14 @@ fn inner(w: &Workload) -> Workload {
     }
 }
 
-/// The GEMM part of `c`: every knob but `fusion` and `b_layout`.
+/// The GEMM part of `c`: every knob but `fusion`, with a pre-packed B (which this family
+/// keeps, outside the GEMM) packed by the GEMM on a call without it.
 fn gemm_config(c: &Config) -> Config {
     let mut g = c.clone();
     g.0.remove(knob::FUSION);
-    g.0.remove(knob::B_LAYOUT);
+    if BLayout::of(c) == Some(BLayout::Prepacked) {
+        BLayout::RowMajor.set_in(&mut g);
+    }
     g
 }
 
@@ -125,14 +132,12 @@ impl Kernel for EpiloguePacked {
     }
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
-        Packed
-            .space(&inner(w), hw)
+        super::packed_space(&inner(w), hw, B_LAYOUT_VALUES)
             .knob(knob::FUSION, FUSION_VALUES.iter().copied())
-            .knob(knob::B_LAYOUT, B_LAYOUT_VALUES.iter().copied())
     }
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
-        let mut c = Packed.default_config(&inner(w), hw);
+        let mut c = super::packed_default(&inner(w), hw);
         Fusion::Fused.set_in(&mut c);
         BLayout::RowMajor.set_in(&mut c);
         c

@@ -35,7 +35,7 @@ use crate::workload::Workload;
 use direct::DirectGemm;
 use packed::PackedGemm;
 pub use params::Par;
-use params::{knob, ALayout, DirectParams, PackedParams, Split, PAR_VALUES};
+use params::{knob, ALayout, BLayout, DirectParams, PackedParams, Split, PAR_VALUES};
 
 /// The BLIS-style packed family.
 pub struct Packed;
@@ -60,6 +60,9 @@ pub const KC_VALUES: &[usize] = &[64, 128, 192, 256, 384, 512];
 pub const NC_VALUES: &[usize] = &[512, 1024, 2048, 4096, 8192];
 /// Values of the packed `a_layout` knob: A packed into micro-panels, or read in place.
 pub const A_LAYOUT_VALUES: &[&str] = &[ALayout::Packed.name(), ALayout::InPlace.name()];
+/// Values of the plain packed family's `b_layout` knob: B packed during the call, or read in
+/// place.
+pub const B_LAYOUT_VALUES: &[&str] = &[BLayout::RowMajor.name(), BLayout::InPlace.name()];
 /// Values of the direct `kc` knob; 0 means the whole of K.
 pub const DIRECT_KC_VALUES: &[usize] = &[0, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 
@@ -151,9 +154,22 @@ impl Kernel for Packed {
         "gemm_packed"
     }
 
-    /// 2: the `a_layout` knob.
+    /// 2: the `a_layout` knob; 3: the `b_layout` knob.
     fn version(&self) -> u32 {
-        2
+        3
+    }
+
+    /// v2 packed B on every call: its configs are v3's with `b_layout = rowmajor`.
+    fn upgrade(&self, from: u32, c: &Config) -> Option<Config> {
+        match from {
+            3 => Some(c.clone()),
+            2 if c.get(knob::B_LAYOUT).is_none() => {
+                let mut c = c.clone();
+                BLayout::RowMajor.set_in(&mut c);
+                Some(c)
+            }
+            _ => None,
+        }
     }
 
     fn supports(&self, w: &Workload) -> bool {
@@ -161,62 +177,78 @@ impl Kernel for Packed {
     }
 
     fn config_fits(&self, w: &Workload, hw: &HardwareFingerprint, c: &Config) -> bool {
-        c.0.len() == 7 && packed_knobs_fit(w, hw, c)
+        c.0.len() == 8
+            && str_listed(c, knob::B_LAYOUT, B_LAYOUT_VALUES)
+            && packed_knobs_fit(w, hw, c)
     }
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {
-        let (m, n, k) = gemm_dims(w);
-        let names: Vec<&str> = ukernel::packed_offered(Isa::of(hw))
-            .iter()
-            .map(|u| u.name.as_str())
-            .collect();
-        Space::new()
-            .knob(knob::UKERNEL, names)
-            .knob(knob::MC, MC_VALUES.iter().copied())
-            .knob(knob::KC, KC_VALUES.iter().copied())
-            .knob(knob::NC, NC_VALUES.iter().copied())
-            .knob(knob::A_LAYOUT, A_LAYOUT_VALUES.iter().copied())
-            .knob(knob::PAR, par_values(hw))
-            .knob(knob::THREADS, thread_values(hw))
-            .rule("serial_iff_one_thread", serial_iff_one_thread)
-            .rule("mc_not_beyond_m", cap_rule(knob::MC, MC_VALUES, m))
-            .rule("kc_not_beyond_k", cap_rule(knob::KC, KC_VALUES, k))
-            .rule("nc_not_beyond_n", cap_rule(knob::NC, NC_VALUES, n))
+        packed_space(w, hw, B_LAYOUT_VALUES)
     }
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
-        let (m, n, k) = gemm_dims(w);
-        let uk = default_packed_ukernel(m, hw);
-        let (mr, nr) = (uk.mr, uk.nr);
-        let f = std::mem::size_of::<f32>();
-        // kc: an A micro-panel (MR×kc) and a B micro-panel (kc×NR) fill ~3/4 of L1; with
-        // AVX-512's wide panels B streams from L2 instead and only A's panel fills ~half of
-        // L1 (measured on a Zen 4: kc = 512 over the L1 rule's 128 by 1.04–1.13× on the
-        // BERT shapes and 1024³, and the pick of tuning there; on an Intel AVX-512 VM tuning
-        // picked 128 to 512).
-        let kc = match uk.isa {
-            Isa::Avx512 => snap(KC_VALUES, hw.l1d_bytes / 2 / (mr * f), k),
-            _ => snap(KC_VALUES, hw.l1d_bytes * 3 / 4 / ((mr + nr) * f), k),
-        };
-        // mc: the packed A block (mc×kc) fills ~half of L2.
-        let mc = snap(MC_VALUES, hw.l2_bytes / 2 / (kc * f), m);
-        // nc: the packed B block (kc×nc) fills ~a quarter of L3 (shared with other cores).
-        let nc = snap(NC_VALUES, hw.l3_bytes / 4 / (kc * f), n);
-        let par = default_par(w, hw, mr, nr);
-        Config::from_pairs([
-            (knob::UKERNEL, Value::from(uk.name.as_str())),
-            (knob::MC, mc.into()),
-            (knob::KC, kc.into()),
-            (knob::NC, nc.into()),
-            (knob::A_LAYOUT, default_a_layout(m, kc, hw).name().into()),
-            (knob::PAR, par.split().name().into()),
-            (knob::THREADS, par.threads().into()),
-        ])
+        let mut c = packed_default(w, hw);
+        BLayout::RowMajor.set_in(&mut c);
+        c
     }
 
     fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
         Ok(Box::new(self.build_packed(w, c)?))
     }
+}
+
+/// The knobs and rules the packed families share, with `b_values` for `b_layout` (the
+/// epilogue family adds `prepacked`).
+pub(crate) fn packed_space(w: &Workload, hw: &HardwareFingerprint, b_values: &[&str]) -> Space {
+    let (m, n, k) = gemm_dims(w);
+    let names: Vec<&str> = ukernel::packed_offered(Isa::of(hw))
+        .iter()
+        .map(|u| u.name.as_str())
+        .collect();
+    Space::new()
+        .knob(knob::UKERNEL, names)
+        .knob(knob::MC, MC_VALUES.iter().copied())
+        .knob(knob::KC, KC_VALUES.iter().copied())
+        .knob(knob::NC, NC_VALUES.iter().copied())
+        .knob(knob::A_LAYOUT, A_LAYOUT_VALUES.iter().copied())
+        .knob(knob::B_LAYOUT, b_values.iter().copied())
+        .knob(knob::PAR, par_values(hw))
+        .knob(knob::THREADS, thread_values(hw))
+        .rule("serial_iff_one_thread", serial_iff_one_thread)
+        .rule("mc_not_beyond_m", cap_rule(knob::MC, MC_VALUES, m))
+        .rule("kc_not_beyond_k", cap_rule(knob::KC, KC_VALUES, k))
+        .rule("nc_not_beyond_n", cap_rule(knob::NC, NC_VALUES, n))
+}
+
+/// The default values of [`packed_space`]'s knobs.
+pub(crate) fn packed_default(w: &Workload, hw: &HardwareFingerprint) -> Config {
+    let (m, n, k) = gemm_dims(w);
+    let uk = default_packed_ukernel(m, hw);
+    let (mr, nr) = (uk.mr, uk.nr);
+    let f = std::mem::size_of::<f32>();
+    // kc: an A micro-panel (MR×kc) and a B micro-panel (kc×NR) fill ~3/4 of L1; with
+    // AVX-512's wide panels B streams from L2 instead and only A's panel fills ~half of
+    // L1 (measured on a Zen 4: kc = 512 over the L1 rule's 128 by 1.04–1.13× on the
+    // BERT shapes and 1024³, and the pick of tuning there; on an Intel AVX-512 VM tuning
+    // picked 128 to 512).
+    let kc = match uk.isa {
+        Isa::Avx512 => snap(KC_VALUES, hw.l1d_bytes / 2 / (mr * f), k),
+        _ => snap(KC_VALUES, hw.l1d_bytes * 3 / 4 / ((mr + nr) * f), k),
+    };
+    // mc: the packed A block (mc×kc) fills ~half of L2.
+    let mc = snap(MC_VALUES, hw.l2_bytes / 2 / (kc * f), m);
+    // nc: the packed B block (kc×nc) fills ~a quarter of L3 (shared with other cores).
+    let nc = snap(NC_VALUES, hw.l3_bytes / 4 / (kc * f), n);
+    let par = default_par(w, hw, mr, nr);
+    Config::from_pairs([
+        (knob::UKERNEL, Value::from(uk.name.as_str())),
+        (knob::MC, mc.into()),
+        (knob::KC, kc.into()),
+        (knob::NC, nc.into()),
+        (knob::A_LAYOUT, default_a_layout(m, kc, hw).name().into()),
+        (knob::PAR, par.split().name().into()),
+        (knob::THREADS, par.threads().into()),
+    ])
 }
 
 impl Packed {
@@ -237,7 +269,10 @@ impl Packed {
             p.kc,
             p.nc,
             p.par,
-            p.a_layout == ALayout::Packed,
+            (
+                p.a_layout == ALayout::Packed,
+                p.b_layout == BLayout::InPlace,
+            ),
         ))
     }
 }

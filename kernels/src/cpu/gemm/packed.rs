@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::pack::{pack_a, pack_b, with_buffer, AlignedBuf, Pool};
-use super::ukernel::{prefetch_lines, ATiles, PackedUkernel, TileEpilogue};
+use super::ukernel::{prefetch_lines, ATiles, BPanel, PackedUkernel, TileEpilogue};
 use super::view::CView;
 use super::Par;
 use crate::cpu::pool::on_workers;
@@ -116,6 +116,58 @@ pub struct PackedGemm {
     /// Pack A into micro-panels (`a_layout = packed`), or read whole row tiles of A in place
     /// (`inplace`; only a partial last row tile is packed, zero-padded).
     pub pack_a: bool,
+    /// Read a row-major B's whole column panels in place (`b_layout = inplace`; only a
+    /// partial last panel is packed, zero-padded) instead of packing every block during the
+    /// call. A B packed ahead ([`BSource::Packed`]) is read as packed either way.
+    pub b_inplace: bool,
+}
+
+/// The B micro-panels of one (depth, column) block, as [`PackedGemm::rows_task`] reads them.
+#[derive(Clone, Copy)]
+enum BBlock<'a> {
+    /// Packed panels of `kcb·NR` values, one after the other.
+    Packed(&'a [f32]),
+    /// Row-major B in place from the block's first element (rows `ldb` apart): `full` whole
+    /// panels, then `edge`, the partial last one, packed (empty if there is none).
+    Rows {
+        b: &'a [f32],
+        ldb: usize,
+        full: usize,
+        edge: &'a [f32],
+    },
+}
+
+impl<'a> BBlock<'a> {
+    /// Panel `q` (`nr` columns, `kcb` deep), if the block has one.
+    fn panel(self, q: usize, nr: usize, kcb: usize) -> Option<BPanel<'a>> {
+        match self {
+            BBlock::Packed(p) => p.get(q * nr * kcb..(q + 1) * nr * kcb).map(BPanel::Packed),
+            BBlock::Rows { b, ldb, full, edge } => match q.cmp(&full) {
+                std::cmp::Ordering::Less => Some(BPanel::Rows(&b[q * nr..], ldb)),
+                std::cmp::Ordering::Equal if !edge.is_empty() => Some(BPanel::Packed(edge)),
+                _ => None,
+            },
+        }
+    }
+
+    /// The block's panels from panel `q` on.
+    fn skip(self, q: usize, nr: usize, kcb: usize) -> BBlock<'a> {
+        match self {
+            BBlock::Packed(p) => BBlock::Packed(&p[(q * nr * kcb).min(p.len())..]),
+            BBlock::Rows { b, ldb, full, edge } if q <= full => BBlock::Rows {
+                b: &b[q * nr..],
+                ldb,
+                full: full - q,
+                edge,
+            },
+            BBlock::Rows { b, ldb, .. } => BBlock::Rows {
+                b,
+                ldb,
+                full: 0,
+                edge: &[],
+            },
+        }
+    }
 }
 
 impl PackedGemm {
@@ -128,7 +180,7 @@ impl PackedGemm {
         kc: usize,
         nc: usize,
         par: Par,
-        pack_a: bool,
+        (pack_a, b_inplace): (bool, bool),
     ) -> Self {
         let round = |x: usize, to: usize| x.max(1).div_ceil(to) * to;
         PackedGemm {
@@ -141,6 +193,7 @@ impl PackedGemm {
             nc: round(nc, uk.nr).min(round(n, uk.nr)),
             par,
             pack_a,
+            b_inplace,
         }
     }
 
@@ -201,14 +254,27 @@ impl PackedGemm {
                     let block = c.sub(0, jc, m, ncb);
                     let depth = (pc, kcb);
                     if let (BSource::RowMajor(b), Par::N(t)) = (b, self.par) {
-                        if t > 1 && panels > 1 {
+                        if t > 1 && panels > 1 && !self.b_inplace {
                             let bpack = bbuf.slice(panels * panel_len);
                             self.cols_packing(a, b, bpack, block, (jc, ncb), depth, ep, t);
                             continue;
                         }
                     }
-                    let bpack: &[f32] = match b {
-                        BSource::Packed(p) => p.block(pc, jc, ncb),
+                    let bblock = match b {
+                        BSource::Packed(p) => BBlock::Packed(p.block(pc, jc, ncb)),
+                        BSource::RowMajor(b) if self.b_inplace => {
+                            let full = ncb / nr;
+                            let edge = bbuf.slice(if ncb % nr > 0 { panel_len } else { 0 });
+                            if !edge.is_empty() {
+                                pack_b(b, n, depth, (jc, ncb), nr, full, edge);
+                            }
+                            BBlock::Rows {
+                                b: &b[pc * n + jc..],
+                                ldb: n,
+                                full,
+                                edge,
+                            }
+                        }
                         BSource::RowMajor(b) => {
                             let bpack = bbuf.slice(panels * nr * kcb);
                             if threads > 1 && panels > 1 {
@@ -221,24 +287,23 @@ impl PackedGemm {
                             } else {
                                 pack_b(b, n, (pc, kcb), (jc, ncb), nr, 0, bpack);
                             }
-                            bpack
+                            BBlock::Packed(bpack)
                         }
                     };
                     match self.par {
-                        Par::None => self.rows_task(a, bpack, block, 0, depth, ep, prefetch),
+                        Par::None => self.rows_task(a, bblock, block, 0, depth, ep, prefetch),
                         Par::M(t) => {
                             // Row blocks pulled by `t` tasks as they get free, so a core that
                             // is slowed down (shared machines) does fewer of them.
                             self_scheduled(t, self.row_blocks(block, t), |(row0, view)| {
-                                self.rows_task(a, bpack, view, row0, depth, ep, prefetch)
+                                self.rows_task(a, bblock, view, row0, depth, ep, prefetch)
                             });
                         }
                         Par::N(t) => {
                             let per = panels.div_ceil(t);
                             let parts = column_parts(block, per, nr);
                             parts.into_par_iter().for_each(|(q, view)| {
-                                let end = ((q + per) * panel_len).min(bpack.len());
-                                let bp = &bpack[q * panel_len..end];
+                                let bp = bblock.skip(q, nr, kcb);
                                 let ep = ep.map(|e| e.skip(q * nr));
                                 self.rows_task(a, bp, view, 0, depth, ep, prefetch)
                             });
@@ -277,7 +342,7 @@ impl PackedGemm {
         parts.into_par_iter().for_each(|((q, view), chunk)| {
             pack_b(b, self.n, (pc, kcb), (jc, ncb), nr, q, chunk);
             let ep = ep.map(|e| e.skip(q * nr));
-            self.rows_task(a, chunk, view, 0, (pc, kcb), ep, false);
+            self.rows_task(a, BBlock::Packed(chunk), view, 0, (pc, kcb), ep, false);
         });
     }
 
@@ -308,21 +373,22 @@ impl PackedGemm {
                     let kcb = self.kc.min(k - pc);
                     let ep = ep.filter(|_| pc + kcb == k).map(|e| e.skip(jc));
                     let block = view.sub(0, jc, rows, ncb);
-                    self.rows_task(a, p.block(pc, jc, ncb), block, row0, (pc, kcb), ep, true);
+                    let bblock = BBlock::Packed(p.block(pc, jc, ncb));
+                    self.rows_task(a, bblock, block, row0, (pc, kcb), ep, true);
                 }
             }
         });
     }
 
-    /// All `mc` blocks of rows `row0..row0+c.rows()` against the packed B panels `bpack`
-    /// (which cover `c`'s columns), packing A into this thread's buffer; `ep`'s bias starts
+    /// All `mc` blocks of rows `row0..row0+c.rows()` against the B panels `bblock` (which
+    /// cover `c`'s columns), packing A into this thread's buffer; `ep`'s bias starts
     /// at `c`'s first column. With `prefetch`, the next B panel is fetched into the cache a
     /// slice per row tile while the whole row tiles of the current one run.
     #[allow(clippy::too_many_arguments)]
     fn rows_task(
         &self,
         a: &[f32],
-        bpack: &[f32],
+        bblock: BBlock<'_>,
         mut c: CView<'_>,
         row0: usize,
         (pc, kcb): (usize, usize),
@@ -352,14 +418,17 @@ impl PackedGemm {
                 };
                 // Whole row tiles go through one call per B panel; a partial last row
                 // tile or column panel through the clipping `tile`.
-                for (jr, bp) in bpack.chunks_exact(nr * kcb).enumerate() {
+                for jr in 0.. {
                     let j = jr * nr;
-                    if j >= c.cols() {
+                    let Some(bp) = bblock.panel(jr, nr, kcb).filter(|_| j < c.cols()) else {
                         break;
-                    }
+                    };
                     let ep = ep.map(|e| e.skip(j));
                     if full > 0 && j + nr <= c.cols() {
-                        let next = bpack.get((jr + 1) * nr * kcb..(jr + 2) * nr * kcb);
+                        let next = match bblock {
+                            BBlock::Packed(p) => p.get((jr + 1) * nr * kcb..(jr + 2) * nr * kcb),
+                            BBlock::Rows { .. } => None,
+                        };
                         match next.filter(|_| prefetch) {
                             Some(next) => self.tiles_prefetching(
                                 kcb,
@@ -426,7 +495,7 @@ impl PackedGemm {
         kcb: usize,
         a_full: ATiles<'_>,
         full: usize,
-        bp: &[f32],
+        bp: BPanel<'_>,
         next: &[f32],
         c: &mut CView<'_>,
         (ic, j): (usize, usize),

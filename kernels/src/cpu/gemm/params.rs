@@ -46,7 +46,7 @@ pub mod knob {
     pub const A_LAYOUT: &str = "a_layout";
     /// How the epilogue runs: [`Fusion`](super::Fusion) (epilogue families).
     pub const FUSION: &str = "fusion";
-    /// Whether B is packed ahead: [`BLayout`](super::BLayout) (packed epilogue family).
+    /// How B is read: [`BLayout`](super::BLayout) (packed families).
     pub const B_LAYOUT: &str = "b_layout";
 }
 
@@ -191,12 +191,16 @@ named_knob! {
 }
 
 named_knob! {
-    /// The `b_layout` knob of the packed epilogue family: how B is read.
+    /// The `b_layout` knob of the packed families: how B is read.
     BLayout = knob::B_LAYOUT;
     /// Row-major, packed block by block on every call.
     RowMajor => "rowmajor",
-    /// Packed once into the micro-kernel's panel layout and reused (a constant weight).
+    /// Packed once into the micro-kernel's panel layout and reused (a constant weight;
+    /// epilogue family only).
     Prepacked => "prepacked",
+    /// Row-major, read in place by the micro-kernel (only a partial last column panel is
+    /// packed): no copy of B, at the price of strided panel reads.
+    InPlace => "inplace",
 }
 
 named_knob! {
@@ -281,6 +285,8 @@ pub struct PackedParams {
     pub kc: usize,
     pub nc: usize,
     pub a_layout: ALayout,
+    /// `RowMajor` or `InPlace` (a pre-packed B is the epilogue family's, outside the GEMM).
+    pub b_layout: BLayout,
     pub par: Par,
 }
 
@@ -292,6 +298,7 @@ impl TryFrom<&Config> for PackedParams {
             ukernel: UkernelId::try_from(c)?,
             par: Par::try_from(c)?,
             a_layout: ALayout::try_from(c)?,
+            b_layout: BLayout::try_from(c)?,
             mc: int_value(c, knob::MC)?,
             kc: int_value(c, knob::KC)?,
             nc: int_value(c, knob::NC)?,
@@ -355,19 +362,21 @@ mod tests {
             (knob::KC, 256usize.into()),
             (knob::NC, 1024usize.into()),
             (knob::A_LAYOUT, "inplace".into()),
+            (knob::B_LAYOUT, "inplace".into()),
             (knob::PAR, "n".into()),
             (knob::THREADS, 1usize.into()),
         ]);
         let p = PackedParams::try_from(&c).unwrap();
         assert_eq!((p.mc, p.kc, p.nc), (96, 256, 1024));
         assert_eq!(
-            (p.a_layout, p.par),
-            (ALayout::InPlace, Par::None),
+            (p.a_layout, p.b_layout, p.par),
+            (ALayout::InPlace, BLayout::InPlace, Par::None),
             "n on one thread"
         );
         let json = c.to_json();
         p.ukernel.set_in(&mut c);
         p.a_layout.set_in(&mut c);
+        p.b_layout.set_in(&mut c);
         assert_eq!(
             c.to_json(),
             json,
@@ -379,6 +388,7 @@ mod tests {
         assert_eq!(c.str(knob::PAR), Some("m"));
         Fusion::Separate.set_in(&mut c);
         assert_eq!(c.str(knob::FUSION), Some("separate"));
+        c.0.remove(knob::B_LAYOUT);
         assert_eq!(
             BLayout::try_from(&c),
             Err("knob 'b_layout' must be a name".into())

@@ -3,7 +3,7 @@
 use std::arch::x86_64::*;
 
 use super::simd::{bias_act_body, direct_body, packed_body, Epi, Simd};
-use super::{DirectFn, PackedFn};
+use super::{DirectFn, PackedFns};
 
 /// Marker for 256-bit AVX2 + FMA code.
 pub(crate) struct Avx2;
@@ -135,11 +135,12 @@ impl Simd for Avx2 {
 /// The CPU has AVX2 and FMA, and the pointers satisfy [`packed_body`]'s contract.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn packed<const MR: usize, const NV: usize, const PA: bool>(
+pub(super) unsafe fn packed<const MR: usize, const NV: usize, const PA: bool, const PB: bool>(
     k: usize,
     a: *const f32,
     lda: usize,
     b: *const f32,
+    ldb: usize,
     c: *mut f32,
     ldc: usize,
     tiles: usize,
@@ -147,7 +148,7 @@ pub(super) unsafe fn packed<const MR: usize, const NV: usize, const PA: bool>(
     ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; this function is compiled with the features `Avx2` needs.
-    unsafe { packed_body::<Avx2, MR, NV, PA>(k, a, lda, b, c, ldc, tiles, accumulate, ep) }
+    unsafe { packed_body::<Avx2, MR, NV, PA, PB>(k, a, lda, b, ldb, c, ldc, tiles, accumulate, ep) }
 }
 
 /// Direct `R × 8·V` tile, compiled for AVX2 + FMA.
@@ -182,15 +183,26 @@ pub(super) unsafe fn bias_act(row: *mut f32, bias: *const f32, n: usize, act: u8
     unsafe { bias_act_body::<Avx2>(row, bias, n, act) }
 }
 
-/// The packed shapes: (MR, NR, kernel over packed A, kernel over row-major A). Each keeps
+/// The four builds of the packed `MR × W·NV` tile, by where A and B are read from.
+const fn builds<const MR: usize, const NV: usize>() -> PackedFns {
+    PackedFns([
+        [packed::<MR, NV, true, true>, packed::<MR, NV, true, false>],
+        [
+            packed::<MR, NV, false, true>,
+            packed::<MR, NV, false, false>,
+        ],
+    ])
+}
+
+/// The packed shapes: (MR, NR, the kernel's builds). Each keeps
 /// MR·NR/8 accumulators, NR/8 B vectors
 /// and a broadcast within the 16 registers (4×24 and 3×32 need all 16 or 17, and LLVM
 /// spills one accumulator into the loop, halving their speed, so they are not offered).
-pub(super) const PACKED: &[(usize, usize, PackedFn, PackedFn)] = &[
-    (6, 16, packed::<6, 2, true>, packed::<6, 2, false>),
-    (5, 16, packed::<5, 2, true>, packed::<5, 2, false>),
-    (4, 16, packed::<4, 2, true>, packed::<4, 2, false>),
-    (8, 8, packed::<8, 1, true>, packed::<8, 1, false>),
+pub(super) const PACKED: &[(usize, usize, PackedFns)] = &[
+    (6, 16, builds::<6, 2>()),
+    (5, 16, builds::<5, 2>()),
+    (4, 16, builds::<4, 2>()),
+    (8, 8, builds::<8, 1>()),
 ];
 
 /// The direct tile shapes offered as knob values: (rows, vectors).

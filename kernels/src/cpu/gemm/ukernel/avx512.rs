@@ -6,7 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::simd::{bias_act_body, direct_body, packed_body, Epi, Simd};
-use super::{DirectFn, PackedFn};
+use super::{DirectFn, PackedFns};
 
 /// Marker for 512-bit AVX-512F code.
 pub(crate) struct Avx512;
@@ -128,11 +128,12 @@ impl Simd for Avx512 {
 /// The CPU has AVX-512F, and the pointers satisfy [`packed_body`]'s contract.
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn packed<const MR: usize, const NV: usize, const PA: bool>(
+pub(super) unsafe fn packed<const MR: usize, const NV: usize, const PA: bool, const PB: bool>(
     k: usize,
     a: *const f32,
     lda: usize,
     b: *const f32,
+    ldb: usize,
     c: *mut f32,
     ldc: usize,
     tiles: usize,
@@ -140,7 +141,9 @@ pub(super) unsafe fn packed<const MR: usize, const NV: usize, const PA: bool>(
     ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; this function is compiled with the features `Avx512` needs.
-    unsafe { packed_body::<Avx512, MR, NV, PA>(k, a, lda, b, c, ldc, tiles, accumulate, ep) }
+    unsafe {
+        packed_body::<Avx512, MR, NV, PA, PB>(k, a, lda, b, ldb, c, ldc, tiles, accumulate, ep)
+    }
 }
 
 /// Direct `R × 16·V` tile, compiled for AVX-512F.
@@ -175,15 +178,26 @@ pub(super) unsafe fn bias_act(row: *mut f32, bias: *const f32, n: usize, act: u8
     unsafe { bias_act_body::<Avx512>(row, bias, n, act) }
 }
 
-/// The packed shapes: (MR, NR, kernel over packed A, kernel over row-major A), best first.
+/// The four builds of the packed `MR × W·NV` tile, by where A and B are read from.
+const fn builds<const MR: usize, const NV: usize>() -> PackedFns {
+    PackedFns([
+        [packed::<MR, NV, true, true>, packed::<MR, NV, true, false>],
+        [
+            packed::<MR, NV, false, true>,
+            packed::<MR, NV, false, false>,
+        ],
+    ])
+}
+
+/// The packed shapes: (MR, NR, the kernel's builds), best first.
 /// 6×64 leads: the fewest instructions per multiply-add (6 broadcasts and 4 loads per 24
 /// FMAs), the most frequent winner of tuning on an Intel AVX-512 VM, and 1.03–1.08× 14×32 on
 /// a Zen 4 (A/B at 128×768×768 and 1024³, one thread).
-pub(super) const PACKED: &[(usize, usize, PackedFn, PackedFn)] = &[
-    (6, 64, packed::<6, 4, true>, packed::<6, 4, false>),
-    (14, 32, packed::<14, 2, true>, packed::<14, 2, false>),
-    (12, 32, packed::<12, 2, true>, packed::<12, 2, false>),
-    (8, 48, packed::<8, 3, true>, packed::<8, 3, false>),
+pub(super) const PACKED: &[(usize, usize, PackedFns)] = &[
+    (6, 64, builds::<6, 4>()),
+    (14, 32, builds::<14, 2>()),
+    (12, 32, builds::<12, 2>()),
+    (8, 48, builds::<8, 3>()),
 ];
 
 /// The direct tile shapes offered as knob values: (rows, vectors).

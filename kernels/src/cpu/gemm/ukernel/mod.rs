@@ -22,9 +22,13 @@ use crate::cpu::Isa;
 use crate::workload::Act;
 use simd::Epi;
 
-/// `(k, a, lda, b_panel, c, ldc, tiles, accumulate, epilogue)`: see [`simd::packed_body`].
+/// `(k, a, lda, b, ldb, c, ldc, tiles, accumulate, epilogue)`: see [`simd::packed_body`].
 pub(crate) type PackedFn =
-    unsafe fn(usize, *const f32, usize, *const f32, *mut f32, usize, usize, bool, Epi);
+    unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, usize, bool, Epi);
+
+/// A packed register tile's four builds: `[A packed, A in place][B packed, B in place]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PackedFns(pub [[PackedFn; 2]; 2]);
 
 /// `(k, a, lda, b, ldb, c, ldc, tiles, accumulate, epilogue)`: see [`simd::direct_body`].
 pub(crate) type DirectFn =
@@ -126,10 +130,8 @@ pub struct PackedUkernel {
     pub mr: usize,
     /// Columns of the register tile (a multiple of the ISA's lane count).
     pub nr: usize,
-    /// Over packed A micro-panels.
-    f: PackedFn,
-    /// Over row-major A, read in place.
-    f_rows: PackedFn,
+    /// Its builds by A and B source.
+    fns: PackedFns,
     /// The ISA's lanes and direct kernels, for tiles of fewer than MR rows.
     edge: (usize, DirectTable),
 }
@@ -142,6 +144,34 @@ pub enum ATiles<'a> {
     /// Row-major A in place: the slice starts at the first tile's first element, rows
     /// `lda` apart.
     Rows(&'a [f32], usize),
+}
+
+/// Where a packed micro-kernel reads its B micro-panel from.
+#[derive(Debug, Clone, Copy)]
+pub enum BPanel<'a> {
+    /// A packed micro-panel: `k` groups of `NR` values.
+    Packed(&'a [f32]),
+    /// Row-major B in place: the slice starts at the panel's first element, rows `ldb`
+    /// apart.
+    Rows(&'a [f32], usize),
+}
+
+impl BPanel<'_> {
+    /// Whether `k` rows of `nr` values are inside the slice.
+    fn holds(&self, nr: usize, k: usize) -> bool {
+        match *self {
+            BPanel::Packed(b) => b.len() >= k * nr,
+            BPanel::Rows(b, ldb) => nr <= ldb && k >= 1 && (k - 1) * ldb + nr <= b.len(),
+        }
+    }
+
+    /// The pointer and row stride (`nr` for a packed panel).
+    fn parts(&self, nr: usize) -> (*const f32, usize) {
+        match *self {
+            BPanel::Packed(b) => (b.as_ptr(), nr),
+            BPanel::Rows(b, ldb) => (b.as_ptr(), ldb),
+        }
+    }
 }
 
 impl<'a> ATiles<'a> {
@@ -191,18 +221,17 @@ fn tables() -> &'static Tables {
         };
         let mut add = |isa: Isa,
                        lanes: usize,
-                       packed: &[(usize, usize, PackedFn, PackedFn)],
+                       packed: &[(usize, usize, PackedFns)],
                        direct: &[(usize, usize)],
                        max: (usize, usize),
                        table: fn(usize, usize) -> Option<DirectFn>| {
-            for &(mr, nr, f, f_rows) in packed {
+            for &(mr, nr, fns) in packed {
                 t.packed.push(PackedUkernel {
                     name: format!("{}_{mr}x{nr}", isa.name()),
                     isa,
                     mr,
                     nr,
-                    f,
-                    f_rows,
+                    fns,
                     edge: (lanes, table),
                 });
             }
@@ -303,18 +332,25 @@ pub fn direct(name: &str) -> Option<&'static DirectUkernel> {
 }
 
 impl PackedUkernel {
-    /// The kernel for `a` and its pointer and row stride (unused for packed panels).
-    fn source(&self, a: ATiles<'_>) -> (PackedFn, *const f32, usize) {
-        match a {
-            ATiles::Packed(a) => (self.f, a.as_ptr(), 0),
-            ATiles::Rows(a, lda) => (self.f_rows, a.as_ptr(), lda),
-        }
+    /// The build for `a` and `b`, A's pointer and row stride (unused for packed panels),
+    /// and B's.
+    fn source(
+        &self,
+        a: ATiles<'_>,
+        b: BPanel<'_>,
+    ) -> (PackedFn, (*const f32, usize), (*const f32, usize)) {
+        let (ai, ap) = match a {
+            ATiles::Packed(a) => (0, (a.as_ptr(), 0)),
+            ATiles::Rows(a, lda) => (1, (a.as_ptr(), lda)),
+        };
+        let bi = usize::from(matches!(b, BPanel::Rows(..)));
+        (self.fns.0[ai][bi], ap, b.parts(self.nr))
     }
 
     /// `C[i.., j..] (+)= A_tile · B_panel` for one `MR × NR` tile, clipped to `c`'s window.
     ///
-    /// `a` holds the A tile (`MR` rows of `k` values, packed or in place), `b` a packed B
-    /// micro-panel (`k·NR` values). A tile that sticks out of the window is computed in a
+    /// `a` holds the A tile (`MR` rows of `k` values, packed or in place), `b` the B
+    /// micro-panel (`k × NR`, packed or in place). A tile that sticks out of the window is computed in a
     /// stack buffer and only its valid part is written. With `ep`, `act(x + bias)` is stored
     /// instead (in registers for full tiles). Panics if the A tile, the panel or the bias is
     /// too short or `(i, j)` is outside `c`.
@@ -324,7 +360,7 @@ impl PackedUkernel {
         &self,
         k: usize,
         a: ATiles<'_>,
-        b: &[f32],
+        b: BPanel<'_>,
         c: &mut CView<'_>,
         i: usize,
         j: usize,
@@ -332,10 +368,7 @@ impl PackedUkernel {
         ep: Option<TileEpilogue<'_>>,
     ) {
         let (mr, nr) = (self.mr, self.nr);
-        assert!(
-            a.holds(1, mr, k) && b.len() >= k * nr,
-            "micro-panel too short"
-        );
+        assert!(a.holds(1, mr, k) && b.holds(nr, k), "micro-panel too short");
         assert!(
             i < c.rows() && j < c.cols(),
             "tile origin outside the window"
@@ -345,7 +378,7 @@ impl PackedUkernel {
         if let Some(ep) = &ep {
             assert!(ep.bias.len() >= cols, "bias shorter than the tile");
         }
-        let (f, ap, lda) = self.source(a);
+        let (f, (ap, lda), (bp, ldb)) = self.source(a, b);
         if rows == mr && cols == nr {
             let (ld, p) = (c.ld(), c.block_ptr(i, j, mr, nr));
             let epi = ep.map_or(Epi::NONE, |e| Epi {
@@ -356,7 +389,7 @@ impl PackedUkernel {
             // that the CPU runs `self.isa`; the A tile and the B panel are inside their slices
             // (asserted above); `block_ptr` checked that the whole MR×NR block lies in `c`'s
             // window; the bias, if any, holds at least `cols = NR` values (asserted above).
-            unsafe { f(k, ap, lda, b.as_ptr(), p, ld, 1, accumulate, epi) }
+            unsafe { f(k, ap, lda, bp, ldb, p, ld, 1, accumulate, epi) }
         } else {
             let mut buf = [0.0f32; MAX_TILE];
             debug_assert!(mr * nr <= MAX_TILE);
@@ -368,7 +401,8 @@ impl PackedUkernel {
                     k,
                     ap,
                     lda,
-                    b.as_ptr(),
+                    bp,
+                    ldb,
                     buf.as_mut_ptr(),
                     nr,
                     1,
@@ -393,8 +427,9 @@ impl PackedUkernel {
 
     /// `C[i..i+rows, j..j+NR] (+)= A[..rows, ..k] · B_panel` for a partial row tile
     /// (`rows < MR`) of a whole column panel, with no padding rows computed: A is read in place
-    /// (`rows` rows `lda` apart from the start of `a`), the packed B micro-panel as a
-    /// row-major `k × NR` block, by the ISA's direct kernel of exactly `rows` rows. With `ep`,
+    /// (`rows` rows `lda` apart from the start of `a`), the B micro-panel (packed or in
+    /// place) as a row-major `k × NR` block, by the ISA's direct kernel of exactly `rows`
+    /// rows. With `ep`,
     /// `act(x + bias)` is stored. Returns false, doing nothing, when the ISA has no direct
     /// kernel that size (the caller then uses [`PackedUkernel::tile`]).
     ///
@@ -407,7 +442,7 @@ impl PackedUkernel {
         a: &[f32],
         lda: usize,
         rows: usize,
-        b: &[f32],
+        b: BPanel<'_>,
         c: &mut CView<'_>,
         (i, j): (usize, usize),
         accumulate: bool,
@@ -423,30 +458,18 @@ impl PackedUkernel {
         };
         assert!(k >= 1 && k <= lda, "depth beyond the row stride");
         assert!(
-            (rows - 1) * lda + k <= a.len() && b.len() >= k * nr,
+            (rows - 1) * lda + k <= a.len() && b.holds(nr, k),
             "edge tile reads outside A or the panel"
         );
+        let (bp, ldb) = b.parts(nr);
         let epi = epi_for(ep.as_ref(), nr);
         let (ldc, p) = (c.ld(), c.block_ptr(i, j, rows, nr));
         // SAFETY: `self` was handed out only after checking that the CPU runs `self.isa`, and
         // `table` is that ISA's direct table; A (rows × k, stride lda) and the panel (k rows
-        // of NR = (NR/lanes)·lanes values, stride NR) are inside their slices (asserted
+        // of NR = (NR/lanes)·lanes values, stride ldb ≥ NR) are inside their slices (asserted
         // above); `block_ptr` checked that the rows × NR block lies in `c`'s window; the
         // bias, if any, holds NR values (asserted above).
-        unsafe {
-            f(
-                k,
-                a.as_ptr(),
-                lda,
-                b.as_ptr(),
-                nr,
-                p,
-                ldc,
-                1,
-                accumulate,
-                epi,
-            )
-        }
+        unsafe { f(k, a.as_ptr(), lda, bp, ldb, p, ldc, 1, accumulate, epi) }
         true
     }
 
@@ -464,7 +487,7 @@ impl PackedUkernel {
         k: usize,
         a: ATiles<'_>,
         tiles: usize,
-        b: &[f32],
+        b: BPanel<'_>,
         c: &mut CView<'_>,
         (i, j): (usize, usize),
         accumulate: bool,
@@ -475,17 +498,17 @@ impl PackedUkernel {
             return;
         }
         assert!(
-            a.holds(tiles, mr, k) && b.len() >= k * nr,
+            a.holds(tiles, mr, k) && b.holds(nr, k),
             "micro-panels too short"
         );
         let epi = epi_for(ep.as_ref(), nr);
-        let (f, ap, lda) = self.source(a);
+        let (f, (ap, lda), (bp, ldb)) = self.source(a, b);
         let (ld, p) = (c.ld(), c.block_ptr(i, j, tiles * mr, nr));
         // SAFETY: `self` was handed out by `packed()`/`packed_offered()` only after checking
         // that the CPU runs `self.isa`; the `tiles` A tiles and the B panel are inside their
         // slices (asserted above); `block_ptr` checked that the whole `tiles·MR × NR` block
         // lies in `c`'s window; the bias, if any, holds at least NR values (asserted above).
-        unsafe { f(k, ap, lda, b.as_ptr(), p, ld, tiles, accumulate, epi) }
+        unsafe { f(k, ap, lda, bp, ldb, p, ld, tiles, accumulate, epi) }
     }
 }
 

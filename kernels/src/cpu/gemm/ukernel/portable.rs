@@ -2,7 +2,7 @@
 //! compiler vectorises for the baseline target).
 
 use super::simd::{bias_act_body, direct_body, packed_body, Epi, Simd};
-use super::{DirectFn, PackedFn};
+use super::{DirectFn, PackedFns};
 
 /// Marker for portable code: a "register" is `[f32; 8]`.
 pub(crate) struct Portable;
@@ -99,11 +99,12 @@ impl Simd for Portable {
 /// # Safety
 /// The pointers satisfy [`packed_body`]'s contract.
 #[allow(clippy::too_many_arguments)]
-unsafe fn packed<const MR: usize, const NV: usize, const PA: bool>(
+unsafe fn packed<const MR: usize, const NV: usize, const PA: bool, const PB: bool>(
     k: usize,
     a: *const f32,
     lda: usize,
     b: *const f32,
+    ldb: usize,
     c: *mut f32,
     ldc: usize,
     tiles: usize,
@@ -111,7 +112,9 @@ unsafe fn packed<const MR: usize, const NV: usize, const PA: bool>(
     ep: Epi,
 ) {
     // SAFETY: forwarded caller contract; `Portable` needs no CPU feature.
-    unsafe { packed_body::<Portable, MR, NV, PA>(k, a, lda, b, c, ldc, tiles, accumulate, ep) }
+    unsafe {
+        packed_body::<Portable, MR, NV, PA, PB>(k, a, lda, b, ldb, c, ldc, tiles, accumulate, ep)
+    }
 }
 
 /// Direct `R × 8·V` tile in plain Rust.
@@ -144,11 +147,20 @@ pub(super) unsafe fn bias_act(row: *mut f32, bias: *const f32, n: usize, act: u8
     unsafe { bias_act_body::<Portable>(row, bias, n, act) }
 }
 
-/// The packed shapes: (MR, NR, kernel over packed A, kernel over row-major A).
-pub(super) const PACKED: &[(usize, usize, PackedFn, PackedFn)] = &[
-    (4, 8, packed::<4, 1, true>, packed::<4, 1, false>),
-    (4, 16, packed::<4, 2, true>, packed::<4, 2, false>),
-];
+/// The four builds of the packed `MR × W·NV` tile, by where A and B are read from.
+const fn builds<const MR: usize, const NV: usize>() -> PackedFns {
+    PackedFns([
+        [packed::<MR, NV, true, true>, packed::<MR, NV, true, false>],
+        [
+            packed::<MR, NV, false, true>,
+            packed::<MR, NV, false, false>,
+        ],
+    ])
+}
+
+/// The packed shapes: (MR, NR, the kernel's builds).
+pub(super) const PACKED: &[(usize, usize, PackedFns)] =
+    &[(4, 8, builds::<4, 1>()), (4, 16, builds::<4, 2>())];
 
 /// The direct tile shapes offered as knob values: (rows, vectors).
 pub(super) const DIRECT: &[(usize, usize)] = &[(1, 4), (4, 1), (2, 2)];

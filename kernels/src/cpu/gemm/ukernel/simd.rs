@@ -369,22 +369,32 @@ unsafe fn bias_act_rows<S: Simd, const ACT: u8>(row: *mut f32, bias: *const f32,
 /// With `PA` (packed A), `a` holds `tiles` packed A micro-panels one after the other (each
 /// `k` groups of `MR` values, one per row) and `lda` is unused; without, `a` points at
 /// `A[i, p0]` of row-major A with row stride `lda`, and tile `t` reads rows `t·MR..` in
-/// place (no packing: small problems where the copy costs more than it saves). `b` is a
-/// packed B micro-panel (`k` groups of `NV·W` values). With `accumulate` the tiles are added
-/// to C, otherwise C is overwritten; then the epilogue `ep` is applied as each tile is stored.
+/// place (no packing: small problems where the copy costs more than it saves). With `PB`
+/// (packed B), `b` is a packed B micro-panel (`k` groups of `NV·W` values) and `ldb` is
+/// unused; without, `b` points at `B[p0, j]` of row-major B with row stride `ldb`, read in
+/// place. With `accumulate` the tiles are added to C, otherwise C is overwritten; then the
+/// epilogue `ep` is applied as each tile is stored.
 ///
 /// # Safety
 /// The CPU supports `S`'s ISA; with `PA`, `a` is readable for `tiles·k·MR` values, without,
-/// `a + r·lda + p` is readable for `r < tiles·MR`, `p < k`; `b` is readable for `k·NV·W`
-/// values, and `c + r·ldc + j` is writable for every `r < tiles·MR`, `j < NV·W`; unless
-/// `ep.act` is none, `ep.bias` is readable for `NV·W` values.
+/// `a + r·lda + p` is readable for `r < tiles·MR`, `p < k`; with `PB`, `b` is readable for
+/// `k·NV·W` values, without, `b + p·ldb + j` for `p < k`, `j < NV·W`; `c + r·ldc + j` is
+/// writable for every `r < tiles·MR`, `j < NV·W`; unless `ep.act` is none, `ep.bias` is
+/// readable for `NV·W` values.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn packed_body<S: Simd, const MR: usize, const NV: usize, const PA: bool>(
+pub(crate) unsafe fn packed_body<
+    S: Simd,
+    const MR: usize,
+    const NV: usize,
+    const PA: bool,
+    const PB: bool,
+>(
     k: usize,
     a: *const f32,
     lda: usize,
     b: *const f32,
+    ldb: usize,
     c: *mut f32,
     ldc: usize,
     tiles: usize,
@@ -392,12 +402,14 @@ pub(crate) unsafe fn packed_body<S: Simd, const MR: usize, const NV: usize, cons
     ep: Epi,
 ) {
     let nr = NV * S::W;
-    // Strides of A between rows, between depth steps and between tiles.
+    // Strides of A between rows, between depth steps and between tiles; of B between depth
+    // steps.
     let (a_rs, a_ps, a_ts) = if PA {
         (1, MR, MR * k)
     } else {
         (lda, 1, MR * lda)
     };
+    let b_ps = if PB { nr } else { ldb };
     // SAFETY (whole body): the caller guarantees the ISA and the extents documented above;
     // every pointer below stays inside them (t < tiles, p < k, r < MR, v < NV).
     unsafe {
@@ -413,16 +425,16 @@ pub(crate) unsafe fn packed_body<S: Simd, const MR: usize, const NV: usize, cons
             let (mut a, mut b) = (a.add(t * a_ts), b);
             for _ in 0..k / 4 {
                 packed_step_strided::<S, MR, NV>(&mut acc, a, a_rs, b);
-                packed_step_strided::<S, MR, NV>(&mut acc, a.add(a_ps), a_rs, b.add(nr));
-                packed_step_strided::<S, MR, NV>(&mut acc, a.add(2 * a_ps), a_rs, b.add(2 * nr));
-                packed_step_strided::<S, MR, NV>(&mut acc, a.add(3 * a_ps), a_rs, b.add(3 * nr));
+                packed_step_strided::<S, MR, NV>(&mut acc, a.add(a_ps), a_rs, b.add(b_ps));
+                packed_step_strided::<S, MR, NV>(&mut acc, a.add(2 * a_ps), a_rs, b.add(2 * b_ps));
+                packed_step_strided::<S, MR, NV>(&mut acc, a.add(3 * a_ps), a_rs, b.add(3 * b_ps));
                 a = a.add(4 * a_ps);
-                b = b.add(4 * nr);
+                b = b.add(4 * b_ps);
             }
             for _ in 0..k % 4 {
                 packed_step_strided::<S, MR, NV>(&mut acc, a, a_rs, b);
                 a = a.add(a_ps);
-                b = b.add(nr);
+                b = b.add(b_ps);
             }
             store_tile_epi::<S, MR, NV>(&acc, c, ldc, accumulate, ep);
         }
