@@ -81,7 +81,10 @@ fn lookups(path: &Path) -> Value {
 /// ran), which is what the database does with the fixture's records.
 fn upgrade_configs(expected: &mut Value) {
     const RECORDED_AT: [(&str, u32); 1] = [("gemm_packed", 2)];
-    let lookups = expected.as_object_mut().into_iter().flat_map(|fps| fps.values_mut());
+    let lookups = expected
+        .as_object_mut()
+        .into_iter()
+        .flat_map(|fps| fps.values_mut());
     for entry in lookups.flat_map(|per| per.as_object_mut().unwrap().values_mut()) {
         let kernel = entry["kernel"].as_str().unwrap_or_default().to_string();
         if let Some(&(_, v)) = RECORDED_AT.iter().find(|(k, _)| *k == kernel) {

@@ -71,8 +71,9 @@ pub const B_LAYOUT_VALUES: &[&str] = &[
 ];
 
 /// The fallback for a `gemm_bias_*` workload: like plain GEMM (direct for small M, packed
-/// otherwise), with the epilogue fused and B row-major (valid for every shape, and safe for
-/// weights that change between calls).
+/// otherwise), with the epilogue fused and B read row-major, packed during the call or in
+/// place as plain GEMM's default says (valid for every shape, and safe for weights that
+/// change between calls).
 pub fn default_family(w: &Workload) -> &'static dyn Kernel {
     let (m, _, _) = gemm_dims(w);
     if m <= DIRECT_DEFAULT_MAX_M {
@@ -139,7 +140,6 @@ impl Kernel for EpiloguePacked {
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
         let mut c = super::packed_default(&inner(w), hw);
         Fusion::Fused.set_in(&mut c);
-        BLayout::RowMajor.set_in(&mut c);
         c
     }
 
