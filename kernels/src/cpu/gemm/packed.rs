@@ -452,32 +452,33 @@ impl PackedGemm {
                                 ep,
                             ),
                         }
-                    } else {
-                        for ir in 0..full {
-                            let at = a_full.skip(ir, mr, kcb);
-                            self.uk
-                                .tile(kcb, at, bp, &mut c, ic + ir * mr, j, accumulate, ep);
-                        }
                     }
-                    if !a_edge.is_empty() {
-                        // A partial row tile of a whole column panel: exactly its rows,
-                        // straight into C, where the ISA has a direct kernel that size.
-                        let (ie, edge) = (ic + full * mr, mcb - full * mr);
-                        let done = j + nr <= c.cols()
-                            && self.uk.edge_rows(
-                                kcb,
-                                &a[(row0 + ie) * self.k + pc..],
-                                self.k,
-                                edge,
-                                bp,
-                                &mut c,
-                                (ie, j),
-                                accumulate,
-                                ep,
-                            );
+                    // Edge tiles (a partial column panel's row tiles, a partial row tile):
+                    // exactly their rows and the vectors their columns need, where the ISA
+                    // has a direct kernel that size, reading A in place; else the whole tile
+                    // into a buffer.
+                    let cols = nr.min(c.cols() - j);
+                    let whole_rows = if cols < nr { full } else { 0 };
+                    let edge_rows = mcb - full * mr;
+                    let tiles = (0..whole_rows).map(|ir| (ir * mr, mr, a_full.skip(ir, mr, kcb)));
+                    let last =
+                        (edge_rows > 0).then(|| (full * mr, edge_rows, ATiles::Packed(a_edge)));
+                    for (r0, rows, at) in tiles.chain(last) {
+                        let i = ic + r0;
+                        let a_rows = &a[(row0 + i) * self.k + pc..];
+                        let done = self.uk.edge(
+                            kcb,
+                            a_rows,
+                            self.k,
+                            (rows, cols),
+                            bp,
+                            &mut c,
+                            (i, j),
+                            accumulate,
+                            ep,
+                        );
                         if !done {
-                            let at = ATiles::Packed(a_edge);
-                            self.uk.tile(kcb, at, bp, &mut c, ie, j, accumulate, ep);
+                            self.uk.tile(kcb, at, bp, &mut c, i, j, accumulate, ep);
                         }
                     }
                 }

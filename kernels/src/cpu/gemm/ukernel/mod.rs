@@ -410,38 +410,28 @@ impl PackedUkernel {
                     Epi::NONE,
                 )
             }
-            for r in 0..rows {
-                let src = &buf[r * nr..r * nr + cols];
-                let dst = &mut c.row_mut(i + r)[j..j + cols];
-                if accumulate {
-                    dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
-                } else {
-                    dst.copy_from_slice(src);
-                }
-                if let Some(ep) = &ep {
-                    bias_act_row(dst, ep.bias, ep.act);
-                }
-            }
+            store_clipped(&buf, nr, (rows, cols), c, (i, j), accumulate, ep);
         }
     }
 
-    /// `C[i..i+rows, j..j+NR] (+)= A[..rows, ..k] · B_panel` for a partial row tile
-    /// (`rows < MR`) of a whole column panel, with no padding rows computed: A is read in place
-    /// (`rows` rows `lda` apart from the start of `a`), the B micro-panel (packed or in
-    /// place) as a row-major `k × NR` block, by the ISA's direct kernel of exactly `rows`
-    /// rows. With `ep`,
+    /// `C[i..i+rows, j..j+cols] (+)= A[..rows, ..k] · B_panel[.., ..cols]` for an edge tile
+    /// (`rows ≤ MR`, `cols ≤ NR`, not both whole) with nothing computed past its rows and
+    /// the whole vectors its columns need: A is read in place (`rows` rows `lda` apart from
+    /// the start of `a`), the B micro-panel (packed or in place) as a row-major block, by the
+    /// ISA's direct kernel of `rows` rows × `⌈cols/lanes⌉` vectors. A tile of whole vectors
+    /// goes straight into C, a narrower one through a stack buffer. With `ep`,
     /// `act(x + bias)` is stored. Returns false, doing nothing, when the ISA has no direct
     /// kernel that size (the caller then uses [`PackedUkernel::tile`]).
     ///
     /// Panics if A, the panel or the bias are too short or the block is not inside `c`.
     #[inline]
     #[allow(clippy::too_many_arguments)]
-    pub fn edge_rows(
+    pub fn edge(
         &self,
         k: usize,
         a: &[f32],
         lda: usize,
-        rows: usize,
+        (rows, cols): (usize, usize),
         b: BPanel<'_>,
         c: &mut CView<'_>,
         (i, j): (usize, usize),
@@ -449,27 +439,52 @@ impl PackedUkernel {
         ep: Option<TileEpilogue<'_>>,
     ) -> bool {
         let (lanes, table) = self.edge;
-        let nr = self.nr;
-        if rows == 0 || rows >= self.mr || !nr.is_multiple_of(lanes) {
+        let (mr, nr) = (self.mr, self.nr);
+        let whole = rows == mr && cols == nr;
+        if rows == 0 || cols == 0 || rows > mr || cols > nr || whole || !nr.is_multiple_of(lanes) {
             return false;
         }
-        let Some(f) = table(rows, nr / lanes) else {
+        let v = cols.div_ceil(lanes);
+        let Some(f) = table(rows, v) else {
             return false;
         };
+        let w = v * lanes;
         assert!(k >= 1 && k <= lda, "depth beyond the row stride");
         assert!(
             (rows - 1) * lda + k <= a.len() && b.holds(nr, k),
             "edge tile reads outside A or the panel"
         );
         let (bp, ldb) = b.parts(nr);
-        let epi = epi_for(ep.as_ref(), nr);
-        let (ldc, p) = (c.ld(), c.block_ptr(i, j, rows, nr));
-        // SAFETY: `self` was handed out only after checking that the CPU runs `self.isa`, and
-        // `table` is that ISA's direct table; A (rows × k, stride lda) and the panel (k rows
-        // of NR = (NR/lanes)·lanes values, stride ldb ≥ NR) are inside their slices (asserted
-        // above); `block_ptr` checked that the rows × NR block lies in `c`'s window; the
-        // bias, if any, holds NR values (asserted above).
-        unsafe { f(k, a.as_ptr(), lda, bp, ldb, p, ldc, 1, accumulate, epi) }
+        if w == cols {
+            let epi = epi_for(ep.as_ref(), w);
+            let (ldc, p) = (c.ld(), c.block_ptr(i, j, rows, w));
+            // SAFETY: `self` was handed out only after checking that the CPU runs
+            // `self.isa`, and `table` is that ISA's direct table; A (rows × k, stride lda)
+            // and the panel (k rows of w ≤ NR values, stride ldb ≥ NR) are inside their
+            // slices (asserted above); `block_ptr` checked that the rows × w block lies in
+            // `c`'s window; the bias, if any, holds w values (`epi_for` asserted it).
+            unsafe { f(k, a.as_ptr(), lda, bp, ldb, p, ldc, 1, accumulate, epi) }
+            return true;
+        }
+        let mut buf = [0.0f32; MAX_TILE];
+        debug_assert!(rows * w <= MAX_TILE);
+        // SAFETY: as above for the ISA, A and the panel; the destination is `buf`, a rows × w
+        // block with stride w (rows·w ≤ MR·NR ≤ MAX_TILE for every table entry).
+        unsafe {
+            f(
+                k,
+                a.as_ptr(),
+                lda,
+                bp,
+                ldb,
+                buf.as_mut_ptr(),
+                w,
+                1,
+                false,
+                Epi::NONE,
+            )
+        }
+        store_clipped(&buf, w, (rows, cols), c, (i, j), accumulate, ep);
         true
     }
 
@@ -509,6 +524,31 @@ impl PackedUkernel {
         // slices (asserted above); `block_ptr` checked that the whole `tiles·MR × NR` block
         // lies in `c`'s window; the bias, if any, holds at least NR values (asserted above).
         unsafe { f(k, ap, lda, bp, ldb, p, ld, tiles, accumulate, epi) }
+    }
+}
+
+/// Stores the `rows × cols` top-left block of `buf` (row stride `ld`) at `c[i.., j..]`,
+/// adding to what is there with `accumulate`, then applying `ep`.
+fn store_clipped(
+    buf: &[f32],
+    ld: usize,
+    (rows, cols): (usize, usize),
+    c: &mut CView<'_>,
+    (i, j): (usize, usize),
+    accumulate: bool,
+    ep: Option<TileEpilogue<'_>>,
+) {
+    for r in 0..rows {
+        let src = &buf[r * ld..r * ld + cols];
+        let dst = &mut c.row_mut(i + r)[j..j + cols];
+        if accumulate {
+            dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+        } else {
+            dst.copy_from_slice(src);
+        }
+        if let Some(ep) = &ep {
+            bias_act_row(dst, ep.bias, ep.act);
+        }
     }
 }
 
