@@ -40,7 +40,7 @@ use crate::cpu::amx::tiled::{Square, Tall, Wide};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::amx::AsmTiles;
 use crate::cpu::gemm::ukernel::simd::Epi;
-use crate::cpu::gemm::ukernel::{bias_act_row, epi_for, TileEpilogue};
+use crate::cpu::gemm::ukernel::{epi_for, store_clipped, TileEpilogue};
 use crate::cpu::gemm::view::CView;
 use crate::cpu::Isa;
 use body::widen_body;
@@ -310,18 +310,7 @@ impl Bf16Kernel {
             let out = buf.as_mut_ptr();
             (self.f)(steps, a.as_ptr(), b.as_ptr(), out, nr, 1, false, Epi::NONE)
         }
-        for r in 0..rows {
-            let src = &buf[r * nr..r * nr + cols];
-            let dst = &mut c.row_mut(i + r)[j..j + cols];
-            if accumulate {
-                dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
-            } else {
-                dst.copy_from_slice(src);
-            }
-            if let Some(ep) = &ep {
-                bias_act_row(dst, ep.bias, ep.act);
-            }
-        }
+        store_clipped(&buf, nr, (rows, cols), c, (i, j), accumulate, ep);
     }
 }
 

@@ -528,8 +528,9 @@ impl PackedUkernel {
 }
 
 /// Stores the `rows × cols` top-left block of `buf` (row stride `ld`) at `c[i.., j..]`,
-/// adding to what is there with `accumulate`, then applying `ep`.
-fn store_clipped(
+/// adding to what is there with `accumulate`, then applying `ep`: how a tile computed into
+/// a buffer reaches a window it sticks out of.
+pub(crate) fn store_clipped(
     buf: &[f32],
     ld: usize,
     (rows, cols): (usize, usize),
