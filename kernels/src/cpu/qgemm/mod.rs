@@ -39,7 +39,7 @@ use std::cell::Cell;
 
 use crate::cpu::gemm::epilogue::{gemm_operands, gemm_operands_prepared};
 use crate::cpu::gemm::pack::with_taken;
-use crate::cpu::gemm::ukernel::{bias_act_row, TileEpilogue};
+use crate::cpu::gemm::ukernel::{bias_act_row, prefetch_lines, TileEpilogue};
 use crate::cpu::knobs::{
     cap_rule, first_at_least, int_knob, int_listed, invalid, par_threads_listed,
     serial_iff_one_thread, str_knob, str_listed, thread_values, unsupported,
@@ -397,9 +397,12 @@ impl QGemm {
     /// panels `panels`, in blocks of [`row_block`] rows whose codes stay in L2: per block and
     /// panel, the depth in blocks of `kc` (the panel's block stays in cache — L1 for short
     /// blocks — while every row tile of the block streams past it), the i32 sums of the
-    /// block's row tiles kept until the panel is done, then dequantised into `out`; the bias
-    /// and activation every [`EPILOGUE_PANELS`] panels, over those columns while they are
-    /// still in cache.
+    /// block's row tiles kept across depth blocks, each tile dequantised into `out` as its
+    /// last depth block is done, its C lines fetched while its sums are computed (measured on
+    /// a Zen 4, `gemm:1024x1024x1024:i8` on 2 threads: the dequantisation 12.6% → ~5% of the
+    /// time, from a pass over the whole panel after all its tiles, which waited on C's
+    /// lines from memory); the bias and activation every [`EPILOGUE_PANELS`] panels, over
+    /// those columns while they are still in cache.
     fn rows(
         &self,
         qa: &QuantA,
@@ -431,10 +434,17 @@ impl QGemm {
                             _ => &qa.codes[(t0 + t) * mr * kp + k0..],
                         };
                         let tile = &mut acc[t * mr * nr..(t + 1) * mr * nr];
+                        if k0 + len == kp {
+                            self.prefetch_out(t * mr, panel, &out);
+                        }
                         self.uk.tile(len, a, kp, chunk, tile, k0 > 0);
+                        if k0 + len == kp {
+                            // Dequantised while the sums are in L1, and the stores to C
+                            // overlap the next tile's arithmetic.
+                            self.store(qa, qb, (r0, t * mr, panel), tile, &mut out);
+                        }
                     }
                 }
-                self.store(qa, qb, (r0, panel), &acc, &mut out);
                 // The bias and activation after the last panel of each group.
                 if let Some(e) = &ep {
                     let group =
@@ -459,22 +469,35 @@ impl QGemm {
         }
     }
 
-    /// Dequantises one column panel of every row of `out`, whose first row is row `r0` of
-    /// `qa`.
+    /// Fetches the C lines of one column panel of the row tile at row `i` of `out` into the
+    /// cache while its sums are computed: the dequantised stores then hit L1 instead of
+    /// waiting on lines from memory.
+    fn prefetch_out(&self, i: usize, panel: usize, out: &Out<'_>) {
+        let (mr, nr, ld) = (self.uk.mr, self.uk.nr, out.ld);
+        let cols = panel * nr - out.col0..((panel + 1) * nr).min(self.n) - out.col0;
+        for row in out.c.chunks_exact(ld).skip(i).take(mr) {
+            prefetch_lines(&row[cols.clone()]);
+        }
+    }
+
+    /// Dequantises one column panel of the row tile at row `i` of `out` (whose first row
+    /// is row `r0` of `qa`) from its sums `acc`: the tile's rows that `out` has.
     fn store(
         &self,
         qa: &QuantA,
         qb: &QuantB,
-        (r0, panel): (usize, usize),
+        (r0, i, panel): (usize, usize, usize),
         acc: &[i32],
         out: &mut Out<'_>,
     ) {
-        let (n, nr) = (self.n, self.uk.nr);
+        let (n, mr, nr, ld) = (self.n, self.uk.mr, self.uk.nr, out.ld);
         let cols = panel * nr..(panel * nr + nr).min(n);
         let at = cols.start - out.col0;
-        let a = (&qa.scale[r0..], &qa.zero[r0..]);
+        let rows = mr.min(out.c.len() / ld - i);
+        let a = (&qa.scale[r0 + i..], &qa.zero[r0 + i..]);
         let b = (&qb.colsum[cols.clone()], &qb.scale[cols]);
-        ukernel::dequantize_fast(a, b, (acc, nr), out.c, (out.ld, at));
+        let c = &mut out.c[i * ld..(i + rows) * ld];
+        ukernel::dequantize_fast(a, b, (acc, nr), c, (ld, at));
     }
 }
 

@@ -53,7 +53,8 @@ pub struct QuantA {
 pub fn quantize_rows(a: &[f32], k: usize, scheme: AQuant, max_code: u8, q: &mut QuantA) {
     let m = a.len() / k.max(1);
     q.kp = padded_k(k);
-    q.codes.clear();
+    // Every code is written below, so the buffer is not cleared first (a pass over m·kp
+    // bytes on every call); only the padding depths are zeroed.
     q.codes.resize(m * q.kp, 0);
     q.scale.resize(m, 1.0);
     q.zero.resize(m, 0);
@@ -64,6 +65,7 @@ pub fn quantize_rows(a: &[f32], k: usize, scheme: AQuant, max_code: u8, q: &mut 
         // f32 product, instead of finite values of its clamped codes.
         let scale = if stats.finite { scale } else { f32::NAN };
         let inv = 1.0 / scale;
+        q.codes[i * q.kp + k..(i + 1) * q.kp].fill(0);
         let codes = &mut q.codes[i * q.kp..i * q.kp + k];
         let (z, top) = (zero as f32, max_code as f32);
         for (c, &x) in codes.iter_mut().zip(row) {
