@@ -1,6 +1,6 @@
 //! The feature vector of one candidate: knobs plus derived quantities that explain speed.
 
-use kernels::cpu::gemm::params::{knob, Par, UkernelId};
+use kernels::cpu::gemm::params::{knob, ALayout, BLayout, Par, UkernelId};
 use kernels::cpu::Isa;
 use kernels::{Config, HardwareFingerprint, Workload};
 
@@ -196,11 +196,16 @@ pub fn features(w: &Workload, kernel: &str, c: &Config, hw: &HardwareFingerprint
     let padded = (mf / rows).ceil() * rows * (nf / cols).ceil() * cols;
     let k_blocks = (kf / kc).ceil();
     let n_blocks = if direct { 1.0 } else { (nf / nc).ceil() };
-    // Bytes packed per flop: A once per column block, B once (none for direct).
+    // Bytes packed per call per flop: A once per column block unless read in place, B once
+    // unless read in place or packed ahead (none for direct). A missing layout knob (older
+    // records, other families) counts as packed.
+    let a_packed = ALayout::of(c) != Some(ALayout::InPlace);
+    let b_packed = !matches!(BLayout::of(c), Some(BLayout::InPlace | BLayout::Prepacked));
     let pack_bytes = if direct {
         0.0
     } else {
-        eb * (mf * kf * n_blocks + kf * nf)
+        eb * (f64::from(u8::from(a_packed)) * mf * kf * n_blocks
+            + f64::from(u8::from(b_packed)) * kf * nf)
     };
     let flops = 2.0 * mf * nf * kf;
     // Times B is streamed from its row-major home: once per row tile for direct kernels,
@@ -299,6 +304,18 @@ mod tests {
         assert_eq!(get(&x, "par_m"), 1.0);
         assert_eq!(get(&x, "is_direct"), 0.0);
         assert_eq!(get(&x, "log2_b_streams"), 0.0, "B is packed once");
+        let flops = 2.0 * 100.0 * 64.0 * 256.0;
+        let both = 4.0 * (100.0 * 256.0 + 256.0 * 64.0) / flops;
+        assert!((get(&x, "pack_bytes_per_flop") - both).abs() < 1e-12);
+        // Read in place, an operand is not packed.
+        let mut inplace = c.clone();
+        inplace.set("b_layout", "inplace");
+        let x = features(&w, "gemm_packed", &inplace, &hw());
+        let a_only = 4.0 * 100.0 * 256.0 / flops;
+        assert!((get(&x, "pack_bytes_per_flop") - a_only).abs() < 1e-12);
+        inplace.set("a_layout", "inplace");
+        let x = features(&w, "gemm_packed", &inplace, &hw());
+        assert_eq!(get(&x, "pack_bytes_per_flop"), 0.0);
     }
 
     #[test]

@@ -422,20 +422,7 @@ impl PackedUkernel {
             // SAFETY: as above for the ISA, the A tile and the panel; the destination is
             // `buf`, an MR×NR block with stride NR (`mr·nr ≤ MAX_TILE` holds for every table
             // entry).
-            unsafe {
-                f(
-                    k,
-                    ap,
-                    lda,
-                    bp,
-                    ldb,
-                    buf.ptr(),
-                    nr,
-                    1,
-                    false,
-                    Epi::NONE,
-                )
-            }
+            unsafe { f(k, ap, lda, bp, ldb, buf.ptr(), nr, 1, false, Epi::NONE) }
             // SAFETY: the kernel wrote the whole MR×NR tile (no accumulate: nothing read).
             let buf = unsafe { buf.written(mr * nr) };
             store_clipped(buf, nr, (rows, cols), c, (i, j), accumulate, ep);
