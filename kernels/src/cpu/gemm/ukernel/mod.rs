@@ -6,6 +6,23 @@
 //! [`PackedUkernel`] or [`DirectUkernel`] can only be looked up when [`Isa::available`] says the
 //! CPU runs its ISA, and its `tile` methods check every extent before calling it.
 
+/// Defines, in an ISA module, `builds::<MR, NV>()`: the four builds of its `packed` wrapper
+/// for the `MR × W·NV` tile, by where A and B are read from ([`PackedFns`]).
+macro_rules! packed_builds {
+    () => {
+        /// The four builds of the packed `MR × W·NV` tile, by where A and B are read from.
+        const fn builds<const MR: usize, const NV: usize>() -> PackedFns {
+            PackedFns([
+                [packed::<MR, NV, true, true>, packed::<MR, NV, true, false>],
+                [
+                    packed::<MR, NV, false, true>,
+                    packed::<MR, NV, false, false>,
+                ],
+            ])
+        }
+    };
+}
+
 pub(crate) mod erf;
 pub(crate) mod simd;
 

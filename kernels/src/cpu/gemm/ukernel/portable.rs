@@ -147,16 +147,7 @@ pub(super) unsafe fn bias_act(row: *mut f32, bias: *const f32, n: usize, act: u8
     unsafe { bias_act_body::<Portable>(row, bias, n, act) }
 }
 
-/// The four builds of the packed `MR × W·NV` tile, by where A and B are read from.
-const fn builds<const MR: usize, const NV: usize>() -> PackedFns {
-    PackedFns([
-        [packed::<MR, NV, true, true>, packed::<MR, NV, true, false>],
-        [
-            packed::<MR, NV, false, true>,
-            packed::<MR, NV, false, false>,
-        ],
-    ])
-}
+packed_builds!();
 
 /// The packed shapes: (MR, NR, the kernel's builds).
 pub(super) const PACKED: &[(usize, usize, PackedFns)] =
