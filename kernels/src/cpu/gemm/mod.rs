@@ -296,7 +296,7 @@ fn default_a_layout(m: usize, kc: usize, hw: &HardwareFingerprint) -> ALayout {
 /// 1.01–1.44× on one thread up to M = 256 (1.44× at 32×3072×768, 1.06× at 128×768×768),
 /// 1.04–1.68× on two (1.2× on the M = 128 BERT shapes); even at 512×768×768 (0.99×, 1.04×);
 /// behind at 1024³ (0.95×, 0.98×).
-fn default_b_layout(m: usize) -> BLayout {
+pub fn default_b_layout(m: usize) -> BLayout {
     if m <= 512 {
         BLayout::InPlace
     } else {
