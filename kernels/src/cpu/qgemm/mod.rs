@@ -428,17 +428,18 @@ impl QGemm {
                 for k0 in (0..kp).step_by(kc) {
                     let len = kc.min(kp - k0);
                     let chunk = &bp[k0 * nr..(k0 + len) * nr];
+                    let last = k0 + len == kp;
                     for t in 0..block_tiles {
                         let a = match &edge {
                             Some(e) if t0 + t == tiles - 1 => &e[k0..],
                             _ => &qa.codes[(t0 + t) * mr * kp + k0..],
                         };
                         let tile = &mut acc[t * mr * nr..(t + 1) * mr * nr];
-                        if k0 + len == kp {
+                        if last {
                             self.prefetch_out(t * mr, panel, &out);
                         }
                         self.uk.tile(len, a, kp, chunk, tile, k0 > 0);
-                        if k0 + len == kp {
+                        if last {
                             // Dequantised while the sums are in L1, and the stores to C
                             // overlap the next tile's arithmetic.
                             self.store(qa, qb, (r0, t * mr, panel), tile, &mut out);
@@ -473,11 +474,17 @@ impl QGemm {
     /// cache while its sums are computed: the dequantised stores then hit L1 instead of
     /// waiting on lines from memory.
     fn prefetch_out(&self, i: usize, panel: usize, out: &Out<'_>) {
-        let (mr, nr, ld) = (self.uk.mr, self.uk.nr, out.ld);
-        let cols = panel * nr - out.col0..((panel + 1) * nr).min(self.n) - out.col0;
-        for row in out.c.chunks_exact(ld).skip(i).take(mr) {
+        let cols = self.panel_cols(panel);
+        let cols = cols.start - out.col0..cols.end - out.col0;
+        for row in out.c.chunks_exact(out.ld).skip(i).take(self.uk.mr) {
             prefetch_lines(&row[cols.clone()]);
         }
+    }
+
+    /// The columns of C that column panel `panel` covers.
+    fn panel_cols(&self, panel: usize) -> std::ops::Range<usize> {
+        let nr = self.uk.nr;
+        panel * nr..(panel * nr + nr).min(self.n)
     }
 
     /// Dequantises one column panel of the row tile at row `i` of `out` (whose first row
@@ -490,8 +497,8 @@ impl QGemm {
         acc: &[i32],
         out: &mut Out<'_>,
     ) {
-        let (n, mr, nr, ld) = (self.n, self.uk.mr, self.uk.nr, out.ld);
-        let cols = panel * nr..(panel * nr + nr).min(n);
+        let (mr, nr, ld) = (self.uk.mr, self.uk.nr, out.ld);
+        let cols = self.panel_cols(panel);
         let at = cols.start - out.col0;
         let rows = mr.min(out.c.len() / ld - i);
         let a = (&qa.scale[r0 + i..], &qa.zero[r0 + i..]);
