@@ -138,7 +138,7 @@ impl Kernel for EpiloguePacked {
     }
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
-        let mut c = super::packed_default(&inner(w), hw);
+        let mut c = Packed.default_config(&inner(w), hw);
         Fusion::Fused.set_in(&mut c);
         c
     }

@@ -186,8 +186,36 @@ impl Kernel for Packed {
         packed_space(w, hw, B_LAYOUT_VALUES)
     }
 
+    /// The analytic default, `b_layout` included (the epilogue family starts from it).
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
-        packed_default(w, hw)
+        let (m, n, k) = gemm_dims(w);
+        let uk = default_packed_ukernel(m, hw);
+        let (mr, nr) = (uk.mr, uk.nr);
+        let f = std::mem::size_of::<f32>();
+        // kc: an A micro-panel (MR×kc) and a B micro-panel (kc×NR) fill ~3/4 of L1; with
+        // AVX-512's wide panels B streams from L2 instead and only A's panel fills ~half of
+        // L1 (measured on a Zen 4: kc = 512 over the L1 rule's 128 by 1.04–1.13× on the
+        // BERT shapes and 1024³, and the pick of tuning there; on an Intel AVX-512 VM tuning
+        // picked 128 to 512).
+        let kc = match uk.isa {
+            Isa::Avx512 => snap(KC_VALUES, hw.l1d_bytes / 2 / (mr * f), k),
+            _ => snap(KC_VALUES, hw.l1d_bytes * 3 / 4 / ((mr + nr) * f), k),
+        };
+        // mc: the packed A block (mc×kc) fills ~half of L2.
+        let mc = snap(MC_VALUES, hw.l2_bytes / 2 / (kc * f), m);
+        // nc: the packed B block (kc×nc) fills ~a quarter of L3 (shared with other cores).
+        let nc = snap(NC_VALUES, hw.l3_bytes / 4 / (kc * f), n);
+        let par = default_par(w, hw, mr, nr);
+        Config::from_pairs([
+            (knob::UKERNEL, Value::from(uk.name.as_str())),
+            (knob::MC, mc.into()),
+            (knob::KC, kc.into()),
+            (knob::NC, nc.into()),
+            (knob::A_LAYOUT, default_a_layout(m, kc, hw).name().into()),
+            (knob::B_LAYOUT, default_b_layout(m).name().into()),
+            (knob::PAR, par.split().name().into()),
+            (knob::THREADS, par.threads().into()),
+        ])
     }
 
     fn build(&self, w: &Workload, c: &Config) -> Result<Box<dyn Executable>> {
@@ -216,38 +244,6 @@ pub(crate) fn packed_space(w: &Workload, hw: &HardwareFingerprint, b_values: &[&
         .rule("mc_not_beyond_m", cap_rule(knob::MC, MC_VALUES, m))
         .rule("kc_not_beyond_k", cap_rule(knob::KC, KC_VALUES, k))
         .rule("nc_not_beyond_n", cap_rule(knob::NC, NC_VALUES, n))
-}
-
-/// The default values of [`packed_space`]'s knobs (`b_layout`: `rowmajor` or `inplace`).
-pub(crate) fn packed_default(w: &Workload, hw: &HardwareFingerprint) -> Config {
-    let (m, n, k) = gemm_dims(w);
-    let uk = default_packed_ukernel(m, hw);
-    let (mr, nr) = (uk.mr, uk.nr);
-    let f = std::mem::size_of::<f32>();
-    // kc: an A micro-panel (MR×kc) and a B micro-panel (kc×NR) fill ~3/4 of L1; with
-    // AVX-512's wide panels B streams from L2 instead and only A's panel fills ~half of
-    // L1 (measured on a Zen 4: kc = 512 over the L1 rule's 128 by 1.04–1.13× on the
-    // BERT shapes and 1024³, and the pick of tuning there; on an Intel AVX-512 VM tuning
-    // picked 128 to 512).
-    let kc = match uk.isa {
-        Isa::Avx512 => snap(KC_VALUES, hw.l1d_bytes / 2 / (mr * f), k),
-        _ => snap(KC_VALUES, hw.l1d_bytes * 3 / 4 / ((mr + nr) * f), k),
-    };
-    // mc: the packed A block (mc×kc) fills ~half of L2.
-    let mc = snap(MC_VALUES, hw.l2_bytes / 2 / (kc * f), m);
-    // nc: the packed B block (kc×nc) fills ~a quarter of L3 (shared with other cores).
-    let nc = snap(NC_VALUES, hw.l3_bytes / 4 / (kc * f), n);
-    let par = default_par(w, hw, mr, nr);
-    Config::from_pairs([
-        (knob::UKERNEL, Value::from(uk.name.as_str())),
-        (knob::MC, mc.into()),
-        (knob::KC, kc.into()),
-        (knob::NC, nc.into()),
-        (knob::A_LAYOUT, default_a_layout(m, kc, hw).name().into()),
-        (knob::B_LAYOUT, default_b_layout(m).name().into()),
-        (knob::PAR, par.split().name().into()),
-        (knob::THREADS, par.threads().into()),
-    ])
 }
 
 impl Packed {
