@@ -266,27 +266,33 @@ fn main() {
             g.sampling_mode(SamplingMode::Flat);
             let mut ids = Vec::new();
             for (ti, &t) in threads.iter().enumerate() {
-                let rt = &runtimes[ti];
-                let default = &defaults[ti];
-                g.bench_function(BenchmarkId::new("tuned", format!("{t}t")), |bch| {
-                    bch.iter(|| rt.gemm(m, n, k, a, b, &mut out).unwrap())
-                });
-                g.bench_function(BenchmarkId::new("default", format!("{t}t")), |bch| {
-                    bch.iter(|| default.run_f32(&[a, b], &mut out).unwrap())
-                });
-                if t == 1 {
-                    g.bench_function(BenchmarkId::new("matrixmultiply", "1t"), |bch| {
-                        bch.iter(|| gemm_mm(m, n, k, a, b, &mut out))
-                    });
-                    ids.push("matrixmultiply/1t".to_string());
+                let (rt, default) = (&runtimes[ti], &defaults[ti]);
+                // Odd rounds run the implementations in reverse: none is always first after
+                // a pause (frequency ramp, the other vCPU's state) or always last.
+                let mut order = IMPLS.to_vec();
+                order.retain(|&imp| imp != "matrixmultiply" || t == 1);
+                if round % 2 == 1 {
+                    order.reverse();
                 }
-                g.bench_function(BenchmarkId::new("gemm", format!("{t}t")), |bch| {
-                    bch.iter(|| gemm_gemm(m, n, k, a, b, &mut out, t))
-                });
-                g.bench_function(BenchmarkId::new("faer", format!("{t}t")), |bch| {
-                    bch.iter(|| gemm_faer(m, n, k, a, b, &mut out, t))
-                });
-                for imp in ["tuned", "default", "gemm", "faer"] {
+                for imp in order {
+                    let id = BenchmarkId::new(imp, format!("{t}t"));
+                    match imp {
+                        "tuned" => g.bench_function(id, |bch| {
+                            bch.iter(|| rt.gemm(m, n, k, a, b, &mut out).unwrap())
+                        }),
+                        "default" => g.bench_function(id, |bch| {
+                            bch.iter(|| default.run_f32(&[a, b], &mut out).unwrap())
+                        }),
+                        "matrixmultiply" => g.bench_function(id, |bch| {
+                            bch.iter(|| gemm_mm(m, n, k, a, b, &mut out))
+                        }),
+                        "gemm" => g.bench_function(id, |bch| {
+                            bch.iter(|| gemm_gemm(m, n, k, a, b, &mut out, t))
+                        }),
+                        _ => g.bench_function(id, |bch| {
+                            bch.iter(|| gemm_faer(m, n, k, a, b, &mut out, t))
+                        }),
+                    };
                     ids.push(format!("{imp}/{t}t"));
                 }
             }
