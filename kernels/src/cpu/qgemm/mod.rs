@@ -401,8 +401,8 @@ impl QGemm {
     /// last depth block is done, its C lines fetched while its sums are computed (measured on
     /// a Zen 4, `gemm:1024x1024x1024:i8` on 2 threads: the dequantisation 12.6% → ~5% of the
     /// time, from a pass over the whole panel after all its tiles, which waited on C's
-    /// lines from memory); the bias and activation every [`EPILOGUE_PANELS`] panels, over
-    /// those columns while they are still in cache.
+    /// lines from memory), then the bias and activation applied to the tile's rows while
+    /// they are in L1.
     fn rows(
         &self,
         qa: &QuantA,
@@ -440,33 +440,14 @@ impl QGemm {
                         }
                         self.uk.tile(len, a, kp, chunk, tile, k0 > 0);
                         if last {
-                            // Dequantised while the sums are in L1, and the stores to C
-                            // overlap the next tile's arithmetic.
-                            self.store(qa, qb, (r0, t * mr, panel), tile, &mut out);
+                            // Dequantised (bias and activation too) while the sums are in
+                            // L1, and the stores to C overlap the next tile's arithmetic.
+                            let at = (r0, t * mr, panel);
+                            self.store(qa, qb, at, tile, ep.as_ref(), &mut out);
                         }
                     }
                 }
-                // The bias and activation after the last panel of each group.
-                if let Some(e) = &ep {
-                    let group =
-                        panels.start + (panel - panels.start) / EPILOGUE_PANELS * EPILOGUE_PANELS;
-                    let done = panel + 1;
-                    if done - group == EPILOGUE_PANELS || done == panels.end {
-                        self.bias_act(e, group..done, &mut out);
-                    }
-                }
             }
-        }
-    }
-
-    /// `act(x + bias)` over the columns of `panels` in every row of `out`.
-    fn bias_act(&self, e: &TileEpilogue<'_>, panels: std::ops::Range<usize>, out: &mut Out<'_>) {
-        let nr = self.uk.nr;
-        let cols = panels.start * nr..(panels.end * nr).min(self.n);
-        let bias = &e.bias[cols.clone()];
-        let cols = cols.start - out.col0..cols.end - out.col0;
-        for row in out.c.chunks_exact_mut(out.ld) {
-            bias_act_row(&mut row[cols.clone()], bias, e.act);
         }
     }
 
@@ -495,6 +476,7 @@ impl QGemm {
         qb: &QuantB,
         (r0, i, panel): (usize, usize, usize),
         acc: &[i32],
+        ep: Option<&TileEpilogue<'_>>,
         out: &mut Out<'_>,
     ) {
         let (mr, nr, ld) = (self.uk.mr, self.uk.nr, out.ld);
@@ -502,9 +484,15 @@ impl QGemm {
         let at = cols.start - out.col0;
         let rows = mr.min(out.c.len() / ld - i);
         let a = (&qa.scale[r0 + i..], &qa.zero[r0 + i..]);
-        let b = (&qb.colsum[cols.clone()], &qb.scale[cols]);
+        let b = (&qb.colsum[cols.clone()], &qb.scale[cols.clone()]);
         let c = &mut out.c[i * ld..(i + rows) * ld];
         ukernel::dequantize_fast(a, b, (acc, nr), c, (ld, at));
+        if let Some(e) = ep {
+            let bias = &e.bias[cols.clone()];
+            for row in c.chunks_exact_mut(ld) {
+                bias_act_row(&mut row[at..at + cols.len()], bias, e.act);
+            }
+        }
     }
 }
 
@@ -532,11 +520,6 @@ fn l2_bytes() -> usize {
         b => b,
     }
 }
-
-/// Column panels whose bias and activation are applied together: one vector loop over
-/// 64–256 columns per row, while the rows just dequantised are still in L1/L2 (applied to
-/// all of a task's columns at the end, they would come back from L3 or memory).
-const EPILOGUE_PANELS: usize = 4;
 
 /// Where a task's rows go: `c` with rows `ld` apart, holding the columns from `col0` on.
 struct Out<'a> {
