@@ -441,8 +441,9 @@ pub(crate) unsafe fn packed_body<
     }
 }
 
-/// One k step of [`packed_body`] (and of the attention scores tile): NV vectors of B, MR
-/// broadcasts of A `a_rs` apart (1 for a packed A micro-panel), MR·NV FMAs.
+/// One k step of [`packed_body`], [`direct_body`] and the attention scores tile: NV vectors
+/// of B, MR broadcasts of A `a_rs` apart (1 for a packed A micro-panel, the row stride for A
+/// in place), MR·NV FMAs.
 ///
 /// # Safety
 /// The CPU supports `S`'s ISA; `a + r·a_rs` is readable for `r < MR` and `b` for `NV·W`
@@ -472,33 +473,6 @@ pub(crate) unsafe fn packed_step_strided<S: Simd, const MR: usize, const NV: usi
 /// Below this many accumulators a direct tile splits its depth over two sets of them: one
 /// FMA chain per accumulator, and two FMA pipes of 4-cycle latency need 8 chains in flight.
 const DIRECT_CHAINS: usize = 8;
-
-/// One depth step of [`direct_body`]: `V` vectors of B's row at `b`, `R` broadcasts of A
-/// (`a + r·lda`), `R·V` FMAs.
-///
-/// # Safety
-/// The CPU supports `S`'s ISA; `a + r·lda` is readable for `r < R`, `b` for `V·W` values.
-#[inline(always)]
-unsafe fn direct_step<S: Simd, const R: usize, const V: usize>(
-    acc: &mut [[S::V; V]; R],
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-) {
-    // SAFETY: the caller guarantees the ISA and the extents (r < R, v < V).
-    unsafe {
-        let mut bv = [S::zero(); V];
-        for (v, x) in bv.iter_mut().enumerate() {
-            *x = S::load(b.add(v * S::W));
-        }
-        for (r, row) in acc.iter_mut().enumerate() {
-            let ar = S::splat(a.add(r * lda));
-            for v in 0..V {
-                row[v] = S::fmadd(ar, bv[v], row[v]);
-            }
-        }
-    }
-}
 
 /// Direct (unpacked) micro-kernel: `tiles` tiles side by side, each
 /// `C[R × V·W] (+)= A[R × k] · B[k × V·W]`, reading row-major A (row stride `lda`) and B
@@ -538,8 +512,8 @@ pub(crate) unsafe fn direct_body<S: Simd, const R: usize, const V: usize>(
                 // 100-column GEMM took 21% of `gemm:100x100x100` for 4% of its columns).
                 let mut odd = [[S::zero(); V]; R];
                 while p + 1 < k {
-                    direct_step::<S, R, V>(&mut acc, a.add(p), lda, bp);
-                    direct_step::<S, R, V>(&mut odd, a.add(p + 1), lda, bp.add(ldb));
+                    packed_step_strided::<S, R, V>(&mut acc, a.add(p), lda, bp);
+                    packed_step_strided::<S, R, V>(&mut odd, a.add(p + 1), lda, bp.add(ldb));
                     (p, bp) = (p + 2, bp.add(2 * ldb));
                 }
                 for (row, o) in acc.iter_mut().zip(&odd) {
@@ -549,7 +523,7 @@ pub(crate) unsafe fn direct_body<S: Simd, const R: usize, const V: usize>(
                 }
             }
             for p in p..k {
-                direct_step::<S, R, V>(&mut acc, a.add(p), lda, bp);
+                packed_step_strided::<S, R, V>(&mut acc, a.add(p), lda, bp);
                 bp = bp.add(ldb);
             }
             let ep_t = Epi {
