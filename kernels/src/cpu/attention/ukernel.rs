@@ -13,6 +13,7 @@ use crate::cpu::gemm::ukernel::avx2::Avx2;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::gemm::ukernel::avx512::Avx512;
 use crate::cpu::gemm::ukernel::portable::Portable;
+use crate::cpu::gemm::ukernel::prefetch_lines;
 use crate::cpu::gemm::ukernel::simd::{exp2_nonpos, packed_step_strided, Simd};
 use crate::cpu::Isa;
 
@@ -246,12 +247,12 @@ impl AttnTile {
             // Copies of a compile-time length for the usual widths: a short copy_from_slice
             // of run-time length is a memcpy call per row (measured: 4% of a 128-key head).
             match (w, n) {
-                (8, 8) => copy_rows::<8>(stripe, src, ld, c0),
-                (16, 16) => copy_rows::<16>(stripe, src, ld, c0),
-                (24, 24) => copy_rows::<24>(stripe, src, ld, c0),
-                (32, 32) => copy_rows::<32>(stripe, src, ld, c0),
-                (48, 48) => copy_rows::<48>(stripe, src, ld, c0),
-                (64, 64) => copy_rows::<64>(stripe, src, ld, c0),
+                (8, 8) => copy_rows::<8>(stripe, src, (ld, d), c0, c0 == 0),
+                (16, 16) => copy_rows::<16>(stripe, src, (ld, d), c0, c0 == 0),
+                (24, 24) => copy_rows::<24>(stripe, src, (ld, d), c0, c0 == 0),
+                (32, 32) => copy_rows::<32>(stripe, src, (ld, d), c0, c0 == 0),
+                (48, 48) => copy_rows::<48>(stripe, src, (ld, d), c0, c0 == 0),
+                (64, 64) => copy_rows::<64>(stripe, src, (ld, d), c0, c0 == 0),
                 _ => {
                     for (j, dst) in stripe.chunks_exact_mut(w).enumerate() {
                         dst[..n].copy_from_slice(&src[j * ld + c0..][..n]);
@@ -265,8 +266,19 @@ impl AttnTile {
 }
 
 /// `dst` row `j` (N values) ← `src[j·d + c0..][..N]`, for every N-value row of `dst`.
-fn copy_rows<const N: usize>(dst: &mut [f32], src: &[f32], ld: usize, c0: usize) {
+/// Rows 8 ahead are prefetched (whole rows of `d` values, with `ahead`: the first stripe).
+fn copy_rows<const N: usize>(
+    dst: &mut [f32],
+    src: &[f32],
+    (ld, d): (usize, usize),
+    c0: usize,
+    ahead: bool,
+) {
+    let rows = dst.len() / N;
     for (j, x) in dst.chunks_exact_mut(N).enumerate() {
+        if ahead && j + 8 < rows {
+            prefetch_lines(&src[(j + 8) * ld..][..d]);
+        }
         let x: &mut [f32; N] = x.try_into().expect("N values");
         let y: &[f32; N] = src[j * ld + c0..][..N].try_into().expect("N values");
         *x = *y;
@@ -308,6 +320,10 @@ pub fn pack_keys(
         let (g8, c8) = if simd { (keys / 8, d / 8) } else { (0, 0) };
         #[cfg(target_arch = "x86_64")]
         for g in 0..g8 {
+            // The rows two groups ahead, on their way from L3 while these are transposed.
+            for r in first + (g + 2) * 8..(first + (g + 3) * 8).min(j0 + kv) {
+                prefetch_lines(&k[r * ld..][..d]);
+            }
             for cb in 0..c8 {
                 let src = &k[(first + g * 8) * ld + cb * 8..];
                 let dst = &mut panel[cb * 8 * nr + g * 8..];
