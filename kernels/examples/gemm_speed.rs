@@ -13,28 +13,51 @@
 //! cargo run --release -p kernels --example gemm_speed -- peak [threads]
 //!     the FMA peak
 //! ```
-//! Shapes are M×N×K (`gemm:`), or give a whole workload key. Every measured config is first checked against the f64 reference.
+//! Shapes are M×N×K (`gemm:`), or give a whole workload key. `--qkv-rows` times attention
+//! on BERT's layout (one `[B·S, 3·H·D]` matrix in), as the runtime's encoder calls it. Every measured config is first checked against the f64 reference.
 
 use std::time::Instant;
 
 use kernels::cpu::peak::fma_peak_gflops;
 use kernels::{default_for, kernel, Config, Executable, HardwareFingerprint, Problem, Workload};
 
-/// GFLOP/s of `samples` samples of at least `min_secs` each, slowest first.
-fn rates(exe: &dyn Executable, p: &Problem, samples: usize, min_secs: f64) -> Vec<f64> {
+/// GFLOP/s of `samples` samples of at least `min_secs` each, slowest first. With
+/// `qkv_rows`, attention runs on BERT's layout: one `[B·S, 3·H·D]` matrix of Q, K and V rows
+/// in, `[B·S, H·D]` out (what the runtime's encoder calls), instead of `[B, H, S, D]` operands.
+fn rates(
+    exe: &dyn Executable,
+    p: &Problem,
+    qkv_rows: bool,
+    samples: usize,
+    min_secs: f64,
+) -> Vec<f64> {
     let inputs = p.input_slices();
     let mut c = p.output();
-    exe.run_f32(&inputs, &mut c).unwrap();
+    let qkv: Vec<f32> = if qkv_rows {
+        (0..3 * c.len())
+            .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut call = || match qkv_rows {
+        true => exe
+            .run_qkv_rows(&qkv, None, &mut c)
+            .expect("--qkv-rows: an attention workload")
+            .unwrap(),
+        false => exe.run_f32(&inputs, &mut c).unwrap(),
+    };
+    call();
     // Calibrate repetitions per sample.
     let t = Instant::now();
-    exe.run_f32(&inputs, &mut c).unwrap();
+    call();
     let one = t.elapsed().as_secs_f64().max(1e-7);
     let reps = ((min_secs / one).ceil() as usize).max(1);
     let mut rates: Vec<f64> = (0..samples)
         .map(|_| {
             let t = Instant::now();
             for _ in 0..reps {
-                exe.run_f32(&inputs, &mut c).unwrap();
+                call();
             }
             p.workload.flops() * reps as f64 / t.elapsed().as_secs_f64() / 1e9
         })
@@ -63,6 +86,7 @@ fn main() {
     let p = Problem::random(&w, 1);
     let reference = p.reference();
     let sweep = args.iter().any(|a| a == "--sweep");
+    let qkv = args.iter().any(|a| a == "--qkv-rows");
     let (family, config) = match args.get(1) {
         None => {
             let (k, c) = default_for(&w, hw).unwrap();
@@ -111,8 +135,8 @@ fn main() {
         check(b.as_ref());
         let pairs: Vec<(f64, f64)> = (0..41)
             .map(|_| {
-                let ra = median(&rates(a.as_ref(), &p, 1, 0.02));
-                (ra, median(&rates(b.as_ref(), &p, 1, 0.02)))
+                let ra = median(&rates(a.as_ref(), &p, qkv, 1, 0.02));
+                (ra, median(&rates(b.as_ref(), &p, qkv, 1, 0.02)))
             })
             .collect();
         let ratio: Vec<f64> = pairs.iter().map(|(a, b)| b / a).collect();
@@ -130,7 +154,7 @@ fn main() {
         let exe = prepare(&config);
         check(exe.as_ref());
         let runs: Vec<f64> = (0..3)
-            .map(|_| median(&rates(exe.as_ref(), &p, 9, 0.05)))
+            .map(|_| median(&rates(exe.as_ref(), &p, qkv, 9, 0.05)))
             .collect();
         println!(
             "{w} {} {config}: {:.1} GFLOP/s (runs {runs:.1?})",
@@ -146,7 +170,7 @@ fn main() {
         .map(|c| {
             let exe = family.prepare(&w, &c).expect("valid config");
             check(exe.as_ref());
-            (median(&rates(exe.as_ref(), &p, 5, 0.01)), c)
+            (median(&rates(exe.as_ref(), &p, qkv, 5, 0.01)), c)
         })
         .collect();
     results.sort_by(|a, b| a.0.total_cmp(&b.0));

@@ -170,6 +170,10 @@ impl FusedAttention {
                 _ => {
                     self.steps(cx, hd, (i0, rows), (&mut *oscr, dp), scratch);
                     for r in 0..rows {
+                        // Rows a row stride apart, missing every cache: fetched 4 ahead.
+                        if r + 4 < rows {
+                            prefetch_lines(out.row_mut(r + 4));
+                        }
                         out.row_mut(r).copy_from_slice(&oscr[r * dp..][..d]);
                     }
                 }
@@ -242,9 +246,13 @@ impl FusedAttention {
                 // the Zen 4 with the keys' and values' packing fetching ahead likewise,
                 // `attention:8x12x128x64` 1.05× (1 and 2 threads, alternating binaries,
                 // medians of 15–18 samples), `1x12x128x64` unchanged.
+                // Its output rows likewise, which the last step stores into.
                 if j0 == 0 {
                     for r in (r0 + mr)..(r0 + 2 * mr).min(i0 + rows) {
                         prefetch_lines(&qh[r * ld..r * ld + d]);
+                    }
+                    for r in g0..g0 + valid {
+                        prefetch_lines(&o[r * ldo..][..d]);
                     }
                 }
                 self.tile.step(

@@ -27,6 +27,7 @@
 //! ```
 
 use super::convert::{slot_in, to_bf16, to_bf16_wide};
+use crate::cpu::gemm::ukernel::prefetch_lines;
 
 /// The arrangement of a B panel's bf16 values and of packed A (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -167,6 +168,11 @@ pub fn pack_a_pair_rows(
         .enumerate()
     {
         if i < mc {
+            // The row 8 ahead on its way from L3 (attention's queries, a head's rows one
+            // row stride apart) while this one is converted.
+            if i + 8 < mc {
+                prefetch_lines(&a[(i0 + i + 8) * lda + p0..][..kc]);
+            }
             to_bf16_wide(&a[(i0 + i) * lda + p0..][..kc], &mut dst[..kc]);
             dst[kc..].fill(0);
         } else {

@@ -22,6 +22,7 @@
 
 use crate::cpu::bgemm::convert::{to_bf16_slice, to_bf16_wide};
 use crate::cpu::bgemm::ukernel::body::{pair_body, DotBf16, PairsA};
+use crate::cpu::gemm::ukernel::prefetch_lines;
 use crate::cpu::gemm::ukernel::simd::{exp2_nonpos, Epi, Simd};
 
 /// Lanes of a `vdpbf16ps` accumulator (zmm, 16 f32).
@@ -347,6 +348,10 @@ pub fn pack_keys((k, ld): (&[f32], usize), d: usize, nr: usize, klen: usize, out
     let panel = d.div_ceil(2) * nr;
     let mut h = [0u16; 64];
     for j in 0..klen {
+        // The row 8 keys ahead on its way (from L3 when a batch's heads outgrow L2).
+        if j + 8 < klen {
+            prefetch_lines(&k[(j + 8) * ld..][..d]);
+        }
         let at = &mut out[j / nr * panel + j % nr..];
         for (piece, part) in k[j * ld..][..d].chunks(64).enumerate() {
             to_bf16_wide(part, &mut h);
@@ -375,6 +380,9 @@ pub fn pack_values(
     for jp in 0..klen.div_ceil(2) {
         let even = &v[2 * jp * ld..][..d];
         let odd = (2 * jp + 1 < klen).then(|| &v[(2 * jp + 1) * ld..][..d]);
+        for ahead in [2 * jp + 8, 2 * jp + 9].into_iter().filter(|&r| r < klen) {
+            prefetch_lines(&v[ahead * ld..][..d]);
+        }
         for c0 in (0..d).step_by(64) {
             let cols = 64.min(d - c0);
             to_bf16_wide(&even[c0..c0 + cols], &mut lo);
