@@ -355,7 +355,7 @@ pub fn pack_keys(
 /// each, `i, j < 8`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn transpose8_avx2(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
+pub(crate) unsafe fn transpose8_avx2(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
     use std::arch::x86_64::*;
     // SAFETY: the caller guarantees AVX2 and the extents of the 8 loads and 8 stores.
     unsafe {

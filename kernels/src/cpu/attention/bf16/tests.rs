@@ -298,7 +298,7 @@ fn spaces_follow_the_fingerprint_and_support_this_cpu() {
 
 /// The packers against their layouts written out element by element: odd D, D past one
 /// 32-column stripe, D past several 64-value conversion pieces (300), odd key lengths,
-/// length 0; rows adjacent (`ld = D`) and rows of a wider matrix (a fused QKV row). Queries
+/// length 0, groups of 8 keys across panels (BERT's D = 64); rows adjacent (`ld = D`) and rows of a wider matrix (a fused QKV row). Queries
 /// are packed as the bf16 GEMM's A rows (`pack_a_pair_rows`, tested with it).
 #[test]
 fn packers_follow_their_layouts() {
@@ -309,6 +309,9 @@ fn packers_follow_their_layouts() {
         (13, 80, 64, 13),
         (5, 300, 32, 4),
         (3, 33, 32, 0),
+        // Whole groups of 8 keys (the transposing path) across panels, and a tail.
+        (70, 64, 32, 67),
+        (40, 37, 64, 40),
     ] {
         for ld in [d, 3 * d + 1] {
             let x: Vec<f32> = (0..(s - 1) * ld + d)

@@ -343,12 +343,69 @@ pub fn tile(name: &str) -> Option<&'static Bf16Tile> {
 /// Packs keys `0..klen` of one head (`k`: rows of `D` values, `ld` apart) as bf16 pair
 /// words into panels of `nr` keys, `[depth pair][key]` each (word: depths `2s`, `2s + 1` of
 /// one key; `⌈D/2⌉·nr` words per panel, `⌈S/nr⌉` panels); `out` must be zero (keys past
-/// `klen` and the odd depth past `D` stay zero).
+/// `klen` and the odd depth past `D` stay zero). With AVX2, `nr` a multiple of 8 and
+/// `D ≤ 128`, whole groups of 8 keys are converted into a row-major block and moved by 8×8
+/// transposes of pair words (one word per store, scattered `nr` apart, took 7.5% of
+/// `attention:8x12x128x64:bf16`).
 pub fn pack_keys((k, ld): (&[f32], usize), d: usize, nr: usize, klen: usize, out: &mut [u32]) {
-    let panel = d.div_ceil(2) * nr;
+    let dsteps = d.div_ceil(2);
+    let panel = dsteps * nr;
+    assert!(
+        klen == 0 || k.len() >= (klen - 1) * ld + d,
+        "keys too short"
+    );
+    assert!(
+        out.len() >= klen.div_ceil(nr) * panel,
+        "key panels too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    let groups = if nr.is_multiple_of(8) && dsteps <= 64 && crate::cpu::Isa::Avx2.available() {
+        klen / 8
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let groups = 0;
+    let mut block = [0u32; 8 * 64];
+    for g in 0..groups {
+        let j0 = 8 * g;
+        for r in 0..8 {
+            if j0 + r + 8 < klen {
+                prefetch_lines(&k[(j0 + r + 8) * ld..][..d]);
+            }
+            let row = &mut block[r * dsteps..(r + 1) * dsteps];
+            let halves =
+                &mut crate::cpu::bgemm::ukernel::halves_mut(words_as_f32(row))[..2 * dsteps];
+            to_bf16_wide(&k[(j0 + r) * ld..][..d], &mut halves[..d]);
+            halves[d..].fill(0);
+        }
+        // Groups of 8 never cross a panel (`nr` is a multiple of 8).
+        let at = j0 / nr * panel + j0 % nr;
+        let whole = dsteps / 8 * 8;
+        #[cfg(target_arch = "x86_64")]
+        for s0 in (0..whole).step_by(8) {
+            let dst = &mut out[at + s0 * nr..];
+            assert!(dst.len() >= 7 * nr + 8 && s0 + 8 <= dsteps);
+            // SAFETY: AVX2 runs here (checked with `groups`); the 8 source rows of 8 words
+            // (`dsteps` apart, from `s0`) lie in `block`, and the 8 destination rows of 8
+            // words (`nr` apart) in `dst` (asserted just above). Words move bit for bit.
+            unsafe {
+                super::super::ukernel::transpose8_avx2(
+                    block.as_ptr().add(s0).cast(),
+                    dsteps,
+                    dst.as_mut_ptr().cast(),
+                    nr,
+                )
+            };
+        }
+        for s in whole..dsteps {
+            for r in 0..8 {
+                out[at + s * nr + r] = block[r * dsteps + s];
+            }
+        }
+    }
     let mut h = [0u16; 64];
-    for j in 0..klen {
-        // The row 8 keys ahead on its way (from L3 when a batch's heads outgrow L2).
+    for j in 8 * groups..klen {
         if j + 8 < klen {
             prefetch_lines(&k[(j + 8) * ld..][..d]);
         }
@@ -361,6 +418,13 @@ pub fn pack_keys((k, ld): (&[f32], usize), d: usize, nr: usize, klen: usize, out
             }
         }
     }
+}
+
+/// `words` viewed as f32 values (the bf16 helpers' buffer type); bits unchanged.
+fn words_as_f32(words: &mut [u32]) -> &mut [f32] {
+    // SAFETY: `u32` and `f32` have the same size and alignment and every bit pattern is a
+    // valid value of both; the borrow of `words` is moved into the result.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<f32>(), words.len()) }
 }
 
 /// Packs values `0..klen` of one head (`v`: rows of `D` values, `ld` apart) as bf16 pair
