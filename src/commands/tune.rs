@@ -533,9 +533,10 @@ fn shard_plan(
             duration(cost(&all)),
             db_path.display()
         );
+        let width = mine.iter().map(|w| w.key().len()).max().unwrap_or(0);
         for w in &mine {
             println!(
-                "{:>24}  ~{}",
+                "  {:<width$}  ~{}",
                 w.key(),
                 duration(estimated_cost_s(w, budget))
             );
