@@ -19,8 +19,8 @@
 //! Depth: the driver pads K to a multiple of 4; the kernel steps it by 64. A remainder below
 //! 64 is copied, zero-padded to 64, into staging tiles on the stack (A: `MR × 64` bytes;
 //! B: 16 rows × `4·NR`) and takes one more step: the zeros add nothing, and no load reads past
-//! the operands. The tile state is configured at the start of every call and released at its
-//! end (the session's `Drop`, on every path).
+//! the operands. The tile state is configured at the start of every call (for a run of row
+//! tiles, [`dots`]) and released at its end (the session's `Drop`, on every path).
 
 #[cfg(test)]
 use super::ukernel::{DotFn, DotKernel};
@@ -30,9 +30,11 @@ pub(super) use crate::cpu::amx::tiled::{Square, Tall, Wide};
 use crate::cpu::amx::Emulated;
 use crate::cpu::amx::{bytes, bytes_mut, TileUnit, Tiles};
 
-/// The kernel body on `unit`: `kp` (a multiple of 4) depths of `a` (`RT·rows` rows `lda`
-/// apart) times the B panel chunk `b` (`kp/4` group rows of `NR·4` codes), into `acc`
-/// (`RT·rows × NR` i32), added to its values when `accumulate`.
+/// The kernel body on `unit`: `tiles` row tiles (`RT·rows` rows each, `lda` apart, one
+/// after the other in `a`) of `kp` (a multiple of 4) depths times the B panel chunk `b`
+/// (`kp/4` group rows of `NR·4` codes), into `acc` (`RT·rows × NR` i32 per tile, one after
+/// the other), added to its values when `accumulate`. The tiles are configured once for all
+/// of them.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn body<U: TileUnit, L: Arrangement>(
     unit: &mut U,
@@ -43,11 +45,15 @@ pub(super) fn body<U: TileUnit, L: Arrangement>(
     b: &[i8],
     acc: &mut [i32],
     accumulate: bool,
+    tiles: usize,
 ) {
-    let nr = L::CT * 16;
+    let (mr, nr) = (L::RT * rows, L::CT * 16);
     let mut t = Tiles::configure(unit, L::config(rows));
-    let (b, acc) = (bytes(b), bytes_mut(acc));
-    tiled::run::<U, L, DpBusd>(&mut t, rows, kp, a, lda, b, acc, 4 * nr, accumulate);
+    for i in 0..tiles {
+        let acc = bytes_mut(&mut acc[i * mr * nr..(i + 1) * mr * nr]);
+        let a = &a[i * mr * lda..];
+        tiled::run::<U, L, DpBusd>(&mut t, rows, kp, a, lda, bytes(b), acc, 4 * nr, accumulate);
+    }
 }
 
 /// The driver's entry point (`DotFn`) for arrangement `L`, tiles of `ROWS` rows, on the tile
@@ -65,30 +71,52 @@ pub(super) unsafe fn dot<U: TileUnit, L: Arrangement, const ROWS: usize>(
     acc: *mut i32,
     accumulate: bool,
 ) {
+    // SAFETY: the caller's contract is `dots`' with one tile.
+    unsafe { dots::<U, L, ROWS>(kp, a, lda, b, acc, accumulate, 1) }
+}
+
+/// [`dot`] for `tiles` row tiles stacked (`DotsFn`): one tile configuration for all of them
+/// (`ldtilecfg` and `tilerelease` are not free: a 32×32 tile of K = 768 is only 48 `tdpbusd`).
+///
+/// # Safety
+/// As [`dot`], with `tiles·MR` rows of `a` and `tiles·MR·NR` values of `acc`; `tiles ≥ 1`.
+pub(super) unsafe fn dots<U: TileUnit, L: Arrangement, const ROWS: usize>(
+    kp: usize,
+    a: *const u8,
+    lda: usize,
+    b: *const i8,
+    acc: *mut i32,
+    accumulate: bool,
+    tiles: usize,
+) {
     let (mr, nr) = (L::RT * ROWS, L::CT * 16);
     // SAFETY: the extents are the caller's contract (see above).
     let (a, b, acc) = unsafe {
         (
-            std::slice::from_raw_parts(a, (mr - 1) * lda + kp),
+            std::slice::from_raw_parts(a, (tiles * mr - 1) * lda + kp),
             std::slice::from_raw_parts(b, kp * nr),
-            std::slice::from_raw_parts_mut(acc, mr * nr),
+            std::slice::from_raw_parts_mut(acc, tiles * mr * nr),
         )
     };
     let mut unit = U::open().expect("the AMX tile unit opens where the kernel is available");
-    body::<U, L>(&mut unit, ROWS, kp, a, lda, b, acc, accumulate);
+    body::<U, L>(&mut unit, ROWS, kp, a, lda, b, acc, accumulate, tiles);
 }
 
 /// The AMX kernels on the emulated tile unit: the same bodies as the real ones in
 /// [`super::ukernel::KERNELS`] (a twin of each, same name and tile), plus odd tile rows.
 #[cfg(test)]
 pub(super) static EMULATED: &[DotKernel] = &[
-    emulated("amx_32x32", 32, 32, dot::<Emulated, Square, 16>),
-    emulated("amx_16x64", 16, 64, dot::<Emulated, Wide, 16>),
-    emulated("amx_64x16", 64, 16, dot::<Emulated, Tall, 16>),
-    emulated("amx_8x64", 8, 64, dot::<Emulated, Wide, 8>),
-    emulated("amx_6x32 (rows 3)", 6, 32, dot::<Emulated, Square, 3>),
-    emulated("amx_1x64 (rows 1)", 1, 64, dot::<Emulated, Wide, 1>),
-    emulated("amx_20x16 (rows 5)", 20, 16, dot::<Emulated, Tall, 5>),
+    emulated("amx_32x32", 32, 32, dot::<Emulated, Square, 16>)
+        .with_many(dots::<Emulated, Square, 16>),
+    emulated("amx_16x64", 16, 64, dot::<Emulated, Wide, 16>).with_many(dots::<Emulated, Wide, 16>),
+    emulated("amx_64x16", 64, 16, dot::<Emulated, Tall, 16>).with_many(dots::<Emulated, Tall, 16>),
+    emulated("amx_8x64", 8, 64, dot::<Emulated, Wide, 8>).with_many(dots::<Emulated, Wide, 8>),
+    emulated("amx_6x32 (rows 3)", 6, 32, dot::<Emulated, Square, 3>)
+        .with_many(dots::<Emulated, Square, 3>),
+    emulated("amx_1x64 (rows 1)", 1, 64, dot::<Emulated, Wide, 1>)
+        .with_many(dots::<Emulated, Wide, 1>),
+    emulated("amx_20x16 (rows 5)", 20, 16, dot::<Emulated, Tall, 5>)
+        .with_many(dots::<Emulated, Tall, 5>),
 ];
 
 /// An AMX kernel on the emulated unit: portable code, runs everywhere.
@@ -152,6 +180,34 @@ mod tests {
         let mut rng = Rng::new(21);
         for k in EMULATED {
             check_kernel(k, &mut rng);
+        }
+    }
+
+    /// A run of row tiles in one call (one tile configuration) equals a call per tile, fresh
+    /// and accumulating, on the emulated unit.
+    #[test]
+    fn a_run_of_tiles_equals_a_call_per_tile() {
+        let mut rng = Rng::new(23);
+        for k in EMULATED {
+            assert!(k.batches(), "{}", k.name);
+            let (kp, lda, tiles) = (132, 140, 3);
+            let a: Vec<u8> = (0..(tiles * k.mr - 1) * lda + kp)
+                .map(|_| rng.below(256) as u8)
+                .collect();
+            let b: Vec<i8> = (0..kp * k.nr)
+                .map(|_| (rng.below(255) as i32 - 127) as i8)
+                .collect();
+            let tile_len = k.mr * k.nr;
+            for accumulate in [false, true] {
+                let start: Vec<i32> = (0..tiles * tile_len).map(|i| i as i32 - 50).collect();
+                let mut run = start.clone();
+                k.tiles(kp, &a, lda, &b, &mut run, accumulate, tiles);
+                let mut each = start.clone();
+                for (t, acc) in each.chunks_exact_mut(tile_len).enumerate() {
+                    k.tile(kp, &a[t * k.mr * lda..], lda, &b, acc, accumulate);
+                }
+                assert!(run == each, "{} accumulate {accumulate}", k.name);
+            }
         }
     }
 

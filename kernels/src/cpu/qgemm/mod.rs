@@ -429,7 +429,23 @@ impl QGemm {
                     let len = kc.min(kp - k0);
                     let chunk = &bp[k0 * nr..(k0 + len) * nr];
                     let last = k0 + len == kp;
-                    for t in 0..block_tiles {
+                    // Kernels that batch (AMX) take the block's whole row tiles in one call,
+                    // dequantised after it; the others a tile per call (see `batches`).
+                    let has_edge = edge.is_some() && t0 + block_tiles == tiles;
+                    let batched = match self.uk.batches() {
+                        true => block_tiles - usize::from(has_edge),
+                        false => 0,
+                    };
+                    if batched > 0 {
+                        let a = &qa.codes[t0 * mr * kp + k0..];
+                        let sums = &mut acc[..batched * mr * nr];
+                        self.uk.tiles(len, a, kp, chunk, sums, k0 > 0, batched);
+                        for t in (0..batched).filter(|_| last) {
+                            let tile = &acc[t * mr * nr..(t + 1) * mr * nr];
+                            self.store(qa, qb, (r0, t * mr, panel), tile, ep.as_ref(), &mut out);
+                        }
+                    }
+                    for t in batched..block_tiles {
                         let a = match &edge {
                             Some(e) if t0 + t == tiles - 1 => &e[k0..],
                             _ => &qa.codes[(t0 + t) * mr * kp + k0..],

@@ -26,6 +26,10 @@ use crate::cpu::Isa;
 /// `acc[r·NR + c] (+)= Σ_{p<kp} a[r·lda + p] · b[(p/4·NR + c)·4 + p%4]`.
 pub(super) type DotFn = unsafe fn(usize, *const u8, usize, *const i8, *mut i32, bool);
 
+/// [`DotFn`] for `tiles` row tiles stacked (the last argument): tile `t`'s rows at
+/// `a + t·MR·lda`, its sums at `acc + t·MR·NR`, against the same panel.
+pub(super) type DotsFn = unsafe fn(usize, *const u8, usize, *const i8, *mut i32, bool, usize);
+
 /// One micro-kernel: its name (the `ukernel` knob's value), tile shape, the largest
 /// activation code it is exact for, and the ISA it needs.
 #[derive(Debug)]
@@ -40,6 +44,9 @@ pub struct DotKernel {
     /// checked at run time with the ISA.
     pub needs: Option<&'static str>,
     f: DotFn,
+    /// Several row tiles in one call, for kernels with a per-call cost worth sharing (AMX:
+    /// `ldtilecfg` and `tilerelease` once per run of tiles instead of once per tile).
+    many: Option<DotsFn>,
 }
 
 /// Every int8 micro-kernel of this build, best first within an ISA.
@@ -66,13 +73,17 @@ pub static KERNELS: &[DotKernel] = &[
     vnni("avx512vnni_1x64", 1, 64, x86::vnni::<1, 4>),
     // AMX: after the VNNI kernels, so defaults stay on VNNI; tuning picks them.
     #[cfg(target_arch = "x86_64")]
-    amx("amx_32x32", 32, 32, amx::dot::<AsmTiles, amx::Square, 16>),
+    amx("amx_32x32", 32, 32, amx::dot::<AsmTiles, amx::Square, 16>)
+        .with_many(amx::dots::<AsmTiles, amx::Square, 16>),
     #[cfg(target_arch = "x86_64")]
-    amx("amx_16x64", 16, 64, amx::dot::<AsmTiles, amx::Wide, 16>),
+    amx("amx_16x64", 16, 64, amx::dot::<AsmTiles, amx::Wide, 16>)
+        .with_many(amx::dots::<AsmTiles, amx::Wide, 16>),
     #[cfg(target_arch = "x86_64")]
-    amx("amx_64x16", 64, 16, amx::dot::<AsmTiles, amx::Tall, 16>),
+    amx("amx_64x16", 64, 16, amx::dot::<AsmTiles, amx::Tall, 16>)
+        .with_many(amx::dots::<AsmTiles, amx::Tall, 16>),
     #[cfg(target_arch = "x86_64")]
-    amx("amx_8x64", 8, 64, amx::dot::<AsmTiles, amx::Wide, 8>),
+    amx("amx_8x64", 8, 64, amx::dot::<AsmTiles, amx::Wide, 8>)
+        .with_many(amx::dots::<AsmTiles, amx::Wide, 8>),
     // AVX-VNNI: before the AVX2 kernels of the same level, so defaults take it where it runs.
     #[cfg(target_arch = "x86_64")]
     avxvnni("avxvnni_4x16", 4, 16, x86::avxvnni::<4, 2>),
@@ -144,7 +155,20 @@ impl DotKernel {
             isa,
             needs,
             f,
+            many: None,
         }
+    }
+
+    /// The same kernel with a several-tile entry point (see [`DotKernel::tiles`]).
+    pub(super) const fn with_many(mut self, many: DotsFn) -> DotKernel {
+        self.many = Some(many);
+        self
+    }
+
+    /// Whether [`DotKernel::tiles`] does a run of row tiles in one call (else the driver
+    /// keeps to one tile per call, each dequantised while its sums are in L1).
+    pub fn batches(&self) -> bool {
+        self.many.is_some()
     }
 
     /// Whether this CPU (and OS, for AMX) runs it.
@@ -203,6 +227,58 @@ impl DotKernel {
                 panel.as_ptr(),
                 acc.as_mut_ptr(),
                 accumulate,
+            );
+        }
+    }
+
+    /// `tiles` row tiles against one panel: tile `t` is [`DotKernel::tile`] on rows
+    /// `t·mr..(t+1)·mr` of `a` (`lda` apart) into `acc[t·mr·nr..]`. One call for kernels
+    /// that [batch](DotKernel::batches), a call per tile otherwise. Panics as `tile` does.
+    #[allow(clippy::too_many_arguments)]
+    pub fn tiles(
+        &self,
+        kp: usize,
+        a: &[u8],
+        lda: usize,
+        panel: &[i8],
+        acc: &mut [i32],
+        accumulate: bool,
+        tiles: usize,
+    ) {
+        let (mr, nr) = (self.mr, self.nr);
+        let Some(many) = self.many.filter(|_| tiles > 1) else {
+            for t in 0..tiles {
+                let acc = &mut acc[t * mr * nr..(t + 1) * mr * nr];
+                self.tile(kp, &a[t * mr * lda..], lda, panel, acc, accumulate);
+            }
+            return;
+        };
+        assert!(
+            kp.is_multiple_of(4) && lda >= kp,
+            "depth padded to 4, within the row stride"
+        );
+        assert!(
+            a.len() >= (tiles * mr - 1) * lda + kp,
+            "A tiles out of bounds"
+        );
+        assert!(panel.len() >= kp * nr, "B panel out of bounds");
+        assert!(
+            acc.len() >= tiles * mr * nr,
+            "accumulator tiles out of bounds"
+        );
+        debug_assert!(a.iter().all(|&c| c <= self.max_code), "code above max_code");
+        assert!(self.available(), "{} does not run on this CPU", self.name);
+        // SAFETY: as `tile`, for `tiles` row tiles: `tiles·mr` rows of `kp` codes `lda`
+        // apart, `kp·nr` panel codes, `tiles·mr·nr` accumulators (asserted above).
+        unsafe {
+            many(
+                kp,
+                a.as_ptr(),
+                lda,
+                panel.as_ptr(),
+                acc.as_mut_ptr(),
+                accumulate,
+                tiles,
             );
         }
     }
