@@ -241,12 +241,19 @@ fn tile_bits_set(xcr0: u64) -> Result<(), String> {
     }
 }
 
-/// Asks Linux for permission to use the tile data state (once per process is enough), then
-/// reads the permission back: granted means the bit is in the permitted set.
+/// Asks Linux for permission to use the tile data state (once per process is enough; not
+/// at all where something else in the process — oneDNN under PyTorch, say — already has it),
+/// then reads the permission back: granted means the bit is in the permitted set.
+///
+/// The permission is the process's: once granted, Linux refuses a thread an alternate signal
+/// stack too small for a signal frame with the tile state, and it refuses the permission
+/// where such a stack is already installed (`ENOSPC`; the refusal says so).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 fn request_tile_data() -> Result<(), String> {
-    const ARCH_GET_XCOMP_PERM: libc::c_long = 0x1022;
     const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    if permitted_xsave()? & (1 << XFEATURE_XTILEDATA) != 0 {
+        return Ok(());
+    }
     // SAFETY: arch_prctl with ARCH_REQ_XCOMP_PERM takes an integer argument and only changes
     // this process's permitted xsave features; it reads or writes no memory of ours.
     let rc = unsafe {
@@ -257,11 +264,30 @@ fn request_tile_data() -> Result<(), String> {
         )
     };
     if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        let hint = match err.raw_os_error() {
+            Some(libc::ENOSPC) => {
+                ": a thread's alternate signal stack is too small for the tile state (Python's \
+                 faulthandler installs one: import autokernel before enabling it)"
+            }
+            _ => "",
+        };
+        return Err(format!("arch_prctl(ARCH_REQ_XCOMP_PERM): {err}{hint}"));
+    }
+    let permitted = permitted_xsave()?;
+    if permitted & (1 << XFEATURE_XTILEDATA) == 0 {
         return Err(format!(
-            "arch_prctl(ARCH_REQ_XCOMP_PERM): {}",
-            std::io::Error::last_os_error()
+            "arch_prctl(ARCH_REQ_XCOMP_PERM) returned 0 but the permitted set \
+             ({permitted:#x}) lacks the tile data"
         ));
     }
+    Ok(())
+}
+
+/// This process's permitted xsave features (`arch_prctl(ARCH_GET_XCOMP_PERM)`).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn permitted_xsave() -> Result<u64, String> {
+    const ARCH_GET_XCOMP_PERM: libc::c_long = 0x1022;
     let mut permitted: u64 = 0;
     // SAFETY: ARCH_GET_XCOMP_PERM writes one u64, the permitted feature bitmap, through the
     // pointer, which points at `permitted`.
@@ -278,13 +304,7 @@ fn request_tile_data() -> Result<(), String> {
             std::io::Error::last_os_error()
         ));
     }
-    if permitted & (1 << XFEATURE_XTILEDATA) == 0 {
-        return Err(format!(
-            "arch_prctl(ARCH_REQ_XCOMP_PERM) returned 0 but the permitted set \
-             ({permitted:#x}) lacks the tile data"
-        ));
-    }
-    Ok(())
+    Ok(permitted)
 }
 
 #[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
@@ -295,6 +315,15 @@ fn request_tile_data() -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The permission read-back runs on every x86-64 Linux (not only AMX ones): x87 and SSE
+    /// state are always permitted.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn permitted_xsave_features_read_back() {
+        let permitted = permitted_xsave().expect("ARCH_GET_XCOMP_PERM");
+        assert_eq!(permitted & 0b11, 0b11, "{permitted:#x}");
+    }
 
     /// The TMUL limits of leaf 0x1E decode from EBX, and tiles of 16 B rows of 64 bytes need
     /// both limits at least that large (Sapphire Rapids reports 16 and 64); a palette smaller
