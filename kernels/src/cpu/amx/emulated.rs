@@ -6,14 +6,14 @@
 //! a load writes the configured rows, each zero past its `colsb` bytes, and zeroes the rows
 //! past the configured ones; a store writes only the configured rows × `colsb` bytes;
 //! `tdpbusd`/`tdpbssd` add four byte products to each i32 with wrap-around (no saturation);
-//! `tdpbf16ps` adds the even then the odd product of each bf16 pair to each f32 with one
-//! rounding each (round to nearest even), input denormals read as zero and output denormals
-//! flushed to zero. The order of the f32 additions inside the real unit is not specified
-//! to the bit, so only the integer instructions are bit-exact models: the bf16 model is the
-//! Intrinsics Guide's (each product added into C in turn); the current SDM text sums the
-//! products into per-row partials from zero and adds C afterwards, which can round
-//! differently. The tests compare the real unit with this one on values where the order
-//! cannot matter, and count (not assert) bit differences on random ones.
+//! `tdpbf16ps` as the current SDM's pseudo-code has it: per output, the even and the odd
+//! products of the bf16 pairs summed over the depth into two f32 partials from zero (FMAs
+//! with one rounding each, round to nearest even, input denormals read as zero and output
+//! denormals flushed), then their sum added to C. (The Intrinsics Guide's older text adds
+//! each product into C in turn, which can round differently.) Whether the real unit rounds
+//! exactly so is not something this machine can check, so only the integer instructions are
+//! claimed bit-exact: the tests compare the real unit with this one on values where the
+//! order cannot matter, and count (not assert) bit differences on random ones.
 
 use super::config::{TileConfig, BYTES_PER_ROW, MAX_ROWS, TILES, TILE_BYTES};
 use super::{fault, TileUnit};
@@ -77,7 +77,10 @@ impl Emulated {
         self.tiles[c as usize] = out;
     }
 
-    /// `C[m][n] += A[m][2k]·B[k][2n]`, then `+= A[m][2k+1]·B[k][2n+1]`, per k, in f32.
+    /// The SDM's `tdpbf16ps`: per row, two f32 partial sums per output column, from zero —
+    /// the even products `A[m][2k]·B[k][2n]` into one, the odd ones into the other, each an
+    /// FMA over k with one rounding (denormals in and out as zero) — then their sum is added
+    /// to `C[m][n]` (the sum rounded, then the addition; denormal `C` read as zero).
     fn dot_bf16(&mut self, c: u8, a: u8, b: u8) {
         let (m, k4, n4) = (
             self.cfg.rows(c),
@@ -90,14 +93,19 @@ impl Emulated {
         for r in 0..m {
             let (arow, crow) = (self.row(a, r), self.row(c, r));
             for n in 0..n4 {
-                let mut acc = f32::from_le_bytes(crow[4 * n..4 * n + 4].try_into().unwrap());
+                let mut part = [0.0f32; 2];
                 for k in 0..k4 {
                     let brow = self.row(b, k);
-                    for i in 0..2 {
+                    for (i, p) in part.iter_mut().enumerate() {
                         // A product of two bf16 values is exact in f32: one rounding.
-                        acc = ftz(bf16(arow, 2 * k + i).mul_add(bf16(brow, 2 * n + i), acc));
+                        *p = ftz(bf16(arow, 2 * k + i).mul_add(bf16(brow, 2 * n + i), *p));
                     }
                 }
+                // A denormal C reads as zero too.
+                let c0 = ftz(f32::from_le_bytes(
+                    crow[4 * n..4 * n + 4].try_into().unwrap(),
+                ));
+                let acc = ftz(c0 + ftz(part[0] + part[1]));
                 out[r * BYTES_PER_ROW + 4 * n..][..4].copy_from_slice(&acc.to_le_bytes());
             }
         }

@@ -180,6 +180,18 @@ fn emulated_bf16_dot_follows_its_definition() {
         &bf16_tile(&[small, 0.0]),
     );
     assert_eq!(got, 0f32.to_le_bytes());
+    // The SDM's order: the even and odd products summed from zero, then added to C. With
+    // C = 2^24 and products 1 and 1, that is 2^24 + 2; adding each product into C in turn
+    // would round 2^24 + 1 back to 2^24 twice.
+    let got = run_dot(
+        &mut Emulated::default(),
+        "tdpbf16ps",
+        (1, 1, 1),
+        bytes(&[2f32.powi(24)]),
+        &bf16_tile(&[1.0, 1.0]),
+        &bf16_tile(&[1.0, 1.0]),
+    );
+    assert_eq!(got, (2f32.powi(24) + 2.0).to_le_bytes());
 }
 
 #[test]
