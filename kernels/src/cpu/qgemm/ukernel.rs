@@ -204,31 +204,7 @@ impl DotKernel {
         acc: &mut [i32],
         accumulate: bool,
     ) {
-        assert!(
-            kp.is_multiple_of(4) && lda >= kp,
-            "depth padded to 4, within the row stride"
-        );
-        assert!(a.len() >= (self.mr - 1) * lda + kp, "A tile out of bounds");
-        assert!(panel.len() >= kp * self.nr, "B panel out of bounds");
-        assert!(
-            acc.len() >= self.mr * self.nr,
-            "accumulator tile out of bounds"
-        );
-        debug_assert!(a.iter().all(|&c| c <= self.max_code), "code above max_code");
-        assert!(self.available(), "{} does not run on this CPU", self.name);
-        // SAFETY: `available()` checked the ISA (and VNNI) at run time; the asserts above
-        // give the extents the kernel reads (`mr` rows of `kp` codes `lda` apart, `kp·nr`
-        // panel codes) and writes (`mr·nr` accumulators).
-        unsafe {
-            (self.f)(
-                kp,
-                a.as_ptr(),
-                lda,
-                panel.as_ptr(),
-                acc.as_mut_ptr(),
-                accumulate,
-            );
-        }
+        self.tiles(kp, a, lda, panel, acc, accumulate, 1);
     }
 
     /// `tiles` row tiles against one panel: tile `t` is [`DotKernel::tile`] on rows
@@ -245,42 +221,46 @@ impl DotKernel {
         accumulate: bool,
         tiles: usize,
     ) {
+        self.check(kp, (a, lda), panel, acc, tiles);
         let (mr, nr) = (self.mr, self.nr);
-        let Some(many) = self.many.filter(|_| tiles > 1) else {
-            for t in 0..tiles {
-                let acc = &mut acc[t * mr * nr..(t + 1) * mr * nr];
-                self.tile(kp, &a[t * mr * lda..], lda, panel, acc, accumulate);
+        let (a, b, acc) = (a.as_ptr(), panel.as_ptr(), acc.as_mut_ptr());
+        // SAFETY: `check` asserted that this CPU runs the kernel (ISA, VNNI, AMX grant) and
+        // the extents it reads (`tiles·mr` rows of `kp` codes `lda` apart, `kp·nr` panel
+        // codes) and writes (`tiles·mr·nr` accumulators); tile `t` starts `t·mr` rows and
+        // `t·mr·nr` accumulators in.
+        unsafe {
+            match self.many.filter(|_| tiles > 1) {
+                Some(many) => many(kp, a, lda, b, acc, accumulate, tiles),
+                None => {
+                    for t in 0..tiles {
+                        let (at, acc) = (a.add(t * mr * lda), acc.add(t * mr * nr));
+                        (self.f)(kp, at, lda, b, acc, accumulate);
+                    }
+                }
             }
-            return;
-        };
+        }
+    }
+
+    /// Panics unless this CPU runs the kernel and `tiles` row tiles fit: the depth padded to
+    /// 4 within the row stride, `tiles·mr` rows of `a`, `kp·nr` panel codes, `tiles·mr·nr`
+    /// accumulators (and, in debug builds, every code within [`DotKernel::max_code`]).
+    fn check(&self, kp: usize, (a, lda): (&[u8], usize), panel: &[i8], acc: &[i32], tiles: usize) {
+        let (mr, nr) = (self.mr, self.nr);
         assert!(
             kp.is_multiple_of(4) && lda >= kp,
             "depth padded to 4, within the row stride"
         );
         assert!(
             a.len() >= (tiles * mr - 1) * lda + kp,
-            "A tiles out of bounds"
+            "A tile out of bounds"
         );
         assert!(panel.len() >= kp * nr, "B panel out of bounds");
         assert!(
             acc.len() >= tiles * mr * nr,
-            "accumulator tiles out of bounds"
+            "accumulator tile out of bounds"
         );
         debug_assert!(a.iter().all(|&c| c <= self.max_code), "code above max_code");
         assert!(self.available(), "{} does not run on this CPU", self.name);
-        // SAFETY: as `tile`, for `tiles` row tiles: `tiles·mr` rows of `kp` codes `lda`
-        // apart, `kp·nr` panel codes, `tiles·mr·nr` accumulators (asserted above).
-        unsafe {
-            many(
-                kp,
-                a.as_ptr(),
-                lda,
-                panel.as_ptr(),
-                acc.as_mut_ptr(),
-                accumulate,
-                tiles,
-            );
-        }
     }
 }
 
