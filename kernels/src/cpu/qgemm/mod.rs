@@ -402,7 +402,8 @@ impl QGemm {
     /// a Zen 4, `gemm:1024x1024x1024:i8` on 2 threads: the dequantisation 12.6% → ~5% of the
     /// time, from a pass over the whole panel after all its tiles, which waited on C's
     /// lines from memory), then the bias and activation applied to the tile's rows while
-    /// they are in L1.
+    /// they are in L1. Kernels that [batch](DotKernel::batches) (AMX: one tile configuration
+    /// per call) take a block's whole row tiles in one call, each dequantised after it.
     fn rows(
         &self,
         qa: &QuantA,
