@@ -20,10 +20,10 @@
 //! 64 is copied, zero-padded to 64, into staging tiles on the stack (A: `MR × 64` bytes;
 //! B: 16 rows × `4·NR`) and takes one more step: the zeros add nothing, and no load reads past
 //! the operands. The tile state is configured at the start of every call (for a run of row
-//! tiles, [`dots`]) and released at its end (the session's `Drop`, on every path).
+//! tiles, [`dot`]) and released at its end (the session's `Drop`, on every path).
 
 #[cfg(test)]
-use super::ukernel::{DotFn, DotKernel};
+use super::ukernel::{DotKernel, DotsFn, Entry};
 use crate::cpu::amx::tiled::{self, Arrangement, DpBusd};
 pub(super) use crate::cpu::amx::tiled::{Square, Tall, Wide};
 #[cfg(test)]
@@ -49,38 +49,24 @@ pub(super) fn body<U: TileUnit, L: Arrangement>(
 ) {
     let (mr, nr) = (L::RT * rows, L::CT * 16);
     let mut t = Tiles::configure(unit, L::config(rows));
+    let b = bytes(b);
     for i in 0..tiles {
         let acc = bytes_mut(&mut acc[i * mr * nr..(i + 1) * mr * nr]);
         let a = &a[i * mr * lda..];
-        tiled::run::<U, L, DpBusd>(&mut t, rows, kp, a, lda, bytes(b), acc, 4 * nr, accumulate);
+        tiled::run::<U, L, DpBusd>(&mut t, rows, kp, a, lda, b, acc, 4 * nr, accumulate);
     }
 }
 
-/// The driver's entry point (`DotFn`) for arrangement `L`, tiles of `ROWS` rows, on the tile
-/// unit `U` (opened per call: the tile state is per thread).
+/// The driver's entry point (`DotsFn`) for arrangement `L`, tiles of `ROWS` rows, on the
+/// tile unit `U` (opened per call: the tile state is per thread): `tiles` row tiles with one
+/// tile configuration for all of them (`ldtilecfg` and `tilerelease` are not free: a 32×32
+/// tile of K = 768 is only 48 `tdpbusd`).
 ///
 /// # Safety
-/// `a` is readable for `MR` rows of `kp` codes `lda` apart, `b` for `kp·NR` codes, `acc`
-/// readable and writable for `MR·NR` values (`MR = RT·ROWS`, `NR = 16·CT`); `U` opens here
-/// (for the real unit: the process was granted AMX-INT8).
+/// `a` is readable for `tiles·MR` rows of `kp` codes `lda` apart, `b` for `kp·NR` codes,
+/// `acc` readable and writable for `tiles·MR·NR` values (`MR = RT·ROWS`, `NR = 16·CT`),
+/// `tiles ≥ 1`; `U` opens here (for the real unit: the process was granted AMX-INT8).
 pub(super) unsafe fn dot<U: TileUnit, L: Arrangement, const ROWS: usize>(
-    kp: usize,
-    a: *const u8,
-    lda: usize,
-    b: *const i8,
-    acc: *mut i32,
-    accumulate: bool,
-) {
-    // SAFETY: the caller's contract is `dots`' with one tile.
-    unsafe { dots::<U, L, ROWS>(kp, a, lda, b, acc, accumulate, 1) }
-}
-
-/// [`dot`] for `tiles` row tiles stacked (`DotsFn`): one tile configuration for all of them
-/// (`ldtilecfg` and `tilerelease` are not free: a 32×32 tile of K = 768 is only 48 `tdpbusd`).
-///
-/// # Safety
-/// As [`dot`], with `tiles·MR` rows of `a` and `tiles·MR·NR` values of `acc`; `tiles ≥ 1`.
-pub(super) unsafe fn dots<U: TileUnit, L: Arrangement, const ROWS: usize>(
     kp: usize,
     a: *const u8,
     lda: usize,
@@ -106,23 +92,27 @@ pub(super) unsafe fn dots<U: TileUnit, L: Arrangement, const ROWS: usize>(
 /// [`super::ukernel::KERNELS`] (a twin of each, same name and tile), plus odd tile rows.
 #[cfg(test)]
 pub(super) static EMULATED: &[DotKernel] = &[
-    emulated("amx_32x32", 32, 32, dot::<Emulated, Square, 16>)
-        .with_many(dots::<Emulated, Square, 16>),
-    emulated("amx_16x64", 16, 64, dot::<Emulated, Wide, 16>).with_many(dots::<Emulated, Wide, 16>),
-    emulated("amx_64x16", 64, 16, dot::<Emulated, Tall, 16>).with_many(dots::<Emulated, Tall, 16>),
-    emulated("amx_8x64", 8, 64, dot::<Emulated, Wide, 8>).with_many(dots::<Emulated, Wide, 8>),
-    emulated("amx_6x32 (rows 3)", 6, 32, dot::<Emulated, Square, 3>)
-        .with_many(dots::<Emulated, Square, 3>),
-    emulated("amx_1x64 (rows 1)", 1, 64, dot::<Emulated, Wide, 1>)
-        .with_many(dots::<Emulated, Wide, 1>),
-    emulated("amx_20x16 (rows 5)", 20, 16, dot::<Emulated, Tall, 5>)
-        .with_many(dots::<Emulated, Tall, 5>),
+    emulated("amx_32x32", 32, 32, dot::<Emulated, Square, 16>),
+    emulated("amx_16x64", 16, 64, dot::<Emulated, Wide, 16>),
+    emulated("amx_64x16", 64, 16, dot::<Emulated, Tall, 16>),
+    emulated("amx_8x64", 8, 64, dot::<Emulated, Wide, 8>),
+    emulated("amx_6x32 (rows 3)", 6, 32, dot::<Emulated, Square, 3>),
+    emulated("amx_1x64 (rows 1)", 1, 64, dot::<Emulated, Wide, 1>),
+    emulated("amx_20x16 (rows 5)", 20, 16, dot::<Emulated, Tall, 5>),
 ];
 
 /// An AMX kernel on the emulated unit: portable code, runs everywhere.
 #[cfg(test)]
-const fn emulated(name: &'static str, mr: usize, nr: usize, f: DotFn) -> DotKernel {
-    DotKernel::new(name, mr, nr, 255, crate::cpu::Isa::Portable, None, f)
+const fn emulated(name: &'static str, mr: usize, nr: usize, f: DotsFn) -> DotKernel {
+    DotKernel::new(
+        name,
+        mr,
+        nr,
+        255,
+        crate::cpu::Isa::Portable,
+        None,
+        Entry::Many(f),
+    )
 }
 
 #[cfg(test)]

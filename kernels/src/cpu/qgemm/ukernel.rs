@@ -30,6 +30,16 @@ pub(super) type DotFn = unsafe fn(usize, *const u8, usize, *const i8, *mut i32, 
 /// `a + t·MR·lda`, its sums at `acc + t·MR·NR`, against the same panel.
 pub(super) type DotsFn = unsafe fn(usize, *const u8, usize, *const i8, *mut i32, bool, usize);
 
+/// How a kernel is called.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Entry {
+    /// A tile per call.
+    One(DotFn),
+    /// A run of row tiles per call, for kernels with a per-call cost worth sharing (AMX:
+    /// `ldtilecfg` and `tilerelease` once per run instead of once per tile).
+    Many(DotsFn),
+}
+
 /// One micro-kernel: its name (the `ukernel` knob's value), tile shape, the largest
 /// activation code it is exact for, and the ISA it needs.
 #[derive(Debug)]
@@ -43,10 +53,7 @@ pub struct DotKernel {
     /// The fingerprint flag it needs besides its ISA level (`avx512vnni`, `amx_int8`),
     /// checked at run time with the ISA.
     pub needs: Option<&'static str>,
-    f: DotFn,
-    /// Several row tiles in one call, for kernels with a per-call cost worth sharing (AMX:
-    /// `ldtilecfg` and `tilerelease` once per run of tiles instead of once per tile).
-    many: Option<DotsFn>,
+    entry: Entry,
 }
 
 /// Every int8 micro-kernel of this build, best first within an ISA.
@@ -73,17 +80,13 @@ pub static KERNELS: &[DotKernel] = &[
     vnni("avx512vnni_1x64", 1, 64, x86::vnni::<1, 4>),
     // AMX: after the VNNI kernels, so defaults stay on VNNI; tuning picks them.
     #[cfg(target_arch = "x86_64")]
-    amx("amx_32x32", 32, 32, amx::dot::<AsmTiles, amx::Square, 16>)
-        .with_many(amx::dots::<AsmTiles, amx::Square, 16>),
+    amx("amx_32x32", 32, 32, amx::dot::<AsmTiles, amx::Square, 16>),
     #[cfg(target_arch = "x86_64")]
-    amx("amx_16x64", 16, 64, amx::dot::<AsmTiles, amx::Wide, 16>)
-        .with_many(amx::dots::<AsmTiles, amx::Wide, 16>),
+    amx("amx_16x64", 16, 64, amx::dot::<AsmTiles, amx::Wide, 16>),
     #[cfg(target_arch = "x86_64")]
-    amx("amx_64x16", 64, 16, amx::dot::<AsmTiles, amx::Tall, 16>)
-        .with_many(amx::dots::<AsmTiles, amx::Tall, 16>),
+    amx("amx_64x16", 64, 16, amx::dot::<AsmTiles, amx::Tall, 16>),
     #[cfg(target_arch = "x86_64")]
-    amx("amx_8x64", 8, 64, amx::dot::<AsmTiles, amx::Wide, 8>)
-        .with_many(amx::dots::<AsmTiles, amx::Wide, 8>),
+    amx("amx_8x64", 8, 64, amx::dot::<AsmTiles, amx::Wide, 8>),
     // AVX-VNNI: before the AVX2 kernels of the same level, so defaults take it where it runs.
     #[cfg(target_arch = "x86_64")]
     avxvnni("avxvnni_4x16", 4, 16, x86::avxvnni::<4, 2>),
@@ -108,33 +111,49 @@ pub static KERNELS: &[DotKernel] = &[
         255,
         Isa::Portable,
         None,
-        portable::<4, 8>,
+        Entry::One(portable::<4, 8>),
     ),
 ];
 
 /// An AVX512_VNNI kernel (8-bit activation codes).
 #[cfg(target_arch = "x86_64")]
 const fn vnni(name: &'static str, mr: usize, nr: usize, f: DotFn) -> DotKernel {
-    DotKernel::new(name, mr, nr, 255, Isa::Avx512, Some("avx512vnni"), f)
+    DotKernel::new(
+        name,
+        mr,
+        nr,
+        255,
+        Isa::Avx512,
+        Some("avx512vnni"),
+        Entry::One(f),
+    )
 }
 
 /// An AMX-INT8 kernel (8-bit activation codes; AMX CPUs all have AVX-512, whose ISA cap
 /// turns AMX off too).
 #[cfg(target_arch = "x86_64")]
-const fn amx(name: &'static str, mr: usize, nr: usize, f: DotFn) -> DotKernel {
-    DotKernel::new(name, mr, nr, 255, Isa::Avx512, Some("amx_int8"), f)
+const fn amx(name: &'static str, mr: usize, nr: usize, f: DotsFn) -> DotKernel {
+    DotKernel::new(
+        name,
+        mr,
+        nr,
+        255,
+        Isa::Avx512,
+        Some("amx_int8"),
+        Entry::Many(f),
+    )
 }
 
 /// An AVX-VNNI kernel (VEX `vpdpbusd` on 256-bit vectors; 8-bit activation codes).
 #[cfg(target_arch = "x86_64")]
 const fn avxvnni(name: &'static str, mr: usize, nr: usize, f: DotFn) -> DotKernel {
-    DotKernel::new(name, mr, nr, 255, Isa::Avx2, Some("avxvnni"), f)
+    DotKernel::new(name, mr, nr, 255, Isa::Avx2, Some("avxvnni"), Entry::One(f))
 }
 
 /// An AVX2 kernel (7-bit activation codes: see the module docs).
 #[cfg(target_arch = "x86_64")]
 const fn avx2(name: &'static str, mr: usize, nr: usize, f: DotFn) -> DotKernel {
-    DotKernel::new(name, mr, nr, 127, Isa::Avx2, None, f)
+    DotKernel::new(name, mr, nr, 127, Isa::Avx2, None, Entry::One(f))
 }
 
 impl DotKernel {
@@ -145,7 +164,7 @@ impl DotKernel {
         max_code: u8,
         isa: Isa,
         needs: Option<&'static str>,
-        f: DotFn,
+        entry: Entry,
     ) -> DotKernel {
         DotKernel {
             name,
@@ -154,21 +173,14 @@ impl DotKernel {
             max_code,
             isa,
             needs,
-            f,
-            many: None,
+            entry,
         }
-    }
-
-    /// The same kernel with a several-tile entry point (see [`DotKernel::tiles`]).
-    pub(super) const fn with_many(mut self, many: DotsFn) -> DotKernel {
-        self.many = Some(many);
-        self
     }
 
     /// Whether [`DotKernel::tiles`] does a run of row tiles in one call (else the driver
     /// keeps to one tile per call, each dequantised while its sums are in L1).
     pub fn batches(&self) -> bool {
-        self.many.is_some()
+        matches!(self.entry, Entry::Many(_))
     }
 
     /// Whether this CPU (and OS, for AMX) runs it.
@@ -229,12 +241,12 @@ impl DotKernel {
         // codes) and writes (`tiles·mr·nr` accumulators); tile `t` starts `t·mr` rows and
         // `t·mr·nr` accumulators in.
         unsafe {
-            match self.many.filter(|_| tiles > 1) {
-                Some(many) => many(kp, a, lda, b, acc, accumulate, tiles),
-                None => {
+            match self.entry {
+                Entry::Many(f) => f(kp, a, lda, b, acc, accumulate, tiles),
+                Entry::One(f) => {
                     for t in 0..tiles {
                         let (at, acc) = (a.add(t * mr * lda), acc.add(t * mr * nr));
-                        (self.f)(kp, at, lda, b, acc, accumulate);
+                        f(kp, at, lda, b, acc, accumulate);
                     }
                 }
             }

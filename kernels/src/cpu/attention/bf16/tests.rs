@@ -298,8 +298,9 @@ fn spaces_follow_the_fingerprint_and_support_this_cpu() {
 
 /// The packers against their layouts written out element by element: odd D, D past one
 /// 32-column stripe, D past several 64-value conversion pieces (300), odd key lengths,
-/// length 0, groups of 8 keys across panels (BERT's D = 64); rows adjacent (`ld = D`) and rows of a wider matrix (a fused QKV row). Queries
-/// are packed as the bf16 GEMM's A rows (`pack_a_pair_rows`, tested with it).
+/// length 0, groups of 8 keys across panels (BERT's D = 64); rows adjacent (`ld = D`) and
+/// rows of a wider matrix (a fused QKV row). Queries are packed as the bf16 GEMM's A rows
+/// (`pack_a_pair_rows`, tested with it).
 #[test]
 fn packers_follow_their_layouts() {
     use super::ukernel::{pack_keys, pack_values};

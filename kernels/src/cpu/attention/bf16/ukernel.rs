@@ -22,6 +22,7 @@
 
 use crate::cpu::bgemm::convert::{to_bf16_slice, to_bf16_wide};
 use crate::cpu::bgemm::ukernel::body::{pair_body, DotBf16, PairsA};
+use crate::cpu::bgemm::ukernel::{halves_mut, words_mut};
 use crate::cpu::gemm::ukernel::prefetch_lines;
 use crate::cpu::gemm::ukernel::simd::{exp2_nonpos, Epi, Simd};
 
@@ -366,16 +367,15 @@ pub fn pack_keys((k, ld): (&[f32], usize), d: usize, nr: usize, klen: usize, out
     };
     #[cfg(not(target_arch = "x86_64"))]
     let groups = 0;
-    let mut block = [0u32; 8 * 64];
+    // 8 keys' pair words, `dsteps` per key (held as f32, the bf16 helpers' buffer type).
+    let mut block = [0f32; 8 * 64];
     for g in 0..groups {
         let j0 = 8 * g;
         for r in 0..8 {
             if j0 + r + 8 < klen {
                 prefetch_lines(&k[(j0 + r + 8) * ld..][..d]);
             }
-            let row = &mut block[r * dsteps..(r + 1) * dsteps];
-            let halves =
-                &mut crate::cpu::bgemm::ukernel::halves_mut(words_as_f32(row))[..2 * dsteps];
+            let halves = halves_mut(&mut block[r * dsteps..(r + 1) * dsteps]);
             to_bf16_wide(&k[(j0 + r) * ld..][..d], &mut halves[..d]);
             halves[d..].fill(0);
         }
@@ -391,16 +391,17 @@ pub fn pack_keys((k, ld): (&[f32], usize), d: usize, nr: usize, klen: usize, out
             // words (`nr` apart) in `dst` (asserted just above). Words move bit for bit.
             unsafe {
                 super::super::ukernel::transpose8_avx2(
-                    block.as_ptr().add(s0).cast(),
+                    block.as_ptr().add(s0),
                     dsteps,
                     dst.as_mut_ptr().cast(),
                     nr,
                 )
             };
         }
+        let words = words_mut(&mut block);
         for s in whole..dsteps {
             for r in 0..8 {
-                out[at + s * nr + r] = block[r * dsteps + s];
+                out[at + s * nr + r] = words[r * dsteps + s];
             }
         }
     }
@@ -418,13 +419,6 @@ pub fn pack_keys((k, ld): (&[f32], usize), d: usize, nr: usize, klen: usize, out
             }
         }
     }
-}
-
-/// `words` viewed as f32 values (the bf16 helpers' buffer type); bits unchanged.
-fn words_as_f32(words: &mut [u32]) -> &mut [f32] {
-    // SAFETY: `u32` and `f32` have the same size and alignment and every bit pattern is a
-    // valid value of both; the borrow of `words` is moved into the result.
-    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<f32>(), words.len()) }
 }
 
 /// Packs values `0..klen` of one head (`v`: rows of `D` values, `ld` apart) as bf16 pair
