@@ -14,15 +14,12 @@ use rayon::prelude::*;
 
 use crate::cpu::pool::on_workers;
 
-use super::ukernel::{bias_act_row, DirectUkernel, TileEpilogue};
+use super::ukernel::{DirectUkernel, TileEpilogue};
 use super::view::CView;
 use super::Par;
 use crate::kernel::Executable;
 use crate::operand::{host_f32, Operand, OperandMut};
 use crate::{DType, Workload};
-
-/// Largest `rows × lanes` of a direct tail tile (8 rows × 16 lanes).
-const MAX_TAIL: usize = 8 * 16;
 
 /// Bytes of the B slab (`kc` rows × a chunk of columns) that the row tiles of one depth pass
 /// share: half of a 32 KiB L1d, the size of every x86-64 core's L1d this targets.
@@ -88,7 +85,6 @@ impl DirectGemm {
         let lanes = uk.lanes;
         let tw = uk.v * lanes;
         let (rows, cols) = (c.rows(), c.cols());
-        let mut tail_b = Vec::new();
         for pc in (0..k).step_by(self.kc) {
             let kcb = self.kc.min(k - pc);
             let accumulate = pc > 0;
@@ -102,80 +98,28 @@ impl DirectGemm {
             };
             for jt in (0..cols).step_by(chunk) {
                 let width = chunk.min(cols - jt);
-                let tiles = width / tw;
-                let (nv, rem) = ((width % tw) / lanes, width % lanes);
-                let jb = j0 + jt;
-                let jv = jt + tiles * tw;
-                let jr = jv + nv * lanes;
-                if rem > 0 {
-                    // Zero-padded copy of the last `rem` columns, `lanes` wide.
-                    tail_b.clear();
-                    tail_b.resize(kcb * lanes, 0.0);
-                    for (p, d) in tail_b.chunks_exact_mut(lanes).enumerate() {
-                        d[..rem].copy_from_slice(&b[(pc + p) * n + j0 + jr..][..rem]);
-                    }
-                }
+                // Whole tiles, then the rest in one tile of the vectors it needs (the last
+                // one clipped to the columns there are).
+                let whole = width / tw * tw;
+                let rest = width - whole;
                 for it in (0..rows).step_by(uk.r) {
                     let r = uk.r.min(rows - it);
                     let a_tile = &a[(i0 + it) * k + pc..];
-                    if tiles > 0 {
+                    let parts = [(whole, uk.v, jt), (rest, rest.div_ceil(lanes), jt + whole)];
+                    for (w, v, j) in parts.into_iter().filter(|p| p.0 > 0) {
                         uk.tile(
-                            (r, uk.v),
-                            tiles,
+                            (r, v),
+                            w,
                             kcb,
                             a_tile,
                             k,
-                            &b[pc * n + jb..],
+                            &b[pc * n + j0 + j..],
                             n,
                             &mut c,
-                            (it, jt),
+                            (it, j),
                             accumulate,
-                            ep.map(|e| e.skip(jb)),
+                            ep.map(|e| e.skip(j0 + j)),
                         );
-                    }
-                    if nv > 0 {
-                        uk.tile(
-                            (r, nv),
-                            1,
-                            kcb,
-                            a_tile,
-                            k,
-                            &b[pc * n + j0 + jv..],
-                            n,
-                            &mut c,
-                            (it, jv),
-                            accumulate,
-                            ep.map(|e| e.skip(j0 + jv)),
-                        );
-                    }
-                    if rem > 0 {
-                        let mut buf = [0.0f32; MAX_TAIL];
-                        let mut tmp = CView::new(&mut buf[..r * lanes], r, lanes, lanes);
-                        uk.tile(
-                            (r, 1),
-                            1,
-                            kcb,
-                            a_tile,
-                            k,
-                            &tail_b,
-                            lanes,
-                            &mut tmp,
-                            (0, 0),
-                            false,
-                            None,
-                        );
-                        for rr in 0..r {
-                            let src = &buf[rr * lanes..rr * lanes + rem];
-                            let dst = &mut c.row_mut(it + rr)[jr..jr + rem];
-                            if accumulate {
-                                dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
-                            } else {
-                                dst.copy_from_slice(src);
-                            }
-                            if let Some(ep) = &ep {
-                                bias_act_row(dst, &ep.bias[j0 + jr..], ep.act);
-                            }
-                        }
                     }
                 }
             }

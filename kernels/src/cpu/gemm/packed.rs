@@ -113,12 +113,11 @@ pub struct PackedGemm {
     /// Columns of B per packed block, a multiple of NR, at most ⌈N/NR⌉·NR.
     pub nc: usize,
     pub par: Par,
-    /// Pack A into micro-panels (`a_layout = packed`), or read whole row tiles of A in place
-    /// (`inplace`; only a partial last row tile is packed, zero-padded).
+    /// Pack A's whole row tiles into micro-panels (`a_layout = packed`), or read them in
+    /// place (`inplace`); a partial last row tile is read in place either way.
     pub pack_a: bool,
-    /// Read a row-major B's whole column panels in place (`b_layout = inplace`; only a
-    /// partial last panel is packed, zero-padded) instead of packing every block during the
-    /// call. A B packed ahead ([`BSource::Packed`]) is read as packed either way.
+    /// Read a row-major B's column panels in place (`b_layout = inplace`) instead of
+    /// packing every block during the call. A B packed ahead ([`BSource::Packed`]) is read as packed either way.
     pub b_inplace: bool,
 }
 
@@ -127,13 +126,12 @@ pub struct PackedGemm {
 enum BBlock<'a> {
     /// Packed panels of `kcb·NR` values, one after the other.
     Packed(&'a [f32]),
-    /// Row-major B in place from the block's first element (rows `ldb` apart): `full` whole
-    /// panels, then `edge`, the partial last one, packed (empty if there is none).
+    /// Row-major B in place from the block's first element (rows `ldb` apart): `panels`
+    /// panels, the last of which may be narrower than NR.
     Rows {
         b: &'a [f32],
         ldb: usize,
-        full: usize,
-        edge: &'a [f32],
+        panels: usize,
     },
 }
 
@@ -142,11 +140,9 @@ impl<'a> BBlock<'a> {
     fn panel(self, q: usize, nr: usize, kcb: usize) -> Option<BPanel<'a>> {
         match self {
             BBlock::Packed(p) => p.get(q * nr * kcb..(q + 1) * nr * kcb).map(BPanel::Packed),
-            BBlock::Rows { b, ldb, full, edge } => match q.cmp(&full) {
-                std::cmp::Ordering::Less => Some(BPanel::Rows(&b[q * nr..], ldb)),
-                std::cmp::Ordering::Equal if !edge.is_empty() => Some(BPanel::Packed(edge)),
-                _ => None,
-            },
+            BBlock::Rows { b, ldb, panels } => {
+                (q < panels).then(|| BPanel::Rows(&b[q * nr..], ldb))
+            }
         }
     }
 
@@ -154,17 +150,10 @@ impl<'a> BBlock<'a> {
     fn skip(self, q: usize, nr: usize, kcb: usize) -> BBlock<'a> {
         match self {
             BBlock::Packed(p) => BBlock::Packed(&p[(q * nr * kcb).min(p.len())..]),
-            BBlock::Rows { b, ldb, full, edge } if q <= full => BBlock::Rows {
-                b: &b[q * nr..],
+            BBlock::Rows { b, ldb, panels } => BBlock::Rows {
+                b: &b[(q * nr).min(b.len())..],
                 ldb,
-                full: full - q,
-                edge,
-            },
-            BBlock::Rows { b, ldb, .. } => BBlock::Rows {
-                b,
-                ldb,
-                full: 0,
-                edge: &[],
+                panels: panels.saturating_sub(q),
             },
         }
     }
@@ -262,19 +251,11 @@ impl PackedGemm {
                     }
                     let bblock = match b {
                         BSource::Packed(p) => BBlock::Packed(p.block(pc, jc, ncb)),
-                        BSource::RowMajor(b) if self.b_inplace => {
-                            let full = ncb / nr;
-                            let edge = bbuf.slice(if ncb % nr > 0 { panel_len } else { 0 });
-                            if !edge.is_empty() {
-                                pack_b(b, n, depth, (jc, ncb), nr, full, edge);
-                            }
-                            BBlock::Rows {
-                                b: &b[pc * n + jc..],
-                                ldb: n,
-                                full,
-                                edge,
-                            }
-                        }
+                        BSource::RowMajor(b) if self.b_inplace => BBlock::Rows {
+                            b: &b[pc * n + jc..],
+                            ldb: n,
+                            panels,
+                        },
                         BSource::RowMajor(b) => {
                             let bpack = bbuf.slice(panels * nr * kcb);
                             if threads > 1 && panels > 1 {
@@ -402,22 +383,18 @@ impl PackedGemm {
                 let mcb = self.mc.min(c.rows() - ic);
                 let full = mcb / mr;
                 let i0 = row0 + ic;
-                // The whole row tiles (packed, or in place) and a packed partial last one.
-                let (a_full, a_edge): (ATiles<'_>, &[f32]) = if self.pack_a {
-                    let apack = abuf.slice(mcb.div_ceil(mr) * mr * kcb);
-                    pack_a(a, self.k, (i0, mcb), (pc, kcb), mr, apack);
-                    let (f, e) = apack.split_at(full * mr * kcb);
-                    (ATiles::Packed(f), e)
-                } else {
-                    let edge = mcb - full * mr;
-                    let apack = abuf.slice(if edge > 0 { mr * kcb } else { 0 });
-                    if edge > 0 {
-                        pack_a(a, self.k, (i0 + full * mr, edge), (pc, kcb), mr, apack);
+                // The whole row tiles, packed or in place (edge tiles read A in place).
+                let a_full = if self.pack_a {
+                    let apack = abuf.slice(full * mr * kcb);
+                    if full > 0 {
+                        pack_a(a, self.k, (i0, full * mr), (pc, kcb), mr, apack);
                     }
-                    (ATiles::Rows(&a[i0 * self.k + pc..], self.k), apack)
+                    ATiles::Packed(apack)
+                } else {
+                    ATiles::Rows(&a[i0 * self.k + pc..], self.k)
                 };
                 // Whole row tiles go through one call per B panel; a partial last row
-                // tile or column panel through the clipping `tile`.
+                // tile or column panel through the clipping `edge`.
                 for jr in 0.. {
                     let j = jr * nr;
                     let Some(bp) = bblock.panel(jr, nr, kcb).filter(|_| j < c.cols()) else {
@@ -454,19 +431,16 @@ impl PackedGemm {
                         }
                     }
                     // Edge tiles (a partial column panel's row tiles, a partial row tile):
-                    // exactly their rows and the vectors their columns need, where the ISA
-                    // has a direct kernel that size, reading A in place; else the whole tile
-                    // into a buffer.
+                    // exactly their rows and columns, A read in place.
                     let cols = nr.min(c.cols() - j);
                     let whole_rows = if cols < nr { full } else { 0 };
                     let edge_rows = mcb - full * mr;
-                    let tiles = (0..whole_rows).map(|ir| (ir * mr, mr, a_full.skip(ir, mr, kcb)));
-                    let last =
-                        (edge_rows > 0).then(|| (full * mr, edge_rows, ATiles::Packed(a_edge)));
-                    for (r0, rows, at) in tiles.chain(last) {
+                    let tiles = (0..whole_rows).map(|ir| (ir * mr, mr));
+                    let last = (edge_rows > 0).then_some((full * mr, edge_rows));
+                    for (r0, rows) in tiles.chain(last) {
                         let i = ic + r0;
                         let a_rows = &a[(row0 + i) * self.k + pc..];
-                        let done = self.uk.edge(
+                        self.uk.edge(
                             kcb,
                             a_rows,
                             self.k,
@@ -477,9 +451,6 @@ impl PackedGemm {
                             accumulate,
                             ep,
                         );
-                        if !done {
-                            self.uk.tile(kcb, at, bp, &mut c, i, j, accumulate, ep);
-                        }
                     }
                 }
             }

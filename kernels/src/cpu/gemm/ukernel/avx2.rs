@@ -33,6 +33,18 @@ impl Simd for Avx2 {
         unsafe { _mm256_storeu_ps(p, v) }
     }
     #[inline(always)]
+    unsafe fn load_first(p: *const f32, n: usize) -> __m256 {
+        // SAFETY: AVX2 is available and `p` is readable for `n ≤ 8` values (caller
+        // contract); `vmaskmovps` neither reads nor faults on masked-off lanes.
+        unsafe { _mm256_maskload_ps(p, first_lanes(n)) }
+    }
+    #[inline(always)]
+    unsafe fn store_first(p: *mut f32, v: __m256, n: usize) {
+        // SAFETY: AVX2 is available and `p` is writable for `n ≤ 8` values (caller
+        // contract); masked-off lanes are not written.
+        unsafe { _mm256_maskstore_ps(p, first_lanes(n), v) }
+    }
+    #[inline(always)]
     unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
         // SAFETY: FMA is available (caller contract).
         unsafe { _mm256_fmadd_ps(a, b, c) }
@@ -129,6 +141,16 @@ impl Simd for Avx2 {
     }
 }
 
+/// The mask (sign bits) of the first `n ≤ 8` lanes.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn first_lanes(n: usize) -> __m256i {
+    // SAFETY: AVX2 is available (caller contract).
+    unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
+}
+
 /// Packed `MR × 8·NV` tile, compiled for AVX2 + FMA.
 ///
 /// # Safety
@@ -165,7 +187,7 @@ unsafe fn direct<const R: usize, const V: usize>(
     ldb: usize,
     c: *mut f32,
     ldc: usize,
-    tiles: usize,
+    tiles: (usize, usize),
     accumulate: bool,
     ep: Epi,
 ) {

@@ -36,6 +36,18 @@ impl Simd for Avx512 {
         unsafe { _mm512_storeu_ps(p, v) }
     }
     #[inline(always)]
+    unsafe fn load_first(p: *const f32, n: usize) -> __m512 {
+        // SAFETY: AVX-512F is available and `p` is readable for `n ≤ 16` values (caller
+        // contract); masked-off lanes are neither read nor able to fault.
+        unsafe { _mm512_maskz_loadu_ps(first_lanes(n), p) }
+    }
+    #[inline(always)]
+    unsafe fn store_first(p: *mut f32, v: __m512, n: usize) {
+        // SAFETY: AVX-512F is available and `p` is writable for `n ≤ 16` values (caller
+        // contract); masked-off lanes are not written.
+        unsafe { _mm512_mask_storeu_ps(p, first_lanes(n), v) }
+    }
+    #[inline(always)]
     unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
         // SAFETY: AVX-512F (which includes FMA) is available (caller contract).
         unsafe { _mm512_fmadd_ps(a, b, c) }
@@ -122,6 +134,12 @@ impl Simd for Avx512 {
     }
 }
 
+/// The mask of the first `n ≤ 16` lanes.
+#[inline(always)]
+fn first_lanes(n: usize) -> __mmask16 {
+    ((1u32 << n) - 1) as __mmask16
+}
+
 /// Packed `MR × 16·NV` tile, compiled for AVX-512F.
 ///
 /// # Safety
@@ -160,7 +178,7 @@ unsafe fn direct<const R: usize, const V: usize>(
     ldb: usize,
     c: *mut f32,
     ldc: usize,
-    tiles: usize,
+    tiles: (usize, usize),
     accumulate: bool,
     ep: Epi,
 ) {

@@ -47,9 +47,20 @@ pub(crate) type PackedFn =
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PackedFns(pub [[PackedFn; 2]; 2]);
 
-/// `(k, a, lda, b, ldb, c, ldc, tiles, accumulate, epilogue)`: see [`simd::direct_body`].
-pub(crate) type DirectFn =
-    unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, usize, bool, Epi);
+/// `(k, a, lda, b, ldb, c, ldc, (tiles, last), accumulate, epilogue)`: see
+/// [`simd::direct_body`].
+pub(crate) type DirectFn = unsafe fn(
+    usize,
+    *const f32,
+    usize,
+    *const f32,
+    usize,
+    *mut f32,
+    usize,
+    (usize, usize),
+    bool,
+    Epi,
+);
 
 /// An ISA's direct kernels by tile shape: `(rows, vectors)` to the kernel, if listed.
 type DirectTable = fn(usize, usize) -> Option<DirectFn>;
@@ -134,35 +145,6 @@ pub(crate) fn prefetch_lines(data: &[f32]) {
     let _ = data;
 }
 
-/// Largest `MR·NR` of any packed micro-kernel (edge tiles are computed in a stack buffer).
-const MAX_TILE: usize = 14 * 32;
-
-/// The stack block an edge tile is computed into, left uninitialised until a micro-kernel
-/// has written it (zeroing its 1.8 KB first cost 2–3% of a 100³ GEMM, which has an edge
-/// tile per row tile).
-struct TileBuf(std::mem::MaybeUninit<[f32; MAX_TILE]>);
-
-impl TileBuf {
-    fn new() -> TileBuf {
-        TileBuf(std::mem::MaybeUninit::uninit())
-    }
-
-    /// Where a micro-kernel writes (`MAX_TILE` values).
-    fn ptr(&mut self) -> *mut f32 {
-        self.0.as_mut_ptr().cast()
-    }
-
-    /// The first `len` values. Panics if `len > MAX_TILE`.
-    ///
-    /// # Safety
-    /// A micro-kernel has written every one of them through [`TileBuf::ptr`].
-    unsafe fn written(&self, len: usize) -> &[f32] {
-        assert!(len <= MAX_TILE, "tile larger than the buffer");
-        // SAFETY: `len ≤ MAX_TILE` values inside the block, initialised (caller contract).
-        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), len) }
-    }
-}
-
 /// A packed micro-kernel: `MR × NR` tile over packed A and B micro-panels.
 #[derive(Debug)]
 pub struct PackedUkernel {
@@ -175,8 +157,8 @@ pub struct PackedUkernel {
     pub nr: usize,
     /// Its builds by A and B source.
     fns: PackedFns,
-    /// The ISA's lanes and direct kernels, for tiles of fewer than MR rows.
-    edge: (usize, DirectTable),
+    /// The ISA's lanes, direct kernels and their most rows: the edge tiles.
+    edge: (usize, DirectTable, usize),
 }
 
 /// Where a packed micro-kernel reads its A tiles from.
@@ -200,11 +182,12 @@ pub enum BPanel<'a> {
 }
 
 impl BPanel<'_> {
-    /// Whether `k` rows of `nr` values are inside the slice.
-    fn holds(&self, nr: usize, k: usize) -> bool {
+    /// Whether the first `cols` values of `k` rows are inside the slice (rows `nr` apart
+    /// in a packed panel).
+    fn holds(&self, nr: usize, cols: usize, k: usize) -> bool {
         match *self {
-            BPanel::Packed(b) => b.len() >= k * nr,
-            BPanel::Rows(b, ldb) => nr <= ldb && k >= 1 && (k - 1) * ldb + nr <= b.len(),
+            BPanel::Packed(b) => cols <= nr && k >= 1 && (k - 1) * nr + cols <= b.len(),
+            BPanel::Rows(b, ldb) => cols <= ldb && k >= 1 && (k - 1) * ldb + cols <= b.len(),
         }
     }
 
@@ -269,13 +252,15 @@ fn tables() -> &'static Tables {
                        max: (usize, usize),
                        table: fn(usize, usize) -> Option<DirectFn>| {
             for &(mr, nr, fns) in packed {
+                // Every edge tile has a direct kernel (`PackedUkernel::edge`).
+                assert!(nr.is_multiple_of(lanes) && nr / lanes <= max.1);
                 t.packed.push(PackedUkernel {
                     name: format!("{}_{mr}x{nr}", isa.name()),
                     isa,
                     mr,
                     nr,
                     fns,
-                    edge: (lanes, table),
+                    edge: (lanes, table, max.0),
                 });
             }
             for &(r, v) in direct {
@@ -390,72 +375,16 @@ impl PackedUkernel {
         (self.fns.0[ai][bi], ap, b.parts(self.nr))
     }
 
-    /// `C[i.., j..] (+)= A_tile · B_panel` for one `MR × NR` tile, clipped to `c`'s window.
-    ///
-    /// `a` holds the A tile (`MR` rows of `k` values, packed or in place), `b` the B
-    /// micro-panel (`k × NR`, packed or in place). A tile that sticks out of the window is computed in a
-    /// stack buffer and only its valid part is written. With `ep`, `act(x + bias)` is stored
-    /// instead (in registers for full tiles). Panics if the A tile, the panel or the bias is
-    /// too short or `(i, j)` is outside `c`.
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub fn tile(
-        &self,
-        k: usize,
-        a: ATiles<'_>,
-        b: BPanel<'_>,
-        c: &mut CView<'_>,
-        i: usize,
-        j: usize,
-        accumulate: bool,
-        ep: Option<TileEpilogue<'_>>,
-    ) {
-        let (mr, nr) = (self.mr, self.nr);
-        assert!(a.holds(1, mr, k) && b.holds(nr, k), "micro-panel too short");
-        assert!(
-            i < c.rows() && j < c.cols(),
-            "tile origin outside the window"
-        );
-        let rows = mr.min(c.rows() - i);
-        let cols = nr.min(c.cols() - j);
-        if let Some(ep) = &ep {
-            assert!(ep.bias.len() >= cols, "bias shorter than the tile");
-        }
-        let (f, (ap, lda), (bp, ldb)) = self.source(a, b);
-        if rows == mr && cols == nr {
-            let (ld, p) = (c.ld(), c.block_ptr(i, j, mr, nr));
-            let epi = ep.map_or(Epi::NONE, |e| Epi {
-                bias: e.bias.as_ptr(),
-                act: e.code(),
-            });
-            // SAFETY: `self` was handed out by `packed()`/`packed_offered()` only after checking
-            // that the CPU runs `self.isa`; the A tile and the B panel are inside their slices
-            // (asserted above); `block_ptr` checked that the whole MR×NR block lies in `c`'s
-            // window; the bias, if any, holds at least `cols = NR` values (asserted above).
-            unsafe { f(k, ap, lda, bp, ldb, p, ld, 1, accumulate, epi) }
-        } else {
-            let mut buf = TileBuf::new();
-            debug_assert!(mr * nr <= MAX_TILE);
-            // SAFETY: as above for the ISA, the A tile and the panel; the destination is
-            // `buf`, an MR×NR block with stride NR (`mr·nr ≤ MAX_TILE` holds for every table
-            // entry).
-            unsafe { f(k, ap, lda, bp, ldb, buf.ptr(), nr, 1, false, Epi::NONE) }
-            // SAFETY: the kernel wrote the whole MR×NR tile (no accumulate: nothing read).
-            let buf = unsafe { buf.written(mr * nr) };
-            store_clipped(buf, nr, (rows, cols), c, (i, j), accumulate, ep);
-        }
-    }
-
     /// `C[i..i+rows, j..j+cols] (+)= A[..rows, ..k] · B_panel[.., ..cols]` for an edge tile
-    /// (`rows ≤ MR`, `cols ≤ NR`, not both whole) with nothing computed past its rows and
-    /// the whole vectors its columns need: A is read in place (`rows` rows `lda` apart from
-    /// the start of `a`), the B micro-panel (packed or in place) as a row-major block, by the
-    /// ISA's direct kernel of `rows` rows × `⌈cols/lanes⌉` vectors. A tile of whole vectors
-    /// goes straight into C, a narrower one through a stack buffer. With `ep`,
-    /// `act(x + bias)` is stored. Returns false, doing nothing, when the ISA has no direct
-    /// kernel that size (the caller then uses [`PackedUkernel::tile`]).
+    /// (`rows ≤ MR`, `cols ≤ NR`): the ISA's direct kernels of at most its rows and
+    /// `⌈cols/lanes⌉` vectors, the last vector read and written through its first lanes
+    /// only, so that nothing is computed past the tile's rows, no copy is made and nothing
+    /// past its columns is read: A in place (`rows` rows `lda` apart from the start of `a`),
+    /// the B micro-panel packed or in place (the last panel of a row-major B, narrower than
+    /// NR). With `ep`, `act(x + bias)` is stored.
     ///
-    /// Panics if A, the panel or the bias are too short or the block is not inside `c`.
+    /// Panics if the tile is empty or larger than MR × NR, A, the panel or the bias are
+    /// too short, or the block is not inside `c`.
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub fn edge(
@@ -469,57 +398,49 @@ impl PackedUkernel {
         (i, j): (usize, usize),
         accumulate: bool,
         ep: Option<TileEpilogue<'_>>,
-    ) -> bool {
-        let (lanes, table) = self.edge;
-        let (mr, nr) = (self.mr, self.nr);
-        let whole = rows == mr && cols == nr;
-        if rows == 0 || cols == 0 || rows > mr || cols > nr || whole || !nr.is_multiple_of(lanes) {
-            return false;
-        }
-        let v = cols.div_ceil(lanes);
-        let Some(f) = table(rows, v) else {
-            return false;
-        };
-        let w = v * lanes;
+    ) {
+        let (lanes, table, most) = self.edge;
+        assert!(
+            (1..=self.mr).contains(&rows) && (1..=self.nr).contains(&cols),
+            "edge tile {rows}×{cols} of a {}×{} micro-kernel",
+            self.mr,
+            self.nr
+        );
         assert!(k >= 1 && k <= lda, "depth beyond the row stride");
         assert!(
-            (rows - 1) * lda + k <= a.len() && b.holds(nr, k),
+            (rows - 1) * lda + k <= a.len() && b.holds(self.nr, cols, k),
             "edge tile reads outside A or the panel"
         );
-        let (bp, ldb) = b.parts(nr);
-        if w == cols {
-            let epi = epi_for(ep.as_ref(), w);
-            let (ldc, p) = (c.ld(), c.block_ptr(i, j, rows, w));
+        let v = cols.div_ceil(lanes);
+        let last = cols - (v - 1) * lanes;
+        let epi = epi_for(ep.as_ref(), cols);
+        let (bp, ldb) = b.parts(self.nr);
+        for r0 in (0..rows).step_by(most) {
+            let r = most.min(rows - r0);
+            let f = table(r, v).expect("a direct kernel for every edge tile (checked in `tables`)");
+            let (ldc, p) = (c.ld(), c.block_ptr(i + r0, j, r, cols));
             // SAFETY: `self` was handed out only after checking that the CPU runs
-            // `self.isa`, and `table` is that ISA's direct table; A (rows × k, stride lda)
-            // and the panel (k rows of w ≤ NR values, stride ldb ≥ NR) are inside their
-            // slices (asserted above); `block_ptr` checked that the rows × w block lies in
-            // `c`'s window; the bias, if any, holds w values (`epi_for` asserted it).
-            unsafe { f(k, a.as_ptr(), lda, bp, ldb, p, ldc, 1, accumulate, epi) }
-            return true;
+            // `self.isa`, and `table` is that ISA's direct table; A (rows × k, stride
+            // lda ≥ k) is inside its slice and the panel holds `cols` values of each of its
+            // k rows (asserted above), which is what a tile of v vectors whose last one is
+            // clipped to `last = cols - (v-1)·lanes` lanes reads; `block_ptr` checked that the
+            // r × cols block lies in `c`'s window; the bias, if any, holds `cols` values
+            // (`epi_for` asserted it).
+            unsafe {
+                f(
+                    k,
+                    a.as_ptr().add(r0 * lda),
+                    lda,
+                    bp,
+                    ldb,
+                    p,
+                    ldc,
+                    (1, last),
+                    accumulate,
+                    epi,
+                )
+            }
         }
-        let mut buf = TileBuf::new();
-        debug_assert!(rows * w <= MAX_TILE);
-        // SAFETY: as above for the ISA, A and the panel; the destination is `buf`, a rows × w
-        // block with stride w (rows·w ≤ MR·NR ≤ MAX_TILE for every table entry).
-        unsafe {
-            f(
-                k,
-                a.as_ptr(),
-                lda,
-                bp,
-                ldb,
-                buf.ptr(),
-                w,
-                1,
-                false,
-                Epi::NONE,
-            )
-        }
-        // SAFETY: the kernel wrote the whole rows × w block (no accumulate: nothing read).
-        let buf = unsafe { buf.written(rows * w) };
-        store_clipped(buf, w, (rows, cols), c, (i, j), accumulate, ep);
-        true
     }
 
     /// `tiles` whole `MR × NR` tiles stacked vertically from `(i, j)`: tile `t` is
@@ -547,7 +468,7 @@ impl PackedUkernel {
             return;
         }
         assert!(
-            a.holds(tiles, mr, k) && b.holds(nr, k),
+            a.holds(tiles, mr, k) && b.holds(nr, nr, k),
             "micro-panels too short"
         );
         let epi = epi_for(ep.as_ref(), nr);
@@ -588,20 +509,22 @@ pub(crate) fn store_clipped(
 }
 
 impl DirectUkernel {
-    /// `tiles` tiles side by side: `C[ci..ci+r, cj..cj+tiles·v·lanes] (+)= A[..r, ..k] ·
-    /// B[..k, ..tiles·v·lanes]` where `a` starts at the first A element (row stride `lda`) and
-    /// `b` at the first B element (row stride `ldb`); any tile of `r ≤ self.r` rows by
-    /// `v ≤ self.v` vectors works (smaller tiles serve the edges). With `ep`, `act(x + bias)`
-    /// is stored instead.
+    /// Tiles of `r` rows × `v` vectors side by side over `cols` columns:
+    /// `C[ci..ci+r, cj..cj+cols] (+)= A[..r, ..k] · B[..k, ..cols]` where `a` starts at the
+    /// first A element (row stride `lda`) and `b` at the first B element (row stride `ldb`);
+    /// any tile of `r ≤ self.r` rows by `v ≤ self.v` vectors works (smaller tiles serve the
+    /// edges). `cols` is a whole number of tiles, or falls in the last vector of its last
+    /// tile, which is then read and written through its first lanes only. With `ep`,
+    /// `act(x + bias)` is stored instead.
     ///
-    /// Panics if any of the three blocks is outside its slice or window, or the bias is
-    /// shorter than the tiles.
+    /// Panics if `cols` ends in another vector of its last tile, any of the three blocks is
+    /// outside its slice or window, or the bias is shorter than `cols`.
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub fn tile(
         &self,
         (r, v): (usize, usize),
-        tiles: usize,
+        cols: usize,
         k: usize,
         a: &[f32],
         lda: usize,
@@ -617,19 +540,26 @@ impl DirectUkernel {
             "tile larger than the micro-kernel"
         );
         let f = (self.table)(r, v).expect("direct tile shape within the table");
-        let w = tiles * v * self.lanes;
-        assert!(k >= 1 && r >= 1 && tiles >= 1, "empty direct tile");
+        assert!(k >= 1 && r >= 1 && v >= 1 && cols >= 1, "empty direct tile");
+        let tw = v * self.lanes;
+        let tiles = cols.div_ceil(tw);
+        let last = cols - (tiles * v - 1) * self.lanes;
         assert!(
-            (r - 1) * lda + k <= a.len() && (k - 1) * ldb + w <= b.len(),
+            (1..=self.lanes).contains(&last),
+            "{cols} columns end before the last vector of a {tw}-column tile"
+        );
+        assert!(
+            (r - 1) * lda + k <= a.len() && (k - 1) * ldb + cols <= b.len(),
             "direct tile reads outside A or B"
         );
-        let epi = epi_for(ep.as_ref(), w);
-        let (ldc, p) = (c.ld(), c.block_ptr(ci, cj, r, w));
+        let epi = epi_for(ep.as_ref(), cols);
+        let (ldc, p) = (c.ld(), c.block_ptr(ci, cj, r, cols));
         // SAFETY: `self` was handed out only after checking that the CPU runs `self.isa`; the
-        // A block (r rows of k values, stride lda) and the B block (k rows of w = tiles·v·lanes
-        // values, stride ldb) end inside their slices (asserted above); `block_ptr` checked
-        // that the r×w C block lies in the window; `(r, v)` is within the table, so `f`
-        // exists; the bias, if any, holds `w` values (asserted above).
+        // A block (r rows of k values, stride lda) and the B block (k rows of `cols` values,
+        // stride ldb: what `tiles` tiles of v vectors read with the last vector clipped to
+        // `last` lanes) end inside their slices (asserted above); `block_ptr` checked that
+        // the r × cols C block lies in the window; `(r, v)` is within the table, so `f`
+        // exists; the bias, if any, holds `cols` values (`epi_for` asserted it).
         unsafe {
             f(
                 k,
@@ -639,7 +569,7 @@ impl DirectUkernel {
                 ldb,
                 p,
                 ldc,
-                tiles,
+                (tiles, last),
                 accumulate,
                 epi,
             )

@@ -130,7 +130,7 @@ unsafe fn direct<const R: usize, const V: usize>(
     ldb: usize,
     c: *mut f32,
     ldc: usize,
-    tiles: usize,
+    tiles: (usize, usize),
     accumulate: bool,
     ep: Epi,
 ) {

@@ -38,6 +38,34 @@ pub(crate) trait Simd {
     /// # Safety
     /// The CPU supports the ISA; `p` is valid for writing `W` `f32`s.
     unsafe fn store(p: *mut f32, v: Self::V);
+    /// The first `n` lanes from `p`, the others zero; nothing past them is read.
+    ///
+    /// # Safety
+    /// The CPU supports the ISA; `1 ≤ n ≤ W`, `p` is valid for reading `n` `f32`s.
+    #[inline(always)]
+    unsafe fn load_first(p: *const f32, n: usize) -> Self::V {
+        debug_assert!(n <= Self::W && Self::W <= 16);
+        let mut buf = [0.0f32; 16];
+        // SAFETY: `p` is readable for `n ≤ 16` values (caller contract), `buf` holds 16.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+            Self::load(buf.as_ptr())
+        }
+    }
+    /// Stores the first `n` lanes of `v` to `p`; nothing past them is written.
+    ///
+    /// # Safety
+    /// The CPU supports the ISA; `1 ≤ n ≤ W`, `p` is valid for writing `n` `f32`s.
+    #[inline(always)]
+    unsafe fn store_first(p: *mut f32, v: Self::V, n: usize) {
+        debug_assert!(n <= Self::W && Self::W <= 16);
+        let mut buf = [0.0f32; 16];
+        // SAFETY: `buf` holds 16 ≥ W values; `p` is writable for `n ≤ 16` (caller contract).
+        unsafe {
+            Self::store(buf.as_mut_ptr(), v);
+            std::ptr::copy_nonoverlapping(buf.as_ptr(), p, n);
+        }
+    }
     /// `a * b + c`, fused where the ISA has FMA.
     ///
     /// # Safety
@@ -236,13 +264,28 @@ impl Epi {
 /// The CPU supports `S`'s ISA; for `ACT ≠ NONE`, `bias` is readable for `W` values.
 #[inline(always)]
 pub(crate) unsafe fn epilogue<S: Simd, const ACT: u8>(x: S::V, bias: *const f32) -> S::V {
-    // SAFETY: the caller guarantees the ISA and `bias`'s extent.
+    // SAFETY: the caller guarantees the ISA and `bias`'s extent (read only with a bias).
     unsafe {
         match ACT {
-            Epi::BIAS => S::add(x, S::load(bias)),
-            Epi::RELU => S::max(S::add(x, S::load(bias)), S::zero()),
-            Epi::GELU => gelu::<S>(S::add(x, S::load(bias))),
-            Epi::GELU_ERF => gelu_erf::<S>(S::add(x, S::load(bias))),
+            Epi::NONE_ACT => x,
+            _ => epilogue_v::<S, ACT>(x, S::load(bias)),
+        }
+    }
+}
+
+/// `act(x + bias)` for one vector and its bias values, `ACT` one of the [`Epi`] codes.
+///
+/// # Safety
+/// The CPU supports `S`'s ISA.
+#[inline(always)]
+unsafe fn epilogue_v<S: Simd, const ACT: u8>(x: S::V, bias: S::V) -> S::V {
+    // SAFETY: the caller guarantees the ISA; only register operations follow.
+    unsafe {
+        match ACT {
+            Epi::BIAS => S::add(x, bias),
+            Epi::RELU => S::max(S::add(x, bias), S::zero()),
+            Epi::GELU => gelu::<S>(S::add(x, bias)),
+            Epi::GELU_ERF => gelu_erf::<S>(S::add(x, bias)),
             _ => x,
         }
     }
@@ -250,11 +293,13 @@ pub(crate) unsafe fn epilogue<S: Simd, const ACT: u8>(x: S::V, bias: *const f32)
 
 /// Stores the `R × V` accumulator tile at `c` (row stride `ldc`), adding what is there
 /// with `accumulate`, then applying the epilogue `ACT` with `bias` (column `v·W` reads
-/// `bias + v·W`).
+/// `bias + v·W`). Of the last vector of each row only the first `last` lanes are read and
+/// written (`last = W`: all of them).
 ///
 /// # Safety
-/// The CPU supports `S`'s ISA; `c + r·ldc + j` is readable and writable for `r < R`,
-/// `j < V·W`; for `ACT ≠ NONE`, `bias` is readable for `V·W` values.
+/// The CPU supports `S`'s ISA; `1 ≤ last ≤ W`; `c + r·ldc + j` is readable and writable for
+/// `r < R`, `j < (V-1)·W + last`; for `ACT ≠ NONE`, `bias` is readable for `(V-1)·W + last`
+/// values.
 #[inline(always)]
 unsafe fn store_tile<S: Simd, const R: usize, const V: usize, const ACT: u8>(
     acc: &[[S::V; V]; R],
@@ -262,28 +307,41 @@ unsafe fn store_tile<S: Simd, const R: usize, const V: usize, const ACT: u8>(
     ldc: usize,
     accumulate: bool,
     bias: *const f32,
+    last: usize,
 ) {
-    // SAFETY: the caller guarantees the ISA and the extents (r < R, v < V).
+    // SAFETY: the caller guarantees the ISA and the extents (r < R, v < V; the last vector
+    // only through its first `last` lanes).
     unsafe {
         for (r, row) in acc.iter().enumerate() {
             let cr = c.add(r * ldc);
             for (v, x) in row.iter().enumerate() {
-                let p = cr.add(v * S::W);
-                let x = if accumulate {
-                    S::add(S::load(p), *x)
+                let (p, b) = (cr.add(v * S::W), bias.wrapping_add(v * S::W));
+                if v + 1 < V || last == S::W {
+                    let x = if accumulate { S::add(S::load(p), *x) } else { *x };
+                    S::store(p, epilogue::<S, ACT>(x, b));
                 } else {
-                    *x
-                };
-                S::store(p, epilogue::<S, ACT>(x, bias.wrapping_add(v * S::W)));
+                    let x = if accumulate {
+                        S::add(S::load_first(p, last), *x)
+                    } else {
+                        *x
+                    };
+                    let y = match ACT {
+                        Epi::NONE_ACT => x,
+                        _ => epilogue_v::<S, ACT>(x, S::load_first(b, last)),
+                    };
+                    S::store_first(p, y, last);
+                }
             }
         }
     }
 }
 
-/// [`store_tile`] with the epilogue chosen at run time (one branch per tile).
+/// [`store_tile`] of whole vectors with the epilogue chosen at run time (one branch per
+/// tile).
 ///
 /// # Safety
-/// As [`store_tile`], with `ep.bias` readable for `V·W` values unless `ep.act` is none.
+/// As [`store_tile`] with `last = W`, and `ep.bias` readable for `V·W` values unless
+/// `ep.act` is none.
 #[inline(always)]
 pub(crate) unsafe fn store_tile_epi<S: Simd, const R: usize, const V: usize>(
     acc: &[[S::V; V]; R],
@@ -293,15 +351,35 @@ pub(crate) unsafe fn store_tile_epi<S: Simd, const R: usize, const V: usize>(
     ep: Epi,
 ) {
     // SAFETY: forwarded caller contract.
+    unsafe { store_tile_first::<S, R, V>(acc, c, ldc, accumulate, ep, S::W) }
+}
+
+/// [`store_tile`] with the epilogue chosen at run time, the last vector of each row
+/// clipped to its first `last` lanes.
+///
+/// # Safety
+/// As [`store_tile`], with `ep.bias` readable for `(V-1)·W + last` values unless `ep.act`
+/// is none.
+#[inline(always)]
+unsafe fn store_tile_first<S: Simd, const R: usize, const V: usize>(
+    acc: &[[S::V; V]; R],
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    ep: Epi,
+    last: usize,
+) {
+    let b = ep.bias;
+    // SAFETY: forwarded caller contract.
     unsafe {
         match ep.act {
-            Epi::BIAS => store_tile::<S, R, V, { Epi::BIAS }>(acc, c, ldc, accumulate, ep.bias),
-            Epi::RELU => store_tile::<S, R, V, { Epi::RELU }>(acc, c, ldc, accumulate, ep.bias),
-            Epi::GELU => store_tile::<S, R, V, { Epi::GELU }>(acc, c, ldc, accumulate, ep.bias),
+            Epi::BIAS => store_tile::<S, R, V, { Epi::BIAS }>(acc, c, ldc, accumulate, b, last),
+            Epi::RELU => store_tile::<S, R, V, { Epi::RELU }>(acc, c, ldc, accumulate, b, last),
+            Epi::GELU => store_tile::<S, R, V, { Epi::GELU }>(acc, c, ldc, accumulate, b, last),
             Epi::GELU_ERF => {
-                store_tile::<S, R, V, { Epi::GELU_ERF }>(acc, c, ldc, accumulate, ep.bias)
+                store_tile::<S, R, V, { Epi::GELU_ERF }>(acc, c, ldc, accumulate, b, last)
             }
-            _ => store_tile::<S, R, V, { Epi::NONE_ACT }>(acc, c, ldc, accumulate, ep.bias),
+            _ => store_tile::<S, R, V, { Epi::NONE_ACT }>(acc, c, ldc, accumulate, b, last),
         }
     }
 }
@@ -477,13 +555,15 @@ const DIRECT_CHAINS: usize = 8;
 /// Direct (unpacked) micro-kernel: `tiles` tiles side by side, each
 /// `C[R × V·W] (+)= A[R × k] · B[k × V·W]`, reading row-major A (row stride `lda`) and B
 /// (row stride `ldb`) in place. Tile `t` covers columns `t·V·W..(t+1)·V·W` of B, C and the
-/// bias; sweeping them in one call keeps the per-tile cost to the loop itself.
+/// bias; sweeping them in one call keeps the per-tile cost to the loop itself. Of the last
+/// tile's last vector only the first `last` lanes are read (B, C, bias) and written (an
+/// edge `(V-1)·W + last` columns wide, without a copy); `last = W` for whole tiles.
 ///
 /// # Safety
-/// The CPU supports `S`'s ISA; `a + r·lda + p` is readable for `r < R`, `p < k`;
-/// `b + p·ldb + j` is readable for `p < k`, `j < tiles·V·W`; `c + r·ldc + j` is writable for
-/// `r < R`, `j < tiles·V·W`; unless `ep.act` is none, `ep.bias` is readable for `tiles·V·W`
-/// values.
+/// The CPU supports `S`'s ISA; `1 ≤ last ≤ W`; with `cols = tiles·V·W - (W - last)`:
+/// `a + r·lda + p` is readable for `r < R`, `p < k`; `b + p·ldb + j` is readable for
+/// `p < k`, `j < cols`; `c + r·ldc + j` is writable for `r < R`, `j < cols`; unless `ep.act`
+/// is none, `ep.bias` is readable for `cols` values.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn direct_body<S: Simd, const R: usize, const V: usize>(
@@ -494,43 +574,107 @@ pub(crate) unsafe fn direct_body<S: Simd, const R: usize, const V: usize>(
     ldb: usize,
     c: *mut f32,
     ldc: usize,
-    tiles: usize,
+    (tiles, last): (usize, usize),
     accumulate: bool,
     ep: Epi,
 ) {
     // SAFETY (whole body): the caller guarantees the ISA and the extents documented above;
     // every pointer below stays inside them (t < tiles, p < k, r < R, v < V).
     unsafe {
+        let whole = if last == S::W { tiles } else { tiles - 1 };
         for t in 0..tiles {
             let off = t * V * S::W;
-            let mut acc = [[S::zero(); V]; R];
-            let mut bp = b.add(off);
-            let mut p = 0;
-            if R * V < DIRECT_CHAINS {
-                // Too few accumulators to cover the FMA latency: even and odd depths go to
-                // two sets, added at the end (measured on a Zen 4: the 6×1 edge tile of a
-                // 100-column GEMM took 21% of `gemm:100x100x100` for 4% of its columns).
-                let mut odd = [[S::zero(); V]; R];
-                while p + 1 < k {
-                    packed_step_strided::<S, R, V>(&mut acc, a.add(p), lda, bp);
-                    packed_step_strided::<S, R, V>(&mut odd, a.add(p + 1), lda, bp.add(ldb));
-                    (p, bp) = (p + 2, bp.add(2 * ldb));
-                }
-                for (row, o) in acc.iter_mut().zip(&odd) {
-                    for (x, y) in row.iter_mut().zip(o) {
-                        *x = S::add(*x, *y);
-                    }
-                }
-            }
-            for p in p..k {
-                packed_step_strided::<S, R, V>(&mut acc, a.add(p), lda, bp);
-                bp = bp.add(ldb);
-            }
             let ep_t = Epi {
                 bias: ep.bias.wrapping_add(off),
                 act: ep.act,
             };
-            store_tile_epi::<S, R, V>(&acc, c.add(off), ldc, accumulate, ep_t);
+            let (b, c) = (b.add(off), c.add(off));
+            if t < whole {
+                direct_tile::<S, R, V, false>(k, a, lda, b, ldb, c, ldc, S::W, accumulate, ep_t);
+            } else {
+                direct_tile::<S, R, V, true>(k, a, lda, b, ldb, c, ldc, last, accumulate, ep_t);
+            }
+        }
+    }
+}
+
+/// One tile of [`direct_body`]; with `CLIP`, the last vector is read and written through
+/// its first `last` lanes only.
+///
+/// # Safety
+/// As [`direct_body`] for one tile.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn direct_tile<S: Simd, const R: usize, const V: usize, const CLIP: bool>(
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    last: usize,
+    accumulate: bool,
+    ep: Epi,
+) {
+    let last = if CLIP { last } else { S::W };
+    // SAFETY: forwarded caller contract (p < k, r < R, v < V, the last vector clipped).
+    unsafe {
+        let mut acc = [[S::zero(); V]; R];
+        let mut bp = b;
+        let mut p = 0;
+        if R * V < DIRECT_CHAINS {
+            // Too few accumulators to cover the FMA latency: even and odd depths go to
+            // two sets, added at the end (measured on a Zen 4: the 6×1 edge tile of a
+            // 100-column GEMM took 21% of `gemm:100x100x100` for 4% of its columns).
+            let mut odd = [[S::zero(); V]; R];
+            while p + 1 < k {
+                direct_step::<S, R, V, CLIP>(&mut acc, a.add(p), lda, bp, last);
+                direct_step::<S, R, V, CLIP>(&mut odd, a.add(p + 1), lda, bp.add(ldb), last);
+                (p, bp) = (p + 2, bp.add(2 * ldb));
+            }
+            for (row, o) in acc.iter_mut().zip(&odd) {
+                for (x, y) in row.iter_mut().zip(o) {
+                    *x = S::add(*x, *y);
+                }
+            }
+        }
+        for p in p..k {
+            direct_step::<S, R, V, CLIP>(&mut acc, a.add(p), lda, bp, last);
+            bp = bp.add(ldb);
+        }
+        store_tile_first::<S, R, V>(&acc, c, ldc, accumulate, ep, last);
+    }
+}
+
+/// [`packed_step_strided`] with, under `CLIP`, the last B vector read through its first
+/// `last` lanes (the others zero).
+///
+/// # Safety
+/// As [`packed_step_strided`], `b` readable for `(V-1)·W + last` values under `CLIP`.
+#[inline(always)]
+unsafe fn direct_step<S: Simd, const R: usize, const V: usize, const CLIP: bool>(
+    acc: &mut [[S::V; V]; R],
+    a: *const f32,
+    a_rs: usize,
+    b: *const f32,
+    last: usize,
+) {
+    // SAFETY: the caller guarantees the ISA and the extents (r < R, v < V).
+    unsafe {
+        let mut bv = [S::zero(); V];
+        for (v, x) in bv.iter_mut().enumerate() {
+            *x = if CLIP && v + 1 == V {
+                S::load_first(b.add(v * S::W), last)
+            } else {
+                S::load(b.add(v * S::W))
+            };
+        }
+        for (r, row) in acc.iter_mut().enumerate() {
+            let ar = S::splat(a.add(r * a_rs));
+            for v in 0..V {
+                row[v] = S::fmadd(ar, bv[v], row[v]);
+            }
         }
     }
 }
