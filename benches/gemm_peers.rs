@@ -9,12 +9,17 @@
 //! not tuned there yet are tuned first, resumably, with the default (cost-model) strategy, as
 //! `autokernel tune` does), `AUTOKERNEL_BENCH_BUDGET` (trials per shape and thread count,
 //! default 64), `AUTOKERNEL_BENCH_SHAPES` (comma-separated workloads),
-//! `AUTOKERNEL_BENCH_ROUNDS` (default 3), `AUTOKERNEL_BENCH_THREADS` (e.g. `1`; default 1 and 2).
+//! `AUTOKERNEL_BENCH_ROUNDS` (default 21), `AUTOKERNEL_BENCH_THREADS` (e.g. `1`; default 1 and 2).
 //!
-//! On a shared, noisy machine one long measurement per implementation lets a burst of load
-//! land on one of them; so every shape is measured in `ROUNDS` rounds, each a short criterion
-//! run of every implementation in turn (flat sampling, 10 samples), and the report takes the
-//! median over the rounds of criterion's medians: the implementations are interleaved.
+//! On a shared, noisy machine the speed of a core drifts by tens of percent within minutes,
+//! so the implementations are interleaved finely: every shape is measured in `ROUNDS`
+//! rounds, and each round times one sample (about 30 ms of back-to-back calls) of every
+//! implementation at every thread count in turn, starting from a different one each round.
+//! Each implementation's time is the median of its samples, and the ratio of the tuned
+//! kernel to the fastest peer is the median of the per-round ratios — samples taken within
+//! a fraction of a second of each other, which a drift does not separate. (Longer blocks
+//! per implementation, as criterion runs them, put 0.89× where alternating calls in one
+//! process measured parity.)
 //! Writes `bench_results/<fingerprint>/gemm_peers.{json,md}`: those medians as GFLOP/s and
 //! the ratio of the tuned kernel to the fastest peer, plus the measured FMA peak and the load
 //! average before and after the run.
@@ -23,11 +28,11 @@
 //! paths where the CPU has them), both with rayon at 2 threads; `matrixmultiply` runs single
 //! threaded (its thread count is fixed per process by an environment variable).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::Instant;
 
-use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use kernels::{default_for, HardwareFingerprint, Problem, Workload};
 use runtime::Runtime;
 use search::{tune, StrategyKind, TuneOptions};
@@ -83,7 +88,7 @@ fn rounds() -> usize {
     std::env::var("AUTOKERNEL_BENCH_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(3usize)
+        .unwrap_or(21usize)
         .max(1)
 }
 
@@ -184,25 +189,57 @@ fn ensure_tuned(db_path: &PathBuf, shapes: &[Workload], threads: &[usize]) {
     }
 }
 
-fn criterion_dir() -> PathBuf {
-    if let Ok(h) = std::env::var("CRITERION_HOME") {
-        return h.into();
+/// Seconds of back-to-back calls in one sample.
+const SAMPLE_SECS: f64 = 0.03;
+
+/// One implementation at one thread count, as the rounds call it.
+struct Entrant<'a> {
+    imp: &'static str,
+    threads: usize,
+    call: Box<dyn Fn() + 'a>,
+    /// Calls per sample.
+    reps: usize,
+}
+
+impl Entrant<'_> {
+    /// Nanoseconds per call over one sample.
+    fn sample(&self) -> f64 {
+        let t = Instant::now();
+        for _ in 0..self.reps {
+            (self.call)();
+        }
+        t.elapsed().as_nanos() as f64 / self.reps as f64
     }
-    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
-    PathBuf::from(target).join("criterion")
 }
 
-fn median_ns(group: &str, id: &str) -> Option<f64> {
-    let p = criterion_dir()
-        .join(group)
-        .join(id)
-        .join("new/estimates.json");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok()?;
-    v["median"]["point_estimate"].as_f64()
+/// Times `entrants` in `rounds` interleaved rounds (see the module documentation): every
+/// entrant's nanoseconds per call, one value per round, keyed by `(impl, threads)`.
+fn measure(
+    entrants: &mut [Entrant<'_>],
+    rounds: usize,
+) -> HashMap<(&'static str, usize), Vec<f64>> {
+    for e in entrants.iter_mut() {
+        (e.call)(); // first touch of its buffers and thread pools
+        let t = Instant::now();
+        (e.call)();
+        e.reps = ((SAMPLE_SECS / t.elapsed().as_secs_f64().max(1e-9)) as usize).max(1);
+        e.sample(); // warm-up
+    }
+    let mut ns: HashMap<_, Vec<f64>> = HashMap::new();
+    for r in 0..rounds {
+        let n = entrants.len();
+        for i in 0..n {
+            let e = &entrants[(r + i) % n];
+            ns.entry((e.imp, e.threads)).or_default().push(e.sample());
+        }
+    }
+    ns
 }
 
-fn group_name(w: &Workload) -> String {
-    w.key().replace(':', "_")
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn main() {
@@ -227,24 +264,17 @@ fn main() {
 
     let load_before = load_average();
     let rounds = rounds();
-    let mut c = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(200))
-        .measurement_time(Duration::from_millis(800))
-        // Only the median's point estimate is used; the default 100 000 bootstrap
-        // resamples take seconds per benchmark on a loaded 2-core machine.
-        .nresamples(1000)
-        .configure_from_args();
     let mut chosen = Vec::new();
-    // (group, id) -> criterion's median of every round, in ns.
-    let mut medians: HashMap<(String, String), Vec<f64>> = HashMap::new();
+    // Per shape, `(impl, threads)` -> nanoseconds per call, one value per round.
+    let mut times = Vec::new();
     for w in &shapes {
         let Workload::Gemm { m, n, k, .. } = *w else {
             unreachable!("this bench only lists gemm shapes")
         };
+        eprintln!("measuring {w} ({rounds} rounds)");
         let p = Problem::random(w, 11);
-        let (a, b) = (&p.inputs[0], &p.inputs[1]);
-        let mut out = p.output();
+        let (a, b) = (&p.inputs[0][..], &p.inputs[1][..]);
+        let out = RefCell::new(p.output());
         let defaults: Vec<_> = threads
             .iter()
             .map(|&t| {
@@ -253,81 +283,51 @@ fn main() {
                 dk.prepare(w, &dc).expect("default config builds")
             })
             .collect();
+        let mut entrants = Vec::new();
         for (ti, &t) in threads.iter().enumerate() {
             let tuned = runtimes[ti].choose(w).expect("tuned choice");
             chosen.push(
                 json!({"workload": w.key(), "threads": t, "level": tuned.level.as_str(),
                                "kernel": tuned.kernel.name(), "config": tuned.config}),
             );
-        }
-        for round in 0..rounds {
-            let mut g = c.benchmark_group(group_name(w));
-            g.throughput(Throughput::Elements(w.flops() as u64));
-            g.sampling_mode(SamplingMode::Flat);
-            let mut ids = Vec::new();
-            for (ti, &t) in threads.iter().enumerate() {
-                let (rt, default) = (&runtimes[ti], &defaults[ti]);
-                // Odd rounds run the implementations in reverse: none is always first after
-                // a pause (frequency ramp, the other vCPU's state) or always last.
-                let mut order = IMPLS.to_vec();
-                order.retain(|&imp| imp != "matrixmultiply" || t == 1);
-                if round % 2 == 1 {
-                    order.reverse();
-                }
-                for imp in order {
-                    let id = BenchmarkId::new(imp, format!("{t}t"));
-                    match imp {
-                        "tuned" => g.bench_function(id, |bch| {
-                            bch.iter(|| rt.gemm(m, n, k, a, b, &mut out).unwrap())
-                        }),
-                        "default" => g.bench_function(id, |bch| {
-                            bch.iter(|| default.run_f32(&[a, b], &mut out).unwrap())
-                        }),
-                        "matrixmultiply" => g.bench_function(id, |bch| {
-                            bch.iter(|| gemm_mm(m, n, k, a, b, &mut out))
-                        }),
-                        "gemm" => g.bench_function(id, |bch| {
-                            bch.iter(|| gemm_gemm(m, n, k, a, b, &mut out, t))
-                        }),
-                        _ => g.bench_function(id, |bch| {
-                            bch.iter(|| gemm_faer(m, n, k, a, b, &mut out, t))
-                        }),
-                    };
-                    ids.push(format!("{imp}/{t}t"));
-                }
-            }
-            g.finish();
-            for id in ids {
-                // Criterion files the n-th run of one id in a process under `<id>_<n>`.
-                let dir = if round == 0 {
-                    id.clone()
-                } else {
-                    format!("{id}_{}", round + 1)
+            let (rt, default, out) = (&runtimes[ti], &defaults[ti], &out);
+            for imp in IMPLS {
+                let call: Box<dyn Fn() + '_> = match imp {
+                    "tuned" => Box::new(move || {
+                        rt.gemm(m, n, k, a, b, &mut out.borrow_mut()).unwrap();
+                    }),
+                    "default" => {
+                        Box::new(move || default.run_f32(&[a, b], &mut out.borrow_mut()).unwrap())
+                    }
+                    "matrixmultiply" if t == 1 => {
+                        Box::new(move || gemm_mm(m, n, k, a, b, &mut out.borrow_mut()))
+                    }
+                    "matrixmultiply" => continue,
+                    "gemm" => Box::new(move || gemm_gemm(m, n, k, a, b, &mut out.borrow_mut(), t)),
+                    _ => Box::new(move || gemm_faer(m, n, k, a, b, &mut out.borrow_mut(), t)),
                 };
-                if let Some(ns) = median_ns(&group_name(w), &dir) {
-                    medians.entry((group_name(w), id)).or_default().push(ns);
-                }
+                entrants.push(Entrant {
+                    imp,
+                    threads: t,
+                    call,
+                    reps: 1,
+                });
             }
         }
+        times.push(measure(&mut entrants, rounds));
     }
-    c.final_summary();
     let load = format!("{load_before} before, {} after", load_average());
-    write_report(&shapes, &threads, chosen, &medians, rounds, &load);
+    write_report(&shapes, &threads, chosen, &times, rounds, &load);
 }
 
 fn write_report(
     shapes: &[Workload],
     threads: &[usize],
     chosen: Vec<serde_json::Value>,
-    medians: &HashMap<(String, String), Vec<f64>>,
+    times: &[HashMap<(&'static str, usize), Vec<f64>>],
     rounds: usize,
     load: &str,
 ) {
-    let median_of = |group: &str, id: &str| {
-        let mut v = medians.get(&(group.to_string(), id.to_string()))?.clone();
-        v.sort_by(f64::total_cmp);
-        Some(v[v.len() / 2])
-    };
     let hw = HardwareFingerprint::current();
     let peak: Vec<f64> = threads
         .iter()
@@ -342,8 +342,9 @@ fn write_report(
     let mut rows = Vec::new();
     let mut md = format!(
         "# GEMM vs peers — {}\n\nMachine: {}\n\nFingerprint `{}`. GFLOP/s (2·M·N·K / time), time = median over {} interleaved \
-         rounds of criterion's median (10 flat samples per round); \
-         `ratio` = tuned ÷ fastest peer (matrixmultiply, gemm, faer) in the same run. \
+         rounds of one ~30 ms sample of every implementation and thread count in turn; \
+         `ratio` = tuned ÷ fastest peer (matrixmultiply, gemm, faer), the median of the \
+         rounds' ratios. \
          Load average (1/5/15 min): {}. FMA peak (median of 3): {}.\n",
         tuning_db::now_rfc3339(),
         hw.summary(),
@@ -354,14 +355,24 @@ fn write_report(
     );
     for (ti, &t) in threads.iter().enumerate() {
         md += &format!("\n## {t} thread(s)\n\n| workload (M×N×K) | tuned | default | matrixmultiply | gemm | faer | ratio vs best peer | tuned % of peak |\n|---|---|---|---|---|---|---|---|\n");
-        for w in shapes {
-            let gf = |imp: &str| {
-                let id = format!("{imp}/{t}t");
-                median_of(&group_name(w), &id).map(|ns| w.flops() / ns)
+        for (w, ns) in shapes.iter().zip(times) {
+            let of = |imp: &str| {
+                ns.iter()
+                    .find(|((i, th), _)| *i == imp && *th == t)
+                    .map(|(_, v)| v)
             };
-            let vals: Vec<Option<f64>> = IMPLS.iter().map(|i| gf(i)).collect();
-            let best_peer = vals[2..].iter().flatten().copied().fold(f64::NAN, f64::max);
-            let ratio = vals[0].map(|x| x / best_peer);
+            let vals: Vec<Option<f64>> = IMPLS
+                .iter()
+                .map(|i| of(i).map(|v| w.flops() / median(v)))
+                .collect();
+            // Per round: the fastest peer's time over the tuned kernel's.
+            let peers: Vec<&Vec<f64>> = IMPLS[2..].iter().filter_map(|i| of(i)).collect();
+            let ratio = of("tuned").filter(|_| !peers.is_empty()).map(|tuned| {
+                let per_round: Vec<f64> = (0..tuned.len())
+                    .map(|r| peers.iter().map(|p| p[r]).fold(f64::INFINITY, f64::min) / tuned[r])
+                    .collect();
+                median(&per_round)
+            });
             let cell = |v: Option<f64>| v.map_or("—".to_string(), |x| format!("{x:.1}"));
             md += &format!(
                 "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
