@@ -148,7 +148,12 @@ impl Simd for Avx2 {
 #[inline(always)]
 unsafe fn first_lanes(n: usize) -> __m256i {
     // SAFETY: AVX2 is available (caller contract).
-    unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
+    unsafe {
+        _mm256_cmpgt_epi32(
+            _mm256_set1_epi32(n as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        )
+    }
 }
 
 /// Packed `MR × 8·NV` tile, compiled for AVX2 + FMA.

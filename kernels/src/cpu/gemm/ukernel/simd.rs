@@ -317,7 +317,11 @@ unsafe fn store_tile<S: Simd, const R: usize, const V: usize, const ACT: u8>(
             for (v, x) in row.iter().enumerate() {
                 let (p, b) = (cr.add(v * S::W), bias.wrapping_add(v * S::W));
                 if v + 1 < V || last == S::W {
-                    let x = if accumulate { S::add(S::load(p), *x) } else { *x };
+                    let x = if accumulate {
+                        S::add(S::load(p), *x)
+                    } else {
+                        *x
+                    };
                     S::store(p, epilogue::<S, ACT>(x, b));
                 } else {
                     let x = if accumulate {
