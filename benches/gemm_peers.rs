@@ -202,8 +202,12 @@ struct Entrant<'a> {
 }
 
 impl Entrant<'_> {
-    /// Nanoseconds per call over one sample.
+    /// Nanoseconds per call over one sample, after an untimed call: a sample on two threads
+    /// that follows one on a single thread would otherwise time the idle core's wake-up
+    /// (identical configs, tuned and default, came out 4–8% apart at 2 threads when the
+    /// tuned one always followed a single-thread peer).
     fn sample(&self) -> f64 {
+        (self.call)();
         let t = Instant::now();
         for _ in 0..self.reps {
             (self.call)();
