@@ -276,53 +276,10 @@ pub(crate) unsafe fn epilogue<S: Simd, const ACT: u8>(x: S::V, bias: *const f32)
     }
 }
 
-/// Stores the `R × V` accumulator tile at `c` (row stride `ldc`), adding what is there
-/// with `accumulate`. Of the last vector of each row only the first `last` lanes are read
-/// and written (`last = W`: all of them).
-///
-/// # Safety
-/// The CPU supports `S`'s ISA; `1 ≤ last ≤ W`; `c + r·ldc + j` is readable and writable for
-/// `r < R`, `j < (V-1)·W + last`.
-#[inline(always)]
-unsafe fn store_tile<S: Simd, const R: usize, const V: usize>(
-    acc: &[[S::V; V]; R],
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-    last: usize,
-) {
-    // SAFETY: the caller guarantees the ISA and the extents (r < R, v < V; the last vector
-    // only through its first `last` lanes).
-    unsafe {
-        for (r, row) in acc.iter().enumerate() {
-            let cr = c.add(r * ldc);
-            for (v, x) in row.iter().enumerate() {
-                let p = cr.add(v * S::W);
-                if v + 1 < V || last == S::W {
-                    let x = if accumulate {
-                        S::add(S::load(p), *x)
-                    } else {
-                        *x
-                    };
-                    S::store(p, x);
-                } else {
-                    let x = if accumulate {
-                        S::add(S::load_first(p, last), *x)
-                    } else {
-                        *x
-                    };
-                    S::store_first(p, x, last);
-                }
-            }
-        }
-    }
-}
-
 /// [`store_tile_first`] of whole vectors.
 ///
 /// # Safety
-/// As [`store_tile`] with `last = W`, and `ep.bias` readable for `V·W` values unless
-/// `ep.act` is none.
+/// As [`store_tile_first`] with `last = W`.
 #[inline(always)]
 pub(crate) unsafe fn store_tile_epi<S: Simd, const R: usize, const V: usize>(
     acc: &[[S::V; V]; R],
@@ -335,8 +292,10 @@ pub(crate) unsafe fn store_tile_epi<S: Simd, const R: usize, const V: usize>(
     unsafe { store_tile_first::<S, R, V>(acc, c, ldc, accumulate, ep, S::W) }
 }
 
-/// [`store_tile`], then the epilogue `ep` (bias and activation, chosen at run time) over the
-/// stored rows, the last vector of each row clipped to its first `last` lanes.
+/// Stores the `R × V` accumulator tile at `c` (row stride `ldc`), adding what is there
+/// with `accumulate`, then applies the epilogue `ep` (bias and activation, chosen at run
+/// time) over the stored rows. Of the last vector of each row only the first `last` lanes
+/// are read and written (`last = W`: all of them).
 ///
 /// The epilogue is a pass of its own over the tile's rows, in L1, rather than applied to the
 /// accumulators on their way out: its loops are too long for the compiler to unroll across
@@ -346,8 +305,9 @@ pub(crate) unsafe fn store_tile_epi<S: Simd, const R: usize, const V: usize>(
 /// 1.08×, `100x100x100` 1.04×, the fused GELU epilogue at `128x3072x768` unchanged).
 ///
 /// # Safety
-/// As [`store_tile`], with `ep.bias` readable for `(V-1)·W + last` values unless `ep.act`
-/// is none.
+/// The CPU supports `S`'s ISA; `1 ≤ last ≤ W`; `c + r·ldc + j` is readable and writable for
+/// `r < R`, `j < (V-1)·W + last`; unless `ep.act` is none, `ep.bias` is readable for
+/// `(V-1)·W + last` values.
 #[inline(always)]
 unsafe fn store_tile_first<S: Simd, const R: usize, const V: usize>(
     acc: &[[S::V; V]; R],
@@ -357,9 +317,24 @@ unsafe fn store_tile_first<S: Simd, const R: usize, const V: usize>(
     ep: Epi,
     last: usize,
 ) {
-    // SAFETY: forwarded caller contract.
+    // SAFETY: the caller guarantees the ISA and the extents (r < R, v < V; the last vector
+    // only through its first `last` lanes).
     unsafe {
-        store_tile::<S, R, V>(acc, c, ldc, accumulate, last);
+        for (r, row) in acc.iter().enumerate() {
+            let cr = c.add(r * ldc);
+            for (v, x) in row.iter().enumerate() {
+                let p = cr.add(v * S::W);
+                let x = match (v + 1 < V || last == S::W, accumulate) {
+                    (true, true) => S::add(S::load(p), *x),
+                    (false, true) => S::add(S::load_first(p, last), *x),
+                    (_, false) => *x,
+                };
+                match v + 1 < V || last == S::W {
+                    true => S::store(p, x),
+                    false => S::store_first(p, x, last),
+                }
+            }
+        }
         if ep.act != Epi::NONE_ACT {
             let cols = (V - 1) * S::W + last;
             for r in 0..R {
