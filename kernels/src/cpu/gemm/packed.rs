@@ -117,7 +117,8 @@ pub struct PackedGemm {
     /// place (`inplace`); a partial last row tile is read in place either way.
     pub pack_a: bool,
     /// Read a row-major B's column panels in place (`b_layout = inplace`) instead of
-    /// packing every block during the call. A B packed ahead ([`BSource::Packed`]) is read as packed either way.
+    /// packing every block during the call. A B packed ahead ([`BSource::Packed`]) is read
+    /// as packed either way.
     pub b_inplace: bool,
 }
 
