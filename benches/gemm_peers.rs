@@ -2,7 +2,7 @@
 //! `matrixmultiply`, `gemm` and `faer`, single thread and two threads, side by side in one run.
 //!
 //! ```text
-//! cargo bench --bench gemm_peers                      # all shapes (~10 minutes on 2 cores)
+//! cargo bench --bench gemm_peers                      # all shapes (~4 minutes on 2 cores, +3 to tune them first)
 //! AUTOKERNEL_BENCH_SHAPES=gemm:1024x1024x1024 cargo bench --bench gemm_peers
 //! ```
 //! Environment: `AUTOKERNEL_BENCH_DB` (tuning database, default `target/bench-tuning.db`; shapes
