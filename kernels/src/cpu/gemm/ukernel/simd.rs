@@ -324,12 +324,13 @@ unsafe fn store_tile_first<S: Simd, const R: usize, const V: usize>(
             let cr = c.add(r * ldc);
             for (v, x) in row.iter().enumerate() {
                 let p = cr.add(v * S::W);
-                let x = match (v + 1 < V || last == S::W, accumulate) {
+                let whole = v + 1 < V || last == S::W;
+                let x = match (whole, accumulate) {
                     (true, true) => S::add(S::load(p), *x),
                     (false, true) => S::add(S::load_first(p, last), *x),
                     (_, false) => *x,
                 };
-                match v + 1 < V || last == S::W {
+                match whole {
                     true => S::store(p, x),
                     false => S::store_first(p, x, last),
                 }
@@ -479,9 +480,9 @@ pub(crate) unsafe fn packed_body<
     }
 }
 
-/// One k step of [`packed_body`], [`direct_body`] and the attention scores tile: NV vectors
-/// of B, MR broadcasts of A `a_rs` apart (1 for a packed A micro-panel, the row stride for A
-/// in place), MR·NV FMAs.
+/// One k step of [`packed_body`] and the attention scores tile: NV vectors of B, MR
+/// broadcasts of A `a_rs` apart (1 for a packed A micro-panel, the row stride for A in
+/// place), MR·NV FMAs ([`direct_step`] of whole vectors).
 ///
 /// # Safety
 /// The CPU supports `S`'s ISA; `a + r·a_rs` is readable for `r < MR` and `b` for `NV·W`
@@ -493,19 +494,8 @@ pub(crate) unsafe fn packed_step_strided<S: Simd, const MR: usize, const NV: usi
     a_rs: usize,
     b: *const f32,
 ) {
-    // SAFETY: the caller guarantees the ISA and the extents (r < MR, v < NV).
-    unsafe {
-        let mut bv = [S::zero(); NV];
-        for (v, x) in bv.iter_mut().enumerate() {
-            *x = S::load(b.add(v * S::W));
-        }
-        for (r, row) in acc.iter_mut().enumerate() {
-            let ar = S::splat(a.add(r * a_rs));
-            for v in 0..NV {
-                row[v] = S::fmadd(ar, bv[v], row[v]);
-            }
-        }
-    }
+    // SAFETY: forwarded caller contract (whole vectors: nothing clipped).
+    unsafe { direct_step::<S, MR, NV, false>(acc, a, a_rs, b, S::W) }
 }
 
 /// Below this many accumulators a direct tile splits its depth over two sets of them: one
@@ -607,11 +597,12 @@ unsafe fn direct_tile<S: Simd, const R: usize, const V: usize, const CLIP: bool>
     }
 }
 
-/// [`packed_step_strided`] with, under `CLIP`, the last B vector read through its first
-/// `last` lanes (the others zero).
+/// One k step of a tile: V vectors of B, R broadcasts of A `a_rs` apart, R·V FMAs; under
+/// `CLIP`, the last B vector read through its first `last` lanes (the others zero).
 ///
 /// # Safety
-/// As [`packed_step_strided`], `b` readable for `(V-1)·W + last` values under `CLIP`.
+/// The CPU supports `S`'s ISA; `a + r·a_rs` is readable for `r < R` and `b` for V·W values,
+/// `(V-1)·W + last` under `CLIP`.
 #[inline(always)]
 unsafe fn direct_step<S: Simd, const R: usize, const V: usize, const CLIP: bool>(
     acc: &mut [[S::V; V]; R],
