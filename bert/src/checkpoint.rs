@@ -306,9 +306,13 @@ impl<'a> Reader<'a> {
     /// Layer `l` in the encoder's layout (Q, K, V side by side in one `H × 3H` matrix).
     fn layer(&self, l: usize, h: usize, f: usize) -> Result<LayerWeights, String> {
         let at = |s: &str| format!("encoder.layer.{l}.{s}");
+        // The three projections are read (so their shapes checked against the file) before
+        // the fused matrix is allocated: a config's sizes alone allocate nothing.
+        let qkv = ["query", "key", "value"]
+            .map(|name| self.linear(&at(&format!("attention.self.{name}")), h, h));
         let (mut w_qkv, mut b_qkv) = (vec![0.0f32; h * 3 * h], Vec::with_capacity(3 * h));
-        for (part, name) in ["query", "key", "value"].into_iter().enumerate() {
-            let (w, b) = self.linear(&at(&format!("attention.self.{name}")), h, h)?;
+        for (part, projection) in qkv.into_iter().enumerate() {
+            let (w, b) = projection?;
             for (dst, src) in w_qkv.chunks_exact_mut(3 * h).zip(w.chunks_exact(h)) {
                 dst[part * h..(part + 1) * h].copy_from_slice(src);
             }

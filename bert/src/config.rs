@@ -150,7 +150,9 @@ impl BertConfig {
         out
     }
 
-    /// Checks the sizes: every one at least 1, `hidden` a multiple of `heads`.
+    /// Checks the sizes: every one at least 1, `hidden` a multiple of `heads`, and the
+    /// layer's workloads valid ones (the fused QKV projection's `3·hidden` columns within
+    /// the workloads' dimension limit, for one).
     pub fn validate(&self) -> Result<(), crate::BertError> {
         let bad = |reason: String| Err(crate::BertError::Config { reason });
         if self.layers == 0 || self.hidden == 0 || self.heads == 0 || self.ffn == 0 {
@@ -162,7 +164,10 @@ impl BertConfig {
                 self.hidden, self.heads
             ));
         }
-        Ok(())
+        match self.workloads(1, 1).iter().try_for_each(Workload::check) {
+            Ok(()) => Ok(()),
+            Err(e) => bad(e.to_string()),
+        }
     }
 }
 

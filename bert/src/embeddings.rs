@@ -37,10 +37,21 @@ impl Embeddings {
         self.token_type.len() / self.hidden
     }
 
-    /// Checks that `tokens` fit the tables: ids below the vocabulary, types below the
-    /// type vocabulary, `seq` within the positions.
+    /// Checks that `tokens` fit the tables: `batch × seq` ids and types, ids below the
+    /// vocabulary, types below the type vocabulary, `seq` within the positions.
     pub fn check(&self, tokens: &TokenBatch) -> Result<(), BertError> {
         let bad = |reason: String| Err(BertError::Shape { reason });
+        let n = tokens.batch * tokens.seq;
+        if tokens.ids.len() != n || tokens.types.len() != n || tokens.lens.len() != tokens.batch {
+            return bad(format!(
+                "a batch of {} × {} tokens holds {} ids, {} token types and {} lengths",
+                tokens.batch,
+                tokens.seq,
+                tokens.ids.len(),
+                tokens.types.len(),
+                tokens.lens.len()
+            ));
+        }
         if tokens.seq > self.max_positions() {
             return bad(format!(
                 "sequences of {} tokens, the model has {} positions",
@@ -72,8 +83,9 @@ impl Embeddings {
     }
 
     /// The encoder input of `tokens` (`batch × seq × hidden`), f32; positions count from 0
-    /// in every sequence. Panics unless [`Embeddings::check`] accepts `tokens`.
+    /// in every sequence. Tokens that [`Embeddings::check`] refuses are its error.
     pub fn forward(&self, tokens: &TokenBatch, out: &mut Vec<f32>) -> Result<(), BertError> {
+        self.check(tokens)?;
         let h = self.hidden;
         let n = tokens.batch * tokens.seq;
         out.resize(n * h, 0.0);

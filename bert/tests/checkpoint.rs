@@ -57,6 +57,19 @@ fn same(name: &str, d: Dtype, s: &[usize], b: &[u8]) -> Option<Tensor> {
     Some((name.to_string(), d, s.to_vec(), b.to_vec()))
 }
 
+/// The hidden size of the "huge" broken directory.
+const HUGE: usize = 30_000;
+
+/// The embedding tables and their LayerNorm at one row of [`HUGE`] zeros; no layers.
+fn huge_tables(name: &str, _: Dtype, _: &[usize], _: &[u8]) -> Option<Tensor> {
+    let shape = match name {
+        n if n.ends_with("_embeddings.weight") => vec![1, HUGE],
+        n if n.starts_with("embeddings.LayerNorm") => vec![HUGE],
+        _ => return None,
+    };
+    Some((name.to_string(), Dtype::F32, shape, vec![0; 4 * HUGE]))
+}
+
 /// The fixture's batch through the runtime: `last_hidden_state`.
 fn run(ckpt: &Checkpoint, tokens: &TokenBatch) -> Vec<f32> {
     let rt = Runtime::defaults_only();
@@ -206,6 +219,25 @@ fn broken_directories_are_one_line_errors_naming_the_tensor_or_field() {
                 )
             }),
             "tensor 'embeddings.LayerNorm.bias' is I16",
+        ),
+        (
+            // 3·hidden past the workloads' dimension limit: refused from config.json.
+            "wide",
+            Box::new(|d: &Path| rewrite(d, same, |v| v["hidden_size"] = (1 << 20).into())),
+            "exceeds the maximum of 1048576",
+        ),
+        (
+            // A config whose sizes alone would ask for gigabytes, with tables to match and
+            // no layers: the missing tensor is the error, nothing is allocated for it.
+            "huge",
+            Box::new(|d: &Path| rewrite(d, huge_tables, |v| {
+                for f in ["vocab_size", "max_position_embeddings", "type_vocab_size", "num_attention_heads"] {
+                    v[f] = 1.into();
+                }
+                v["hidden_size"] = HUGE.into();
+                v["intermediate_size"] = HUGE.into();
+            })),
+            "tensor 'encoder.layer.0.attention.self.query.weight' is missing",
         ),
         (
             "nofile",

@@ -7,6 +7,7 @@
 //! assert_eq!("bf16".parse::<DType>()?, DType::Bf16);
 //! assert_eq!(DType::I8.to_string(), "i8");
 //! assert!(DType::I8.is_precision() && !DType::U8.is_precision());
+//! assert_eq!(DType::precision_named("INT8"), Some(DType::I8));
 //! assert_eq!(DType::Bf16.size(), 2);
 //! # Ok::<(), kernels::Error>(())
 //! ```
@@ -54,6 +55,20 @@ impl DType {
             DType::I32 => "i32",
         }
     }
+
+    /// The precision a user names: `f32` (or `fp32`), `bf16`, `int8` (or `i8`), in any case.
+    /// The one list of these names; `auto` (a policy, not a type) is the callers'.
+    pub fn precision_named(name: &str) -> Option<DType> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "f32" | "fp32" => Some(DType::F32),
+            "bf16" => Some(DType::Bf16),
+            "int8" | "i8" => Some(DType::I8),
+            _ => None,
+        }
+    }
+
+    /// The names [`DType::precision_named`] knows, as error messages list them.
+    pub const PRECISION_NAMES: &'static str = "f32, bf16, int8";
 
     /// Bytes per element.
     pub fn size(self) -> usize {

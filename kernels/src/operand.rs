@@ -230,14 +230,15 @@ pub const KEY_LENS: &str = "key_lens";
 /// then optionally the **key lengths** — an [`Operand::I32`] of B values, `key_lens[b]` in
 /// `0..=S`: in batch `b`, keys `j ≥ key_lens[b]` are masked out for every query (a padded
 /// batch: what a 0/1 attention mask of right-padded sequences means). A query that sees no
-/// key gets zeros. Without it every key is seen. Panics if `w` is not attention.
+/// key gets zeros. Without it every key is seen. A workload that is not attention is an
+/// error.
 pub fn host_attention<'a, 'o>(
     w: &Workload,
     inputs: &[Operand<'a>],
     output: OperandMut<'o>,
 ) -> Result<AttentionOperands<'a, 'o>> {
     let Workload::Attention { b, .. } = *w else {
-        panic!("host_attention takes an attention workload, got {w}");
+        return Err(not_attention(w));
     };
     let lens = match inputs {
         [_, _, _] => None,
@@ -271,10 +272,22 @@ pub fn host_attention<'a, 'o>(
     Ok((qkv, lens, out))
 }
 
+/// The error of attention operands (Q, K, V, key lengths, QKV rows) given for a workload
+/// that is not attention.
+fn not_attention(w: &Workload) -> Error {
+    Error::Operand {
+        workload: w.key(),
+        operand: "inputs".into(),
+        reason: "attention operands (q, k, v, key lengths, qkv rows) given for a workload \
+                 that is not attention"
+            .into(),
+    }
+}
+
 /// Checks that every key length is in `0..=S` (`w` is attention).
 fn check_key_lens(w: &Workload, lens: Option<&[i32]>) -> Result<()> {
     let Workload::Attention { s, .. } = *w else {
-        panic!("key lengths belong to an attention workload, got {w}");
+        return Err(not_attention(w));
     };
     match lens
         .into_iter()
@@ -303,7 +316,7 @@ pub fn host_qkv_rows(
     out: &[f32],
 ) -> Result<()> {
     let Workload::Attention { b, .. } = *w else {
-        panic!("host_qkv_rows takes an attention workload, got {w}");
+        return Err(not_attention(w));
     };
     let host = |len, dtype| Shape {
         len,

@@ -343,6 +343,12 @@ impl Workload {
         }
     }
 
+    /// Checks a workload built as a literal, as the constructors and the parser do: a
+    /// workload precision, every dimension in `1..=MAX_DIM`, operands that fit in memory.
+    pub fn check(&self) -> Result<()> {
+        self.validate(&self.key())
+    }
+
     fn validate(&self, input: &str) -> Result<()> {
         let bad = |reason: String| Error::BadWorkload {
             input: input.to_string(),

@@ -19,7 +19,7 @@ impl Choice {
     pub fn to_json(&self, w: &Workload, rt: &Runtime, device: &str) -> Value {
         let accuracy = self.source.as_ref().and_then(|s| s.accuracy);
         let mut precisions = serde_json::Map::new();
-        for d in [DType::F32, DType::Bf16, DType::I8] {
+        for d in DType::PRECISIONS {
             let wd = w.with_dtype(d);
             if let Some(c) = rt.peek(&wd) {
                 let src = c.source.as_ref();

@@ -133,14 +133,15 @@ pub struct UnknownPrecision(pub String);
 impl FromStr for PrecisionPolicy {
     type Err = UnknownPrecision;
 
-    /// `f32`, `bf16`, `int8` (or `i8`), `auto`; case-insensitive.
+    /// `auto` or a precision [`DType::precision_named`] knows (`f32`, `bf16`, `int8`, ...).
     fn from_str(s: &str) -> Result<Self, UnknownPrecision> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "f32" | "fp32" => Ok(PrecisionPolicy::exact()),
-            "bf16" => Ok(PrecisionPolicy::only(DType::Bf16)),
-            "int8" | "i8" => Ok(PrecisionPolicy::only(DType::I8)),
-            "auto" => Ok(PrecisionPolicy::auto()),
-            _ => Err(UnknownPrecision(s.to_string())),
+        if s.trim().eq_ignore_ascii_case("auto") {
+            return Ok(PrecisionPolicy::auto());
+        }
+        match DType::precision_named(s) {
+            Some(DType::F32) => Ok(PrecisionPolicy::exact()),
+            Some(d) => Ok(PrecisionPolicy::only(d)),
+            None => Err(UnknownPrecision(s.to_string())),
         }
     }
 }

@@ -405,3 +405,14 @@ fn attention_over_qkv_rows_is_served_by_a_heads_only_variant_too() {
         assert!(worst < 1e-5, "{lens:?}: {worst}");
     }
 }
+
+/// Attention's QKV-rows entry point called on a GEMM's choice is an error naming the
+/// operands, not a panic (it is public: a caller can hold any `Choice`).
+#[test]
+fn qkv_rows_on_a_gemm_choice_is_an_error() {
+    let rt = Runtime::defaults_only();
+    let choice = rt.lookup(&gemm(4, 4, 4)).unwrap();
+    let (qkv, mut out) = (vec![0.0f32; 48], vec![0.0f32; 16]);
+    let err = choice.run_qkv_rows((&qkv, None), &mut out).unwrap_err();
+    assert!(err.to_string().contains("not attention"), "{err}");
+}

@@ -3,30 +3,32 @@
 
 use kernels::{DType, DeviceKind, Workload};
 
-/// The element types a `--precision` list names (`f32`, `bf16`, `int8`/`i8`, `auto` = all
-/// three), in order, without repeats; an unknown name or an empty list is an error.
+/// The element types a `--precision` list names ([`DType::precision_named`]'s names; `auto`
+/// = all three), in order, without repeats; an unknown name or an empty list is an error.
 pub fn parse_precisions(list: &str) -> Result<Vec<DType>, String> {
     let mut out = Vec::new();
     for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let add: &[DType] = match name.to_ascii_lowercase().as_str() {
-            "f32" => &[DType::F32],
-            "bf16" => &[DType::Bf16],
-            "int8" | "i8" => &[DType::I8],
-            "auto" => &[DType::F32, DType::Bf16, DType::I8],
-            _ => {
+        let add = match DType::precision_named(name) {
+            Some(d) => vec![d],
+            None if name.eq_ignore_ascii_case("auto") => DType::PRECISIONS.to_vec(),
+            None => {
                 return Err(format!(
-                    "unknown precision '{name}' (known: f32, bf16, int8, auto)"
+                    "unknown precision '{name}' (known: {}, auto)",
+                    DType::PRECISION_NAMES
                 ))
             }
         };
         for d in add {
-            if !out.contains(d) {
-                out.push(*d);
+            if !out.contains(&d) {
+                out.push(d);
             }
         }
     }
     if out.is_empty() {
-        return Err("give at least one precision of f32, bf16, int8".into());
+        return Err(format!(
+            "give at least one precision of {}",
+            DType::PRECISION_NAMES
+        ));
     }
     Ok(out)
 }
@@ -72,6 +74,11 @@ mod tests {
             [DType::F32, DType::I8]
         );
         assert_eq!(parse_precisions("auto").unwrap().len(), 3);
+        // The names `infer --precision` takes, as it takes them.
+        assert_eq!(
+            parse_precisions("FP32,BF16").unwrap(),
+            [DType::F32, DType::Bf16]
+        );
         assert!(parse_precisions("int4").unwrap_err().contains("'int4'"));
         assert!(parse_precisions(" , ").is_err());
         let ws: Vec<Workload> = [

@@ -261,32 +261,44 @@ impl StrategyKind {
         transfer: true,
     };
 
-    pub const NAMES: [&'static str; 7] = [
-        "exhaustive",
-        "random",
-        "annealing",
-        "evolutionary",
-        "model",
-        "model-notransfer",
-        "model-linear",
+    /// Every kind with its name, the one table [`StrategyKind::name`], [`FromStr`] and
+    /// [`StrategyKind::NAMES`] read.
+    const KINDS: [(&'static str, StrategyKind); 8] = [
+        ("exhaustive", StrategyKind::Exhaustive),
+        ("random", StrategyKind::Random),
+        ("annealing", StrategyKind::Annealing),
+        ("evolutionary", StrategyKind::Evolutionary),
+        ("model", StrategyKind::DEFAULT),
+        ("model-notransfer", Self::model(ModelKind::Forest, false)),
+        ("model-linear", Self::model(ModelKind::Linear, true)),
+        (
+            "model-linear-notransfer",
+            Self::model(ModelKind::Linear, false),
+        ),
     ];
+
+    /// The names accepted by [`FromStr`].
+    pub const NAMES: [&'static str; 8] = {
+        let mut names = [""; 8];
+        let mut i = 0;
+        while i < names.len() {
+            names[i] = Self::KINDS[i].0;
+            i += 1;
+        }
+        names
+    };
+
+    const fn model(model: ModelKind, transfer: bool) -> StrategyKind {
+        StrategyKind::Model { model, transfer }
+    }
 
     /// The name accepted by [`FromStr`].
     pub fn name(self) -> &'static str {
-        match self {
-            StrategyKind::Exhaustive => "exhaustive",
-            StrategyKind::Random => "random",
-            StrategyKind::Annealing => "annealing",
-            StrategyKind::Evolutionary => "evolutionary",
-            StrategyKind::Model {
-                model: ModelKind::Linear,
-                ..
-            } => "model-linear",
-            StrategyKind::Model {
-                transfer: false, ..
-            } => "model-notransfer",
-            StrategyKind::Model { .. } => "model",
-        }
+        Self::KINDS
+            .iter()
+            .find(|(_, k)| *k == self)
+            .map(|(name, _)| *name)
+            .expect("every strategy kind is in the table")
     }
 
     /// A fresh strategy of this kind over the context's candidates.
@@ -331,25 +343,11 @@ impl FromStr for StrategyKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "exhaustive" => Ok(StrategyKind::Exhaustive),
-            "random" => Ok(StrategyKind::Random),
-            "annealing" => Ok(StrategyKind::Annealing),
-            "evolutionary" => Ok(StrategyKind::Evolutionary),
-            "model" => Ok(StrategyKind::DEFAULT),
-            "model-notransfer" => Ok(StrategyKind::Model {
-                model: ModelKind::DEFAULT,
-                transfer: false,
-            }),
-            "model-linear" => Ok(StrategyKind::Model {
-                model: ModelKind::Linear,
-                transfer: true,
-            }),
-            other => Err(format!(
-                "unknown strategy '{other}' (known: {})",
-                Self::NAMES.join(", ")
-            )),
-        }
+        Self::KINDS
+            .iter()
+            .find(|(name, _)| *name == s)
+            .map(|(_, k)| *k)
+            .ok_or_else(|| format!("unknown strategy '{s}' (known: {})", Self::NAMES.join(", ")))
     }
 }
 
@@ -399,6 +397,12 @@ mod tests {
             assert_eq!(k.name(), name);
         }
         assert_eq!("model".parse::<StrategyKind>(), Ok(StrategyKind::DEFAULT));
+        for model in ModelKind::ALL {
+            for transfer in [true, false] {
+                let k = StrategyKind::Model { model, transfer };
+                assert_eq!(k.name().parse::<StrategyKind>(), Ok(k), "{}", k.name());
+            }
+        }
         assert!("bayes"
             .parse::<StrategyKind>()
             .unwrap_err()

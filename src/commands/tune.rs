@@ -317,7 +317,7 @@ fn precision_summary(
     }
     eprintln!("precision summary ({policy}):");
     for w in shapes {
-        let cells: Vec<String> = [DType::F32, DType::Bf16, DType::I8]
+        let cells: Vec<String> = DType::PRECISIONS
             .iter()
             .filter_map(|&d| db.best(&hw.id, &w.with_dtype(d)).ok().flatten())
             .map(|r| {
