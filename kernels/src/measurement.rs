@@ -106,6 +106,11 @@ impl Measurement {
 pub fn median(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
+    median_sorted(&v)
+}
+
+/// [`median`] of a slice already sorted (non-empty).
+pub fn median_sorted(v: &[f64]) -> f64 {
     let n = v.len();
     if n % 2 == 1 {
         v[n / 2]
@@ -114,24 +119,36 @@ pub fn median(xs: &[f64]) -> f64 {
     }
 }
 
-/// Relative half-width of the 95% confidence interval of the median of `samples`, from order
-/// statistics (ranks n/2 ± 0.98·√n): the stopping rule of both timing protocols (CPU and
-/// CUDA). Infinite with fewer than three samples.
-pub fn median_ci_halfwidth(samples: &[f64]) -> f64 {
+/// The 95% confidence interval `(low, high)` of the median of `samples`, in the samples'
+/// unit, from order statistics: the sorted samples at ranks `n/2 ∓ 0.98·√n`. Needs no
+/// assumption about the distribution, which on a shared machine is skewed and heavy-tailed.
+/// `None` with fewer than three samples (no confidence at all; callers say what that means
+/// to them). The one place this rule is written: the timing protocols' stopping rule, the
+/// runner's paired comparisons and the database merge's tie test all read it.
+pub fn median_ci(samples: &[f64]) -> Option<(f64, f64)> {
     let n = samples.len();
     if n < 3 {
-        return f64::INFINITY;
+        return None;
     }
     let mut v = samples.to_vec();
     v.sort_by(f64::total_cmp);
     let half = 0.98 * (n as f64).sqrt();
-    let lo = ((n as f64 / 2.0 - half).floor().max(0.0)) as usize;
+    let lo = (n as f64 / 2.0 - half).floor().max(0.0) as usize;
     let hi = ((n as f64 / 2.0 + half).ceil() as usize).min(n - 1);
-    let med = median(&v);
+    Some((v[lo], v[hi]))
+}
+
+/// Relative half-width of [`median_ci`]: the stopping rule of both timing protocols (CPU and
+/// CUDA). Infinite with fewer than three samples.
+pub fn median_ci_halfwidth(samples: &[f64]) -> f64 {
+    let Some((lo, hi)) = median_ci(samples) else {
+        return f64::INFINITY;
+    };
+    let med = median(samples);
     if med <= 0.0 {
         return 0.0;
     }
-    (v[hi] - v[lo]) / 2.0 / med
+    (hi - lo) / 2.0 / med
 }
 
 #[cfg(test)]

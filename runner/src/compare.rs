@@ -28,7 +28,7 @@
 //! above `1 + threshold`. [`Verdict::Improvement`] mirrors it (interval entirely below
 //! `1 / (1 + threshold)`); everything else is [`Verdict::Unchanged`].
 
-use kernels::measurement::median;
+use kernels::measurement::{median, median_sorted};
 use kernels::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -268,12 +268,7 @@ fn resampled_median(rounds: &[&[f64]], rng: &mut Rng, scratch: &mut Vec<f64>) ->
         scratch.extend((0..r.len()).map(|_| r[rng.below(r.len() as u64) as usize]));
     }
     scratch.sort_by(f64::total_cmp);
-    let n = scratch.len();
-    if n % 2 == 1 {
-        scratch[n / 2]
-    } else {
-        (scratch[n / 2 - 1] + scratch[n / 2]) / 2.0
-    }
+    median_sorted(scratch)
 }
 
 /// Linear-interpolated quantile `q ∈ [0, 1]` of sorted, non-empty `v`.

@@ -75,21 +75,10 @@ pub fn measure_interleaved(
 }
 
 /// The 95% confidence interval `(low, high)` of the median of `samples`, in the samples' unit,
-/// from order statistics: the sorted samples at ranks `n/2 ∓ 0.98·√n` (the same ranks as
-/// [`Protocol`]'s stopping rule). Needs no assumption about the distribution, which on a
-/// shared machine is skewed and heavy-tailed. Fewer than 3 samples give `(0, ∞)`: no
-/// confidence at all.
+/// from order statistics ([`kernels::measurement::median_ci`], [`Protocol`]'s stopping rule
+/// too). Fewer than 3 samples give `(0, ∞)`: no confidence at all.
 pub fn median_ci(samples: &[f64]) -> (f64, f64) {
-    let n = samples.len();
-    if n < 3 {
-        return (0.0, f64::INFINITY);
-    }
-    let mut v = samples.to_vec();
-    v.sort_by(f64::total_cmp);
-    let half = 0.98 * (n as f64).sqrt();
-    let lo = (n as f64 / 2.0 - half).floor().max(0.0) as usize;
-    let hi = ((n as f64 / 2.0 + half).ceil() as usize).min(n - 1);
-    (v[lo], v[hi])
+    kernels::measurement::median_ci(samples).unwrap_or((0.0, f64::INFINITY))
 }
 
 /// Whether `a` is statistically no slower than `b`, from samples taken in the same

@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use costmodel::transfer_weight;
+use kernels::measurement::{median, median_sorted};
 use kernels::{default_for, kernels_for, Config, HardwareFingerprint, Status, Workload};
 use serde::{Deserialize, Serialize};
 use tuning_db::{DbError, TuningDb};
@@ -498,12 +499,7 @@ pub fn median_trials(values: &[Option<usize>]) -> Option<f64> {
         return None;
     }
     v.sort_by(f64::total_cmp);
-    let n = v.len();
-    let m = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
+    let m = median_sorted(&v);
     m.is_finite().then_some(m)
 }
 
@@ -558,15 +554,10 @@ pub fn summarize(
     };
     let len = runs.first().map_or(0, |r| r.best_so_far.len());
     let frac_median = |vals: Vec<f64>| -> f64 {
-        let mut v = vals;
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        if n == 0 {
+        if vals.is_empty() {
             0.0
-        } else if n % 2 == 1 {
-            v[n / 2]
         } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
+            median(&vals)
         }
     };
     let curve: Vec<f64> = (0..len)

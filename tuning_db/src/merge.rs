@@ -85,17 +85,10 @@ impl BestSummary {
 /// 95% confidence interval of the median from the samples' order statistics (as the runner
 /// computes it); with fewer than 3 samples, ± max(3 × spread, 2%) around the median.
 pub fn median_ci(samples: &[f64], median_s: f64, spread: f64) -> (f64, f64) {
-    let n = samples.len();
-    if n < 3 {
+    kernels::measurement::median_ci(samples).unwrap_or_else(|| {
         let h = (3.0 * spread).max(0.02) * median_s;
-        return (median_s - h, median_s + h);
-    }
-    let mut v = samples.to_vec();
-    v.sort_by(f64::total_cmp);
-    let half = 0.98 * (n as f64).sqrt();
-    let lo = (n as f64 / 2.0 - half).floor().max(0.0) as usize;
-    let hi = ((n as f64 / 2.0 + half).ceil() as usize).min(n - 1);
-    (v[lo], v[hi])
+        (median_s - h, median_s + h)
+    })
 }
 
 /// Two bests of one (fingerprint, workload), within noise of each other, disagreeing on the
