@@ -2,7 +2,6 @@
 //! result), and the worker process it measures candidates in.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use kernels::{DeviceKind, HardwareFingerprint, Kernel, Workload};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -73,7 +72,7 @@ fn worker_spec(
             let joined = std::env::join_paths(path).map_err(other_err)?;
             spec.env.push(("PYTHONPATH".into(), joined));
             spec.fingerprint = Some(hw.id.clone());
-            spec.mem_limit_bytes = Some(4096 << 20);
+            spec.mem_limit_bytes = Some(runner::DEFAULT_MEM_LIMIT_MB << 20);
             Ok(Some(spec))
         }
         other => Err(PyValueError::new_err(format!(
@@ -122,15 +121,8 @@ pub fn tune<'py>(
     let seed = int_in("seed", seed, 0, u64::MAX)?;
     let finalists = int_in("finalists", finalists, 0, usize::MAX)?;
     let strategy: StrategyKind = strategy.parse().map_err(PyValueError::new_err)?;
-    let timeout = match timeout_s {
-        None => None,
-        Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Some(Duration::from_secs_f64(s)),
-        Some(s) => {
-            return Err(PyValueError::new_err(format!(
-                "timeout_s must be in (0, 86400], not {s}"
-            )))
-        }
-    };
+    let timeout = TuneOptions::timeout_from_secs(timeout_s)
+        .map_err(|e| PyValueError::new_err(format!("timeout_s {e}")))?;
     let (pool, hw) = Threads::new(threads)?;
     for w in &workloads {
         kernels::registry::check_runs_on(w, DeviceKind::Cpu).map_err(kernel_err)?;

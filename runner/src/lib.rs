@@ -40,7 +40,7 @@ pub use evaluator::{derived_timeout, EvalError, Evaluation, Evaluator, InProcess
 pub use interleaved::{measure_interleaved, median_ci, not_slower, overlaps};
 pub use protocol::{measure, Protocol};
 #[cfg(unix)]
-pub use worker::{Isolated, Worker, WorkerError, WorkerSpec};
+pub use worker::{Isolated, Worker, WorkerError, WorkerSpec, DEFAULT_MEM_LIMIT_MB};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

@@ -98,6 +98,26 @@ pub struct TuneOptions {
     pub timeout: Option<Duration>,
 }
 
+impl TuneOptions {
+    /// The longest per-candidate timeout a job may set: a day.
+    pub const MAX_TIMEOUT_S: f64 = 86_400.0;
+
+    /// A per-candidate timeout given in seconds (`None`: derived per workload), checked:
+    /// a number in `(0, MAX_TIMEOUT_S]`. The error says what it got.
+    pub fn timeout_from_secs(s: Option<f64>) -> Result<Option<Duration>, String> {
+        match s {
+            None => Ok(None),
+            Some(s) if s.is_finite() && s > 0.0 && s <= Self::MAX_TIMEOUT_S => {
+                Ok(Some(Duration::from_secs_f64(s)))
+            }
+            Some(s) => Err(format!(
+                "must be a number of seconds in (0, {}], not {s}",
+                Self::MAX_TIMEOUT_S
+            )),
+        }
+    }
+}
+
 impl Default for TuneOptions {
     fn default() -> Self {
         TuneOptions {

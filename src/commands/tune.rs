@@ -24,9 +24,6 @@ pub const DEFAULT_WORKLOADS: [&str; 5] = [
     "gemm:8x3072x768",
 ];
 
-/// Memory limit of the worker process when `--mem-limit-mb` is not given.
-pub const DEFAULT_MEM_LIMIT_MB: u64 = 4096;
-
 #[derive(Args)]
 pub struct TuneArgs {
     /// Workload to tune, e.g. gemm:128x768x768 (M×N×K); repeat for several.
@@ -130,11 +127,8 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     }
     let strategy: StrategyKind = args.strategy.parse().map_err(anyhow::Error::msg)?;
     let isolated = args.isolation == "process";
-    let timeout = match args.timeout_s {
-        None => None,
-        Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Some(Duration::from_secs_f64(s)),
-        Some(s) => bail!("--timeout-s must be a number of seconds in (0, 86400], not {s}"),
-    };
+    let timeout = TuneOptions::timeout_from_secs(args.timeout_s)
+        .map_err(|e| anyhow::anyhow!("--timeout-s {e}"))?;
     if !isolated && (args.timeout_s.is_some() || args.mem_limit_mb.is_some()) {
         bail!("--timeout-s and --mem-limit-mb need --isolation process (in-process candidates cannot be stopped)");
     }
@@ -270,7 +264,7 @@ fn evaluator(
     let exe = std::env::current_exe().context("locating the autokernel binary for the worker")?;
     let mut spec = WorkerSpec::new(exe, ["worker", "--threads", &hw.cores.to_string()]);
     spec.fingerprint = Some(hw.id.clone());
-    spec.mem_limit_bytes = match args.mem_limit_mb.unwrap_or(DEFAULT_MEM_LIMIT_MB) {
+    spec.mem_limit_bytes = match args.mem_limit_mb.unwrap_or(runner::DEFAULT_MEM_LIMIT_MB) {
         0 => None,
         mb => Some(mb.saturating_mul(1 << 20)),
     };

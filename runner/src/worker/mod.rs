@@ -43,7 +43,9 @@ mod serve;
 mod wire;
 
 pub use isolated::Isolated;
-pub use process::{Worker, WorkerError, WorkerSpec, SETUP_TIMEOUT, STARTUP_TIMEOUT};
+pub use process::{
+    Worker, WorkerError, WorkerSpec, DEFAULT_MEM_LIMIT_MB, SETUP_TIMEOUT, STARTUP_TIMEOUT,
+};
 pub use serve::{serve, serve_stdio, take_stdout_for_replies, Resolver};
 pub use wire::{Reply, Request, WireCandidate, WireProtocol, REPLY_PREFIX};
 

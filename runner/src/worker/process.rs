@@ -47,6 +47,10 @@ pub enum WorkerError {
     Pin(io::Error),
 }
 
+/// The worker's memory limit (`RLIMIT_DATA`) a tuning job sets when its caller names none:
+/// the CLI's `--mem-limit-mb` default and `autokernel.tune`'s.
+pub const DEFAULT_MEM_LIMIT_MB: u64 = 4096;
+
 /// How to start a worker and what to confine it to.
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
