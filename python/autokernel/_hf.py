@@ -27,6 +27,7 @@ from ._ops import (
     _linear_add_layer_norm_op,
     _linear_op,
     call,
+    _hooks_below,
     _linear_ok,
     _needs_grad,
     _register_owned,
@@ -165,7 +166,8 @@ def _fusable_qkv(m: nn.Module) -> bool:
     projections can be one GEMM."""
     lins = [getattr(m, n, None) for n in ("query", "key", "value")]
     return (
-        all(type(x) is nn.Linear and _linear_ok(x) is None for x in lins)
+        not _hooks_below(m)
+        and all(type(x) is nn.Linear and _linear_ok(x) is None for x in lins)
         and len({(x.in_features, x.out_features, x.bias is None) for x in lins}) == 1
         and all(hasattr(m, a) for a in ("config", "attention_head_size", "all_head_size", "scaling"))
     )
@@ -255,6 +257,8 @@ def _fusable_output(m: nn.Module) -> bool:
         return False
     if not isinstance(getattr(m, "dropout", None), nn.Dropout) or ln.weight is None or ln.bias is None:
         return False
+    if _hooks_below(m):
+        return False
     if tuple(ln.normalized_shape) != (dense.out_features,):
         return False
     try:
@@ -339,6 +343,8 @@ def _fusable_layer(m: nn.Module, qkv_fused: set, outputs_fused: set) -> bool:
     if not isinstance(getattr(inter, "intermediate_act_fn", None), nn.Identity):
         return False
     if getattr(m, "chunk_size_feed_forward", 0) or getattr(m, "is_decoder", False) or hasattr(m, "crossattention"):
+        return False
+    if _hooks_below(m):
         return False
     d = sa.attention_head_size
     return (

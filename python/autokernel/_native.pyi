@@ -2,7 +2,7 @@
 
 from os import PathLike
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence, TypeVar, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -12,6 +12,8 @@ __version__: str
 # A float32, C-contiguous numpy array or CPU torch tensor (anything else with copy=True).
 Operand = Any
 F32Array = npt.NDArray[np.float32]
+# An `out=` argument: an op writes into it and returns it (a torch tensor stays one).
+_Out = TypeVar("_Out")
 
 class AutokernelError(RuntimeError):
     """An error of the runtime, database or tuner (not of an argument's type or shape)."""
@@ -39,9 +41,14 @@ class PackedWeight:
 class EncoderLayer:
     """A BERT-style encoder layer served in one call, made by ``Runtime.encoder_layer``."""
 
+    @overload
     def __call__(
-        self, x: Operand, mask: Optional[Operand] = None, out: Optional[Operand] = None, *, copy: bool = False
+        self, x: Operand, mask: Optional[Operand] = None, out: None = None, *, copy: bool = False
     ) -> F32Array: ...
+    @overload
+    def __call__(
+        self, x: Operand, mask: Optional[Operand] = None, out: _Out = ..., *, copy: bool = False
+    ) -> _Out: ...
     @property
     def hidden(self) -> int: ...
     @property
@@ -71,17 +78,32 @@ class Runtime:
     def fingerprint(self) -> str: ...
     @property
     def load_error(self) -> Optional[str]: ...
-    def gemm(self, a: Operand, b: Operand, out: Optional[Operand] = None, *, copy: bool = False) -> F32Array: ...
+    @overload
+    def gemm(self, a: Operand, b: Operand, out: None = None, *, copy: bool = False) -> F32Array: ...
+    @overload
+    def gemm(self, a: Operand, b: Operand, out: _Out = ..., *, copy: bool = False) -> _Out: ...
+    @overload
     def linear(
         self,
         x: Operand,
         weight: PackedWeight,
         bias: Optional[Operand] = None,
         act: Optional[str] = None,
-        out: Optional[Operand] = None,
+        out: None = None,
         *,
         copy: bool = False,
     ) -> F32Array: ...
+    @overload
+    def linear(
+        self,
+        x: Operand,
+        weight: PackedWeight,
+        bias: Optional[Operand] = None,
+        act: Optional[str] = None,
+        out: _Out = ...,
+        *,
+        copy: bool = False,
+    ) -> _Out: ...
     def pack_weight(
         self,
         w: Operand,
@@ -91,6 +113,7 @@ class Runtime:
         *,
         copy: bool = False,
     ) -> PackedWeight: ...
+    @overload
     def attention(
         self,
         q: Operand,
@@ -98,20 +121,44 @@ class Runtime:
         v: Operand,
         causal: bool = False,
         mask: Optional[Operand] = None,
-        out: Optional[Operand] = None,
+        out: None = None,
         *,
         copy: bool = False,
     ) -> F32Array: ...
+    @overload
+    def attention(
+        self,
+        q: Operand,
+        k: Operand,
+        v: Operand,
+        causal: bool = False,
+        mask: Optional[Operand] = None,
+        out: _Out = ...,
+        *,
+        copy: bool = False,
+    ) -> _Out: ...
+    @overload
     def attention_qkv(
         self,
         qkv: Operand,
         heads: int,
         causal: bool = False,
         mask: Optional[Operand] = None,
-        out: Optional[Operand] = None,
+        out: None = None,
         *,
         copy: bool = False,
     ) -> F32Array: ...
+    @overload
+    def attention_qkv(
+        self,
+        qkv: Operand,
+        heads: int,
+        causal: bool = False,
+        mask: Optional[Operand] = None,
+        out: _Out = ...,
+        *,
+        copy: bool = False,
+    ) -> _Out: ...
     def add_layer_norm(
         self,
         x: Operand,
@@ -137,15 +184,26 @@ class Runtime:
         heads: int,
         eps: float = 1e-12,
     ) -> EncoderLayer: ...
+    @overload
     def encoder(
         self,
         layers: Sequence[EncoderLayer],
         x: Operand,
         mask: Optional[Operand] = None,
-        out: Optional[Operand] = None,
+        out: None = None,
         *,
         copy: bool = False,
     ) -> F32Array: ...
+    @overload
+    def encoder(
+        self,
+        layers: Sequence[EncoderLayer],
+        x: Operand,
+        mask: Optional[Operand] = None,
+        out: _Out = ...,
+        *,
+        copy: bool = False,
+    ) -> _Out: ...
     def lookup(self, workload: str) -> dict[str, Any]: ...
     def reload(self) -> dict[str, Any]: ...
     def info(self) -> dict[str, Any]: ...

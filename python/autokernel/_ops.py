@@ -310,4 +310,18 @@ def _linear_ok(m: nn.Module) -> Optional[str]:
         return f"weight dtype {m.weight.dtype} (float32 only)"
     if m.weight.device.type != "cpu":
         return f"weight on {m.weight.device} (CPU only)"
+    if _hooked(m):
+        return "hooks registered on it (left to PyTorch, which runs them)"
     return None
+
+
+def _hooked(m: nn.Module) -> bool:
+    """Whether ``m`` has forward or backward hooks of its own (a module the runtime serves in
+    its place would skip them)."""
+    return any((m._forward_pre_hooks, m._forward_hooks, m._backward_pre_hooks, m._backward_hooks))
+
+
+def _hooks_below(m: nn.Module) -> bool:
+    """Whether a module inside ``m`` (not ``m`` itself, whose hooks run around any forward)
+    has hooks: a fused forward of ``m`` would skip them."""
+    return any(_hooked(c) for c in m.modules() if c is not m)

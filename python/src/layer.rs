@@ -12,7 +12,7 @@ use runtime::{EncoderLayer, LayerScratch};
 
 use crate::args::{positive, IntArg};
 use crate::errors::runtime_err;
-use crate::operand::{self, F32Array};
+use crate::operand;
 use crate::packed::PyPackedWeight;
 use crate::runtime_py::{key_lengths, out_array, with_views, PyRuntime};
 
@@ -37,10 +37,12 @@ pub struct PyEncoderLayer {
 }
 
 impl PyEncoderLayer {
-    /// The layer if its pieces fit one another; else an AutokernelError naming the first
-    /// that does not.
+    /// The layer if its pieces fit one another; else a ValueError naming the first that
+    /// does not (they are the caller's arguments).
     pub fn checked(self) -> PyResult<Self> {
-        self.view().check().map_err(runtime_err)?;
+        self.view()
+            .check()
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
         Ok(self)
     }
 
@@ -73,7 +75,7 @@ impl PyEncoderLayer {
         mask: Option<&Bound<'py, PyAny>>,
         out: Option<&Bound<'py, PyAny>>,
         copy: bool,
-    ) -> PyResult<F32Array<'py>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         run_layers(py, self.rt.get(), &[self], x, mask, out, copy)
     }
 
@@ -82,7 +84,11 @@ impl PyEncoderLayer {
     fn workloads(&self, batch: IntArg, seq: IntArg) -> PyResult<Vec<String>> {
         let (batch, seq) = (positive("batch", batch)?, positive("seq", seq)?);
         let l = self.view();
-        let m = batch * seq;
+        let m = batch.checked_mul(seq).ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "batch {batch} × seq {seq} overflows the row count"
+            ))
+        })?;
         let gemm = |w: &runtime::PackedWeight| {
             let (n, k) = w.dims();
             Workload::gemm_bias_act(m, n, k, w.act()).map(|w| w.key())
@@ -143,7 +149,7 @@ pub fn run_layers<'py>(
     mask: Option<&Bound<'py, PyAny>>,
     out: Option<&Bound<'py, PyAny>>,
     copy: bool,
-) -> PyResult<F32Array<'py>> {
+) -> PyResult<Bound<'py, PyAny>> {
     let views: Vec<EncoderLayer<'_>> = layers.iter().map(|l| l.view()).collect();
     let Some(h) = views.first().map(EncoderLayer::hidden) else {
         return Err(PyValueError::new_err(
@@ -168,7 +174,7 @@ pub fn run_layers<'py>(
         None => None,
     };
     let y = out_array(py, out, &[b, s, h])?;
-    with_views(&[(&x, "x")], &y, |ins, y_out| {
+    with_views(&[(&x, "x")], &y.arr, |ins, y_out| {
         y_out.copy_from_slice(ins[0]);
         rt.threads
             .run(py, || {
@@ -185,5 +191,5 @@ pub fn run_layers<'py>(
             })
             .map_err(runtime_err)
     })?;
-    Ok(y)
+    y.finish()
 }

@@ -41,6 +41,27 @@ pub fn output<'py>(
     Ok(arr)
 }
 
+/// Tells autograd that torch tensor `obj` was written in place (its version counter, which
+/// a write through the storage's array view does not move): a tensor saved for backward
+/// and then overwritten makes `backward()` raise, and the drop-in sees a changed weight.
+/// Anything else is left alone.
+pub fn mark_written(obj: &Bound<'_, PyAny>) -> PyResult<()> {
+    let py = obj.py();
+    let Some((tensor, _)) = torch_types(py)? else {
+        return Ok(());
+    };
+    if !obj.is_instance(tensor.bind(py))? {
+        return Ok(());
+    }
+    static INCREMENT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let f = INCREMENT.get_or_try_init(py, || {
+        let graph = py.import("torch.autograd.graph")?;
+        PyResult::Ok(graph.getattr("increment_version")?.unbind())
+    })?;
+    f.call1(py, (obj,))?;
+    Ok(())
+}
+
 /// Raises `ValueError` unless `arr` has `shape`; `expected` describes it for the message.
 pub fn expect_shape(
     arr: &F32Array<'_>,
@@ -78,12 +99,62 @@ pub fn dims(shape: &[usize]) -> String {
     }
 }
 
+/// Outputs above this many bytes are allocated through `numpy.empty`, whose failure is a
+/// Python `MemoryError`: numpy's C allocation, which small outputs take, has no error path
+/// in the bindings (a failed one would be a panic).
+const CHECKED_OUTPUT_BYTES: usize = 256 << 20;
+
 /// A new, uninitialised f32 array of `shape` for an output every element of which the
-/// kernel writes.
-pub fn new_output<'py>(py: Python<'py>, shape: &[usize]) -> F32Array<'py> {
-    // SAFETY: the array is handed to Python only after a kernel has written every element
-    // (C is overwritten by every kernel); on an error it is dropped unread.
-    unsafe { PyArrayDyn::<f32>::new(py, shape, false) }
+/// kernel writes. A shape whose size overflows is a `ValueError`; memory that cannot be had
+/// a `MemoryError`.
+pub fn new_output<'py>(py: Python<'py>, shape: &[usize]) -> PyResult<F32Array<'py>> {
+    let bytes = shape
+        .iter()
+        .try_fold(size_of::<f32>(), |n, &d| n.checked_mul(d))
+        .filter(|&n| n <= isize::MAX as usize);
+    match bytes {
+        None => Err(PyValueError::new_err(format!(
+            "the output of shape {} is too big to allocate",
+            dims(shape)
+        ))),
+        Some(n) if n > CHECKED_OUTPUT_BYTES => {
+            let arr = py
+                .import("numpy")?
+                .call_method1("empty", (shape.to_vec(), intern!(py, "float32")))?;
+            Ok(arr.cast_into::<PyArrayDyn<f32>>()?)
+        }
+        // SAFETY: the array is handed to Python only after a kernel has written every
+        // element (C is overwritten by every kernel); on an error it is dropped unread.
+        Some(_) => Ok(unsafe { PyArrayDyn::<f32>::new(py, shape, false) }),
+    }
+}
+
+/// `obj` as something `numpy.asarray` reads without torch's errors (for integer operands
+/// such as attention masks, not read in place): a CPU torch tensor detached from autograd
+/// and made dense; anything else as it is. A tensor on another device is a `TypeError`.
+pub fn detached<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    let py = obj.py();
+    let Some((tensor, _)) = torch_types(py)? else {
+        return Ok(obj.clone());
+    };
+    if !obj.is_instance(tensor.bind(py))? {
+        return Ok(obj.clone());
+    }
+    cpu_only(obj, name)?;
+    let t = obj.call_method0(intern!(py, "detach"))?;
+    let t = t.call_method0("to_dense")?.call_method0("resolve_neg")?;
+    t.call_method0("resolve_conj")
+}
+
+/// `TypeError` unless torch tensor `t` is on the CPU.
+fn cpu_only(t: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
+    if t.getattr(intern!(t.py(), "is_cpu"))?.is_truthy()? {
+        return Ok(());
+    }
+    let device = t.getattr("device")?.str()?.to_string();
+    Err(PyTypeError::new_err(format!(
+        "argument '{name}' is a torch tensor on {device}; autokernel runs on the CPU (move it with .cpu())"
+    )))
 }
 
 /// The ndarray behind `obj` (itself, or the zero-copy view of a CPU torch tensor); `None`
@@ -103,12 +174,7 @@ fn as_ndarray<'py>(
     if !obj.is_instance(tensor.bind(py))? {
         return Ok(None);
     }
-    if !obj.getattr(intern!(py, "is_cpu"))?.is_truthy()? {
-        let device = obj.getattr("device")?.str()?.to_string();
-        return Err(PyTypeError::new_err(format!(
-            "argument '{name}' is a torch tensor on {device}; autokernel runs on the CPU (move it with .cpu())"
-        )));
-    }
+    cpu_only(obj, name)?;
     let mut t = obj.clone();
     if t.getattr(intern!(py, "requires_grad"))?.is_truthy()? {
         if copy.is_none() {
@@ -124,6 +190,9 @@ fn as_ndarray<'py>(
     }
     let dtype = t.getattr(intern!(py, "dtype"))?;
     if !dtype.is(float32.bind(py)) {
+        if dtype.getattr(intern!(py, "is_complex"))?.is_truthy()? {
+            return Err(complex_err(name, &dtype.str()?.to_string()));
+        }
         if copy != Some(true) {
             return Err(PyTypeError::new_err(format!(
                 "argument '{name}' is a {} tensor, expected torch.float32{}",
@@ -133,7 +202,22 @@ fn as_ndarray<'py>(
         }
         t = t.call_method0("float")?;
     }
-    let arr = t.call_method0(intern!(py, "numpy"))?;
+    let arr = match t.call_method0(intern!(py, "numpy")) {
+        Ok(arr) => arr,
+        // A sparse, MKL-DNN or negated-view tensor has no array view of its storage.
+        Err(_) if copy == Some(true) => {
+            let dense = t.call_method0("to_dense")?.call_method0("resolve_neg")?;
+            dense.call_method0("resolve_conj")?.call_method0("numpy")?
+        }
+        Err(e) => {
+            let layout = t.getattr("layout")?.str()?.to_string();
+            return Err(PyTypeError::new_err(format!(
+                "argument '{name}' is a torch tensor ({layout}) with no array view of its \
+                 storage: {e}{}",
+                copy_hint(copy)
+            )));
+        }
+    };
     Ok(Some(arr.cast_into::<PyUntypedArray>()?))
 }
 
@@ -147,6 +231,9 @@ fn checked<'py>(
     let py = arr.py();
     let mut arr = arr;
     if !arr.dtype().is_equiv_to(&numpy::dtype::<f32>(py)) {
+        if arr.dtype().kind() == b'c' {
+            return Err(complex_err(name, &arr.dtype().to_string()));
+        }
         if copy != Some(true) {
             return Err(PyTypeError::new_err(format!(
                 "argument '{name}' has dtype {}, expected float32{}",
@@ -170,7 +257,14 @@ fn checked<'py>(
                 copy_hint(copy)
             )));
         }
-        arr = np_call(py, "ascontiguousarray", &arr)?;
+        // A fresh array: `ascontiguousarray` would hand back a misaligned one as it is.
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item("dtype", "float32")?;
+        kwargs.set_item("order", "C")?;
+        kwargs.set_item("copy", true)?;
+        arr = (py.import("numpy")?.getattr("array")?)
+            .call((arr,), Some(&kwargs))?
+            .cast_into::<PyUntypedArray>()?;
     }
     Ok(arr.cast_into::<PyArrayDyn<f32>>()?)
 }
@@ -220,6 +314,15 @@ fn not_an_array(obj: &Bound<'_, PyAny>, name: &str, copy: Option<bool>) -> PyErr
     };
     PyTypeError::new_err(format!(
         "argument '{name}' is a {ty}, expected a float32 numpy array or CPU torch tensor{hint}"
+    ))
+}
+
+/// A complex operand, refused even with `copy=True`: its conversion would drop the
+/// imaginary part.
+fn complex_err(name: &str, dtype: &str) -> PyErr {
+    PyTypeError::new_err(format!(
+        "argument '{name}' has complex dtype {dtype}; autokernel computes in real float32 \
+         (converting would drop the imaginary part)"
     ))
 }
 

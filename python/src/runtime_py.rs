@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use kernels::Workload;
 use numpy::{PyArrayMethods, PyUntypedArrayMethods};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use runtime::{PrecisionPolicy, Runtime};
@@ -74,13 +74,21 @@ pub(crate) fn key_lengths(
 ) -> PyResult<Vec<i32>> {
     // As float64, not int64: a cast to an integer would truncate 15.5 and turn NaN into
     // i64::MIN before anything could be checked.
+    let bad = |why: String| PyValueError::new_err(format!("mask: {why}"));
     let arr = py
         .import("numpy")?
-        .call_method1("asarray", (mask,))?
-        .call_method1("astype", ("float64",))?;
+        .call_method1("asarray", (operand::detached(mask, "mask")?,))
+        .map_err(|e| bad(format!("not an array of key lengths or a 0/1 mask: {e}")))?;
+    let kind = arr.getattr("dtype")?.getattr("kind")?.extract::<String>()?;
+    if !matches!(kind.as_str(), "b" | "i" | "u" | "f") {
+        return Err(PyTypeError::new_err(format!(
+            "argument 'mask' has dtype {}; expected integer, bool or float key lengths or a 0/1 mask",
+            arr.getattr("dtype")?.str()?
+        )));
+    }
+    let arr = arr.call_method1("astype", ("float64",))?;
     let view: numpy::PyReadonlyArrayDyn<'_, f64> = arr.extract()?;
     let a = view.as_array();
-    let bad = |why: String| PyValueError::new_err(format!("mask: {why}"));
     match a.shape() {
         [n] if *n == b => a
             .iter()
@@ -131,16 +139,40 @@ fn matrix<'py>(
     }
 }
 
+/// An operation's output: the array the kernels write, and the `out` argument it views
+/// when the caller gave one.
+pub(crate) struct Out<'py> {
+    pub arr: F32Array<'py>,
+    given: Option<Bound<'py, PyAny>>,
+}
+
+impl<'py> Out<'py> {
+    /// What the operation returns once written: `out` itself when given (a torch tensor
+    /// marked as written in place), else the new array.
+    pub fn finish(self) -> PyResult<Bound<'py, PyAny>> {
+        match self.given {
+            Some(given) => {
+                operand::mark_written(&given)?;
+                Ok(given)
+            }
+            None => Ok(self.arr.into_any()),
+        }
+    }
+}
+
 /// The output: `out` checked against `shape`, or a new array.
 pub(crate) fn out_array<'py>(
     py: Python<'py>,
     out: Option<&Bound<'py, PyAny>>,
     shape: &[usize],
-) -> PyResult<F32Array<'py>> {
-    match out {
-        Some(o) => operand::output(o, "out", shape),
-        None => Ok(operand::new_output(py, shape)),
-    }
+) -> PyResult<Out<'py>> {
+    Ok(Out {
+        arr: match out {
+            Some(o) => operand::output(o, "out", shape)?,
+            None => operand::new_output(py, shape)?,
+        },
+        given: out.cloned(),
+    })
 }
 
 /// Runs `f(inputs, output)` over read-only views of `inputs` and a writable view of `out`;
@@ -280,7 +312,7 @@ impl PyRuntime {
         b: &Bound<'py, PyAny>,
         out: Option<&Bound<'py, PyAny>>,
         copy: bool,
-    ) -> PyResult<F32Array<'py>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let (a, m, k) = matrix(a, "a", copy)?;
         let b = operand::input(b, "b", copy)?;
         let n = match *b.shape() {
@@ -294,7 +326,7 @@ impl PyRuntime {
             }
         };
         let c = out_array(py, out, &[m, n])?;
-        with_views(&[(&a, "a"), (&b, "b")], &c, |ins, c_out| {
+        with_views(&[(&a, "a"), (&b, "b")], &c.arr, |ins, c_out| {
             if m * n * k == 0 {
                 // As numpy's: an empty product, or zeros where only the depth is empty.
                 c_out.fill(0.0);
@@ -305,7 +337,7 @@ impl PyRuntime {
                 .map(drop)
                 .map_err(runtime_err)
         })?;
-        Ok(c)
+        c.finish()
     }
 
     /// y = act(x·W + bias) with a weight packed by `pack_weight`: x is (..., in_features),
@@ -322,7 +354,7 @@ impl PyRuntime {
         act: Option<&str>,
         out: Option<&Bound<'py, PyAny>>,
         copy: bool,
-    ) -> PyResult<F32Array<'py>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         if let Some(name) = act {
             let asked = parse_act(Some(name))?;
             if asked != weight.act {
@@ -351,13 +383,13 @@ impl PyRuntime {
             expect_shape(b, "bias", &[n], &dims(&[n]))?;
         }
         if m == 0 {
-            return Ok(y);
+            return y.finish();
         }
         let mut inputs = vec![(&x, "x")];
         if let Some(b) = &bias {
             inputs.push((b, "bias"));
         }
-        with_views(&inputs, &y, |ins, y_out| {
+        with_views(&inputs, &y.arr, |ins, y_out| {
             let bias = ins.get(1).copied().unwrap_or(&weight.zeros);
             self.threads
                 .run(py, || {
@@ -366,7 +398,7 @@ impl PyRuntime {
                 })
                 .map_err(runtime_err)
         })?;
-        Ok(y)
+        y.finish()
     }
 
     /// Packs a constant weight once for `linear`: `w` is (in_features, out_features)
@@ -456,7 +488,7 @@ impl PyRuntime {
         mask: Option<&Bound<'py, PyAny>>,
         out: Option<&Bound<'py, PyAny>>,
         copy: bool,
-    ) -> PyResult<F32Array<'py>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let q = operand::input(q, "q", copy)?;
         let shape = q.shape().to_vec();
         let [b, h, s, d] = shape[..] else {
@@ -472,9 +504,9 @@ impl PyRuntime {
         expect_shape(&v, "v", &shape, &format!("{} like q", dims(&shape)))?;
         let o = out_array(py, out, &shape)?;
         if shape.contains(&0) {
-            return Ok(o); // nothing to compute, nothing to write
+            return o.finish(); // nothing to compute, nothing to write
         }
-        with_views(&[(&q, "q"), (&k, "k"), (&v, "v")], &o, |ins, o_out| {
+        with_views(&[(&q, "q"), (&k, "k"), (&v, "v")], &o.arr, |ins, o_out| {
             self.threads
                 .run(py, || match &key_lens {
                     Some(lens) => self
@@ -486,7 +518,7 @@ impl PyRuntime {
                 })
                 .map_err(runtime_err)
         })?;
-        Ok(o)
+        o.finish()
     }
 
     /// Self-attention straight from a fused QKV projection's output: `qkv` is (B, S, 3·H·D)
@@ -508,7 +540,7 @@ impl PyRuntime {
         mask: Option<&Bound<'py, PyAny>>,
         out: Option<&Bound<'py, PyAny>>,
         copy: bool,
-    ) -> PyResult<F32Array<'py>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let heads = positive("heads", heads)?;
         let qkv = operand::input(qkv, "qkv", copy)?;
         let [b, s, width] = qkv.shape()[..] else {
@@ -525,6 +557,9 @@ impl PyRuntime {
             None => None,
         };
         let o = out_array(py, out, &[b, s, heads * d])?;
+        if [b, s, d].contains(&0) {
+            return o.finish(); // nothing to compute, nothing to write
+        }
         let dims = runtime::AttentionRows {
             batch: b,
             seq: s,
@@ -532,7 +567,7 @@ impl PyRuntime {
             d,
             causal,
         };
-        with_views(&[(&qkv, "qkv")], &o, |ins, o_out| {
+        with_views(&[(&qkv, "qkv")], &o.arr, |ins, o_out| {
             self.threads
                 .run(py, || {
                     self.rt
@@ -540,7 +575,7 @@ impl PyRuntime {
                 })
                 .map_err(runtime_err)
         })?;
-        Ok(o)
+        o.finish()
     }
 
     /// In place: `x = LayerNorm(x + residual)` over the last axis (`residual` None: plain
@@ -590,6 +625,7 @@ impl PyRuntime {
                 })
                 .map_err(runtime_err)
         })?;
+        operand::mark_written(x)?;
         Ok(x.clone())
     }
 
@@ -659,7 +695,7 @@ impl PyRuntime {
         mask: Option<&Bound<'py, PyAny>>,
         out: Option<&Bound<'py, PyAny>>,
         copy: bool,
-    ) -> PyResult<F32Array<'py>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let refs: Vec<&crate::layer::PyEncoderLayer> = layers.iter().map(|l| l.get()).collect();
         if let Some(i) = refs.iter().position(|l| !l.rt.is(slf)) {
             return Err(PyValueError::new_err(format!(

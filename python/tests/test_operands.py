@@ -77,3 +77,54 @@ def test_bad_names_are_value_errors():
     with pytest.raises(ValueError, match=r"mask: expected \(1,\) key lengths or a \(1, 4\)"):
         q = np.ones((1, 1, 4, 8), np.float32)
         rt.attention(q, q, q, mask=np.ones((4, 4), np.float32))
+
+
+def test_an_output_too_big_to_allocate_is_an_error_not_a_crash():
+    rt = autokernel.Runtime(threads=1)
+    empty = np.ones((2**33, 0), np.float32)
+    with pytest.raises(ValueError, match="too big"):
+        rt.gemm(empty, np.ones((0, 2**33), np.float32))
+    with pytest.raises(MemoryError):
+        rt.gemm(np.ones((2**22, 0), np.float32), np.ones((0, 2**22), np.float32))
+
+
+def test_copy_true_realigns_a_misaligned_array():
+    rt = autokernel.Runtime(threads=1)
+    raw = np.zeros(65, np.uint8)
+    a = raw[1:].view(np.float32).reshape(4, 4)
+    a[:] = np.arange(16, dtype=np.float32).reshape(4, 4)
+    b = np.eye(4, dtype=np.float32)
+    with pytest.raises(ValueError, match="argument 'a' .*aligned"):
+        rt.gemm(a, b)
+    np.testing.assert_array_equal(rt.gemm(a, b, copy=True), a)
+
+
+def test_complex_operands_are_refused_even_with_copy():
+    rt = autokernel.Runtime(threads=1)
+    a = np.ones((2, 2), np.complex64)
+    with pytest.raises(TypeError, match="argument 'a' has complex dtype"):
+        rt.gemm(a, np.eye(2, dtype=np.float32), copy=True)
+    q = np.ones((1, 1, 4, 2), np.float32)
+    with pytest.raises(TypeError, match="argument 'mask' has dtype complex"):
+        rt.attention(q, q, q, mask=np.array([4 + 1j]))
+
+
+def test_attention_qkv_of_an_empty_batch_is_empty():
+    rt = autokernel.Runtime(threads=1)
+    for shape in [(0, 4, 6), (1, 0, 6), (1, 4, 0)]:
+        out = rt.attention_qkv(np.ones(shape, np.float32), 1)
+        assert out.shape == (shape[0], shape[1], shape[2] // 3)
+
+
+def test_int8_weights_holding_nan_or_inf_give_non_finite_columns():
+    rt = autokernel.Runtime(threads=1, precision="int8")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((8, 16), dtype=np.float32)
+    b = rng.standard_normal((16, 8), dtype=np.float32)
+    b[0, 0], b[3, 5] = np.nan, np.inf
+    c = rt.gemm(a, b)
+    assert np.isnan(c[:, 0]).all() and np.isnan(c[:, 5]).all()
+    assert np.isfinite(np.delete(c, [0, 5], axis=1)).all()
+    packed = rt.pack_weight(b, ms=[8])
+    y = rt.linear(a, packed)
+    assert np.isnan(y[:, 0]).all() and np.isnan(y[:, 5]).all()

@@ -416,10 +416,10 @@ def test_encoder_layer_is_its_runtime_calls_in_one():
     with pytest.raises(TypeError, match="copy=True"):
         layer(x.astype(np.float64))
     np.testing.assert_array_equal(layer(x.astype(np.float64), copy=True), layer(x))
-    with pytest.raises(autokernel.AutokernelError, match="5 heads do not split hidden 32"):
+    with pytest.raises(ValueError, match="5 heads do not split hidden 32"):
         rt.encoder_layer(packed["qkv"], bias["qkv"], packed["out"], bias["out"], ln1, packed["up"], bias["up"],
                          packed["down"], bias["down"], ln2, heads=5)
-    with pytest.raises(autokernel.AutokernelError, match="out weight"):
+    with pytest.raises(ValueError, match="out weight"):
         rt.encoder_layer(packed["qkv"], bias["qkv"], packed["up"], bias["out"], ln1, packed["up"], bias["up"],
                          packed["down"], bias["down"], ln2, heads=heads)
 
@@ -462,3 +462,24 @@ def test_encoder_runs_a_stack_of_layers_in_one_call():
         rt.encoder(layers, rand(b, s, h - 1))
     with pytest.raises(ValueError, match="share no memory"):
         rt.encoder(layers, x, out=x)
+
+
+def test_encoder_layer_shapes_are_value_errors_and_workloads_check_overflow():
+    rt = autokernel.Runtime(threads=1)
+    rng = np.random.default_rng(5)
+    h, f = 8, 16
+
+    def packed(n_in, n_out, act=None):
+        return rt.pack_weight(rng.standard_normal((n_in, n_out), dtype=np.float32), act=act)
+
+    ones, zeros = np.ones(h, np.float32), np.zeros(h, np.float32)
+    args = dict(
+        qkv=packed(h, 3 * h), qkv_bias=np.zeros(3 * h, np.float32), out=packed(h, h), out_bias=zeros,
+        ln1=(ones, zeros), ffn_up=packed(h, f, "gelu_erf"), ffn_up_bias=np.zeros(f, np.float32),
+        ffn_down=packed(f, h), ffn_down_bias=zeros, ln2=(ones, zeros), heads=2,
+    )
+    layer = rt.encoder_layer(**args)
+    with pytest.raises(ValueError, match="batch .* overflows"):
+        layer.workloads(2**40, 2**40)
+    with pytest.raises(ValueError, match="qkv bias has 8 values, expected 24"):
+        rt.encoder_layer(**{**args, "qkv_bias": zeros})

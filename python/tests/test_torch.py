@@ -428,3 +428,41 @@ def test_a_model_made_under_inference_mode_is_optimized():
         model = akt.optimize(copy.deepcopy(stock))
         x = torch.randn(3, 32)
         torch.testing.assert_close(model(x), stock(x), rtol=1e-4, atol=1e-4)
+
+
+def test_writes_into_tensors_move_their_version_so_autograd_sees_them():
+    rt = autokernel.Runtime(threads=1)
+    w = torch.randn(4, 4, requires_grad=True)
+    x = torch.randn(4, 4)
+    y = (x @ w).sum()  # saves x for w's gradient
+    v = x._version
+    rt.add_layer_norm(x, None, np.ones(4, np.float32), np.zeros(4, np.float32))
+    assert x._version > v
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    out = torch.empty(4, 4)
+    assert rt.gemm(torch.eye(4), torch.eye(4), out=out) is out
+    assert out._version > 0
+
+
+def test_hooked_linears_are_left_to_pytorch():
+    lin = nn.Linear(4, 4)
+    lin.register_forward_hook(lambda m, i, o: o * 2)
+    model = nn.Sequential(lin, nn.Linear(4, 4))
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        want = model(x)
+        akt.optimize(model)
+        torch.testing.assert_close(model(x), want)
+    assert type(model[0]) is nn.Linear and isinstance(model[1], akt.AutokernelLinear)
+    assert model.autokernel_unsupported == [("0", "hooks registered on it (left to PyTorch, which runs them)")]
+
+
+def test_a_mask_that_requires_grad_or_lives_elsewhere_is_read_or_refused_by_name():
+    rt = autokernel.Runtime(threads=1)
+    q = torch.randn(2, 1, 8, 4)
+    lens = torch.tensor([8.0, 3.0], requires_grad=True)
+    want = rt.attention(q, q, q, mask=np.array([8, 3]))
+    np.testing.assert_array_equal(rt.attention(q, q, q, mask=lens), want)
+    with pytest.raises(TypeError, match="argument 'mask' is a torch tensor on meta"):
+        rt.attention(q, q, q, mask=torch.empty(2, device="meta"))

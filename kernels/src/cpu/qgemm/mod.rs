@@ -639,6 +639,32 @@ mod tests {
         }
     }
 
+    /// A column of B (the weights) holding NaN or ±∞ gives a NaN column of C, as the f32
+    /// product would (its codes would otherwise be clamped into finite values); the other
+    /// columns are exactly those of the same B without it.
+    #[test]
+    fn non_finite_weights_give_nan_columns_and_leave_the_others_alone() {
+        let hw = HardwareFingerprint::current();
+        let w: Workload = "gemm_bias:5x20x37:i8".parse().unwrap();
+        let p = Problem::random(&w, 9);
+        let exe = GemmI8.build(&w, &GemmI8.default_config(&w, hw)).unwrap();
+        let mut clean = p.output();
+        exe.run_f32(&p.input_slices(), &mut clean).unwrap();
+        let mut bad = p.clone();
+        bad.inputs[1][4 * 20 + 2] = f32::NAN; // column 2
+        bad.inputs[1][36 * 20 + 7] = f32::INFINITY; // column 7
+        bad.inputs[1][19] = f32::NEG_INFINITY; // column 19
+        let mut out = p.output();
+        exe.run_f32(&bad.input_slices(), &mut out).unwrap();
+        for (i, (got, want)) in out.iter().zip(&clean).enumerate() {
+            if [2, 7, 19].contains(&(i % 20)) {
+                assert!(got.is_nan(), "C[{}][{}] = {got}", i / 20, i % 20);
+            } else {
+                assert_eq!(got, want, "C[{}][{}]", i / 20, i % 20);
+            }
+        }
+    }
+
     /// On a core with a small L2 (set here, so that the test means the same everywhere) a
     /// task's rows span several row blocks ([`row_block`]), the last one ending in a partial
     /// tile: every micro-kernel, serial and split by rows, still gives the exact integer

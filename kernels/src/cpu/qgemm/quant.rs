@@ -234,19 +234,31 @@ impl QuantB {
             kp,
             nr,
         };
-        // Row by row (B is row-major): the column magnitudes, then the codes.
+        // Row by row (B is row-major): the column magnitudes (∞ once a column holds NaN or
+        // ±∞), then the codes.
         let mut mag = vec![0.0f32; n];
         for row in b.chunks_exact(n) {
             for (m, x) in mag.iter_mut().zip(row) {
-                *m = m.max(x.abs());
+                *m = if x.is_finite() {
+                    m.max(x.abs())
+                } else {
+                    f32::INFINITY
+                };
             }
         }
+        // A column holding NaN or ±∞ gets zero codes and a NaN scale: its outputs come out
+        // NaN, as from the f32 product, instead of finite values of clamped codes.
         let inv: Vec<f32> = mag
             .iter()
             .zip(&mut q.scale)
-            .map(|(m, s)| {
-                *s = nonzero(m / 127.0);
-                1.0 / *s
+            .map(|(&m, s)| {
+                if m.is_finite() {
+                    *s = nonzero(m / 127.0);
+                    1.0 / *s
+                } else {
+                    *s = f32::NAN;
+                    0.0
+                }
             })
             .collect();
         super::ukernel::codes_fast(b, &inv, &mut q);
