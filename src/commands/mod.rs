@@ -30,14 +30,16 @@ pub fn parse_workloads(items: &[String]) -> anyhow::Result<Vec<Workload>> {
 
 /// Fails with a hint when a database that must already exist does not.
 pub fn require_db(path: &Path) -> anyhow::Result<()> {
-    if !path.exists() {
-        bail!(
+    match std::fs::metadata(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
             "database {} not found (run `autokernel tune --db {}` first)",
             path.display(),
             path.display()
-        );
+        ),
+        // A symlink loop, a directory this process may not search, ...: say which.
+        Err(e) => bail!("database {}: {e}", path.display()),
     }
-    Ok(())
 }
 
 /// Opens the runtime on `path`, warning on stderr about the records it will not serve (the

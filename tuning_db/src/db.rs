@@ -809,14 +809,18 @@ fn precheck_file(path: &Path) -> Result<()> {
     if meta.is_dir() {
         return Err(not_sqlite("it is a directory".into()));
     }
+    if !meta.is_file() {
+        // A FIFO would block the first read for ever; a device reads as endless or no data.
+        return Err(not_sqlite(format!(
+            "it is not a regular file (a {})",
+            file_kind(&meta.file_type())
+        )));
+    }
     let len = meta.len();
-    if len == 0 && meta.is_file() {
+    if len == 0 {
         return Err(DbError::Empty {
             path: path.to_path_buf(),
         });
-    }
-    if len == 0 {
-        return Ok(()); // not a regular file (a device): SQLite's to judge
     }
     let mut header = Vec::with_capacity(100);
     std::fs::File::open(path)
@@ -851,6 +855,22 @@ fn precheck_file(path: &Path) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// What a file that is neither a regular file nor a directory is, for messages.
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_fifo() {
+        "named pipe"
+    } else if t.is_char_device() {
+        "character device"
+    } else if t.is_block_device() {
+        "block device"
+    } else if t.is_socket() {
+        "socket"
+    } else {
+        "special file"
+    }
 }
 
 /// Creates the database at `path`, which did not exist, so that it appears complete: made

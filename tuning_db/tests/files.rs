@@ -170,6 +170,30 @@ fn a_directory_is_refused() {
     assert!(matches!(err, DbError::NotSqlite { .. }), "{err}");
 }
 
+/// A named pipe (whose first read would block for ever) and a device are refused by their
+/// kind, before anything reads them.
+#[test]
+fn special_files_are_refused_without_reading_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.db");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+    for (path, kind) in [
+        (fifo.as_path(), "named pipe"),
+        (Path::new("/dev/null"), "character device"),
+    ] {
+        for result in [TuningDb::open(path), TuningDb::open_read_only(path)] {
+            let err = result.unwrap_err();
+            let msg = err.to_string();
+            assert!(matches!(err, DbError::NotSqlite { .. }), "{msg}");
+            assert!(
+                msg.contains(&format!("not a regular file (a {kind})")),
+                "{msg}"
+            );
+        }
+    }
+}
+
 #[test]
 fn another_applications_database_is_refused_untouched() {
     let dir = tempfile::tempdir().unwrap();
