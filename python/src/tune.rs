@@ -98,8 +98,10 @@ fn worker_spec(
 /// isolation: 'process' (candidates run in a watched worker: a crash is recorded, not
 ///     fatal) or 'none' (in this process).
 /// progress: draw the CLI's progress bar on stderr (when it is a terminal).
+/// retry_failed: measure again the configs whose latest trial crashed, timed out or ran
+///     out of memory (quarantined: otherwise never re-run), as the CLI's `--retry-failed`.
 #[pyfunction]
-#[pyo3(signature = (workloads, db=PathArg(PathBuf::from("tuning.db")), budget=32, threads=None, precision=None, strategy="model", seed=0, isolation="process", finalists=3, timeout_s=None, progress=true))]
+#[pyo3(signature = (workloads, db=PathArg(PathBuf::from("tuning.db")), budget=32, threads=None, precision=None, strategy="model", seed=0, isolation="process", finalists=3, timeout_s=None, progress=true, retry_failed=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn tune<'py>(
     py: Python<'py>,
@@ -114,6 +116,7 @@ pub fn tune<'py>(
     finalists: IntArg,
     timeout_s: Option<f64>,
     progress: bool,
+    retry_failed: bool,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let workloads = with_precision(parse_workloads(workloads)?, precision)?;
     let db = db.0;
@@ -136,6 +139,7 @@ pub fn tune<'py>(
         tool_version: format!("{} (python)", env!("CARGO_PKG_VERSION")),
         finalists,
         timeout,
+        retry_failed,
         ..TuneOptions::default()
     };
     let families: Vec<&'static dyn Kernel> = kernels::registry()

@@ -17,8 +17,11 @@
 //! memory (`crashed`, `timeout`, `oom`) for a workload, kernel and kernel version is never
 //! measured again on this machine: like every tried config it is skipped whatever strategy,
 //! seed or budget proposes it, and not even the default config is re-run if it is quarantined.
+//! What counts is a config's latest trial: [`TuneOptions::retry_failed`] measures the
+//! quarantined ones again (limits that were too tight, a worker killed from outside), and a
+//! config that then passes is quarantined no more.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use kernels::{
@@ -96,22 +99,29 @@ pub struct TuneOptions {
     /// Per-candidate time limit for evaluators that enforce one (worker processes). `None`:
     /// [`derived_timeout`] of the default config's evaluation time (`max(2 s, 50 ×)`).
     pub timeout: Option<Duration>,
+    /// Measure again the configs whose latest trial crashed, timed out or ran out of memory
+    /// (quarantined ones): for when the run that failed them had limits too tight, or its
+    /// worker was killed from outside. Their new trials are what later runs go by.
+    pub retry_failed: bool,
 }
 
 impl TuneOptions {
+    /// The shortest per-candidate timeout a job may set: a candidate's time includes
+    /// building and verifying it, so anything shorter fails every config.
+    pub const MIN_TIMEOUT_S: f64 = 0.1;
     /// The longest per-candidate timeout a job may set: a day.
     pub const MAX_TIMEOUT_S: f64 = 86_400.0;
 
     /// A per-candidate timeout given in seconds (`None`: derived per workload), checked:
-    /// a number in `(0, MAX_TIMEOUT_S]`. The error says what it got.
+    /// a number in `[MIN_TIMEOUT_S, MAX_TIMEOUT_S]`. The error says what it got.
     pub fn timeout_from_secs(s: Option<f64>) -> Result<Option<Duration>, String> {
+        let range = Self::MIN_TIMEOUT_S..=Self::MAX_TIMEOUT_S;
         match s {
             None => Ok(None),
-            Some(s) if s.is_finite() && s > 0.0 && s <= Self::MAX_TIMEOUT_S => {
-                Ok(Some(Duration::from_secs_f64(s)))
-            }
+            Some(s) if range.contains(&s) => Ok(Some(Duration::from_secs_f64(s))),
             Some(s) => Err(format!(
-                "must be a number of seconds in (0, {}], not {s}",
+                "must be a number of seconds from {} to {}, not {s}",
+                Self::MIN_TIMEOUT_S,
                 Self::MAX_TIMEOUT_S
             )),
         }
@@ -130,6 +140,7 @@ impl Default for TuneOptions {
             finalists: 3,
             remeasure_rounds: 31,
             timeout: None,
+            retry_failed: false,
         }
     }
 }
@@ -328,6 +339,7 @@ pub fn tune_with(
     });
     let default = job.run_default()?;
     on_event(Event::Default { record: &default });
+    job.retry_failed(on_event)?;
     job.search(on_event)?;
     if opts.finalists > 0 {
         on_event(Event::Deciding);
@@ -361,6 +373,8 @@ struct Job<'a> {
     quarantine: Vec<Record>,
     /// Their keys: never measured again.
     quarantined: HashSet<Key>,
+    /// The configs [`TuneOptions::retry_failed`] measures again (the default's first).
+    retry: HashSet<Key>,
     /// Timed (ok) evaluations of this run, the default's included.
     timed: Vec<Measurement>,
     measured: usize,
@@ -391,7 +405,15 @@ impl<'a> Job<'a> {
         evaluator.setup(w, opts.seed ^ 0x5EED)?;
         let (dk, dc) = default_for(w, hw)?;
         let kernels: Vec<&'static dyn Kernel> = families.iter().copied().chain([dk]).collect();
-        let (tried, quarantine) = on_record(db, w, hw, &kernels)?;
+        let (mut tried, mut quarantine) = on_record(db, w, hw, &kernels)?;
+        let retry: HashSet<Key> = match opts.retry_failed {
+            true => quarantine
+                .drain(..)
+                .map(|r| key(&r.kernel, &r.config))
+                .collect(),
+            false => HashSet::new(),
+        };
+        tried.retain(|k| !retry.contains(k));
         let quarantined = quarantine
             .iter()
             .map(|r| key(&r.kernel, &r.config))
@@ -408,6 +430,7 @@ impl<'a> Job<'a> {
             tried,
             quarantine,
             quarantined,
+            retry,
             timed: Vec::new(),
             measured: 0,
             resumed: 0,
@@ -460,6 +483,19 @@ impl<'a> Job<'a> {
             self.done = self.done.max(self.tried.len().min(opts.budget));
             strategy.tell(&told);
         }
+        Ok(())
+    }
+
+    /// Measures again the quarantined configs [`TuneOptions::retry_failed`] asked for (the
+    /// default's was, by [`Job::run_default`]); those no longer in the space are left.
+    fn retry_failed(&mut self, on_event: &mut dyn FnMut(Event<'_>)) -> Result<(), SearchError> {
+        let again: Vec<usize> = (0..self.cands.len())
+            .filter(|&i| {
+                self.retry
+                    .contains(&key(self.cands[i].kernel.name(), &self.cands[i].config))
+            })
+            .collect();
+        self.run_batch(&again, on_event)?;
         Ok(())
     }
 
@@ -557,13 +593,7 @@ impl<'a> Job<'a> {
         decision: Option<Decision>,
     ) -> Result<TuneSummary, SearchError> {
         let (db, hw, w) = (self.db, self.hw, self.w);
-        let quarantined = db
-            .trials(&hw.id, w)?
-            .iter()
-            .filter(|r| is_quarantine(r.status) && is_current(&self.kernels, r))
-            .map(|r| key(&r.kernel, &r.config))
-            .collect::<HashSet<_>>()
-            .len();
+        let quarantined = on_record(db, w, hw, &self.kernels)?.1.len();
         let best = db.best(&hw.id, w)?;
         let best_accuracy = best.as_ref().and_then(|b| b.accuracy);
         let earlier = match (&decision, &best) {
@@ -634,18 +664,21 @@ fn on_record(
     hw: &HardwareFingerprint,
     kernels: &[&'static dyn Kernel],
 ) -> Result<(HashSet<Key>, Vec<Record>), SearchError> {
-    let mut tried = HashSet::new();
-    for k in kernels {
-        for c in db.tried_configs(&hw.id, w, k.name(), k.version())? {
-            tried.insert((k.name().to_string(), c));
+    // The latest trial of each config of the current kernel versions is what counts: a
+    // config measured again after a failure (`retry_failed`) is no longer quarantined.
+    let mut latest: HashMap<Key, Record> = HashMap::new();
+    for r in db.trials(&hw.id, w)? {
+        if is_current(kernels, &r) {
+            latest.insert(key(&r.kernel, &r.config), r);
         }
     }
-    let quarantine: Vec<Record> = db
-        .trials(&hw.id, w)?
-        .into_iter()
-        .filter(|r| is_quarantine(r.status) && is_current(kernels, r))
+    let mut quarantine: Vec<Record> = latest
+        .values()
+        .filter(|r| is_quarantine(r.status))
+        .cloned()
         .collect();
-    Ok((tried, quarantine))
+    quarantine.sort_by_key(|r| r.id);
+    Ok((latest.into_keys().collect(), quarantine))
 }
 
 /// Whether `r` was recorded by the current version of one of `kernels`.

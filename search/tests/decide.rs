@@ -405,6 +405,53 @@ fn quarantined_configs_are_never_measured_again() {
     assert_eq!(rows.iter().filter(|r| r.config == x(1)).count(), 1);
 }
 
+/// `retry_failed` measures the quarantined configs again (their limits were too tight, say);
+/// one that then passes is no longer quarantined by later runs, one that fails again stays.
+#[test]
+fn retry_failed_measures_quarantined_configs_again_and_the_latest_trial_counts() {
+    let (db, hw, w) = setup();
+    let mut ev = fake();
+    ev.statuses.insert(key(&Scripted, &x(1)), Status::Timeout);
+    ev.statuses.insert(key(&Scripted, &x(2)), Status::Oom);
+    let s = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
+    assert_eq!(s.quarantined, 2);
+
+    ev.evaluated.clear();
+    ev.statuses.clear();
+    ev.statuses.insert(key(&Scripted, &x(2)), Status::Oom); // still fails
+    let retry = TuneOptions {
+        retry_failed: true,
+        ..opts(6)
+    };
+    let again = tune_with(&db, &w, hw, &[&Scripted], &retry, &mut ev, &mut |_| {}).unwrap();
+    for c in [1, 2] {
+        assert!(
+            ev.evaluated.contains(&key(&Scripted, &x(c))),
+            "x{c} retried"
+        );
+    }
+    assert_eq!(again.quarantined, 1, "x2 failed again");
+
+    ev.evaluated.clear();
+    let later = tune_with(&db, &w, hw, &[&Scripted], &opts(8), &mut ev, &mut |_| {}).unwrap();
+    assert_eq!(later.quarantined, 1);
+    assert!(
+        !ev.evaluated.contains(&key(&Scripted, &x(2))),
+        "x2 stays quarantined"
+    );
+    let rows = db.trials(&hw.id, &w).unwrap();
+    let x1: Vec<Status> = rows
+        .iter()
+        .filter(|r| r.config == x(1))
+        .map(|r| r.status)
+        .collect();
+    assert_eq!(
+        x1,
+        [Status::Timeout, Status::Ok],
+        "the failure stays on record"
+    );
+}
+
 #[test]
 fn a_quarantined_default_is_not_run_again() {
     let (db, hw, w) = setup();

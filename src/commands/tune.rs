@@ -12,7 +12,7 @@ use kernels::{DType, HardwareFingerprint, Kernel, Workload};
 use runner::{Evaluator, Isolated, WorkerSpec};
 use search::{tune_with, StrategyKind, TuneOptions, TuneSummary, INITIAL_TIMEOUT};
 use serde_json::json;
-use tuning_db::TuningDb;
+use tuning_db::{Record, TuningDb};
 
 /// The BERT-base (seq 128) projection and FFN shapes plus two skinny decoding shapes: the
 /// default job when no `--workload` is given.
@@ -88,14 +88,19 @@ pub struct TuneArgs {
     /// all), so the scheduler does not migrate it between samples.
     #[arg(long)]
     pin: bool,
-    /// Time limit per candidate, seconds (default: max(2, 50 × the default config's
-    /// evaluation time)). Needs --isolation process.
+    /// Time limit per candidate, seconds, from 0.1 (default: max(2, 50 × the default
+    /// config's evaluation time)). Needs --isolation process.
     #[arg(long, value_name = "SECS")]
     timeout_s: Option<f64>,
     /// Memory limit of the worker process, MiB (its private writable memory, RLIMIT_DATA);
     /// 0 for none. Default 4096. Needs --isolation process.
     #[arg(long, value_name = "MB")]
     mem_limit_mb: Option<u64>,
+    /// Measure again the configs whose latest trial crashed, timed out or ran out of memory
+    /// (quarantined: otherwise never re-run), e.g. after a run whose --timeout-s or
+    /// --mem-limit-mb was too tight or whose worker was killed from outside.
+    #[arg(long)]
+    retry_failed: bool,
     /// Tune only this kernel family (repeat for several); default: every family.
     #[arg(long = "kernel", value_name = "NAME")]
     kernels: Vec<String>,
@@ -168,6 +173,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
         finalists: usize::from(args.finalists),
         timeout,
+        retry_failed: args.retry_failed,
         ..TuneOptions::default()
     };
     let mut evaluator = evaluator(&args, hw, gpu.as_ref(), timeout, pin_cpus.clone())?;
@@ -414,16 +420,25 @@ fn report(
     let decision = s.decision.as_ref();
     // The speeds the decision saw: re-measured side by side when both were finalists.
     let decided = s.decided_medians();
-    let gflops = |t: Option<f64>| t.map_or(0.0, |t| s.workload.flops() / t / 1e9);
+    // The decision's speeds where it has both; else each record's own (a default that
+    // failed has none: said so, not printed as 0).
+    let speed = |decided: Option<f64>, r: Option<&Record>| match decided
+        .map(|t| s.workload.flops() / t / 1e9)
+        .or(r.and_then(|r| r.gflops))
+    {
+        Some(g) => format!("{g:>7.1} GFLOP/s"),
+        None => "not measured".to_string(),
+    };
     match best {
         Some(b) => println!(
-            "{:>20}  best {:>7.1} GFLOP/s  {} {}  default {:>7.1} GFLOP/s  speedup {:.2}x{}  ({} trials, {} failed, {} new; space {})",
+            "{:>20}  best {}  {} {}  default {}  speedup {}{}  ({} trials, {} failed, {} new; space {})",
             s.workload.key(),
-            gflops(decided.map(|d| d.0)),
+            speed(decided.map(|d| d.0), Some(b)),
             b.kernel,
             b.config,
-            gflops(decided.map(|d| d.1)),
-            s.speedup_vs_default().unwrap_or(1.0),
+            speed(decided.map(|d| d.1), Some(&s.default)),
+            s.speedup_vs_default()
+                .map_or("-".to_string(), |x| format!("{x:.2}x")),
             match s.speedup_source() {
                 Some("this_run") => " (re-measured)",
                 Some("earlier_decision") => " (as re-measured when decided)",
@@ -476,12 +491,17 @@ fn report(
             .filter_map(|k| statuses.get(k).map(|n| format!("{n} {k}")))
             .collect();
         println!(
-            "{:>20}  isolation: {} worker restart(s), {} quarantined config(s) ({}), timeout {:.1} s",
+            "{:>20}  isolation: {} worker restart(s), {} quarantined config(s) ({}), timeout {:.1} s{}",
             "",
             s.restarts,
             s.quarantined,
             bad.join(", "),
-            s.timeout.map_or(0.0, |t| t.as_secs_f64())
+            s.timeout.map_or(0.0, |t| t.as_secs_f64()),
+            if s.quarantined > 0 {
+                " (--retry-failed measures them again, e.g. after limits that were too tight)"
+            } else {
+                ""
+            }
         );
     }
     Ok(())
