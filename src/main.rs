@@ -94,13 +94,20 @@ impl PrecisionArg {
     /// The policy these options name.
     pub fn policy(&self) -> anyhow::Result<runtime::PrecisionPolicy> {
         let p: runtime::PrecisionPolicy = self.precision.parse()?;
-        Ok(match self.max_rel_err {
-            Some(e) if !(e.is_finite() && e >= 0.0) => {
-                anyhow::bail!("--max-rel-err must be a finite number ≥ 0, not {e}")
-            }
-            Some(e) => p.with_max_rel_err(e),
-            None => p,
-        })
+        with_budget(p, self.max_rel_err)
+    }
+}
+
+/// `policy` with the `--max-rel-err` given, checked.
+pub fn with_budget(
+    policy: runtime::PrecisionPolicy,
+    max_rel_err: Option<f64>,
+) -> anyhow::Result<runtime::PrecisionPolicy> {
+    match max_rel_err {
+        Some(e) => policy
+            .with_budget(e)
+            .map_err(|e| anyhow::anyhow!("--max-rel-err: {e}")),
+        None => Ok(policy),
     }
 }
 

@@ -24,10 +24,9 @@ pub fn parse_policy(p: Option<&str>, max_rel_err: Option<f64>) -> PyResult<Preci
         .map_err(|e: runtime::UnknownPrecision| PyValueError::new_err(e.to_string()))?;
     match max_rel_err {
         None => Ok(policy),
-        Some(e) if e.is_finite() && e >= 0.0 => Ok(policy.with_max_rel_err(e)),
-        Some(e) => Err(PyValueError::new_err(format!(
-            "max_rel_err must be a finite number >= 0, not {e}"
-        ))),
+        Some(e) => policy
+            .with_budget(e)
+            .map_err(|e| PyValueError::new_err(format!("max_rel_err: {e}"))),
     }
 }
 

@@ -83,6 +83,16 @@ impl PrecisionPolicy {
         }
     }
 
+    /// [`PrecisionPolicy::with_max_rel_err`] of a budget a user gave: a finite number ≥ 0
+    /// (−0 taken as 0), else an error saying what it got.
+    pub fn with_budget(self, e: f64) -> Result<Self, BadBudget> {
+        if e.is_finite() && e >= 0.0 {
+            Ok(self.with_max_rel_err(e + 0.0))
+        } else {
+            Err(BadBudget(e))
+        }
+    }
+
     /// The budget given, if any.
     pub fn max_rel_err(&self) -> Option<f64> {
         self.max_rel_err
@@ -124,6 +134,11 @@ impl Default for PrecisionPolicy {
         PrecisionPolicy::exact()
     }
 }
+
+/// An error budget that is not a finite number ≥ 0.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("the error budget must be a finite number ≥ 0, not {0}")]
+pub struct BadBudget(pub f64);
 
 /// A precision name that is not one of `f32`, `bf16`, `int8` (`i8`) or `auto`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -206,5 +221,16 @@ mod tests {
         assert!(!auto.admits(None));
         assert_eq!(auto.reduced(), &[DType::I8, DType::Bf16]);
         assert!(auto.picks_fastest() && !int8.picks_fastest());
+    }
+
+    #[test]
+    fn budgets_users_give_are_checked() {
+        let int8 = PrecisionPolicy::only(DType::I8);
+        let zero = int8.with_budget(-0.0).unwrap();
+        assert_eq!(zero.to_string(), "int8 (max rel err 0e0)");
+        for bad in [f64::NAN, f64::INFINITY, -1e-3] {
+            let e = int8.with_budget(bad).unwrap_err().to_string();
+            assert!(e.contains("finite number ≥ 0"), "{e}");
+        }
     }
 }

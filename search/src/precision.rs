@@ -6,8 +6,20 @@ use kernels::{DType, DeviceKind, Workload};
 /// The element types a `--precision` list names ([`DType::precision_named`]'s names; `auto`
 /// = all three), in order, without repeats; an unknown name or an empty list is an error.
 pub fn parse_precisions(list: &str) -> Result<Vec<DType>, String> {
+    if list.trim().is_empty() {
+        return Err(format!(
+            "give at least one precision of {}",
+            DType::PRECISION_NAMES
+        ));
+    }
     let mut out = Vec::new();
-    for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+    for name in list.split(',').map(str::trim) {
+        if name.is_empty() {
+            return Err(format!(
+                "'{list}' has an empty item (give precisions of {}, auto, comma-separated)",
+                DType::PRECISION_NAMES
+            ));
+        }
         let add = match DType::precision_named(name) {
             Some(d) => vec![d],
             None if name.eq_ignore_ascii_case("auto") => DType::PRECISIONS.to_vec(),
@@ -23,12 +35,6 @@ pub fn parse_precisions(list: &str) -> Result<Vec<DType>, String> {
                 out.push(d);
             }
         }
-    }
-    if out.is_empty() {
-        return Err(format!(
-            "give at least one precision of {}",
-            DType::PRECISION_NAMES
-        ));
     }
     Ok(out)
 }
@@ -81,6 +87,9 @@ mod tests {
         );
         assert!(parse_precisions("int4").unwrap_err().contains("'int4'"));
         assert!(parse_precisions(" , ").is_err());
+        assert!(parse_precisions("f32,,int8")
+            .unwrap_err()
+            .contains("empty item"));
         let ws: Vec<Workload> = [
             "gemm:4x4x4",
             "gemm:2x2x2:i8",

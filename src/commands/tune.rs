@@ -125,6 +125,7 @@ pub struct TuneArgs {
 const DRIFT_WARNING: f64 = 1.3;
 
 pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
+    crate::with_budget(runtime::PrecisionPolicy::auto(), args.max_rel_err)?; // before any work
     let (workloads, dtypes) = requested_workloads(&args)?;
     let (workloads, db_path) = shard_plan(&args, workloads)?;
     if args.dry_run {
@@ -302,10 +303,7 @@ fn precision_summary(
     workloads: &[Workload],
     max_rel_err: Option<f64>,
 ) -> anyhow::Result<()> {
-    let mut policy = runtime::PrecisionPolicy::auto();
-    if let Some(e) = max_rel_err {
-        policy = policy.with_max_rel_err(e);
-    }
+    let policy = crate::with_budget(runtime::PrecisionPolicy::auto(), max_rel_err)?;
     let rt = runtime::Runtime::open_for(db_path, hw.clone())?;
     rt.set_precision(policy);
     let db = TuningDb::open_read_only(db_path)?;
