@@ -22,6 +22,14 @@ pub enum ModelError {
     TooFewPoints { have: usize, need: usize },
     #[error("training data is malformed: {0}")]
     BadData(String),
+    #[error(
+        "fitting on {train} of the {points} measured points leaves fewer than {need} to score"
+    )]
+    NothingToScore {
+        train: usize,
+        points: usize,
+        need: usize,
+    },
     #[error("the model has not been fitted")]
     NotFitted,
     #[error("{model} failed: {reason}")]

@@ -629,9 +629,17 @@ pub fn evaluate_model(
         .map(|(e, _)| e.kernel.as_str())
         .collect();
     let timed: Vec<f64> = timed_entries.iter().map(|&(_, t)| t).collect();
+    let k = 10;
+    // The points left to score are what the metrics are of: top-k recall needs k of them.
+    if train + k > timed.len() {
+        return Err(costmodel::ModelError::NothingToScore {
+            train,
+            points: timed.len(),
+            need: k,
+        });
+    }
     let priors = transfer_priors(space, others);
     let mut sums = (0.0, 0.0, 0.0);
-    let k = 10;
     for s in 0..seeds as u64 {
         let seed = first_seed.wrapping_add(s);
         let mut rng = kernels::Rng::new(seed ^ 0xE7A1);
@@ -639,7 +647,7 @@ pub fn evaluate_model(
         for i in (1..order.len()).rev() {
             order.swap(i, rng.below(i as u64 + 1) as usize);
         }
-        let (fit_idx, test_idx) = order.split_at(train.min(timed.len().saturating_sub(1)));
+        let (fit_idx, test_idx) = order.split_at(train);
         let own: Vec<(usize, f64)> = fit_idx
             .iter()
             .map(|&i| (i, target(timed[i], &space.workload)))

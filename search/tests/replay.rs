@@ -201,6 +201,12 @@ fn models_are_scored_on_held_out_records() {
         evaluate_model(&s, &[], ModelKind::Forest, 3, 0, 1),
         Err(costmodel::ModelError::TooFewPoints { .. })
     ));
+    // Fitting on (nearly) the whole space leaves nothing to score: an error, not metrics.
+    let all = s.entries.len();
+    assert!(matches!(
+        evaluate_model(&s, &[], ModelKind::Forest, all, 0, 1),
+        Err(costmodel::ModelError::NothingToScore { need: 10, .. })
+    ));
 }
 
 #[test]

@@ -284,7 +284,7 @@ fn models(args: &ReplayArgs, spaces: &[RecordedSpace]) -> anyhow::Result<ExitCod
             }
         }
     }
-    let reports: Vec<anyhow::Result<ModelReport>> = jobs
+    let reports: Vec<ModelReport> = jobs
         .par_iter()
         .map(|&(si, kind, transfer)| {
             let others: Vec<&RecordedSpace> = spaces
@@ -304,7 +304,7 @@ fn models(args: &ReplayArgs, spaces: &[RecordedSpace]) -> anyhow::Result<ExitCod
             )
             .with_context(|| format!("evaluating {kind} on {}", args.spaces[si].display()))
         })
-        .collect();
+        .collect::<anyhow::Result<_>>()?;
     if !args.json {
         println!(
             "{:<40} {:<7} {:>5} {:>9} {:>9} {:>11} {:>8}",
@@ -312,7 +312,6 @@ fn models(args: &ReplayArgs, spaces: &[RecordedSpace]) -> anyhow::Result<ExitCod
         );
     }
     for (r, &(si, _, _)) in reports.into_iter().zip(&jobs) {
-        let r = r?;
         let label = args.spaces[si].display().to_string();
         if args.json {
             let mut v = serde_json::to_value(&r).context("serialising a report")?;
