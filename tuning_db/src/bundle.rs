@@ -219,7 +219,8 @@ impl CheckReport {
     /// `Ok(())` if it passed, else [`BundleError::ChecksumMismatch`] (when that is the
     /// problem) or [`BundleError::Invalid`].
     pub fn into_result(self) -> Result<CheckReport, BundleError> {
-        if self.checksum_ok == Some(false) {
+        let no_checksum = self.manifest.as_ref().is_some_and(|m| m.checksum.is_empty());
+        if self.checksum_ok == Some(false) && !no_checksum {
             return Err(BundleError::ChecksumMismatch {
                 path: self.path.clone(),
                 expected: self.manifest.map(|m| m.checksum).unwrap_or_default(),
@@ -659,7 +660,9 @@ pub fn check_file(path: &Path) -> Result<CheckReport, BundleError> {
     let mut checksum_ok = None;
     if let Some(m) = &manifest {
         checksum_ok = Some(m.checksum == checksum);
-        if m.checksum != checksum {
+        if m.checksum.is_empty() {
+            problems.push("the manifest has no bundle.checksum".into());
+        } else if m.checksum != checksum {
             problems.push(format!(
                 "checksum mismatch: the manifest says {} but the content hashes to {checksum}",
                 m.checksum

@@ -750,17 +750,9 @@ impl TuningDb {
                 }
             }
         }
-        {
-            let sql = format!("SELECT {FINGERPRINT_COLUMNS} FROM fingerprints ORDER BY id");
-            let mut stmt = self.conn.prepare(&sql).ctx(p, "reading fingerprints")?;
-            let mut rows = stmt.query([]).ctx(p, "reading fingerprints")?;
-            while let Some(row) = rows.next().ctx(p, "reading fingerprints")? {
-                if fingerprint_from_row(row).ok().flatten().is_none() {
-                    let id: String = row.get(0).unwrap_or_default();
-                    problems.push(format!("fingerprint {id}: a field is out of range"));
-                }
-            }
-        }
+        problems.extend(self.fingerprint_problems()?);
+        problems.extend(self.op_problems()?);
+        problems.extend(self.winner_problems()?);
         if problems.is_empty() {
             Ok(())
         } else {
@@ -769,6 +761,102 @@ impl TuningDb {
                 problems,
             })
         }
+    }
+}
+
+impl TuningDb {
+    /// [`TuningDb::verify`]'s check of the fingerprint rows: every field in range, and the
+    /// columns the runtime reads agreeing with the `canonical` form the content checksum
+    /// covers — and, for a CPU, with the id (the hash of that form).
+    fn fingerprint_problems(&self) -> Result<Vec<String>> {
+        let p = &self.path;
+        let sql = format!("SELECT {FINGERPRINT_COLUMNS}, canonical FROM fingerprints ORDER BY id");
+        let mut stmt = self.conn.prepare(&sql).ctx(p, "reading fingerprints")?;
+        let mut rows = stmt.query([]).ctx(p, "reading fingerprints")?;
+        let mut problems = Vec::new();
+        while let Some(row) = rows.next().ctx(p, "reading fingerprints")? {
+            let id: String = row.get(0).unwrap_or_default();
+            let canonical: String = row.get(12).unwrap_or_default();
+            let Some(fp) = fingerprint_from_row(row).ok().flatten() else {
+                problems.push(format!("fingerprint {id}: a field is out of range"));
+                continue;
+            };
+            if fp.canonical() != canonical {
+                problems.push(format!(
+                    "fingerprint {id}: its columns do not match its canonical form (modified?)"
+                ));
+            } else if fp.device_kind() == kernels::DeviceKind::Cpu && fp.compute_id() != id {
+                problems.push(format!(
+                    "fingerprint {id}: its fields hash to {}, not to its id (modified?)",
+                    fp.compute_id()
+                ));
+            }
+        }
+        Ok(problems)
+    }
+
+    /// [`TuningDb::verify`]'s check of the `op` column against each trial's workload.
+    fn op_problems(&self) -> Result<Vec<String>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, workload, op FROM trials ORDER BY id")
+            .ctx(p, "reading trials")?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .ctx(p, "reading trials")?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(id, w, op)| {
+                let want = w.parse::<Workload>().ok()?.op().name();
+                (op != want).then(|| format!("trial {id}: op '{op}' but workload {w} is a {want}"))
+            })
+            .collect())
+    }
+
+    /// [`TuningDb::verify`]'s check of the winner decisions: each names an `ok` trial of its
+    /// own fingerprint and workload (a missing one is the foreign-key check's).
+    fn winner_problems(&self) -> Result<Vec<String>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT w.id, w.fingerprint_id, w.workload, t.id, t.fingerprint_id, t.workload, \
+                 t.status FROM winners w JOIN trials t ON t.id = w.trial_id ORDER BY w.id",
+            )
+            .ctx(p, "reading winners")?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    (r.get::<_, String>(1)?, r.get::<_, String>(2)?),
+                    r.get::<_, i64>(3)?,
+                    (r.get::<_, String>(4)?, r.get::<_, String>(5)?),
+                    r.get::<_, String>(6)?,
+                ))
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .ctx(p, "reading winners")?;
+        let mut problems = Vec::new();
+        for (id, (fp, w), trial, (trial_fp, trial_w), status) in rows {
+            if (&fp, &w) != (&trial_fp, &trial_w) {
+                problems.push(format!(
+                    "winner {id} ({w} on {fp}) names trial {trial}, of {trial_w} on {trial_fp}"
+                ));
+            } else if status != "ok" {
+                problems.push(format!(
+                    "winner {id} ({w} on {fp}) names trial {trial}, which is {status}"
+                ));
+            }
+        }
+        Ok(problems)
     }
 }
 

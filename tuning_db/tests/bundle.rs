@@ -138,3 +138,65 @@ fn decisions_on_the_fastest_trial_survive_import_and_merge() {
         ("fastest".to_string(), 2)
     );
 }
+
+/// What the content checksum does not cover on its own — the fingerprint columns beside
+/// their canonical form, the `op` column beside the workload, which trial a decision names —
+/// `verify` checks for consistency: each tampering of a bundle (that still "matches" its
+/// checksum) is a problem, so `import` refuses it.
+#[test]
+fn tampering_the_checksum_does_not_cover_is_caught_by_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let hw = hw();
+    let (w, other) = (gemm(32, 48, 64), gemm(16, 16, 16));
+    let db = TuningDb::open(dir.path().join("src.db")).unwrap();
+    db.upsert_fingerprint(&hw).unwrap();
+    let cs = configs(&w, &hw, 1);
+    let fast = db.insert(&ok(&hw.id, w, cs[0].clone(), 1e-4)).unwrap();
+    let crashed = failed(&hw.id, w, cs[0].clone(), kernels::Status::Crashed, "x");
+    let crashed = db.insert(&crashed).unwrap();
+    let elsewhere = db.insert(&ok(&hw.id, other, configs(&other, &hw, 1)[0].clone(), 1e-5));
+    db.record_winner(&WinnerDecision {
+        id: None,
+        fingerprint_id: hw.id.clone(),
+        workload: w,
+        trial_id: fast,
+        reason: "fastest".into(),
+        tie: false,
+        remeasured: vec![],
+        decided_at: String::new(),
+        tool_version: "t".into(),
+    })
+    .unwrap();
+    let bundle = dir.path().join("a.bundle");
+    db.export_bundle(&hw.id, &bundle, "t").unwrap();
+    assert!(check_file(&bundle).unwrap().is_ok());
+    let trial_of = |t: i64| format!("UPDATE winners SET trial_id = {t}");
+    let cases = [
+        (
+            "UPDATE fingerprints SET isa = 'avx2 fma'".to_string(),
+            "do not match its canonical form",
+        ),
+        (
+            "UPDATE trials SET op = 'attention' WHERE id = 1".to_string(),
+            "op 'attention' but workload",
+        ),
+        (trial_of(crashed), "which is crashed"),
+        (trial_of(elsewhere.unwrap()), "names trial"),
+    ];
+    for (i, (sql, needle)) in cases.iter().enumerate() {
+        let copy = dir.path().join(format!("t{i}.bundle"));
+        std::fs::copy(&bundle, &copy).unwrap();
+        rusqlite::Connection::open(&copy)
+            .unwrap()
+            .execute(sql, [])
+            .unwrap();
+        let report = check_file(&copy).unwrap();
+        assert!(
+            report.problems.iter().any(|p| p.contains(needle)),
+            "{sql}: {:?}",
+            report.problems
+        );
+        let target = TuningDb::open(dir.path().join(format!("t{i}.db"))).unwrap();
+        assert!(target.import_from(&copy, "t").is_err(), "{sql}: imported");
+    }
+}
