@@ -145,12 +145,16 @@ fn matrix(v: &Value, name: &str) -> Result<Option<Vec<Vec<u32>>>, String> {
     let bad = || format!("'{name}' is not a list of lists of whole numbers");
     let rows = field.as_array().ok_or_else(bad)?;
     rows.iter()
-        .map(|r| {
-            (r.as_array().ok_or_else(bad)?.iter())
-                .map(|x| {
-                    x.as_u64()
-                        .and_then(|x| u32::try_from(x).ok())
-                        .ok_or_else(bad)
+        .enumerate()
+        .map(|(i, r)| {
+            (r.as_array().ok_or_else(bad)?.iter().enumerate())
+                .map(|(j, x)| match (x.as_i64(), x.as_u64()) {
+                    (_, Some(n)) if n <= u64::from(u32::MAX) => Ok(n as u32),
+                    (Some(_), _) | (_, Some(_)) => Err(format!(
+                        "'{name}' holds {x} (row {i}, position {j}), outside 0..={}",
+                        u32::MAX
+                    )),
+                    _ => Err(bad()),
                 })
                 .collect()
         })
@@ -188,7 +192,12 @@ mod tests {
         for (text, needle) in [
             (r#"{"ids": [[1]]}"#, "'input_ids' is missing"),
             (r#"{"input_ids": [[1, 2], [3]]}"#, "not 2 rows of 2"),
-            (r#"{"input_ids": [[1, -2]]}"#, "whole numbers"),
+            (
+                r#"{"input_ids": [[1, -2]]}"#,
+                "holds -2 (row 0, position 1)",
+            ),
+            (r#"{"input_ids": [[1, 2.5]]}"#, "whole numbers"),
+            (r#"{"input_ids": [[1099511627776]]}"#, "holds 1099511627776"),
             (
                 r#"{"input_ids": [[1, 2]], "attention_mask": [[0, 1]]}"#,
                 "row 0 is not 1s then 0s",

@@ -127,8 +127,15 @@ const DRIFT_WARNING: f64 = 1.3;
 pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     crate::with_budget(runtime::PrecisionPolicy::auto(), args.max_rel_err)?; // before any work
     let (workloads, dtypes) = requested_workloads(&args)?;
+    if workloads.is_empty() {
+        bail!("nothing to tune: no kernel family runs the workloads asked for in the precisions asked for on this device");
+    }
     let (workloads, db_path) = shard_plan(&args, workloads)?;
     if args.dry_run {
+        // What the real run would refuse, the dry run refuses too (a missing file is made).
+        if db_path.exists() {
+            TuningDb::open_read_only(&db_path)?;
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let strategy: StrategyKind = args.strategy.parse().map_err(anyhow::Error::msg)?;
@@ -193,6 +200,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
             db_path.display()
         );
     }
+    let mut unverified = Vec::new();
     for w in &workloads {
         let fams: Vec<&'static dyn Kernel> =
             families.iter().copied().filter(|k| k.supports(w)).collect();
@@ -200,9 +208,22 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
             tune_with(&db, w, hw, &fams, &opts, evaluator.as_mut(), on_event)
         })?;
         report(&db, &summary, hw, &opts, args.json)?;
+        if summary.best.is_none() {
+            unverified.push(w.key());
+        }
     }
     if dtypes.len() > 1 && !args.json && gpu.is_none() {
         precision_summary(&db_path, hw, &workloads, args.max_rel_err)?;
+    }
+    if !unverified.is_empty() {
+        // Every trial is in the database; the exit status tells a script nothing is served.
+        eprintln!(
+            "error: {} of {} workload(s) have no verified config (every trial failed; their records say why): {}",
+            unverified.len(),
+            workloads.len(),
+            unverified.join(", ")
+        );
+        return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -219,7 +219,10 @@ impl CheckReport {
     /// `Ok(())` if it passed, else [`BundleError::ChecksumMismatch`] (when that is the
     /// problem) or [`BundleError::Invalid`].
     pub fn into_result(self) -> Result<CheckReport, BundleError> {
-        let no_checksum = self.manifest.as_ref().is_some_and(|m| m.checksum.is_empty());
+        let no_checksum = self
+            .manifest
+            .as_ref()
+            .is_some_and(|m| m.checksum.is_empty());
         if self.checksum_ok == Some(false) && !no_checksum {
             return Err(BundleError::ChecksumMismatch {
                 path: self.path.clone(),
