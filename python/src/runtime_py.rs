@@ -240,6 +240,7 @@ impl PyRuntime {
     #[new]
     #[pyo3(signature = (db_path=None, threads=None, precision=None, max_rel_err=None))]
     fn new(
+        py: Python<'_>,
         db_path: Option<PathArg>,
         threads: Option<IntArg>,
         precision: Option<&str>,
@@ -249,7 +250,8 @@ impl PyRuntime {
         let policy = parse_policy(precision, max_rel_err)?;
         let (threads, hw) = Threads::new(threads)?;
         let rt = match &db_path {
-            Some(p) => Runtime::open_or_defaults_for(p, hw),
+            // File I/O (a slow network path): other Python threads run meanwhile.
+            Some(p) => py.detach(|| Runtime::open_or_defaults_for(p, hw)),
             None => Runtime::defaults_only_for(hw),
         };
         rt.set_precision(policy);

@@ -316,8 +316,13 @@ fn resolve_baseline(
     hw: &HardwareFingerprint,
 ) -> anyhow::Result<PathBuf> {
     if spec != Path::new("latest") || spec.exists() {
-        if !spec.is_file() {
-            bail!("baseline {} not found", spec.display());
+        match std::fs::metadata(spec) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => bail!(
+                "baseline {} is not a file (a baseline is a JSON file)",
+                spec.display()
+            ),
+            Err(e) => bail!("baseline {}: {e}", spec.display()),
         }
         return Ok(spec.to_path_buf());
     }
