@@ -322,6 +322,9 @@ fn resolve_baseline(
                 "baseline {} is not a file (a baseline is a JSON file)",
                 spec.display()
             ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                bail!("baseline {} not found", spec.display())
+            }
             Err(e) => bail!("baseline {}: {e}", spec.display()),
         }
         return Ok(spec.to_path_buf());
