@@ -67,6 +67,11 @@ step() { printf '\n== %s  (%s)\n' "$1" "$(date -u +%FT%TZ)"; }
 step "machine"
 "$AK" hw
 ISA=$("$AK" hw --json | "$PY" -c 'import json,sys; print(" ".join(json.load(sys.stdin)["isa"]))')
+# The reduced-precision paths this machine reports must run: a test that would skip one of
+# them fails instead (kernels/src/testing.rs).
+AUTOKERNEL_REQUIRE_ISA=$(printf '%s\n' $ISA | grep -E '^(avx512bf16|avx512vnni|avxvnni|amx_tile|amx_bf16|amx_int8)$' | paste -sd, - || true)
+export AUTOKERNEL_REQUIRE_ISA
+echo "required to run here: ${AUTOKERNEL_REQUIRE_ISA:-nothing beyond the baseline}"
 
 # The tests' whole output is kept beside the log; the log gets their verdicts and skip lines.
 tests() {

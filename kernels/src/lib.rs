@@ -45,6 +45,8 @@ pub mod problem;
 pub mod registry;
 pub mod rng;
 pub mod space;
+#[doc(hidden)]
+pub mod testing;
 pub mod workload;
 
 pub use device::{Device, DeviceKind, DeviceParseError};

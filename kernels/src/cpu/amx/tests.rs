@@ -252,8 +252,11 @@ fn the_real_unit_agrees_with_the_emulated_one_where_granted() {
         assert!(t.fits(), "TMUL {t:?} is smaller than the kernels' tiles");
     }
     let Some(mut real) = AsmTiles::open() else {
-        let line = "amx tile unit: skipped: no AMX tile state on this CPU/OS\n";
-        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        crate::testing::skipped(
+            "amx tile unit",
+            "amx_tile",
+            "no AMX tile state on this CPU/OS",
+        );
         return;
     };
     let mut rng = Rng::new(5);

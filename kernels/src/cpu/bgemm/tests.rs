@@ -295,8 +295,8 @@ fn emulated_amx_kernels_with_odd_tile_rows_match_the_references() {
 #[test]
 fn real_amx_kernels_match_the_references_where_granted() {
     if !super::ukernel::has_amx_bf16() {
-        let line = "amx_bf16 through the driver: skipped: no AMX tile state on this CPU/OS\n";
-        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        let why = "no AMX tile state on this CPU/OS";
+        crate::testing::skipped("amx_bf16 through the driver", "amx_bf16", why);
         return;
     }
     through_the_driver(KERNELS.iter().filter(|k| k.amx));

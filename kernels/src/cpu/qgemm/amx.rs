@@ -219,8 +219,8 @@ mod tests {
     #[test]
     fn real_amx_kernels_equal_the_exact_integer_product_where_granted() {
         if !has_amx_int8() {
-            let line = "amx kernels: skipped: no AMX tile state on this CPU/OS\n";
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            let why = "no AMX tile state on this CPU/OS";
+            crate::testing::skipped("amx int8 kernels", "amx_int8", why);
             return;
         }
         let mut rng = Rng::new(22);

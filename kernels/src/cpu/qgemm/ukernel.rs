@@ -735,7 +735,9 @@ mod tests {
         let mut rng = Rng::new(9);
         for k in KERNELS {
             if !k.available() {
-                println!("skipped {}: not available on this CPU", k.name);
+                let feature = k.needs.unwrap_or(k.isa.name());
+                let why = format!("no {feature} on this CPU");
+                crate::testing::skipped(k.name, feature, &why);
                 continue;
             }
             for kp in [4, 8, 64, 772] {

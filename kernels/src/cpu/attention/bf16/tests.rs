@@ -125,7 +125,11 @@ fn emulated_twins_match_the_reference_on_awkward_shapes() {
 fn avx512bf16_tiles_match_the_reference_where_the_cpu_has_them() {
     let runnable: Vec<&'static Bf16Tile> = TILES.iter().filter(|t| t.available()).collect();
     if runnable.is_empty() {
-        println!("skipped: no AVX512_BF16 on this CPU");
+        crate::testing::skipped(
+            "bf16 attention tiles",
+            "avx512bf16",
+            "no AVX512_BF16 on this CPU",
+        );
         return;
     }
     for tile in runnable {
@@ -162,7 +166,11 @@ fn emulated_twins_mask_padding() {
 fn avx512bf16_tiles_mask_padding_where_the_cpu_has_them() {
     let runnable: Vec<&'static Bf16Tile> = TILES.iter().filter(|t| t.available()).collect();
     if runnable.is_empty() {
-        println!("skipped: no AVX512_BF16 on this CPU");
+        crate::testing::skipped(
+            "bf16 attention tiles",
+            "avx512bf16",
+            "no AVX512_BF16 on this CPU",
+        );
         return;
     }
     for tile in runnable {
@@ -208,7 +216,11 @@ fn emulated_twins_read_qkv_rows_in_place() {
 fn avx512bf16_tiles_read_qkv_rows_in_place_where_the_cpu_has_them() {
     let runnable: Vec<&'static Bf16Tile> = TILES.iter().filter(|t| t.available()).collect();
     if runnable.is_empty() {
-        println!("skipped: no AVX512_BF16 on this CPU");
+        crate::testing::skipped(
+            "bf16 attention tiles",
+            "avx512bf16",
+            "no AVX512_BF16 on this CPU",
+        );
         return;
     }
     for tile in runnable {

@@ -99,7 +99,7 @@ fn every_available_kernel_computes_its_tile() {
     let mut rng = Rng::new(21);
     for uk in KERNELS {
         match skip_reason(uk) {
-            Some(why) => println!("skipped {}: {why}", uk.name),
+            Some(why) => crate::testing::skipped(uk.name, uk.missing().unwrap_or("?"), &why),
             None => check_tiles(uk, &mut rng),
         }
     }
@@ -147,8 +147,8 @@ fn real_amx_bf16_kernels_compute_their_tiles_where_granted() {
     #[cfg(target_arch = "x86_64")]
     assert_eq!(real.len(), 4);
     if !has_amx_bf16() {
-        let line = "amx_bf16 kernels: skipped: no AMX tile state on this CPU/OS\n";
-        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        let why = "no AMX tile state on this CPU/OS";
+        crate::testing::skipped("amx_bf16 kernels", "amx_bf16", why);
         return;
     }
     let mut rng = Rng::new(25);
@@ -167,7 +167,7 @@ fn real_vdpbf16ps_kernels_against_their_twins() {
     let mut rng = Rng::new(23);
     for uk in KERNELS.iter().filter(|k| k.bf16) {
         if let Some(why) = skip_reason(uk) {
-            println!("skipped {}: {why}", uk.name);
+            crate::testing::skipped(uk.name, uk.missing().unwrap_or("?"), &why);
             continue;
         }
         compare_with_twin(uk, &mut rng);
