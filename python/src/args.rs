@@ -28,9 +28,15 @@ where
     }
 }
 
-/// A count of at least 1 (`budget`, `heads`, ...) from argument `name`.
+/// A count of at least 1 (`budget`, ...) from argument `name`.
 pub fn positive(name: &str, value: IntArg) -> PyResult<usize> {
     int_in(name, value, 1, usize::MAX)
+}
+
+/// A dimension (`heads`, a row count of `ms`, ...) from argument `name`: from 1 to the
+/// workloads' limit ([`kernels::workload::MAX_DIM`]), so the message gives the real range.
+pub fn dim(name: &str, value: IntArg) -> PyResult<usize> {
+    int_in(name, value, 1, kernels::workload::MAX_DIM)
 }
 
 /// A filesystem path argument: str, bytes or os.PathLike (of either), as `os.fsdecode`
@@ -48,4 +54,17 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PathArg {
             .call_method1(pyo3::intern!(py, "fsdecode"), (obj,))?;
         Ok(PathArg(decoded.extract()?))
     }
+}
+
+/// A LayerNorm epsilon given as a Python float, as the f32 the kernels use: a positive
+/// value that f32 rounds to zero (or to ∞) is a `ValueError` naming the value given (the
+/// runtime refuses zero, negatives and NaN with the same wording).
+pub fn eps_f32(eps: f64) -> PyResult<f32> {
+    let e = eps as f32;
+    if eps.is_finite() && eps > 0.0 && !(e > 0.0 && e.is_finite()) {
+        return Err(PyValueError::new_err(format!(
+            "argument 'eps': {eps:e} is not a positive finite number in float32"
+        )));
+    }
+    Ok(e)
 }

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use runtime::{PrecisionPolicy, Runtime};
 
-use crate::args::{positive, IntArg, PathArg};
+use crate::args::{dim, eps_f32, IntArg, PathArg};
 use crate::errors::{kernel_err, runtime_err};
 use crate::operand::{self, dims, expect_shape, F32Array};
 use crate::packed::{parse_act, PyPackedWeight};
@@ -424,7 +424,7 @@ impl PyRuntime {
         }
         let ms = ms
             .into_iter()
-            .map(|m| positive("ms", m))
+            .map(|m| dim("ms", m))
             .collect::<PyResult<Vec<usize>>>()?;
         let transposed = match layout {
             "kn" => false,
@@ -542,7 +542,7 @@ impl PyRuntime {
         out: Option<&Bound<'py, PyAny>>,
         copy: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let heads = positive("heads", heads)?;
+        let heads = dim("heads", heads)?;
         let qkv = operand::input(qkv, "qkv", copy)?;
         let [b, s, width] = qkv.shape()[..] else {
             return Err(operand::shape_err(&qkv, "qkv", "(B, S, 3·H·D)"));
@@ -592,19 +592,21 @@ impl PyRuntime {
         residual: Option<&Bound<'py, PyAny>>,
         weight: &Bound<'py, PyAny>,
         bias: &Bound<'py, PyAny>,
-        eps: f32,
+        eps: f64,
         copy: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let eps32 = eps_f32(eps)?;
         // Written in place: checked as an output (never a converted copy).
         let shape: Vec<usize> = x
             .getattr("shape")
             .and_then(|s| s.extract())
             .unwrap_or_default();
         let xo = operand::output(x, "x", &shape)?;
-        let Some(&h) = shape.last() else {
-            return Err(PyValueError::new_err(
-                "argument 'x' is 0-d, expected (..., H)",
-            ));
+        let Some(&h) = shape.last().filter(|&&h| h > 0) else {
+            return Err(PyValueError::new_err(format!(
+                "argument 'x' has shape {}, expected (..., H) with H ≥ 1",
+                dims(&shape)
+            )));
         };
         let weight = operand::input(weight, "weight", copy)?;
         expect_shape(&weight, "weight", &[h], &dims(&[h]))?;
@@ -622,7 +624,7 @@ impl PyRuntime {
         with_views_named(&inputs, (&xo, "x"), |ins, x_out| {
             self.threads
                 .run(py, || {
-                    runtime::add_layer_norm(x_out, ins.get(2).copied(), ins[0], ins[1], eps)
+                    runtime::add_layer_norm(x_out, ins.get(2).copied(), ins[0], ins[1], eps32)
                 })
                 .map_err(runtime_err)
         })?;
@@ -652,9 +654,9 @@ impl PyRuntime {
         ffn_down_bias: &Bound<'_, PyAny>,
         ln2: (Bound<'_, PyAny>, Bound<'_, PyAny>),
         heads: IntArg,
-        eps: f32,
+        eps: f64,
     ) -> PyResult<crate::layer::PyEncoderLayer> {
-        let heads = positive("heads", heads)?;
+        let heads = dim("heads", heads)?;
         let vec = |x: &Bound<'_, PyAny>, name: &str| -> PyResult<Vec<f32>> {
             let a = operand::input(x, name, true)?;
             let v = a
@@ -678,7 +680,7 @@ impl PyRuntime {
                 (vec(&ln2.0, "ln2 weight")?, vec(&ln2.1, "ln2 bias")?),
             ],
             heads,
-            eps,
+            eps: eps_f32(eps)?,
         }
         .checked()
     }

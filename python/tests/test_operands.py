@@ -128,3 +128,15 @@ def test_int8_weights_holding_nan_or_inf_give_non_finite_columns():
     packed = rt.pack_weight(b, ms=[8])
     y = rt.linear(a, packed)
     assert np.isnan(y[:, 0]).all() and np.isnan(y[:, 5]).all()
+
+
+def test_scalar_arguments_name_their_real_range():
+    rt = autokernel.Runtime(threads=1)
+    x = np.ones((2, 4), np.float32)
+    w, b = np.ones(4, np.float32), np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match=r"argument 'eps': 1e-50 is not a positive finite number in float32"):
+        rt.add_layer_norm(x, None, w, b, eps=1e-50)
+    with pytest.raises(ValueError, match=r"expected \(\.\.\., H\) with H ≥ 1"):
+        rt.add_layer_norm(np.ones((2, 0), np.float32), None, w[:0], b[:0])
+    with pytest.raises(ValueError, match="heads=0: expected an integer from 1 to 1048576"):
+        rt.attention_qkv(np.ones((1, 2, 6), np.float32), 0)
