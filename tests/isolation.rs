@@ -142,6 +142,34 @@ fn planted_faults_are_recorded_quarantined_and_never_win() {
     assert_eq!(again["worker_restarts"], 0);
     assert_eq!(again["quarantined"], 5);
     assert_eq!(planted_statuses(&db_path, &fp), got, "no new rows");
+
+    // --retry-failed measures the five again (they fail the same way: still quarantined,
+    // each with a second row); the configs that never failed are not re-run.
+    let (retried, _) = tune_planted(
+        db,
+        &[
+            "--strategy",
+            "exhaustive",
+            "--budget",
+            "50",
+            "--retry-failed",
+        ],
+    );
+    assert_eq!(retried["worker_restarts"], 5, "{retried}");
+    assert_eq!(retried["quarantined"], 5);
+    let after = planted_statuses(&db_path, &fp);
+    for (fault, (status, rows)) in &got {
+        let again = if matches!(status, Status::Crashed | Status::Timeout | Status::Oom) {
+            2
+        } else {
+            1
+        };
+        assert_eq!(
+            after.get(fault),
+            Some(&(*status, again)),
+            "{fault}: {after:?}"
+        );
+    }
 }
 
 #[test]

@@ -138,13 +138,8 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let strategy: StrategyKind = args.strategy.parse().map_err(anyhow::Error::msg)?;
+    let opts = options(&args)?;
     let isolated = args.isolation == "process";
-    let timeout = TuneOptions::timeout_from_secs(args.timeout_s)
-        .map_err(|e| anyhow::anyhow!("--timeout-s {e}"))?;
-    if !isolated && (args.timeout_s.is_some() || args.mem_limit_mb.is_some()) {
-        bail!("--timeout-s and --mem-limit-mb need --isolation process (in-process candidates cannot be stopped)");
-    }
     for w in &workloads {
         kernels::registry::check_runs_on(w, args.device.device.kind())?;
     }
@@ -174,17 +169,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         kernels::default_for(w, hw)?;
     }
     let db = TuningDb::open(&db_path)?;
-    let opts = TuneOptions {
-        budget: args.budget as usize,
-        strategy,
-        seed: args.seed,
-        tool_version: env!("CARGO_PKG_VERSION").to_string(),
-        finalists: usize::from(args.finalists),
-        timeout,
-        retry_failed: args.retry_failed,
-        ..TuneOptions::default()
-    };
-    let mut evaluator = evaluator(&args, hw, gpu.as_ref(), timeout, pin_cpus.clone())?;
+    let mut evaluator = evaluator(&args, hw, gpu.as_ref(), opts.timeout, pin_cpus.clone())?;
     if !args.json {
         eprintln!(
             "tuning {} workload(s) on {} [{}], budget {} per workload, strategy {}, isolation {}{}, into {}",
@@ -215,17 +200,41 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     if dtypes.len() > 1 && !args.json && gpu.is_none() {
         precision_summary(&db_path, hw, &workloads, args.max_rel_err)?;
     }
-    if !unverified.is_empty() {
-        // Every trial is in the database; the exit status tells a script nothing is served.
-        eprintln!(
-            "error: {} of {} workload(s) have no verified config (every trial failed; their records say why): {}",
-            unverified.len(),
-            workloads.len(),
-            unverified.join(", ")
-        );
-        return Ok(ExitCode::from(1));
+    Ok(verdict(&unverified, workloads.len()))
+}
+
+/// The job's settings from the command line, checked.
+fn options(args: &TuneArgs) -> anyhow::Result<TuneOptions> {
+    let strategy: StrategyKind = args.strategy.parse().map_err(anyhow::Error::msg)?;
+    let timeout = TuneOptions::timeout_from_secs(args.timeout_s)
+        .map_err(|e| anyhow::anyhow!("--timeout-s {e}"))?;
+    if args.isolation != "process" && (args.timeout_s.is_some() || args.mem_limit_mb.is_some()) {
+        bail!("--timeout-s and --mem-limit-mb need --isolation process (in-process candidates cannot be stopped)");
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(TuneOptions {
+        budget: args.budget as usize,
+        strategy,
+        seed: args.seed,
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        finalists: usize::from(args.finalists),
+        timeout,
+        retry_failed: args.retry_failed,
+        ..TuneOptions::default()
+    })
+}
+
+/// Exit 0, or 1 when a workload ended with no verified config: every trial is in the
+/// database, and the exit status tells a script that nothing is served for it.
+fn verdict(unverified: &[String], total: usize) -> ExitCode {
+    if unverified.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    eprintln!(
+        "error: {} of {total} workload(s) have no verified config (every trial failed; their records say why): {}",
+        unverified.len(),
+        unverified.join(", ")
+    );
+    ExitCode::from(1)
 }
 
 /// The workloads asked for (`--workload`, `--workloads-from`, `--model`; the embedded
@@ -421,6 +430,7 @@ fn tune_one(
     search::progress::with_progress_bar(w, opts.budget, job).with_context(|| format!("tuning {w}"))
 }
 
+/// One workload's result: a JSON line (`--json`), or the plain summary lines.
 fn report(
     db: &TuningDb,
     s: &TuneSummary,
@@ -434,48 +444,60 @@ fn report(
         drift_warning(s);
         return super::print_json(&search::report::summary_json(s, &counts, hw));
     }
-    let (trials, failures, statuses) = (counts.trials, counts.failures, &counts.statuses);
-    let best = s.best.as_ref();
-    let decision = s.decision.as_ref();
-    // The speeds the decision saw: re-measured side by side when both were finalists.
+    println!("{:>20}  {}", s.workload.key(), result_line(s, &counts));
+    drift_warning(s);
+    println!("{:>20}  {}", "", noise_line(s, opts));
+    if let (Some(a), true) = (s.best_accuracy, s.workload.dtype() != DType::F32) {
+        println!(
+            "{:>20}  accuracy of the best vs the f32 problem: max error {:.2e} of max |C|, Frobenius {:.2e}",
+            "", a.max_rel_err, a.fro_rel_err
+        );
+    }
+    if s.isolation == "process" && (s.restarts > 0 || s.quarantined > 0) {
+        println!("{:>20}  {}", "", isolation_line(s, &counts));
+    }
+    Ok(())
+}
+
+/// The winner against the default, at the speeds the decision saw (re-measured side by
+/// side when both were finalists), or that nothing verified.
+fn result_line(s: &TuneSummary, counts: &search::report::TrialCounts) -> String {
+    let (trials, failures) = (counts.trials, counts.failures);
+    let Some(b) = s.best.as_ref() else {
+        return format!("no verified config ({trials} trials, {failures} failed)");
+    };
     let decided = s.decided_medians();
     // The decision's speeds where it has both; else each record's own (a default that
     // failed has none: said so, not printed as 0).
-    let speed = |decided: Option<f64>, r: Option<&Record>| match decided
+    let speed = |decided: Option<f64>, r: &Record| match decided
         .map(|t| s.workload.flops() / t / 1e9)
-        .or(r.and_then(|r| r.gflops))
+        .or(r.gflops)
     {
         Some(g) => format!("{g:>7.1} GFLOP/s"),
         None => "not measured".to_string(),
     };
-    match best {
-        Some(b) => println!(
-            "{:>20}  best {}  {} {}  default {}  speedup {}{}  ({} trials, {} failed, {} new; space {})",
-            s.workload.key(),
-            speed(decided.map(|d| d.0), Some(b)),
-            b.kernel,
-            b.config,
-            speed(decided.map(|d| d.1), Some(&s.default)),
-            s.speedup_vs_default()
-                .map_or("-".to_string(), |x| format!("{x:.2}x")),
-            match s.speedup_source() {
-                Some("this_run") => " (re-measured)",
-                Some("earlier_decision") => " (as re-measured when decided)",
-                _ => "",
-            },
-            trials,
-            failures,
-            s.measured,
-            s.space_size
-        ),
-        None => println!(
-            "{:>20}  no verified config ({trials} trials, {failures} failed)",
-            s.workload.key()
-        ),
-    }
-    drift_warning(s);
+    format!(
+        "best {}  {} {}  default {}  speedup {}{}  ({trials} trials, {failures} failed, {} new; space {})",
+        speed(decided.map(|d| d.0), b),
+        b.kernel,
+        b.config,
+        speed(decided.map(|d| d.1), &s.default),
+        s.speedup_vs_default()
+            .map_or("-".to_string(), |x| format!("{x:.2}x")),
+        match s.speedup_source() {
+            Some("this_run") => " (re-measured)",
+            Some("earlier_decision") => " (as re-measured when decided)",
+            _ => "",
+        },
+        s.measured,
+        s.space_size
+    )
+}
+
+/// How noisy the timings were, and how the winner was decided.
+fn noise_line(s: &TuneSummary, opts: &TuneOptions) -> String {
     let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}%", 100.0 * v));
-    let verdict = match decision {
+    let verdict = match &s.decision {
         None if opts.finalists == 0 => "no re-measurement (--finalists 0)".to_string(),
         None => "nothing new measured: the earlier decision stands".to_string(),
         Some(d) if d.rounds == 0 => match &d.note {
@@ -490,40 +512,32 @@ fn report(
             d.reason
         ),
     };
-    println!(
-        "{:>20}  noise: median spread {} (MAD/median), median CV {} over {} timed runs; {}",
-        "",
+    format!(
+        "noise: median spread {} (MAD/median), median CV {} over {} timed runs; {verdict}",
         pct(s.median_spread),
         pct(s.median_cv),
         s.timed,
-        verdict
-    );
-    if let (Some(a), true) = (s.best_accuracy, s.workload.dtype() != DType::F32) {
-        println!(
-            "{:>20}  accuracy of the best vs the f32 problem: max error {:.2e} of max |C|, Frobenius {:.2e}",
-            "", a.max_rel_err, a.fro_rel_err
-        );
-    }
-    if s.isolation == "process" && (s.restarts > 0 || s.quarantined > 0) {
-        let bad: Vec<String> = ["crashed", "timeout", "oom"]
-            .iter()
-            .filter_map(|k| statuses.get(k).map(|n| format!("{n} {k}")))
-            .collect();
-        println!(
-            "{:>20}  isolation: {} worker restart(s), {} quarantined config(s) ({}), timeout {:.1} s{}",
-            "",
-            s.restarts,
-            s.quarantined,
-            bad.join(", "),
-            s.timeout.map_or(0.0, |t| t.as_secs_f64()),
-            if s.quarantined > 0 {
-                " (--retry-failed measures them again, e.g. after limits that were too tight)"
-            } else {
-                ""
-            }
-        );
-    }
-    Ok(())
+    )
+}
+
+/// Worker restarts and the quarantine, with how to lift it.
+fn isolation_line(s: &TuneSummary, counts: &search::report::TrialCounts) -> String {
+    let bad: Vec<String> = ["crashed", "timeout", "oom"]
+        .iter()
+        .filter_map(|k| counts.statuses.get(k).map(|n| format!("{n} {k}")))
+        .collect();
+    format!(
+        "isolation: {} worker restart(s), {} quarantined config(s) ({}), timeout {:.1} s{}",
+        s.restarts,
+        s.quarantined,
+        bad.join(", "),
+        s.timeout.map_or(0.0, |t| t.as_secs_f64()),
+        if s.quarantined > 0 {
+            " (--retry-failed measures them again, e.g. after limits that were too tight)"
+        } else {
+            ""
+        }
+    )
 }
 
 /// Applies `--shard` (or the batch system's shard variables): this run's workloads and its
