@@ -94,34 +94,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     args.threads.apply()?;
     let gpu = args.device.open()?;
     let hw = &super::device::fingerprint(gpu.as_ref());
-    // Everything that can be refused is checked before anything is measured: the inputs,
-    // then an output that would overwrite a file, a directory that cannot take the files
-    // (created here, once nothing else can fail).
-    refuse_overwrites(&args)?;
-    let base = load_baseline(&args, hw)?;
-    let workloads = if requested.is_empty() {
-        tuned_workloads(&args.db.db, hw)?
-    } else {
-        requested
-    };
-    if let Some((path, b)) = &base {
-        // A gate that compares nothing must not pass.
-        if !workloads.iter().any(|w| b.get(&w.key()).is_some()) {
-            bail!(
-                "the baseline {} shares no workload with this run ({} of its own): nothing would be compared",
-                path.display(),
-                b.workloads.len()
-            );
-        }
-    }
-    if let Some(arg) = &args.save_baseline {
-        let dir = baseline::save_dir(arg.as_deref(), &args.results, hw);
-        super::check_writable_dir(&dir, "--save-baseline")?;
-    }
-    if let Some(dir) = &args.report {
-        super::check_writable_dir(dir, "--report")?;
-    }
-
+    let (workloads, base) = preflight(&args, hw, requested)?;
     let (protocol, protocol_name) = if args.quick {
         (Protocol::quick(), "quick")
     } else {
@@ -153,31 +126,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     };
     let base = base.as_ref().map(|(p, b)| (p.as_path(), b));
     let comparisons = compare_with(&args, &current, base)?;
-    let saved = match &args.save_baseline {
-        Some(arg) => {
-            let p = baseline::save_path(arg.as_deref(), &args.results, &current);
-            current.save(&p)?;
-            Some(p)
-        }
-        None => None,
-    };
-    let report_files = match &args.report {
-        Some(dir) => {
-            let history_dir = baseline::fingerprint_dir(&args.results, hw);
-            let history = baseline::find_all(&history_dir, hw);
-            let input = report::ReportInput {
-                current: &current,
-                baseline: base,
-                comparisons: &comparisons,
-                history: &history,
-                history_dir: &history_dir,
-                threshold: args.threshold,
-                alpha: ALPHA,
-            };
-            report::write(dir, &input)?
-        }
-        None => Vec::new(),
-    };
+    let (saved, report_files) = write_outputs(&args, &current, base, &comparisons)?;
     let regressions = comparisons
         .iter()
         .flatten()
@@ -199,6 +148,79 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         out.text();
     }
     Ok(ExitCode::from(code))
+}
+
+/// Everything that can be refused, checked before anything is measured: the inputs (the
+/// baseline, and that it shares a workload with this run), then an output that would
+/// overwrite a file, a directory that cannot take the files (created here, once nothing
+/// else can fail). Returns the workloads to measure (those asked for, or every tuned one)
+/// and the baseline.
+fn preflight(
+    args: &BenchArgs,
+    hw: &HardwareFingerprint,
+    requested: Vec<Workload>,
+) -> anyhow::Result<(Vec<Workload>, Option<(PathBuf, Baseline)>)> {
+    refuse_overwrites(args)?;
+    let base = load_baseline(args, hw)?;
+    let workloads = if requested.is_empty() {
+        tuned_workloads(&args.db.db, hw)?
+    } else {
+        requested
+    };
+    if let Some((path, b)) = &base {
+        // A gate that compares nothing must not pass.
+        if !workloads.iter().any(|w| b.get(&w.key()).is_some()) {
+            bail!(
+                "the baseline {} shares no workload with this run ({} of its own): nothing would be compared",
+                path.display(),
+                b.workloads.len()
+            );
+        }
+    }
+    if let Some(arg) = &args.save_baseline {
+        let dir = baseline::save_dir(arg.as_deref(), &args.results, hw);
+        super::check_writable_dir(&dir, "--save-baseline")?;
+    }
+    if let Some(dir) = &args.report {
+        super::check_writable_dir(dir, "--report")?;
+    }
+    Ok((workloads, base))
+}
+
+/// Saves the run as a baseline (`--save-baseline`) and writes the report (`--report`):
+/// the saved file's path and the report's files.
+fn write_outputs(
+    args: &BenchArgs,
+    current: &Baseline,
+    base: Option<(&Path, &Baseline)>,
+    comparisons: &[Option<Comparison>],
+) -> anyhow::Result<(Option<PathBuf>, Vec<PathBuf>)> {
+    let saved = match &args.save_baseline {
+        Some(arg) => {
+            let p = baseline::save_path(arg.as_deref(), &args.results, current);
+            current.save(&p)?;
+            Some(p)
+        }
+        None => None,
+    };
+    let report_files = match &args.report {
+        Some(dir) => {
+            let history_dir = baseline::fingerprint_dir(&args.results, &current.fingerprint);
+            let history = baseline::find_all(&history_dir, &current.fingerprint);
+            let input = report::ReportInput {
+                current,
+                baseline: base,
+                comparisons,
+                history: &history,
+                history_dir: &history_dir,
+                threshold: args.threshold,
+                alpha: ALPHA,
+            };
+            report::write(dir, &input)?
+        }
+        None => Vec::new(),
+    };
+    Ok((saved, report_files))
 }
 
 /// Refuses a `--save-baseline` file that exists and a `--report` that is not a directory.
