@@ -150,6 +150,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(code))
 }
 
+/// A baseline read from a file, with its path.
+type Loaded = (PathBuf, Baseline);
+
 /// Everything that can be refused, checked before anything is measured: the inputs (the
 /// baseline, and that it shares a workload with this run), then an output that would
 /// overwrite a file, a directory that cannot take the files (created here, once nothing
@@ -159,7 +162,7 @@ fn preflight(
     args: &BenchArgs,
     hw: &HardwareFingerprint,
     requested: Vec<Workload>,
-) -> anyhow::Result<(Vec<Workload>, Option<(PathBuf, Baseline)>)> {
+) -> anyhow::Result<(Vec<Workload>, Option<Loaded>)> {
     refuse_overwrites(args)?;
     let base = load_baseline(args, hw)?;
     let workloads = if requested.is_empty() {
@@ -243,10 +246,7 @@ fn refuse_overwrites(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// The `--baseline` asked for, read and checked against this fingerprint.
-fn load_baseline(
-    args: &BenchArgs,
-    hw: &HardwareFingerprint,
-) -> anyhow::Result<Option<(PathBuf, Baseline)>> {
+fn load_baseline(args: &BenchArgs, hw: &HardwareFingerprint) -> anyhow::Result<Option<Loaded>> {
     let Some(spec) = &args.baseline else {
         return Ok(None);
     };
