@@ -85,10 +85,17 @@ impl FallbackLog {
     }
 }
 
+/// A line of a workload list that does not parse: its 1-based number and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("line {line}: {error}")]
+pub struct BadLine {
+    pub line: usize,
+    pub error: kernels::Error,
+}
+
 /// Parses a workload list: one workload per line, `#` starts a comment, blank lines are
-/// skipped. Each entry is the line's workload or the reason it does not parse, with its
-/// 1-based line number in the error.
-pub fn parse_lines(text: &str) -> Vec<Result<Workload, String>> {
+/// skipped. Each entry is the line's workload or why it does not parse.
+pub fn parse_lines(text: &str) -> Vec<Result<Workload, BadLine>> {
     // A byte-order mark (editors on Windows write one) is not part of the first workload.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     text.lines()
@@ -97,7 +104,7 @@ pub fn parse_lines(text: &str) -> Vec<Result<Workload, String>> {
             let body = line.split('#').next().unwrap_or("").trim();
             (!body.is_empty()).then(|| {
                 body.parse::<Workload>()
-                    .map_err(|e| format!("line {}: {e}", i + 1))
+                    .map_err(|error| BadLine { line: i + 1, error })
             })
         })
         .collect()
@@ -114,7 +121,11 @@ mod tests {
         assert_eq!(got[0], Ok(Workload::gemm(1, 2, 3).unwrap()));
         assert_eq!(got[1], Ok(Workload::gemm(4, 5, 6).unwrap()));
         let e = got[2].clone().unwrap_err();
-        assert!(e.starts_with("line 5: ") && e.contains("unknown op"), "{e}");
+        assert_eq!(e.line, 5);
+        assert!(
+            e.to_string().starts_with("line 5: ") && e.to_string().contains("unknown op"),
+            "{e}"
+        );
         let bom = parse_lines("\u{feff}gemm:1x2x3\n");
         assert_eq!(bom, [Ok(Workload::gemm(1, 2, 3).unwrap())]);
     }

@@ -84,7 +84,7 @@ use tuning_db::DbError;
 
 pub use counters::LookupCounts;
 pub use encoder::{EncoderLayer, LayerScratch, Projection, Stage};
-pub use fallback_log::parse_lines as parse_workload_list;
+pub use fallback_log::{parse_lines as parse_workload_list, BadLine};
 pub use index::{distance, IndexInfo, MISS_CACHE_CAPACITY, NEAREST_MAX_DISTANCE};
 pub use layer::{add_layer_norm, AttentionRows};
 pub use ops::PackedWeight;

@@ -440,14 +440,7 @@ pub fn read_workload_list(path: &Path) -> anyhow::Result<Vec<String>> {
     for entry in runtime::parse_workload_list(&text) {
         match entry {
             Ok(w) => out.push(w.key()),
-            Err(e) => {
-                let (line, reason) = e.split_once(": ").unwrap_or(("", e.as_str()));
-                anyhow::bail!(
-                    "{}:{}: {reason}",
-                    path.display(),
-                    line.trim_start_matches("line ")
-                );
-            }
+            Err(e) => anyhow::bail!("{}:{}: {}", path.display(), e.line, e.error),
         }
     }
     if out.is_empty() {
