@@ -123,7 +123,9 @@ pub fn tune<'py>(
     let budget = positive("budget", budget)?;
     let seed = int_in("seed", seed, 0, u64::MAX)?;
     let finalists = int_in("finalists", finalists, 0, usize::MAX)?;
-    let strategy: StrategyKind = strategy.parse().map_err(PyValueError::new_err)?;
+    let strategy: StrategyKind = strategy
+        .parse()
+        .map_err(|e: search::UnknownStrategy| PyValueError::new_err(e.to_string()))?;
     let timeout = TuneOptions::timeout_from_secs(timeout_s)
         .map_err(|e| PyValueError::new_err(format!("timeout_s {e}")))?;
     let (pool, hw) = Threads::new(threads)?;

@@ -42,7 +42,9 @@ mod tuner;
 pub use decide::{simplicity_key, Decision, Finalist, WinReason};
 pub use replay::{RecordedSpace, ReplayError, ReplayOptions, Replayer};
 pub use strategies::{Annealing, Evolutionary, Grid, ModelGuided, ModelOptions, Transfer};
-pub use strategy::{Exhaustive, Point, Prior, RandomSearch, SearchContext, Strategy, StrategyKind};
+pub use strategy::{
+    Exhaustive, Point, Prior, RandomSearch, SearchContext, Strategy, StrategyKind, UnknownStrategy,
+};
 pub use tuner::{
     candidates, is_quarantine, tune, tune_families, tune_with, Candidate, Event, SearchError,
     TuneOptions, TuneSummary, FALLBACK_TIMEOUT, INITIAL_TIMEOUT,

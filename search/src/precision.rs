@@ -3,32 +3,32 @@
 
 use kernels::{DType, DeviceKind, Workload};
 
+/// A `--precision` list that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadPrecisionList {
+    #[error("give at least one precision of {}", DType::PRECISION_NAMES)]
+    Empty,
+    #[error("'{0}' has an empty item (give precisions of {names}, auto, comma-separated)", names = DType::PRECISION_NAMES)]
+    EmptyItem(String),
+    #[error("unknown precision '{0}' (known: {names}, auto)", names = DType::PRECISION_NAMES)]
+    Unknown(String),
+}
+
 /// The element types a `--precision` list names ([`DType::precision_named`]'s names; `auto`
-/// = all three), in order, without repeats; an unknown name or an empty list is an error.
-pub fn parse_precisions(list: &str) -> Result<Vec<DType>, String> {
+/// = all three), in order, without repeats.
+pub fn parse_precisions(list: &str) -> Result<Vec<DType>, BadPrecisionList> {
     if list.trim().is_empty() {
-        return Err(format!(
-            "give at least one precision of {}",
-            DType::PRECISION_NAMES
-        ));
+        return Err(BadPrecisionList::Empty);
     }
     let mut out = Vec::new();
     for name in list.split(',').map(str::trim) {
         if name.is_empty() {
-            return Err(format!(
-                "'{list}' has an empty item (give precisions of {}, auto, comma-separated)",
-                DType::PRECISION_NAMES
-            ));
+            return Err(BadPrecisionList::EmptyItem(list.to_string()));
         }
         let add = match DType::precision_named(name) {
             Some(d) => vec![d],
             None if name.eq_ignore_ascii_case("auto") => DType::PRECISIONS.to_vec(),
-            None => {
-                return Err(format!(
-                    "unknown precision '{name}' (known: {}, auto)",
-                    DType::PRECISION_NAMES
-                ))
-            }
+            None => return Err(BadPrecisionList::Unknown(name.to_string())),
         };
         for d in add {
             if !out.contains(&d) {
@@ -85,10 +85,14 @@ mod tests {
             parse_precisions("FP32,BF16").unwrap(),
             [DType::F32, DType::Bf16]
         );
-        assert!(parse_precisions("int4").unwrap_err().contains("'int4'"));
+        assert!(parse_precisions("int4")
+            .unwrap_err()
+            .to_string()
+            .contains("'int4'"));
         assert!(parse_precisions(" , ").is_err());
         assert!(parse_precisions("f32,,int8")
             .unwrap_err()
+            .to_string()
             .contains("empty item"));
         let ws: Vec<Workload> = [
             "gemm:4x4x4",

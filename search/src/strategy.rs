@@ -339,15 +339,20 @@ impl std::fmt::Display for StrategyKind {
     }
 }
 
-impl FromStr for StrategyKind {
-    type Err = String;
+/// A strategy name that is not one of [`StrategyKind::NAMES`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown strategy '{0}' (known: {known})", known = StrategyKind::NAMES.join(", "))]
+pub struct UnknownStrategy(pub String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl FromStr for StrategyKind {
+    type Err = UnknownStrategy;
+
+    fn from_str(s: &str) -> Result<Self, UnknownStrategy> {
         Self::KINDS
             .iter()
             .find(|(name, _)| *name == s)
             .map(|(_, k)| *k)
-            .ok_or_else(|| format!("unknown strategy '{s}' (known: {})", Self::NAMES.join(", ")))
+            .ok_or_else(|| UnknownStrategy(s.to_string()))
     }
 }
 
@@ -406,6 +411,7 @@ mod tests {
         assert!("bayes"
             .parse::<StrategyKind>()
             .unwrap_err()
+            .to_string()
             .contains("exhaustive, random, annealing"));
     }
 }

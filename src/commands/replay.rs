@@ -104,7 +104,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     };
     let kinds: Vec<StrategyKind> = names
         .iter()
-        .map(|s| s.parse().map_err(anyhow::Error::msg))
+        .map(|s| Ok(s.parse()?))
         .collect::<anyhow::Result<_>>()?;
     let opts = ReplayOptions {
         budget: args.budget as usize,

@@ -205,7 +205,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
 
 /// The job's settings from the command line, checked.
 fn options(args: &TuneArgs) -> anyhow::Result<TuneOptions> {
-    let strategy: StrategyKind = args.strategy.parse().map_err(anyhow::Error::msg)?;
+    let strategy: StrategyKind = args.strategy.parse()?;
     let timeout = TuneOptions::timeout_from_secs(args.timeout_s)
         .map_err(|e| anyhow::anyhow!("--timeout-s {e}"))?;
     if args.isolation != "process" && (args.timeout_s.is_some() || args.mem_limit_mb.is_some()) {
