@@ -52,7 +52,8 @@ mod model;
 pub use features::{features, FEATURE_NAMES, N_FEATURES};
 pub use metrics::{ranks, regret, spearman, top_k_recall, Metrics};
 pub use model::{
-    CostModel, ForestModel, LinearModel, ModelError, ModelKind, TrainingSet, MIN_POINTS,
+    CostModel, ForestModel, LinearModel, ModelError, ModelKind, TrainingSet, UnknownModel,
+    MIN_POINTS,
 };
 
 use kernels::{HardwareFingerprint, Workload};

@@ -160,14 +160,19 @@ impl fmt::Display for ModelKind {
     }
 }
 
-impl FromStr for ModelKind {
-    type Err = String;
+/// A model name that is not one of [`ModelKind::ALL`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown model '{0}' (known: {known})", known = ModelKind::ALL.map(ModelKind::name).join(", "))]
+pub struct UnknownModel(pub String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl FromStr for ModelKind {
+    type Err = UnknownModel;
+
+    fn from_str(s: &str) -> Result<Self, UnknownModel> {
         ModelKind::ALL
             .into_iter()
             .find(|k| k.name() == s)
-            .ok_or_else(|| format!("unknown model '{s}' (known: forest, linear)"))
+            .ok_or_else(|| UnknownModel(s.to_string()))
     }
 }
 
@@ -536,6 +541,7 @@ mod tests {
     #[test]
     fn kinds_parse() {
         assert_eq!("forest".parse::<ModelKind>(), Ok(ModelKind::Forest));
-        assert!("xgb".parse::<ModelKind>().unwrap_err().contains("forest"));
+        let e = "xgb".parse::<ModelKind>().unwrap_err().to_string();
+        assert!(e.contains("forest, linear"), "{e}");
     }
 }
