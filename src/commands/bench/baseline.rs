@@ -117,14 +117,25 @@ impl Timing {
             .collect()
     }
 
-    fn is_valid(&self) -> bool {
-        !self.samples.is_empty()
-            && self.samples.iter().all(|s| s.is_finite() && *s > 0.0)
-            && self.median_s.is_finite()
-            && self.median_s > 0.0
-            && (self.round_sizes.is_empty()
-                || (self.round_sizes.iter().all(|&n| n > 0)
-                    && self.round_sizes.iter().sum::<usize>() == self.samples.len()))
+    /// What makes the timing unusable, if anything.
+    fn problem(&self) -> Option<String> {
+        let in_rounds: usize = self.round_sizes.iter().sum();
+        if self.samples.is_empty() {
+            Some("has no samples".into())
+        } else if let Some(s) = self.samples.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+            Some(format!("has a sample of {s} s"))
+        } else if !(self.median_s.is_finite() && self.median_s > 0.0) {
+            Some(format!("has a median of {} s", self.median_s))
+        } else if self.round_sizes.contains(&0) {
+            Some("has an empty round".into())
+        } else if !self.round_sizes.is_empty() && in_rounds != self.samples.len() {
+            Some(format!(
+                "has rounds of {in_rounds} samples in all but {} samples",
+                self.samples.len()
+            ))
+        } else {
+            None
+        }
     }
 }
 
@@ -162,14 +173,17 @@ impl Baseline {
         }
         let b: Baseline = serde_json::from_value(value)
             .with_context(|| format!("{} is a damaged baseline", path.display()))?;
-        for r in &b.workloads {
+        for (i, r) in b.workloads.iter().enumerate() {
             r.workload
                 .parse::<Workload>()
                 .with_context(|| format!("{}: bad workload", path.display()))?;
+            if b.workloads[..i].iter().any(|o| o.workload == r.workload) {
+                bail!("{}: lists {} twice", path.display(), r.workload);
+            }
             for (what, t) in [("tuned", &r.tuned), ("default", &r.default)] {
-                if !t.is_valid() {
+                if let Some(why) = t.problem() {
                     bail!(
-                        "{}: the {what} timing of {} has no valid samples",
+                        "{}: the {what} timing of {} {why}",
                         path.display(),
                         r.workload
                     );
@@ -382,12 +396,18 @@ mod tests {
         v["workloads"][0]["tuned"]["round_sizes"] = serde_json::json!([3, 2]);
         std::fs::write(&p, v.to_string()).unwrap();
         let e = format!("{:#}", Baseline::load(&p).unwrap_err());
-        assert!(e.contains("no valid samples"), "{e}");
+        assert!(e.contains("has rounds of 5 samples in all but"), "{e}");
         v["workloads"][0]["tuned"]["round_sizes"] = serde_json::json!([]);
         v["workloads"][0]["tuned"]["samples"] = serde_json::json!([]);
         std::fs::write(&p, v.to_string()).unwrap();
         let e = format!("{:#}", Baseline::load(&p).unwrap_err());
-        assert!(e.contains("no valid samples"), "{e}");
+        assert!(e.contains("has no samples"), "{e}");
+        let mut twice = serde_json::to_value(sample(hw, "2026-01-01T00:00:00Z")).unwrap();
+        let first = twice["workloads"][0].clone();
+        twice["workloads"].as_array_mut().unwrap().push(first);
+        std::fs::write(&p, twice.to_string()).unwrap();
+        let e = format!("{:#}", Baseline::load(&p).unwrap_err());
+        assert!(e.contains("twice"), "{e}");
         std::fs::write(&p, "not json").unwrap();
         assert!(Baseline::load(&p).is_err());
     }
