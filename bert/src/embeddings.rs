@@ -41,8 +41,9 @@ impl Embeddings {
     /// vocabulary, types below the type vocabulary, `seq` within the positions.
     pub fn check(&self, tokens: &TokenBatch) -> Result<(), BertError> {
         let bad = |reason: String| Err(BertError::Shape { reason });
-        let n = tokens.batch * tokens.seq;
-        if tokens.ids.len() != n || tokens.types.len() != n || tokens.lens.len() != tokens.batch {
+        let n = tokens.batch.checked_mul(tokens.seq);
+        let lens = (Some(tokens.ids.len()), Some(tokens.types.len()));
+        if lens != (n, n) || tokens.lens.len() != tokens.batch {
             return bad(format!(
                 "a batch of {} × {} tokens holds {} ids, {} token types and {} lengths",
                 tokens.batch,

@@ -146,6 +146,19 @@ pub fn detached<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py,
     t.call_method0("resolve_conj")
 }
 
+/// Whether torch tensor `t` was made under `torch.inference_mode()` and is used outside it,
+/// where PyTorch refuses in-place writes to it.
+fn is_locked_inference_tensor(t: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = t.py();
+    if !t.call_method0(intern!(py, "is_inference"))?.is_truthy()? {
+        return Ok(false);
+    }
+    let torch = py.import("torch")?;
+    Ok(!torch
+        .call_method0("is_inference_mode_enabled")?
+        .is_truthy()?)
+}
+
 /// `TypeError` unless torch tensor `t` is on the CPU.
 fn cpu_only(t: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
     if t.getattr(intern!(t.py(), "is_cpu"))?.is_truthy()? {
@@ -175,6 +188,12 @@ fn as_ndarray<'py>(
         return Ok(None);
     }
     cpu_only(obj, name)?;
+    if copy.is_none() && is_locked_inference_tensor(obj)? {
+        return Err(PyValueError::new_err(format!(
+            "argument '{name}' is an inference tensor: PyTorch allows writing it only inside \
+             torch.inference_mode()"
+        )));
+    }
     let mut t = obj.clone();
     if t.getattr(intern!(py, "requires_grad"))?.is_truthy()? {
         if copy.is_none() {

@@ -93,8 +93,8 @@ fn worker_spec(
 /// precision: element types to tune each f32 workload in, comma-separated as the CLI's
 ///     `--precision`: 'f32' (default), 'bf16', 'int8', 'auto' (all three); types no kernel
 ///     family serves for a workload are left out; workloads with a suffix ('…:i8') as given.
-/// strategy: 'model' (default), 'model-notransfer', 'model-linear', 'evolutionary',
-///     'annealing', 'random' or 'exhaustive'.
+/// strategy: 'model' (default), 'model-notransfer', 'model-linear',
+///     'model-linear-notransfer', 'evolutionary', 'annealing', 'random' or 'exhaustive'.
 /// isolation: 'process' (candidates run in a watched worker: a crash is recorded, not
 ///     fatal) or 'none' (in this process).
 /// progress: draw the CLI's progress bar on stderr (when it is a terminal).
@@ -134,6 +134,11 @@ pub fn tune<'py>(
         kernels::default_for(w, &hw).map_err(kernel_err)?;
     }
     let spec = worker_spec(py, isolation, &hw)?;
+    if spec.is_none() && retry_failed {
+        return Err(PyValueError::new_err(
+            "retry_failed=True needs isolation='process' (the configs it re-runs crashed, hung or ran out of memory)",
+        ));
+    }
     let opts = TuneOptions {
         budget,
         strategy,

@@ -182,7 +182,7 @@ pub struct TuneSummary {
     pub default: Record,
     /// Number of valid candidates in the joint space.
     pub space_size: usize,
-    /// Configs measured by this run (excluding the re-measured default).
+    /// Configs measured by this run (excluding the default; retried ones included).
     pub measured: usize,
     /// Configs the strategy proposed that were already in the database.
     pub resumed: usize,
@@ -207,8 +207,12 @@ pub struct TuneSummary {
     pub timeout: Option<Duration>,
     /// Times the worker process was restarted after a candidate killed it.
     pub restarts: usize,
-    /// Quarantined configs (crashed, timeout, oom) of this workload's families: never re-run.
+    /// Configs of this workload's families whose latest trial crashed, timed out or ran
+    /// out of memory: never re-run unless [`TuneOptions::retry_failed`].
     pub quarantined: usize,
+    /// Those configs by the status of their latest trial, in [`Status::ALL`] order (those
+    /// with none left out).
+    pub quarantined_by_status: Vec<(Status, usize)>,
 }
 
 impl TuneSummary {
@@ -339,7 +343,6 @@ pub fn tune_with(
     });
     let default = job.run_default()?;
     on_event(Event::Default { record: &default });
-    job.retry_failed(on_event)?;
     job.search(on_event)?;
     if opts.finalists > 0 {
         on_event(Event::Deciding);
@@ -380,7 +383,8 @@ struct Job<'a> {
     measured: usize,
     resumed: usize,
     failures: usize,
-    /// Distinct configs tried towards the budget (from when the search starts).
+    /// Distinct configs tried towards the budget (from when the search starts; at most the
+    /// budget).
     done: usize,
     /// Best GFLOP/s on record (from when the search starts).
     best_gflops: Option<f64>,
@@ -456,8 +460,13 @@ impl<'a> Job<'a> {
         }
         let Evaluation { outcome, elapsed } =
             self.evaluator.evaluate(dk, &dc, &self.opts.protocol)?;
-        self.evaluator
-            .set_timeout(limit.unwrap_or_else(|| derived_timeout(elapsed)));
+        // A default that failed (it may be retried: `retry_failed`) says nothing about how
+        // long a candidate takes: the fallback limit then, as for a quarantined one.
+        let derived = match outcome.measurement {
+            Some(_) => derived_timeout(elapsed),
+            None => FALLBACK_TIMEOUT,
+        };
+        self.evaluator.set_timeout(limit.unwrap_or(derived));
         let mut rec = self.record(dk, &dc, outcome);
         if self.tried.insert(default_key) {
             rec.id = Some(self.db.insert(&rec)?);
@@ -470,10 +479,11 @@ impl<'a> Job<'a> {
     /// nothing more to propose, telling it every result.
     fn search(&mut self, on_event: &mut dyn FnMut(Event<'_>)) -> Result<(), SearchError> {
         let (db, w, hw, opts) = (self.db, self.w, self.hw, self.opts);
-        let ctx = SearchContext::from_db(db, w, hw, &self.cands, opts.seed)?;
-        let mut strategy = strategy_for(opts.strategy, hw).build(ctx);
         self.done = self.tried.len().min(opts.budget);
         self.best_gflops = db.best(&hw.id, w)?.and_then(|r| r.gflops);
+        self.retry_failed(on_event)?;
+        let ctx = SearchContext::from_db(db, w, hw, &self.cands, opts.seed)?;
+        let mut strategy = strategy_for(opts.strategy, hw).build(ctx);
         while self.done < opts.budget {
             let batch = strategy.ask(opts.batch.min(opts.budget - self.done).max(1));
             if batch.is_empty() {
@@ -486,13 +496,14 @@ impl<'a> Job<'a> {
         Ok(())
     }
 
-    /// Measures again the quarantined configs [`TuneOptions::retry_failed`] asked for (the
-    /// default's was, by [`Job::run_default`]); those no longer in the space are left.
+    /// Measures again the quarantined configs [`TuneOptions::retry_failed`] asked for (not
+    /// the default's, which [`Job::run_default`] ran; not those no longer in the space),
+    /// before the strategy is built, so that it learns from their new trials.
     fn retry_failed(&mut self, on_event: &mut dyn FnMut(Event<'_>)) -> Result<(), SearchError> {
         let again: Vec<usize> = (0..self.cands.len())
             .filter(|&i| {
-                self.retry
-                    .contains(&key(self.cands[i].kernel.name(), &self.cands[i].config))
+                let k = key(self.cands[i].kernel.name(), &self.cands[i].config);
+                self.retry.contains(&k) && !self.tried.contains(&k)
             })
             .collect();
         self.run_batch(&again, on_event)?;
@@ -540,7 +551,8 @@ impl<'a> Job<'a> {
         rec.id = Some(self.db.insert(&rec)?);
         self.tried.insert(key(kernel.name(), &config));
         self.measured += 1;
-        self.done += 1;
+        // Retried configs may take `done` past the budget; the progress stops at it.
+        self.done = (self.done + 1).min(self.opts.budget);
         match &rec.measurement {
             Some(m) => self.timed.push(m.clone()),
             None => self.failures += 1,
@@ -593,7 +605,12 @@ impl<'a> Job<'a> {
         decision: Option<Decision>,
     ) -> Result<TuneSummary, SearchError> {
         let (db, hw, w) = (self.db, self.hw, self.w);
-        let quarantined = on_record(db, w, hw, &self.kernels)?.1.len();
+        let quarantine = on_record(db, w, hw, &self.kernels)?.1;
+        let quarantined_by_status = Status::ALL
+            .into_iter()
+            .map(|s| (s, quarantine.iter().filter(|r| r.status == s).count()))
+            .filter(|&(_, n)| n > 0)
+            .collect();
         let best = db.best(&hw.id, w)?;
         let best_accuracy = best.as_ref().and_then(|b| b.accuracy);
         let earlier = match (&decision, &best) {
@@ -617,7 +634,8 @@ impl<'a> Job<'a> {
             isolation: self.evaluator.isolation(),
             timeout: self.evaluator.timeout(),
             restarts: self.evaluator.restarts(),
-            quarantined,
+            quarantined: quarantine.len(),
+            quarantined_by_status,
         })
     }
 }

@@ -63,8 +63,8 @@ pub struct TuneArgs {
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     budget: u32,
     /// Search strategy: `model` (cost-model-guided, with transfer from this machine's other
-    /// tuned workloads), `model-notransfer`, `model-linear`, `evolutionary`, `annealing`,
-    /// `random` or `exhaustive`.
+    /// tuned workloads), `model-notransfer`, `model-linear`, `model-linear-notransfer`,
+    /// `evolutionary`, `annealing`, `random` or `exhaustive`.
     #[arg(long, default_value = "model", value_parser = search::StrategyKind::NAMES)]
     strategy: String,
     #[command(flatten)]
@@ -131,6 +131,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         bail!("nothing to tune: no kernel family runs the workloads asked for in the precisions asked for on this device");
     }
     let (workloads, db_path) = shard_plan(&args, workloads)?;
+    let opts = options(&args)?;
     if args.dry_run {
         // What the real run would refuse, the dry run refuses too (a missing file is made).
         if db_path.exists() {
@@ -138,7 +139,6 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let opts = options(&args)?;
     let isolated = args.isolation == "process";
     for w in &workloads {
         kernels::registry::check_runs_on(w, args.device.device.kind())?;
@@ -210,6 +210,9 @@ fn options(args: &TuneArgs) -> anyhow::Result<TuneOptions> {
         .map_err(|e| anyhow::anyhow!("--timeout-s {e}"))?;
     if args.isolation != "process" && (args.timeout_s.is_some() || args.mem_limit_mb.is_some()) {
         bail!("--timeout-s and --mem-limit-mb need --isolation process (in-process candidates cannot be stopped)");
+    }
+    if args.isolation != "process" && args.retry_failed {
+        bail!("--retry-failed needs --isolation process (the configs it re-runs crashed, hung or ran out of memory)");
     }
     Ok(TuneOptions {
         budget: args.budget as usize,
@@ -454,7 +457,7 @@ fn report(
         );
     }
     if s.isolation == "process" && (s.restarts > 0 || s.quarantined > 0) {
-        println!("{:>20}  {}", "", isolation_line(s, &counts));
+        println!("{:>20}  {}", "", isolation_line(s));
     }
     Ok(())
 }
@@ -520,11 +523,10 @@ fn noise_line(s: &TuneSummary, opts: &TuneOptions) -> String {
     )
 }
 
-/// Worker restarts and the quarantine, with how to lift it.
-fn isolation_line(s: &TuneSummary, counts: &search::report::TrialCounts) -> String {
-    let bad: Vec<String> = ["crashed", "timeout", "oom"]
-        .iter()
-        .filter_map(|k| counts.statuses.get(k).map(|n| format!("{n} {k}")))
+/// Worker restarts and the quarantine (by each config's latest status), with how to lift it.
+fn isolation_line(s: &TuneSummary) -> String {
+    let bad: Vec<String> = (s.quarantined_by_status.iter())
+        .map(|(status, n)| format!("{n} {}", status.as_str()))
         .collect();
     format!(
         "isolation: {} worker restart(s), {} quarantined config(s) ({}), timeout {:.1} s{}",

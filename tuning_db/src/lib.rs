@@ -23,7 +23,7 @@
 //! Why it exists: tuning is expensive and its results are only valid for one machine and one
 //! version of each kernel. This crate keeps every trial — failures included — keyed by
 //! hardware fingerprint, exact workload, kernel name *and* version, so that a resumed tuning
-//! job never re-measures ([`TuningDb::tried_configs`]), the cost model learns from the whole
+//! job never re-measures ([`TuningDb::trials`]), the cost model learns from the whole
 //! history ([`TuningDb::trials`]), and the inference runtime gets the winner per workload
 //! ([`TuningDb::best`], [`TuningDb::best_all`]) through a read-only handle that never waits
 //! for a writer ([`TuningDb::open_read_only`]).
