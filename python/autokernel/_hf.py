@@ -139,6 +139,12 @@ def _install_hf_attention(model: nn.Module, handle: int, report: list) -> int:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "_attn_implementation"):
         return 0
+    chosen = config._attn_implementation
+    if chosen not in (None, "sdpa"):
+        # Chosen on purpose (eager returns attention weights; the runtime's attention, as
+        # SDPA, does not): kept, and with it the blocks' own forwards.
+        report.append(("<attention>", f"attn_implementation '{chosen}' kept (the runtime serves in place of 'sdpa')"))
+        return 0
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -160,6 +166,10 @@ def _install_hf_attention(model: nn.Module, handle: int, report: list) -> int:
     return routed
 
 
+# The fewest rows a probe of a block with attention has (see _fuse_qkv).
+_PROBE_ROWS = 7
+
+
 def _fusable_qkv(m: nn.Module) -> bool:
     """Whether ``m`` is a Hugging Face BERT-family self-attention block (``query``, ``key``,
     ``value`` Linear layers of one input, heads of ``attention_head_size``) whose three
@@ -173,16 +183,26 @@ def _fusable_qkv(m: nn.Module) -> bool:
     )
 
 
-def _fuse_qkv(m: nn.Module, rt: Runtime, ms: list) -> None:
+def _fuse_qkv(m: nn.Module, rt: Runtime, ms: list) -> bool:
     """Packs ``m``'s query, key and value weights as one (3·H × hidden) weight and serves the
     block's forward with one GEMM for the three projections (one quantisation of the input in
     int8), the runtime's attention after it. The three Linear layers stay (their parameters,
-    for ``state_dict`` and for the calls the fused forward hands back to the original one)."""
+    for ``state_dict`` and for the calls the fused forward hands back to the original one).
+    Done only if that computes what the block's own forward does on a probe of ``min(ms)``
+    rows: a block that looks like BERT's but does more (ALBERT's adds its output projection
+    and LayerNorm, ESM's scales the query first and may rotate it) or takes other arguments
+    (cross-attention) is left as it is."""
     m._autokernel_qkv = _register_weight(m, rt, None)
     m._autokernel_qkv_packing = (rt, list(ms))
     _refresh_qkv(m)
-    m._autokernel_forward = m.forward
-    m.forward = types.MethodType(_fused_self_attention, m)
+    # Several rows: with one, attention is the value projection whatever its scaling.
+    x = torch.randn(1, max(min(ms), _PROBE_ROWS), m.query.in_features, generator=torch.Generator().manual_seed(0))
+    ok = _swap_forward_if_same(m, _fused_self_attention, (x,), result=lambda y: y[0] if isinstance(y, tuple) else y)
+    if not ok:
+        _release(_WEIGHTS, m._autokernel_qkv)
+        for attr in ("_autokernel_qkv", "_autokernel_qkv_packing", "_autokernel_qkv_bias", "_autokernel_qkv_stamp"):
+            m.__dict__.pop(attr, None)
+    return ok
 
 
 def _refresh_qkv(m: nn.Module) -> None:
@@ -215,6 +235,7 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
         args
         or any(kwargs.get(n) is not None for n in _NOT_FUSED_KWARGS)
         or self.training
+        or _hooks_below(self)
         or not _served(hidden_states)
         or _needs_grad(hidden_states, self.parameters())
         or getattr(self.config, "_attn_implementation", None) != "autokernel"
@@ -315,6 +336,7 @@ def _fused_output(self, hidden_states, input_tensor):
     ln = self.LayerNorm
     if (
         self.training
+        or _hooks_below(self)
         or not (_served(hidden_states) and _served(input_tensor))
         or _needs_grad(hidden_states, self.parameters())
         or _needs_grad(input_tensor, self.parameters())
@@ -360,12 +382,11 @@ def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
     over the weights its parts already packed). Done only if that computes what the layer's
     own forward does on a probe of ``rows`` rows."""
     # The stamp before the packing: a change made meanwhile is seen at the next call.
-    m._autokernel_params = list(m.parameters())
-    m._autokernel_layer_packing = (rt, _stamp(m._autokernel_params))
+    m._autokernel_layer_packing = (rt, _stamp(m.parameters()))
     layer = _encoder_layer(m, rt)
     handle = _register_owned(m, _LAYERS, layer)
     m._autokernel_layer = handle
-    x = torch.randn(1, rows, layer.hidden, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(1, max(rows, _PROBE_ROWS), layer.hidden, generator=torch.Generator().manual_seed(0))
     ok = _swap_forward_if_same(m, _fused_layer, (x,))
     if not ok:
         del m._autokernel_layer
@@ -431,12 +452,14 @@ def _layer_handle(layer: nn.Module, hidden_states: torch.Tensor) -> Optional[int
         layer.training
         or not _served(hidden_states)
         or hidden_states.dim() != 3
-        or _needs_grad(hidden_states, layer._autokernel_params)
+        or _needs_grad(hidden_states, layer.parameters())
         or getattr(layer.attention.self.config, "_attn_implementation", None) != "autokernel"
+        or _hooks_below(layer)
     ):
         return None
     rt, packed = layer._autokernel_layer_packing
-    stamp = _stamp(layer._autokernel_params)
+    # The parameters as they are now: one replaced by a new Parameter is seen too.
+    stamp = _stamp(layer.parameters())
     if stamp not in (None, packed):
         fresh = _encoder_layer(layer, rt)
         with _LOCK:
@@ -462,7 +485,8 @@ def _fuse_encoder(m: nn.Module, rows: int) -> bool:
     (``Runtime.encoder``: one release of the GIL, one entry into the runtime's threads, and no
     Python between the layers). Done only if the fused forward returns what the encoder's own
     does on a probe of ``rows`` rows: the same output type, the same ``last_hidden_state``."""
-    x = torch.randn(1, rows, m.layer[0].attention.self.all_head_size, generator=torch.Generator().manual_seed(0))
+    hidden = m.layer[0].attention.self.all_head_size
+    x = torch.randn(1, max(rows, _PROBE_ROWS), hidden, generator=torch.Generator().manual_seed(0))
     return _swap_forward_if_same(m, _fused_encoder, (x,), result=lambda y: getattr(y, "last_hidden_state", None))
 
 

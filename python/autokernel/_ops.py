@@ -237,8 +237,6 @@ class AutokernelLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, runtime: Runtime, act: Optional[str] = None, ms: Iterable[int] = (1,)):
         super().__init__()
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
         self.act = act
@@ -248,10 +246,12 @@ class AutokernelLinear(nn.Module):
         self.refresh()
 
     def refresh(self) -> None:
-        """Packs the weight again if it changed since it was packed (a no-op otherwise)."""
+        """Packs the weight again if it changed since it was packed (a no-op otherwise), its
+        sizes taken from it as it is now (``resize_token_embeddings`` replaces a tied one)."""
         stamp = _stamp((self.weight, self.bias))
         if stamp is None or getattr(self, "_stamp", None) == stamp:
             return
+        self.out_features, self.in_features = self.weight.shape
         with torch.no_grad():
             packed = self._runtime.pack_weight(self.weight.detach(), act=self.act, ms=self._ms, layout="nk")
         with _LOCK:
@@ -281,14 +281,18 @@ class AutokernelLinear(nn.Module):
 
 
 def _stamp(params: Iterable[Optional[torch.Tensor]]) -> Optional[tuple]:
-    """Which tensors ``params`` are and how often each was changed in place: packed copies of
-    them are stale when this differs from the stamp taken when they were made. None while
-    ``torch.compile`` or ``torch.export`` traces (its parameters are stand-ins; what is
-    packed stays). Inference tensors keep no version counter: their in-place changes are
-    not seen."""
+    """Which tensors ``params`` are, where their data lives and how often each was changed in
+    place: packed copies of them are stale when this differs from the stamp taken when they
+    were made (a new Parameter, ``.data =`` or a dtype round trip, an in-place op). None
+    while ``torch.compile`` or ``torch.export`` traces (its parameters are stand-ins; what is
+    packed stays — a compiled model keeps serving the weights it was compiled with).
+    Inference tensors keep no version counter: their in-place changes are not seen."""
     if torch.compiler.is_compiling():
         return None
-    return tuple((id(p), None if p is None or p.is_inference() else p._version) for p in params)
+    return tuple(
+        (id(p), None if p is None else p.data_ptr(), None if p is None or p.is_inference() else p._version)
+        for p in params
+    )
 
 
 def _needs_grad(x: torch.Tensor, params: Iterable[Optional[torch.Tensor]]) -> bool:
@@ -323,5 +327,10 @@ def _hooked(m: nn.Module) -> bool:
 
 def _hooks_below(m: nn.Module) -> bool:
     """Whether a module inside ``m`` (not ``m`` itself, whose hooks run around any forward)
-    has hooks: a fused forward of ``m`` would skip them."""
+    has hooks, or global module hooks are registered: a fused forward of ``m`` would skip
+    them."""
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
     return any(_hooked(c) for c in m.modules() if c is not m)

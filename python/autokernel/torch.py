@@ -148,8 +148,7 @@ def optimize(
     fused: list[str] = []
     if routed:
         for pname, m in list(model.named_modules()):
-            if _fusable_qkv(m):
-                _fuse_qkv(m, rt, ms)
+            if _fusable_qkv(m) and _fuse_qkv(m, rt, ms):
                 replaced.update(id(x) for x in (m.query, m.key, m.value))
                 fused.append(pname)
     for pname, parent in list(model.named_modules()):

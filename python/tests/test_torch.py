@@ -466,3 +466,56 @@ def test_a_mask_that_requires_grad_or_lives_elsewhere_is_read_or_refused_by_name
     np.testing.assert_array_equal(rt.attention(q, q, q, mask=lens), want)
     with pytest.raises(TypeError, match="argument 'mask' is a torch tensor on meta"):
         rt.attention(q, q, q, mask=torch.empty(2, device="meta"))
+
+
+def test_blocks_that_only_look_like_berts_are_left_to_their_own_forward():
+    """ALBERT's attention block has query/key/value like BERT's but adds its output projection
+    and LayerNorm; a decoder's cross-attention takes other arguments: each fusion is checked
+    on a probe first, so both compute what stock does."""
+    from transformers import AlbertConfig, AlbertModel, BertConfig, BertModel
+
+    size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=500)
+    torch.manual_seed(0)
+    albert = AlbertModel(AlbertConfig(embedding_size=32, **size)).eval()
+    decoder = BertModel(BertConfig(is_decoder=True, add_cross_attention=True, **size)).eval()
+    ids = torch.randint(5, 500, (2, 7))
+    for stock, extra in [(albert, {}), (decoder, dict(encoder_hidden_states=torch.randn(2, 5, 64)))]:
+        model = akt.optimize(copy.deepcopy(stock))
+        with torch.no_grad():
+            want = stock(ids, **extra).last_hidden_state
+            torch.testing.assert_close(model(ids, **extra).last_hidden_state, want, rtol=0, atol=1e-4)
+    assert akt.optimize(copy.deepcopy(albert)).autokernel_fused_qkv == []
+
+
+def test_weights_replaced_and_hooks_added_after_optimize_are_seen():
+    stock = bert("gelu")
+    model = akt.optimize(copy.deepcopy(stock))
+    assert model.autokernel_fused_encoders == ["encoder"]
+    other = bert("gelu")
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(0.5)
+    ids = torch.randint(0, 500, (2, 9))
+    for m in (stock, model):
+        m.load_state_dict(other.state_dict(), assign=True)  # new Parameter objects
+        m.encoder.layer[1].output.dense.weight.data = other.encoder.layer[1].output.dense.weight * 2
+        m.encoder.layer[0].output.register_forward_hook(lambda mod, args, out: out * 0)
+    with torch.no_grad():
+        want = stock(ids).last_hidden_state
+        torch.testing.assert_close(model(ids).last_hidden_state, want, rtol=0, atol=1e-4)
+
+
+def test_an_eager_model_keeps_its_attention_and_its_weights():
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=500)
+    torch.manual_seed(0)
+    stock = BertModel._from_config(cfg, attn_implementation="eager").eval()
+    model = akt.optimize(copy.deepcopy(stock))
+    assert model.autokernel_attention_modules == 0
+    assert any(name == "<attention>" and "'eager' kept" in why for name, why in model.autokernel_unsupported)
+    ids = torch.randint(0, 500, (2, 9))
+    with torch.no_grad():
+        want, got = stock(ids, output_attentions=True), model(ids, output_attentions=True)
+    assert len(got.attentions) == len(want.attentions) == 2
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-4)
