@@ -35,6 +35,7 @@ from ._ops import (
     _release,
     _served,
     _stamp,
+    _walk,
 )
 
 
@@ -382,7 +383,7 @@ def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
     over the weights its parts already packed). Done only if that computes what the layer's
     own forward does on a probe of ``rows`` rows."""
     # The stamp before the packing: a change made meanwhile is seen at the next call.
-    m._autokernel_layer_packing = (rt, _stamp(m.parameters()))
+    m._autokernel_layer_packing = (rt, _stamp(_walk(m)[1]))
     layer = _encoder_layer(m, rt)
     handle = _register_owned(m, _LAYERS, layer)
     m._autokernel_layer = handle
@@ -448,18 +449,18 @@ def _layer_handle(layer: nn.Module, hidden_states: torch.Tensor) -> Optional[int
     """The runtime handle of fused encoder ``layer`` for a call on ``hidden_states`` (its
     packing refreshed first if its parameters changed), or None when the runtime cannot serve
     that call (training, gradients, another dtype or shape, another attention implementation)."""
+    if layer.training or not _served(hidden_states) or hidden_states.dim() != 3:
+        return None
+    # The parameters as they are now: one replaced by a new Parameter is seen too.
+    hooked, params = _walk(layer)
     if (
-        layer.training
-        or not _served(hidden_states)
-        or hidden_states.dim() != 3
-        or _needs_grad(hidden_states, layer.parameters())
+        hooked
+        or _needs_grad(hidden_states, params)
         or getattr(layer.attention.self.config, "_attn_implementation", None) != "autokernel"
-        or _hooks_below(layer)
     ):
         return None
     rt, packed = layer._autokernel_layer_packing
-    # The parameters as they are now: one replaced by a new Parameter is seen too.
-    stamp = _stamp(layer.parameters())
+    stamp = _stamp(params)
     if stamp not in (None, packed):
         fresh = _encoder_layer(layer, rt)
         with _LOCK:
