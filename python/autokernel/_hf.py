@@ -190,16 +190,22 @@ def _fuse_qkv(m: nn.Module, rt: Runtime, ms: list) -> bool:
     int8), the runtime's attention after it. The three Linear layers stay (their parameters,
     for ``state_dict`` and for the calls the fused forward hands back to the original one).
     Done only if that computes what the block's own forward does on a probe of ``min(ms)``
-    rows: a block that looks like BERT's but does more (ALBERT's adds its output projection
+    rows (at least :data:`_PROBE_ROWS`): a block that looks like BERT's but does more (ALBERT's adds its output projection
     and LayerNorm, ESM's scales the query first and may rotate it) or takes other arguments
     (cross-attention) is left as it is."""
     m._autokernel_qkv = _register_weight(m, rt, None)
-    m._autokernel_qkv_packing = (rt, list(ms))
+    # The probe compares with the block's own forward, whose projections are PyTorch's f32
+    # ones: so the fused projection is probed in f32 too (a runtime of the same threads,
+    # defaults only), then packed for `rt` (whose precision may be int8 or bf16).
+    m._autokernel_qkv_packing = (Runtime(threads=rt.threads), list(ms))
     _refresh_qkv(m)
     # Several rows: with one, attention is the value projection whatever its scaling.
     x = torch.randn(1, max(min(ms), _PROBE_ROWS), m.query.in_features, generator=torch.Generator().manual_seed(0))
     ok = _swap_forward_if_same(m, _fused_self_attention, (x,), result=lambda y: y[0] if isinstance(y, tuple) else y)
-    if not ok:
+    m._autokernel_qkv_packing, m._autokernel_qkv_stamp = (rt, list(ms)), None
+    if ok:
+        _refresh_qkv(m)
+    else:
         _release(_WEIGHTS, m._autokernel_qkv)
         for attr in ("_autokernel_qkv", "_autokernel_qkv_packing", "_autokernel_qkv_bias", "_autokernel_qkv_stamp"):
             m.__dict__.pop(attr, None)

@@ -519,3 +519,18 @@ def test_an_eager_model_keeps_its_attention_and_its_weights():
         want, got = stock(ids, output_attentions=True), model(ids, output_attentions=True)
     assert len(got.attentions) == len(want.attentions) == 2
     torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_reduced_precision_models_are_fused_whole(precision):
+    """The QKV fusion's probe compares with the block's own (f32 PyTorch) projections, so it
+    is probed in f32 and packed in the model's precision after: a reduced-precision model is
+    served whole (its encoder one call), close to stock."""
+    stock = bert("gelu")
+    model = akt.optimize(copy.deepcopy(stock), precision=precision)
+    assert len(model.autokernel_fused_qkv) == 2
+    assert model.autokernel_fused_encoders == ["encoder"]
+    ids = torch.randint(0, 500, (2, 16))
+    with torch.no_grad():
+        want, got = stock(ids).last_hidden_state, model(ids).last_hidden_state
+    assert torch.nn.functional.cosine_similarity(want.flatten(), got.flatten(), dim=0) > 0.99
