@@ -147,6 +147,10 @@ def test_tune_refuses_bad_arguments(tmp_path):
         autokernel.tune(["gemm:2x2x2"], db=db, isolation="thread")
     with pytest.raises(ValueError, match="precision"):
         autokernel.tune(["gemm:2x2x2"], db=db, precision="fp8")
+    with pytest.raises(ValueError, match="retry_failed=True needs isolation='process'"):
+        autokernel.tune(["gemm:2x2x2"], db=db, isolation="none", retry_failed=True)
+    with pytest.raises(ValueError, match="timeout_s must be a number of seconds from 0.1"):
+        autokernel.tune(["gemm:2x2x2"], db=db, timeout_s=0.01)
 
 
 def test_threads_and_precision_arguments():
