@@ -27,6 +27,7 @@ from ._ops import (
     _linear_add_layer_norm_op,
     _linear_op,
     call,
+    _global_hooks,
     _hooks_below,
     _linear_ok,
     _needs_grad,
@@ -502,15 +503,13 @@ def _fused_encoder(self, hidden_states, attention_mask=None, *args, **kwargs):
     not cover: what a fused layer leaves to its original forward, hidden states or attention
     weights asked for, a tuple instead of the output object, a layer with hooks (each layer
     would no longer be called)."""
-    from torch.nn.modules import module as torch_module
-
     plain = (
         not any(a is not None for a in args)
         and _plain_layer_call(kwargs)
         and not kwargs.get("use_cache")
         and not kwargs.get("output_hidden_states")
         and kwargs.get("return_dict", True) is not False
-        and not (torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
+        and not _global_hooks()
         and not any(x._forward_hooks or x._forward_pre_hooks for x in self.layer)
         and all(getattr(x.forward, "__func__", None) is _fused_layer for x in self.layer)
     )

@@ -325,12 +325,18 @@ def _hooked(m: nn.Module) -> bool:
     return any((m._forward_pre_hooks, m._forward_hooks, m._backward_pre_hooks, m._backward_hooks))
 
 
+def _global_hooks() -> bool:
+    """Whether module hooks are registered for every module (``register_module_forward_hook``
+    and its pre-hook twin): a fused forward would skip them for the modules it stands in for."""
+    from torch.nn.modules import module as torch_module
+
+    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
+
+
 def _walk(m: nn.Module) -> tuple[bool, list]:
     """One pass over ``m``'s modules for a fused forward's per-call checks: whether hooks would
     be skipped (:func:`_hooks_below`) and ``m``'s parameters as they are now (to stamp)."""
-    from torch.nn.modules import module as torch_module
-
-    hooked = bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
+    hooked = _global_hooks()
     params = []
     for c in m.modules():
         hooked = hooked or (c is not m and _hooked(c))
@@ -342,8 +348,4 @@ def _hooks_below(m: nn.Module) -> bool:
     """Whether a module inside ``m`` (not ``m`` itself, whose hooks run around any forward)
     has hooks, or global module hooks are registered: a fused forward of ``m`` would skip
     them."""
-    from torch.nn.modules import module as torch_module
-
-    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
-        return True
-    return any(_hooked(c) for c in m.modules() if c is not m)
+    return _global_hooks() or any(_hooked(c) for c in m.modules() if c is not m)

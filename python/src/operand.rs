@@ -141,7 +141,12 @@ pub fn detached<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py,
         return Ok(obj.clone());
     }
     cpu_only(obj, name)?;
-    let t = obj.call_method0(intern!(py, "detach"))?;
+    dense(&obj.call_method0(intern!(py, "detach"))?)
+}
+
+/// Torch tensor `t` as a plain strided one that `.numpy()` can view: sparse and MKL-DNN
+/// layouts made dense, negated and conjugated views resolved (a copy where needed).
+fn dense<'py>(t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let t = t.call_method0("to_dense")?.call_method0("resolve_neg")?;
     t.call_method0("resolve_conj")
 }
@@ -224,10 +229,7 @@ fn as_ndarray<'py>(
     let arr = match t.call_method0(intern!(py, "numpy")) {
         Ok(arr) => arr,
         // A sparse, MKL-DNN or negated-view tensor has no array view of its storage.
-        Err(_) if copy == Some(true) => {
-            let dense = t.call_method0("to_dense")?.call_method0("resolve_neg")?;
-            dense.call_method0("resolve_conj")?.call_method0("numpy")?
-        }
+        Err(_) if copy == Some(true) => dense(&t)?.call_method0("numpy")?,
         Err(e) => {
             let layout = t.getattr("layout")?.str()?.to_string();
             return Err(PyTypeError::new_err(format!(

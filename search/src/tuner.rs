@@ -376,7 +376,8 @@ struct Job<'a> {
     quarantine: Vec<Record>,
     /// Their keys: never measured again.
     quarantined: HashSet<Key>,
-    /// The configs [`TuneOptions::retry_failed`] measures again (the default's first).
+    /// The configs [`TuneOptions::retry_failed`] measures again: the default's in
+    /// [`Job::run_default`], the others before the search.
     retry: HashSet<Key>,
     /// Timed (ok) evaluations of this run, the default's included.
     timed: Vec<Measurement>,
@@ -690,13 +691,17 @@ fn on_record(
             latest.insert(key(&r.kernel, &r.config), r);
         }
     }
-    let mut quarantine: Vec<Record> = latest
-        .values()
-        .filter(|r| is_quarantine(r.status))
-        .cloned()
+    let mut quarantine = Vec::new();
+    let tried = (latest.into_iter())
+        .map(|(k, r)| {
+            if is_quarantine(r.status) {
+                quarantine.push(r);
+            }
+            k
+        })
         .collect();
     quarantine.sort_by_key(|r| r.id);
-    Ok((latest.into_keys().collect(), quarantine))
+    Ok((tried, quarantine))
 }
 
 /// Whether `r` was recorded by the current version of one of `kernels`.
