@@ -6,54 +6,9 @@ use std::time::Instant;
 use kernels::cpu::pool::{self, on_workers};
 use kernels::Act;
 use rayon::prelude::*;
-use runtime::{EncoderLayer, LayerScratch, Level, PackedWeight, Runtime, Stage};
+use runtime::{EncoderLayer, LayerScratch, Level, LevelCounts, PackedWeight, Runtime, Stage};
 
 use crate::{BertConfig, BertError, LayerWeights};
-
-/// How many kernel calls each runtime level served.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LevelCounts {
-    pub exact: u64,
-    pub same_arch: u64,
-    pub nearest_shape: u64,
-    pub default: u64,
-}
-
-impl LevelCounts {
-    /// Counts one call served at `level`.
-    pub fn add(&mut self, level: Level) {
-        match level {
-            Level::Exact => self.exact += 1,
-            Level::SameArch => self.same_arch += 1,
-            Level::NearestShape => self.nearest_shape += 1,
-            Level::Default => self.default += 1,
-        }
-    }
-
-    /// All calls.
-    pub fn total(&self) -> u64 {
-        self.exact + self.same_arch + self.nearest_shape + self.default
-    }
-
-    /// `(level name, count)` in fallback order.
-    pub fn by_level(&self) -> [(&'static str, u64); 4] {
-        [
-            ("exact", self.exact),
-            ("same_arch", self.same_arch),
-            ("nearest_shape", self.nearest_shape),
-            ("default", self.default),
-        ]
-    }
-}
-
-impl std::ops::AddAssign for LevelCounts {
-    fn add_assign(&mut self, o: LevelCounts) {
-        self.exact += o.exact;
-        self.same_arch += o.same_arch;
-        self.nearest_shape += o.nearest_shape;
-        self.default += o.default;
-    }
-}
 
 /// One layer with its matrices packed for the runtime.
 struct PackedLayer {

@@ -58,11 +58,12 @@ mod weights;
 pub use checkpoint::{to_f32, Checkpoint, HIDDEN_ACTS};
 pub use config::{BertConfig, MAX_SEQ};
 pub use embeddings::Embeddings;
-pub use encoder::{Encoder, LevelCounts, Scratch, StageTimes};
+pub use encoder::{Encoder, Scratch, StageTimes};
 pub use model::{BertModel, Expected};
 pub use reference::{
     check, reference_forward, reference_forward_len, reference_forward_with, Agreement, TOLERANCE,
 };
+pub use runtime::LevelCounts;
 pub use tokens::TokenBatch;
 pub use weights::{batch_input, sequence_input, LayerWeights};
 

@@ -111,6 +111,59 @@ impl Counters {
     }
 }
 
+/// Calls counted by the level that answered them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LevelCounts {
+    pub exact: u64,
+    pub same_arch: u64,
+    pub nearest_shape: u64,
+    pub default: u64,
+}
+
+impl LevelCounts {
+    /// Counts one call answered at `level`.
+    pub fn add(&mut self, level: Level) {
+        *self.slot(level) += 1;
+    }
+
+    /// Calls answered at `level`.
+    pub fn get(&self, level: Level) -> u64 {
+        match level {
+            Level::Exact => self.exact,
+            Level::SameArch => self.same_arch,
+            Level::NearestShape => self.nearest_shape,
+            Level::Default => self.default,
+        }
+    }
+
+    fn slot(&mut self, level: Level) -> &mut u64 {
+        match level {
+            Level::Exact => &mut self.exact,
+            Level::SameArch => &mut self.same_arch,
+            Level::NearestShape => &mut self.nearest_shape,
+            Level::Default => &mut self.default,
+        }
+    }
+
+    /// All calls.
+    pub fn total(&self) -> u64 {
+        Level::ALL.iter().map(|&l| self.get(l)).sum()
+    }
+
+    /// Calls not answered by an exact record.
+    pub fn fallbacks(&self) -> u64 {
+        self.total() - self.exact
+    }
+}
+
+impl std::ops::AddAssign for LevelCounts {
+    fn add_assign(&mut self, o: LevelCounts) {
+        for l in Level::ALL {
+            *self.slot(l) += o.get(l);
+        }
+    }
+}
+
 /// Lookups served so far, by level and by the element type they were served in (see
 /// [`crate::Runtime::lookups`]). Each lookup counts once in each breakdown: an f32 call the
 /// precision policy serves in int8 counts under `int8`.
@@ -129,14 +182,24 @@ pub struct LookupCounts {
 }
 
 impl LookupCounts {
+    /// The breakdown by level.
+    pub fn levels(&self) -> LevelCounts {
+        LevelCounts {
+            exact: self.exact,
+            same_arch: self.same_arch,
+            nearest_shape: self.nearest_shape,
+            default: self.default,
+        }
+    }
+
     /// All lookups.
     pub fn total(&self) -> u64 {
-        self.exact + self.same_arch + self.nearest_shape + self.default
+        self.levels().total()
     }
 
     /// Lookups not answered by an exact record.
     pub fn fallbacks(&self) -> u64 {
-        self.total() - self.exact
+        self.levels().fallbacks()
     }
 }
 

@@ -6,9 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kernels::{
-    default_for, Config, DeviceKind, Executable, HardwareFingerprint, Kernel, Space, Workload,
-};
+use kernels::{default_for, Config, DeviceKind, Executable, HardwareFingerprint, Kernel, Workload};
 use tuning_db::{Record, TuningDb};
 
 use crate::hash::{class, dims4, Key, Table};
@@ -424,15 +422,8 @@ fn fit_hardware(hw: &HardwareFingerprint) -> &HardwareFingerprint {
     }
 }
 
-/// The space a config must fit on this machine: the running CPU's (what `prepare` checks),
-/// narrowed to `hw` when the runtime serves another fingerprint (e.g. fewer threads).
-fn space_for(kernel: &dyn Kernel, w: &Workload, hw: &HardwareFingerprint) -> Space {
-    kernel.space(w, fit_hardware(hw))
-}
-
 fn serve(rec: &Record, hw: &HardwareFingerprint, level: Level) -> Result<Choice, String> {
-    let kernel = kernels::kernel(&rec.kernel).map_err(|e| e.to_string())?;
-    check_config(kernel, &rec.workload, &rec.config, hw)?;
+    let kernel = servable(rec, hw)?;
     let exe = host_exe(kernel, &rec.workload, &rec.config).map_err(|e| e.to_string())?;
     Ok(Choice::new(
         &rec.workload,
@@ -451,39 +442,25 @@ fn serve(rec: &Record, hw: &HardwareFingerprint, level: Level) -> Result<Choice,
     ))
 }
 
-fn check_config(
-    kernel: &dyn Kernel,
-    w: &Workload,
-    c: &Config,
-    hw: &HardwareFingerprint,
-) -> Result<(), String> {
-    if !kernel.supports(w) {
-        return Err(format!("kernel {} does not support {w}", kernel.name()));
-    }
-    space_for(kernel, w, hw).check(c).map_err(|e| {
-        format!(
-            "config {c} does not fit {} v{} on this machine: {e}",
-            kernel.name(),
-            kernel.version()
-        )
-    })
+/// `rec`'s family, if this build can serve `rec` on this machine: the registry's check
+/// ([`kernels::registry::check_record`]) against the hardware its config must fit here
+/// ([`fit_hardware`]); otherwise why not.
+fn servable(rec: &Record, hw: &HardwareFingerprint) -> Result<&'static dyn Kernel, String> {
+    kernels::registry::check_record(
+        &rec.kernel,
+        rec.kernel_version,
+        &rec.workload,
+        &rec.config,
+        fit_hardware(hw),
+    )
+    .map_err(|e| format!("record {}: {e}", rec.id.unwrap_or(-1)))
 }
 
 /// Why a stored ok record is not served.
 fn unusable_reason(r: &Record, hw: &HardwareFingerprint) -> String {
-    match kernels::kernel(&r.kernel) {
-        Err(e) => format!("record {}: {e}", r.id.unwrap_or(-1)),
-        Ok(k) if k.version() != r.kernel_version => format!(
-            "record {} is of {} v{}, this build has v{}: re-tune",
-            r.id.unwrap_or(-1),
-            r.kernel,
-            r.kernel_version,
-            k.version()
-        ),
-        Ok(k) => match check_config(k, &r.workload, &r.config, hw) {
-            Err(e) => format!("record {}: {e}", r.id.unwrap_or(-1)),
-            Ok(()) => format!("record {} is not usable", r.id.unwrap_or(-1)),
-        },
+    match servable(r, hw) {
+        Err(e) => e,
+        Ok(_) => format!("record {} is not usable", r.id.unwrap_or(-1)),
     }
 }
 

@@ -82,7 +82,7 @@ use kernels::cpu::attention::layout::run_via_heads;
 use kernels::{Config, DType, Executable, HardwareFingerprint, Kernel, Workload};
 use tuning_db::DbError;
 
-pub use counters::LookupCounts;
+pub use counters::{LevelCounts, LookupCounts};
 pub use encoder::{EncoderLayer, LayerScratch, Projection, Stage};
 pub use fallback_log::{parse_lines as parse_workload_list, BadLine};
 pub use index::{distance, IndexInfo, MISS_CACHE_CAPACITY, NEAREST_MAX_DISTANCE};

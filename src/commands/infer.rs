@@ -160,12 +160,11 @@ impl Timing {
 }
 
 fn counts_json(c: &LevelCounts) -> serde_json::Value {
-    json!({
-        "exact": c.exact,
-        "same_arch": c.same_arch,
-        "nearest_shape": c.nearest_shape,
-        "default": c.default,
-    })
+    runtime::Level::ALL
+        .iter()
+        .map(|&l| (l.as_str().to_string(), json!(c.get(l))))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 /// The (batch, seq) shapes to run: the options', else a checkpoint's saved batch, else

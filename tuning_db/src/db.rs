@@ -657,33 +657,6 @@ impl TuningDb {
         Ok(out)
     }
 
-    /// The config JSON ([`Config::to_json`]) of every trial already made, any status, for
-    /// this fingerprint, workload and kernel version: a resumed job skips these.
-    pub fn tried_configs(
-        &self,
-        fingerprint_id: &str,
-        workload: &Workload,
-        kernel: &str,
-        kernel_version: u32,
-    ) -> Result<HashSet<String>> {
-        let p = &self.path;
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT DISTINCT config FROM trials WHERE fingerprint_id = ?1 AND workload = ?2 \
-                 AND kernel = ?3 AND kernel_version = ?4",
-            )
-            .ctx(p, "querying tried configs")?;
-        let set = stmt
-            .query_map(
-                params![fingerprint_id, workload.key(), kernel, kernel_version],
-                |r| r.get::<_, String>(0),
-            )
-            .and_then(|rows| rows.collect::<rusqlite::Result<HashSet<String>>>())
-            .ctx(p, "querying tried configs")?;
-        Ok(set)
-    }
-
     /// Counts over the whole database.
     pub fn stats(&self) -> Result<Stats> {
         let (records, ok, fingerprints, workloads): (i64, i64, i64, i64) = self

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use kernels::{Config, Measurement, Status, Value};
+use kernels::{Measurement, Status};
 use tuning_db::{DbError, Record, TuningDb};
 
 fn db_with_hw() -> (TuningDb, kernels::HardwareFingerprint) {
@@ -235,54 +235,6 @@ fn best_all_returns_one_winner_per_workload() {
         assert_eq!(db.best(&hw.id, &r.workload).unwrap().as_ref(), Some(r));
     }
     assert!(db.best_all(&other_hw().id).unwrap().is_empty());
-}
-
-#[test]
-fn tried_configs_cover_every_status_for_one_kernel_version() {
-    let (db, hw) = db_with_hw();
-    let w = gemm(96, 96, 96);
-    let k = family(&w);
-    let cs = configs(&w, &hw, 3);
-    db.insert(&ok(&hw.id, w, cs[0].clone(), 1e-3)).unwrap();
-    db.insert(&failed(
-        &hw.id,
-        w,
-        cs[cs.len() - 1].clone(),
-        Status::BuildFailed,
-        "no",
-    ))
-    .unwrap();
-    db.insert(&ok(&hw.id, w, cs[0].clone(), 1.1e-3)).unwrap(); // a repeat
-    let mut stale = ok(
-        &hw.id,
-        w,
-        Config::from_pairs([("old", Value::from(1usize))]),
-        1e-3,
-    );
-    stale.kernel_version = 999;
-    db.insert(&stale).unwrap();
-    db.insert(&ok(
-        &hw.id,
-        gemm(1, 1, 1),
-        Config::from_pairs([("x", 1usize)]),
-        1e-3,
-    ))
-    .unwrap();
-
-    let tried = db.tried_configs(&hw.id, &w, k.name(), k.version()).unwrap();
-    let expected: std::collections::HashSet<String> = [cs[0].to_json(), cs[cs.len() - 1].to_json()]
-        .into_iter()
-        .collect();
-    assert_eq!(tried, expected);
-    let old = db.tried_configs(&hw.id, &w, k.name(), 999).unwrap();
-    assert_eq!(
-        old.into_iter().collect::<Vec<_>>(),
-        vec![r#"{"old":1}"#.to_string()]
-    );
-    assert!(db
-        .tried_configs(&hw.id, &w, "other_kernel", k.version())
-        .unwrap()
-        .is_empty());
 }
 
 #[test]
