@@ -137,72 +137,9 @@ impl Index {
     ) -> Result<Index, RuntimeError> {
         let db = TuningDb::open_read_only(path)?;
         let mut hits: HashMap<Workload, Arc<Choice>> = HashMap::new();
-        let mut skipped: Vec<Skipped> = Vec::new();
-        for rec in db.best_all(&hw.id)? {
-            match serve(&rec, hw, Level::Exact) {
-                Ok(choice) => {
-                    hits.insert(rec.workload, Arc::new(choice));
-                }
-                Err(reason) => skipped.push(Skipped {
-                    workload: rec.workload.key(),
-                    reason,
-                }),
-            }
-        }
-        // Workloads with ok records on hw that best_all found nothing usable in: say why.
-        for (w, _) in db.ok_workloads(&hw.id)? {
-            if hits.contains_key(&w) || skipped.iter().any(|s| s.workload == w.key()) {
-                continue;
-            }
-            let reason = db
-                .trials(&hw.id, &w)?
-                .iter()
-                .filter(|r| r.measurement.is_some())
-                .min_by(|a, b| {
-                    a.median_s()
-                        .unwrap_or(0.0)
-                        .total_cmp(&b.median_s().unwrap_or(0.0))
-                })
-                .map_or_else(
-                    || "no ok record reads back".to_string(),
-                    |r| unusable_reason(r, hw),
-                );
-            skipped.push(Skipped {
-                workload: w.key(),
-                reason,
-            });
-        }
-        let key = hw.arch_key();
-        let mut siblings: Vec<HardwareFingerprint> = db
-            .fingerprints()?
-            .into_iter()
-            .filter(|f| f.id != hw.id && f.arch_key() == key)
-            .collect();
-        siblings.sort_by(|a, b| {
-            (a.cores.abs_diff(hw.cores), &a.id).cmp(&(b.cores.abs_diff(hw.cores), &b.id))
-        });
-        // A sibling's record that does not fit here (a thread count above this machine's
-        // cores, say) is skipped like an exact one, named once per workload left unserved:
-        // the closest sibling's reason.
-        let mut unserved: HashMap<Workload, Skipped> = HashMap::new();
-        for sib in &siblings {
-            for rec in db.best_all(&sib.id)? {
-                if hits.contains_key(&rec.workload) {
-                    continue;
-                }
-                match serve(&rec, hw, Level::SameArch) {
-                    Ok(choice) => {
-                        hits.insert(rec.workload, Arc::new(choice));
-                    }
-                    Err(reason) => {
-                        unserved.entry(rec.workload).or_insert_with(|| Skipped {
-                            workload: rec.workload.key(),
-                            reason: format!("same-arch record of fingerprint {}: {reason}", sib.id),
-                        });
-                    }
-                }
-            }
-        }
+        let mut skipped = exact_hits(&db, hw, &mut hits)?;
+        let siblings = same_arch_siblings(&db, hw)?;
+        let unserved = same_arch_hits(&db, hw, &siblings, &mut hits)?;
         let named: HashSet<String> = skipped.iter().map(|s| s.workload.clone()).collect();
         let mut unserved: Vec<Skipped> = unserved
             .into_iter()
@@ -316,6 +253,102 @@ impl Index {
             .into_iter()
             .find_map(|(d, j)| borrow(w, &cands[j], d, threads, hw))
     }
+}
+
+/// Adds to `hits` the best servable record of every workload tuned on `hw` itself; returns
+/// the workloads with ok records none of which is served, each with the reason (that of its
+/// fastest record).
+fn exact_hits(
+    db: &TuningDb,
+    hw: &HardwareFingerprint,
+    hits: &mut HashMap<Workload, Arc<Choice>>,
+) -> Result<Vec<Skipped>, RuntimeError> {
+    let mut skipped: Vec<Skipped> = Vec::new();
+    for rec in db.best_all(&hw.id)? {
+        match serve(&rec, hw, Level::Exact) {
+            Ok(choice) => {
+                hits.insert(rec.workload, Arc::new(choice));
+            }
+            Err(reason) => skipped.push(Skipped {
+                workload: rec.workload.key(),
+                reason,
+            }),
+        }
+    }
+    // Workloads with ok records on hw that best_all found nothing usable in: say why.
+    for (w, _) in db.ok_workloads(&hw.id)? {
+        if hits.contains_key(&w) || skipped.iter().any(|s| s.workload == w.key()) {
+            continue;
+        }
+        let reason = db
+            .trials(&hw.id, &w)?
+            .iter()
+            .filter(|r| r.measurement.is_some())
+            .min_by(|a, b| {
+                a.median_s()
+                    .unwrap_or(0.0)
+                    .total_cmp(&b.median_s().unwrap_or(0.0))
+            })
+            .map_or_else(
+                || "no ok record reads back".to_string(),
+                |r| unusable_reason(r, hw),
+            );
+        skipped.push(Skipped {
+            workload: w.key(),
+            reason,
+        });
+    }
+    Ok(skipped)
+}
+
+/// The other fingerprints in `db` of `hw`'s micro-architecture and ISA, closest core count
+/// first.
+fn same_arch_siblings(
+    db: &TuningDb,
+    hw: &HardwareFingerprint,
+) -> Result<Vec<HardwareFingerprint>, RuntimeError> {
+    let key = hw.arch_key();
+    let mut siblings: Vec<HardwareFingerprint> = db
+        .fingerprints()?
+        .into_iter()
+        .filter(|f| f.id != hw.id && f.arch_key() == key)
+        .collect();
+    siblings.sort_by(|a, b| {
+        (a.cores.abs_diff(hw.cores), &a.id).cmp(&(b.cores.abs_diff(hw.cores), &b.id))
+    });
+    Ok(siblings)
+}
+
+/// Adds to `hits` the best servable record of `siblings` (in order) for each workload not
+/// in it yet. A sibling's record that does not fit here (a thread count above this
+/// machine's cores, say) is skipped like an exact one: returned by workload, the closest
+/// sibling's reason.
+fn same_arch_hits(
+    db: &TuningDb,
+    hw: &HardwareFingerprint,
+    siblings: &[HardwareFingerprint],
+    hits: &mut HashMap<Workload, Arc<Choice>>,
+) -> Result<HashMap<Workload, Skipped>, RuntimeError> {
+    let mut unserved: HashMap<Workload, Skipped> = HashMap::new();
+    for sib in siblings {
+        for rec in db.best_all(&sib.id)? {
+            if hits.contains_key(&rec.workload) {
+                continue;
+            }
+            match serve(&rec, hw, Level::SameArch) {
+                Ok(choice) => {
+                    hits.insert(rec.workload, Arc::new(choice));
+                }
+                Err(reason) => {
+                    unserved.entry(rec.workload).or_insert_with(|| Skipped {
+                        workload: rec.workload.key(),
+                        reason: format!("same-arch record of fingerprint {}: {reason}", sib.id),
+                    });
+                }
+            }
+        }
+    }
+    Ok(unserved)
 }
 
 /// The kernel default for `w` on `hw`, built.
