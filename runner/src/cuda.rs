@@ -91,6 +91,11 @@ impl Evaluator for OnGpu {
         "none"
     }
 
+    /// Thread counts are not a GPU config's.
+    fn parallel_efficiency(&mut self, _threads: usize) -> Option<f64> {
+        None
+    }
+
     fn setup(&mut self, workload: &Workload, seed: u64) -> Result<(), EvalError> {
         let task = GpuTask::new(&self.gpu, workload, seed)
             .map_err(|e| EvalError::Device(format!("{workload} on {}: {e}", self.gpu.arch())))?;

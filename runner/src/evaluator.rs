@@ -95,6 +95,14 @@ pub trait Evaluator {
     fn restarts(&self) -> usize {
         0
     }
+
+    /// How much of `threads` cores' speed the machine gives a parallel kernel right now
+    /// ([`parallel_efficiency`](crate::parallel_efficiency)); `None` where thread counts do
+    /// not apply (a GPU). The tuner asks before it breaks a tie between configs of
+    /// different thread counts.
+    fn parallel_efficiency(&mut self, threads: usize) -> Option<f64> {
+        Some(crate::parallel_efficiency(threads))
+    }
 }
 
 /// The per-candidate time limit derived from the default config's evaluation time:

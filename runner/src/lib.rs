@@ -25,6 +25,7 @@
 //! confidence intervals of their medians ([`median_ci`]).
 
 pub mod compare;
+mod contention;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod evaluator;
@@ -36,6 +37,7 @@ mod protocol;
 pub mod worker;
 
 pub use compare::{compare, compare_rounds, CompareError, CompareOptions, Comparison, Verdict};
+pub use contention::{parallel_efficiency, CONTENDED};
 pub use evaluator::{derived_timeout, EvalError, Evaluation, Evaluator, InProcess};
 pub use interleaved::{measure_interleaved, median_ci, not_slower, overlaps};
 pub use protocol::{measure, Protocol};

@@ -11,6 +11,14 @@
 //! **Verdict.** The finalists tied with the fastest re-measured one (not slower round by
 //! round, [`runner::not_slower`]) form a group: the incumbent wins if it is in it, else the
 //! simplest of the group ([`simplicity_key`]).
+//!
+//! **A busy machine.** Where the finalists run on different thread counts, the machine's
+//! [`runner::parallel_efficiency`] is measured with the re-measurement. Below
+//! [`runner::CONTENDED`] other work holds the cores: a multi-threaded config's time then
+//! stands for a slower machine (measured: two-thread configs tied with one-thread ones under
+//! another process's load, then ran at 2× their speed once the machine was quiet), so a tie
+//! goes to the default's thread count before fewer threads, and the decision says so
+//! ([`Decision::parallel_efficiency`]).
 
 use std::collections::HashSet;
 
@@ -80,9 +88,19 @@ pub struct Decision {
     pub rounds: usize,
     /// Why re-measurement failed, if it did.
     pub note: Option<String>,
+    /// The machine's [`runner::parallel_efficiency`] at the finalists' largest thread count,
+    /// measured where their thread counts differ.
+    pub parallel_efficiency: Option<f64>,
 }
 
 impl Decision {
+    /// Whether other work held the cores while the finalists were compared
+    /// ([`runner::CONTENDED`]): ties then went to the default's thread count.
+    pub fn contended(&self) -> bool {
+        self.parallel_efficiency
+            .is_some_and(|e| e < runner::CONTENDED)
+    }
+
     /// Finalists that were re-measured.
     pub fn remeasured(&self) -> usize {
         self.finalists
@@ -181,10 +199,14 @@ impl Judge<'_> {
             .filter(|k| k.supports(self.w) && k.space(self.w, self.hw).check(&r.config).is_ok())
     }
 
-    /// `r`'s place in the [`simplicity_key`] order.
-    fn simplicity(&self, r: &Record) -> (i64, String, bool, String) {
+    /// `r`'s place in the [`simplicity_key`] order; on a `contended` machine the default's
+    /// thread count comes first (see the module docs).
+    fn simplicity(&self, r: &Record, contended: bool) -> (bool, (i64, String, bool, String)) {
         let (dk, dc) = &self.default;
-        simplicity_key(&r.kernel, &r.config, (dk.name(), dc))
+        (
+            contended && r.config.threads() != dc.threads(),
+            simplicity_key(&r.kernel, &r.config, (dk.name(), dc)),
+        )
     }
 
     /// The finalists (see the module docs): the `n` fastest distinct configs, then the
@@ -260,7 +282,7 @@ impl Judge<'_> {
             .iter()
             .copied()
             .filter(|r| overlaps(ci_of(r), best_ci))
-            .min_by_key(|r| self.simplicity(r))
+            .min_by_key(|r| self.simplicity(r, false))
     }
 
     /// Re-measures `picked` interleaved (unless there is only one) and judges them; a failed
@@ -287,6 +309,7 @@ impl Judge<'_> {
             finalists: picked.iter().map(|r| unmeasured(r)).collect(),
             rounds: 0,
             note,
+            parallel_efficiency: None,
         };
         if picked.len() == 1 {
             return unjudged(WinReason::OnlyCandidate, None);
@@ -298,6 +321,12 @@ impl Judge<'_> {
                 (k, r.config.clone())
             })
             .collect();
+        let threads: Vec<usize> = picked.iter().map(|r| r.config.threads()).collect();
+        let efficiency = threads
+            .iter()
+            .any(|&t| t != threads[0])
+            .then(|| evaluator.parallel_efficiency(threads.iter().copied().max().unwrap_or(1)))
+            .flatten();
         match evaluator.remeasure(&pairs, &opts.protocol, opts.remeasure_rounds) {
             Err(e) => unjudged(WinReason::Unconfirmed, Some(e.to_string())),
             Ok(ms) => self.verdict(
@@ -311,12 +340,14 @@ impl Judge<'_> {
                         incumbent: is_incumbent(r),
                     })
                     .collect(),
+                efficiency,
             ),
         }
     }
 
     /// The decision among re-measured finalists (see the module docs).
-    fn verdict(&self, finalists: Vec<Finalist>) -> Decision {
+    fn verdict(&self, finalists: Vec<Finalist>, efficiency: Option<f64>) -> Decision {
+        let contended = efficiency.is_some_and(|e| e < runner::CONTENDED);
         let fastest = fastest(&finalists);
         let group = tied_with(&finalists, fastest);
         let tie = group.len() > 1;
@@ -326,7 +357,7 @@ impl Judge<'_> {
             None => {
                 let simplest = *group
                     .iter()
-                    .min_by_key(|&&i| self.simplicity(&finalists[i].record))
+                    .min_by_key(|&&i| self.simplicity(&finalists[i].record, contended))
                     .expect("the group holds the fastest");
                 if simplest == fastest {
                     (fastest, WinReason::Fastest)
@@ -345,6 +376,7 @@ impl Judge<'_> {
                 .map_or(0, |m| m.samples.len()),
             finalists,
             note: None,
+            parallel_efficiency: efficiency,
         }
     }
 }

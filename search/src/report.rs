@@ -75,6 +75,8 @@ pub fn summary_json(s: &TuneSummary, counts: &TrialCounts, hw: &HardwareFingerpr
         "default_remeasured_median_s": s.remeasured_s(&s.default),
         "machine_drift": s.drift(),
         "remeasure_error": decision.and_then(|d| d.note.clone()),
+        "parallel_efficiency": decision.and_then(|d| d.parallel_efficiency),
+        "contended": decision.is_some_and(|d| d.contended()),
         "median_spread": s.median_spread,
         "median_cv": s.median_cv,
         "timed_now": s.timed,

@@ -61,6 +61,8 @@ struct Fake {
     fail_remeasure: bool,
     evaluated: Vec<String>,
     remeasured: Vec<Vec<String>>,
+    /// What [`Evaluator::parallel_efficiency`] reports (default: not measured).
+    efficiency: Option<f64>,
 }
 
 impl Fake {
@@ -72,6 +74,9 @@ impl Fake {
 impl Evaluator for Fake {
     fn isolation(&self) -> &'static str {
         "scripted"
+    }
+    fn parallel_efficiency(&mut self, _: usize) -> Option<f64> {
+        self.efficiency
     }
     fn setup(&mut self, _: &Workload, _: u64) -> Result<(), EvalError> {
         Ok(())
@@ -501,4 +506,72 @@ fn the_default_is_a_finalist_and_wins_when_it_is_faster_head_to_head() {
     );
     assert_eq!(d.reason, WinReason::Fastest);
     assert_eq!(db.best(&hw.id, &w).unwrap().unwrap().config, dc);
+}
+
+/// A family of configs `x` in {0, 1} on 1 or `threads` threads, never run.
+struct Threaded {
+    threads: usize,
+}
+impl Kernel for Threaded {
+    fn name(&self) -> &'static str {
+        "threaded"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn supports(&self, _: &Workload) -> bool {
+        true
+    }
+    fn space(&self, _: &Workload, _: &HardwareFingerprint) -> Space {
+        Space::new()
+            .knob("x", [0usize, 1])
+            .knob("threads", [1usize, self.threads])
+    }
+    fn default_config(&self, _: &Workload, _: &HardwareFingerprint) -> Config {
+        Config::from_pairs([("x", 0usize), ("threads", self.threads)])
+    }
+    fn build(&self, _: &Workload, _: &Config) -> kernels::Result<Box<dyn Executable>> {
+        Ok(Box::new(Never))
+    }
+}
+
+#[test]
+fn on_a_busy_machine_a_tie_between_thread_counts_goes_to_the_defaults_count() {
+    // A fixed 4-core machine, so the default of this shape runs on several threads whatever
+    // CPU runs the test.
+    let hw = HardwareFingerprint::reference_zen3().with_cores(4);
+    let w: Workload = "gemm:512x512x512".parse().unwrap();
+    let (_, dc) = default_for(&w, &hw).unwrap();
+    let many = dc.threads();
+    assert!(many > 1, "the default of {w} on 4 cores is parallel: {dc}");
+    let family: &'static Threaded = Box::leak(Box::new(Threaded { threads: many }));
+    let decide = |efficiency: Option<f64>| {
+        let db = TuningDb::in_memory().unwrap();
+        db.upsert_fingerprint(&hw).unwrap();
+        // Every config takes the same time: one tie among all the finalists.
+        let mut ev = Fake {
+            efficiency,
+            ..Fake::default()
+        };
+        let s = tune_with(&db, &w, &hw, &[family], &opts(8), &mut ev, &mut |_| {}).unwrap();
+        s.decision.expect("a decision")
+    };
+
+    let quiet = decide(Some(0.98));
+    assert!(quiet.tie && !quiet.contended());
+    assert_eq!(quiet.parallel_efficiency, Some(0.98));
+    assert_eq!(quiet.reason, WinReason::TieSimpler);
+    assert_eq!(quiet.winner.config.threads(), 1, "fewer threads when as fast");
+
+    let busy = decide(Some(0.6));
+    assert!(busy.tie && busy.contended());
+    assert_eq!(
+        busy.winner.config.threads(),
+        many,
+        "the default's thread count: a tie measured under load says nothing about threads"
+    );
+
+    let unmeasured = decide(None);
+    assert!(!unmeasured.contended());
+    assert_eq!(unmeasured.winner.config.threads(), 1);
 }

@@ -328,6 +328,25 @@ fn drift_warning(s: &TuneSummary) {
     }
 }
 
+/// Warns when other work held the cores while configs of different thread counts were
+/// compared ([`search::Decision::contended`]).
+fn contention_warning(s: &TuneSummary) {
+    let Some(d) = s.decision.as_ref().filter(|d| d.contended()) else {
+        return;
+    };
+    let most = d.finalists.iter().map(|f| f.record.config.threads()).max();
+    eprintln!(
+        "warning: {}: other work held the cores while the finalists were compared ({} threads \
+         ran at {:.2}x of that many times one thread's FMA peak), so configs of different \
+         thread counts were not compared fairly: a tie went to the default's thread count (the \
+         winner runs {}). Re-tune on a quiet machine",
+        s.workload.key(),
+        most.unwrap_or(1),
+        d.parallel_efficiency.unwrap_or(0.0),
+        d.winner.config.threads(),
+    );
+}
+
 /// Per shape tuned in several element types: each type's best time and stored error, and
 /// the type the runtime's `auto` policy serves it in under `max_rel_err`.
 fn precision_summary(
@@ -445,10 +464,12 @@ fn report(
     if as_json {
         // On stderr: `--json` output stays one JSON line per workload.
         drift_warning(s);
+        contention_warning(s);
         return super::print_json(&search::report::summary_json(s, &counts, hw));
     }
     println!("{:>20}  {}", s.workload.key(), result_line(s, &counts));
     drift_warning(s);
+    contention_warning(s);
     println!("{:>20}  {}", "", noise_line(s, opts));
     if let (Some(a), true) = (s.best_accuracy, s.workload.dtype() != DType::F32) {
         println!(
