@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI test of fleet tuning on a real Slurm cluster: a single-node cluster on this machine,
-# scripts/slurm-tune.sh with 2 shards on 4 small workloads, the merged bundle checked. See --help.
+# scripts/slurm-tune.sh with 2 shards on 4 small workloads and bert-tiny's calls, the merged bundle checked. See --help.
 set -euo pipefail
 
 usage() {
@@ -14,10 +14,10 @@ Starts a single-node Slurm cluster on this machine and tunes through it:
  2. starts munged, slurmctld and slurmd with their key, sockets, configuration, state and
     logs in a temporary directory, talking over loopback ports only, the node being this
     machine (CPUs and memory from `slurmd -C`);
- 3. runs scripts/slurm-tune.sh: 4 small workloads, 2 shards (an array job of 2 exclusive
-    tasks), merge, verify, export;
+ 3. runs scripts/slurm-tune.sh: 4 small workloads and `--model bert-tiny`'s calls at 1 × 8,
+    2 shards (an array job of 2 exclusive tasks), merge, verify, export;
  4. checks the bundle: `db verify` passes and `lookup` finds an exact, verified winner for
-    every workload; that the two shard databases hold disjoint halves of the list; that a
+    every workload, and `infer --model bert-tiny` serves every call from it exactly; that the two shard databases hold disjoint halves of the list; that a
     second run of the same job resumes (measures nothing new); and that a shard tuned on
     another fingerprint is refused at merge, by name;
  5. stops the daemons it started, by pid (also on failure or Ctrl-C), and removes the
@@ -211,9 +211,14 @@ fi
 workloads=(gemm:16x16x16 gemm:32x24x16 gemm:1x64x32 gemm:24x8x40)
 wl_args=()
 for w in "${workloads[@]}"; do wl_args+=(--workload "$w"); done
+# Plus every call of bert-tiny's forward pass at 1 × 8 (--model: slurm-tune.sh asks autokernel).
+mapfile -t model_workloads < <("$ak" tune --model bert-tiny --batch 1 --seq 8 --dry-run --json \
+    --db "$tmp/plan.db" | sed -n 's/.*"workloads":\[\([^]]*\)\].*/\1/p' | tr ',' '\n' | tr -d '"')
+[[ ${#model_workloads[@]} -ge 4 ]] || die "bert-tiny lists ${#model_workloads[@]} workloads"
 job=(--shards 2 --budget 3 --strategy random --seed 1 --workdir "$tmp/work" --poll 1
-    --tune-arg=--finalists=2 "${wl_args[@]}")
-log "slurm-tune.sh: ${#workloads[@]} workloads, 2 shards"
+    --tune-arg=--finalists=2 "${wl_args[@]}" --model bert-tiny --batch 1 --seq 8)
+workloads+=("${model_workloads[@]}")
+log "slurm-tune.sh: ${#workloads[@]} workloads (${#model_workloads[@]} of them bert-tiny's), 2 shards"
 "$root/scripts/slurm-tune.sh" "${job[@]}" --out "$tmp/bundle.db" >"$tmp/run1.out" 2>&1 ||
     { cat "$tmp/run1.out" >&2; die "slurm-tune.sh failed"; }
 sed 's/^/    /' "$tmp/run1.out" >&2
@@ -225,6 +230,12 @@ for w in "${workloads[@]}"; do
     grep -q '"level":"exact"' <<<"$got" || die "$w: no exact winner in the bundle: $got"
 done
 log "bundle verified; lookup finds an exact winner for all ${#workloads[@]} workloads"
+# What inference looks up is what the job tuned: every call of the model served exactly.
+calls="$("$ak" infer --model bert-tiny --db "$tmp/bundle.db" --batch 1 --seq 8 --iters 1 \
+    --no-untuned --json)" || die "infer on the bundle failed"
+grep -q '"calls":{"default":0,"exact":[1-9][0-9]*,"nearest_shape":0,"same_arch":0}' <<<"$calls" ||
+    die "bert-tiny's calls are not all served by exact records of the bundle: $calls"
+log "infer --model bert-tiny on the bundle: every call exact"
 
 # The shards hold disjoint parts of the list, together all of it.
 declare -A owner=()

@@ -24,12 +24,15 @@ nothing new); --merge-only merges what a finished job left without submitting an
 WORKLOADS (one or more of):
   --workloads FILE     workload list: one per line (gemm:MxNxK, ...), '#' starts a comment
   --workload W         one workload (repeat for several)
-  --model NAME         a model's GEMM shapes at --tokens M rows (batch × sequence length):
-                       bert-base (hidden 768, FFN 3072, 12 heads of 64) or bert-large
-                       (1024, 4096, 16 heads of 64): the Q/K/V/output projections M×H×H, the
-                       fused QKV projection M×3H×H, FFN up M×4H×H and down M×H×4H, and the
-                       per-head attention products M×M×64 and M×64×M
-  --tokens M           rows for --model (default: 128)
+  --model NAME|DIR     every kernel call of a model's forward pass at each --batch × --seq,
+                       as `autokernel infer` and the Python drop-in make them (the fused QKV
+                       projection, attention, the output projection, FFN up with its GELU and
+                       FFN down, biases fused): bert-base, bert-large, or a Hugging Face BERT
+                       directory (listed by `autokernel tune --model ... --dry-run`; with
+                       `--tune-arg --precision --tune-arg f32,int8` each in those types)
+  --batch B,..         batch sizes for --model (default: 1)
+  --seq S,..           sequence lengths for --model (default: 128)
+  --tokens M           the same as --batch 1 --seq M (kept for older scripts)
 
 Required:
   --shards N           array tasks (1 to the number of workloads)
@@ -80,7 +83,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 list_files=()
 workloads=()
 model=""
-tokens=128
+tokens=""
+model_batch=""
+model_seq=""
 shards=""
 out=""
 partition=""
@@ -106,6 +111,8 @@ while [[ $# -gt 0 ]]; do
         --workload) need "$@"; workloads+=("$2"); shift 2 ;;
         --model) need "$@"; model="$2"; shift 2 ;;
         --tokens) need "$@"; tokens="$2"; shift 2 ;;
+        --batch) need "$@"; model_batch="$2"; shift 2 ;;
+        --seq) need "$@"; model_seq="$2"; shift 2 ;;
         --shards) need "$@"; shards="$2"; shift 2 ;;
         --out) need "$@"; out="$2"; shift 2 ;;
         --partition) need "$@"; partition="$2"; shift 2 ;;
@@ -137,11 +144,13 @@ positive "$shards" --shards
 positive "$budget" --budget
 is_uint "$seed" || die "--seed must be a non-negative integer, not '$seed'"
 positive "$poll" --poll
-positive "$tokens" --tokens
-case "$model" in
-    ""|bert-base|bert-large) ;;
-    *) die "unknown --model '$model' (known: bert-base, bert-large)" ;;
-esac
+if [[ -n "$tokens" ]]; then
+    positive "$tokens" --tokens
+    [[ -z "$model_batch$model_seq" ]] || die "--tokens M is --batch 1 --seq M: give one or the other"
+    model_batch=1
+    model_seq="$tokens"
+fi
+[[ -n "$model" || -z "$model_batch$model_seq" ]] || die "--batch, --seq and --tokens go with --model"
 [[ -z "$threads" ]] || positive "$threads" --threads
 
 if [[ $merge_only -eq 0 ]]; then
@@ -175,15 +184,13 @@ fi
 
 # ---- the workload list ---------------------------------------------------------------------
 model_shapes() {
-    local h ffn
-    case "$1" in
-        bert-base) h=768; ffn=3072 ;;
-        bert-large) h=1024; ffn=4096 ;;
-        *) die "unknown --model '$1' (known: bert-base, bert-large)" ;;
-    esac
-    local m="$tokens"
-    printf 'gemm:%sx%sx%s\n' "$m" "$h" "$h" "$m" "$((3 * h))" "$h" "$m" "$ffn" "$h" \
-        "$m" "$h" "$ffn" "$m" "$m" 64 "$m" 64 "$m"
+    # What the model's forward pass calls, in f32 (--precision, passed to every tune below,
+    # adds the other element types): autokernel's own list, so the bundle holds what
+    # `autokernel infer` and the drop-in look up.
+    local plan
+    plan="$("$ak" tune --model "$1" --batch "${model_batch:-1}" --seq "${model_seq:-128}" \
+        --db "$workdir/.model-plan.db" --dry-run --json)" || die "autokernel cannot list --model '$1'"
+    sed -n 's/.*"workloads":\[\([^]]*\)\].*/\1/p' <<<"$plan" | tr ',' '\n' | tr -d '"' | sed '/^$/d'
 }
 
 list="$workdir/workloads.txt.new"

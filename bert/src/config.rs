@@ -10,7 +10,7 @@ pub const MAX_SEQ: usize = 512;
 /// The sizes of a BERT encoder (post-LayerNorm) and its feed-forward activation.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BertConfig {
-    /// Name used in reports and on the command line (`bert-base`, `bert-tiny`).
+    /// Name used in reports and on the command line (`bert-base`, `bert-large`, `bert-tiny`).
     pub name: &'static str,
     /// Encoder layers.
     pub layers: usize,
@@ -44,6 +44,19 @@ impl BertConfig {
         }
     }
 
+    /// BERT-large: 24 layers, hidden 1024, 16 heads of 64, FFN 4096 (about 302 M encoder
+    /// weights).
+    pub fn bert_large() -> BertConfig {
+        BertConfig {
+            name: "bert-large",
+            layers: 24,
+            hidden: 1024,
+            heads: 16,
+            ffn: 4096,
+            ..BertConfig::bert_base()
+        }
+    }
+
     /// A 2-layer model for tests: hidden 64, 4 heads of 16, FFN 128. Its weights are drawn
     /// 5× wider than BERT's, so attention is far from uniform and every path matters.
     pub fn tiny() -> BertConfig {
@@ -59,15 +72,19 @@ impl BertConfig {
         }
     }
 
-    /// The model called `name` (`bert-base` or `bert-tiny`).
+    /// The model called `name` (`bert-base`, `bert-large` or `bert-tiny`).
     pub fn by_name(name: &str) -> Option<BertConfig> {
-        [BertConfig::bert_base(), BertConfig::tiny()]
+        [
+            BertConfig::bert_base(),
+            BertConfig::bert_large(),
+            BertConfig::tiny(),
+        ]
             .into_iter()
             .find(|c| c.name == name)
     }
 
     /// Names accepted by [`BertConfig::by_name`].
-    pub const NAMES: [&'static str; 2] = ["bert-base", "bert-tiny"];
+    pub const NAMES: [&'static str; 3] = ["bert-base", "bert-large", "bert-tiny"];
 
     /// Width of one attention head.
     pub fn head_dim(&self) -> usize {

@@ -18,7 +18,8 @@ use serde_json::json;
 #[derive(Args)]
 pub struct InferArgs {
     /// The model: `bert-base` (12 layers, hidden 768, 12 heads, FFN 3072, seeded weights),
-    /// `bert-tiny` (2 layers, hidden 64; for tests), or a Hugging Face BERT directory
+    /// `bert-large` (24 layers, hidden 1024, 16 heads, FFN 4096, seeded), `bert-tiny` (2
+    /// layers, hidden 64; for tests), or a Hugging Face BERT directory
     /// (`config.json` + `model.safetensors`; an `inputs.json` beside them is its default
     /// batch, and an `expected.safetensors` the output it is checked against).
     #[arg(long, default_value = "bert-base", value_name = "MODEL|DIR")]

@@ -34,7 +34,7 @@ pub struct TuneArgs {
     /// runtime's untuned-workload log).
     #[arg(long, value_name = "FILE")]
     workloads_from: Option<std::path::PathBuf>,
-    /// Also tune every workload of this model's forward pass (`bert-base`, `bert-tiny`, or a
+    /// Also tune every workload of this model's forward pass (`bert-base`, `bert-large`, `bert-tiny`, or a
     /// Hugging Face BERT directory: its config.json's sizes and activation) at each --batch ×
     /// --seq (a directory's inputs.json batch when neither is given), deduplicated: the list
     /// `autokernel infer` calls.
