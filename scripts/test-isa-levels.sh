@@ -5,7 +5,14 @@
 #   AUTOKERNEL=target/debug/autokernel scripts/test-isa-levels.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-AUTOKERNEL=${AUTOKERNEL:-target/debug/autokernel}
+# The binary only reports this CPU's levels: whichever build is there (debug first, as
+# `cargo test` makes it), else a debug build.
+if [ -z "${AUTOKERNEL:-}" ]; then
+    for b in target/debug/autokernel target/release/autokernel; do
+        [ -x "$b" ] && AUTOKERNEL=$b && break
+    done
+    [ -n "${AUTOKERNEL:-}" ] || { cargo build -q --bin autokernel && AUTOKERNEL=target/debug/autokernel; }
+fi
 
 hw=$(env -u AUTOKERNEL_ISA "$AUTOKERNEL" hw --json)
 field() { python3 -c "import json,sys; v=json.loads(sys.argv[1])[sys.argv[2]]; print(' '.join(v) if isinstance(v, list) else v)" "$hw" "$1"; }

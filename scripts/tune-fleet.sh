@@ -14,6 +14,12 @@ bundle to ship to machines of the same type (`autokernel db import` there).
 Options:
   --workloads FILE   workload list: one workload per line (gemm:MxNxK), '#' starts a comment
                      (default: autokernel's default set, the BERT-base and skinny shapes)
+  --model NAME|DIR   also every call of a model's forward pass (bert-base, bert-large, or a
+                     Hugging Face BERT directory), as `autokernel infer` and the Python
+                     drop-in look them up, at --batch × --seq
+  --batch B,..       batch sizes for --model (default: 1,2,4,8, as `autokernel infer`'s)
+  --seq S,..         sequence lengths for --model (default: 32,64,128)
+  --precision P,..   element types to tune each workload in (default: f32; e.g. f32,int8)
   --db PATH          tuning database to tune into (default: tuning.db)
   --budget N         distinct configs per workload (default: 32)
   --strategy S       search strategy (default: random)
@@ -26,7 +32,8 @@ target/release/autokernel with cargo.
 
 Example:
   printf 'gemm:128x768x768\n# decoding\ngemm:1x3072x768\n' > shapes.txt
-  scripts/tune-fleet.sh --workloads shapes.txt --budget 64 --out bert-zen3.db
+  scripts/tune-fleet.sh --workloads shapes.txt --budget 64 --out shapes-zen3.db
+  scripts/tune-fleet.sh --model bert-base --batch 1,8 --precision f32,int8 --out bert-zen3.db
 EOF
 }
 
@@ -36,6 +43,8 @@ db="tuning.db"
 budget=32
 strategy="random"
 threads=()
+model=()
+precision=()
 out=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -46,6 +55,10 @@ while [[ $# -gt 0 ]]; do
         --strategy) strategy="${2:?--strategy needs a name}"; shift 2 ;;
         --threads) threads=(--threads "${2:?--threads needs a number}"); shift 2 ;;
         --out) out="${2:?--out needs a file}"; shift 2 ;;
+        --model) model+=(--model "${2:?--model needs a name or directory}"); shift 2 ;;
+        --batch) model+=(--batch "${2:?--batch needs sizes}"); shift 2 ;;
+        --seq) model+=(--seq "${2:?--seq needs lengths}"); shift 2 ;;
+        --precision) precision=(--precision "${2:?--precision needs element types}"); shift 2 ;;
         *) echo "error: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -75,8 +88,10 @@ fp="$("$ak" hw --json "${threads[@]}" | sed -n 's/.*"id":"\([0-9a-f]*\)".*/\1/p'
 mkdir -p "$(dirname "$out")"
 
 if [[ -n "$list" ]]; then what="$(( ${#workloads[@]} / 2 )) workload(s) from $list"; else what="the default workloads"; fi
+[[ ${#model[@]} -eq 0 ]] || what="$what and the calls of ${model[*]}"
 echo "tune-fleet.sh: tuning $what for fingerprint $fp into $db" >&2
-"$ak" tune --db "$db" --budget "$budget" --strategy "$strategy" "${threads[@]}" "${workloads[@]}"
+"$ak" tune --db "$db" --budget "$budget" --strategy "$strategy" "${threads[@]}" "${precision[@]}" \
+    "${model[@]}" "${workloads[@]}"
 
 if "$ak" db --help >/dev/null 2>&1; then
     # With --threads the fingerprint is not the default one of this process: name it.

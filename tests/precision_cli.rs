@@ -58,13 +58,15 @@ fn tune_in_several_precisions_then_serve_by_policy() {
     assert!(ef < 1e-5 && ei > ef, "int8 costs accuracy: {ef} vs {ei}");
     assert_eq!(f["rel_err"].as_f64(), Some(ef));
     // int8 asked for: served in int8, unless the budget is below its stored error.
+    // `workload` is the call as asked (as from C and Python), `served_as` what serves it.
     let i = lookup(&["--precision", "int8"]);
-    assert_eq!(i["workload"], "gemm:24x40x33:i8");
+    assert_eq!(i["workload"], w);
+    assert_eq!(i["served_as"], "gemm:24x40x33:i8");
     assert_eq!(i["dtype"], "i8");
     assert_eq!(i["kernel"], "gemm_i8");
     let tight = format!("{:e}", ei / 2.0);
     let t = lookup(&["--precision", "int8", "--max-rel-err", &tight]);
-    assert_eq!(t["workload"], w);
+    assert_eq!((&t["workload"], &t["served_as"]), (&w.into(), &w.into()));
     let eb = f["precisions"]["bf16"]["rel_err"].as_f64().unwrap();
     assert!(eb > ef, "bf16 costs accuracy: {ef} vs {eb}");
     let b = lookup(&["--precision", "bf16"]);

@@ -79,8 +79,8 @@ impl BertConfig {
             BertConfig::bert_large(),
             BertConfig::tiny(),
         ]
-            .into_iter()
-            .find(|c| c.name == name)
+        .into_iter()
+        .find(|c| c.name == name)
     }
 
     /// Names accepted by [`BertConfig::by_name`].

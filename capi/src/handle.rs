@@ -180,8 +180,10 @@ pub unsafe extern "C" fn autokernel_runtime_load_error(
 
 /// Which variant serves `workload` (e.g. `"gemm:128x768x768"`,
 /// `"gemm_bias_gelu:8x3072x768"`, `"attention:1x12x128x64:causal"`) as a JSON object with
-/// the fields of `autokernel lookup --json`: workload, dtype, device, level, kernel,
-/// kernel_version, config, fingerprint, source. Counted like a call. `*json_out` is a string
+/// the fields of `autokernel lookup --json`: workload (as asked), dtype (the element type the
+/// call is served in under the precision policy), device, level, kernel, kernel_version,
+/// config, fingerprint, source, rel_err, precisions, precision, served_as. Counted like a
+/// call. `*json_out` is a string
 /// to free with `autokernel_string_free` (NULL on failure).
 ///
 /// # Safety
@@ -201,10 +203,7 @@ pub unsafe extern "C" fn autokernel_runtime_lookup(
         let w: Workload = text
             .parse()
             .map_err(|e: kernels::Error| CapiError::invalid(e.to_string()))?;
-        let json = h.serve(|rt| {
-            let choice = rt.lookup(&w)?;
-            Ok::<_, CapiError>(choice.to_json(&w, rt, "cpu").to_string())
-        })?;
+        let json = h.serve(|rt| Ok::<_, CapiError>(rt.lookup_json(&w, "cpu")?.to_string()))?;
         *out = owned_string(json);
         Ok(())
     })

@@ -710,15 +710,16 @@ impl PyRuntime {
 
     /// What the runtime serves for a workload ('gemm:128x768x768',
     /// 'gemm_bias_gelu:128x3072x768', 'attention:1x12x128x64:causal', ...): the fields of
-    /// `autokernel lookup --json` (workload, dtype, device, level, kernel, kernel_version,
-    /// config, fingerprint, source).
+    /// `autokernel lookup --json` (workload as asked; dtype, the element type the call is
+    /// served in under the precision policy; device, level, kernel, kernel_version, config,
+    /// fingerprint, source, rel_err, precisions, precision, served_as).
     fn lookup<'py>(&self, py: Python<'py>, workload: &str) -> PyResult<Bound<'py, PyAny>> {
         let w: Workload = workload.parse().map_err(kernel_err)?;
-        let choice = self
+        let json = self
             .threads
-            .run(py, || self.rt.lookup(&w))
+            .run(py, || self.rt.lookup_json(&w, "cpu"))
             .map_err(runtime_err)?;
-        crate::json::to_py(py, &choice.to_json(&w, &self.rt, "cpu"))
+        crate::json::to_py(py, &json)
     }
 
     /// Re-reads the database file (it may have been replaced) and swaps the new index in

@@ -4,19 +4,29 @@
 use kernels::{DType, Workload};
 use serde_json::{json, Value};
 
-use crate::{Choice, Runtime};
+use crate::{Choice, Runtime, RuntimeError};
+
+impl Runtime {
+    /// What a call of `w` runs, as a JSON object: `workload` (`w`, as asked), `dtype` (the
+    /// element type it is served in), `device` (as given, e.g. `cpu` or `cuda:0`), `level`,
+    /// `kernel`, `kernel_version`, `config`, `fingerprint` (the one this runtime serves),
+    /// `source` (the record behind it: `workload`, `fingerprint`, `trial_id`, `median_s`,
+    /// `distance`, `max_rel_err`, `fro_rel_err`; `null` for `default`), `rel_err` (the
+    /// record's stored `max_rel_err` against the f32 problem, `null` when none is stored),
+    /// `precisions` (for each element type a family serves this shape in here: `level`,
+    /// `kernel`, `median_s` and `rel_err` of what would serve it), `precision` (the policy)
+    /// and `served_as` (the workload the call is served as under it: [`Runtime::serve_as`]).
+    /// One description for `autokernel lookup --json`, the C ABI and Python.
+    pub fn lookup_json(&self, w: &Workload, device: &str) -> Result<Value, RuntimeError> {
+        let served = self.serve_as(w);
+        let choice = self.lookup(&served)?;
+        Ok(choice.to_json(w, &served, self, device))
+    }
+}
 
 impl Choice {
-    /// The lookup of `w` served by this choice as a JSON object: `workload`, `dtype`,
-    /// `device` (as given, e.g. `cpu` or `cuda:0`), `level`, `kernel`, `kernel_version`,
-    /// `config`, `fingerprint` (the one `rt` serves), `source` (the record behind it:
-    /// `workload`, `fingerprint`, `trial_id`, `median_s`, `distance`, `max_rel_err`,
-    /// `fro_rel_err`; `null` for `default`), `rel_err` (the record's stored `max_rel_err`
-    /// against the f32 problem, `null` when none is stored), `precisions` (for each element
-    /// type a family serves this shape in here: `level`, `kernel`, `median_s` and `rel_err` of
-    /// what would serve it), `precision` (`rt`'s policy) and `served_as` (the workload an f32
-    /// call of this shape is served as under it).
-    pub fn to_json(&self, w: &Workload, rt: &Runtime, device: &str) -> Value {
+    /// [`Runtime::lookup_json`] of `w`, served as `served` by this choice.
+    fn to_json(&self, w: &Workload, served: &Workload, rt: &Runtime, device: &str) -> Value {
         let accuracy = self.source.as_ref().and_then(|s| s.accuracy);
         let mut precisions = serde_json::Map::new();
         for d in DType::PRECISIONS {
@@ -36,7 +46,7 @@ impl Choice {
         }
         json!({
             "workload": w.key(),
-            "dtype": w.dtype(),
+            "dtype": served.dtype(),
             "device": device,
             "level": self.level.as_str(),
             "kernel": self.kernel.name(),
@@ -55,7 +65,7 @@ impl Choice {
             "rel_err": accuracy.map(|a| a.max_rel_err),
             "precisions": precisions,
             "precision": rt.precision().to_string(),
-            "served_as": rt.serve_as(&w.with_dtype(DType::F32)).key(),
+            "served_as": served.key(),
         })
     }
 }
@@ -69,7 +79,7 @@ mod tests {
         let rt = Runtime::defaults_only();
         let w: Workload = "gemm:3x4x5".parse().unwrap();
         let c = rt.lookup(&w).unwrap();
-        let j = c.to_json(&w, &rt, "cpu");
+        let j = rt.lookup_json(&w, "cpu").unwrap();
         assert_eq!(j["workload"], "gemm:3x4x5");
         assert_eq!(j["dtype"], "f32");
         assert_eq!(j["device"], "cpu");
@@ -85,7 +95,13 @@ mod tests {
         // f32 and int8 serve this shape on every CPU (their defaults).
         assert_eq!(j["precisions"]["f32"]["level"], "default");
         assert_eq!(j["precisions"]["i8"]["kernel"], "gemm_i8");
+        // Under an int8 policy the call is described as asked, served in int8.
         rt.set_precision(crate::PrecisionPolicy::only(DType::I8));
-        assert_eq!(c.to_json(&w, &rt, "cpu")["served_as"], "gemm:3x4x5:i8");
+        let j = rt.lookup_json(&w, "cpu").unwrap();
+        assert_eq!(
+            (&j["workload"], &j["served_as"], &j["dtype"]),
+            (&"gemm:3x4x5".into(), &"gemm:3x4x5:i8".into(), &"i8".into())
+        );
+        assert_eq!(j["kernel"], "gemm_i8");
     }
 }

@@ -561,7 +561,11 @@ fn on_a_busy_machine_a_tie_between_thread_counts_goes_to_the_defaults_count() {
     assert!(quiet.tie && !quiet.contended());
     assert_eq!(quiet.parallel_efficiency, Some(0.98));
     assert_eq!(quiet.reason, WinReason::TieSimpler);
-    assert_eq!(quiet.winner.config.threads(), 1, "fewer threads when as fast");
+    assert_eq!(
+        quiet.winner.config.threads(),
+        1,
+        "fewer threads when as fast"
+    );
 
     let busy = decide(Some(0.6));
     assert!(busy.tie && busy.contended());

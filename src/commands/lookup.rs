@@ -34,12 +34,12 @@ pub fn run(args: LookupArgs) -> anyhow::Result<ExitCode> {
     rt.set_precision(policy);
     let device = super::device::name(gpu.as_ref());
     for w in &workloads {
-        // What an f32 call of `w` is served as under the policy (`w` itself by default).
-        let served = rt.serve_as(w);
-        let choice = rt.lookup(&served)?;
         if args.json {
-            super::print_json(&choice.to_json(&served, &rt, &device))?;
+            super::print_json(&rt.lookup_json(w, &device)?)?;
         } else {
+            // What an f32 call of `w` is served as under the policy (`w` itself by default).
+            let served = rt.serve_as(w);
+            let choice = rt.lookup(&served)?;
             let via = if served == *w {
                 String::new()
             } else {

@@ -40,10 +40,10 @@ pub struct TuneArgs {
     /// `autokernel infer` calls.
     #[arg(long, value_name = "MODEL|DIR")]
     model: Option<String>,
-    /// Batch sizes for --model, comma-separated.
+    /// Batch sizes for --model, comma-separated [default: 1,2,4,8, as `infer`'s].
     #[arg(long, value_name = "B,..", requires = "model", value_parser = super::infer::positive_list)]
     batch: Option<super::infer::PositiveList>,
-    /// Sequence lengths for --model, comma-separated.
+    /// Sequence lengths for --model, comma-separated [default: 32,64,128, as `infer`'s].
     #[arg(long, value_name = "S,..", requires = "model", value_parser = super::infer::positive_list)]
     seq: Option<super::infer::PositiveList>,
     /// Element types to tune each f32 workload in, comma-separated: `f32`, `bf16`, `int8`
@@ -537,10 +537,11 @@ fn noise_line(s: &TuneSummary, opts: &TuneOptions) -> String {
         ),
     };
     format!(
-        "noise: median spread {} (MAD/median), median CV {} over {} timed runs; {verdict}",
+        "noise: median spread {} (MAD/median), median CV {} over {} timed run{}; {verdict}",
         pct(s.median_spread),
         pct(s.median_cv),
         s.timed,
+        if s.timed == 1 { "" } else { "s" },
     )
 }
 
