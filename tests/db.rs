@@ -201,6 +201,14 @@ fn export_verify_import_and_reimport_changes_nothing() {
     assert_eq!(r["changed"], false);
     assert!(bytes(&target) == before, "a second import changed the file");
 
+    // The bundle back into the database it came from: its own records, nothing imported.
+    let before = bytes(&a);
+    let r = ok_json(&ak(&["db", "import", s(&bundle), "--db", s(&a), "--json"]));
+    assert_eq!((&r["inserted"], &r["changed"]), (&0.into(), &false.into()));
+    assert!(bytes(&a) == before, "re-importing its own bundle changed the file");
+    let st = ok_json(&ak(&["db", "stats", "--db", s(&a), "--json"]));
+    assert_eq!(st["imported_records"], 0);
+
     // Human summaries exist.
     let o = ak(&["db", "stats", "--db", s(&target)]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("4 records"));

@@ -6,8 +6,11 @@
 //!   id is equal (fingerprint, workload, kernel and version, config, status, timing, samples,
 //!   `created_at`, ...); such a trial is not inserted again, so importing the same bundle
 //!   twice changes nothing.
-//! - **Provenance.** Each imported trial gets a `provenance` row (schema v3) naming the source
-//!   file and its content checksum, and keeps the provenance rows it had in the source.
+//! - **Provenance.** Each trial an import adds gets a `provenance` row (schema v3) naming the
+//!   source file and its content checksum, and keeps the provenance rows it had in the source.
+//!   A trial the target already held is not marked as imported (re-importing a bundle of this
+//!   database's own records leaves them local ones), though its provenance rows in the source
+//!   are kept.
 //! - **The best is chosen by the measurements.** For every (fingerprint, workload) of the
 //!   source, the source's best is compared with the target's best: the one whose median is
 //!   faster *and* whose 95% confidence interval of the median does not overlap the other's
@@ -206,6 +209,7 @@ impl TuningDb {
             tool_version,
             rows: &rows,
             ids: HashMap::new(),
+            inserted: Vec::new(),
         };
         report.fingerprints_added = import.fingerprints()?;
         import.trials(&mut report)?;
@@ -296,6 +300,8 @@ struct Import<'a> {
     rows: &'a SourceRows,
     /// The target's id of each source trial.
     ids: HashMap<i64, i64>,
+    /// The target ids of the trials this import inserted.
+    inserted: Vec<i64>,
 }
 
 const IMPORTING: &str = "importing";
@@ -336,7 +342,10 @@ impl Import<'_> {
                 }
                 None => {
                     report.inserted += 1;
-                    insert_raw(self.tx, tp, "trials", std::slice::from_ref(row), false)?[0]
+                    let id =
+                        insert_raw(self.tx, tp, "trials", std::slice::from_ref(row), false)?[0];
+                    self.inserted.push(id);
+                    id
                 }
             };
             self.ids.insert(row_id(row), new_id);
@@ -344,8 +353,8 @@ impl Import<'_> {
         Ok(())
     }
 
-    /// The source's provenance rows of the copied trials, and one row per trial naming this
-    /// import; how many rows were new.
+    /// The source's provenance rows of its trials, and one row naming this import per trial
+    /// it inserted; how many rows were new.
     fn provenance(&self) -> Result<u64, BundleError> {
         let tp = &self.db.path;
         let mut ins = self
@@ -370,7 +379,7 @@ impl Import<'_> {
             added += ins.execute(row).ctx(tp, IMPORTING)? as u64;
         }
         let now = now_rfc3339();
-        for &t in self.ids.values() {
+        for &t in &self.inserted {
             let row = params![t, self.source_name, self.checksum, now];
             added += ins.execute(row).ctx(tp, IMPORTING)? as u64;
         }
