@@ -13,8 +13,8 @@
 //!
 //! On a shared, noisy machine the speed of a core drifts by tens of percent within minutes,
 //! so the implementations are interleaved finely: every shape is measured in `ROUNDS`
-//! rounds, and each round times one sample (about 30 ms of back-to-back calls) of every
-//! implementation at every thread count in turn, starting from a different one each round.
+//! rounds, and each round times one sample (about 30 ms of back-to-back calls, after 5 ms of
+//! untimed ones) of every implementation at every thread count, in a new order each round.
 //! Each implementation's time is the median of its samples, and the ratio of the tuned
 //! kernel to the fastest peer is the median of the per-round ratios — samples taken within
 //! a fraction of a second of each other, which a drift does not separate. (Longer blocks
@@ -191,6 +191,8 @@ fn ensure_tuned(db_path: &PathBuf, shapes: &[Workload], threads: &[usize]) {
 
 /// Seconds of back-to-back calls in one sample.
 const SAMPLE_SECS: f64 = 0.03;
+/// Untimed calls before each sample, seconds.
+const WARM_SECS: f64 = 0.005;
 
 /// One implementation at one thread count, as the rounds call it.
 struct Entrant<'a> {
@@ -202,12 +204,16 @@ struct Entrant<'a> {
 }
 
 impl Entrant<'_> {
-    /// Nanoseconds per call over one sample, after an untimed call: a sample on two threads
-    /// that follows one on a single thread would otherwise time the idle core's wake-up
-    /// (identical configs, tuned and default, came out 4–8% apart at 2 threads when the
-    /// tuned one always followed a single-thread peer).
+    /// Nanoseconds per call over one sample, after [`WARM_SECS`] of untimed calls: a sample on
+    /// two threads that follows one on a single thread would otherwise time the idle core's
+    /// wake-up (identical configs, tuned and default, came out 4–8% apart at 2 threads when
+    /// the tuned one always followed a single-thread peer after one untimed call, and 14–16%
+    /// apart at 256³ and 512³ in another run).
     fn sample(&self) -> f64 {
-        (self.call)();
+        let warm = Instant::now();
+        while warm.elapsed().as_secs_f64() < WARM_SECS {
+            (self.call)();
+        }
         let t = Instant::now();
         for _ in 0..self.reps {
             (self.call)();
@@ -230,10 +236,19 @@ fn measure(
         e.sample(); // warm-up
     }
     let mut ns: HashMap<_, Vec<f64>> = HashMap::new();
-    for r in 0..rounds {
-        let n = entrants.len();
-        for i in 0..n {
-            let e = &entrants[(r + i) % n];
+    let mut order: Vec<usize> = (0..entrants.len()).collect();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..rounds {
+        // A new order each round (Fisher–Yates, a fixed xorshift sequence): no entrant always
+        // follows the same one.
+        for i in (1..order.len()).rev() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            order.swap(i, (state % (i as u64 + 1)) as usize);
+        }
+        for &i in &order {
+            let e = &entrants[i];
             ns.entry((e.imp, e.threads)).or_default().push(e.sample());
         }
     }
@@ -346,7 +361,7 @@ fn write_report(
     let mut rows = Vec::new();
     let mut md = format!(
         "# GEMM vs peers — {}\n\nMachine: {}\n\nFingerprint `{}`. GFLOP/s (2·M·N·K / time), time = median over {} interleaved \
-         rounds of one ~30 ms sample of every implementation and thread count in turn; \
+         rounds of one ~30 ms sample (after 5 ms untimed) of every implementation and thread count, in a new order each round; \
          `ratio` = tuned ÷ fastest peer (matrixmultiply, gemm, faer), the median of the \
          rounds' ratios. \
          Load average (1/5/15 min): {}. FMA peak (median of 3): {}.\n",
