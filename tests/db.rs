@@ -205,7 +205,10 @@ fn export_verify_import_and_reimport_changes_nothing() {
     let before = bytes(&a);
     let r = ok_json(&ak(&["db", "import", s(&bundle), "--db", s(&a), "--json"]));
     assert_eq!((&r["inserted"], &r["changed"]), (&0.into(), &false.into()));
-    assert!(bytes(&a) == before, "re-importing its own bundle changed the file");
+    assert!(
+        bytes(&a) == before,
+        "re-importing its own bundle changed the file"
+    );
     let st = ok_json(&ak(&["db", "stats", "--db", s(&a), "--json"]));
     assert_eq!(st["imported_records"], 0);
 

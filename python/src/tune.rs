@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use kernels::{DeviceKind, HardwareFingerprint, Kernel, Workload};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeWarning, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use runner::{Evaluator, InProcess, Isolated, WorkerSpec};
@@ -83,7 +83,10 @@ fn worker_spec(
 
 /// Tunes each workload on this machine into the database `db` (created if missing) and
 /// returns one dict per workload: the fields of `autokernel tune --json` (kernel, config,
-/// median_s, gflops, speedup_vs_default, trials, failures, winner_reason, ...).
+/// median_s, gflops, speedup_vs_default, trials, failures, winner_reason, warnings, ...).
+/// Each of a result's `warnings` (the machine's speed moved during the run, or other work
+/// held the cores while thread counts were compared: re-tune on a quiet machine) is also
+/// raised as a `RuntimeWarning`.
 ///
 /// workloads: a workload string ('gemm:128x768x768', 'gemm_bias_gelu:128x3072x768',
 ///     'attention:1x12x128x64') or an iterable of them (e.g. autokernel.torch.workloads()).
@@ -180,6 +183,13 @@ pub fn tune<'py>(
         Ok(reports)
     });
     let reports = reports.map_err(other_err)?;
+    for text in reports
+        .iter()
+        .flat_map(|r| r["warnings"].as_array().into_iter().flatten())
+    {
+        let text = std::ffi::CString::new(text.as_str().unwrap_or_default()).unwrap_or_default();
+        PyErr::warn(py, &py.get_type::<PyRuntimeWarning>(), &text, 1)?;
+    }
     reports.iter().map(|r| crate::json::to_py(py, r)).collect()
 }
 

@@ -80,7 +80,41 @@ pub fn summary_json(s: &TuneSummary, counts: &TrialCounts, hw: &HardwareFingerpr
         "median_spread": s.median_spread,
         "median_cv": s.median_cv,
         "timed_now": s.timed,
+        "warnings": warnings(s),
     })
+}
+
+/// Above this [`TuneSummary::drift`] a tune warns that the machine's speed moved.
+pub const DRIFT_WARNING: f64 = 1.3;
+
+/// Why this workload's winner may not hold on a quiet machine, one sentence each: the
+/// default config's speed moved by more than [`DRIFT_WARNING`] during the run, or other work
+/// held the cores while configs of different thread counts were compared
+/// ([`crate::Decision::contended`]). What `autokernel tune` prints as warnings and Python's
+/// `tune` raises as `RuntimeWarning`s.
+pub fn warnings(s: &TuneSummary) -> Vec<String> {
+    let w = s.workload.key();
+    let mut out = Vec::new();
+    if let Some(d) = s.drift().filter(|&d| d > DRIFT_WARNING) {
+        out.push(format!(
+            "{w}: the default config ran {d:.2}x apart during this run (searched vs \
+             re-measured): the machine's speed moved, so this winner may be noise; re-tune on \
+             a quiet machine"
+        ));
+    }
+    if let Some(d) = s.decision.as_ref().filter(|d| d.contended()) {
+        let most = d.finalists.iter().map(|f| f.record.config.threads()).max();
+        out.push(format!(
+            "{w}: other work held the cores while the finalists were compared ({} threads ran \
+             at {:.2}x of that many times one thread's FMA peak), so configs of different \
+             thread counts were not compared fairly: a tie went to the default's thread count \
+             (the winner runs {}); re-tune on a quiet machine",
+            most.unwrap_or(1),
+            d.parallel_efficiency.unwrap_or(0.0),
+            d.winner.config.threads(),
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -116,8 +150,11 @@ mod tests {
             "statuses",
             "tie",
             "timed_now",
+            "parallel_efficiency",
+            "contended",
         ] {
             assert!(j.get(key).is_some(), "{key} missing from {j}");
         }
+        assert!(j["warnings"].is_array(), "{j}");
     }
 }

@@ -554,6 +554,14 @@ fn on_a_busy_machine_a_tie_between_thread_counts_goes_to_the_defaults_count() {
             ..Fake::default()
         };
         let s = tune_with(&db, &w, &hw, &[family], &opts(8), &mut ev, &mut |_| {}).unwrap();
+        let warned = search::report::warnings(&s)
+            .iter()
+            .any(|t| t.contains("other work held the cores"));
+        assert_eq!(
+            warned,
+            efficiency.is_some_and(|e| e < 0.75),
+            "{efficiency:?}"
+        );
         s.decision.expect("a decision")
     };
 

@@ -121,9 +121,6 @@ pub struct TuneArgs {
     dry_run: bool,
 }
 
-/// Above this [`search::TuneSummary::drift`] the tune warns that the machine's speed moved.
-const DRIFT_WARNING: f64 = 1.3;
-
 pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     crate::with_budget(runtime::PrecisionPolicy::auto(), args.max_rel_err)?; // before any work
     let (workloads, dtypes) = requested_workloads(&args)?;
@@ -315,36 +312,11 @@ fn evaluator(
     )))
 }
 
-/// Warns when the default config's searched and re-measured times differ by more than
-/// [`DRIFT_WARNING`]: the machine's speed moved during the run.
-fn drift_warning(s: &TuneSummary) {
-    if let Some(d) = s.drift().filter(|&d| d > DRIFT_WARNING) {
-        eprintln!(
-            "warning: {}: the default config ran {d:.2}x apart during this run (searched vs \
-             re-measured): the machine's speed moved, so this winner may be noise; re-tune on \
-             a quiet machine",
-            s.workload.key()
-        );
+/// The result's warnings ([`search::report::warnings`]), on stderr.
+fn print_warnings(s: &TuneSummary) {
+    for w in search::report::warnings(s) {
+        eprintln!("warning: {w}");
     }
-}
-
-/// Warns when other work held the cores while configs of different thread counts were
-/// compared ([`search::Decision::contended`]).
-fn contention_warning(s: &TuneSummary) {
-    let Some(d) = s.decision.as_ref().filter(|d| d.contended()) else {
-        return;
-    };
-    let most = d.finalists.iter().map(|f| f.record.config.threads()).max();
-    eprintln!(
-        "warning: {}: other work held the cores while the finalists were compared ({} threads \
-         ran at {:.2}x of that many times one thread's FMA peak), so configs of different \
-         thread counts were not compared fairly: a tie went to the default's thread count (the \
-         winner runs {}). Re-tune on a quiet machine",
-        s.workload.key(),
-        most.unwrap_or(1),
-        d.parallel_efficiency.unwrap_or(0.0),
-        d.winner.config.threads(),
-    );
 }
 
 /// Per shape tuned in several element types: each type's best time and stored error, and
@@ -463,13 +435,11 @@ fn report(
     let counts = search::report::TrialCounts::of(db, s, hw)?;
     if as_json {
         // On stderr: `--json` output stays one JSON line per workload.
-        drift_warning(s);
-        contention_warning(s);
+        print_warnings(s);
         return super::print_json(&search::report::summary_json(s, &counts, hw));
     }
     println!("{:>20}  {}", s.workload.key(), result_line(s, &counts));
-    drift_warning(s);
-    contention_warning(s);
+    print_warnings(s);
     println!("{:>20}  {}", "", noise_line(s, opts));
     if let (Some(a), true) = (s.best_accuracy, s.workload.dtype() != DType::F32) {
         println!(
