@@ -212,8 +212,10 @@ workloads=(gemm:16x16x16 gemm:32x24x16 gemm:1x64x32 gemm:24x8x40)
 wl_args=()
 for w in "${workloads[@]}"; do wl_args+=(--workload "$w"); done
 # Plus every call of bert-tiny's forward pass at 1 × 8 (--model: slurm-tune.sh asks autokernel).
-mapfile -t model_workloads < <("$ak" tune --model bert-tiny --batch 1 --seq 8 --dry-run --json \
-    --db "$tmp/plan.db" | sed -n 's/.*"workloads":\[\([^]]*\)\].*/\1/p' | tr ',' '\n' | tr -d '"')
+plan="$("$ak" tune --model bert-tiny --batch 1 --seq 8 --dry-run --json --db "$tmp/plan.db")" ||
+    die "autokernel could not list bert-tiny's workloads"
+mapfile -t model_workloads < <(python3 -c \
+    'import json, sys; print("\n".join(json.load(sys.stdin)["workloads"]))' <<<"$plan")
 [[ ${#model_workloads[@]} -ge 4 ]] || die "bert-tiny lists ${#model_workloads[@]} workloads"
 job=(--shards 2 --budget 3 --strategy random --seed 1 --workdir "$tmp/work" --poll 1
     --tune-arg=--finalists=2 "${wl_args[@]}" --model bert-tiny --batch 1 --seq 8)
@@ -233,7 +235,9 @@ log "bundle verified; lookup finds an exact winner for all ${#workloads[@]} work
 # What inference looks up is what the job tuned: every call of the model served exactly.
 calls="$("$ak" infer --model bert-tiny --db "$tmp/bundle.db" --batch 1 --seq 8 --iters 1 \
     --no-untuned --json)" || die "infer on the bundle failed"
-grep -q '"calls":{"default":0,"exact":[1-9][0-9]*,"nearest_shape":0,"same_arch":0}' <<<"$calls" ||
+python3 -c 'import json, sys
+c = json.loads(sys.stdin.readline())["calls"]
+sys.exit(c["exact"] == 0 or c["default"] + c["same_arch"] + c["nearest_shape"] > 0)' <<<"$calls" ||
     die "bert-tiny's calls are not all served by exact records of the bundle: $calls"
 log "infer --model bert-tiny on the bundle: every call exact"
 

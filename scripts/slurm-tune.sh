@@ -30,9 +30,11 @@ WORKLOADS (one or more of):
                        FFN down, biases fused): bert-base, bert-large, or a Hugging Face BERT
                        directory (listed by `autokernel tune --model ... --dry-run`; with
                        `--tune-arg --precision --tune-arg f32,int8` each in those types)
-  --batch B,..         batch sizes for --model (default: 1)
-  --seq S,..           sequence lengths for --model (default: 128)
-  --tokens M           the same as --batch 1 --seq M (kept for older scripts)
+  --batch B,..         batch sizes for --model (default: 1,2,4,8, as `autokernel infer`'s)
+  --seq S,..           sequence lengths for --model (default: 32,64,128; at most the model's
+                       positions, 512 for BERT)
+  --tokens M           the same as --batch 1 --seq M (older scripts: it used to give plain
+                       GEMM shapes of M rows)
 
 Required:
   --shards N           array tasks (1 to the number of workloads)
@@ -188,8 +190,11 @@ model_shapes() {
     # adds the other element types): autokernel's own list, so the bundle holds what
     # `autokernel infer` and the drop-in look up.
     local plan
-    plan="$("$ak" tune --model "$1" --batch "${model_batch:-1}" --seq "${model_seq:-128}" \
-        --db "$workdir/.model-plan.db" --dry-run --json)" || die "autokernel cannot list --model '$1'"
+    local shape=()
+    [[ -z "$model_batch" ]] || shape+=(--batch "$model_batch")
+    [[ -z "$model_seq" ]] || shape+=(--seq "$model_seq")
+    plan="$("$ak" tune --model "$1" "${shape[@]}" --db "$workdir/.model-plan.db" --dry-run \
+        --json)" || die "autokernel cannot list --model '$1'"
     sed -n 's/.*"workloads":\[\([^]]*\)\].*/\1/p' <<<"$plan" | tr ',' '\n' | tr -d '"' | sed '/^$/d'
 }
 

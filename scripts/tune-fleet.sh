@@ -13,10 +13,11 @@ bundle to ship to machines of the same type (`autokernel db import` there).
 
 Options:
   --workloads FILE   workload list: one workload per line (gemm:MxNxK), '#' starts a comment
-                     (default: autokernel's default set, the BERT-base and skinny shapes)
-  --model NAME|DIR   also every call of a model's forward pass (bert-base, bert-large, or a
-                     Hugging Face BERT directory), as `autokernel infer` and the Python
-                     drop-in look them up, at --batch × --seq
+                     (default, without --model: autokernel's default set, the BERT-base and
+                     skinny shapes)
+  --model NAME|DIR   every call of a model's forward pass (bert-base, bert-large, or a Hugging
+                     Face BERT directory), as `autokernel infer` and the Python drop-in look
+                     them up, at --batch × --seq (with --workloads: those too)
   --batch B,..       batch sizes for --model (default: 1,2,4,8, as `autokernel infer`'s)
   --seq S,..         sequence lengths for --model (default: 32,64,128)
   --precision P,..   element types to tune each workload in (default: f32; e.g. f32,int8)
@@ -44,6 +45,7 @@ budget=32
 strategy="random"
 threads=()
 model=()
+model_name=""
 precision=()
 out=""
 while [[ $# -gt 0 ]]; do
@@ -55,7 +57,7 @@ while [[ $# -gt 0 ]]; do
         --strategy) strategy="${2:?--strategy needs a name}"; shift 2 ;;
         --threads) threads=(--threads "${2:?--threads needs a number}"); shift 2 ;;
         --out) out="${2:?--out needs a file}"; shift 2 ;;
-        --model) model+=(--model "${2:?--model needs a name or directory}"); shift 2 ;;
+        --model) model_name="${2:?--model needs a name or directory}"; model+=(--model "$2"); shift 2 ;;
         --batch) model+=(--batch "${2:?--batch needs sizes}"); shift 2 ;;
         --seq) model+=(--seq "${2:?--seq needs lengths}"); shift 2 ;;
         --precision) precision=(--precision "${2:?--precision needs element types}"); shift 2 ;;
@@ -87,8 +89,14 @@ fp="$("$ak" hw --json "${threads[@]}" | sed -n 's/.*"id":"\([0-9a-f]*\)".*/\1/p'
 [[ ! -e "$out" ]] || { echo "error: bundle $out already exists" >&2; exit 2; }
 mkdir -p "$(dirname "$out")"
 
-if [[ -n "$list" ]]; then what="$(( ${#workloads[@]} / 2 )) workload(s) from $list"; else what="the default workloads"; fi
-[[ ${#model[@]} -eq 0 ]] || what="$what and the calls of ${model[*]}"
+if [[ -n "$list" ]]; then
+    what="$(( ${#workloads[@]} / 2 )) workload(s) from $list"
+    [[ -z "$model_name" ]] || what="$what and the calls of $model_name"
+elif [[ -n "$model_name" ]]; then
+    what="the calls of $model_name"
+else
+    what="the default workloads"
+fi
 echo "tune-fleet.sh: tuning $what for fingerprint $fp into $db" >&2
 "$ak" tune --db "$db" --budget "$budget" --strategy "$strategy" "${threads[@]}" "${precision[@]}" \
     "${model[@]}" "${workloads[@]}"

@@ -211,6 +211,20 @@ fn export_verify_import_and_reimport_changes_nothing() {
     );
     let st = ok_json(&ak(&["db", "stats", "--db", s(&a), "--json"]));
     assert_eq!(st["imported_records"], 0);
+    // ... and back through another database, whose copies carry provenance rows.
+    let round = dir.path().join("round.bundle");
+    ok_json(&ak(&[
+        "db",
+        "export",
+        "--db",
+        s(&target),
+        "--out",
+        s(&round),
+        "--json",
+    ]));
+    ok_json(&ak(&["db", "import", s(&round), "--db", s(&a), "--json"]));
+    let st = ok_json(&ak(&["db", "stats", "--db", s(&a), "--json"]));
+    assert_eq!(st["imported_records"], 0, "{st}");
 
     // Human summaries exist.
     let o = ak(&["db", "stats", "--db", s(&target)]);

@@ -182,7 +182,7 @@ pub fn check_record(
     let k = crate::registry::kernel(kernel).map_err(|e| e.to_string())?;
     if k.version() != version {
         return Err(format!(
-            "{kernel} v{version} is stale (this build has v{})",
+            "{kernel} v{version} is stale (this build has v{}): re-tune",
             k.version()
         ));
     }
@@ -200,10 +200,14 @@ pub fn check_record(
     if k.config_fits(w, hw, config) {
         return Ok(k);
     }
-    Err(match k.space(w, hw).check(config) {
+    let why = match k.space(w, hw).check(config) {
         Err(e) => e.to_string(),
         Ok(()) => "config_fits and the space disagree".into(),
-    })
+    };
+    Err(format!(
+        "config {config} does not fit {kernel} v{version} on {}: {why}",
+        hw.id
+    ))
 }
 
 #[cfg(test)]

@@ -86,7 +86,8 @@ fn worker_spec(
 /// median_s, gflops, speedup_vs_default, trials, failures, winner_reason, warnings, ...).
 /// Each of a result's `warnings` (the machine's speed moved during the run, or other work
 /// held the cores while thread counts were compared: re-tune on a quiet machine) is also
-/// raised as a `RuntimeWarning`.
+/// raised as a `RuntimeWarning`, after the database was written (under
+/// `warnings.simplefilter("error")` the call raises, and the results are only in `db`).
 ///
 /// workloads: a workload string ('gemm:128x768x768', 'gemm_bias_gelu:128x3072x768',
 ///     'attention:1x12x128x64') or an iterable of them (e.g. autokernel.torch.workloads()).
@@ -187,7 +188,8 @@ pub fn tune<'py>(
         .iter()
         .flat_map(|r| r["warnings"].as_array().into_iter().flatten())
     {
-        let text = std::ffi::CString::new(text.as_str().unwrap_or_default()).unwrap_or_default();
+        let text = text.as_str().unwrap_or_default().replace('\0', " ");
+        let text = std::ffi::CString::new(text).expect("NUL bytes replaced");
         PyErr::warn(py, &py.get_type::<PyRuntimeWarning>(), &text, 1)?;
     }
     reports.iter().map(|r| crate::json::to_py(py, r)).collect()

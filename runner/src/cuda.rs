@@ -92,7 +92,7 @@ impl Evaluator for OnGpu {
     }
 
     /// Thread counts are not a GPU config's.
-    fn parallel_efficiency(&mut self, _threads: usize) -> Option<f64> {
+    fn cpu_share(&mut self, _threads: usize) -> Option<f64> {
         None
     }
 

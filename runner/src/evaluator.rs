@@ -96,12 +96,12 @@ pub trait Evaluator {
         0
     }
 
-    /// How much of `threads` cores' speed the machine gives a parallel kernel right now
-    /// ([`parallel_efficiency`](crate::parallel_efficiency)); `None` where thread counts do
-    /// not apply (a GPU). The tuner asks before it breaks a tie between configs of
-    /// different thread counts.
-    fn parallel_efficiency(&mut self, threads: usize) -> Option<f64> {
-        Some(crate::parallel_efficiency(threads))
+    /// The share of `threads` CPUs that `threads` threads get right now, where candidates
+    /// run ([`cpu_share`](crate::cpu_share)); `None` where thread counts do not apply (a GPU)
+    /// or it cannot be measured. The tuner asks before it judges finalists of different
+    /// thread counts.
+    fn cpu_share(&mut self, threads: usize) -> Option<f64> {
+        crate::cpu_share(threads, &[])
     }
 }
 

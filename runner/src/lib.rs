@@ -37,7 +37,7 @@ mod protocol;
 pub mod worker;
 
 pub use compare::{compare, compare_rounds, CompareError, CompareOptions, Comparison, Verdict};
-pub use contention::{parallel_efficiency, CONTENDED};
+pub use contention::{cpu_share, CONTENDED};
 pub use evaluator::{derived_timeout, EvalError, Evaluation, Evaluator, InProcess};
 pub use interleaved::{measure_interleaved, median_ci, not_slower, overlaps};
 pub use protocol::{measure, Protocol};

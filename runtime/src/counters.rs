@@ -128,12 +128,8 @@ impl LevelCounts {
 
     /// Calls answered at `level`.
     pub fn get(&self, level: Level) -> u64 {
-        match level {
-            Level::Exact => self.exact,
-            Level::SameArch => self.same_arch,
-            Level::NearestShape => self.nearest_shape,
-            Level::Default => self.default,
-        }
+        let mut c = *self;
+        *c.slot(level)
     }
 
     fn slot(&mut self, level: Level) -> &mut u64 {

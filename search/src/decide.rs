@@ -12,13 +12,13 @@
 //! round, [`runner::not_slower`]) form a group: the incumbent wins if it is in it, else the
 //! simplest of the group ([`simplicity_key`]).
 //!
-//! **A busy machine.** Where the finalists run on different thread counts, the machine's
-//! [`runner::parallel_efficiency`] is measured with the re-measurement. Below
-//! [`runner::CONTENDED`] other work holds the cores: a multi-threaded config's time then
-//! stands for a slower machine (measured: two-thread configs tied with one-thread ones under
-//! another process's load, then ran at 2× their speed once the machine was quiet), so a tie
-//! goes to the default's thread count before fewer threads, and the decision says so
-//! ([`Decision::parallel_efficiency`]).
+//! **A busy machine.** Where the finalists run on different thread counts, the share of the
+//! CPUs that threads get where candidates run ([`runner::cpu_share`]) is measured after the
+//! re-measurement. Below [`runner::CONTENDED`] other work holds the cores, and a config on
+//! fewer threads than the default's looks faster than it is (measured: one-thread winners
+//! tied with two-thread configs under another process's load, then ran at half their speed
+//! once the machine was quiet). Such finalists are then not eligible: the winner runs at
+//! least the default's thread count, and the decision says so ([`Decision::cpu_share`]).
 
 use std::collections::HashSet;
 
@@ -88,17 +88,21 @@ pub struct Decision {
     pub rounds: usize,
     /// Why re-measurement failed, if it did.
     pub note: Option<String>,
-    /// The machine's [`runner::parallel_efficiency`] at the finalists' largest thread count,
-    /// measured where their thread counts differ.
-    pub parallel_efficiency: Option<f64>,
+    /// The [`runner::cpu_share`] at the finalists' largest thread count, measured where
+    /// their thread counts differ.
+    pub cpu_share: Option<f64>,
+}
+
+/// Whether a [`runner::cpu_share`] says other work held the cores.
+fn busy(share: Option<f64>) -> bool {
+    share.is_some_and(|s| s < runner::CONTENDED)
 }
 
 impl Decision {
     /// Whether other work held the cores while the finalists were compared
-    /// ([`runner::CONTENDED`]): ties then went to the default's thread count.
+    /// ([`runner::CONTENDED`]): configs on fewer threads than the default's could not win.
     pub fn contended(&self) -> bool {
-        self.parallel_efficiency
-            .is_some_and(|e| e < runner::CONTENDED)
+        busy(self.cpu_share)
     }
 
     /// Finalists that were re-measured.
@@ -199,14 +203,10 @@ impl Judge<'_> {
             .filter(|k| k.supports(self.w) && k.space(self.w, self.hw).check(&r.config).is_ok())
     }
 
-    /// `r`'s place in the [`simplicity_key`] order; on a `contended` machine the default's
-    /// thread count comes first (see the module docs).
-    fn simplicity(&self, r: &Record, contended: bool) -> (bool, (i64, String, bool, String)) {
+    /// `r`'s place in the [`simplicity_key`] order.
+    fn simplicity(&self, r: &Record) -> (i64, String, bool, String) {
         let (dk, dc) = &self.default;
-        (
-            contended && r.config.threads() != dc.threads(),
-            simplicity_key(&r.kernel, &r.config, (dk.name(), dc)),
-        )
+        simplicity_key(&r.kernel, &r.config, (dk.name(), dc))
     }
 
     /// The finalists (see the module docs): the `n` fastest distinct configs, then the
@@ -282,7 +282,7 @@ impl Judge<'_> {
             .iter()
             .copied()
             .filter(|r| overlaps(ci_of(r), best_ci))
-            .min_by_key(|r| self.simplicity(r, false))
+            .min_by_key(|r| self.simplicity(r))
     }
 
     /// Re-measures `picked` interleaved (unless there is only one) and judges them; a failed
@@ -309,7 +309,7 @@ impl Judge<'_> {
             finalists: picked.iter().map(|r| unmeasured(r)).collect(),
             rounds: 0,
             note,
-            parallel_efficiency: None,
+            cpu_share: None,
         };
         if picked.len() == 1 {
             return unjudged(WinReason::OnlyCandidate, None);
@@ -321,12 +321,6 @@ impl Judge<'_> {
                 (k, r.config.clone())
             })
             .collect();
-        let threads: Vec<usize> = picked.iter().map(|r| r.config.threads()).collect();
-        let efficiency = threads
-            .iter()
-            .any(|&t| t != threads[0])
-            .then(|| evaluator.parallel_efficiency(threads.iter().copied().max().unwrap_or(1)))
-            .flatten();
         match evaluator.remeasure(&pairs, &opts.protocol, opts.remeasure_rounds) {
             Err(e) => unjudged(WinReason::Unconfirmed, Some(e.to_string())),
             Ok(ms) => self.verdict(
@@ -340,16 +334,27 @@ impl Judge<'_> {
                         incumbent: is_incumbent(r),
                     })
                     .collect(),
-                efficiency,
+                share_if_mixed(picked, evaluator),
             ),
         }
     }
 
-    /// The decision among re-measured finalists (see the module docs).
-    fn verdict(&self, finalists: Vec<Finalist>, efficiency: Option<f64>) -> Decision {
-        let contended = efficiency.is_some_and(|e| e < runner::CONTENDED);
-        let fastest = fastest(&finalists);
-        let group = tied_with(&finalists, fastest);
+    /// The decision among re-measured finalists, the CPU share `share` measured with them
+    /// (see the module docs).
+    fn verdict(&self, finalists: Vec<Finalist>, share: Option<f64>) -> Decision {
+        let fewest = if busy(share) {
+            self.default.1.threads()
+        } else {
+            1
+        };
+        let mut eligible: Vec<usize> = (0..finalists.len())
+            .filter(|&i| finalists[i].record.config.threads() >= fewest)
+            .collect();
+        if eligible.is_empty() {
+            eligible = (0..finalists.len()).collect();
+        }
+        let fastest = fastest(&finalists, &eligible);
+        let group = tied_with(&finalists, &eligible, fastest);
         let tie = group.len() > 1;
         let (winner, reason) = match group.iter().find(|&&i| finalists[i].incumbent) {
             Some(&inc) if tie => (inc, WinReason::TieIncumbent),
@@ -357,7 +362,7 @@ impl Judge<'_> {
             None => {
                 let simplest = *group
                     .iter()
-                    .min_by_key(|&&i| self.simplicity(&finalists[i].record, contended))
+                    .min_by_key(|&&i| self.simplicity(&finalists[i].record))
                     .expect("the group holds the fastest");
                 if simplest == fastest {
                     (fastest, WinReason::Fastest)
@@ -376,29 +381,44 @@ impl Judge<'_> {
                 .map_or(0, |m| m.samples.len()),
             finalists,
             note: None,
-            parallel_efficiency: efficiency,
+            cpu_share: share,
         }
     }
 }
 
-/// The finalist with the fastest re-measured median (the first of equals).
-fn fastest(finalists: &[Finalist]) -> usize {
-    let median = |f: &Finalist| f.remeasured.as_ref().map_or(f64::INFINITY, |m| m.median_s);
-    (0..finalists.len())
-        .min_by(|&a, &b| median(&finalists[a]).total_cmp(&median(&finalists[b])))
-        .expect("at least two finalists")
+/// The [`runner::cpu_share`] where candidates run, at the largest thread count of `picked`,
+/// if their thread counts differ.
+fn share_if_mixed(picked: &[&Record], evaluator: &mut dyn Evaluator) -> Option<f64> {
+    let threads: Vec<usize> = picked.iter().map(|r| r.config.threads()).collect();
+    let most = threads.iter().copied().max()?;
+    (threads.iter().any(|&t| t != most))
+        .then(|| evaluator.cpu_share(most))
+        .flatten()
 }
 
-/// The finalists tied with `fastest`, itself included: not slower than it, judged round by
-/// round (the rounds are interleaved, so each pairs samples taken moments apart).
-fn tied_with(finalists: &[Finalist], fastest: usize) -> Vec<usize> {
+/// The finalist of `eligible` with the fastest re-measured median (the first of equals).
+fn fastest(finalists: &[Finalist], eligible: &[usize]) -> usize {
+    let median = |f: &Finalist| f.remeasured.as_ref().map_or(f64::INFINITY, |m| m.median_s);
+    eligible
+        .iter()
+        .copied()
+        .min_by(|&a, &b| median(&finalists[a]).total_cmp(&median(&finalists[b])))
+        .expect("at least one eligible finalist")
+}
+
+/// The finalists of `eligible` tied with `fastest`, itself included: not slower than it,
+/// judged round by round (the rounds are interleaved, so each pairs samples taken moments
+/// apart).
+fn tied_with(finalists: &[Finalist], eligible: &[usize], fastest: usize) -> Vec<usize> {
     let samples = |i: usize| {
         finalists[i]
             .remeasured
             .as_ref()
             .map_or(&[][..], |m| &m.samples[..])
     };
-    (0..finalists.len())
+    eligible
+        .iter()
+        .copied()
         .filter(|&i| i == fastest || not_slower(samples(i), samples(fastest)))
         .collect()
 }

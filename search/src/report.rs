@@ -75,7 +75,7 @@ pub fn summary_json(s: &TuneSummary, counts: &TrialCounts, hw: &HardwareFingerpr
         "default_remeasured_median_s": s.remeasured_s(&s.default),
         "machine_drift": s.drift(),
         "remeasure_error": decision.and_then(|d| d.note.clone()),
-        "parallel_efficiency": decision.and_then(|d| d.parallel_efficiency),
+        "cpu_share": decision.and_then(|d| d.cpu_share),
         "contended": decision.is_some_and(|d| d.contended()),
         "median_spread": s.median_spread,
         "median_cv": s.median_cv,
@@ -105,12 +105,11 @@ pub fn warnings(s: &TuneSummary) -> Vec<String> {
     if let Some(d) = s.decision.as_ref().filter(|d| d.contended()) {
         let most = d.finalists.iter().map(|f| f.record.config.threads()).max();
         out.push(format!(
-            "{w}: other work held the cores while the finalists were compared ({} threads ran \
-             at {:.2}x of that many times one thread's FMA peak), so configs of different \
-             thread counts were not compared fairly: a tie went to the default's thread count \
-             (the winner runs {}); re-tune on a quiet machine",
+            "{w}: other work held the cores while the finalists were compared ({} threads got \
+             {:.2} of their CPUs' time), so configs on fewer threads than the default's could \
+             not win (the winner runs {}); re-tune on a quiet machine",
             most.unwrap_or(1),
-            d.parallel_efficiency.unwrap_or(0.0),
+            d.cpu_share.unwrap_or(0.0),
             d.winner.config.threads(),
         ));
     }
@@ -150,7 +149,7 @@ mod tests {
             "statuses",
             "tie",
             "timed_now",
-            "parallel_efficiency",
+            "cpu_share",
             "contended",
         ] {
             assert!(j.get(key).is_some(), "{key} missing from {j}");

@@ -61,8 +61,8 @@ struct Fake {
     fail_remeasure: bool,
     evaluated: Vec<String>,
     remeasured: Vec<Vec<String>>,
-    /// What [`Evaluator::parallel_efficiency`] reports (default: not measured).
-    efficiency: Option<f64>,
+    /// What [`Evaluator::cpu_share`] reports (default: not measured).
+    share: Option<f64>,
 }
 
 impl Fake {
@@ -75,8 +75,8 @@ impl Evaluator for Fake {
     fn isolation(&self) -> &'static str {
         "scripted"
     }
-    fn parallel_efficiency(&mut self, _: usize) -> Option<f64> {
-        self.efficiency
+    fn cpu_share(&mut self, _: usize) -> Option<f64> {
+        self.share
     }
     fn setup(&mut self, _: &Workload, _: u64) -> Result<(), EvalError> {
         Ok(())
@@ -508,7 +508,8 @@ fn the_default_is_a_finalist_and_wins_when_it_is_faster_head_to_head() {
     assert_eq!(db.best(&hw.id, &w).unwrap().unwrap().config, dc);
 }
 
-/// A family of configs `x` in {0, 1} on 1 or `threads` threads, never run.
+/// A family of configs `x` in {0, 1}, serial (`par` none) or on `threads` threads (`par` m),
+/// never run.
 struct Threaded {
     threads: usize,
 }
@@ -525,18 +526,27 @@ impl Kernel for Threaded {
     fn space(&self, _: &Workload, _: &HardwareFingerprint) -> Space {
         Space::new()
             .knob("x", [0usize, 1])
-            .knob("threads", [1usize, self.threads])
+            .knob("par", ["none", "m"])
+            .knob("threads", [self.threads])
     }
     fn default_config(&self, _: &Workload, _: &HardwareFingerprint) -> Config {
-        Config::from_pairs([("x", 0usize), ("threads", self.threads)])
+        threaded(0, "m", self.threads)
     }
     fn build(&self, _: &Workload, _: &Config) -> kernels::Result<Box<dyn Executable>> {
         Ok(Box::new(Never))
     }
 }
 
+fn threaded(x: usize, par: &str, threads: usize) -> Config {
+    Config::from_pairs([
+        ("x", kernels::Value::from(x)),
+        ("par", kernels::Value::from(par)),
+        ("threads", kernels::Value::from(threads)),
+    ])
+}
+
 #[test]
-fn on_a_busy_machine_a_tie_between_thread_counts_goes_to_the_defaults_count() {
+fn on_a_busy_machine_configs_on_fewer_threads_than_the_default_cannot_win() {
     // A fixed 4-core machine, so the default of this shape runs on several threads whatever
     // CPU runs the test.
     let hw = HardwareFingerprint::reference_zen3().with_cores(4);
@@ -545,45 +555,53 @@ fn on_a_busy_machine_a_tie_between_thread_counts_goes_to_the_defaults_count() {
     let many = dc.threads();
     assert!(many > 1, "the default of {w} on 4 cores is parallel: {dc}");
     let family: &'static Threaded = Box::leak(Box::new(Threaded { threads: many }));
-    let decide = |efficiency: Option<f64>| {
+    let serial = key(family, &threaded(1, "none", many));
+    // `serial_ms`: the serial config's time; every other config takes 10 ms.
+    let decide = |share: Option<f64>, serial_ms: f64| {
         let db = TuningDb::in_memory().unwrap();
         db.upsert_fingerprint(&hw).unwrap();
-        // Every config takes the same time: one tie among all the finalists.
         let mut ev = Fake {
-            efficiency,
+            share,
             ..Fake::default()
         };
+        ev.medians.insert(serial.clone(), serial_ms * 1e-3);
         let s = tune_with(&db, &w, &hw, &[family], &opts(8), &mut ev, &mut |_| {}).unwrap();
         let warned = search::report::warnings(&s)
             .iter()
             .any(|t| t.contains("other work held the cores"));
-        assert_eq!(
-            warned,
-            efficiency.is_some_and(|e| e < 0.75),
-            "{efficiency:?}"
-        );
+        assert_eq!(warned, share.is_some_and(|e| e < runner::CONTENDED));
         s.decision.expect("a decision")
     };
 
-    let quiet = decide(Some(0.98));
+    // Quiet: a tie goes to fewer threads, and a faster serial config wins outright.
+    let quiet = decide(Some(0.98), 10.0);
     assert!(quiet.tie && !quiet.contended());
-    assert_eq!(quiet.parallel_efficiency, Some(0.98));
+    assert_eq!(quiet.cpu_share, Some(0.98));
     assert_eq!(quiet.reason, WinReason::TieSimpler);
     assert_eq!(
         quiet.winner.config.threads(),
         1,
         "fewer threads when as fast"
     );
-
-    let busy = decide(Some(0.6));
-    assert!(busy.tie && busy.contended());
+    let quiet = decide(Some(0.98), 5.0);
     assert_eq!(
-        busy.winner.config.threads(),
-        many,
-        "the default's thread count: a tie measured under load says nothing about threads"
+        (quiet.reason, quiet.winner.config.threads()),
+        (WinReason::Fastest, 1)
     );
 
-    let unmeasured = decide(None);
+    // Busy: neither a tie nor a faster time makes a serial config the winner.
+    for serial_ms in [10.0, 5.0] {
+        let busy = decide(Some(0.6), serial_ms);
+        assert!(busy.contended());
+        assert_eq!(
+            busy.winner.config.threads(),
+            many,
+            "serial at {serial_ms} ms under load: the default's thread count wins"
+        );
+    }
+
+    // Not measured (a GPU, say): the quiet rules.
+    let unmeasured = decide(None, 10.0);
     assert!(!unmeasured.contended());
     assert_eq!(unmeasured.winner.config.threads(), 1);
 }

@@ -34,10 +34,10 @@ pub struct TuneArgs {
     /// runtime's untuned-workload log).
     #[arg(long, value_name = "FILE")]
     workloads_from: Option<std::path::PathBuf>,
-    /// Also tune every workload of this model's forward pass (`bert-base`, `bert-large`, `bert-tiny`, or a
-    /// Hugging Face BERT directory: its config.json's sizes and activation) at each --batch ×
-    /// --seq (a directory's inputs.json batch when neither is given), deduplicated: the list
-    /// `autokernel infer` calls.
+    /// Tune every workload of this model's forward pass (`bert-base`, `bert-large`,
+    /// `bert-tiny`, or a Hugging Face BERT directory: its config.json's sizes and activation)
+    /// at each --batch × --seq (a directory's inputs.json batch when neither is given),
+    /// deduplicated: the list `autokernel infer` calls (with --workload: those too).
     #[arg(long, value_name = "MODEL|DIR")]
     model: Option<String>,
     /// Batch sizes for --model, comma-separated [default: 1,2,4,8, as `infer`'s].

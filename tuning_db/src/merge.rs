@@ -8,9 +8,9 @@
 //!   twice changes nothing.
 //! - **Provenance.** Each trial an import adds gets a `provenance` row (schema v3) naming the
 //!   source file and its content checksum, and keeps the provenance rows it had in the source.
-//!   A trial the target already held is not marked as imported (re-importing a bundle of this
-//!   database's own records leaves them local ones), though its provenance rows in the source
-//!   are kept.
+//!   A trial the target already held gets neither: its provenance is the target's (a bundle of
+//!   this database's own records, imported back directly or through another database, leaves
+//!   them local).
 //! - **The best is chosen by the measurements.** For every (fingerprint, workload) of the
 //!   source, the source's best is compared with the target's best: the one whose median is
 //!   faster *and* whose 95% confidence interval of the median does not overlap the other's
@@ -353,8 +353,8 @@ impl Import<'_> {
         Ok(())
     }
 
-    /// The source's provenance rows of its trials, and one row naming this import per trial
-    /// it inserted; how many rows were new.
+    /// For each trial this import inserted: its provenance rows in the source, and one row
+    /// naming this import; how many rows were new.
     fn provenance(&self) -> Result<u64, BundleError> {
         let tp = &self.db.path;
         let mut ins = self
@@ -365,11 +365,14 @@ impl Import<'_> {
             )
             .ctx(tp, IMPORTING)?;
         let mut added = 0;
+        let inserted: std::collections::HashSet<i64> = self.inserted.iter().copied().collect();
         for p in &self.rows.provenance {
             let Some(Value::Integer(t)) = p.get("trial_id") else {
                 continue;
             };
-            let Some(&t) = self.ids.get(t) else { continue };
+            let Some(&t) = self.ids.get(t).filter(|id| inserted.contains(id)) else {
+                continue;
+            };
             let row = params![
                 t,
                 p.get("source"),

@@ -44,6 +44,11 @@ impl Evaluator for Isolated {
         "process"
     }
 
+    /// On the CPUs the worker is pinned to, if it is.
+    fn cpu_share(&mut self, threads: usize) -> Option<f64> {
+        crate::cpu_share(threads, self.worker.cpus())
+    }
+
     fn setup(&mut self, workload: &Workload, seed: u64) -> Result<(), EvalError> {
         Ok(self.worker.setup(workload, seed)?)
     }

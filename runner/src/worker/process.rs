@@ -457,6 +457,11 @@ impl Worker {
         }
     }
 
+    /// The CPUs its processes are pinned to (empty: not pinned).
+    pub fn cpus(&self) -> &[usize] {
+        &self.spec.cpus
+    }
+
     /// Times a worker was started again after one died or was killed.
     pub fn restarts(&self) -> usize {
         self.started.saturating_sub(1)

@@ -1,6 +1,6 @@
-//! What `infer` runs: a seeded model (`bert-base`, `bert-large`, `bert-tiny`: the encoder alone, on
-//! generated inputs) or a Hugging Face checkpoint directory (embeddings and encoder, on token
-//! ids) — with the inputs, and the f64 references, of each (batch, seq).
+//! What `infer` runs: a seeded model (`bert-base`, `bert-large`, `bert-tiny`: the encoder
+//! alone, on generated inputs) or a Hugging Face checkpoint directory (embeddings and
+//! encoder, on token ids) — with the inputs, and the f64 references, of each (batch, seq).
 
 use std::path::Path;
 
