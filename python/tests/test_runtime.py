@@ -124,7 +124,7 @@ def test_tune_returns_the_cli_json_and_resumes(tmp_path):
     r = first[0]
     for key in ["workload", "kernel", "config", "median_s", "gflops", "speedup_vs_default", "trials",
                 "failures", "fingerprint", "isolation", "statuses", "winner_reason", "warnings",
-                "contended", "parallel_efficiency"]:
+                "contended", "cpu_share"]:
         assert key in r, key
     assert r["workload"] == "gemm:4x8x16" and r["isolation"] == "none" and r["median_s"] > 0
     again = autokernel.tune(["gemm:4x8x16"], db=db, budget=2, strategy="random", isolation="none",
