@@ -605,3 +605,30 @@ fn on_a_busy_machine_configs_on_fewer_threads_than_the_default_cannot_win() {
     assert!(!unmeasured.contended());
     assert_eq!(unmeasured.winner.config.threads(), 1);
 }
+
+#[test]
+fn a_default_that_ran_at_another_speed_when_re_measured_is_a_warning() {
+    let (_, hw, w) = setup();
+    let (dk, dc) = default_for(&w, hw).unwrap();
+    let warned = |remeasured_ms: f64| {
+        let db = TuningDb::in_memory().unwrap();
+        db.upsert_fingerprint(hw).unwrap();
+        let mut ev = fake();
+        // The default: 10 ms while searched, `remeasured_ms` among the finalists.
+        ev.samples
+            .insert(key(dk, &dc), vec![remeasured_ms * 1e-3; 3]);
+        let s = tune_with(&db, &w, hw, &[&Scripted], &opts(6), &mut ev, &mut |_| {}).unwrap();
+        let drift = s.drift().expect("the default was re-measured");
+        let texts = search::report::warnings(&s);
+        (
+            drift,
+            texts
+                .iter()
+                .any(|t| t.contains("the machine's speed moved")),
+        )
+    };
+    let (d, w1) = warned(10.0);
+    assert!((d - 1.0).abs() < 1e-9 && !w1, "steady: {d}");
+    let (d, w2) = warned(20.0);
+    assert!((d - 2.0).abs() < 1e-9 && w2, "twice as slow: {d}");
+}
