@@ -185,6 +185,11 @@ elif [[ ! -x "$ak" ]]; then
 fi
 
 # ---- the workload list ---------------------------------------------------------------------
+# The workloads of a `tune --dry-run --json` plan ($1), one per line.
+plan_workloads() {
+    sed -n 's/.*"workloads":\[\([^]]*\)\].*/\1/p' <<<"$1" | tr ',' '\n' | tr -d '"' | sed '/^$/d'
+}
+
 model_shapes() {
     # What the model's forward pass calls, in f32 (--precision, passed to every tune below,
     # adds the other element types): autokernel's own list, so the bundle holds what
@@ -195,7 +200,7 @@ model_shapes() {
     [[ -z "$model_seq" ]] || shape+=(--seq "$model_seq")
     plan="$("$ak" tune --model "$1" "${shape[@]}" --db "$workdir/.model-plan.db" --dry-run \
         --json)" || die "autokernel cannot list --model '$1'"
-    sed -n 's/.*"workloads":\[\([^]]*\)\].*/\1/p' <<<"$plan" | tr ',' '\n' | tr -d '"' | sed '/^$/d'
+    plan_workloads "$plan"
 }
 
 list="$workdir/workloads.txt.new"
@@ -224,7 +229,7 @@ tune_args+=("${tune_extra[@]}")
 # The canonical list, parsed by autokernel itself (bad lines fail here, not on the cluster).
 plan="$("$ak" tune --workloads-from "$list" --shard 0/1 --db "$workdir/tuning.db" \
     "${tune_args[@]}" --dry-run --json)" || die "autokernel rejected the workload list or tune options"
-keys="$(sed -n 's/.*"workloads":\[\([^]]*\)\].*/\1/p' <<<"$plan" | tr ',' '\n' | tr -d '"' | sed '/^$/d')"
+keys="$(plan_workloads "$plan")"
 n_workloads="$(grep -c . <<<"$keys" || true)"
 ((n_workloads >= 1)) || die "the workload list is empty"
 ((shards <= n_workloads)) || die "--shards $shards is more than the $n_workloads workload(s): some shards would have nothing to do"
