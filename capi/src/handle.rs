@@ -246,10 +246,10 @@ pub unsafe extern "C" fn autokernel_runtime_lookups(
         let h = unsafe { args::handle("rt", rt)? };
         let n = h.rt.lookups();
         *out = AutokernelLookupCounts {
-            exact: n.exact,
-            same_arch: n.same_arch,
-            nearest_shape: n.nearest_shape,
-            defaults: n.default,
+            exact: n.levels.exact,
+            same_arch: n.levels.same_arch,
+            nearest_shape: n.levels.nearest_shape,
+            defaults: n.levels.default,
             f32: n.f32,
             bf16: n.bf16,
             int8: n.int8,

@@ -741,10 +741,10 @@ impl PyRuntime {
     fn lookups<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.rt.lookups();
         let d = PyDict::new(py);
-        d.set_item("exact", c.exact)?;
-        d.set_item("same_arch", c.same_arch)?;
-        d.set_item("nearest_shape", c.nearest_shape)?;
-        d.set_item("default", c.default)?;
+        d.set_item("exact", c.levels.exact)?;
+        d.set_item("same_arch", c.levels.same_arch)?;
+        d.set_item("nearest_shape", c.levels.nearest_shape)?;
+        d.set_item("default", c.levels.default)?;
         let p = PyDict::new(py);
         p.set_item("f32", c.f32)?;
         p.set_item("bf16", c.bf16)?;

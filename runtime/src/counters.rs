@@ -100,10 +100,12 @@ impl Counters {
                 .sum()
         };
         LookupCounts {
-            exact: sum(Level::Exact as usize),
-            same_arch: sum(Level::SameArch as usize),
-            nearest_shape: sum(Level::NearestShape as usize),
-            default: sum(Level::Default as usize),
+            levels: LevelCounts {
+                exact: sum(Level::Exact as usize),
+                same_arch: sum(Level::SameArch as usize),
+                nearest_shape: sum(Level::NearestShape as usize),
+                default: sum(Level::Default as usize),
+            },
             f32: sum(dtype_slot(DType::F32)),
             bf16: sum(dtype_slot(DType::Bf16)),
             int8: sum(dtype_slot(DType::I8)),
@@ -165,10 +167,8 @@ impl std::ops::AddAssign for LevelCounts {
 /// precision policy serves in int8 counts under `int8`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LookupCounts {
-    pub exact: u64,
-    pub same_arch: u64,
-    pub nearest_shape: u64,
-    pub default: u64,
+    /// By the level that answered.
+    pub levels: LevelCounts,
     /// Served in f32.
     pub f32: u64,
     /// Served in bf16.
@@ -178,24 +178,9 @@ pub struct LookupCounts {
 }
 
 impl LookupCounts {
-    /// The breakdown by level.
-    pub fn levels(&self) -> LevelCounts {
-        LevelCounts {
-            exact: self.exact,
-            same_arch: self.same_arch,
-            nearest_shape: self.nearest_shape,
-            default: self.default,
-        }
-    }
-
     /// All lookups.
     pub fn total(&self) -> u64 {
-        self.levels().total()
-    }
-
-    /// Lookups not answered by an exact record.
-    pub fn fallbacks(&self) -> u64 {
-        self.levels().fallbacks()
+        self.levels.total()
     }
 }
 
@@ -224,7 +209,7 @@ mod tests {
         }
         let n = c.snapshot();
         assert_eq!(n.total(), 2 * (SHARDS as u64 + 8) * 1000);
-        assert_eq!(n.exact, 2 * 18 * 1000);
+        assert_eq!(n.levels.exact, 2 * 18 * 1000);
         assert_eq!((n.f32, n.bf16, n.int8), (2 * 36 * 1000, 0, 2 * 36 * 1000));
     }
 }

@@ -12,7 +12,7 @@
 //! let level = rt.gemm(m, n, k, &a, &b, &mut c)?;
 //! assert_eq!(level, Level::Default);
 //! assert!(c.iter().all(|&x| x == 2.0));
-//! assert_eq!(rt.lookups().default, 1);
+//! assert_eq!(rt.lookups().levels.default, 1);
 //! # Ok::<(), runtime::RuntimeError>(())
 //! ```
 //!
@@ -854,7 +854,7 @@ mod tests {
         let b = rt.lookup(&w).unwrap();
         assert!(Arc::ptr_eq(&a, &b));
         assert_eq!(a.level, Level::Default);
-        assert_eq!(rt.lookups().default, 2);
+        assert_eq!(rt.lookups().levels.default, 2);
         assert_eq!(rt.index_info().cached_misses, 1);
         assert!(matches!(rt.reload(), Err(RuntimeError::NoDatabase)));
     }

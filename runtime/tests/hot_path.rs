@@ -87,7 +87,7 @@ fn concurrent_misses_share_one_cached_choice_per_workload() {
     let n = rt.lookups();
     let per_thread = (rounds * (untuned.len() + tuned.len())) as u64;
     assert_eq!(n.total(), threads as u64 * per_thread);
-    assert_eq!(n.exact, (threads * rounds * tuned.len()) as u64);
+    assert_eq!(n.levels.exact, (threads * rounds * tuned.len()) as u64);
 }
 
 #[test]

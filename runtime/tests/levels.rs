@@ -117,8 +117,8 @@ fn exact_then_same_arch_then_nearest_shape_then_default() {
     assert!(matches!(c.level, Level::NearestShape | Level::Default));
 
     let counts = rt.lookups();
-    assert_eq!(counts.exact, 1);
-    assert_eq!(counts.same_arch, 1);
+    assert_eq!(counts.levels.exact, 1);
+    assert_eq!(counts.levels.same_arch, 1);
     assert_eq!(counts.total(), 4);
 }
 
@@ -163,7 +163,7 @@ fn nearest_shape_skips_configs_invalid_for_the_new_shape_and_runs_correctly() {
     let again = rt.lookup(&w).unwrap();
     assert!(Arc::ptr_eq(&c, &again));
     assert_eq!(rt.index_info().cached_misses, 1);
-    assert_eq!(rt.lookups().nearest_shape, 3);
+    assert_eq!(rt.lookups().levels.nearest_shape, 3);
 }
 
 #[test]
@@ -305,7 +305,7 @@ fn fallback_workloads_are_logged_once() {
     }
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(text, "gemm:3x4x5  # default\ngemm:6x7x8  # default\n");
-    assert_eq!(rt.lookups().default, 6);
+    assert_eq!(rt.lookups().levels.default, 6);
     assert_eq!(rt.fallback_log_errors().0, 0);
 }
 
