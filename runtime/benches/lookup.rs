@@ -251,56 +251,58 @@ fn main() {
     write_report(&rt);
 }
 
+/// The cases of the report: criterion id, what it measures, the target median in ns.
+const CASES: [(&str, &str, Option<f64>); 9] = [
+    (
+        "exact_hit",
+        "cached exact hit: `lookup` (hash probe + Arc clone)",
+        Some(50.0),
+    ),
+    (
+        "nearest_shape_first",
+        "nearest-shape miss, first time: `resolve` (rank 30 tuned shapes, check + build)",
+        Some(2000.0),
+    ),
+    (
+        "nearest_shape_first_lookup",
+        "nearest-shape miss, first time: `lookup` (resolve + insert into the cache; \
+         distinct shapes)",
+        Some(2000.0),
+    ),
+    (
+        "nearest_shape_repeated",
+        "nearest-shape miss, repeated: `lookup` (cached)",
+        Some(50.0),
+    ),
+    (
+        "default_first",
+        "default level, first time: `resolve` (build the default)",
+        None,
+    ),
+    (
+        "default_repeated",
+        "default level, repeated: `lookup` (cached)",
+        Some(50.0),
+    ),
+    (
+        "choose_owned_copy",
+        "`choose` (owned copy: clones the config map)",
+        None,
+    ),
+    (
+        "run_1x1x1",
+        "`run` of a cached gemm:1x1x1: probe, buffer checks, count, kernel",
+        None,
+    ),
+    (
+        "exe_run_1x1x1",
+        "the same kernel called directly (`Choice::run`), for comparison",
+        None,
+    ),
+];
+
 fn write_report(rt: &Runtime) {
     let hw = HardwareFingerprint::current();
-    let rows = [
-        (
-            "exact_hit",
-            "cached exact hit: `lookup` (hash probe + Arc clone)",
-            Some(50.0),
-        ),
-        (
-            "nearest_shape_first",
-            "nearest-shape miss, first time: `resolve` (rank 30 tuned shapes, check + build)",
-            Some(2000.0),
-        ),
-        (
-            "nearest_shape_first_lookup",
-            "nearest-shape miss, first time: `lookup` (resolve + insert into the cache; \
-             distinct shapes)",
-            Some(2000.0),
-        ),
-        (
-            "nearest_shape_repeated",
-            "nearest-shape miss, repeated: `lookup` (cached)",
-            Some(50.0),
-        ),
-        (
-            "default_first",
-            "default level, first time: `resolve` (build the default)",
-            None,
-        ),
-        (
-            "default_repeated",
-            "default level, repeated: `lookup` (cached)",
-            Some(50.0),
-        ),
-        (
-            "choose_owned_copy",
-            "`choose` (owned copy: clones the config map)",
-            None,
-        ),
-        (
-            "run_1x1x1",
-            "`run` of a cached gemm:1x1x1: probe, buffer checks, count, kernel",
-            None,
-        ),
-        (
-            "exe_run_1x1x1",
-            "the same kernel called directly (`Choice::run`), for comparison",
-            None,
-        ),
-    ];
     let load = std::fs::read_to_string("/proc/loadavg")
         .map(|l| {
             let l: Vec<&str> = l.split_whitespace().take(3).collect();
@@ -322,32 +324,8 @@ fn write_report(rt: &Runtime) {
         hw.id,
         rt.tuned_workloads()
     );
-    let fmt = |m: Option<f64>| {
-        m.map_or("—".into(), |ns| {
-            if ns < 1000.0 {
-                format!("{ns:.1} ns")
-            } else {
-                format!("{:.2} µs", ns / 1000.0)
-            }
-        })
-    };
-    for (id, what, target) in rows {
-        let (wall, cpu) = (median_ns(GROUP, id), median_ns(CPU_GROUP, id));
-        let mark = |m: Option<f64>, t: f64| match m {
-            Some(ns) if ns <= t => "✓",
-            Some(_) => "✗",
-            None => "—",
-        };
-        md += &format!(
-            "| {what} | {} | {} | {} |\n",
-            fmt(wall),
-            fmt(cpu),
-            target.map_or("—".to_string(), |t| format!(
-                "≤ {t} ns (wall {}, CPU {})",
-                mark(wall, t),
-                mark(cpu, t)
-            ))
-        );
+    for (id, what, target) in CASES {
+        md += &table_row(what, median_ns(GROUP, id), median_ns(CPU_GROUP, id), target);
     }
     let dir = root().join("bench_results").join(&hw.id);
     std::fs::create_dir_all(&dir).unwrap();
@@ -362,4 +340,26 @@ fn write_report(rt: &Runtime) {
     std::fs::write(&file, &md).unwrap();
     println!("{md}");
     eprintln!("wrote {}", dir.join("runtime_lookup.md").display());
+}
+
+/// One line of the report's table: the wall and CPU medians and how they meet `target`.
+fn table_row(what: &str, wall: Option<f64>, cpu: Option<f64>, target: Option<f64>) -> String {
+    let fmt = |m: Option<f64>| {
+        m.map_or("—".into(), |ns| {
+            if ns < 1000.0 {
+                format!("{ns:.1} ns")
+            } else {
+                format!("{:.2} µs", ns / 1000.0)
+            }
+        })
+    };
+    let mark = |m: Option<f64>, t: f64| match m {
+        Some(ns) if ns <= t => "✓",
+        Some(_) => "✗",
+        None => "—",
+    };
+    let target = target.map_or("—".to_string(), |t| {
+        format!("≤ {t} ns (wall {}, CPU {})", mark(wall, t), mark(cpu, t))
+    });
+    format!("| {what} | {} | {} | {target} |\n", fmt(wall), fmt(cpu))
 }
