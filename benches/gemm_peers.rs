@@ -348,16 +348,7 @@ fn write_report(
     load: &str,
 ) {
     let hw = HardwareFingerprint::current();
-    let peak: Vec<f64> = threads
-        .iter()
-        .map(|&t| {
-            let mut runs: Vec<f64> = (0..3)
-                .map(|_| kernels::cpu::peak::fma_peak_gflops(t, 0.5))
-                .collect();
-            runs.sort_by(f64::total_cmp);
-            runs[1]
-        })
-        .collect();
+    let peak: Vec<f64> = threads.iter().map(|&t| fma_peak(t)).collect();
     let mut rows = Vec::new();
     let mut md = format!(
         "# GEMM vs peers — {}\n\nMachine: {}\n\nFingerprint `{}`. GFLOP/s (2·M·N·K / time), time = median over {} interleaved \
@@ -384,14 +375,8 @@ fn write_report(
                 .iter()
                 .map(|i| of(i).map(|v| w.flops() / median(v)))
                 .collect();
-            // Per round: the fastest peer's time over the tuned kernel's.
             let peers: Vec<&Vec<f64>> = IMPLS[2..].iter().filter_map(|i| of(i)).collect();
-            let ratio = of("tuned").filter(|_| !peers.is_empty()).map(|tuned| {
-                let per_round: Vec<f64> = (0..tuned.len())
-                    .map(|r| peers.iter().map(|p| p[r]).fold(f64::INFINITY, f64::min) / tuned[r])
-                    .collect();
-                median(&per_round)
-            });
+            let ratio = of("tuned").and_then(|tuned| ratio_vs_best_peer(tuned, &peers));
             let cell = |v: Option<f64>| v.map_or("—".to_string(), |x| format!("{x:.1}"));
             md += &format!(
                 "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
@@ -427,4 +412,25 @@ fn write_report(
     std::fs::write(dir.join("gemm_peers.md"), &md).unwrap();
     println!("{md}");
     eprintln!("wrote {}", dir.join("gemm_peers.md").display());
+}
+
+/// The FMA peak of `t` threads in GFLOP/s, the median of three measurements.
+fn fma_peak(t: usize) -> f64 {
+    let mut runs: Vec<f64> = (0..3)
+        .map(|_| kernels::cpu::peak::fma_peak_gflops(t, 0.5))
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    runs[1]
+}
+
+/// The median over rounds of the fastest peer's time over the tuned kernel's (`None`
+/// without peers); `tuned` and each of `peers` hold one time per round.
+fn ratio_vs_best_peer(tuned: &[f64], peers: &[&Vec<f64>]) -> Option<f64> {
+    if peers.is_empty() {
+        return None;
+    }
+    let per_round: Vec<f64> = (0..tuned.len())
+        .map(|r| peers.iter().map(|p| p[r]).fold(f64::INFINITY, f64::min) / tuned[r])
+        .collect();
+    Some(median(&per_round))
 }

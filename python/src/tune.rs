@@ -1,7 +1,7 @@
 //! `autokernel.tune`: the CLI's tuning job from Python (the same loop, progress bar and JSON
 //! result), and the worker process it measures candidates in.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use kernels::{DeviceKind, HardwareFingerprint, Kernel, Workload};
 use pyo3::exceptions::{PyRuntimeWarning, PyTypeError, PyValueError};
@@ -153,37 +153,54 @@ pub fn tune<'py>(
         retry_failed,
         ..TuneOptions::default()
     };
-    let families: Vec<&'static dyn Kernel> = kernels::registry()
-        .iter()
-        .copied()
-        .filter(|k| k.device() == DeviceKind::Cpu)
-        .collect();
-    let reports = pool.run(py, || -> Result<Vec<serde_json::Value>, String> {
-        let db = TuningDb::open(&db).map_err(|e| e.to_string())?;
-        let mut evaluator: Box<dyn Evaluator> = match spec {
-            Some(spec) => Box::new(Isolated::new(spec, timeout.unwrap_or(INITIAL_TIMEOUT))),
-            None => Box::new(InProcess::new()),
-        };
-        let mut reports = Vec::new();
-        for w in &workloads {
-            let fams: Vec<&'static dyn Kernel> =
-                families.iter().copied().filter(|k| k.supports(w)).collect();
-            let mut job = |on_event: &mut dyn FnMut(search::Event<'_>)| {
-                search::tune_with(&db, w, &hw, &fams, &opts, evaluator.as_mut(), on_event)
-            };
-            let summary = if progress {
-                search::progress::with_progress_bar(w, budget, &mut job)
-            } else {
-                job(&mut |_| {})
-            }
-            .map_err(|e| format!("tuning {w}: {e}"))?;
-            let counts =
-                search::report::TrialCounts::of(&db, &summary, &hw).map_err(|e| e.to_string())?;
-            reports.push(search::report::summary_json(&summary, &counts, &hw));
-        }
-        Ok(reports)
+    let reports = pool.run(py, || {
+        tune_each(&db, &workloads, &hw, &opts, spec, progress)
     });
     let reports = reports.map_err(other_err)?;
+    raise_warnings(py, &reports)?;
+    reports.iter().map(|r| crate::json::to_py(py, r)).collect()
+}
+
+/// Tunes each of `workloads` into the database at `db` (candidates run where `spec` says) and
+/// returns the `tune --json` report of each.
+fn tune_each(
+    db: &Path,
+    workloads: &[Workload],
+    hw: &HardwareFingerprint,
+    opts: &TuneOptions,
+    spec: Option<WorkerSpec>,
+    progress: bool,
+) -> Result<Vec<serde_json::Value>, String> {
+    let db = TuningDb::open(db).map_err(|e| e.to_string())?;
+    let mut evaluator: Box<dyn Evaluator> = match spec {
+        Some(spec) => Box::new(Isolated::new(spec, opts.timeout.unwrap_or(INITIAL_TIMEOUT))),
+        None => Box::new(InProcess::new()),
+    };
+    let mut reports = Vec::new();
+    for w in workloads {
+        let families: Vec<&'static dyn Kernel> = kernels::registry()
+            .iter()
+            .copied()
+            .filter(|k| k.device() == DeviceKind::Cpu && k.supports(w))
+            .collect();
+        let mut job = |on_event: &mut dyn FnMut(search::Event<'_>)| {
+            search::tune_with(&db, w, hw, &families, opts, evaluator.as_mut(), on_event)
+        };
+        let summary = if progress {
+            search::progress::with_progress_bar(w, opts.budget, &mut job)
+        } else {
+            job(&mut |_| {})
+        }
+        .map_err(|e| format!("tuning {w}: {e}"))?;
+        let counts =
+            search::report::TrialCounts::of(&db, &summary, hw).map_err(|e| e.to_string())?;
+        reports.push(search::report::summary_json(&summary, &counts, hw));
+    }
+    Ok(reports)
+}
+
+/// Raises each of the reports' `warnings` as a `RuntimeWarning`.
+fn raise_warnings(py: Python<'_>, reports: &[serde_json::Value]) -> PyResult<()> {
     for text in reports
         .iter()
         .flat_map(|r| r["warnings"].as_array().into_iter().flatten())
@@ -192,7 +209,7 @@ pub fn tune<'py>(
         let text = std::ffi::CString::new(text).expect("NUL bytes replaced");
         PyErr::warn(py, &py.get_type::<PyRuntimeWarning>(), &text, 1)?;
     }
-    reports.iter().map(|r| crate::json::to_py(py, r)).collect()
+    Ok(())
 }
 
 /// The far end of `tune(isolation='process')`: sizes this (fresh) process's thread pool,
