@@ -429,29 +429,54 @@ unsafe fn exp2_softmax<S: Simd>(x: S::V) -> S::V {
 
 /// The flash step body (see [`AttnTile::step`]), `NR = NV·W`.
 ///
+/// The scores / weights buffer `st.s` holds chunks of W keys × MR rows: element (r, j) at
+/// (j / W · MR + r) · W + j % W. Rows store and load whole vectors, and the P·V loop
+/// broadcasts the MR weights of a key from one chunk at constant offsets (rows a full
+/// stride apart would make it chain address adds and load from MR far-apart lines).
+///
 /// # Safety
 /// The CPU supports `S`'s ISA and `st` satisfies the extents `AttnTile::step` asserts, with
-/// `st.bcp = ⌈kv/NR⌉·NR`, `MR` rows and `dp` a multiple of `W`.
+/// `st.bcp = ⌈kv/NR⌉·NR`, `MR` rows and `dp` a multiple of `W`: q has MR rows of d values
+/// (stride ldq), kp bcp·dp, s MR·bcp, o MR rows of dp (stride ldo), m and l MR, lim MR.
+/// Every index in the steps stays inside them (t < bcp/NR, r < MR, j < bcp, c0 + V·W ≤ dp,
+/// k < d ≤ dp).
 #[inline(always)]
 unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(st: &Step) {
-    let nr = NV * S::W;
-    let (dp, bcp) = (st.dp, st.bcp);
-    // The scores / weights buffer holds chunks of W keys × MR rows: element (r, j) at
-    // (j / W · MR + r) · W + j % W. Rows store and load whole vectors, and the P·V loop
-    // broadcasts the MR weights of a key from one chunk at constant offsets (rows a full
-    // stride apart would make it chain address adds and load from MR far-apart lines).
-    let chunk = MR * S::W;
-    // SAFETY (whole body): the caller guarantees the ISA and the extents: q has MR rows of
-    // d values (stride ldq), kp bcp·dp, s MR·bcp, o MR rows of dp (stride ldo), m and l
-    // MR, lim MR; every index below stays inside them (t < bcp/NR, r < MR, j < bcp,
-    // c0 + V·W ≤ dp, k < d ≤ dp).
+    // SAFETY (whole body): the caller's contract, passed on to each step.
     unsafe {
-        // 1. Scores, one MR × NR tile per key panel, and each row's running maximum. The
-        //    queries are read in place (broadcasts need no packing); the key panels' columns
-        //    past d are zero and skipped.
+        let mut rowmax = scores::<S, MR, NV>(st);
+        let (m_old, m_new) = running_maxima::<S, MR>(st, &mut rowmax);
+        let (alpha, fin) = weights::<S, MR>(st, &m_old, &m_new);
+        // 4. O = alpha·O + P·V, PV vectors of the head dimension at a time.
+        let nvec = st.dp / S::W;
+        let mut c0 = 0;
+        for _ in 0..nvec / PV {
+            pv_tile::<S, MR, PV>(st, &alpha, &fin, c0);
+            c0 += PV * S::W;
+        }
+        match nvec % PV {
+            1 => pv_tile::<S, MR, 1>(st, &alpha, &fin, c0),
+            2 => pv_tile::<S, MR, 2>(st, &alpha, &fin, c0),
+            3 => pv_tile::<S, MR, 3>(st, &alpha, &fin, c0),
+            _ => {}
+        }
+    }
+}
+
+/// Step 1: the scores, one MR × NR tile per key panel, into `st.s`, and each row's maximum.
+/// The queries are read in place (broadcasts need no packing); the key panels' columns past
+/// d are zero and skipped.
+///
+/// # Safety
+/// As [`step_body`].
+#[inline(always)]
+unsafe fn scores<S: Simd, const MR: usize, const NV: usize>(st: &Step) -> [S::V; MR] {
+    let nr = NV * S::W;
+    let (d, ldq, dp) = (st.d, st.ldq, st.dp);
+    // SAFETY: the caller's ISA and extents (t < bcp/NR, k < d ≤ dp, rows < MR).
+    unsafe {
         let mut rowmax = [S::set1(f32::NEG_INFINITY); MR];
-        let (d, ldq) = (st.d, st.ldq);
-        for t in 0..bcp / nr {
+        for t in 0..st.bcp / nr {
             let mut acc = [[S::zero(); NV]; MR];
             let (mut a, mut b) = (st.q, st.kp.add(t * nr * dp));
             for _ in 0..d / 4 {
@@ -473,11 +498,26 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
                 }
             }
         }
-        // 2. Mask the rows that see fewer keys (block tails, the causal diagonal) and take
-        //    their maxima again; new running maxima of all rows (independent chains).
-        let scale = st.scale;
-        let mut m_new = [0.0f32; 16];
-        let mut m_old = [0.0f32; 16];
+        rowmax
+    }
+}
+
+/// Step 2: masks the rows that see fewer keys (block tails, the causal diagonal) and takes
+/// their maxima again; the new running maxima of all rows (independent chains) go to `st.m`.
+/// Returns the old and the new maxima (the new ones 0 where a row has seen no key yet).
+///
+/// # Safety
+/// As [`step_body`].
+#[inline(always)]
+unsafe fn running_maxima<S: Simd, const MR: usize>(
+    st: &Step,
+    rowmax: &mut [S::V; MR],
+) -> ([f32; 16], [f32; 16]) {
+    let (bcp, chunk) = (st.bcp, MR * S::W);
+    let mut m_new = [0.0f32; 16];
+    let mut m_old = [0.0f32; 16];
+    // SAFETY: the caller's extents (r < MR, j < bcp).
+    unsafe {
         let ninf = S::set1(f32::NEG_INFINITY);
         for r in 0..MR {
             let row = st.s.add(r * S::W);
@@ -498,14 +538,38 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
             }
             m_old[r] = *st.m.add(r);
             // Maxima of the raw scores; scale > 0 keeps them the maxima of the scaled ones.
-            let m = m_old[r].max(S::hmax(rowmax[r]) * scale);
+            let m = m_old[r].max(S::hmax(rowmax[r]) * st.scale);
             *st.m.add(r) = m;
             // A row that has seen no key yet keeps m = -∞; subtracting 0 instead gives
             // P = 0 and alpha = 0 without an ∞ - ∞.
             m_new[r] = if m == f32::NEG_INFINITY { 0.0 } else { m };
         }
-        // 3. alpha = 2^(m_old - m_new) for all rows at once (lanes past MR compute 2^0).
-        let mut alpha = [1.0f32; 16];
+    }
+    (m_old, m_new)
+}
+
+/// Step 3: alpha = 2^(m_old - m_new) for all rows at once (lanes past MR compute 2^0);
+/// P = 2^(scale·S - m_new) in place in `st.s`, and the running sums in `st.l`; returns alpha
+/// and the factors 1/l that finish the rows on the last block.
+///
+/// The product is rounded before the maximum is subtracted (not one FMA): rounding is
+/// monotonic, so the row's largest score gives exactly 2^0 and no other more, however large
+/// the scores (an FMA's unrounded product is off the rounded maximum by up to half an ulp:
+/// ±2^10 at scores near 2^34, which zeroed or overflowed every weight of the row).
+///
+/// # Safety
+/// As [`step_body`].
+#[inline(always)]
+unsafe fn weights<S: Simd, const MR: usize>(
+    st: &Step,
+    m_old: &[f32; 16],
+    m_new: &[f32; 16],
+) -> ([f32; 16], [f32; 16]) {
+    let chunk = MR * S::W;
+    let mut alpha = [1.0f32; 16];
+    let mut fin = [0.0f32; 16];
+    // SAFETY: the caller's extents (r < MR ≤ 16, c < bcp/W); m_old, m_new and alpha hold 16.
+    unsafe {
         for c in (0..MR).step_by(S::W) {
             let x = S::sub(
                 S::load(m_old.as_ptr().add(c)),
@@ -513,19 +577,12 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
             );
             S::store(alpha.as_mut_ptr().add(c), exp2_softmax::<S>(x));
         }
-        // P = 2^(scale·S - m_new) in place, and the running sums; with `last`, the factors
-        // 1/l that finish the rows. The product is rounded before the maximum is subtracted
-        // (not one FMA): rounding is monotonic, so the row's largest score gives exactly 2^0
-        // and no other more, however large the scores (an FMA's unrounded product is off the
-        // rounded maximum by up to half an ulp: ±2^10 at scores near 2^34, which zeroed or
-        // overflowed every weight of the row).
-        let sc = S::set1(scale);
-        let mut fin = [0.0f32; 16];
+        let sc = S::set1(st.scale);
         for r in 0..MR {
             let row = st.s.add(r * S::W);
             let mv = S::set1(-m_new[r]);
             let mut sum = S::zero();
-            for c in 0..bcp / S::W {
+            for c in 0..st.bcp / S::W {
                 let p = exp2_softmax::<S>(S::add(S::mul(S::load(row.add(c * chunk)), sc), mv));
                 S::store(row.add(c * chunk), p);
                 sum = S::add(sum, p);
@@ -534,20 +591,8 @@ unsafe fn step_body<S: Simd, const MR: usize, const NV: usize, const PV: usize>(
             *st.l.add(r) = l;
             fin[r] = if l > 0.0 { 1.0 / l } else { 0.0 };
         }
-        // 4. O = alpha·O + P·V, PV vectors of the head dimension at a time.
-        let nvec = dp / S::W;
-        let mut c0 = 0;
-        for _ in 0..nvec / PV {
-            pv_tile::<S, MR, PV>(st, &alpha, &fin, c0);
-            c0 += PV * S::W;
-        }
-        match nvec % PV {
-            1 => pv_tile::<S, MR, 1>(st, &alpha, &fin, c0),
-            2 => pv_tile::<S, MR, 2>(st, &alpha, &fin, c0),
-            3 => pv_tile::<S, MR, 3>(st, &alpha, &fin, c0),
-            _ => {}
-        }
     }
+    (alpha, fin)
 }
 
 /// `O[.., c0..c0+V·W] = alpha·O + P·V[.., c0..]` for the MR rows (`O` taken as zero on the
