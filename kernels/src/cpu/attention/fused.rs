@@ -192,7 +192,7 @@ impl FusedAttention {
         sc: Scratch<'_>,
     ) {
         let (s, d, dp) = (self.s, self.d, cx.dp);
-        let (mr, nr) = (self.tile.mr, self.tile.nr);
+        let mr = self.tile.mr;
         let ld = cx.rows.ld();
         let qh = cx.rows.head(cx.q, hd, Part::Q);
         let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
@@ -202,28 +202,7 @@ impl FusedAttention {
         debug_assert!(mr <= lim.len());
         for j0 in (0..kend).step_by(self.bc) {
             let kvb = self.bc.min(kend - j0);
-            let ph = hd - cx.first_head;
-            let kp: &[f32] = match cx.kpre {
-                Some(kpre) => {
-                    let per_head = s.div_ceil(nr) * nr * dp;
-                    &kpre
-                        [ph * per_head + j0 * dp..ph * per_head + (j0 + kvb).div_ceil(nr) * nr * dp]
-                }
-                None => {
-                    let kh = cx.rows.head(cx.k, hd, Part::K);
-                    pack_keys((kh, ld), d, dp, nr, (j0, kvb), sc.kblock);
-                    sc.kblock
-                }
-            };
-            let vals = match cx.vpre {
-                Some(vpre) => Values(&vpre[ph * s * dp..(ph + 1) * s * dp], s, j0),
-                None => {
-                    let vh = cx.rows.head(cx.v, hd, Part::V);
-                    self.tile
-                        .pack_values((&vh[j0 * ld..], ld), d, dp, kvb, sc.vblock);
-                    Values(&sc.vblock[..kvb * dp], kvb, 0)
-                }
-            };
+            let (kp, vals) = self.key_block(cx, hd, (j0, kvb), (&mut *sc.kblock, &mut *sc.vblock));
             for g0 in (0..rows).step_by(mr) {
                 let r0 = i0 + g0;
                 let valid = mr.min(rows - g0);
@@ -278,6 +257,41 @@ impl FusedAttention {
                 );
             }
         }
+    }
+
+    /// Keys `[j0, j0 + kvb)` of head `hd` as the tile takes them: Kᵀ panels and value
+    /// stripes, from the prepacked ones or packed here into `kblock` and `vblock`.
+    fn key_block<'a>(
+        &self,
+        cx: &Ctx<'a>,
+        hd: usize,
+        (j0, kvb): (usize, usize),
+        (kblock, vblock): (&'a mut [f32], &'a mut [f32]),
+    ) -> (&'a [f32], Values<'a>) {
+        let (s, d, dp, nr) = (self.s, self.d, cx.dp, self.tile.nr);
+        let ld = cx.rows.ld();
+        let ph = hd - cx.first_head;
+        let kp: &[f32] = match cx.kpre {
+            Some(kpre) => {
+                let per_head = s.div_ceil(nr) * nr * dp;
+                &kpre[ph * per_head + j0 * dp..ph * per_head + (j0 + kvb).div_ceil(nr) * nr * dp]
+            }
+            None => {
+                let kh = cx.rows.head(cx.k, hd, Part::K);
+                pack_keys((kh, ld), d, dp, nr, (j0, kvb), kblock);
+                kblock
+            }
+        };
+        let vals = match cx.vpre {
+            Some(vpre) => Values(&vpre[ph * s * dp..(ph + 1) * s * dp], s, j0),
+            None => {
+                let vh = cx.rows.head(cx.v, hd, Part::V);
+                self.tile
+                    .pack_values((&vh[j0 * ld..], ld), d, dp, kvb, vblock);
+                Values(&vblock[..kvb * dp], kvb, 0)
+            }
+        };
+        (kp, vals)
     }
 
     /// All query blocks of head `hd` (`out`: its `S × D` window). With `k_layout =
