@@ -206,15 +206,7 @@ impl FusedAttention {
             for g0 in (0..rows).step_by(mr) {
                 let r0 = i0 + g0;
                 let valid = mr.min(rows - g0);
-                let mut kv = 0;
-                for (r, x) in lim[..valid].iter_mut().enumerate() {
-                    *x = if self.causal {
-                        kvb.min((r0 + r + 1).saturating_sub(j0))
-                    } else {
-                        kvb
-                    };
-                    kv = kv.max(*x);
-                }
+                let kv = super::key_limits(&mut lim[..valid], valid, self.causal, r0, (j0, kvb));
                 if kv == 0 {
                     continue;
                 }

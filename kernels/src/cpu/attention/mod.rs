@@ -366,6 +366,26 @@ impl Fused {
     }
 }
 
+/// How many of keys `[j0, j0 + kvb)` each query row `r0 + r` of a row group sees, into
+/// `lim[r]`: all of them, or under `causal` those up to its own position; rows from `valid`
+/// on see none. Returns the most any row sees (0: the group skips the block).
+fn key_limits(
+    lim: &mut [usize],
+    valid: usize,
+    causal: bool,
+    r0: usize,
+    (j0, kvb): (usize, usize),
+) -> usize {
+    for (r, x) in lim.iter_mut().enumerate() {
+        *x = match r < valid {
+            false => 0,
+            true if causal => kvb.min((r0 + r + 1).saturating_sub(j0)),
+            true => kvb,
+        };
+    }
+    lim.iter().copied().max().unwrap_or(0)
+}
+
 /// The best ISA's first (largest-throughput) tile on `hw`.
 fn default_tile(hw: &HardwareFingerprint) -> &'static ukernel::AttnTile {
     let offered = ukernel::tiles_offered(Isa::of(hw));

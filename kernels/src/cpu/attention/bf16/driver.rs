@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use super::ukernel::{pack_keys, pack_values, Bf16Tile, StepArgs, LANES, MAX_MR};
 use crate::cpu::attention::layout::{Part, Rows};
-use crate::cpu::attention::{AttnPar, Flash};
+use crate::cpu::attention::{key_limits, AttnPar, Flash};
 use crate::cpu::bgemm::layout::pack_a_pair_rows;
 use crate::cpu::bgemm::ukernel::{halves_mut, words_mut};
 use crate::cpu::gemm::pack::{with_buffer, Pool};
@@ -143,14 +143,7 @@ impl Bf16Attention {
                             prefetch_lines(out.row_mut(r));
                         }
                     }
-                    for (r, x) in lim[..mr].iter_mut().enumerate() {
-                        *x = match r < valid {
-                            false => 0,
-                            true if self.causal => kvb.min((r0 + r + 1).saturating_sub(j0)),
-                            true => kvb,
-                        };
-                    }
-                    let kv = lim[..mr].iter().copied().max().unwrap_or(0);
+                    let kv = key_limits(&mut lim[..mr], valid, self.causal, r0, (j0, kvb));
                     if kv == 0 {
                         continue;
                     }
