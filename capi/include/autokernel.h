@@ -44,6 +44,10 @@
 // A bug inside the library: a caught panic or an unexpected error. The message says more.
 #define AUTOKERNEL_INTERNAL 5
 
+// The memory left cannot hold what the call needs (a packed weight): nothing was made, and
+// the process goes on.
+#define AUTOKERNEL_OUT_OF_MEMORY 6
+
 // Served by a record of this workload on this machine.
 #define AUTOKERNEL_LEVEL_EXACT 0
 

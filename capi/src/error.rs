@@ -23,6 +23,9 @@ pub const AUTOKERNEL_DATABASE: c_int = 3;
 pub const AUTOKERNEL_UNSUPPORTED: c_int = 4;
 /// A bug inside the library: a caught panic or an unexpected error. The message says more.
 pub const AUTOKERNEL_INTERNAL: c_int = 5;
+/// The memory left cannot hold what the call needs (a packed weight): nothing was made, and
+/// the process goes on.
+pub const AUTOKERNEL_OUT_OF_MEMORY: c_int = 6;
 
 /// An error on its way to C: a status code and a message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -96,6 +99,7 @@ fn kernel_code(e: &kernels::Error) -> c_int {
         | K::DeviceOnly { .. } => AUTOKERNEL_UNSUPPORTED,
         K::UnknownDtype { .. } | K::IsaCap { .. } => AUTOKERNEL_INVALID_ARGUMENT,
         K::InvalidConfig { .. } | K::UnknownKernel(_) => AUTOKERNEL_INTERNAL,
+        K::OutOfMemory { .. } => AUTOKERNEL_OUT_OF_MEMORY,
     }
 }
 
@@ -163,6 +167,7 @@ pub extern "C" fn autokernel_status_name(status: c_int) -> *const c_char {
         AUTOKERNEL_DATABASE => c"AUTOKERNEL_DATABASE",
         AUTOKERNEL_UNSUPPORTED => c"AUTOKERNEL_UNSUPPORTED",
         AUTOKERNEL_INTERNAL => c"AUTOKERNEL_INTERNAL",
+        AUTOKERNEL_OUT_OF_MEMORY => c"AUTOKERNEL_OUT_OF_MEMORY",
         _ => c"AUTOKERNEL_UNKNOWN",
     };
     name.as_ptr()

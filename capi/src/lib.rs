@@ -41,8 +41,8 @@ use std::ffi::c_char;
 
 pub use error::{
     autokernel_last_error, autokernel_status_name, CapiError, AUTOKERNEL_DATABASE,
-    AUTOKERNEL_INTERNAL, AUTOKERNEL_INVALID_ARGUMENT, AUTOKERNEL_OK, AUTOKERNEL_SHAPE,
-    AUTOKERNEL_UNSUPPORTED,
+    AUTOKERNEL_INTERNAL, AUTOKERNEL_INVALID_ARGUMENT, AUTOKERNEL_OK, AUTOKERNEL_OUT_OF_MEMORY,
+    AUTOKERNEL_SHAPE, AUTOKERNEL_UNSUPPORTED,
 };
 pub use handle::{
     autokernel_runtime_free, autokernel_runtime_load_error, autokernel_runtime_lookup,

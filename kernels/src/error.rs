@@ -55,6 +55,9 @@ pub enum Error {
     /// A kernel name that no registered family answers to.
     #[error("unknown kernel '{0}'")]
     UnknownKernel(String),
+    /// An allocation sized by an operand (a packed weight) that the memory left cannot hold.
+    #[error("out of memory: {what} needs {bytes} bytes")]
+    OutOfMemory { what: String, bytes: u64 },
     /// An `AUTOKERNEL_ISA` cap that names no level, or one the CPU does not run.
     #[error("AUTOKERNEL_ISA={value}: {reason}")]
     IsaCap { value: String, reason: String },

@@ -29,6 +29,7 @@
 //! Unsafe SIMD code is confined to its leaf modules, behind one run-time CPU-feature
 //! detection ([`isa::Isa::detect`]).
 
+pub mod alloc;
 pub mod amx;
 pub mod cpu;
 #[cfg(feature = "cuda")]

@@ -121,7 +121,7 @@ fn an_explicitly_packed_weight_serves_many_calls() {
     let hw = HardwareFingerprint::current();
     let exe = EpilogueGemm::from_config(&w, &EpiloguePacked.default_config(&w, hw)).unwrap();
     let p = Problem::random(&w, 1);
-    let weight = exe.pack_weight(&p.inputs[1]);
+    let weight = exe.pack_weight(&p.inputs[1]).unwrap();
     for seed in 0..3 {
         // New activations and bias, the same weight.
         let mut q = Problem::random(&w, 100 + seed);

@@ -1,10 +1,10 @@
 //! Rust errors as Python exceptions: a bad operand is a `ValueError` or `TypeError` (raised
 //! where it is checked, naming the argument); what the runtime or the database refuses is an
 //! `autokernel.AutokernelError`, except buffer-size, workload and argument errors
-//! (`ValueError`).
+//! (`ValueError`) and a weight the memory left cannot hold (`MemoryError`).
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::PyErr;
 
 create_exception!(
@@ -21,6 +21,7 @@ pub fn runtime_err(e: runtime::RuntimeError) -> PyErr {
         E::BufferSize { .. }
         | E::Argument { .. }
         | E::Kernel(kernels::Error::BadWorkload { .. }) => PyValueError::new_err(e.to_string()),
+        E::Kernel(kernels::Error::OutOfMemory { .. }) => PyMemoryError::new_err(e.to_string()),
         e => AutokernelError::new_err(e.to_string()),
     }
 }
@@ -30,6 +31,7 @@ pub fn runtime_err(e: runtime::RuntimeError) -> PyErr {
 pub fn kernel_err(e: kernels::Error) -> PyErr {
     match e {
         kernels::Error::BadWorkload { .. } => PyValueError::new_err(e.to_string()),
+        kernels::Error::OutOfMemory { .. } => PyMemoryError::new_err(e.to_string()),
         e => AutokernelError::new_err(e.to_string()),
     }
 }

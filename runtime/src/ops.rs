@@ -53,7 +53,7 @@ pub struct PackedWeight {
     /// One packed copy per distinct layout `(NR, KC)`, with a micro-kernel of that NR.
     layouts: Vec<PackedLayout>,
     /// Row-major copy, kept only when a planned M is served by the direct family.
-    rowmajor: Option<Arc<[f32]>>,
+    rowmajor: Option<Arc<Vec<f32>>>,
     /// The weight as prepared by the reduced-precision variants the precision policy chose
     /// for planned M (converted to bf16 or quantised), one per distinct format.
     prepared: Vec<PreparedWeight>,
@@ -304,18 +304,18 @@ impl Packing {
     }
 
     /// The index of `gemm`'s packed copy of `b`, packed now if no earlier variant shares its
-    /// layout.
-    fn layout_of(&mut self, gemm: &EpilogueGemm, b: &[f32]) -> usize {
+    /// layout (out of memory: an error).
+    fn layout_of(&mut self, gemm: &EpilogueGemm, b: &[f32]) -> Result<usize, RuntimeError> {
         let layout = gemm.weight_layout();
         if let Some(i) = self.layouts.iter().position(|l| l.layout == layout) {
-            return i;
+            return Ok(i);
         }
         self.layouts.push(PackedLayout {
             layout,
             ukernel: gemm.ukernel(),
-            weight: gemm.pack_weight(b),
+            weight: gemm.pack_weight(b)?,
         });
-        self.layouts.len() - 1
+        Ok(self.layouts.len() - 1)
     }
 }
 
@@ -509,7 +509,7 @@ impl Runtime {
             }
             match Candidate::of(self, &w, &choice)? {
                 Candidate::Packed(gemm, config) => {
-                    let layout = p.layout_of(&gemm, b);
+                    let layout = p.layout_of(&gemm, b)?;
                     let plan = Plan {
                         workload: w,
                         config,
@@ -526,9 +526,15 @@ impl Runtime {
             // layout to fall back on.
             let mut config = EpiloguePacked.default_config(&w0, self.fingerprint());
             BLayout::Prepacked.set_in(&mut config);
-            p.layout_of(&EpilogueGemm::from_config(&w0, &config)?, b);
+            p.layout_of(&EpilogueGemm::from_config(&w0, &config)?, b)?;
         }
-        let rowmajor: Option<Arc<[f32]>> = (!p.direct.is_empty()).then(|| Arc::from(b));
+        let rowmajor = match p.direct.is_empty() {
+            true => None,
+            false => Some(Arc::new(kernels::alloc::copied(
+                b,
+                "a row-major copy of the weight",
+            )?)),
+        };
         for (w, choice) in std::mem::take(&mut p.direct) {
             let (m, _, _) = w.gemm_dims().expect("a gemm_bias workload");
             let plan = Plan {

@@ -44,16 +44,22 @@ impl<T> Default for WeightCache<T> {
 
 impl<T> WeightCache<T> {
     /// The prepared form of `b`: the cached one if `b` is the buffer it was made from, else
-    /// `prepare()` (which then replaces it).
-    pub(crate) fn get(&self, b: &[f32], prepare: impl FnOnce() -> T) -> Arc<T> {
+    /// `prepare()` (which then replaces it; its error, e.g. out of memory, is returned).
+    pub(crate) fn get(
+        &self,
+        b: &[f32],
+        prepare: impl FnOnce() -> crate::Result<T>,
+    ) -> crate::Result<Arc<T>> {
         let key = WeightKey::of(b);
         let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
         match &*slot {
-            Some((k, p)) if *k == key => p.clone(),
+            Some((k, p)) if *k == key => Ok(p.clone()),
             _ => {
-                let p = Arc::new(prepare());
+                // The old form goes first: both at once may not fit.
+                *slot = None;
+                let p = Arc::new(prepare()?);
                 *slot = Some((key, p.clone()));
-                p
+                Ok(p)
             }
         }
     }

@@ -152,17 +152,18 @@ impl std::fmt::Debug for Bf16B {
 }
 
 impl Bf16B {
-    /// Converts and packs row-major `b` (`k×n`) in `layout`. Panics if `b.len() != k·n`, a
+    /// Converts and packs row-major `b` (`k×n`) in `layout` ([`crate::Error::OutOfMemory`]
+    /// when it does not fit). Panics if `b.len() != k·n`, a
     /// dimension is 0 or `nr` is not a positive multiple of the layout's group (the family
     /// checks all of these before it calls).
-    pub fn new(b: &[f32], k: usize, n: usize, nr: usize, layout: Layout) -> Bf16B {
+    pub fn new(b: &[f32], k: usize, n: usize, nr: usize, layout: Layout) -> crate::Result<Bf16B> {
         assert!(k >= 1 && n >= 1, "empty B");
         let group = layout.group();
         assert!(nr >= group && nr.is_multiple_of(group), "panel width {nr}");
         assert_eq!(b.len(), k * n, "B must be K×N = {k}×{n}");
         let size = layout.padded(k) * nr;
         let len = n.div_ceil(nr) * size;
-        let mut data = vec![0u16; len + 32];
+        let mut data = crate::alloc::filled(len + 32, 0u16, "a packed bf16 weight")?;
         let start = data.as_ptr().align_offset(64).min(32);
         let packed = &mut data[start..start + len];
         for (q, panel) in packed.chunks_exact_mut(size).enumerate() {
@@ -177,14 +178,14 @@ impl Bf16B {
                 }
             }
         }
-        Bf16B {
+        Ok(Bf16B {
             k,
             n,
             nr,
             layout,
             data,
             start,
-        }
+        })
     }
 
     /// Number of panels, `⌈N/nr⌉`.
@@ -344,7 +345,7 @@ mod tests {
                 .into_iter()
                 .filter(|nr| *nr >= layout.group())
             {
-                let p = Bf16B::new(&b, k, n, nr, layout);
+                let p = Bf16B::new(&b, k, n, nr, layout).unwrap();
                 assert_eq!(p.panels(), n.div_ceil(nr));
                 for i in 0..k {
                     for j in 0..n {

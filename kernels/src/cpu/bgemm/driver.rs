@@ -179,7 +179,7 @@ impl BGemm {
     }
 
     /// B converted and packed for the micro-kernel.
-    fn pack_b(&self, b: &[f32]) -> Bf16B {
+    fn pack_b(&self, b: &[f32]) -> Result<Bf16B> {
         Bf16B::new(b, self.k, self.n, self.uk.nr, self.uk.layout)
     }
 
@@ -195,7 +195,7 @@ impl BGemm {
 impl Executable for BGemm {
     fn run(&self, inputs: &[Operand<'_>], out: OperandMut<'_>) -> Result<()> {
         let (a, b, ep, c) = gemm_operands(&self.w, self.act, inputs, out)?;
-        let bb = self.weights.get(b, || self.pack_b(b));
+        let bb = self.weights.get(b, || self.pack_b(b))?;
         self.compute(a, &bb, ep, c);
         Ok(())
     }
@@ -209,7 +209,7 @@ impl Executable for BGemm {
         if b.len() != want {
             return Err(self.wrong_b(format!("{} elements, expected {want}", b.len())));
         }
-        let bb = self.pack_b(b);
+        let bb = self.pack_b(b)?;
         Ok(PreparedWeight::new(self.format(), bb.bytes(), bb))
     }
 

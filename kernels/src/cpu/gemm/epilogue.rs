@@ -297,8 +297,9 @@ impl EpilogueGemm {
     }
 
     /// Packs a `K×N` weight once into this variant's panel layout, for
-    /// [`EpilogueGemm::run_prepacked`]. Panics if `b` is not `K×N`.
-    pub fn pack_weight(&self, b: &[f32]) -> PackedB {
+    /// [`EpilogueGemm::run_prepacked`] ([`crate::Error::OutOfMemory`] when it does not fit).
+    /// Panics if `b` is not `K×N`.
+    pub fn pack_weight(&self, b: &[f32]) -> crate::Result<PackedB> {
         self.gemm.pack_b(b)
     }
 
@@ -336,7 +337,7 @@ impl Executable for EpilogueGemm {
         let ([a, b, bias], out) = host_f32(&w, inputs, out)?;
         match &self.cache {
             Some(cache) => {
-                let packed = cache.get(b, || self.gemm.pack_b(b));
+                let packed = cache.get(b, || self.gemm.pack_b(b))?;
                 self.compute(a, BSource::Packed(&packed), bias, out);
             }
             None => self.compute(a, BSource::RowMajor(b), bias, out),
@@ -491,7 +492,7 @@ mod tests {
         let hw = HardwareFingerprint::current();
         let exe = EpilogueGemm::from_config(&w, &EpiloguePacked.default_config(&w, hw)).unwrap();
         let p = Problem::random(&w, 8);
-        let packed = exe.pack_weight(&p.inputs[1]);
+        let packed = exe.pack_weight(&p.inputs[1]).unwrap();
         assert_eq!(packed.dims(), (33, 40));
         let mut out = p.output();
         exe.run_prepacked(&p.inputs[0], &packed, &p.inputs[2], &mut out);

@@ -25,6 +25,24 @@ impl AlignedBuf {
         if self.0.len() < lines {
             self.0.resize(lines, Line([0.0; 16]));
         }
+        self.first(len)
+    }
+
+    /// [`AlignedBuf::slice`], or [`crate::Error::OutOfMemory`] naming `what` when the buffer
+    /// cannot grow to `len` values.
+    pub fn try_slice(&mut self, len: usize, what: &str) -> crate::Result<&mut [f32]> {
+        let lines = len.div_ceil(16);
+        if self.0.len() < lines {
+            let more = lines - self.0.len();
+            crate::alloc::reserve(&mut self.0, more, what)?;
+            self.0.resize(lines, Line([0.0; 16]));
+        }
+        Ok(self.first(len))
+    }
+
+    /// The first `len` values of a buffer of at least that many.
+    fn first(&mut self, len: usize) -> &mut [f32] {
+        debug_assert!(len <= self.0.len() * 16);
         // SAFETY: `Line` is `repr(C)` around `[f32; 16]` with no padding (size 64 = 16·4), so
         // `lines` lines are `16·lines ≥ len` initialised, contiguous `f32`s, exclusively
         // borrowed through `&mut self`.

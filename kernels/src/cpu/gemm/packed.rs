@@ -60,27 +60,28 @@ impl std::fmt::Debug for PackedB {
 
 impl PackedB {
     /// Packs row-major `b` (`k×n`) for micro-kernels `nr` columns wide and depth blocks of
-    /// `kc` (clamped to `1..=k`). Panics if `b.len() != k·n` or a dimension is 0.
-    pub fn pack(b: &[f32], k: usize, n: usize, nr: usize, kc: usize) -> PackedB {
+    /// `kc` (clamped to `1..=k`); [`crate::Error::OutOfMemory`] when the memory left cannot
+    /// hold it. Panics if `b.len() != k·n` or a dimension is 0.
+    pub fn pack(b: &[f32], k: usize, n: usize, nr: usize, kc: usize) -> crate::Result<PackedB> {
         assert!(k >= 1 && n >= 1 && nr >= 1, "empty B");
         assert_eq!(b.len(), k * n, "B must be K×N = {k}×{n}");
         let kc = kc.clamp(1, k);
         let panels = n.div_ceil(nr);
         let mut data = AlignedBuf::default();
-        let all = data.slice(k * panels * nr);
+        let all = data.try_slice(k * panels * nr, "a packed f32 weight")?;
         for pc in (0..k).step_by(kc) {
             let kcb = kc.min(k - pc);
             let block = &mut all[pc * panels * nr..][..kcb * panels * nr];
             pack_b(b, n, (pc, kcb), (0, n), nr, 0, block);
         }
-        PackedB {
+        Ok(PackedB {
             k,
             n,
             nr,
             kc,
             panels,
             data,
-        }
+        })
     }
 
     /// `(k, n)` of the packed matrix.
@@ -188,8 +189,9 @@ impl PackedGemm {
     }
 
     /// Packs `b` (`K×N`, row-major) once into this GEMM's panel layout, for
-    /// [`BSource::Packed`]. Panics if `b` is not `K×N`.
-    pub fn pack_b(&self, b: &[f32]) -> PackedB {
+    /// [`BSource::Packed`] ([`crate::Error::OutOfMemory`] when it does not fit). Panics if
+    /// `b` is not `K×N`.
+    pub fn pack_b(&self, b: &[f32]) -> crate::Result<PackedB> {
         PackedB::pack(b, self.k, self.n, self.uk.nr, self.kc)
     }
 

@@ -278,7 +278,7 @@ impl Executable for QGemm {
         let (a, b, bias, c) = gemm_operands(&self.w, self.act, inputs, out)?;
         let qb = self
             .weights
-            .get(b, || QuantB::new(b, self.k, self.n, self.uk.nr));
+            .get(b, || QuantB::new(b, self.k, self.n, self.uk.nr))?;
         self.compute(a, &qb, bias, c);
         Ok(())
     }
@@ -296,7 +296,7 @@ impl Executable for QGemm {
                 reason: format!("{} elements, expected {want}", b.len()),
             });
         }
-        let qb = QuantB::new(b, self.k, self.n, self.uk.nr);
+        let qb = QuantB::new(b, self.k, self.n, self.uk.nr)?;
         let bytes = qb.panels.len() + 8 * qb.scale.len();
         Ok(PreparedWeight::new(self.format(), bytes, qb))
     }
@@ -852,7 +852,7 @@ mod tests {
     fn integer_reference(p: &Problem, c: &Config, uk: &DotKernel) -> Vec<f32> {
         let (m, n, k) = p.workload.gemm_dims().unwrap();
         let qa = quantize(p, c, uk);
-        let qb = QuantB::new(&p.inputs[1], k, n, uk.nr);
+        let qb = QuantB::new(&p.inputs[1], k, n, uk.nr).unwrap();
         let mut out = vec![0f32; m * n];
         for i in 0..m {
             for j in 0..n {

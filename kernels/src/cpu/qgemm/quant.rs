@@ -221,12 +221,13 @@ pub fn codes(b: &[f32], inv: &[f32], q: &mut QuantB) {
 }
 
 impl QuantB {
-    /// Quantises and packs the `k × n` row-major `b`.
-    pub fn new(b: &[f32], k: usize, n: usize, nr: usize) -> QuantB {
+    /// Quantises and packs the `k × n` row-major `b` ([`crate::Error::OutOfMemory`] when it
+    /// does not fit).
+    pub fn new(b: &[f32], k: usize, n: usize, nr: usize) -> crate::Result<QuantB> {
         let kp = padded_k(k);
         let panels_n = n.div_ceil(nr);
         let mut q = QuantB {
-            panels: vec![0; panels_n * nr * kp],
+            panels: crate::alloc::filled(panels_n * nr * kp, 0, "a quantised int8 weight")?,
             scale: vec![1.0; n],
             colsum: vec![0; n],
             k,
@@ -262,7 +263,7 @@ impl QuantB {
             })
             .collect();
         super::ukernel::codes_fast(b, &inv, &mut q);
-        q
+        Ok(q)
     }
 
     /// Index of depth `p`, column `j` in [`QuantB::panels`].
@@ -294,8 +295,8 @@ mod tests {
         let b: Vec<f32> = (0..k * n)
             .map(|i| (i as f32 - 60.0) * 0.5 + if i % 7 == 0 { 0.25 } else { 0.0 })
             .collect();
-        let fast = QuantB::new(&b, k, n, nr);
-        let mut portable = QuantB::new(&b, k, n, nr);
+        let fast = QuantB::new(&b, k, n, nr).unwrap();
+        let mut portable = QuantB::new(&b, k, n, nr).unwrap();
         portable.panels.fill(0);
         portable.colsum.fill(0);
         let inv: Vec<f32> = portable.scale.iter().map(|s| 1.0 / s).collect();
@@ -387,7 +388,7 @@ mod tests {
     fn weights_pack_in_groups_of_four_depths_with_column_sums() {
         let (k, n, nr) = (6, 5, 4);
         let b: Vec<f32> = (0..k * n).map(|i| (i as f32 - 13.0) / 7.0).collect();
-        let q = QuantB::new(&b, k, n, nr);
+        let q = QuantB::new(&b, k, n, nr).unwrap();
         assert_eq!((q.kp, q.panels.len()), (8, 2 * 4 * 8));
         for j in 0..n {
             let mut sum = 0;

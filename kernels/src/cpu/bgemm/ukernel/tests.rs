@@ -46,7 +46,7 @@ fn check_tiles(uk: &Bf16Kernel, rng: &mut Rng) {
         let b: Vec<f32> = (0..kc * nr).map(|_| rng.symmetric_f32()).collect();
         let bias: Vec<f32> = (0..nr).map(|_| rng.symmetric_f32()).collect();
         let apack = pack_for(uk, &a, tiles * mr, kc);
-        let panel = Bf16B::new(&b, kc, nr, nr, uk.layout);
+        let panel = Bf16B::new(&b, kc, nr, nr, uk.layout).unwrap();
         let steps = uk.layout.steps(kc);
         // Windows: every tile whole, then clipped rows and columns.
         for (rows, cols) in [(tiles * mr, nr), (tiles * mr - 1, nr - 3)] {
@@ -186,7 +186,7 @@ fn compare_with_twin(uk: &Bf16Kernel, rng: &mut Rng) {
     let b: Vec<f32> = (0..kc * uk.nr).map(|_| rng.symmetric_f32()).collect();
     let (apack, panel) = (
         pack_for(uk, &a, uk.mr, kc),
-        Bf16B::new(&b, kc, uk.nr, uk.nr, uk.layout),
+        Bf16B::new(&b, kc, uk.nr, uk.nr, uk.layout).unwrap(),
     );
     let run = |k: &Bf16Kernel| {
         let mut c = vec![0f32; uk.mr * uk.nr];
