@@ -1,6 +1,10 @@
 //! Where a runtime's kernels run ([`runtime::Threads`]: the process-wide rayon pool, the
 //! caller's thread for `threads=1`, or a pool of its own), always with the GIL released.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
 use kernels::HardwareFingerprint;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -43,5 +47,38 @@ impl Threads {
     /// Runs `f` with the GIL released, on these threads.
     pub fn run<R: Send>(&self, py: Python<'_>, f: impl FnOnce() -> R + Send) -> R {
         py.detach(|| self.0.run(f))
+    }
+
+    /// Runs `f` (given a stop flag) on these threads, from another OS thread, while this one
+    /// answers Python's signals every 50 ms: a Ctrl-C (any exception a signal handler
+    /// raises) sets the flag, and is raised once `f` has returned — for long jobs that stop
+    /// at their next check of the flag ([`search::TuneOptions::stop`]).
+    pub fn run_interruptible<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(Arc<AtomicBool>) -> R + Send,
+    ) -> PyResult<R> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let job_stop = stop.clone();
+        std::thread::scope(|s| {
+            let job = s.spawn(|| self.0.run(|| f(job_stop)));
+            let mut raised = None;
+            while !job.is_finished() {
+                py.detach(|| std::thread::sleep(Duration::from_millis(50)));
+                if raised.is_none() {
+                    if let Err(e) = py.check_signals() {
+                        stop.store(true, Ordering::Relaxed);
+                        raised = Some(e);
+                    }
+                }
+            }
+            let out = job.join().map_err(|_| {
+                crate::errors::other_err("internal error: the job's thread panicked")
+            })?;
+            match raised {
+                Some(e) => Err(e),
+                None => Ok(out),
+            }
+        })
     }
 }

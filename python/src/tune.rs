@@ -66,7 +66,9 @@ fn worker_spec(
             let sys = py.import("sys")?;
             let exe: PathBuf = sys.getattr("executable")?.extract()?;
             let path: Vec<String> = sys.getattr("path")?.extract()?;
-            let code = "import sys; from autokernel import _native; _native._serve_worker(int(sys.argv[1]))";
+            // Ctrl-C at a terminal reaches the worker too: the tuner (which stops the job)
+            // ends it, not the signal, so a measurement in flight is not recorded as a crash.
+            let code = "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); from autokernel import _native; _native._serve_worker(int(sys.argv[1]))";
             let mut spec = WorkerSpec::new(exe, ["-c", code, &hw.cores.to_string()]);
             let path: Vec<String> = path.into_iter().filter(|p| !p.is_empty()).collect();
             let joined = std::env::join_paths(path).map_err(other_err)?;
@@ -82,8 +84,12 @@ fn worker_spec(
 }
 
 /// Tunes each workload on this machine into the database `db` (created if missing) and
-/// returns one dict per workload: the fields of `autokernel tune --json` (kernel, config,
-/// median_s, gflops, speedup_vs_default, trials, failures, winner_reason, warnings, ...).
+/// returns one dict per workload tuned, in order: the fields of `autokernel tune --json`
+/// (workload, kernel, config, median_s, gflops, speedup_vs_default, trials, failures,
+/// winner_reason, warnings, ...). A workload given twice is tuned once; with several
+/// precisions, each f32 workload is tuned (and reported) once per element type — match
+/// results to inputs by their 'workload' field. Ctrl-C stops the job before its next
+/// measurement and raises KeyboardInterrupt; every trial measured so far is in `db`.
 /// Each of a result's `warnings` (the machine's speed moved during the run, or other work
 /// held the cores while thread counts were compared: re-tune on a quiet machine) is also
 /// raised as a `RuntimeWarning`, after the database was written (under
@@ -105,6 +111,9 @@ fn worker_spec(
 /// retry_failed: measure again the configs whose latest trial crashed, timed out or ran
 ///     out of memory (quarantined: otherwise never re-run), as the CLI's `--retry-failed`.
 #[pyfunction]
+#[pyo3(
+    text_signature = "(workloads, db='tuning.db', budget=32, threads=None, precision=None, strategy='model', seed=0, isolation='process', finalists=3, timeout_s=None, progress=True, retry_failed=False)"
+)]
 #[pyo3(signature = (workloads, db=PathArg(PathBuf::from("tuning.db")), budget=32, threads=None, precision=None, strategy="model", seed=0, isolation="process", finalists=3, timeout_s=None, progress=true, retry_failed=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn tune<'py>(
@@ -153,9 +162,14 @@ pub fn tune<'py>(
         retry_failed,
         ..TuneOptions::default()
     };
-    let reports = pool.run(py, || {
+    // Ctrl-C stops the job before its next measurement (what ran is stored), then raises.
+    let reports = pool.run_interruptible(py, |stop| {
+        let opts = TuneOptions {
+            stop: Some(stop),
+            ..opts
+        };
         tune_each(&db, &workloads, &hw, &opts, spec, progress)
-    });
+    })?;
     let reports = reports.map_err(other_err)?;
     raise_warnings(py, &reports)?;
     reports.iter().map(|r| crate::json::to_py(py, r)).collect()

@@ -512,3 +512,28 @@ except MemoryError as e:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "MemoryError: out of memory: a packed f32 weight needs" in out.stdout, out.stdout
+
+
+def test_ctrl_c_stops_a_tune_at_its_next_measurement_and_keeps_its_trials(tmp_path):
+    # In a child (a stray SIGINT must not reach pytest): Ctrl-C half a second in, against a
+    # budget that takes far longer. The job stops at its next measurement and raises
+    # KeyboardInterrupt; every trial measured is in the database, none marked failed.
+    db = tmp_path / "t.db"
+    code = f"""
+import os, signal, sqlite3, threading, time, autokernel
+threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+t0 = time.monotonic()
+try:
+    autokernel.tune(["gemm:256x256x256"], db={str(db)!r}, budget=100000, isolation="none", progress=False)
+    print("finished")
+except KeyboardInterrupt:
+    print("interrupted after %.1f s" % (time.monotonic() - t0))
+print(sqlite3.connect({str(db)!r}).execute("select count(*), sum(status != 'ok') from trials").fetchone())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.split("\n")
+    assert lines[0].startswith("interrupted after"), out.stdout
+    assert float(lines[0].split()[2]) < 30, out.stdout
+    trials, failed = eval(lines[1])
+    assert trials > 0 and failed == 0, out.stdout

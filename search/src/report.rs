@@ -87,14 +87,21 @@ pub fn summary_json(s: &TuneSummary, counts: &TrialCounts, hw: &HardwareFingerpr
 /// Above this [`TuneSummary::drift`] a tune warns that the machine's speed moved.
 pub const DRIFT_WARNING: f64 = 1.3;
 
-/// Why this workload's winner may not hold on a quiet machine, one sentence each: the
-/// default config's speed moved by more than [`DRIFT_WARNING`] during the run, or other work
-/// held the cores while configs of different thread counts were compared
+/// What the user should know about this workload's result, one sentence each: no config ran
+/// correctly (nothing to serve), or the winner may not hold on a quiet machine — the default
+/// config's speed moved by more than [`DRIFT_WARNING`] during the run, or other work held the
+/// cores while configs of different thread counts were compared
 /// ([`crate::Decision::contended`]). What `autokernel tune` prints as warnings and Python's
 /// `tune` raises as `RuntimeWarning`s.
 pub fn warnings(s: &TuneSummary) -> Vec<String> {
     let w = s.workload.key();
     let mut out = Vec::new();
+    if s.best.is_none() {
+        out.push(format!(
+            "{w}: no config ran correctly (the default: {}; {} of {} other candidates failed),              so the database has no record to serve it and the runtime serves the default              config untuned; the trials' statuses say why (a timeout: give a longer one)",
+            s.default.status, s.failures, s.measured
+        ));
+    }
     if let Some(d) = s.drift().filter(|&d| d > DRIFT_WARNING) {
         out.push(format!(
             "{w}: the default config ran {d:.2}x apart during this run (searched vs \
@@ -155,5 +162,12 @@ mod tests {
             assert!(j.get(key).is_some(), "{key} missing from {j}");
         }
         assert!(j["warnings"].is_array(), "{j}");
+        // Without a record to serve (every trial failed), the result says so.
+        let failed = TuneSummary { best: None, ..s };
+        let warned = warnings(&failed);
+        assert!(
+            warned.iter().any(|w| w.contains("no config ran correctly")),
+            "{warned:?}"
+        );
     }
 }

@@ -22,6 +22,8 @@
 //! config that then passes is quarantined no more.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kernels::{
@@ -103,9 +105,20 @@ pub struct TuneOptions {
     /// (quarantined ones): for when the run that failed them had limits too tight, or its
     /// worker was killed from outside. Their new trials are what later runs go by.
     pub retry_failed: bool,
+    /// Set from outside (a Ctrl-C the host saw) to stop the job before its next
+    /// measurement: it returns [`SearchError::Stopped`], every trial measured so far stored.
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 impl TuneOptions {
+    /// [`SearchError::Stopped`] once [`TuneOptions::stop`] is set.
+    fn check_stop(&self) -> Result<(), SearchError> {
+        match &self.stop {
+            Some(s) if s.load(Ordering::Relaxed) => Err(SearchError::Stopped),
+            _ => Ok(()),
+        }
+    }
+
     /// The shortest per-candidate timeout a job may set: a candidate's time includes
     /// building and verifying it, so anything shorter fails every config.
     pub const MIN_TIMEOUT_S: f64 = 0.1;
@@ -141,6 +154,7 @@ impl Default for TuneOptions {
             remeasure_rounds: 31,
             timeout: None,
             retry_failed: false,
+            stop: None,
         }
     }
 }
@@ -296,6 +310,9 @@ pub enum SearchError {
     Eval(#[from] EvalError),
     #[error(transparent)]
     Kernel(#[from] kernels::Error),
+    /// [`TuneOptions::stop`] was set.
+    #[error("stopped (every trial measured so far is stored)")]
+    Stopped,
 }
 
 /// Tunes `w` over every registered kernel family on this machine (`hw` must be the current
@@ -344,6 +361,7 @@ pub fn tune_with(
     let default = job.run_default()?;
     on_event(Event::Default { record: &default });
     job.search(on_event)?;
+    opts.check_stop()?;
     if opts.finalists > 0 {
         on_event(Event::Deciding);
     }
@@ -544,6 +562,7 @@ impl<'a> Job<'a> {
         i: usize,
         on_event: &mut dyn FnMut(Event<'_>),
     ) -> Result<Option<f64>, SearchError> {
+        self.opts.check_stop()?;
         let Candidate { kernel, config } = self.cands[i].clone();
         let Evaluation { outcome, .. } =
             self.evaluator

@@ -216,3 +216,34 @@ fn failures_are_data_and_the_winner_is_healthy() {
     // The winner is a verified record; never a failed one.
     assert_eq!(s.best.unwrap().status, Status::Ok);
 }
+
+#[test]
+fn a_stop_request_ends_the_job_before_its_next_measurement_keeping_the_trials() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let db = TuningDb::in_memory().unwrap();
+    let hw = HardwareFingerprint::current();
+    let w: Workload = "gemm:24x20x12".parse().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let o = TuneOptions {
+        stop: Some(stop.clone()),
+        ..opts(8, StrategyKind::Random)
+    };
+    let mut trials = 0;
+    let e = tune(&db, &w, hw, &o, &mut |e| {
+        if let Event::Trial { .. } = e {
+            trials += 1;
+            // As a host's signal handler would, from outside the loop: after the third.
+            stop.store(trials == 3, Ordering::Relaxed);
+        }
+    })
+    .unwrap_err();
+    assert!(matches!(e, search::SearchError::Stopped), "{e}");
+    assert_eq!(trials, 3);
+    // The default's trial (reported as Event::Default) and the three.
+    assert_eq!(
+        db.trials(&hw.id, &w).unwrap().len(),
+        4,
+        "what ran is stored"
+    );
+}
