@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -26,25 +26,44 @@ struct State {
     last_error: Option<String>,
 }
 
+/// The largest existing log read back (a line per distinct workload: a few KB in practice).
+const MAX_LOG_BYTES: u64 = 64 << 20;
+
 impl FallbackLog {
     /// Opens (creating) `path` for appending; workloads already in it are not written again.
+    /// Anything but a regular file (a device, a FIFO, a terminal), or one larger than
+    /// [`MAX_LOG_BYTES`], is refused: it is not a log, and reading it back would not end.
     pub(crate) fn open(path: &Path) -> Result<FallbackLog, RuntimeError> {
         let io = |context: &str, source| RuntimeError::FallbackLog {
             path: path.to_path_buf(),
             context: context.to_string(),
             source,
         };
-        let mut seen = HashSet::new();
-        match std::fs::read_to_string(path) {
-            Ok(text) => seen.extend(parse_lines(&text).into_iter().flatten()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io("reading the existing log", e)),
+        let not_a_log = |why: String| io("refused", std::io::Error::other(why));
+        if let Ok(meta) = std::fs::metadata(path) {
+            if !meta.is_file() {
+                return Err(not_a_log(
+                    "not a regular file (a device, FIFO or terminal is not a log)".into(),
+                ));
+            }
         }
-        let file = OpenOptions::new()
+        let mut file = OpenOptions::new()
             .create(true)
             .append(true)
+            .read(true)
             .open(path)
             .map_err(|e| io("opening for appending", e))?;
+        let meta = file.metadata().map_err(|e| io("reading its size", e))?;
+        if !meta.is_file() || meta.len() > MAX_LOG_BYTES {
+            return Err(not_a_log(format!(
+                "{} bytes, more than a workload log holds ({MAX_LOG_BYTES} at most)",
+                meta.len()
+            )));
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text)
+            .map_err(|e| io("reading the existing log", e))?;
+        let seen = parse_lines(&text).into_iter().flatten().collect();
         Ok(FallbackLog {
             path: path.to_path_buf(),
             state: Mutex::new(State {

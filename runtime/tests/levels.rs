@@ -309,6 +309,19 @@ fn fallback_workloads_are_logged_once() {
     assert_eq!(rt.fallback_log_errors().0, 0);
 }
 
+#[test]
+fn a_device_or_directory_is_not_a_fallback_log() {
+    // /dev/zero would be read back without end; /dev/null and a directory are no log either.
+    let dir = tempfile::tempdir().unwrap();
+    for path in [Path::new("/dev/zero"), Path::new("/dev/null"), dir.path()] {
+        if !path.exists() {
+            continue;
+        }
+        let e = Runtime::defaults_only().log_fallbacks_to(path).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+}
+
 /// A tuned shape lends its config only where it is expected to beat the default: within
 /// `NEAREST_MAX_DISTANCE` and with the default's thread count (the case: a
 /// two-thread config of `gemm:8x3072x768` had served `gemm:4x96x96` 28× slower than the
