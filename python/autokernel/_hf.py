@@ -44,11 +44,22 @@ _MASKS = threading.local()
 
 
 def _key_lengths(mask: torch.Tensor, causal: bool) -> Optional[torch.Tensor]:
-    """:func:`_read_key_lengths` of ``mask``; within one forward of an optimized model
-    (:func:`_remember_masks`), once per mask tensor: the model hands the same mask to every
-    layer, unmodified, and checking it in full costs 0.1-0.9 ms a layer on a CPU."""
+    """The per-sequence key lengths right-padding ``mask`` encodes (:func:`_read_key_lengths`),
+    or None: then the modules' own forwards serve that attention (PyTorch's SDPA).
+
+    Always None while ``torch.compile`` or ``torch.export`` traces: the check reads the mask's
+    values (data-dependent branching, which ``fullgraph=True`` and export cannot trace), so a
+    traced call with a mask runs the layers' own forwards — the fused query/key/value GEMM,
+    PyTorch's SDPA on the mask, the fused output blocks and feed-forward linear layers — not
+    the runtime's attention nor the whole-layer and whole-encoder calls.
+
+    Within one eager forward of an optimized model (:func:`_remember_masks`), read once per
+    mask tensor: the model hands the same mask to every layer, unmodified, and checking it in
+    full costs 0.1-0.9 ms a layer on a CPU."""
+    if torch.compiler.is_compiling():
+        return None
     memo = getattr(_MASKS, "memo", None)
-    if memo is None or torch.compiler.is_compiling():
+    if memo is None:
         return _read_key_lengths(mask, causal)
     for seen, c, lengths in memo:
         if seen is mask and c == causal:
@@ -78,21 +89,9 @@ def _read_key_lengths(mask: torch.Tensor, causal: bool) -> Optional[torch.Tensor
 
     ``mask`` is (B, 1 or H, Sq, Sk): boolean (True = attend) or additive float (0 = attend,
     a large negative number = masked). The mask is checked in full, never guessed from one row.
-    Under ``torch.export`` its values are unknown (no check can run): None, and the modules'
-    own forwards serve that attention.
     """
     if mask.dim() != 4:
         return None
-    try:
-        return _check_key_lengths(mask, causal)
-    except RuntimeError:  # a data-dependent check on a traced mask
-        if torch.compiler.is_compiling():
-            return None
-        raise
-
-
-def _check_key_lengths(mask: torch.Tensor, causal: bool) -> Optional[torch.Tensor]:
-    """:func:`_read_key_lengths` of a 4-D mask."""
     allowed = mask if mask.dtype == torch.bool else mask == 0
     if mask.dtype != torch.bool and not bool(torch.all(allowed | (mask <= -1e4))):
         return None  # a soft bias, not a mask

@@ -18,7 +18,9 @@ and its attention reads that GEMM's output rows directly (no head split or merge
 PyTorch). An output block's ``LayerNorm(dense(x) + input_tensor)`` is one call too (the
 residual add and LayerNorm in place, in parallel). The ops are ``torch.library`` custom ops
 with fake implementations, so
-``torch.compile`` and ``torch.export`` trace through them.
+``torch.compile`` (``fullgraph=True`` too) and ``torch.export`` trace through them. A traced
+call cannot read a mask's values: with a mask it runs the layers' own forwards (the fused
+projections, PyTorch's SDPA on the mask), not the runtime's attention or whole-layer calls.
 """
 
 from __future__ import annotations

@@ -240,6 +240,31 @@ def test_hf_bert_compiles_and_exports():
         torch.testing.assert_close(exported.module()(input_ids=ids).last_hidden_state, want, rtol=0, atol=1e-4)
 
 
+def test_hf_bert_with_a_padding_mask_compiles_fullgraph():
+    """Reading a mask's key lengths branches on its values, which a full graph cannot: a
+    traced call with a mask runs the layers' own forwards (fused projections, SDPA)."""
+    stock = bert("gelu")
+    model = akt.optimize(copy.deepcopy(stock))
+    ids = torch.randint(0, 500, (3, 12))
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[1, 7:] = 0
+    mask[2, 3:] = 0
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    with torch.no_grad():
+        want = stock(input_ids=ids, attention_mask=mask).last_hidden_state
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    (graph,) = graphs
+    assert "autokernel.linear_add_layer_norm" in graph and "scaled_dot_product_attention" in graph
+    assert "autokernel.attention" not in graph and "autokernel.encoder" not in graph
+
+
 def test_fused_layers_leave_other_masks_to_the_modules_own_forward():
     stock = bert("gelu")
     model = akt.optimize(copy.deepcopy(stock))
