@@ -263,6 +263,10 @@ def test_hf_bert_with_a_padding_mask_compiles_fullgraph():
     (graph,) = graphs
     assert "autokernel.linear_add_layer_norm" in graph and "scaled_dot_product_attention" in graph
     assert "autokernel.attention" not in graph and "autokernel.encoder" not in graph
+    with torch.no_grad():
+        exported = torch.export.export(model, (), dict(input_ids=ids, attention_mask=mask)).module()
+        got = exported(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
 
 
 def test_fused_layers_leave_other_masks_to_the_modules_own_forward():
