@@ -215,10 +215,21 @@ def _fuse_qkv(m: nn.Module, rt: Runtime, ms: list) -> bool:
 def _refresh_qkv(m: nn.Module) -> None:
     """Packs fused block ``m``'s three projections (and joins their biases) again if any of
     them changed since they were packed (a no-op otherwise)."""
-    lins = [m.query, m.key, m.value]
-    stamp = _stamp(t for x in lins for t in (x.weight, x.bias))
+    stamp = _qkv_stamp(m)
     if stamp is None or getattr(m, "_autokernel_qkv_stamp", None) == stamp:
         return
+    _pack_qkv(m, stamp)
+
+
+def _qkv_stamp(m: nn.Module) -> Optional[tuple]:
+    """The :func:`_stamp` of fused block ``m``'s query, key and value parameters."""
+    return _stamp(t for x in (m.query, m.key, m.value) for t in (x.weight, x.bias))
+
+
+def _pack_qkv(m: nn.Module, stamp: Optional[tuple]) -> None:
+    """Packs fused block ``m``'s three projections as they are now (and joins their biases),
+    recording ``stamp`` as packed."""
+    lins = [m.query, m.key, m.value]
     rt, ms = m._autokernel_qkv_packing
     with torch.no_grad():
         w = torch.cat([x.weight.detach() for x in lins])
@@ -396,7 +407,7 @@ def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
     x = torch.randn(1, max(rows, _PROBE_ROWS), layer.hidden, generator=torch.Generator().manual_seed(0))
     ok = _swap_forward_if_same(m, _fused_layer, (x,))
     if not ok:
-        del m._autokernel_layer
+        del m._autokernel_layer, m._autokernel_layer_packing
         _release(_LAYERS, handle)
     return ok
 
@@ -465,14 +476,36 @@ def _layer_handle(layer: nn.Module, hidden_states: torch.Tensor) -> Optional[int
         or getattr(layer.attention.self.config, "_attn_implementation", None) != "autokernel"
     ):
         return None
-    rt, packed = layer._autokernel_layer_packing
     stamp = _stamp(params)
-    if stamp not in (None, packed):
-        fresh = _encoder_layer(layer, rt)
-        with _LOCK:
-            _LAYERS[layer._autokernel_layer] = fresh
-        layer._autokernel_layer_packing = (rt, stamp)
+    if stamp not in (None, layer._autokernel_layer_packing[1]):
+        _pack_layer(layer, stamp)
     return layer._autokernel_layer
+
+
+def _pack_layer(layer: nn.Module, stamp: Optional[tuple]) -> None:
+    """Makes fused encoder ``layer``'s runtime layer again from its parameters as they are now
+    (its parts packed again first where their stamps changed), recording ``stamp`` (of
+    ``_walk(layer)[1]``, taken before) as packed."""
+    rt, _ = layer._autokernel_layer_packing
+    fresh = _encoder_layer(layer, rt)
+    with _LOCK:
+        _LAYERS[layer._autokernel_layer] = fresh
+    layer._autokernel_layer_packing = (rt, stamp)
+
+
+def _repack(model: nn.Module) -> None:
+    """Packs every packed weight and fused block of optimized ``model`` again from its
+    parameters as they are now, whatever their stamps say (see ``autokernel.torch.refresh``):
+    linear layers and fused projections first, then the encoder layers made from them."""
+    modules = list(model.modules())
+    for m in modules:
+        if isinstance(m, AutokernelLinear):
+            m._pack(_stamp((m.weight, m.bias)))
+        if hasattr(m, "_autokernel_qkv_packing"):
+            _pack_qkv(m, _qkv_stamp(m))
+    for m in modules:
+        if hasattr(m, "_autokernel_layer"):
+            _pack_layer(m, _stamp(_walk(m)[1]))
 
 
 def _fusable_encoder(m: nn.Module, layers_fused: set) -> bool:

@@ -251,6 +251,10 @@ class AutokernelLinear(nn.Module):
         stamp = _stamp((self.weight, self.bias))
         if stamp is None or getattr(self, "_stamp", None) == stamp:
             return
+        self._pack(stamp)
+
+    def _pack(self, stamp: Optional[tuple]) -> None:
+        """Packs the weight as it is now, recording ``stamp`` (its :func:`_stamp`) as packed."""
         self.out_features, self.in_features = self.weight.shape
         with torch.no_grad():
             packed = self._runtime.pack_weight(self.weight.detach(), act=self.act, ms=self._ms, layout="nk")

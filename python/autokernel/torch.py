@@ -4,6 +4,7 @@
     model = autokernel.torch.optimize(model, db="tuning.db")   # in place; returns the model
     model.autokernel_unsupported                                # [(module name, why)]
     autokernel.torch.workloads(model, (input_ids,))             # what a forward pass calls
+    autokernel.torch.refresh(model)                             # after .data ops, fused optimizers
 
 ``optimize`` replaces every float32 ``nn.Linear`` by an :class:`AutokernelLinear` whose weight
 is packed once; a Linear followed by its activation (a Hugging Face feed-forward block's
@@ -21,6 +22,12 @@ with fake implementations, so
 ``torch.compile`` (``fullgraph=True`` too) and ``torch.export`` trace through them. A traced
 call cannot read a mask's values: with a mask it runs the layers' own forwards (the fused
 projections, PyTorch's SDPA on the mask), not the runtime's attention or whole-layer calls.
+
+Packed weights follow the parameters they were packed from through PyTorch's version
+counters: a new Parameter, ``.data =``, ``load_state_dict``, an in-place op on a parameter
+(a plain optimizer step) are seen at the next call. Changes PyTorch does not version
+(``.data`` ops such as ``p.data.mul_(2)``, fused optimizers such as ``Adam(fused=True)``,
+writes through ``p.detach().numpy()``) are not seen: call :func:`refresh` after them.
 """
 
 from __future__ import annotations
@@ -35,10 +42,10 @@ from torch import nn
 
 from . import Runtime
 from ._hf import (_fusable_encoder, _fusable_layer, _fusable_output, _fusable_qkv, _fuse_encoder, _fuse_layer, _fuse_output, _fuse_qkv,
-                  _install_hf_attention, _remember_masks)
+                  _install_hf_attention, _remember_masks, _repack)
 from ._ops import _RECORD, _RUNTIMES, AutokernelLinear, _classify_act, _FUSABLE, _linear_ok, _register, log
 
-__all__ = ["AutokernelLinear", "optimize", "workloads", "runtime_of"]
+__all__ = ["AutokernelLinear", "optimize", "refresh", "workloads", "runtime_of"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,6 +55,25 @@ __all__ = ["AutokernelLinear", "optimize", "workloads", "runtime_of"]
 def runtime_of(model: nn.Module) -> Optional[Runtime]:
     """The runtime an optimized model is served by, or None."""
     return getattr(model, "autokernel_runtime", None)
+
+
+def refresh(model: nn.Module) -> None:
+    """Packs every packed weight and fused block of optimized ``model`` again, now, from its
+    parameters as they are (whether or not they look changed).
+
+    An optimized model packs a weight again by itself when PyTorch's version counter or the
+    tensor behind it changes (``load_state_dict``, a plain optimizer step, a new Parameter,
+    ``.data =``). Changes PyTorch does not version are not seen, and the model keeps serving
+    the weights it packed before: ``.data`` ops (``p.data.mul_(2)``, ``p.data.copy_(w)``),
+    fused optimizers (``torch.optim.Adam(..., fused=True)``), writes through
+    ``p.detach().numpy()``. Call ``refresh(model)`` after them. That covers every parameter
+    a fused call copies: linear weights, the joined query/key/value weight and bias, and an
+    encoder layer's biases and LayerNorm weights (a fused output block alone reads its
+    LayerNorm's parameters at each call).
+    """
+    if runtime_of(model) is None:
+        raise ValueError("refresh(model): the model was not optimized by autokernel.torch.optimize")
+    _repack(model)
 
 
 def _limit_torch_threads(model: nn.Module, n: int) -> None:

@@ -417,6 +417,41 @@ def test_weights_changed_after_optimize_are_packed_again():
     torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-4)
 
 
+def test_changes_pytorch_does_not_version_are_seen_after_refresh():
+    """``.data`` ops (as fused optimizers and numpy writes) leave no version: the packed
+    weights stay as they were until ``refresh`` packs everything again — every path:
+    linear, fused q|k|v (its joined bias), and the whole layer (its LayerNorm copies)."""
+    with pytest.raises(ValueError, match="not optimized"):
+        akt.refresh(mlp())
+    stock = bert("gelu")
+    model = akt.optimize(copy.deepcopy(stock))
+    assert model.autokernel_fused_encoders == ["encoder"]
+    ids = torch.randint(0, 500, (2, 12))
+    with torch.no_grad():
+        before = model(input_ids=ids)
+        for m in (stock, model):
+            layer = m.encoder.layer[0]
+            layer.attention.self.key.weight.data.mul_(2)
+            layer.attention.self.value.bias.data.add_(0.5)
+            layer.output.LayerNorm.weight.data.mul_(1.5)
+            m.encoder.layer[1].intermediate.dense.weight.detach().numpy()[:] *= -1
+            m.pooler.dense.weight.data.copy_(torch.zeros_like(m.pooler.dense.weight))
+        stale = model(input_ids=ids)
+        want = stock(input_ids=ids)
+        assert (want.last_hidden_state - before.last_hidden_state).abs().max() > 0.1
+        # Not seen: the model serves what it packed (the limitation refresh is for).
+        torch.testing.assert_close(stale.last_hidden_state, before.last_hidden_state, rtol=0, atol=0)
+        torch.testing.assert_close(stale.pooler_output, before.pooler_output, rtol=0, atol=0)
+        akt.refresh(model)
+        got = model(input_ids=ids)
+        torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-4)
+        torch.testing.assert_close(got.pooler_output, want.pooler_output, rtol=0, atol=1e-4)
+        # The fused blocks called on their own follow too.
+        x = torch.randn(2, 12, 64)
+        sa, stock_sa = model.encoder.layer[0].attention.self, stock.encoder.layer[0].attention.self
+        torch.testing.assert_close(sa(x)[0], stock_sa(x)[0], rtol=0, atol=1e-4)
+
+
 def test_gradients_through_the_input_or_a_bias_alone_flow():
     """The runtime's ops have no backward: an input that requires grad (saliency), or a bias
     that does while the weights are frozen (BitFit), runs the stock path."""
