@@ -264,8 +264,12 @@ fn exact_hits(
     hits: &mut HashMap<Workload, Arc<Choice>>,
 ) -> Result<Vec<Skipped>, RuntimeError> {
     let mut skipped: Vec<Skipped> = Vec::new();
+    let evidence = Evidence::of(db, hw)?;
     for rec in db.best_all(&hw.id)? {
-        match serve(&rec, hw, Level::Exact) {
+        match evidence
+            .vouch(db, &rec)?
+            .and_then(|()| serve(&rec, hw, Level::Exact))
+        {
             Ok(choice) => {
                 hits.insert(rec.workload, Arc::new(choice));
             }
@@ -331,11 +335,15 @@ fn same_arch_hits(
 ) -> Result<HashMap<Workload, Skipped>, RuntimeError> {
     let mut unserved: HashMap<Workload, Skipped> = HashMap::new();
     for sib in siblings {
+        let evidence = Evidence::of(db, sib)?;
         for rec in db.best_all(&sib.id)? {
             if hits.contains_key(&rec.workload) {
                 continue;
             }
-            match serve(&rec, hw, Level::SameArch) {
+            match evidence
+                .vouch(db, &rec)?
+                .and_then(|()| serve(&rec, hw, Level::SameArch))
+            {
                 Ok(choice) => {
                     hits.insert(rec.workload, Arc::new(choice));
                 }
@@ -349,6 +357,71 @@ fn same_arch_hits(
         }
     }
     Ok(unserved)
+}
+
+/// What stands behind the best servable record of a workload on one fingerprint when it is
+/// not the one the tuner chose: the decisions in force, and each workload's fastest record
+/// of any kind (stale versions and configs that no longer fit included).
+struct Evidence<'h> {
+    hw: &'h HardwareFingerprint,
+    winners: HashSet<i64>,
+    fastest: HashMap<Workload, f64>,
+}
+
+impl<'h> Evidence<'h> {
+    fn of(db: &TuningDb, hw: &'h HardwareFingerprint) -> Result<Evidence<'h>, RuntimeError> {
+        Ok(Evidence {
+            hw,
+            winners: db.winner_ids(&hw.id)?,
+            fastest: db.fastest_medians(&hw.id)?,
+        })
+    }
+
+    /// Whether `rec`, the fastest servable record of its workload on this fingerprint, may be
+    /// served: it is the decided winner, or no record of the workload is faster, or it beat
+    /// the default config measured on the same machine. A runner-up left standing when the
+    /// faster records went stale (a family's new version, a space that changed) was never
+    /// compared with the default and may be far slower: the workload is then skipped (listed
+    /// as to re-tune) and served by the fallback levels, which never lose to the default.
+    fn vouch(&self, db: &TuningDb, rec: &Record) -> Result<Result<(), String>, RuntimeError> {
+        let median = rec.median_s().unwrap_or(f64::INFINITY);
+        let fastest = self.fastest.get(&rec.workload).copied();
+        if rec.id.is_some_and(|id| self.winners.contains(&id))
+            || fastest.is_none_or(|f| median <= f)
+        {
+            return Ok(Ok(()));
+        }
+        let trials = db.trials(&self.hw.id, &rec.workload)?;
+        let ok = || trials.iter().filter(|r| r.median_s().is_some());
+        let default = default_for(&rec.workload, self.hw).ok().and_then(|(k, c)| {
+            ok().filter(|r| {
+                r.kernel == k.name() && r.kernel_version == k.version() && r.config == c
+            })
+            .filter_map(|r| r.median_s())
+            .reduce(f64::min)
+        });
+        if default.is_some_and(|d| median <= d) {
+            return Ok(Ok(()));
+        }
+        let first = ok().min_by(|a, b| {
+            a.median_s()
+                .unwrap_or(0.0)
+                .total_cmp(&b.median_s().unwrap_or(0.0))
+        });
+        let why = first.map_or_else(
+            || "its fastest records".into(),
+            |r| unusable_reason(r, self.hw),
+        );
+        let hint = if why.contains("re-tune") {
+            ""
+        } else {
+            ": re-tune"
+        };
+        Ok(Err(format!(
+            "{why}; the fastest record left ({} v{}) was never compared with the default{hint}",
+            rec.kernel, rec.kernel_version
+        )))
+    }
 }
 
 /// The kernel default for `w` on `hw`, built.

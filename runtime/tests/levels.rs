@@ -429,3 +429,57 @@ fn qkv_rows_on_a_gemm_choice_is_an_error() {
     let err = choice.run_qkv_rows((&qkv, None), &mut out).unwrap_err();
     assert!(err.to_string().contains("not attention"), "{err}");
 }
+
+/// When a workload's fastest records go stale (a family's new version), the fastest record
+/// left is served only if it beat the default config measured beside it: a runner-up never
+/// compared with the default (measured 25x slower in a review) falls to the fallback levels
+/// and is listed as to re-tune.
+#[test]
+fn a_runner_up_left_by_stale_records_is_served_only_if_it_beat_the_default() {
+    let hw = HardwareFingerprint::current();
+    let dir = tempfile::tempdir().unwrap();
+    // (the default's own record still served?, the runner-up's median, what serves)
+    for (default_usable, runner_up_s, served) in
+        [(false, 50e-6, Level::Default), (true, 5e-6, Level::Exact)]
+    {
+        let path = dir.path().join(format!("{default_usable}.db"));
+        let db = TuningDb::open(&path).unwrap();
+        db.upsert_fingerprint(hw).unwrap();
+        let w = gemm(48, 40, 36);
+        let (k, default) = default_for(&w, hw).unwrap();
+        let (_, other) = tuned_config(&w);
+        let mut stale = record(hw, w, other.clone(), 1e-6);
+        stale.kernel_version = k.version() + 1;
+        db.insert(&stale).unwrap();
+        let mut d = record(hw, w, default.clone(), 10e-6);
+        if !default_usable {
+            d.kernel_version = k.version() + 1;
+        }
+        db.insert(&d).unwrap();
+        // A third config of the family, current version: the runner-up.
+        let third = k
+            .space(&w, hw)
+            .iter_valid()
+            .find(|c| *c != default && *c != other);
+        db.insert(&record(hw, w, third.unwrap(), runner_up_s))
+            .unwrap();
+        drop(db);
+        let rt = Runtime::open(&path).unwrap();
+        rt.set_fallback_check(false);
+        let choice = rt.lookup(&w).unwrap();
+        if served == Level::Exact {
+            // Faster than the default measured beside it: served.
+            assert_eq!(choice.level, Level::Exact);
+            assert_eq!(
+                choice.source.as_ref().unwrap().trial_id,
+                Some(3),
+                "the runner-up"
+            );
+            continue;
+        }
+        assert_ne!(choice.level, Level::Exact, "{choice:?}");
+        let skipped = rt.skipped();
+        assert_eq!(skipped.len(), 1, "{skipped:?}");
+        assert!(skipped[0].reason.contains("re-tune"), "{skipped:?}");
+    }
+}

@@ -636,6 +636,30 @@ impl TuningDb {
         Ok(out)
     }
 
+    /// The fastest `ok` median of each workload tuned on `fingerprint_id`, over all of its
+    /// records: stale versions and configs that no longer fit included (what a usable
+    /// record is measured against before it is served in their place).
+    pub fn fastest_medians(&self, fingerprint_id: &str) -> Result<HashMap<Workload, f64>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT workload, min(median_s) FROM trials \
+                 WHERE fingerprint_id = ?1 AND status = 'ok' GROUP BY workload",
+            )
+            .ctx(p, "querying fastest medians")?;
+        let rows = stmt
+            .query_map([fingerprint_id], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, Option<f64>>(1)?))
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .ctx(p, "querying fastest medians")?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(w, m)| Some((w.parse().ok()?, m?)))
+            .collect())
+    }
+
     /// Every trial for `workload` on `fingerprint_id`, all statuses, in insertion order.
     /// Rows that no longer parse (config, workload) are skipped; [`verify`](Self::verify)
     /// reports them.

@@ -27,6 +27,8 @@
 //!     samples TEXT NOT NULL);                -- JSON array of seconds
 //! ```
 
+use std::collections::HashSet;
+
 use kernels::{Measurement, Status, Workload};
 use rusqlite::{params, OptionalExtension};
 
@@ -278,6 +280,15 @@ impl TuningDb {
             .optional()
             .ctx(&self.path, "reading the winner")?;
         Ok(row.flatten())
+    }
+
+    /// The trial ids of the decisions in force on `fingerprint_id`.
+    pub fn winner_ids(&self, fingerprint_id: &str) -> Result<HashSet<i64>> {
+        Ok(self
+            .winner_trials(fingerprint_id)?
+            .into_iter()
+            .filter_map(|r| r.id)
+            .collect())
     }
 
     /// The trials of the decisions in force for every workload of `fingerprint_id`.
