@@ -79,7 +79,7 @@ impl TuningDb {
             create_complete(&path)?;
         }
         let conn = Connection::open_with_flags(
-            &path,
+            plain_path(&path),
             OpenFlags::SQLITE_OPEN_READ_WRITE
                 | OpenFlags::SQLITE_OPEN_CREATE
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -958,6 +958,16 @@ fn file_kind(t: &std::fs::FileType) -> &'static str {
     }
 }
 
+/// `path` as SQLite takes it as a file name: a relative path that starts with `file:` would
+/// be read as a URI (`file:x.db?mode=ro`), so it goes as `./file:…`.
+fn plain_path(path: &Path) -> PathBuf {
+    if path.is_relative() && path.to_string_lossy().starts_with("file:") {
+        Path::new(".").join(path)
+    } else {
+        path.to_path_buf()
+    }
+}
+
 /// Creates the database at `path`, which did not exist, so that it appears complete: made
 /// and migrated under a private name beside it, then linked into place (never over a file
 /// another process created meanwhile; then that one is used). So no process ever sees a
@@ -968,7 +978,7 @@ fn create_complete(path: &Path) -> Result<()> {
         .map_or(0, |d| d.subsec_nanos());
     let tmp = temp_name(path, &format!(".init-{}-{nanos}", std::process::id()));
     let made = (|| {
-        let conn = Connection::open(&tmp).ctx(
+        let conn = Connection::open(plain_path(&tmp)).ctx(
             path,
             "creating the database (its directory must be writable)",
         )?;
@@ -1243,6 +1253,19 @@ pub fn is_busy(e: &DbError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_relative_path_starting_with_file_is_a_file_name_not_a_uri() {
+        // `--db file:x.db?mode=ro` had been read as a URI (another file, an access mode).
+        let p = |s: &str| plain_path(Path::new(s));
+        assert_eq!(p("file:x.db?mode=ro"), Path::new("./file:x.db?mode=ro"));
+        assert_eq!(p("/tmp/file:x.db"), Path::new("/tmp/file:x.db"));
+        assert_eq!(p("sub/file:x.db"), Path::new("sub/file:x.db"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("file:y.db?mode=ro");
+        TuningDb::open(&path).unwrap();
+        assert!(path.is_file(), "the file of that name");
+    }
     use crate::error::sqlite_err;
 
     #[test]
