@@ -17,8 +17,6 @@ from . import Runtime
 from ._ops import (
     _FUSABLE,
     _LAYERS,
-    _LOCK,
-    _WEIGHTS,
     AutokernelLinear,
     _attention_op,
     _attention_qkv_op,
@@ -31,9 +29,8 @@ from ._ops import (
     _hooks_below,
     _linear_ok,
     _needs_grad,
-    _register_owned,
-    _register_weight,
-    _release,
+    _Handle,
+    _weight_handle,
     _served,
     _stamp,
     _walk,
@@ -71,16 +68,21 @@ def _key_lengths(mask: torch.Tensor, causal: bool) -> Optional[torch.Tensor]:
 
 def _remember_masks(model: nn.Module) -> None:
     """Hooks under which each forward of ``model`` reads a mask's key lengths once
-    (:func:`_key_lengths`); forgotten when the forward ends, however it ends."""
+    (:func:`_key_lengths`); forgotten when the forward ends, however it ends. (Module-level
+    functions, not closures, which ``pickle`` refuses with a message about a local object:
+    pickling the model reaches the clear refusal of the runtime's objects instead.)"""
+    model.register_forward_pre_hook(_start_mask_memo)
+    model.register_forward_hook(_end_mask_memo, always_call=True)
 
-    def before(module, args):
-        _MASKS.memo = []
 
-    def after(module, args, out):
-        _MASKS.memo = None
+def _start_mask_memo(module: nn.Module, args) -> None:
+    """Forward pre-hook: an empty memo of masks read (:func:`_key_lengths`)."""
+    _MASKS.memo = []
 
-    model.register_forward_pre_hook(before)
-    model.register_forward_hook(after, always_call=True)
+
+def _end_mask_memo(module: nn.Module, args, out) -> None:
+    """Forward hook: forgets the masks read."""
+    _MASKS.memo = None
 
 
 def _read_key_lengths(mask: torch.Tensor, causal: bool) -> Optional[torch.Tensor]:
@@ -193,7 +195,7 @@ def _fuse_qkv(m: nn.Module, rt: Runtime, ms: list) -> bool:
     rows (at least :data:`_PROBE_ROWS`): a block that looks like BERT's but does more (ALBERT's adds its output projection
     and LayerNorm, ESM's scales the query first and may rotate it) or takes other arguments
     (cross-attention) is left as it is."""
-    m._autokernel_qkv = _register_weight(m, rt, None)
+    m._autokernel_qkv = _weight_handle(rt, None)
     # The probe compares with the block's own forward, whose projections are PyTorch's f32
     # ones: so the fused projection is probed in f32 too (a runtime of the same threads,
     # defaults only), then packed for `rt` (whose precision may be int8 or bf16).
@@ -206,7 +208,7 @@ def _fuse_qkv(m: nn.Module, rt: Runtime, ms: list) -> bool:
     if ok:
         _refresh_qkv(m)
     else:
-        _release(_WEIGHTS, m._autokernel_qkv)
+        m._autokernel_qkv.release()
         for attr in ("_autokernel_qkv", "_autokernel_qkv_packing", "_autokernel_qkv_bias", "_autokernel_qkv_stamp"):
             m.__dict__.pop(attr, None)
     return ok
@@ -235,8 +237,7 @@ def _pack_qkv(m: nn.Module, stamp: Optional[tuple]) -> None:
         w = torch.cat([x.weight.detach() for x in lins])
         packed = rt.pack_weight(w, ms=ms, layout="nk")
         bias = None if lins[0].bias is None else torch.cat([x.bias.detach() for x in lins])
-    with _LOCK:
-        _WEIGHTS[m._autokernel_qkv] = (rt, packed)
+    m._autokernel_qkv.set((rt, packed))
     m._autokernel_qkv_bias = bias
     m._autokernel_qkv_stamp = stamp
 
@@ -263,7 +264,7 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
     for n in _NOT_FUSED_KWARGS:
         kwargs.pop(n, None)
     h, d = self.all_head_size, self.attention_head_size
-    qkv = call(_linear_op, hidden_states, self._autokernel_qkv, self._autokernel_qkv_bias)
+    qkv = call(_linear_op, hidden_states, self._autokernel_qkv.id, self._autokernel_qkv_bias)
     causal = bool(kwargs.get("is_causal", getattr(self, "is_causal", False)))
     lengths = None
     plain = (
@@ -365,7 +366,7 @@ def _fused_output(self, hidden_states, input_tensor):
     bias = None if self.dense.bias is None else self.dense.bias.detach()
     return call(
         _linear_add_layer_norm_op,
-        hidden_states, self.dense.handle, bias, input_tensor, ln.weight.detach(), ln.bias.detach(), float(ln.eps)
+        hidden_states, self.dense.handle.id, bias, input_tensor, ln.weight.detach(), ln.bias.detach(), float(ln.eps)
     )
 
 
@@ -402,13 +403,12 @@ def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
     # The stamp before the packing: a change made meanwhile is seen at the next call.
     m._autokernel_layer_packing = (rt, _stamp(_walk(m)[1]))
     layer = _encoder_layer(m, rt)
-    handle = _register_owned(m, _LAYERS, layer)
-    m._autokernel_layer = handle
+    m._autokernel_layer = _Handle(_LAYERS, layer)
     x = torch.randn(1, max(rows, _PROBE_ROWS), layer.hidden, generator=torch.Generator().manual_seed(0))
     ok = _swap_forward_if_same(m, _fused_layer, (x,))
     if not ok:
+        m._autokernel_layer.release()
         del m._autokernel_layer, m._autokernel_layer_packing
-        _release(_LAYERS, handle)
     return ok
 
 
@@ -426,7 +426,7 @@ def _encoder_layer(m: nn.Module, rt: Runtime):
     def norm(ln):
         return (ln.weight.detach(), ln.bias.detach())
 
-    _, qkv = _WEIGHTS[sa._autokernel_qkv]
+    _, qkv = sa._autokernel_qkv.get()
     qkv_bias = sa._autokernel_qkv_bias
     with torch.no_grad():
         return rt.encoder_layer(
@@ -479,7 +479,7 @@ def _layer_handle(layer: nn.Module, hidden_states: torch.Tensor) -> Optional[int
     stamp = _stamp(params)
     if stamp not in (None, layer._autokernel_layer_packing[1]):
         _pack_layer(layer, stamp)
-    return layer._autokernel_layer
+    return layer._autokernel_layer.id
 
 
 def _pack_layer(layer: nn.Module, stamp: Optional[tuple]) -> None:
@@ -488,8 +488,7 @@ def _pack_layer(layer: nn.Module, stamp: Optional[tuple]) -> None:
     ``_walk(layer)[1]``, taken before) as packed."""
     rt, _ = layer._autokernel_layer_packing
     fresh = _encoder_layer(layer, rt)
-    with _LOCK:
-        _LAYERS[layer._autokernel_layer] = fresh
+    layer._autokernel_layer.set(fresh)
     layer._autokernel_layer_packing = (rt, stamp)
 
 

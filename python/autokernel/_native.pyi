@@ -2,7 +2,7 @@
 
 from os import PathLike
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, TypeVar, Union, overload
+from typing import Any, Iterable, NoReturn, Optional, Sequence, TypeVar, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +20,10 @@ class AutokernelError(RuntimeError):
 
 class PackedWeight:
     """A constant weight packed once by ``Runtime.pack_weight`` for ``Runtime.linear``."""
+
+    def __copy__(self) -> PackedWeight: ...  # itself: shared, never copied
+    def __deepcopy__(self, memo: Any) -> PackedWeight: ...  # itself
+    def __reduce__(self) -> NoReturn: ...  # TypeError: lives in native memory
 
     @property
     def in_features(self) -> int: ...
@@ -41,6 +45,10 @@ class PackedWeight:
 class EncoderLayer:
     """A BERT-style encoder layer served in one call, made by ``Runtime.encoder_layer``."""
 
+    def __copy__(self) -> EncoderLayer: ...  # itself: shared, never copied
+    def __deepcopy__(self, memo: Any) -> EncoderLayer: ...  # itself
+    def __reduce__(self) -> NoReturn: ...  # TypeError: lives in native memory
+
     @overload
     def __call__(
         self, x: Operand, mask: Optional[Operand] = None, out: None = None, *, copy: bool = False
@@ -59,6 +67,10 @@ class EncoderLayer:
 
 class Runtime:
     """Dispatches GEMM, fused linear layers and attention to the best tuned kernel variant."""
+
+    def __copy__(self) -> Runtime: ...  # itself: shared, never copied
+    def __deepcopy__(self, memo: Any) -> Runtime: ...  # itself
+    def __reduce__(self) -> NoReturn: ...  # TypeError: lives in native memory
 
     def __init__(
         self,

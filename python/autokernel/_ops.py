@@ -17,7 +17,7 @@ from . import Runtime
 log = logging.getLogger("autokernel")
 
 # Handles: custom ops take ints, not Python objects. Runtimes live as long as the process; a
-# packed weight's entry goes when the module that registered it is collected.
+# packed weight's or a layer's entry goes when its _Handle is collected (with its module).
 _LOCK = threading.Lock()
 _RUNTIMES: dict[int, Runtime] = {}
 _WEIGHTS: dict[int, tuple[Runtime, Any]] = {}
@@ -28,6 +28,7 @@ _RECORD = threading.local()
 
 
 def _register(table: dict, value) -> int:
+    """A new integer handle of ``value`` in ``table``."""
     with _LOCK:
         handle = _NEXT[0]
         _NEXT[0] += 1
@@ -35,19 +36,49 @@ def _register(table: dict, value) -> int:
         return handle
 
 
-def _register_owned(owner: nn.Module, table: dict, value) -> int:
-    """The custom ops' handle of ``value`` in ``table``, released when ``owner`` is collected."""
-    handle = _register(table, value)
-    weakref.finalize(owner, _release, table, handle)
-    return handle
+class _Handle:
+    """A module's entry in ``table`` (``_WEIGHTS`` or ``_LAYERS``), which the custom ops find
+    by its integer ``id``. The entry is released when this object is collected (with the
+    module holding it) or by :meth:`release`. A deep copy is a new entry with the same value:
+    a copied model packs again into entries of its own, and neither model's release removes
+    the other's. Not picklable (the value lives in native memory)."""
+
+    def __init__(self, table: dict, value) -> None:
+        self.table = table
+        self.id = _register(table, value)
+        self._finalizer = weakref.finalize(self, _release, table, self.id)
+
+    def get(self):
+        """The entry's value."""
+        return self.table[self.id]
+
+    def set(self, value) -> None:
+        """Makes ``value`` the entry's value."""
+        with _LOCK:
+            self.table[self.id] = value
+
+    def release(self) -> None:
+        """Removes the entry now (the ops no longer find ``id``)."""
+        self._finalizer()
+
+    def __deepcopy__(self, memo) -> "_Handle":
+        return _Handle(self.table, self.get())
+
+    def __reduce__(self):
+        raise TypeError(
+            "an autokernel-optimized model cannot be pickled (its packed weights live in native "
+            "memory): save the model's state_dict (its parameters are the original ones) and "
+            "optimize the loaded model again"
+        )
 
 
-def _register_weight(owner: nn.Module, runtime: Runtime, packed) -> int:
-    """The custom ops' handle of ``packed``, released when ``owner`` is collected."""
-    return _register_owned(owner, _WEIGHTS, (runtime, packed))
+def _weight_handle(runtime: Runtime, packed) -> _Handle:
+    """A new :class:`_Handle` of ``packed`` (None until packed), a weight packed for ``runtime``."""
+    return _Handle(_WEIGHTS, (runtime, packed))
 
 
 def _release(table: dict, handle: int) -> None:
+    """Removes ``handle``'s entry from ``table`` (if still there)."""
     with _LOCK:
         table.pop(handle, None)
 
@@ -242,7 +273,7 @@ class AutokernelLinear(nn.Module):
         self.act = act
         self._runtime = runtime
         self._ms = list(ms)
-        self.handle = _register_weight(self, runtime, None)
+        self.handle = _weight_handle(runtime, None)
         self.refresh()
 
     def refresh(self) -> None:
@@ -258,8 +289,7 @@ class AutokernelLinear(nn.Module):
         self.out_features, self.in_features = self.weight.shape
         with torch.no_grad():
             packed = self._runtime.pack_weight(self.weight.detach(), act=self.act, ms=self._ms, layout="nk")
-        with _LOCK:
-            _WEIGHTS[self.handle] = (self._runtime, packed)
+        self.handle.set((self._runtime, packed))
         self.packed = packed
         self._stamp = stamp
 
@@ -267,7 +297,7 @@ class AutokernelLinear(nn.Module):
         if _served(x) and not _needs_grad(x, (self.weight, self.bias)):
             self.refresh()
             bias = None if self.bias is None else self.bias.detach()
-            return call(_linear_op, x, self.handle, bias)
+            return call(_linear_op, x, self.handle.id, bias)
         y = nn.functional.linear(x, self.weight, self.bias)
         if self.act == "relu":
             return torch.relu(y)

@@ -33,6 +33,7 @@ writes through ``p.detach().numpy()``) are not seen: call :func:`refresh` after 
 from __future__ import annotations
 
 import copy
+import functools
 import numbers
 import threading
 from typing import Any, Iterable, Optional
@@ -85,20 +86,29 @@ def _limit_torch_threads(model: nn.Module, n: int) -> None:
     the optimized model took 358 ms with PyTorch on 2 threads, 242 ms with 1 (the runtime on
     2 threads either way), the same as with ``OMP_WAIT_POLICY=PASSIVE``.
     """
-    prev = threading.local()
+    model.register_forward_pre_hook(functools.partial(_set_torch_threads, n))
+    model.register_forward_hook(_restore_torch_threads, always_call=True)
 
-    def before(module, args):
-        if not torch.compiler.is_compiling():
-            prev.n = torch.get_num_threads()
-            torch.set_num_threads(n)
 
-    def after(module, args, out):
-        if not torch.compiler.is_compiling() and hasattr(prev, "n"):
-            torch.set_num_threads(prev.n)
-            del prev.n
+# Per thread: PyTorch's thread counts before each optimized forward still running (nested
+# forwards, a model inside another, stack up).
+_PREV_THREADS = threading.local()
 
-    model.register_forward_pre_hook(before)
-    model.register_forward_hook(after, always_call=True)
+
+def _set_torch_threads(n: int, module: nn.Module, args) -> None:
+    """Forward pre-hook (bound to ``n`` by ``functools.partial``, which pickles, unlike a
+    closure): sets PyTorch's intra-op threads to ``n``, the count before pushed."""
+    if not torch.compiler.is_compiling():
+        stack = _PREV_THREADS.__dict__.setdefault("stack", [])
+        stack.append(torch.get_num_threads())
+        torch.set_num_threads(n)
+
+
+def _restore_torch_threads(module: nn.Module, args, out) -> None:
+    """Forward hook: restores the thread count :func:`_set_torch_threads` pushed last."""
+    stack = getattr(_PREV_THREADS, "stack", None)
+    if not torch.compiler.is_compiling() and stack:
+        torch.set_num_threads(stack.pop())
 
 
 def optimize(
@@ -129,6 +139,10 @@ def optimize(
     otherwise compete with the runtime's threads for the same cores (a third slower measured
     on BERT-base). None leaves PyTorch's setting alone (e.g. when much of the model stays
     PyTorch's); the setting is process-wide while the forward runs.
+
+    ``copy.deepcopy`` of the optimized model works (the copy shares the runtime, and packs
+    its own weights again once they change); pickling it (``torch.save(model)``) raises a
+    ``TypeError``: save its ``state_dict`` and optimize the loaded model again.
     """
     if hasattr(model, "autokernel_runtime"):
         raise ValueError(

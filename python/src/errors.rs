@@ -40,3 +40,14 @@ pub fn kernel_err(e: kernels::Error) -> PyErr {
 pub fn other_err(e: impl std::fmt::Display) -> PyErr {
     AutokernelError::new_err(e.to_string())
 }
+
+/// The `TypeError` a native object's `__reduce__` raises (`class` names it, e.g.
+/// `autokernel.Runtime`): it lives in native memory, and an optimized PyTorch model is saved
+/// as its `state_dict` instead.
+pub fn not_picklable(class: &str) -> PyErr {
+    pyo3::exceptions::PyTypeError::new_err(format!(
+        "{class} cannot be pickled (it lives in native memory; an optimized PyTorch model holds \
+         one): save the model's state_dict (its parameters are the original ones) and optimize \
+         the loaded model again"
+    ))
+}

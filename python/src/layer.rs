@@ -64,6 +64,22 @@ impl PyEncoderLayer {
 
 #[pymethods]
 impl PyEncoderLayer {
+    /// Itself: a layer is immutable (`copy.deepcopy` of an optimized model shares it).
+    fn __copy__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Itself, as `__copy__`.
+    fn __deepcopy__(slf: Py<Self>, _memo: &Bound<'_, PyAny>) -> Py<Self> {
+        slf
+    }
+
+    /// Refused with a `TypeError`: a EncoderLayer lives in native memory (save an optimized model's
+    /// `state_dict` and optimize the loaded model again).
+    fn __reduce__(&self) -> PyResult<Py<PyAny>> {
+        Err(crate::errors::not_picklable("autokernel.EncoderLayer"))
+    }
+
     /// The layer on hidden states `x`, (B, S, hidden) float32 (not modified); returns the
     /// layer's output, (B, S, hidden), in `out` when given (it must not be `x`). `mask`: a
     /// padded batch, as for `Runtime.attention`. copy: as for `Runtime.gemm`.

@@ -47,6 +47,22 @@ pub struct PyPackedWeight {
 
 #[pymethods]
 impl PyPackedWeight {
+    /// Itself: a packed weight is immutable (`copy.deepcopy` of an optimized model shares it).
+    fn __copy__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Itself, as `__copy__`.
+    fn __deepcopy__(slf: Py<Self>, _memo: &Bound<'_, PyAny>) -> Py<Self> {
+        slf
+    }
+
+    /// Refused with a `TypeError`: a PackedWeight lives in native memory (save an optimized model's
+    /// `state_dict` and optimize the loaded model again).
+    fn __reduce__(&self) -> PyResult<Py<PyAny>> {
+        Err(crate::errors::not_picklable("autokernel.PackedWeight"))
+    }
+
     /// Input features (K, the rows of B).
     #[getter]
     fn in_features(&self) -> usize {

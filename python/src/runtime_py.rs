@@ -237,6 +237,22 @@ fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
 
 #[pymethods]
 impl PyRuntime {
+    /// Itself: a Runtime is shared, never copied (its database, policy and threads are one) (`copy.deepcopy` of an optimized model shares it).
+    fn __copy__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Itself, as `__copy__`.
+    fn __deepcopy__(slf: Py<Self>, _memo: &Bound<'_, PyAny>) -> Py<Self> {
+        slf
+    }
+
+    /// Refused with a `TypeError`: a Runtime lives in native memory (save an optimized model's
+    /// `state_dict` and optimize the loaded model again).
+    fn __reduce__(&self) -> PyResult<Py<PyAny>> {
+        Err(crate::errors::not_picklable("autokernel.Runtime"))
+    }
+
     #[new]
     #[pyo3(signature = (db_path=None, threads=None, precision=None, max_rel_err=None))]
     fn new(

@@ -289,15 +289,50 @@ def test_packed_weights_are_released_with_their_modules():
     import gc
 
     model = akt.optimize(bert("gelu"))
-    handles = [m.handle for m in model.modules() if isinstance(m, akt.AutokernelLinear)]
-    handles += [m._autokernel_qkv for m in model.modules() if hasattr(m, "_autokernel_qkv")]
+    handles = [m.handle.id for m in model.modules() if isinstance(m, akt.AutokernelLinear)]
+    handles += [m._autokernel_qkv.id for m in model.modules() if hasattr(m, "_autokernel_qkv")]
     assert len(handles) == 2 * 3 + 1 + 2 and all(h in _ops._WEIGHTS for h in handles)
-    layers = [m._autokernel_layer for m in model.modules() if hasattr(m, "_autokernel_layer")]
+    layers = [m._autokernel_layer.id for m in model.modules() if hasattr(m, "_autokernel_layer")]
     assert len(layers) == 2 and all(h in _ops._LAYERS for h in layers)
     del model
     gc.collect()
     assert not any(h in _ops._WEIGHTS for h in handles)
     assert not any(h in _ops._LAYERS for h in layers)
+
+
+
+def test_an_optimized_model_deep_copies_and_refuses_pickling_by_name():
+    """A copy shares the runtime and packed weights until its own parameters change; each
+    model's entries are its own (a change or a release of one leaves the other as it is)."""
+    import gc
+    import io
+    import pickle
+
+    stock, new = bert("gelu"), bert("gelu")
+    with torch.no_grad():
+        for p in new.parameters():
+            p.mul_(0.9).add_(0.001)
+    model = akt.optimize(copy.deepcopy(stock))
+    dup = copy.deepcopy(model)
+    assert akt.runtime_of(dup) is akt.runtime_of(model)
+    ids = torch.randint(0, 500, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, 8:] = 0
+    kw = dict(input_ids=ids, attention_mask=mask)
+    with torch.no_grad():
+        want = stock(**kw).last_hidden_state
+        torch.testing.assert_close(dup(**kw).last_hidden_state, model(**kw).last_hidden_state, rtol=0, atol=0)
+        dup.load_state_dict(new.state_dict())
+        torch.testing.assert_close(dup(**kw).last_hidden_state, new(**kw).last_hidden_state, rtol=0, atol=1e-4)
+        torch.testing.assert_close(model(**kw).last_hidden_state, want, rtol=0, atol=1e-4)
+        del model
+        gc.collect()
+        torch.testing.assert_close(dup(**kw).last_hidden_state, new(**kw).last_hidden_state, rtol=0, atol=1e-4)
+    for save in (pickle.dumps, lambda m: torch.save(m, io.BytesIO())):
+        with pytest.raises(TypeError, match="state_dict"):
+            save(dup)
+    with pytest.raises(TypeError, match="autokernel.Runtime cannot be pickled.*state_dict"):
+        pickle.dumps(akt.runtime_of(dup))
 
 
 def test_key_lengths_are_read_once_per_mask_within_a_forward():
