@@ -129,5 +129,22 @@ fn every_read_command_works_on_a_read_only_deployment() {
     assert!(!o.status.success());
     assert_eq!(stderr(&o).trim().lines().count(), 1, "{}", stderr(&o));
     assert_eq!(std::fs::read(&db).unwrap(), before);
+    // A read-only file in a directory the writer may write: refused before the first write
+    // (it had failed mid-run and left -wal/-shm files the owner could not remove), and the
+    // dry run says so too.
+    chmod(&deploy, 0o777);
+    for extra in [&["--budget", "1"][..], &["--dry-run"][..]] {
+        let mut args = vec!["tune", "--workload", "gemm:8x8x8", "--db", dbs];
+        args.extend_from_slice(extra);
+        let o = unprivileged(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("cannot write it"), "{}", stderr(&o));
+        assert_eq!(
+            listing(&deploy),
+            ["tuning.db"],
+            "{args:?} left nothing behind"
+        );
+    }
+    assert_eq!(std::fs::read(&db).unwrap(), before);
     chmod(&deploy, 0o755);
 }

@@ -103,9 +103,11 @@ fn shards_partition_the_list_for_every_count() {
 #[test]
 fn slurm_and_kubernetes_variables_name_the_shard() {
     // sbatch --array=4-6: task 5 is the second of three.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bert.db");
     let p = plan(
         None,
-        &["--db", "out/bert.db"],
+        &["--db", out.to_str().unwrap()],
         &[
             ("SLURM_ARRAY_TASK_ID", "5"),
             ("SLURM_ARRAY_TASK_COUNT", "3"),
@@ -115,7 +117,8 @@ fn slurm_and_kubernetes_variables_name_the_shard() {
     );
     assert_eq!(p["shard"], "1/3");
     assert_eq!(p["shard_source"], "slurm");
-    assert_eq!(p["db"], "out/bert.shard-1-of-3.db");
+    let shard_db = dir.path().join("bert.shard-1-of-3.db");
+    assert_eq!(p["db"], shard_db.to_str().unwrap());
     assert_eq!(p["workloads"], plan(Some("1/3"), &[], &[])["workloads"]);
 
     let p = plan(
@@ -328,4 +331,25 @@ fn more_shards_than_workloads_leaves_empty_shards_that_succeed() {
         assert!(dir.path().join(format!("t.shard-{i}-of-6.db")).exists());
     }
     assert_eq!(total, SMALL.len());
+}
+
+#[test]
+fn a_dry_run_refuses_a_database_the_real_run_would() {
+    // It had said yes to a --db in a directory that does not exist (the real run: exit 2).
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("missing").join("t.db");
+    let o = autokernel(
+        &[
+            "tune",
+            "--dry-run",
+            "--workload",
+            "gemm:8x8x8",
+            "--db",
+            db.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("does not exist"));
+    assert!(!dir.path().join("missing").exists(), "nothing made");
 }

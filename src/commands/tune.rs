@@ -131,9 +131,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     let opts = options(&args)?;
     if args.dry_run {
         // What the real run would refuse, the dry run refuses too (a missing file is made).
-        if db_path.exists() {
-            TuningDb::open_read_only(&db_path)?;
-        }
+        TuningDb::check_writer(&db_path)?;
         return Ok(ExitCode::SUCCESS);
     }
     let isolated = args.isolation == "process";

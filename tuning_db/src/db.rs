@@ -66,15 +66,7 @@ impl TuningDb {
     /// is never modified: every check is a read made before the first write.
     pub fn open(path: impl AsRef<Path>) -> Result<TuningDb> {
         let path = path.as_ref().to_path_buf();
-        if let Some(dir) = path.parent() {
-            if !dir.as_os_str().is_empty() && !dir.is_dir() {
-                return Err(DbError::NoParentDir {
-                    path: path.clone(),
-                    dir: dir.to_path_buf(),
-                });
-            }
-        }
-        precheck_file(&path)?;
+        precheck_writer(&path)?;
         if !path.exists() {
             create_complete(&path)?;
         }
@@ -103,6 +95,24 @@ impl TuningDb {
         db.ensure_wal()?;
         db.migrate(version)?;
         Ok(db)
+    }
+
+    /// What [`TuningDb::open`] would refuse at `path`, checked without writing anything
+    /// (for dry runs): a missing directory, a file that is not a database of ours or of a
+    /// schema this build reads, a file or directory this process cannot write.
+    pub fn check_writer(path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        precheck_writer(path)?;
+        if path.exists() {
+            TuningDb::open_read_only(path)
+                .map(drop)
+                .or_else(|e| match e {
+                    // Older files are migrated by the writer.
+                    DbError::OlderSchemaReadOnly { .. } => Ok(()),
+                    e => Err(e),
+                })?;
+        }
+        Ok(())
     }
 
     /// Opens an existing database for reading only: no migrations, no writes, and (WAL)
@@ -956,6 +966,54 @@ fn file_kind(t: &std::fs::FileType) -> &'static str {
     } else {
         "special file"
     }
+}
+
+/// The checks before a writer opens `path`, all reads: its directory exists, the file (if
+/// any) is a regular, non-empty file that opens for writing (without changing it), and the
+/// directory takes new files (the database itself, or SQLite's -wal and -shm beside it) —
+/// so a refused run leaves nothing behind.
+fn precheck_writer(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(DbError::NoParentDir {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+        });
+    }
+    precheck_file(path)?;
+    let not_writable = |detail: String| DbError::NotWritable {
+        path: path.to_path_buf(),
+        detail,
+    };
+    if path.exists() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(|e| not_writable(format!("opening it for writing: {e}")))?;
+    }
+    if !(sidecar(path, "-wal").exists() && sidecar(path, "-shm").exists()) {
+        let probe = temp_name(path, &format!(".probe-{}", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe)
+        {
+            Ok(_) => {
+                let _ = std::fs::remove_file(&probe);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(not_writable(format!(
+                    "its directory {} takes no new files: {e}",
+                    dir.display()
+                )))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `path` as SQLite takes it as a file name: a relative path that starts with `file:` would
