@@ -517,3 +517,28 @@ fn a_nan_in_the_weights_is_a_failure_reported_as_nan() {
     let e = stderr(&o);
     assert!(e.contains("max |output - reference| = inf"), "{e}");
 }
+
+#[test]
+fn a_checkpoint_directory_named_like_a_seeded_model_is_not_shadowed_by_it() {
+    // `git clone https://huggingface.co/prajjwal1/bert-tiny` makes ./bert-tiny: it had been
+    // served the seeded random model without a word.
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("bert-tiny");
+    std::fs::create_dir(&ckpt).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(std::path::Path::new(FIXTURE).join(f), ckpt.join(f)).unwrap();
+    }
+    for args in [
+        &["infer", "--model", "bert-tiny"][..],
+        &["tune", "--model", "bert-tiny", "--dry-run"][..],
+    ] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_autokernel"))
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("./bert-tiny"), "{err}");
+    }
+}

@@ -26,7 +26,7 @@ pub enum Source {
 /// The sizes of model `name` and the longest sequence it takes, without reading weights:
 /// a seeded model's name, or a checkpoint directory.
 pub fn model_config(name: &str) -> anyhow::Result<(BertConfig, usize)> {
-    if let Some(c) = BertConfig::by_name(name) {
+    if let Some(c) = seeded(name)? {
         return Ok((c, bert::MAX_SEQ));
     }
     if Path::new(name).is_dir() {
@@ -39,11 +39,26 @@ pub fn model_config(name: &str) -> anyhow::Result<(BertConfig, usize)> {
 /// directory with one: what `infer --model DIR` runs when no shape is given.
 pub fn saved_shape(name: &str) -> anyhow::Result<Option<(usize, usize)>> {
     let inputs = Path::new(name).join("inputs.json");
-    if BertConfig::by_name(name).is_some() || !inputs.exists() {
+    if seeded(name)?.is_some() || !inputs.exists() {
         return Ok(None);
     }
     let t = TokenBatch::from_json(&inputs)?;
     Ok(Some((t.batch, t.seq)))
+}
+
+/// The seeded model `name` names, if it names one — refused when a checkpoint directory of
+/// that name is here too (`git clone https://huggingface.co/prajjwal1/bert-tiny` makes one):
+/// which was meant cannot be told, and random weights in place of the checkpoint would go
+/// unnoticed.
+fn seeded(name: &str) -> anyhow::Result<Option<BertConfig>> {
+    let config = BertConfig::by_name(name);
+    if config.is_some() && Path::new(name).join("config.json").exists() {
+        bail!(
+            "'{name}' names both a seeded model and the checkpoint directory here: give \
+             ./{name} for the directory, or run elsewhere for the seeded model"
+        );
+    }
+    Ok(config)
 }
 
 fn unknown(name: &str) -> String {
@@ -56,7 +71,7 @@ fn unknown(name: &str) -> String {
 impl Source {
     /// The seeded model called `name`, or the checkpoint in directory `name`.
     pub fn open(name: &str, seed: u64) -> anyhow::Result<Source> {
-        if let Some(config) = BertConfig::by_name(name) {
+        if let Some(config) = seeded(name)? {
             return Ok(Source::Seeded { config, seed });
         }
         let dir = Path::new(name);
