@@ -120,7 +120,7 @@ class Runtime:
         self,
         w: Operand,
         act: Optional[str] = None,
-        ms: Optional[Sequence[int]] = None,
+        ms: Optional[Iterable[int]] = None,
         layout: str = "kn",
         *,
         copy: bool = False,

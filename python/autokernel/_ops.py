@@ -126,8 +126,8 @@ def _linear_op(x: torch.Tensor, handle: int, bias: Optional[torch.Tensor]) -> to
 
 def _linear(x: torch.Tensor, handle: int, bias: Optional[torch.Tensor]) -> torch.Tensor:
     rt, weight = _WEIGHTS[handle]
-    x = x.contiguous()
-    y = rt.linear(x, weight, bias)
+    x = x.detach().contiguous()
+    y = rt.linear(x, weight, None if bias is None else bias.detach())
     if getattr(_RECORD, "seen", None) is not None:
         m = x.numel() // weight.in_features
         op = weight.workload.split(":", 1)[0]
@@ -146,7 +146,8 @@ def _attention_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: int, causal: bool, key_lengths: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
     rt = _RUNTIMES[handle]
-    o = rt.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal, mask=key_lengths)
+    q, k, v = (t.detach().contiguous() for t in (q, k, v))
+    o = rt.attention(q, k, v, causal, mask=key_lengths)
     b, h, s, d = q.shape
     _record(f"attention:{b}x{h}x{s}x{d}" + (":causal" if causal else ""))
     return torch.from_numpy(o)
@@ -162,7 +163,7 @@ def _attention_qkv_op(
     qkv: torch.Tensor, handle: int, heads: int, causal: bool, key_lengths: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
     rt = _RUNTIMES[handle]
-    o = rt.attention_qkv(qkv.contiguous(), heads, causal, mask=key_lengths)
+    o = rt.attention_qkv(qkv.detach().contiguous(), heads, causal, mask=key_lengths)
     b, s, width = qkv.shape
     _record(f"attention:{b}x{heads}x{s}x{width // (3 * heads)}" + (":causal" if causal else ""))
     return torch.from_numpy(o)
@@ -185,7 +186,7 @@ def _linear_add_layer_norm_op(
 ) -> torch.Tensor:
     y = _linear(x, handle, bias)
     rt, _ = _WEIGHTS[handle]
-    rt.add_layer_norm(y, residual.contiguous(), ln_weight, ln_bias, eps)
+    rt.add_layer_norm(y, residual.detach().contiguous(), ln_weight.detach(), ln_bias.detach(), eps)
     return y
 
 
@@ -198,7 +199,7 @@ def _(x, handle, bias, residual, ln_weight, ln_bias, eps):
 def _run_layers(x: torch.Tensor, handles: list[int], key_lengths: Optional[torch.Tensor]) -> torch.Tensor:
     """The fused encoder layers ``handles`` one after the other on ``x``, in one runtime call."""
     layers = [_LAYERS[h] for h in handles]
-    y = layers[0].runtime.encoder(layers, x.contiguous(), mask=key_lengths)
+    y = layers[0].runtime.encoder(layers, x.detach().contiguous(), mask=key_lengths)
     if getattr(_RECORD, "seen", None) is not None:
         for layer in layers:
             for w in layer.workloads(x.shape[0], x.shape[1]):

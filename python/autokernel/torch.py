@@ -36,7 +36,8 @@ import copy
 import functools
 import numbers
 import threading
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -111,6 +112,23 @@ def _restore_torch_threads(module: nn.Module, args, out) -> None:
         torch.set_num_threads(stack.pop())
 
 
+def _row_counts(ms: Iterable[int]) -> list[int]:
+    """Argument ``ms`` of :func:`optimize` as a list of row counts: integers (numpy's too) of
+    at least 1; a str, a bool or a float (which ``int`` would truncate) is a ``TypeError``."""
+    if isinstance(ms, (str, bytes)) or not isinstance(ms, Iterable):
+        raise TypeError(f"ms={ms!r}: expected a list of row counts, such as [1, 128]")
+    counts = []
+    for m in ms:
+        if isinstance(m, bool) or not isinstance(m, numbers.Integral):
+            raise TypeError(f"ms={ms!r} holds {m!r}: expected integer row counts")
+        if m < 1:
+            raise ValueError(f"ms={ms!r} holds {m!r}: expected row counts of at least 1")
+        counts.append(int(m))
+    if not counts:
+        raise ValueError("ms=[]: give at least one row count")
+    return counts
+
+
 def optimize(
     model: nn.Module,
     db: Optional[str] = None,
@@ -126,8 +144,9 @@ def optimize(
     runtime; returns the model, changed in place.
 
     db: the tuning database (None: kernel defaults). precision, threads: as for
-    :class:`autokernel.Runtime` (or pass ``runtime``). ms: the row counts (batch × sequence) to
-    plan the packed weights for; others are served too. ``model.autokernel_unsupported``
+    :class:`autokernel.Runtime` (or pass ``runtime`` instead of all three: with it, any of them
+    is a ``ValueError``). ms: the row counts (batch × sequence; integers ≥ 1) to plan the packed
+    weights for; others are served too. ``model.autokernel_unsupported``
     lists the modules left to PyTorch, with why; ``model.autokernel_runtime`` is the runtime;
     ``model.autokernel_fused_qkv`` names the self-attention blocks whose projections are fused,
     ``model.autokernel_fused_layer_norm`` the output blocks whose residual LayerNorm is,
@@ -153,8 +172,15 @@ def optimize(
         isinstance(torch_threads, bool) or not isinstance(torch_threads, numbers.Integral) or torch_threads < 1
     ):
         raise ValueError(f"torch_threads={torch_threads!r}: expected a whole number ≥ 1, or None")
+    ms = _row_counts(ms)
+    if runtime is not None:
+        given = [f"{k}={v!r}" for k, v in (("db", db), ("precision", precision), ("threads", threads)) if v is not None]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} with runtime=: the runtime has its own database, precision and "
+                "threads (give them to autokernel.Runtime, or leave runtime out)"
+            )
     rt = runtime if runtime is not None else Runtime(db, threads=threads, precision=precision)
-    ms = [int(m) for m in ms]
     report: list[tuple[str, str]] = []
     replaced: set[int] = set()
 

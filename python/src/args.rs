@@ -68,3 +68,50 @@ pub fn eps_f32(eps: f64) -> PyResult<f32> {
     }
     Ok(e)
 }
+
+/// Row counts (`ms`) from argument `name`: a non-empty iterable of integers, each a
+/// [`dim`] (numpy integers too). A str, a bool or a float (which `int()` would truncate) is a
+/// `TypeError` naming the argument, as is something that is not iterable.
+pub fn row_counts(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    use pyo3::exceptions::PyTypeError;
+    use pyo3::types::{PyBool, PyBytes, PyString};
+    let kind = || {
+        obj.get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default()
+    };
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(PyTypeError::new_err(format!(
+            "argument '{name}' is a {}: expected a list of row counts, such as [1, 128]",
+            kind()
+        )));
+    }
+    let items = obj.try_iter().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "argument '{name}' is a {}: expected a list of row counts, such as [1, 128]",
+            kind()
+        ))
+    })?;
+    let mut ms = Vec::new();
+    for item in items {
+        let item = item?;
+        // Integers, numpy's included (`__index__`); a bool is one to Python, not here.
+        let value = match item.extract::<IntArg>() {
+            Ok(v) if !item.is_instance_of::<PyBool>() => v,
+            _ => {
+                return Err(PyTypeError::new_err(format!(
+                    "argument '{name}' holds {}: expected integer row counts",
+                    item.repr()?
+                )))
+            }
+        };
+        ms.push(dim(name, value)?);
+    }
+    if ms.is_empty() {
+        return Err(PyValueError::new_err(format!(
+            "{name}=[]: give at least one row count"
+        )));
+    }
+    Ok(ms)
+}

@@ -3,9 +3,11 @@
 //! An operand must be float32, C-contiguous and aligned, with the expected shape; anything
 //! else raises `TypeError` (wrong kind or element type) or `ValueError` (layout, shape)
 //! naming the argument. Nothing is copied unless the caller passed `copy=True`, which allows
-//! a conversion (element type, layout, a list) for inputs; outputs are never copied, and an
-//! output tensor must not require grad (it is written outside autograd) — refused even under
-//! `torch.no_grad()`, where PyTorch itself would allow the in-place write: pass `.detach()`.
+//! a conversion (element type, layout, a list) for inputs; outputs are never copied. A tensor
+//! that requires grad is refused, input or output, even under `torch.no_grad()`: an input's
+//! result would be cut off from autograd (as `tensor.numpy()` refuses), an output would be
+//! written outside it; pass `.detach()`. A numpy masked array is refused (its mask would be
+//! ignored).
 
 use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
@@ -134,6 +136,7 @@ pub fn new_output<'py>(py: Python<'py>, shape: &[usize]) -> PyResult<F32Array<'p
 /// and made dense; anything else as it is. A tensor on another device is a `TypeError`.
 pub fn detached<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py, PyAny>> {
     let py = obj.py();
+    not_masked(obj, name)?;
     let Some((tensor, _)) = torch_types(py)? else {
         return Ok(obj.clone());
     };
@@ -142,6 +145,26 @@ pub fn detached<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py,
     }
     cpu_only(obj, name)?;
     dense(&obj.call_method0(intern!(py, "detach"))?)
+}
+
+/// `TypeError` if `obj` is a numpy masked array: read as an array, its mask would be
+/// ignored. (A plain ndarray is told apart by its exact type, without importing numpy.ma.)
+fn not_masked(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
+    let py = obj.py();
+    if obj.is_exact_instance_of::<PyUntypedArray>() {
+        return Ok(());
+    }
+    static MASKED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let masked = MASKED.get_or_try_init(py, || {
+        PyResult::Ok(py.import("numpy.ma")?.getattr("MaskedArray")?.unbind())
+    })?;
+    if obj.is_instance(masked.bind(py))? {
+        return Err(PyTypeError::new_err(format!(
+            "argument '{name}' is a numpy masked array, whose mask autokernel would ignore: pass \
+             {name}.filled(value) (or {name}.data to drop the mask)"
+        )));
+    }
+    Ok(())
 }
 
 /// Torch tensor `t` as a plain strided one that `.numpy()` can view: sparse and MKL-DNN
@@ -183,6 +206,7 @@ fn as_ndarray<'py>(
     copy: Option<bool>,
 ) -> PyResult<Option<Bound<'py, PyUntypedArray>>> {
     if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        not_masked(obj, name)?;
         return Ok(Some(arr.clone()));
     }
     let py = obj.py();
@@ -210,7 +234,12 @@ fn as_ndarray<'py>(
                  outside autograd (pass {name}.detach() to write its storage anyway)"
             )));
         }
-        t = t.call_method0(intern!(py, "detach"))?;
+        // A result computed from it would be cut off from autograd without a word (as
+        // `tensor.numpy()`, refused in every mode and with copy=True too).
+        return Err(PyValueError::new_err(format!(
+            "argument '{name}' is a tensor that requires grad: call {name}.detach() first; the \
+             runtime's ops have no backward"
+        )));
     }
     let dtype = t.getattr(intern!(py, "dtype"))?;
     if !dtype.is(float32.bind(py)) {

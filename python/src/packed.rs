@@ -4,12 +4,12 @@ use kernels::Act;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-/// The Python names of the activations fused into `linear`: `None`/`"identity"`, `"relu"`,
+/// The Python names of the activations fused into `linear`: `None`/`"identity"`/`"none"`, `"relu"`,
 /// `"gelu_tanh"` (the tanh form: Hugging Face's `gelu_new`), `"gelu_erf"` (the exact form:
 /// PyTorch's `gelu`, Hugging Face's `gelu`). `"gelu"` alone is refused as ambiguous.
 pub fn parse_act(name: Option<&str>) -> PyResult<Act> {
     match name.map(str::trim) {
-        None | Some("identity" | "none" | "") => Ok(Act::Identity),
+        None | Some("identity" | "none") => Ok(Act::Identity),
         Some("relu") => Ok(Act::Relu),
         Some("gelu_tanh" | "gelu_new") => Ok(Act::Gelu),
         Some("gelu") => Err(PyValueError::new_err(
@@ -18,7 +18,7 @@ pub fn parse_act(name: Option<&str>) -> PyResult<Act> {
         )),
         Some("gelu_erf") => Ok(Act::GeluErf),
         Some(other) => Err(PyValueError::new_err(format!(
-            "unknown act '{other}' (known: None, 'identity', 'relu', 'gelu_tanh', 'gelu_erf')"
+            "unknown act '{other}' (known: None, 'identity' or 'none', 'relu', 'gelu_tanh', 'gelu_erf')"
         ))),
     }
 }

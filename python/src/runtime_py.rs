@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use runtime::{PrecisionPolicy, Runtime};
 
-use crate::args::{dim, eps_f32, IntArg, PathArg};
+use crate::args::{dim, eps_f32, row_counts, IntArg, PathArg};
 use crate::errors::{kernel_err, runtime_err};
 use crate::operand::{self, dims, expect_shape, F32Array};
 use crate::packed::{parse_act, PyPackedWeight};
@@ -24,6 +24,11 @@ pub fn parse_policy(p: Option<&str>, max_rel_err: Option<f64>) -> PyResult<Preci
         .map_err(|e: runtime::UnknownPrecision| PyValueError::new_err(e.to_string()))?;
     match max_rel_err {
         None => Ok(policy),
+        Some(e) if policy.is_exact() => Err(PyValueError::new_err(format!(
+            "max_rel_err={e}: max_rel_err applies to a reduced precision ('bf16', 'int8' or \
+             'auto'); precision={} serves f32 only",
+            p.map_or("None".to_string(), |p| format!("'{p}'"))
+        ))),
         Some(e) => policy
             .with_budget(e)
             .map_err(|e| PyValueError::new_err(format!("max_rel_err: {e}"))),
@@ -47,6 +52,7 @@ pub fn parse_policy(p: Option<&str>, max_rel_err: Option<f64>) -> PyResult<Preci
 ///     record measured on its shape); see `set_precision`.
 /// max_rel_err: error budget: a reduced-precision record is served only if its stored max
 ///     relative error against the f32 problem is at most this ('auto' defaults to 1e-2).
+///     Refused (ValueError) with precision None or 'f32', which it would not change.
 ///
 /// Operands are float32, C-contiguous numpy arrays or CPU torch tensors, read in place; a
 /// wrong element type raises TypeError and a wrong layout or shape ValueError, naming the
@@ -85,16 +91,23 @@ pub(crate) fn key_lengths(
             arr.getattr("dtype")?.str()?
         )));
     }
+    let given = arr.clone();
+    // An element as given (an integer exactly, not through float64), for messages.
+    let exact = |index: Bound<'_, PyAny>| -> PyResult<String> {
+        Ok(given.call_method1("item", (index,))?.str()?.to_string())
+    };
     let arr = arr.call_method1("astype", ("float64",))?;
     let view: numpy::PyReadonlyArrayDyn<'_, f64> = arr.extract()?;
     let a = view.as_array();
     match a.shape() {
         [n] if *n == b => a
             .iter()
-            .map(|&l| {
+            .enumerate()
+            .map(|(i, &l)| {
                 if !l.is_finite() || l.fract() != 0.0 {
                     Err(bad(format!("key length {l} is not an integer")))
                 } else if !(0.0..=s as f64).contains(&l) {
+                    let l = exact(i.into_pyobject(py)?.into_any())?;
                     Err(bad(format!("key length {l} is outside 0..={s}")))
                 } else {
                     Ok(l as i32)
@@ -104,7 +117,8 @@ pub(crate) fn key_lengths(
         [n, m] if (*n, *m) == (b, s) => (0..b)
             .map(|i| {
                 let row: Vec<f64> = (0..s).map(|j| a[[i, j]]).collect();
-                if let Some(x) = row.iter().find(|&&x| x != 0.0 && x != 1.0) {
+                if let Some(j) = row.iter().position(|&x| x != 0.0 && x != 1.0) {
+                    let x = exact((i, j).into_pyobject(py)?.into_any())?;
                     return Err(bad(format!(
                         "row {i} holds {x}; expected a 0/1 mask of 1s then 0s"
                     )));
@@ -420,28 +434,25 @@ impl PyRuntime {
 
     /// Packs a constant weight once for `linear`: `w` is (in_features, out_features)
     /// (`layout='kn'`, the GEMM's B) or (out_features, in_features) (`layout='nk'`, as
-    /// torch.nn.Linear stores it). `act` ('identity'/None, 'relu', 'gelu_tanh', 'gelu_erf') is fused
-    /// into every call; `ms` lists the row counts to plan for (any other is served too).
+    /// torch.nn.Linear stores it). `act` (None/'identity'/'none', 'relu', 'gelu_tanh', 'gelu_erf') is
+    /// fused into every call; `ms` lists the row counts (integers ≥ 1) to plan for (any other is
+    /// served too).
     #[pyo3(signature = (w, act=None, ms=None, layout="kn", *, copy=false))]
     fn pack_weight(
         &self,
         py: Python<'_>,
         w: &Bound<'_, PyAny>,
         act: Option<&str>,
-        ms: Option<Vec<IntArg>>,
+        ms: Option<&Bound<'_, PyAny>>,
         layout: &str,
         copy: bool,
     ) -> PyResult<PyPackedWeight> {
         let act = parse_act(act)?;
         let (w, rows, cols) = matrix(w, "w", copy)?;
-        let ms = ms.unwrap_or_else(|| vec![1]);
-        if ms.is_empty() {
-            return Err(PyValueError::new_err("ms=[]: give at least one row count"));
-        }
-        let ms = ms
-            .into_iter()
-            .map(|m| dim("ms", m))
-            .collect::<PyResult<Vec<usize>>>()?;
+        let ms = match ms.filter(|m| !m.is_none()) {
+            Some(ms) => row_counts("ms", ms)?,
+            None => vec![1],
+        };
         let transposed = match layout {
             "kn" => false,
             "nk" => true,

@@ -537,3 +537,30 @@ print(sqlite3.connect({str(db)!r}).execute("select count(*), sum(status != 'ok')
     assert float(lines[0].split()[2]) < 30, out.stdout
     trials, failed = eval(lines[1])
     assert trials > 0 and failed == 0, out.stdout
+
+
+def test_arguments_that_would_be_ignored_are_refused_by_name():
+    """A budget without a reduced precision, an empty act, row counts that are not integers
+    and numpy masked arrays would each be silently dropped: each is an error naming it."""
+    for precision in (None, "f32"):
+        with pytest.raises(ValueError, match="max_rel_err applies to a reduced precision"):
+            autokernel.Runtime(precision=precision, max_rel_err=1e-2)
+    rt = autokernel.Runtime()
+    with pytest.raises(ValueError, match="max_rel_err applies to a reduced precision"):
+        rt.set_precision("f32", max_rel_err=1e-2)
+    w = np.ones((4, 3), np.float32)
+    with pytest.raises(ValueError, match="unknown act ''"):
+        rt.pack_weight(w, act="")
+    for ms, what in [("16", "argument 'ms' is a str"), ([1.7], "argument 'ms' holds 1.7"),
+                     ([True], "argument 'ms' holds True"), (16, "argument 'ms' is a int")]:
+        with pytest.raises(TypeError, match=what):
+            rt.pack_weight(w, ms=ms)
+    assert rt.pack_weight(w, ms=np.array([2, 16])).in_features == 4  # numpy integers are integers
+    masked = np.ma.masked_array(np.ones((2, 4), np.float32), mask=np.eye(2, 4, dtype=bool))
+    with pytest.raises(TypeError, match="argument 'a' is a numpy masked array"):
+        rt.gemm(masked, w)
+    with pytest.raises(TypeError, match="argument 'x' is a numpy masked array"):
+        rt.linear(masked, rt.pack_weight(w), copy=True)
+    q = np.ones((2, 1, 3, 4), np.float32)
+    with pytest.raises(TypeError, match="argument 'mask' is a numpy masked array"):
+        rt.attention(q, q, q, mask=np.ma.masked_array([3, 2], mask=[False, True]))

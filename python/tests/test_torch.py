@@ -18,10 +18,14 @@ from autokernel import _hf, _ops  # noqa: E402
 
 def test_tensors_are_operands_read_and_written_in_place():
     rt = autokernel.Runtime()
-    a = torch.randn(8, 16, requires_grad=True)
+    a = torch.randn(8, 16)
     b = torch.randn(16, 12)
     c = rt.gemm(a, b)
-    np.testing.assert_allclose(c, (a @ b).detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(c, (a @ b).numpy(), rtol=1e-4, atol=1e-4)
+    # A result cut off from autograd is refused, as by tensor.numpy(), under no_grad too.
+    for copy_ in (False, True):
+        with torch.no_grad(), pytest.raises(ValueError, match="argument 'a' .*requires grad: call a.detach"):
+            rt.gemm(a.clone().requires_grad_(), b, copy=copy_)
     out = torch.empty(8, 12)
     rt.gemm(a, b, out=out)  # written through the tensor's own storage
     torch.testing.assert_close(out, (a @ b).detach(), rtol=1e-4, atol=1e-4)
@@ -112,6 +116,20 @@ class _SeesThreads(nn.Module):
     def forward(self, x):
         self.seen.append(torch.get_num_threads())
         return x
+
+
+def test_optimize_refuses_arguments_it_would_ignore():
+    rt = autokernel.Runtime()
+    for kw in (dict(db="x.db"), dict(precision="int8"), dict(threads=2)):
+        (name,) = kw
+        with pytest.raises(ValueError, match=f"{name}=.* with runtime="):
+            akt.optimize(mlp(), runtime=rt, **kw)
+    for ms, what in [("12", "expected a list"), ([1.7], "holds 1.7"), ([True], "holds True"), (12, "expected a list")]:
+        with pytest.raises(TypeError, match=what):
+            akt.optimize(mlp(), ms=ms)
+    with pytest.raises(ValueError, match="at least 1"):
+        akt.optimize(mlp(), ms=[0])
+    assert akt.optimize(mlp(), runtime=rt, ms=np.array([4, 16])).autokernel_runtime is rt
 
 
 def test_optimized_forward_runs_torch_on_its_own_thread_count():
