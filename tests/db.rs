@@ -269,6 +269,22 @@ fn merge_keeps_every_record_chooses_by_measurement_and_reports_conflicts() {
         "--json",
     ]));
     assert_eq!(m["records"], 5);
+    // The text summary counts the result's workloads, A's alone included (it had counted
+    // B's only).
+    let text = ak(&[
+        "db",
+        "merge",
+        s(&b),
+        s(&a),
+        "--out",
+        s(&dir.path().join("d.db")),
+    ]);
+    assert!(text.status.success());
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("3 workload(s): 1 only in A, 0 only in B, "),
+        "{text}"
+    );
     let conflicts = m["conflicts"].as_array().unwrap();
     assert_eq!(conflicts.len(), 1, "{m}");
     assert_eq!(conflicts[0]["workload"], "gemm:64x64x64");

@@ -271,6 +271,28 @@ fn outcome_counts(r: &ImportReport) -> String {
     )
 }
 
+/// The workloads of a merge's result (A imported first, then B): how many each side alone
+/// had, and how B's compare with A's.
+fn merge_counts(a: &ImportReport, b: &ImportReport) -> String {
+    let key = |w: &tuning_db::WorkloadOutcome| (w.fingerprint_id.clone(), w.workload.clone());
+    let in_b: std::collections::HashSet<_> = b.workloads.iter().map(key).collect();
+    let only_a = a
+        .workloads
+        .iter()
+        .filter(|w| !in_b.contains(&key(w)))
+        .count();
+    let n = |o: Outcome| b.workloads.iter().filter(|w| w.outcome == o).count();
+    format!(
+        "{} workload(s): {only_a} only in A, {} only in B, {} the same in both, {} faster in B, {} faster in A, {} within noise",
+        only_a + b.workloads.len(),
+        n(Outcome::New),
+        n(Outcome::Same),
+        n(Outcome::SourceFaster),
+        n(Outcome::TargetFaster),
+        n(Outcome::WithinNoise)
+    )
+}
+
 fn print_conflicts(conflicts: &[Conflict]) {
     if conflicts.is_empty() {
         println!("no conflicts");
@@ -345,12 +367,7 @@ fn merge(a: MergeArgs) -> anyhow::Result<ExitCode> {
         r.records,
         r.checksum
     );
-    println!(
-        "{}",
-        outcome_counts(&r.b)
-            .replace("the source", "B")
-            .replace("the target", "A")
-    );
+    println!("{}", merge_counts(&r.a, &r.b));
     print_conflicts(&r.conflicts);
     Ok(ExitCode::SUCCESS)
 }
