@@ -1,7 +1,7 @@
 //! `autokernel.PackedWeight`: a constant weight packed once for `Runtime.linear`.
 
 use kernels::Act;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 /// The Python names of the activations fused into `linear`: `None`/`"identity"`/`"none"`, `"relu"`,
@@ -123,5 +123,20 @@ impl PyPackedWeight {
             self.level(),
             self.layouts()
         )
+    }
+}
+
+/// Argument `name` as a PackedWeight; anything else is a `TypeError` naming the argument.
+pub fn packed_arg<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+) -> PyResult<Bound<'py, PyPackedWeight>> {
+    match obj.cast::<PyPackedWeight>() {
+        Ok(w) => Ok(w.clone()),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "argument '{name}' is a {}, expected an autokernel.PackedWeight (made by \
+             Runtime.pack_weight)",
+            obj.get_type().name()?
+        ))),
     }
 }

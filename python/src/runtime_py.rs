@@ -13,7 +13,7 @@ use runtime::{PrecisionPolicy, Runtime};
 use crate::args::{dim, eps_f32, row_counts, IntArg, PathArg};
 use crate::errors::{kernel_err, runtime_err};
 use crate::operand::{self, dims, expect_shape, F32Array};
-use crate::packed::{parse_act, PyPackedWeight};
+use crate::packed::{packed_arg, parse_act, PyPackedWeight};
 use crate::threads::Threads;
 
 /// The policy `precision=` and `max_rel_err=` name (None: 'f32').
@@ -380,12 +380,14 @@ impl PyRuntime {
         &self,
         py: Python<'py>,
         x: &Bound<'py, PyAny>,
-        weight: &PyPackedWeight,
+        weight: &Bound<'py, PyAny>,
         bias: Option<&Bound<'py, PyAny>>,
         act: Option<&str>,
         out: Option<&Bound<'py, PyAny>>,
         copy: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let weight = packed_arg(weight, "weight")?;
+        let weight = weight.get();
         if let Some(name) = act {
             let asked = parse_act(Some(name))?;
             if asked != weight.act {
@@ -467,6 +469,18 @@ impl PyRuntime {
         } else {
             (rows, cols)
         };
+        if k == 0 || n == 0 {
+            let which = if k == 0 {
+                "in_features"
+            } else {
+                "out_features"
+            };
+            return Err(PyValueError::new_err(format!(
+                "argument 'w' has shape {}: {which} is zero (layout='{layout}'); a weight needs \
+                 at least one input and one output feature",
+                dims(&[rows, cols])
+            )));
+        }
         let guard = w
             .try_readonly()
             .map_err(|e| PyValueError::new_err(format!("argument 'w': {e}")))?;
@@ -670,14 +684,14 @@ impl PyRuntime {
     #[allow(clippy::too_many_arguments)]
     fn encoder_layer(
         slf: &Bound<'_, Self>,
-        qkv: Py<PyPackedWeight>,
+        qkv: &Bound<'_, PyAny>,
         qkv_bias: &Bound<'_, PyAny>,
-        out: Py<PyPackedWeight>,
+        out: &Bound<'_, PyAny>,
         out_bias: &Bound<'_, PyAny>,
         ln1: (Bound<'_, PyAny>, Bound<'_, PyAny>),
-        ffn_up: Py<PyPackedWeight>,
+        ffn_up: &Bound<'_, PyAny>,
         ffn_up_bias: &Bound<'_, PyAny>,
-        ffn_down: Py<PyPackedWeight>,
+        ffn_down: &Bound<'_, PyAny>,
         ffn_down_bias: &Bound<'_, PyAny>,
         ln2: (Bound<'_, PyAny>, Bound<'_, PyAny>),
         heads: IntArg,
@@ -695,7 +709,12 @@ impl PyRuntime {
         };
         crate::layer::PyEncoderLayer {
             rt: slf.clone().unbind(),
-            weights: [qkv, out, ffn_up, ffn_down],
+            weights: [
+                packed_arg(qkv, "qkv")?.unbind(),
+                packed_arg(out, "out")?.unbind(),
+                packed_arg(ffn_up, "ffn_up")?.unbind(),
+                packed_arg(ffn_down, "ffn_down")?.unbind(),
+            ],
             biases: [
                 vec(qkv_bias, "qkv_bias")?,
                 vec(out_bias, "out_bias")?,
@@ -753,6 +772,11 @@ impl PyRuntime {
     /// while other threads keep serving; returns the new index's counts. On error the old
     /// index stays in service and AutokernelError is raised.
     fn reload<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if self.db_path.is_none() {
+            return Err(crate::errors::AutokernelError::new_err(
+                "this runtime has no database (db_path=None): there is nothing to reload",
+            ));
+        }
         let info = py.detach(|| self.rt.reload()).map_err(runtime_err)?;
         index_info(py, &info)
     }

@@ -564,3 +564,22 @@ def test_arguments_that_would_be_ignored_are_refused_by_name():
     q = np.ones((2, 1, 3, 4), np.float32)
     with pytest.raises(TypeError, match="argument 'mask' is a numpy masked array"):
         rt.attention(q, q, q, mask=np.ma.masked_array([3, 2], mask=[False, True]))
+
+
+def test_errors_name_the_argument_in_the_callers_terms():
+    rt = autokernel.Runtime()
+    w = np.ones((4, 3), np.float32)
+    with pytest.raises(TypeError, match="argument 'weight' is a ndarray, expected an autokernel.PackedWeight"):
+        rt.linear(np.ones((2, 4), np.float32), w)
+    with pytest.raises(TypeError, match="argument 'ffn_up' is a ndarray"):
+        p = rt.pack_weight(w)
+        rt.encoder_layer(p, w, p, w, (w, w), w, w, p, w, (w, w), 1)
+    with pytest.raises(ValueError, match=r"argument 'w' has shape \(0, 5\): in_features is zero"):
+        rt.pack_weight(np.zeros((0, 5), np.float32))
+    with pytest.raises(ValueError, match=r"argument 'w' has shape \(0, 5\): out_features is zero"):
+        rt.pack_weight(np.zeros((0, 5), np.float32), layout="nk")
+    q = np.ones((2, 1, 3, 4), np.float32)
+    with pytest.raises(ValueError, match="key length 9223372036854775807 is outside"):
+        rt.attention(q, q, q, mask=np.array([2**63 - 1, 3]))
+    with pytest.raises(autokernel.AutokernelError, match=r"no database \(db_path=None\)"):
+        autokernel.Runtime(None).reload()
