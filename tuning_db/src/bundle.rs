@@ -934,17 +934,11 @@ pub(crate) fn require_parent(out: &Path) -> Result<(), DbError> {
     }
 }
 
-/// `out.tmp-<pid>-<n>` in the same directory (so the final rename is atomic), the name of
-/// `out` cut as [`crate::db::temp_name`] does.
+/// A private name for `out` being written, in the same directory (so the final rename is
+/// atomic); what killed writers of `out` on this host left there is removed first.
 pub(crate) fn temp_beside(out: &Path) -> PathBuf {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let tag = format!(
-        ".tmp-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
-    crate::db::temp_name(out, &tag)
+    crate::temp::sweep(out, "tmp");
+    crate::temp::beside(out, "tmp")
 }
 
 /// Removes a database file and its WAL companions, ignoring errors.

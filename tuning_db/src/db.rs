@@ -1031,10 +1031,8 @@ fn plain_path(path: &Path) -> PathBuf {
 /// another process created meanwhile; then that one is used). So no process ever sees a
 /// half-made or empty database of ours, and an empty file is always refused.
 fn create_complete(path: &Path) -> Result<()> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let tmp = temp_name(path, &format!(".init-{}-{nanos}", std::process::id()));
+    crate::temp::sweep(path, "init");
+    let tmp = crate::temp::beside(path, "init");
     let made = (|| {
         let conn = Connection::open(plain_path(&tmp)).ctx(
             path,
@@ -1058,7 +1056,7 @@ fn create_complete(path: &Path) -> Result<()> {
         }),
         _ => Ok(()),
     });
-    for suffix in ["", "-wal", "-shm"] {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
         let _ = std::fs::remove_file(sidecar(&tmp, suffix));
     }
     linked

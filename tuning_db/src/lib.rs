@@ -82,6 +82,7 @@ mod history;
 mod merge;
 mod record;
 mod schema;
+mod temp;
 mod winners;
 
 pub use bundle::{
