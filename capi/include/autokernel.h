@@ -22,6 +22,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The major version of the library this header belongs to: compare it with
+// `autokernel_version()` at run time to catch a header and a library that do not match.
+#define AUTOKERNEL_VERSION_MAJOR 0
+
+// The minor version of the library this header belongs to.
+#define AUTOKERNEL_VERSION_MINOR 1
+
+// The patch version of the library this header belongs to.
+#define AUTOKERNEL_VERSION_PATCH 0
+
 // Success.
 #define AUTOKERNEL_OK 0
 
@@ -267,7 +277,8 @@ int autokernel_weight_pack(const struct AutokernelRuntime *rt, size_t n, size_t 
 void autokernel_weight_free(struct AutokernelWeight *w);
 
 // A linear layer with a packed weight: `C = act(A·B + bias)`, A m×k (`a_len` = m·k), bias
-// n, C m×n (overwritten), for any m ≥ 1. Use the runtime that packed the weight.
+// n (or NULL with `bias_len` 0: no bias), C m×n (overwritten), for any m ≥ 1. Use the
+// runtime that packed the weight.
 // `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* of the config serving this m.
 //
 // # Safety

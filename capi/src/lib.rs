@@ -60,8 +60,32 @@ pub use weight::{
     AUTOKERNEL_ACT_GELU, AUTOKERNEL_ACT_GELU_ERF, AUTOKERNEL_ACT_NONE, AUTOKERNEL_ACT_RELU,
 };
 
+/// The major version of the library this header belongs to: compare it with
+/// `autokernel_version()` at run time to catch a header and a library that do not match.
+pub const AUTOKERNEL_VERSION_MAJOR: u32 = 0;
+/// The minor version of the library this header belongs to.
+pub const AUTOKERNEL_VERSION_MINOR: u32 = 1;
+/// The patch version of the library this header belongs to.
+pub const AUTOKERNEL_VERSION_PATCH: u32 = 0;
+
 /// The library's version, e.g. `"0.1.0"`. A static string: never freed.
 #[no_mangle]
 pub extern "C" fn autokernel_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_version_is_the_library_version() {
+        let header = format!(
+            "{AUTOKERNEL_VERSION_MAJOR}.{AUTOKERNEL_VERSION_MINOR}.{AUTOKERNEL_VERSION_PATCH}"
+        );
+        // SAFETY: autokernel_version returns a static NUL-terminated string.
+        let lib = unsafe { std::ffi::CStr::from_ptr(autokernel_version()) };
+        assert_eq!(lib.to_str().unwrap(), header);
+        assert_eq!(header, env!("CARGO_PKG_VERSION"));
+    }
 }

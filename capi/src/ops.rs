@@ -5,7 +5,7 @@ use std::ffi::c_int;
 use runtime::Level;
 
 use crate::args;
-use crate::error::guard;
+use crate::error::{guard, CapiError};
 use crate::handle::AutokernelRuntime;
 
 /// Served by a record of this workload on this machine.
@@ -250,6 +250,11 @@ pub unsafe extern "C" fn autokernel_add_layer_norm(
     eps: f32,
 ) -> c_int {
     guard(|| {
+        if h == 0 {
+            return Err(CapiError::shape(
+                "h = 0: a LayerNorm row needs at least one value",
+            ));
+        }
         // SAFETY (this block): the caller's contract above.
         let gamma = unsafe { args::input("gamma", gamma, h)? };
         let beta = unsafe { args::input("beta", beta, h)? };

@@ -91,7 +91,8 @@ pub unsafe extern "C" fn autokernel_weight_free(w: *mut AutokernelWeight) {
 }
 
 /// A linear layer with a packed weight: `C = act(A·B + bias)`, A m×k (`a_len` = m·k), bias
-/// n, C m×n (overwritten), for any m ≥ 1. Use the runtime that packed the weight.
+/// n (or NULL with `bias_len` 0: no bias), C m×n (overwritten), for any m ≥ 1. Use the
+/// runtime that packed the weight.
 /// `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* of the config serving this m.
 ///
 /// # Safety
@@ -115,7 +116,13 @@ pub unsafe extern "C" fn autokernel_runtime_linear(
         let h = unsafe { args::handle("rt", rt)? };
         let w = unsafe { args::handle("w", w)? };
         let a = unsafe { args::input("a", a, a_len)? };
-        let bias = unsafe { args::input("bias", bias, bias_len)? };
+        let zeros: Vec<f32>;
+        let bias = if bias.is_null() && bias_len == 0 {
+            zeros = vec![0.0; w.n];
+            &zeros[..]
+        } else {
+            unsafe { args::input("bias", bias, bias_len)? }
+        };
         let c = unsafe { args::output("c", c, c_len, &[("a", a), ("bias", bias)])? };
         check_rows(m, w, a_len, c_len)?;
         let level = h.serve(|rt| rt.gemm_bias_act_packed(&w.weight, a, bias, c))?;

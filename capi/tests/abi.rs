@@ -373,6 +373,24 @@ fn packed_weights_check_their_arguments_and_serve_any_m() {
             null_mut(),
         );
         expect(st, AUTOKERNEL_SHAPE, "m = 0");
+        // No bias: NULL with length 0 (it had been refused as a NULL buffer).
+        let st = autokernel_runtime_linear(
+            rt,
+            packed,
+            2,
+            a.as_ptr(),
+            2 * k,
+            null(),
+            0,
+            c.as_mut_ptr(),
+            2 * n,
+            null_mut(),
+        );
+        expect(st, AUTOKERNEL_OK, "");
+        for j in 0..n {
+            let z: f32 = (0..k).map(|p| w[p * n + j]).sum();
+            assert!((c[j] - z.max(0.0)).abs() < 1e-5, "no bias ({j})");
+        }
         let st = autokernel_runtime_linear(
             rt,
             packed,
@@ -715,6 +733,19 @@ fn attention_on_qkv_rows_and_layer_norm_in_place() {
         autokernel_add_layer_norm(null_mut(), 4, null(), 0, g.as_ptr(), be.as_ptr(), h, 1e-5)
     };
     expect(st, AUTOKERNEL_INVALID_ARGUMENT, "x is NULL");
+    let st = unsafe {
+        autokernel_add_layer_norm(
+            x.as_mut_ptr(),
+            0,
+            null(),
+            0,
+            g.as_ptr(),
+            be.as_ptr(),
+            0,
+            1e-5,
+        )
+    };
+    expect(st, AUTOKERNEL_SHAPE, "h = 0");
     // An epsilon that is not a positive finite number is refused, x left as it was.
     let before = x.clone();
     for eps in [0.0, -1.0, f32::NAN, f32::INFINITY] {
