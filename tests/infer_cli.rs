@@ -280,6 +280,7 @@ fn a_checkpoint_is_tuned_from_its_config_and_matches_transformers_on_a_padded_ba
     let vs_hf = r["transformers_max_abs_err"].as_f64().unwrap();
     assert!(vs_hf <= 1e-4, "{r}");
     assert!(r["max_abs_err"].as_f64().unwrap() <= r["tolerance"].as_f64().unwrap());
+    assert_eq!(r["non_finite_output"], false, "{r}");
 
     // --batch without --seq: the default lengths the model's 16 positions take (its 16).
     let o = infer(&["--batch", "2", "--no-untuned"]);

@@ -368,6 +368,13 @@ impl<'a> Session<'a> {
         let ut = (!untuned.is_empty()).then(|| Timing::of(untuned));
         let seqs = |p50: f64| batch as f64 / p50;
         let calls = &checked.calls;
+        // JSON has no NaN or ∞: such an error reads null, as does one not checked at all.
+        let errors = [
+            (checked.sequences > 0).then_some(checked.worst),
+            checked.vs_transformers,
+            checked.vs_f32.map(|v| v.1),
+        ];
+        let non_finite = errors.iter().flatten().any(|e| !e.is_finite());
         Ok(json!({
             "model": self.source.label(),
             "act": self.source.config().act.name(),
@@ -401,6 +408,7 @@ impl<'a> Session<'a> {
             "calls_by_precision": checked.calls_by_precision,
             "cosine_vs_f32": checked.vs_f32.map(|v| v.0),
             "max_abs_err_vs_f32": checked.vs_f32.map(|v| v.1),
+            "non_finite_output": non_finite,
         }))
     }
 
