@@ -543,3 +543,23 @@ fn a_checkpoint_directory_named_like_a_seeded_model_is_not_shadowed_by_it() {
         assert!(err.contains("./bert-tiny"), "{err}");
     }
 }
+
+#[test]
+fn tune_refuses_a_saved_batch_longer_than_the_model_takes_as_infer_does() {
+    // It had planned attention:1x4x40x16 for a 16-position model that infer refuses.
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(std::path::Path::new(FIXTURE).join(f), dir.path().join(f)).unwrap();
+    }
+    let ids: Vec<u32> = (1..=40).collect();
+    let inputs = serde_json::json!({ "input_ids": [ids] });
+    std::fs::write(dir.path().join("inputs.json"), inputs.to_string()).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = autokernel(&["tune", "--model", d, "--dry-run"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("40 tokens per sequence"),
+        "{}",
+        stderr(&o)
+    );
+}

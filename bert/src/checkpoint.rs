@@ -182,7 +182,11 @@ impl<'a> Fields<'a> {
             v: Value::Null,
         };
         let text = read_file(path, JSON_LIMIT).map_err(|e| f.bad(e))?;
-        let v = serde_json::from_slice(&text).map_err(|e| f.bad(format!("not JSON: {e}")))?;
+        let v: Value =
+            serde_json::from_slice(&text).map_err(|e| f.bad(format!("not JSON: {e}")))?;
+        if !v.is_object() {
+            return Err(f.bad("not a JSON object of the model's fields".into()));
+        }
         Ok(Fields { path, v })
     }
 

@@ -85,6 +85,13 @@ impl TokenBatch {
         if batch == 0 || seq == 0 {
             return Err(bad("'input_ids' is empty".into()));
         }
+        if let Some(i) = ids.iter().position(|r| r.len() != seq) {
+            return Err(bad(format!(
+                "'input_ids' rows differ in length: row {i} has {} values, row 0 has {seq} \
+                 (pad the sequences to one length and give their 'attention_mask')",
+                ids[i].len()
+            )));
+        }
         let shaped = |name: &str, m: Option<Vec<Vec<u32>>>, fill: u32| match m {
             None => Ok(vec![fill; batch * seq]),
             Some(m) if m.len() == batch && m.iter().all(|r| r.len() == seq) => Ok(m.concat()),

@@ -247,6 +247,14 @@ fn broken_directories_are_one_line_errors_naming_the_tensor_or_field() {
             }),
             "model.safetensors: cannot read",
         ),
+        (
+            "array",
+            Box::new(|d: &Path| {
+                rewrite(d, same, |_| {});
+                std::fs::write(d.join("config.json"), "[1, 2]").unwrap();
+            }),
+            "config.json: not a JSON object",
+        ),
     ];
     for (name, make, needle) in cases {
         let dir = scratch_dir(name);
@@ -260,6 +268,16 @@ fn broken_directories_are_one_line_errors_naming_the_tensor_or_field() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("config.json: cannot read"), "{e}");
+}
+
+#[test]
+fn ragged_input_ids_are_an_error_naming_the_short_row() {
+    let dir = scratch_dir("ragged");
+    let path = dir.join("inputs.json");
+    std::fs::write(&path, r#"{"input_ids": [[1, 2], [3]]}"#).unwrap();
+    let e = TokenBatch::from_json(&path).unwrap_err().to_string();
+    assert!(e.contains("row 1 has 1 values, row 0 has 2"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

@@ -549,7 +549,11 @@ fn shard_plan(
         Some((s, _)) => (s.select(&all, budget), s.db_path(&args.db.db)),
         None => (all.clone(), args.db.db.clone()),
     };
-    let cost = |ws: &[Workload]| ws.iter().map(|w| estimated_cost_s(w, budget)).sum::<f64>();
+    let cost = |ws: &[Workload]| {
+        ws.iter()
+            .map(|w| estimated_cost_s(w, budget))
+            .fold(0.0, |a, b| a + b)
+    }; // sum() of none is -0.0
     let name = shard.map_or("0/1".to_string(), |(s, _)| s.to_string());
     let source = shard.map_or("none", |(_, src)| src.as_str());
     if args.dry_run && args.json {
