@@ -108,6 +108,14 @@ impl Source {
             }
             Some((tokens, expected))
         } else {
+            let exp = dir.join("expected.safetensors");
+            if exp.exists() {
+                eprintln!(
+                    "note: {} is not checked against: it is the output of the batch in \
+                     inputs.json, which is missing",
+                    exp.display()
+                );
+            }
             None
         };
         Ok(Source::Checkpoint { ckpt, fixture })
