@@ -24,6 +24,11 @@ thread_local! {
 /// A BERT-style encoder layer whose weights are packed for one Runtime: `layer(x)` runs the
 /// whole layer (four GEMMs, attention, two residual LayerNorms) in one call with the GIL
 /// released. Made by `Runtime.encoder_layer`; safe to share between threads.
+///
+/// layer(x, mask=None, out=None, *, copy=False) -> numpy.ndarray
+///     x: hidden states, (B, S, hidden) float32 (not modified). mask: a padded batch, as for
+///     `Runtime.attention` (per-sequence key lengths). out: where to write the (B, S, hidden)
+///     output (not `x`). copy: as for `Runtime.gemm`.
 #[pyclass(name = "EncoderLayer", module = "autokernel", frozen)]
 pub struct PyEncoderLayer {
     pub rt: Py<PyRuntime>,
@@ -74,7 +79,7 @@ impl PyEncoderLayer {
         slf
     }
 
-    /// Refused with a `TypeError`: a EncoderLayer lives in native memory (save an optimized model's
+    /// Refused with a `TypeError`: an EncoderLayer lives in native memory (save an optimized model's
     /// `state_dict` and optimize the loaded model again).
     fn __reduce__(&self) -> PyResult<Py<PyAny>> {
         Err(crate::errors::not_picklable("autokernel.EncoderLayer"))
