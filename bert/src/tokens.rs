@@ -198,7 +198,10 @@ mod tests {
         assert_eq!(t.sequence(1).0, &[8, 0, 0]);
         for (text, needle) in [
             (r#"{"ids": [[1]]}"#, "'input_ids' is missing"),
-            (r#"{"input_ids": [[1, 2], [3]]}"#, "not 2 rows of 2"),
+            (
+                r#"{"input_ids": [[1, 2], [3]]}"#,
+                "row 1 has 1 values, row 0 has 2",
+            ),
             (
                 r#"{"input_ids": [[1, -2]]}"#,
                 "holds -2 (row 0, position 1)",

@@ -271,16 +271,6 @@ fn broken_directories_are_one_line_errors_naming_the_tensor_or_field() {
 }
 
 #[test]
-fn ragged_input_ids_are_an_error_naming_the_short_row() {
-    let dir = scratch_dir("ragged");
-    let path = dir.join("inputs.json");
-    std::fs::write(&path, r#"{"input_ids": [[1, 2], [3]]}"#).unwrap();
-    let e = TokenBatch::from_json(&path).unwrap_err().to_string();
-    assert!(e.contains("row 1 has 1 values, row 0 has 2"), "{e}");
-    let _ = std::fs::remove_dir_all(dir);
-}
-
-#[test]
 fn tokens_outside_the_tables_are_errors() {
     let ckpt = Checkpoint::load(&fixture()).unwrap();
     let rt = Runtime::defaults_only();

@@ -1,7 +1,9 @@
 //! Allocations sized by a caller's operand (a packed weight, a copy of one), made fallibly: a
-//! weight too large for the memory left is an [`Error::OutOfMemory`] the caller can report,
-//! where an ordinary allocation failure aborts the whole process (a Python interpreter or a
-//! C host with it).
+//! weight whose allocation is refused (an address-space limit, an impossible size) is an
+//! [`Error::OutOfMemory`] the caller can report, where an ordinary allocation failure aborts
+//! the whole process (a Python interpreter or a C host with it). Where the system grants
+//! more than it has (overcommit, a cgroup limit) the allocation succeeds and the kernel may
+//! still end the process when the memory is used: that no library can catch.
 
 use crate::error::{Error, Result};
 

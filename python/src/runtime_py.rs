@@ -492,7 +492,8 @@ impl PyRuntime {
             .run(py, || {
                 // An empty `w` has nothing to transpose: the runtime refuses its dimensions.
                 if transposed && k > 0 {
-                    let mut b = vec![0.0f32; k * n];
+                    let mut b =
+                        kernels::alloc::filled(k * n, 0.0f32, "a transposed copy of the weight")?;
                     for (j, row) in data.chunks_exact(k).enumerate() {
                         for (i, &x) in row.iter().enumerate() {
                             b[i * n + j] = x;

@@ -52,7 +52,8 @@ impl Threads {
     /// Runs `f` (given a stop flag) on these threads, from another OS thread, while this one
     /// answers Python's signals every 50 ms: a Ctrl-C (any exception a signal handler
     /// raises) sets the flag, and is raised once `f` has returned — for long jobs that stop
-    /// at their next check of the flag ([`search::TuneOptions::stop`]).
+    /// at their next check of the flag ([`search::TuneOptions::stop`]). Python runs signal
+    /// handlers in its main thread only: called from another thread, `f` runs to its end.
     pub fn run_interruptible<R: Send>(
         &self,
         py: Python<'_>,
@@ -72,8 +73,13 @@ impl Threads {
                     }
                 }
             }
-            let out = job.join().map_err(|_| {
-                crate::errors::other_err("internal error: the job's thread panicked")
+            let out = job.join().map_err(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                crate::errors::other_err(format!("internal error: the job panicked: {what}"))
             })?;
             match raised {
                 Some(e) => Err(e),

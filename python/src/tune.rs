@@ -88,8 +88,9 @@ fn worker_spec(
 /// (workload, kernel, config, median_s, gflops, speedup_vs_default, trials, failures,
 /// winner_reason, warnings, ...). A workload given twice is tuned once; with several
 /// precisions, each f32 workload is tuned (and reported) once per element type — match
-/// results to inputs by their 'workload' field. Ctrl-C stops the job before its next
-/// measurement and raises KeyboardInterrupt; every trial measured so far is in `db`.
+/// results to inputs by their 'workload' field. Ctrl-C (in the main thread, where Python
+/// handles signals) stops the job before its next measurement and raises KeyboardInterrupt;
+/// every trial measured so far is in `db`.
 /// Each of a result's `warnings` (the machine's speed moved during the run, or other work
 /// held the cores while thread counts were compared: re-tune on a quiet machine) is also
 /// raised as a `RuntimeWarning`, after the database was written (under

@@ -280,8 +280,9 @@ fn exact_hits(
         }
     }
     // Workloads with ok records on hw that best_all found nothing usable in: say why.
+    let named: HashSet<String> = skipped.iter().map(|s| s.workload.clone()).collect();
     for (w, _) in db.ok_workloads(&hw.id)? {
-        if hits.contains_key(&w) || skipped.iter().any(|s| s.workload == w.key()) {
+        if hits.contains_key(&w) || named.contains(&w.key()) {
             continue;
         }
         let reason = db
@@ -378,11 +379,14 @@ impl<'h> Evidence<'h> {
     }
 
     /// Whether `rec`, the fastest servable record of its workload on this fingerprint, may be
-    /// served: it is the decided winner, or no record of the workload is faster, or it beat
-    /// the default config measured on the same machine. A runner-up left standing when the
-    /// faster records went stale (a family's new version, a space that changed) was never
-    /// compared with the default and may be far slower: the workload is then skipped (listed
-    /// as to re-tune) and served by the fallback levels, which never lose to the default.
+    /// served: it is the decided winner, or no record of a rival config (a family that runs
+    /// here and runs the workload) is faster, or it beat
+    /// the default config as measured on the same machine (by any version of its family: the
+    /// same config), or the default config failed there (crashed, timed out) and never ran.
+    /// A runner-up left standing when the faster records went stale (a family's new version,
+    /// a space that changed) and no such comparison exists may be far slower than the
+    /// default: the workload is then skipped (listed as to re-tune) and served by the
+    /// fallback levels, which never lose to the default.
     fn vouch(&self, db: &TuningDb, rec: &Record) -> Result<Result<(), String>, RuntimeError> {
         let median = rec.median_s().unwrap_or(f64::INFINITY);
         let fastest = self.fastest.get(&rec.workload).copied();
@@ -393,15 +397,30 @@ impl<'h> Evidence<'h> {
         }
         let trials = db.trials(&self.hw.id, &rec.workload)?;
         let ok = || trials.iter().filter(|r| r.median_s().is_some());
-        let default = default_for(&rec.workload, self.hw).ok().and_then(|(k, c)| {
-            ok().filter(|r| {
-                r.kernel == k.name() && r.kernel_version == k.version() && r.config == c
-            })
-            .filter_map(|r| r.median_s())
-            .reduce(f64::min)
-        });
-        if default.is_some_and(|d| median <= d) {
+        // Faster records count only if they were this config's rivals: a family that runs
+        // here and runs the workload, gone stale or out of its space (a record of another
+        // device's family under this fingerprint says nothing about configs here).
+        let rival = |r: &Record| {
+            kernels::kernel(&r.kernel)
+                .is_ok_and(|k| k.device() == self.hw.device_kind() && k.supports(&r.workload))
+        };
+        if !ok()
+            .filter(|r| rival(r))
+            .any(|r| r.median_s().is_some_and(|m| m < median))
+        {
             return Ok(Ok(()));
+        }
+        if let Ok((k, c)) = default_for(&rec.workload, self.hw) {
+            let runs: Vec<Option<f64>> = trials
+                .iter()
+                .filter(|r| r.kernel == k.name() && r.config == c)
+                .map(|r| r.median_s())
+                .collect();
+            let best = runs.iter().flatten().copied().reduce(f64::min);
+            let failed_only = !runs.is_empty() && best.is_none();
+            if failed_only || best.is_some_and(|d| median <= d) {
+                return Ok(Ok(()));
+            }
         }
         let first = ok().min_by(|a, b| {
             a.median_s()

@@ -98,7 +98,10 @@ pub fn warnings(s: &TuneSummary) -> Vec<String> {
     let mut out = Vec::new();
     if s.best.is_none() {
         out.push(format!(
-            "{w}: no config ran correctly (the default: {}; {} of {} other candidates failed),              so the database has no record to serve it and the runtime serves the default              config untuned; the trials' statuses say why (a timeout: give a longer one)",
+            "{w}: no config ran correctly (the default: {}; {} of the {} other configs \
+             measured in this run failed), so the database has no record to serve it and the \
+             runtime serves the default config untuned; the trials' statuses say why (a \
+             timeout: give a longer one)",
             s.default.status, s.failures, s.measured
         ));
     }
@@ -169,5 +172,6 @@ mod tests {
             warned.iter().any(|w| w.contains("no config ran correctly")),
             "{warned:?}"
         );
+        assert!(warned.iter().all(|w| !w.contains("  ")), "{warned:?}");
     }
 }

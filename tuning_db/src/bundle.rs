@@ -961,8 +961,10 @@ pub(crate) fn find_same_trial(
     let key = |c: &str| row.get(c).cloned().unwrap_or(Value::Null);
     let mut stmt = conn
         .prepare(
+            // The median and the time narrow many trials of one config (re-tunes, fleets)
+            // to the one that can match inside SQLite, before each column is compared here.
             "SELECT * FROM trials WHERE fingerprint_id = ?1 AND workload = ?2 AND kernel = ?3 \
-             AND kernel_version = ?4 AND config = ?5",
+             AND kernel_version = ?4 AND config = ?5 AND median_s IS ?6 AND created_at IS ?7",
         )
         .ctx(path, ctx)?;
     let names: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
@@ -972,7 +974,9 @@ pub(crate) fn find_same_trial(
             key("workload"),
             key("kernel"),
             key("kernel_version"),
-            key("config")
+            key("config"),
+            key("median_s"),
+            key("created_at")
         ])
         .ctx(path, ctx)?;
     while let Some(r) = rows.next().ctx(path, ctx)? {

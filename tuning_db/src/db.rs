@@ -97,22 +97,25 @@ impl TuningDb {
         Ok(db)
     }
 
-    /// What [`TuningDb::open`] would refuse at `path`, checked without writing anything
-    /// (for dry runs): a missing directory, a file that is not a database of ours or of a
-    /// schema this build reads, a file or directory this process cannot write.
+    /// What [`TuningDb::open`] would refuse at `path`, checked without changing it (for dry
+    /// runs; a probe file is made and removed beside it): a missing directory, a file that is
+    /// not a database of ours, of a schema this build reads, or is a bundle, a file or
+    /// directory this process cannot write.
     pub fn check_writer(path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         precheck_writer(path)?;
-        if path.exists() {
-            TuningDb::open_read_only(path)
-                .map(drop)
-                .or_else(|e| match e {
-                    // Older files are migrated by the writer.
-                    DbError::OlderSchemaReadOnly { .. } => Ok(()),
-                    e => Err(e),
-                })?;
+        if !path.exists() {
+            return Ok(());
         }
-        Ok(())
+        match TuningDb::open_read_only(path) {
+            Ok(db) if db.version >= 3 && db.meta(crate::bundle::FORMAT_KEY)?.is_some() => {
+                Err(DbError::Bundle { path: db.path })
+            }
+            Ok(_) => Ok(()),
+            // Older files are migrated by the writer.
+            Err(DbError::OlderSchemaReadOnly { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Opens an existing database for reading only: no migrations, no writes, and (WAL)
@@ -247,7 +250,12 @@ impl TuningDb {
             .busy_timeout(BUSY_TIMEOUT)
             .ctx(p, "setting the busy timeout")?;
         self.conn
-            .execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")
+            // A page cache of up to 32 MiB (SQLite's default is 2 MiB): an import or merge
+            // looks every incoming trial up among the target's, which in a database of tens of
+            // thousands of trials re-read the same pages from the OS for each one.
+            .execute_batch(
+                "PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL; PRAGMA cache_size = -32768;",
+            )
             .ctx(p, "configuring the connection")?;
         if self.read_only {
             self.conn
@@ -968,10 +976,10 @@ fn file_kind(t: &std::fs::FileType) -> &'static str {
     }
 }
 
-/// The checks before a writer opens `path`, all reads: its directory exists, the file (if
-/// any) is a regular, non-empty file that opens for writing (without changing it), and the
-/// directory takes new files (the database itself, or SQLite's -wal and -shm beside it) —
-/// so a refused run leaves nothing behind.
+/// The checks before a writer opens `path`: its directory exists, the file (if any) is a
+/// regular, non-empty file that opens for writing (without changing it), and the directory
+/// takes new files (the database itself, or SQLite's -wal and -shm beside it: a probe file
+/// is made there and removed) — so a refused run leaves nothing behind.
 fn precheck_writer(path: &Path) -> Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -995,7 +1003,8 @@ fn precheck_writer(path: &Path) -> Result<()> {
             .map_err(|e| not_writable(format!("opening it for writing: {e}")))?;
     }
     if !(sidecar(path, "-wal").exists() && sidecar(path, "-shm").exists()) {
-        let probe = temp_name(path, &format!(".probe-{}", std::process::id()));
+        crate::temp::sweep(path, "probe");
+        let probe = crate::temp::beside(path, "probe");
         match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -1004,7 +1013,6 @@ fn precheck_writer(path: &Path) -> Result<()> {
             Ok(_) => {
                 let _ = std::fs::remove_file(&probe);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => {
                 return Err(not_writable(format!(
                     "its directory {} takes no new files: {e}",

@@ -51,10 +51,10 @@ pub enum DbError {
         supported: i64,
     },
 
-    /// A write through a handle from [`TuningDb::open_read_only`](crate::TuningDb::open_read_only).
     /// A database a writer was asked to open that this process cannot write.
     #[error("{}: this process cannot write it ({detail}); tuning writes its database, while lookup, run and infer read it as it is", .path.display())]
     NotWritable { path: PathBuf, detail: String },
+    /// A write through a handle from [`TuningDb::open_read_only`](crate::TuningDb::open_read_only).
     #[error("{}: opened read-only, cannot {action}", .path.display())]
     ReadOnly { path: PathBuf, action: String },
 

@@ -23,7 +23,7 @@
 //!   configs), then everything is written in one transaction: a failed import leaves the
 //!   target as it was.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use kernels::Config;
@@ -244,6 +244,33 @@ impl TuningDb {
     }
 }
 
+/// A hash of the columns that identify a trial's content (a trial [`find_same_trial`] matches
+/// agrees on all of them, so a hash no target trial has means no match).
+fn content_hash(row: &RawRow) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for c in [
+        "fingerprint_id",
+        "workload",
+        "kernel",
+        "kernel_version",
+        "config",
+        "status",
+        "median_s",
+        "samples",
+        "created_at",
+    ] {
+        match row.get(c) {
+            None | Some(Value::Null) => 0u8.hash(&mut h),
+            Some(Value::Integer(i)) => (1u8, i).hash(&mut h),
+            Some(Value::Real(f)) => (2u8, f.to_bits()).hash(&mut h),
+            Some(Value::Text(s)) => (3u8, s).hash(&mut h),
+            Some(Value::Blob(b)) => (4u8, b).hash(&mut h),
+        }
+    }
+    h.finish()
+}
+
 /// What an import reads before it writes anything.
 struct SourceRows {
     /// The source's best of every (fingerprint, workload).
@@ -258,6 +285,8 @@ struct SourceRows {
     /// The latest winner row of each (fingerprint, workload).
     winners: Vec<RawRow>,
     remeasured: Vec<RawRow>,
+    /// [`content_hash`] of every target trial of the source's fingerprints.
+    target_hashes: HashSet<u64>,
 }
 
 impl SourceRows {
@@ -265,11 +294,20 @@ impl SourceRows {
         let (conn, sp) = (&src.conn, &src.path);
         let mut src_best: Vec<Record> = Vec::new();
         let mut tgt_best: HashMap<Key, Record> = HashMap::new();
+        let mut target_hashes = HashSet::new();
         for fp in &src.fingerprint_ids()? {
             src_best.extend(src.best_all(fp)?);
             for r in target.best_all(fp)? {
                 tgt_best.insert((fp.clone(), r.workload.key()), r);
             }
+            let theirs = raw_rows(
+                &target.conn,
+                &target.path,
+                "trials",
+                "fingerprint_id = ?1",
+                [fp],
+            )?;
+            target_hashes.extend(theirs.iter().map(content_hash));
         }
         let src_decisions = src
             .winners_in_force()?
@@ -286,6 +324,7 @@ impl SourceRows {
             provenance: raw_rows(conn, sp, "provenance", "1 = 1", [])?,
             winners: raw_rows(conn, sp, "winners", latest, [])?,
             remeasured: raw_rows(conn, sp, "remeasurements", "1 = 1", [])?,
+            target_hashes,
         })
     }
 }
@@ -334,8 +373,17 @@ impl Import<'_> {
     /// source trial's id in the target.
     fn trials(&mut self, report: &mut ImportReport) -> Result<(), BundleError> {
         let tp = &self.db.path;
+        let mut hashes = self.rows.target_hashes.clone();
         for row in &self.rows.trials {
-            let new_id = match find_same_trial(self.tx, tp, row)? {
+            // Only a trial whose identifying columns some target trial shares can be there
+            // already: the others are inserted without a lookup (the lookups had made an
+            // import of many trials of one config quadratic).
+            let maybe_there = !hashes.insert(content_hash(row));
+            let same = match maybe_there {
+                true => find_same_trial(self.tx, tp, row)?,
+                false => None,
+            };
+            let new_id = match same {
                 Some(id) => {
                     report.duplicates += 1;
                     id

@@ -1,31 +1,36 @@
 //! Private names for files made beside an output before they are moved into place (a
-//! database being created, a bundle or a merge being written), and the sweep of those a
-//! killed process left behind. Each name carries the host and the process that made it, so a
-//! sweep removes only the files of processes of this host that no longer run: on a shared
-//! filesystem (a Slurm cluster's), another node's files in progress are left alone.
+//! database being created, a bundle or a merge being written, a writability probe), and the
+//! sweep of those a killed process left behind. Each name carries the system that made it —
+//! this boot of this kernel and this PID namespace — and the process, so a sweep removes only
+//! files of processes it can see have ended: same boot and namespace (so `/proc/PID` speaks of
+//! that process), the sweeping user's own files (`/proc` may hide other users' processes),
+//! and no process of that id. Another node's, another container's or another user's files in
+//! progress are left alone; without `/proc` nothing is removed.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::db::temp_name;
 
-/// `out`'s name with `.{kind}-{host}-{pid}-{n}` appended, in `out`'s directory (so the final
-/// move is atomic).
+/// `out`'s name with `.{kind}-{system}-{pid}-{n}` appended, in `out`'s directory (so the
+/// final move is atomic).
 pub(crate) fn beside(out: &Path, kind: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
-    let tag = format!(".{kind}-{}-{}-{n}", host_tag(), std::process::id());
+    let system = system_tag().unwrap_or_else(|| "unknown".into());
+    let tag = format!(".{kind}-{system}-{}-{n}", std::process::id());
     temp_name(out, &tag)
 }
 
-/// Removes the files [`beside`] made for `out` (with `kind`) by processes of this host that
-/// no longer run, SQLite's side files included. Without `/proc` (not Linux) nothing is
-/// removed: whether a process runs cannot be told.
+/// Removes the files [`beside`] made for `out` (with `kind`) that were left by ended
+/// processes of this system and user (see the module documentation), SQLite's side files
+/// included.
 pub(crate) fn sweep(out: &Path, kind: &str) {
-    if !Path::new("/proc/self").exists() {
+    let (Some(system), Ok(me)) = (system_tag(), std::fs::metadata("/proc/self")) else {
         return;
-    }
-    let prefix = temp_name(out, &format!(".{kind}-{}-", host_tag()));
+    };
+    let prefix = temp_name(out, &format!(".{kind}-{system}-"));
     let (Some(dir), Some(prefix)) = (prefix.parent(), prefix.file_name()) else {
         return;
     };
@@ -43,20 +48,25 @@ pub(crate) fn sweep(out: &Path, kind: &str) {
         let Some(pid) = name.strip_prefix(&prefix).and_then(|r| r.split('-').next()) else {
             continue;
         };
-        let dead = pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists();
-        if dead {
+        let mine = entry.metadata().is_ok_and(|m| m.uid() == me.uid());
+        let a_pid = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+        if mine && a_pid && !Path::new("/proc").join(pid).exists() {
             let _ = std::fs::remove_file(entry.path());
         }
     }
 }
 
-/// This host, as 8 hex digits (FNV-1a of its name; `-` free, so names split cleanly).
-fn host_tag() -> String {
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let h = name.trim().bytes().fold(0x811c_9dc5u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+/// This boot of this kernel and this PID namespace, as 16 hex digits (FNV-1a of the boot id
+/// and the namespace's inode; `-` free, so names split cleanly); `None` where either cannot
+/// be read.
+fn system_tag() -> Option<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let pidns = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    let text = format!("{}|{}", boot.trim(), pidns.display());
+    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
-    format!("{h:08x}")
+    Some(format!("{h:016x}"))
 }
 
 #[cfg(test)]
@@ -64,33 +74,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_sweep_removes_only_the_files_of_dead_processes_of_this_host() {
+    fn a_sweep_removes_only_the_files_of_ended_processes_of_this_system() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out.db");
         let mine = beside(&out, "tmp");
         std::fs::write(&mine, b"in progress").unwrap();
         // A process that cannot be running (pids stop far below), with its side file; one of
-        // another host; one of another output; a plain file.
-        let host = host_tag();
+        // another system; one of another output; the output itself; a name whose pid is not
+        // all digits.
+        let Some(host) = system_tag() else {
+            eprintln!("skipped: no /proc boot id or PID namespace here, a sweep removes nothing");
+            return;
+        };
         let dead = dir.path().join(format!("out.db.tmp-{host}-4000000000-0"));
         let dead_wal = dir
             .path()
             .join(format!("out.db.tmp-{host}-4000000000-0-wal"));
-        let other_host = dir.path().join("out.db.tmp-0badc0de-4000000000-0");
+        let other_host = dir.path().join("out.db.tmp-00000000deadbeef-4000000000-0");
         let other_out = dir.path().join(format!("other.db.tmp-{host}-4000000000-0"));
-        for p in [&dead, &dead_wal, &other_host, &other_out, &out] {
+        let not_a_pid = dir.path().join(format!("out.db.tmp-{host}-+4000000000-0"));
+        for p in [&dead, &dead_wal, &other_host, &other_out, &out, &not_a_pid] {
             std::fs::write(p, b"x").unwrap();
         }
         sweep(&out, "tmp");
-        let left: Vec<bool> = [&mine, &dead, &dead_wal, &other_host, &other_out, &out]
-            .iter()
-            .map(|p| p.exists())
-            .collect();
-        if Path::new("/proc/self").exists() {
-            assert_eq!(left, [true, false, false, true, true, true]);
-        } else {
-            eprintln!("skipped: no /proc on this OS, a sweep removes nothing");
-            assert!(left.iter().all(|&x| x));
-        }
+        let left: Vec<bool> = [
+            &mine,
+            &dead,
+            &dead_wal,
+            &other_host,
+            &other_out,
+            &out,
+            &not_a_pid,
+        ]
+        .iter()
+        .map(|p| p.exists())
+        .collect();
+        assert_eq!(left, [true, false, false, true, true, true, true]);
     }
 }

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use tuning_db::{check_file, merge_files, Remeasurement, TuningDb, WinnerDecision};
+use tuning_db::{check_file, merge_files, DbError, Remeasurement, TuningDb, WinnerDecision};
 
 #[test]
 fn the_checksum_ignores_insertion_order_and_row_ids_but_not_content() {
@@ -63,6 +63,15 @@ fn export_then_import_keeps_every_record_and_the_best() {
     assert!(report.is_ok(), "{:?}", report.problems);
     assert_eq!(report.checksum_ok, Some(true));
     assert_eq!(report.fingerprints, 1, "only the exported fingerprint");
+    // A bundle is no database to write to: the writer and the dry run's check both say so.
+    assert!(matches!(
+        TuningDb::open(&bundle),
+        Err(DbError::Bundle { .. })
+    ));
+    assert!(matches!(
+        TuningDb::check_writer(&bundle),
+        Err(DbError::Bundle { .. })
+    ));
 
     let target = TuningDb::open(dir.path().join("t.db")).unwrap();
     let r = target.import_from(&bundle, "t").unwrap();
