@@ -67,6 +67,9 @@ impl TuningDb {
     pub fn open(path: impl AsRef<Path>) -> Result<TuningDb> {
         let path = path.as_ref().to_path_buf();
         precheck_writer(&path)?;
+        // Left by creators killed before they linked their file into place (another process
+        // may have made the database meanwhile, so this is not only for a missing file).
+        crate::temp::sweep(&path, "init");
         if !path.exists() {
             create_complete(&path)?;
         }
@@ -1039,7 +1042,6 @@ fn plain_path(path: &Path) -> PathBuf {
 /// another process created meanwhile; then that one is used). So no process ever sees a
 /// half-made or empty database of ours, and an empty file is always refused.
 fn create_complete(path: &Path) -> Result<()> {
-    crate::temp::sweep(path, "init");
     let tmp = crate::temp::beside(path, "init");
     let made = (|| {
         let conn = Connection::open(plain_path(&tmp)).ctx(
@@ -1317,6 +1319,26 @@ pub fn is_busy(e: &DbError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn opening_sweeps_what_killed_creators_left_beside_the_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        TuningDb::open(&path).unwrap();
+        // The name a creator that has ended would have left (an id no process has).
+        let ours = crate::temp::beside(&path, "init");
+        let name = ours
+            .to_string_lossy()
+            .replace(&format!("-{}-", std::process::id()), "-4000000000-");
+        let left = PathBuf::from(name);
+        std::fs::write(&left, b"half made").unwrap();
+        TuningDb::open(&path).unwrap();
+        if Path::new("/proc/sys/kernel/random/boot_id").exists() {
+            assert!(!left.exists(), "{}", left.display());
+        } else {
+            eprintln!("skipped: no boot id here, nothing is swept");
+        }
+    }
 
     #[test]
     fn a_relative_path_starting_with_file_is_a_file_name_not_a_uri() {
