@@ -80,30 +80,8 @@ pub fn check_writable_dir(dir: &Path, what: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("{what}: cannot create directory {}", dir.display()))?;
     // A new file (never one that exists, nor through a symlink someone planted there).
-    let mut last = None;
-    for n in 0..8 {
-        let probe = dir.join(format!(
-            ".autokernel-write-probe-{}-{n}",
-            std::process::id()
-        ));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&probe)
-        {
-            Ok(_) => {
-                let _ = std::fs::remove_file(&probe);
-                return Ok(());
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-            Err(e) => {
-                last = Some(e);
-                break;
-            }
-        }
-    }
-    let e = last.expect("at least one attempt");
-    Err(e).with_context(|| format!("{what}: cannot write into {}", dir.display()))
+    tuning_db::probe_dir(dir)
+        .with_context(|| format!("{what}: cannot write into {}", dir.display()))
 }
 
 /// Checks, before any work is done, that `path` can take a new output file: it does not

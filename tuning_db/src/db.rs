@@ -1006,23 +1006,12 @@ fn precheck_writer(path: &Path) -> Result<()> {
             .map_err(|e| not_writable(format!("opening it for writing: {e}")))?;
     }
     if !(sidecar(path, "-wal").exists() && sidecar(path, "-shm").exists()) {
-        crate::temp::sweep(path, "probe");
-        let probe = crate::temp::beside(path, "probe");
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&probe)
-        {
-            Ok(_) => {
-                let _ = std::fs::remove_file(&probe);
-            }
-            Err(e) => {
-                return Err(not_writable(format!(
-                    "its directory {} takes no new files: {e}",
-                    dir.display()
-                )))
-            }
-        }
+        crate::temp::probe(path).map_err(|e| {
+            not_writable(format!(
+                "its directory {} takes no new files: {e}",
+                dir.display()
+            ))
+        })?;
     }
     Ok(())
 }

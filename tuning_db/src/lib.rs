@@ -98,4 +98,5 @@ pub use merge::{
 };
 pub use record::{now_rfc3339, rfc3339, Record, Stats};
 pub use schema::{APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION};
+pub use temp::probe_dir;
 pub use winners::{Remeasurement, WinnerDecision};

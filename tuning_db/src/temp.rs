@@ -23,6 +23,24 @@ pub(crate) fn beside(out: &Path, kind: &str) -> PathBuf {
     temp_name(out, &tag)
 }
 
+/// Whether new files can be made beside `near`: a probe file is created there (a temp of
+/// `near`, swept like the others if its process is killed first) and removed.
+pub(crate) fn probe(near: &Path) -> std::io::Result<()> {
+    sweep(near, "probe");
+    let probe = beside(near, "probe");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)?;
+    std::fs::remove_file(&probe)
+}
+
+/// Whether directory `dir` takes new files (see [`probe`]): for outputs checked before the
+/// work that writes them starts.
+pub fn probe_dir(dir: &Path) -> std::io::Result<()> {
+    probe(&dir.join(".autokernel"))
+}
+
 /// Removes the files [`beside`] made for `out` (with `kind`) that were left by ended
 /// processes of this system and user (see the module documentation), SQLite's side files
 /// included.
