@@ -380,9 +380,9 @@ impl<'h> Evidence<'h> {
 
     /// Whether `rec`, the fastest servable record of its workload on this fingerprint, may be
     /// served: it is the decided winner, or no record of a rival config (a family that runs
-    /// here and runs the workload) is faster, or it beat
-    /// the default config as measured on the same machine (by any version of its family: the
-    /// same config), or the default config failed there (crashed, timed out) and never ran.
+    /// here and runs the workload) is faster, or it beat the default config as measured on
+    /// the same machine (by any version of its family: the same config), or the default
+    /// config failed there (crashed, timed out) and never ran.
     /// A runner-up left standing when the faster records went stale (a family's new version,
     /// a space that changed) and no such comparison exists may be far slower than the
     /// default: the workload is then skipped (listed as to re-tune) and served by the
@@ -422,7 +422,7 @@ impl<'h> Evidence<'h> {
                 return Ok(Ok(()));
             }
         }
-        let first = ok().min_by(|a, b| {
+        let first = ok().filter(|r| rival(r)).min_by(|a, b| {
             a.median_s()
                 .unwrap_or(0.0)
                 .total_cmp(&b.median_s().unwrap_or(0.0))
