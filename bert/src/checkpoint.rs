@@ -57,7 +57,7 @@ impl Checkpoint {
         let bytes = read_file(&st_path, u64::MAX).map_err(bad)?;
         let st = SafeTensors::deserialize(&bytes)
             .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
-        let reader = Reader::new(&st);
+        let reader = Reader::new(&st).map_err(bad)?;
         let (h, f) = (config.hidden, config.ffn);
         let e = |name: &str, dims: &[usize]| reader.get(&format!("embeddings.{name}"), dims);
         let embeddings = Embeddings {
@@ -250,13 +250,25 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn new(st: &'a SafeTensors<'a>) -> Self {
-        let prefix = if st.tensor("bert.embeddings.word_embeddings.weight").is_ok() {
-            "bert."
-        } else {
-            ""
-        };
-        Reader { st, prefix }
+    /// The reader of `st`'s model; a file that holds a tensor both with and without the
+    /// prefix is refused (which of the two to serve cannot be told).
+    fn new(st: &'a SafeTensors<'a>) -> Result<Self, String> {
+        let prefixed = st.tensor("bert.embeddings.word_embeddings.weight").is_ok();
+        if prefixed {
+            let mut names = st.names();
+            names.sort();
+            if let Some(twin) = names
+                .iter()
+                .find(|n| !n.starts_with("bert.") && st.tensor(&format!("bert.{n}")).is_ok())
+            {
+                return Err(format!(
+                    "holds both 'bert.{twin}' and '{twin}': which to serve cannot be told \
+                     (save the model to serve on its own)"
+                ));
+            }
+        }
+        let prefix = if prefixed { "bert." } else { "" };
+        Ok(Reader { st, prefix })
     }
 
     /// Tensor `name` (prefixed) as f32, checked to have shape `dims`.

@@ -271,6 +271,34 @@ fn broken_directories_are_one_line_errors_naming_the_tensor_or_field() {
 }
 
 #[test]
+fn a_file_holding_a_tensor_with_and_without_the_prefix_is_refused() {
+    // Every tensor as `bert.NAME`, and one of them again as plain `NAME`: which of the two
+    // to serve cannot be told (the plain one had been ignored without a word).
+    let dir = scratch_dir("twin");
+    rewrite(&dir, same, |_| {});
+    let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut views: Vec<(String, TensorView)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| (format!("bert.{n}"), t))
+        .collect();
+    let twin = "embeddings.LayerNorm.bias";
+    views.push((twin.into(), st.tensor(twin).unwrap()));
+    std::fs::write(
+        dir.join("model.safetensors"),
+        safetensors::serialize(views, None).unwrap(),
+    )
+    .unwrap();
+    let e = Checkpoint::load(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("holds both 'bert.embeddings.LayerNorm.bias'"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn tokens_outside_the_tables_are_errors() {
     let ckpt = Checkpoint::load(&fixture()).unwrap();
     let rt = Runtime::defaults_only();
