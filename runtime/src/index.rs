@@ -396,20 +396,21 @@ impl<'h> Evidence<'h> {
             return Ok(Ok(()));
         }
         let trials = db.trials(&self.hw.id, &rec.workload)?;
-        let ok = || trials.iter().filter(|r| r.median_s().is_some());
         // Faster records count only if they were this config's rivals: a family that runs
         // here and runs the workload, gone stale or out of its space (a record of another
         // device's family under this fingerprint says nothing about configs here).
-        let rival = |r: &Record| {
+        let rival = |r: &&Record| {
             kernels::kernel(&r.kernel)
                 .is_ok_and(|k| k.device() == self.hw.device_kind() && k.supports(&r.workload))
         };
-        if !ok()
-            .filter(|r| rival(r))
-            .any(|r| r.median_s().is_some_and(|m| m < median))
-        {
+        let fastest_rival = trials
+            .iter()
+            .filter(rival)
+            .filter_map(|r| Some((r.median_s()?, r)))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        let Some((_, first)) = fastest_rival.filter(|(m, _)| *m < median) else {
             return Ok(Ok(()));
-        }
+        };
         if let Ok((k, c)) = default_for(&rec.workload, self.hw) {
             let runs: Vec<Option<f64>> = trials
                 .iter()
@@ -422,15 +423,7 @@ impl<'h> Evidence<'h> {
                 return Ok(Ok(()));
             }
         }
-        let first = ok().filter(|r| rival(r)).min_by(|a, b| {
-            a.median_s()
-                .unwrap_or(0.0)
-                .total_cmp(&b.median_s().unwrap_or(0.0))
-        });
-        let why = first.map_or_else(
-            || "its fastest records".into(),
-            |r| unusable_reason(r, self.hw),
-        );
+        let why = unusable_reason(first, self.hw);
         let hint = if why.contains("re-tune") {
             ""
         } else {

@@ -1308,6 +1308,7 @@ pub fn is_busy(e: &DbError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::sqlite_err;
 
     #[test]
     fn opening_sweeps_what_killed_creators_left_beside_the_database() {
@@ -1341,7 +1342,6 @@ mod tests {
         TuningDb::open(&path).unwrap();
         assert!(path.is_file(), "the file of that name");
     }
-    use crate::error::sqlite_err;
 
     #[test]
     fn sqlite_errors_classify() {

@@ -413,7 +413,7 @@ impl Import<'_> {
             )
             .ctx(tp, IMPORTING)?;
         let mut added = 0;
-        let inserted: std::collections::HashSet<i64> = self.inserted.iter().copied().collect();
+        let inserted: HashSet<i64> = self.inserted.iter().copied().collect();
         for p in &self.rows.provenance {
             let Some(Value::Integer(t)) = p.get("trial_id") else {
                 continue;

@@ -10,6 +10,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 use crate::db::temp_name;
 
@@ -76,15 +77,19 @@ pub(crate) fn sweep(out: &Path, kind: &str) {
 
 /// This boot of this kernel and this PID namespace, as 16 hex digits (FNV-1a of the boot id
 /// and the namespace's inode; `-` free, so names split cleanly); `None` where either cannot
-/// be read.
+/// be read. Read once per process (a writer's open names and sweeps several temps).
 fn system_tag() -> Option<String> {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-    let pidns = std::fs::read_link("/proc/self/ns/pid").ok()?;
-    let text = format!("{}|{}", boot.trim(), pidns.display());
-    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    Some(format!("{h:016x}"))
+    static TAG: OnceLock<Option<String>> = OnceLock::new();
+    TAG.get_or_init(|| {
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        let pidns = std::fs::read_link("/proc/self/ns/pid").ok()?;
+        let text = format!("{}|{}", boot.trim(), pidns.display());
+        let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        Some(format!("{h:016x}"))
+    })
+    .clone()
 }
 
 #[cfg(test)]
