@@ -282,6 +282,19 @@ fn a_checkpoint_is_tuned_from_its_config_and_matches_transformers_on_a_padded_ba
     assert!(r["max_abs_err"].as_f64().unwrap() <= r["tolerance"].as_f64().unwrap());
     assert_eq!(r["non_finite_output"], false, "{r}");
 
+    // A switch the runtime cannot read is an error naming it, not a silent guess.
+    let o = common::autokernel_env(
+        &["infer", "--model", FIXTURE, "--db", db, "--iters", "1"],
+        &[("AUTOKERNEL_FALLBACK_CHECK", "disable")],
+        &[],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("AUTOKERNEL_FALLBACK_CHECK"),
+        "{}",
+        stderr(&o)
+    );
+
     // --batch without --seq: the default lengths the model's 16 positions take (its 16).
     let o = infer(&["--batch", "2", "--no-untuned"]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -100,8 +100,10 @@ use index::Index;
 /// [`Runtime::open`]: the path of the file to append to.
 pub const UNTUNED_LOG_ENV: &str = "AUTOKERNEL_UNTUNED_LOG";
 
-/// The environment variable that, set to `0`, turns the first-use check of borrowed
-/// configs off for every runtime of the process ([`Runtime::set_fallback_check`]).
+/// The environment variable that, set to `0` (or `false`/`off`/`no`), turns the first-use
+/// check of borrowed configs off for every runtime the process opens
+/// ([`Runtime::set_fallback_check`]); `1`/`true`/`on`/`yes` keeps it on, anything else makes
+/// [`Runtime::open`] fail.
 pub const FALLBACK_CHECK_ENV: &str = "AUTOKERNEL_FALLBACK_CHECK";
 
 /// Which level answered a lookup (see the crate documentation).
@@ -307,6 +309,28 @@ pub enum RuntimeError {
     /// finite number).
     #[error("argument '{name}': {reason}")]
     Argument { name: &'static str, reason: String },
+    /// An environment variable the runtime reads holds a value it does not understand.
+    #[error("environment variable {name}={value:?}: {reason}")]
+    Env {
+        name: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+}
+
+/// An on/off environment switch: `1`/`true`/`on`/`yes` or `0`/`false`/`off`/`no` (any case,
+/// surrounding blanks ignored); anything else is an error rather than a silent guess.
+fn parse_switch(name: &'static str, value: &std::ffi::OsStr) -> Result<bool, RuntimeError> {
+    let text = value.to_string_lossy();
+    match text.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Ok(true),
+        "0" | "false" | "off" | "no" => Ok(false),
+        _ => Err(RuntimeError::Env {
+            name,
+            value: text.into_owned(),
+            reason: "expected 1/true/on/yes or 0/false/off/no",
+        }),
+    }
 }
 
 /// A skipped database record, with the reason (reported, then served by the next level).
@@ -352,7 +376,7 @@ impl Runtime {
         let path = path.as_ref();
         let idx = Index::load(path, &hw, 1)?;
         let rt = Runtime::with_index(hw, Some(path.to_path_buf()), idx);
-        rt.log_from_env()?;
+        rt.settings_from_env()?;
         Ok(rt)
     }
 
@@ -373,7 +397,7 @@ impl Runtime {
         };
         let rt = Runtime::with_index(hw, Some(path.to_path_buf()), idx);
         *rt.load_error.lock().unwrap_or_else(|p| p.into_inner()) = err;
-        if let Err(e) = rt.log_from_env() {
+        if let Err(e) = rt.settings_from_env() {
             let mut slot = rt.load_error.lock().unwrap_or_else(|p| p.into_inner());
             slot.get_or_insert_with(|| e.to_string());
         }
@@ -404,18 +428,22 @@ impl Runtime {
             load_error: Mutex::new(None),
             reload_lock: Mutex::new(()),
             generation: AtomicU64::new(1),
-            fallback_check: AtomicBool::new(
-                std::env::var(FALLBACK_CHECK_ENV).map_or(true, |v| v.trim() != "0"),
-            ),
+            fallback_check: AtomicBool::new(true),
             precision: ArcSwap::from_pointee(PrecisionPolicy::exact()),
         }
     }
 
-    fn log_from_env(&self) -> Result<(), RuntimeError> {
-        match std::env::var_os(UNTUNED_LOG_ENV) {
+    /// Applies [`FALLBACK_CHECK_ENV`] and [`UNTUNED_LOG_ENV`] (what `open` honours).
+    fn settings_from_env(&self) -> Result<(), RuntimeError> {
+        let check = match std::env::var_os(FALLBACK_CHECK_ENV) {
+            Some(v) => parse_switch(FALLBACK_CHECK_ENV, &v).map(|on| self.set_fallback_check(on)),
+            None => Ok(()),
+        };
+        let log = match std::env::var_os(UNTUNED_LOG_ENV) {
             Some(p) if !p.is_empty() => self.log_fallbacks_to(PathBuf::from(p)),
             _ => Ok(()),
-        }
+        };
+        check.and(log)
     }
 
     /// Appends every distinct workload this runtime serves at a level other than `exact`
@@ -801,6 +829,24 @@ fn check_buffers(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn environment_switches_are_parsed_strictly() {
+        let parse = |v: &str| parse_switch(FALLBACK_CHECK_ENV, std::ffi::OsStr::new(v));
+        for on in ["1", "true", " ON ", "Yes"] {
+            assert!(parse(on).unwrap(), "{on}");
+        }
+        for off in ["0", "false", "Off", "no\n"] {
+            assert!(!parse(off).unwrap(), "{off}");
+        }
+        for bad in ["", "2", "maybe", "disable"] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains(FALLBACK_CHECK_ENV) && e.contains("0/false"),
+                "{bad}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn runtime_is_send_and_sync() {
