@@ -71,7 +71,8 @@ impl From<RuntimeError> for CapiError {
             RuntimeError::Kernel(k) => kernel_code(k),
             RuntimeError::FallbackLog { .. }
             | RuntimeError::FallbackLogAlreadySet { .. }
-            | RuntimeError::Argument { .. } => AUTOKERNEL_INVALID_ARGUMENT,
+            | RuntimeError::Argument { .. }
+            | RuntimeError::Env { .. } => AUTOKERNEL_INVALID_ARGUMENT,
         };
         CapiError {
             code,
