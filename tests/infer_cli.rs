@@ -199,6 +199,55 @@ fn bad_input_is_a_clear_error() {
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny-bert");
 
 #[test]
+fn roberta_and_distilbert_checkpoints_are_tuned_and_match_transformers() {
+    let dir = tempfile::tempdir().unwrap();
+    for arch in ["roberta", "distilbert"] {
+        let fixture = format!("{}/tests/fixtures/tiny-{arch}", env!("CARGO_MANIFEST_DIR"));
+        let db = dir.path().join(format!("{arch}.db"));
+        let db = db.to_str().unwrap();
+        let mut args = vec!["tune", "--model", &fixture, "--db", db, "--budget", "1"];
+        args.extend(["--finalists", "0", "--isolation", "none", "--threads", "1"]);
+        let o = autokernel(&args);
+        assert!(o.status.success(), "{arch}: {}", stderr(&o));
+        // Its saved batch (4 sequences padded to 11), checked against transformers.
+        let o = common::autokernel_env(
+            &[
+                "infer",
+                "--model",
+                &fixture,
+                "--db",
+                db,
+                "--iters",
+                "1",
+                "--json",
+                "--threads",
+                "1",
+            ],
+            &[("AUTOKERNEL_FALLBACK_CHECK", "0")],
+            &[],
+        );
+        let rows = common::ok_json_lines(&o);
+        let r = &rows[0];
+        assert_eq!(
+            r["lengths"],
+            serde_json::json!([11, 6, 1, 9]),
+            "{arch}: {r}"
+        );
+        assert_eq!(r["calls"]["exact"], 10, "{arch}: {r}");
+        let vs_hf = r["transformers_max_abs_err"].as_f64().unwrap();
+        assert!(vs_hf <= 1e-4, "{arch}: {r}");
+        // Past the positions: RoBERTa's 18 rows hold 16 tokens (its padding id is 1).
+        let o = autokernel(&["infer", "--model", &fixture, "--db", db, "--seq", "17"]);
+        assert!(!o.status.success(), "{arch}");
+        assert!(
+            stderr(&o).contains("at most 16 tokens"),
+            "{arch}: {}",
+            stderr(&o)
+        );
+    }
+}
+
+#[test]
 fn a_checkpoint_is_tuned_from_its_config_and_matches_transformers_on_a_padded_batch() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("ckpt.db");
@@ -401,7 +450,7 @@ fn broken_checkpoint_directories_are_one_line_errors() {
         (
             "gpt2",
             ("model_type", serde_json::json!("gpt2")),
-            "model_type 'gpt2' is not a BERT model",
+            "model_type 'gpt2' is not a BERT-family encoder",
         ),
         (
             "vocab",

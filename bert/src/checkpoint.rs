@@ -1,15 +1,27 @@
-//! Hugging Face BERT checkpoints: a directory with `config.json` and `model.safetensors`
-//! (what `save_pretrained` writes), read with the `safetensors` crate — no network, no hub.
+//! Hugging Face BERT-family checkpoints: a directory with `config.json` and
+//! `model.safetensors` (what `save_pretrained` writes), read with the `safetensors` crate —
+//! no network, no hub. Three model types share the encoder (post-LayerNorm layers, one
+//! attention, a two-layer feed-forward block) and differ in names, in token types and in how
+//! positions are counted ([`NAMINGS`]):
 //!
-//! Tensors are looked up by their Hugging Face names, with or without the `bert.` prefix of
-//! the pre-training heads' checkpoints (whose extra tensors, like a pooler's, are ignored):
-//! `embeddings.{word,position,token_type}_embeddings.weight`, `embeddings.LayerNorm.*`,
-//! `encoder.layer.N.attention.self.{query,key,value}.*`, `…attention.output.dense.*`,
-//! `…attention.output.LayerNorm.*`, `…intermediate.dense.*`, `…output.dense.*`,
-//! `…output.LayerNorm.*` (LayerNorm as `weight`/`bias`, or the legacy `gamma`/`beta`).
-//! `nn.Linear` weights are `[out, in]` and are transposed into the encoder's `in × out`.
-//! Stored as F32, F16 or BF16 (converted exactly to f32). Anything missing or of the wrong
-//! shape is a one-line error naming the tensor or the `config.json` field.
+//! - `bert`: `embeddings.{word,position,token_type}_embeddings.weight`,
+//!   `embeddings.LayerNorm.*`, `encoder.layer.N.attention.self.{query,key,value}.*`,
+//!   `…attention.output.dense.*`, `…attention.output.LayerNorm.*`, `…intermediate.dense.*`,
+//!   `…output.dense.*`, `…output.LayerNorm.*`; positions from 0.
+//! - `roberta` (and `xlm-roberta`, `camembert`): BERT's names; positions counted after the
+//!   padding id ([`Positions::AfterPadding`]), so `max_position_embeddings` − `pad_token_id`
+//!   − 1 tokens at most.
+//! - `distilbert`: `config.json`'s `dim`, `n_layers`, `n_heads`, `hidden_dim`, `activation`;
+//!   `embeddings.{word,position}_embeddings.weight` (no token types),
+//!   `transformer.layer.N.attention.{q_lin,k_lin,v_lin,out_lin}.*`, `…sa_layer_norm.*`,
+//!   `…ffn.lin1.*`, `…ffn.lin2.*`, `…output_layer_norm.*`; LayerNorm epsilon 1e-12.
+//!
+//! Names are looked up with or without the model's prefix (`bert.`, `roberta.`,
+//! `distilbert.`: the task heads' checkpoints, whose extra tensors are ignored); LayerNorm as
+//! `weight`/`bias`, or the legacy `gamma`/`beta`. `nn.Linear` weights are `[out, in]` and are
+//! transposed into the encoder's `in × out`. Stored as F32, F16 or BF16 (converted exactly to
+//! f32). Anything missing or of the wrong shape is a one-line error naming the tensor or the
+//! `config.json` field.
 
 use std::path::{Path, PathBuf};
 
@@ -17,7 +29,7 @@ use kernels::Act;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
-use crate::{BertConfig, BertError, Embeddings, LayerWeights};
+use crate::{BertConfig, BertError, Embeddings, LayerWeights, Positions};
 
 /// A loaded checkpoint: the encoder's sizes, its embedding block and its layers' weights.
 #[derive(Debug, Clone)]
@@ -37,12 +49,100 @@ pub const HIDDEN_ACTS: [(&str, Act); 4] = [
     ("relu", Act::Relu),
 ];
 
+/// How one family of model types names its `config.json` fields and its tensors.
+#[derive(Debug)]
+pub struct Naming {
+    /// The `model_type` values it reads.
+    pub model_types: &'static [&'static str],
+    /// The prefix of its task heads' checkpoints (`bert.`).
+    prefix: &'static str,
+    /// `config.json` fields: layers, hidden size, heads, feed-forward width, activation.
+    fields: [&'static str; 5],
+    /// The LayerNorm epsilon's field, or `None` for a fixed 1e-12.
+    eps_field: Option<&'static str>,
+    /// Whether it has a token-type table (`type_vocab_size`, default 2).
+    token_types: bool,
+    /// Whether positions are counted after the padding id (`pad_token_id`, default 1).
+    positions_after_padding: bool,
+    /// Layer `N`'s prefix is this, then `.N.`.
+    layer: &'static str,
+    /// A layer's tensors: query, key, value, attention output, its LayerNorm, feed-forward up,
+    /// down, and its LayerNorm.
+    tensors: [&'static str; 8],
+}
+
+/// The model types [`Checkpoint::load`] reads.
+pub const NAMINGS: [Naming; 3] = [
+    Naming {
+        model_types: &["bert"],
+        prefix: "bert.",
+        fields: BERT_FIELDS,
+        eps_field: Some("layer_norm_eps"),
+        token_types: true,
+        positions_after_padding: false,
+        layer: "encoder.layer",
+        tensors: BERT_TENSORS,
+    },
+    Naming {
+        model_types: &["roberta", "xlm-roberta", "camembert"],
+        prefix: "roberta.",
+        fields: BERT_FIELDS,
+        eps_field: Some("layer_norm_eps"),
+        token_types: true,
+        positions_after_padding: true,
+        layer: "encoder.layer",
+        tensors: BERT_TENSORS,
+    },
+    Naming {
+        model_types: &["distilbert"],
+        prefix: "distilbert.",
+        fields: ["n_layers", "dim", "n_heads", "hidden_dim", "activation"],
+        eps_field: None,
+        token_types: false,
+        positions_after_padding: false,
+        layer: "transformer.layer",
+        tensors: [
+            "attention.q_lin",
+            "attention.k_lin",
+            "attention.v_lin",
+            "attention.out_lin",
+            "sa_layer_norm",
+            "ffn.lin1",
+            "ffn.lin2",
+            "output_layer_norm",
+        ],
+    },
+];
+
+const BERT_FIELDS: [&str; 5] = [
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+];
+
+const BERT_TENSORS: [&str; 8] = [
+    "attention.self.query",
+    "attention.self.key",
+    "attention.self.value",
+    "attention.output.dense",
+    "attention.output.LayerNorm",
+    "intermediate.dense",
+    "output.dense",
+    "output.LayerNorm",
+];
+
 impl Checkpoint {
     /// Only `dir/config.json`: the encoder's sizes and the longest sequence its position
     /// embeddings take (what `tune --model DIR` needs, without reading the weights).
     pub fn read_config(dir: &Path) -> Result<(BertConfig, usize), BertError> {
         let (config, tables) = read_config(&dir.join("config.json"))?;
-        Ok((config, tables.positions))
+        let max_seq = tables.positions.saturating_sub(match tables.position_ids {
+            Positions::FromZero => 0,
+            Positions::AfterPadding { pad_id } => pad_id as usize + 1,
+        });
+        Ok((config, max_seq))
     }
 
     /// Reads `dir/config.json` and `dir/model.safetensors`.
@@ -57,13 +157,18 @@ impl Checkpoint {
         let bytes = read_file(&st_path, u64::MAX).map_err(bad)?;
         let st = SafeTensors::deserialize(&bytes)
             .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
-        let reader = Reader::new(&st).map_err(bad)?;
+        let reader = Reader::new(&st, shape.naming).map_err(bad)?;
         let (h, f) = (config.hidden, config.ffn);
         let e = |name: &str, dims: &[usize]| reader.get(&format!("embeddings.{name}"), dims);
+        let token_type = match shape.types {
+            Some(types) => e("token_type_embeddings.weight", &[types, h]).map_err(bad)?,
+            None => vec![0.0; h],
+        };
         let embeddings = Embeddings {
             word: e("word_embeddings.weight", &[shape.vocab, h]).map_err(bad)?,
             position: e("position_embeddings.weight", &[shape.positions, h]).map_err(bad)?,
-            token_type: e("token_type_embeddings.weight", &[shape.types, h]).map_err(bad)?,
+            positions: shape.position_ids,
+            token_type,
             ln_gamma: reader
                 .layer_norm("embeddings.LayerNorm", true, h)
                 .map_err(bad)?,
@@ -85,33 +190,55 @@ impl Checkpoint {
     }
 }
 
-/// The embedding tables' row counts from `config.json`.
+/// The embedding tables from `config.json`: row counts (`None` types: no table), how
+/// positions are counted, and the naming of the tensors.
 struct TableSizes {
     vocab: usize,
     positions: usize,
-    types: usize,
+    types: Option<usize>,
+    position_ids: Positions,
+    naming: &'static Naming,
+}
+
+/// The [`Naming`] of `config.json`'s `model_type`.
+fn naming(f: &Fields) -> Result<&'static Naming, BertError> {
+    let known = || {
+        NAMINGS
+            .iter()
+            .flat_map(|n| n.model_types.iter().map(|t| format!("'{t}'")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(model_type) = f.v.get("model_type").and_then(Value::as_str) else {
+        return Err(f.bad(format!(
+            "field 'model_type' is missing (expected one of {})",
+            known()
+        )));
+    };
+    NAMINGS
+        .iter()
+        .find(|n| n.model_types.contains(&model_type))
+        .ok_or_else(|| {
+            f.bad(format!(
+                "model_type '{model_type}' is not a BERT-family encoder (served: {})",
+                known()
+            ))
+        })
 }
 
 /// `config.json` as the encoder's sizes and the embedding tables' row counts.
 fn read_config(path: &Path) -> Result<(BertConfig, TableSizes), BertError> {
     let f = Fields::read(path)?;
-    match f.v.get("model_type").and_then(Value::as_str) {
-        Some("bert") => {}
-        Some(other) => {
-            return Err(f.bad(format!(
-                "model_type '{other}' is not a BERT model (expected 'bert')"
-            )))
-        }
-        None => return Err(f.bad("field 'model_type' is missing (expected 'bert')".into())),
-    }
-    let act_name = f.text("hidden_act", "gelu")?;
+    let naming = naming(&f)?;
+    let [layers, hidden, heads, ffn, act_field] = naming.fields;
+    let act_name = f.text(act_field, "gelu")?;
     let act = HIDDEN_ACTS
         .iter()
         .find(|(n, _)| *n == act_name)
         .map(|&(_, a)| a)
         .ok_or_else(|| {
             f.bad(format!(
-                "hidden_act '{act_name}' is not supported (supported: {})",
+                "{act_field} '{act_name}' is not supported (supported: {})",
                 HIDDEN_ACTS.map(|(n, _)| n).join(", ")
             ))
         })?;
@@ -128,27 +255,51 @@ fn read_config(path: &Path) -> Result<(BertConfig, TableSizes), BertError> {
                 .into(),
         ));
     }
-    let ln_eps = f.layer_norm_eps()?;
+    let ln_eps = match naming.eps_field {
+        Some(field) => f.layer_norm_eps(field)?,
+        None => 1e-12,
+    };
     let config = BertConfig {
-        name: "checkpoint",
-        layers: f.size("num_hidden_layers")?,
-        hidden: f.size("hidden_size")?,
-        heads: f.size("num_attention_heads")?,
-        ffn: f.size("intermediate_size")?,
+        name: naming.model_types[0],
+        layers: f.size(layers)?,
+        hidden: f.size(hidden)?,
+        heads: f.size(heads)?,
+        ffn: f.size(ffn)?,
         ln_eps,
         init_std: 0.0,
         act,
     };
     config
         .validate()
-        .map_err(|e| f.bad(format!("{e} (num_attention_heads, hidden_size)")))?;
+        .map_err(|e| f.bad(format!("{e} ({heads}, {hidden})")))?;
+    let positions = f.size("max_position_embeddings")?;
+    let position_ids = if naming.positions_after_padding {
+        let pad_id = match f.v.get("pad_token_id") {
+            None | Some(Value::Null) => 1,
+            Some(_) => f.count("pad_token_id")?,
+        };
+        if pad_id + 1 >= positions {
+            return Err(f.bad(format!(
+                "pad_token_id {pad_id} leaves no position of the {positions} \
+                 (max_position_embeddings): positions count from pad_token_id + 1"
+            )));
+        }
+        Positions::AfterPadding {
+            pad_id: pad_id as u32,
+        }
+    } else {
+        Positions::FromZero
+    };
     let tables = TableSizes {
         vocab: f.size("vocab_size")?,
-        positions: f.size("max_position_embeddings")?,
-        types: match f.v.get("type_vocab_size") {
-            None => 2,
-            Some(_) => f.size("type_vocab_size")?,
+        positions,
+        types: match (naming.token_types, f.v.get("type_vocab_size")) {
+            (false, _) => None,
+            (true, None) => Some(2),
+            (true, Some(_)) => Some(f.size("type_vocab_size")?),
         },
+        position_ids,
+        naming,
     };
     Ok((config, tables))
 }
@@ -197,6 +348,19 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// A required count: a whole number from 0 to 2^20.
+    fn count(&self, name: &str) -> Result<usize, BertError> {
+        match self.v.get(name) {
+            None => Err(self.bad(format!("field '{name}' is missing"))),
+            Some(x) => match x.as_u64() {
+                Some(n) if n <= 1 << 20 => Ok(n as usize),
+                _ => Err(self.bad(format!(
+                    "field '{name}' is {x}, not a whole number from 0 to 1048576"
+                ))),
+            },
+        }
+    }
+
     /// A required size: a whole number from 1 to 2^20.
     fn size(&self, name: &str) -> Result<usize, BertError> {
         match self.v.get(name) {
@@ -228,17 +392,15 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// `layer_norm_eps` (1e-12 when missing): in (0, 1), and positive in f32 too (a
-    /// subnormal f64 would round to 0).
-    fn layer_norm_eps(&self) -> Result<f32, BertError> {
-        let Some(x) = self.v.get("layer_norm_eps") else {
+    /// A LayerNorm epsilon, field `name` (1e-12 when missing): in (0, 1), and positive in f32
+    /// too (a subnormal f64 would round to 0).
+    fn layer_norm_eps(&self, name: &str) -> Result<f32, BertError> {
+        let Some(x) = self.v.get(name) else {
             return Ok(1e-12);
         };
         match x.as_f64() {
             Some(e) if e > 0.0 && e < 1.0 && (e as f32) > 0.0 => Ok(e as f32),
-            _ => Err(self.bad(format!(
-                "field 'layer_norm_eps' is {x}, not a number in (0, 1)"
-            ))),
+            _ => Err(self.bad(format!("field '{name}' is {x}, not a number in (0, 1)"))),
         }
     }
 }
@@ -247,28 +409,32 @@ impl<'a> Fields<'a> {
 struct Reader<'a> {
     st: &'a SafeTensors<'a>,
     prefix: &'static str,
+    naming: &'static Naming,
 }
 
 impl<'a> Reader<'a> {
     /// The reader of `st`'s model; a file that holds a tensor both with and without the
     /// prefix is refused (which of the two to serve cannot be told).
-    fn new(st: &'a SafeTensors<'a>) -> Result<Self, String> {
-        let prefixed = st.tensor("bert.embeddings.word_embeddings.weight").is_ok();
+    fn new(st: &'a SafeTensors<'a>, naming: &'static Naming) -> Result<Self, String> {
+        let p = naming.prefix;
+        let prefixed = st
+            .tensor(&format!("{p}embeddings.word_embeddings.weight"))
+            .is_ok();
         if prefixed {
             let mut names = st.names();
             names.sort();
             if let Some(twin) = names
                 .iter()
-                .find(|n| !n.starts_with("bert.") && st.tensor(&format!("bert.{n}")).is_ok())
+                .find(|n| !n.starts_with(p) && st.tensor(&format!("{p}{n}")).is_ok())
             {
                 return Err(format!(
-                    "holds both 'bert.{twin}' and '{twin}': which to serve cannot be told \
+                    "holds both '{p}{twin}' and '{twin}': which to serve cannot be told \
                      (save the model to serve on its own)"
                 ));
             }
         }
-        let prefix = if prefixed { "bert." } else { "" };
-        Ok(Reader { st, prefix })
+        let prefix = if prefixed { p } else { "" };
+        Ok(Reader { st, prefix, naming })
     }
 
     /// Tensor `name` (prefixed) as f32, checked to have shape `dims`.
@@ -321,11 +487,11 @@ impl<'a> Reader<'a> {
 
     /// Layer `l` in the encoder's layout (Q, K, V side by side in one `H × 3H` matrix).
     fn layer(&self, l: usize, h: usize, f: usize) -> Result<LayerWeights, String> {
-        let at = |s: &str| format!("encoder.layer.{l}.{s}");
+        let at = |s: &str| format!("{}.{l}.{s}", self.naming.layer);
+        let [q, k, v, out, ln1, up, down, ln2] = self.naming.tensors;
         // The three projections are read (so their shapes checked against the file) before
         // the fused matrix is allocated: a config's sizes alone allocate nothing.
-        let qkv = ["query", "key", "value"]
-            .map(|name| self.linear(&at(&format!("attention.self.{name}")), h, h));
+        let qkv = [q, k, v].map(|name| self.linear(&at(name), h, h));
         let (mut w_qkv, mut b_qkv) = (vec![0.0f32; h * 3 * h], Vec::with_capacity(3 * h));
         for (part, projection) in qkv.into_iter().enumerate() {
             let (w, b) = projection?;
@@ -334,23 +500,23 @@ impl<'a> Reader<'a> {
             }
             b_qkv.extend(b);
         }
-        let (w_o, b_o) = self.linear(&at("attention.output.dense"), h, h)?;
-        let (w_ffn1, b_ffn1) = self.linear(&at("intermediate.dense"), f, h)?;
-        let (w_ffn2, b_ffn2) = self.linear(&at("output.dense"), h, f)?;
+        let (w_o, b_o) = self.linear(&at(out), h, h)?;
+        let (w_ffn1, b_ffn1) = self.linear(&at(up), f, h)?;
+        let (w_ffn2, b_ffn2) = self.linear(&at(down), h, f)?;
         let ln = |s: &str, scale| self.layer_norm(&at(s), scale, h);
         Ok(LayerWeights {
             w_qkv,
             b_qkv,
             w_o,
             b_o,
-            ln1_gamma: ln("attention.output.LayerNorm", true)?,
-            ln1_beta: ln("attention.output.LayerNorm", false)?,
+            ln1_gamma: ln(ln1, true)?,
+            ln1_beta: ln(ln1, false)?,
             w_ffn1,
             b_ffn1,
             w_ffn2,
             b_ffn2,
-            ln2_gamma: ln("output.LayerNorm", true)?,
-            ln2_beta: ln("output.LayerNorm", false)?,
+            ln2_gamma: ln(ln2, true)?,
+            ln2_beta: ln(ln2, false)?,
         })
     }
 }

@@ -29,8 +29,9 @@
 //! nearest_shape, default) served them. It is not a framework: one config struct, seeded
 //! weights (no download, no tokenizer), where the input is the embedding block's output.
 //!
-//! **Real checkpoints**: [`Checkpoint::load`] reads a Hugging Face BERT directory
-//! (`config.json` + `model.safetensors`), and [`BertModel`] runs the whole `BertModel` path —
+//! **Real checkpoints**: [`Checkpoint::load`] reads a Hugging Face BERT, RoBERTa or
+//! DistilBERT directory (`config.json` + `model.safetensors`; [`NAMINGS`]), and
+//! [`BertModel`] runs the whole `BertModel` path —
 //! token, position and token-type embeddings with their LayerNorm, then the encoder — on a
 //! [`TokenBatch`] of right-padded sequences of different lengths: attention masks the
 //! padding by each sequence's key length ([`runtime::Runtime::attention_masked`]). GELU in
@@ -55,9 +56,9 @@ mod reference;
 mod tokens;
 mod weights;
 
-pub use checkpoint::{to_f32, Checkpoint, HIDDEN_ACTS};
+pub use checkpoint::{to_f32, Checkpoint, Naming, HIDDEN_ACTS, NAMINGS};
 pub use config::{BertConfig, MAX_SEQ};
-pub use embeddings::Embeddings;
+pub use embeddings::{Embeddings, Positions};
 pub use encoder::{Encoder, Scratch, StageTimes};
 pub use model::{BertModel, Expected};
 pub use reference::{

@@ -23,10 +23,15 @@ pub struct TokenBatch {
 }
 
 impl TokenBatch {
-    /// Random ids in `1..vocab` (0 is padding, as in BERT's vocabularies) from `seed`, all
-    /// of segment 0; sequence `i` is `lengths[i % lengths.len()]` long (clamped to `seq`),
-    /// or `seq` when `lengths` is empty. Padding positions hold id 0.
-    pub fn random(vocab: usize, seed: u64, batch: usize, seq: usize, lengths: &[usize]) -> Self {
+    /// Random ids in `0..vocab` other than `pad` (BERT's and DistilBERT's padding id is 0,
+    /// RoBERTa's 1) from `seed`, all of segment 0; sequence `i` is `lengths[i % lengths.len()]`
+    /// long (clamped to `seq`), or `seq` when `lengths` is empty. Padding positions hold `pad`.
+    pub fn random(
+        (vocab, pad): (usize, u32),
+        seed: u64,
+        (batch, seq): (usize, usize),
+        lengths: &[usize],
+    ) -> Self {
         let mut rng = Rng::new(seed ^ 0x70C3_E25E_ED00_0001);
         let span = vocab.saturating_sub(1).max(1) as f32;
         let lens: Vec<i32> = (0..batch)
@@ -36,11 +41,12 @@ impl TokenBatch {
                     .map_or(seq, |&l| l.min(seq)) as i32
             })
             .collect();
-        let mut ids = vec![0u32; batch * seq];
+        let mut ids = vec![pad; batch * seq];
         for (row, &len) in ids.chunks_exact_mut(seq).zip(&lens) {
             for id in &mut row[..len as usize] {
                 let u = (rng.symmetric_f32() + 1.0) * 0.5; // [0, 1)
-                *id = 1 + ((u * span) as u32).min(span as u32 - 1);
+                let drawn = ((u * span) as u32).min(span as u32 - 1);
+                *id = drawn + u32::from(drawn >= pad);
             }
         }
         TokenBatch {
@@ -222,12 +228,21 @@ mod tests {
 
     #[test]
     fn random_batches_have_the_lengths_asked_for() {
-        let t = TokenBatch::random(100, 3, 5, 8, &[8, 3, 1]);
+        let t = TokenBatch::random((100, 0), 3, (5, 8), &[8, 3, 1]);
         assert_eq!(t.lens, vec![8, 3, 1, 8, 3]);
         assert!(t.ids.iter().all(|&i| i < 100));
         assert!(t.sequence(1).0[..3].iter().all(|&i| i >= 1));
         assert_eq!(&t.sequence(1).0[3..], &[0; 5]);
-        assert_eq!(TokenBatch::random(100, 3, 2, 4, &[]).lens, vec![4, 4]);
-        assert_eq!(TokenBatch::random(100, 3, 1, 4, &[9]).lens, vec![4]);
+        assert_eq!(
+            TokenBatch::random((100, 0), 3, (2, 4), &[]).lens,
+            vec![4, 4]
+        );
+        assert_eq!(TokenBatch::random((100, 0), 3, (1, 4), &[9]).lens, vec![4]);
+        // RoBERTa's padding id 1: never a token, every padding position.
+        let t = TokenBatch::random((5, 1), 3, (4, 64), &[64, 10]);
+        let (full, short) = (t.sequence(0).0, t.sequence(1).0);
+        assert!(full.iter().all(|&i| i < 5 && i != 1), "{full:?}");
+        assert!(full.contains(&0) && full.contains(&4), "{full:?}");
+        assert!(short[10..].iter().all(|&i| i == 1));
     }
 }

@@ -1,17 +1,23 @@
-//! A real checkpoint: the tiny BERT that `transformers` saved (tests/fixtures/tiny-bert, made
-//! by scripts/make-bert-fixture.py) against the output `transformers` computed for a padded
-//! batch; the same weights stored in other ways; broken directories as one-line errors.
+//! Real checkpoints: the tiny BERT, RoBERTa and DistilBERT that `transformers` saved
+//! (tests/fixtures/tiny-*, made by scripts/make-bert-fixture.py) against the output
+//! `transformers` computed for a padded batch; the same weights stored in other ways; broken
+//! directories as one-line errors.
 
 use std::path::{Path, PathBuf};
 
-use bert::{BertModel, Checkpoint, Expected, Scratch, TokenBatch};
+use bert::{BertModel, Checkpoint, Expected, Positions, Scratch, TokenBatch};
 use kernels::Act;
 use runtime::Runtime;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-bert")
+    fixture_of("bert")
+}
+
+/// The fixture of model type `arch`: `bert`, `roberta` or `distilbert`.
+fn fixture_of(arch: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tests/fixtures/tiny-{arch}"))
 }
 
 /// A fresh temporary directory for one test.
@@ -22,14 +28,24 @@ fn scratch_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// The fixture copied into `dir` with its tensors passed through `f` (`None` drops one) and
-/// its config through `cfg`.
+/// The BERT fixture copied into `dir` with its tensors passed through `f` (`None` drops one)
+/// and its config through `cfg`.
 fn rewrite(
     dir: &Path,
     f: impl Fn(&str, Dtype, &[usize], &[u8]) -> Option<Tensor>,
     cfg: impl Fn(&mut serde_json::Value),
 ) {
-    let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    rewrite_of("bert", dir, f, cfg)
+}
+
+/// [`rewrite`] of the fixture of model type `arch`.
+fn rewrite_of(
+    arch: &str,
+    dir: &Path,
+    f: impl Fn(&str, Dtype, &[usize], &[u8]) -> Option<Tensor>,
+    cfg: impl Fn(&mut serde_json::Value),
+) {
+    let bytes = std::fs::read(fixture_of(arch).join("model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let kept: Vec<Tensor> = st
         .tensors()
@@ -44,7 +60,7 @@ fn rewrite(
         safetensors::serialize(views, None).unwrap(),
     )
     .unwrap();
-    let text = std::fs::read_to_string(fixture().join("config.json")).unwrap();
+    let text = std::fs::read_to_string(fixture_of(arch).join("config.json")).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
     cfg(&mut v);
     std::fs::write(dir.join("config.json"), v.to_string()).unwrap();
@@ -82,35 +98,49 @@ fn run(ckpt: &Checkpoint, tokens: &TokenBatch) -> Vec<f32> {
 
 #[test]
 fn the_padded_batch_matches_transformers_within_1e_4() {
-    let ckpt = Checkpoint::load(&fixture()).unwrap();
-    assert_eq!(
-        ckpt.config.act,
-        Act::GeluErf,
-        "hidden_act 'gelu' is the exact form"
-    );
-    assert_eq!(
-        (ckpt.config.layers, ckpt.config.hidden, ckpt.config.heads),
-        (2, 64, 4)
-    );
-    let tokens = TokenBatch::from_json(&fixture().join("inputs.json")).unwrap();
+    for arch in ["bert", "roberta", "distilbert"] {
+        let ckpt = Checkpoint::load(&fixture_of(arch)).unwrap();
+        assert_eq!(ckpt.config.name, arch);
+        assert_eq!(
+            ckpt.config.act,
+            Act::GeluErf,
+            "{arch}: 'gelu' is the exact form"
+        );
+        assert_eq!(
+            (ckpt.config.layers, ckpt.config.hidden, ckpt.config.heads),
+            (2, 64, 4)
+        );
+        assert_eq!(ckpt.embeddings.max_seq(), 16, "{arch}");
+        matches_transformers(&ckpt);
+    }
+}
+
+/// `ckpt`'s saved batch within 1e-4 of transformers' output, padded positions included;
+/// within the tolerance of the f64 reference; and each sequence alone, unpadded, as in the
+/// padded batch at its real tokens.
+fn matches_transformers(ckpt: &Checkpoint) {
+    let dir = &ckpt.dir;
+    let tokens = TokenBatch::from_json(&dir.join("inputs.json")).unwrap();
     assert_eq!(
         tokens.lens,
         vec![11, 6, 1, 9],
         "sequences of different lengths"
     );
-    let expected = Expected::load(&fixture().join("expected.safetensors")).unwrap();
-    let out = run(&ckpt, &tokens);
+    let expected = Expected::load(&dir.join("expected.safetensors")).unwrap();
+    let out = run(ckpt, &tokens);
     let err = expected.max_abs_err(&out).unwrap();
-    eprintln!("max |ours − transformers| = {err:.2e}");
-    assert!(err <= 1e-4, "max |ours − transformers| = {err:e}");
-    // And against the f64 reference forward, sequence by sequence.
+    eprintln!("{}: max |ours − transformers| = {err:.2e}", dir.display());
+    assert!(
+        err <= 1e-4,
+        "{}: max |ours − transformers| = {err:e}",
+        dir.display()
+    );
     let h = ckpt.config.hidden;
     for i in 0..tokens.batch {
         let want = ckpt.reference(&tokens, i);
         let got = &out[i * tokens.seq * h..(i + 1) * tokens.seq * h];
         bert::check(got, &want).unwrap_or_else(|a| panic!("sequence {i}: {a:?}"));
     }
-    // Each sequence alone, unpadded, gives the padded batch's values at its real tokens.
     for i in 0..tokens.batch {
         let len = tokens.lens[i] as usize;
         let (ids, types) = tokens.sequence(i);
@@ -121,7 +151,7 @@ fn the_padded_batch_matches_transformers_within_1e_4() {
             types: types[..len].to_vec(),
             lens: vec![len as i32],
         };
-        let got = run(&ckpt, &alone);
+        let got = run(ckpt, &alone);
         let padded = &out[i * tokens.seq * h..][..len * h];
         let diff = got
             .iter()
@@ -129,6 +159,45 @@ fn the_padded_batch_matches_transformers_within_1e_4() {
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
         assert!(diff < 2e-5, "sequence {i}: {diff}");
+    }
+}
+
+#[test]
+fn roberta_positions_count_after_the_padding_id_as_transformers_does() {
+    let mut ckpt = Checkpoint::load(&fixture_of("roberta")).unwrap();
+    assert_eq!(
+        ckpt.embeddings.positions,
+        Positions::AfterPadding { pad_id: 1 }
+    );
+    assert_eq!(ckpt.embeddings.pad_id(), 1);
+    // BERT's positions on RoBERTa's table miss transformers' output.
+    ckpt.embeddings.positions = Positions::FromZero;
+    let tokens = TokenBatch::from_json(&ckpt.dir.join("inputs.json")).unwrap();
+    let expected = Expected::load(&ckpt.dir.join("expected.safetensors")).unwrap();
+    let err = expected.max_abs_err(&run(&ckpt, &tokens)).unwrap();
+    assert!(err > 1e-2, "positions from 0: {err}");
+}
+
+#[test]
+fn prefixed_roberta_and_distilbert_checkpoints_load_the_same_model() {
+    for (arch, prefix) in [("roberta", "roberta."), ("distilbert", "distilbert.")] {
+        let dir = scratch_dir(&format!("prefix-{arch}"));
+        rewrite_of(
+            arch,
+            &dir,
+            |name, t, shape, data| {
+                Some((format!("{prefix}{name}"), t, shape.to_vec(), data.to_vec()))
+            },
+            |_| {},
+        );
+        let (a, b) = (
+            Checkpoint::load(&fixture_of(arch)).unwrap(),
+            Checkpoint::load(&dir).unwrap(),
+        );
+        assert_eq!(a.embeddings.position, b.embeddings.position, "{arch}");
+        assert_eq!(a.layers[1].w_ffn2, b.layers[1].w_ffn2, "{arch}");
+        assert_eq!(a.layers[0].ln1_gamma, b.layers[0].ln1_gamma, "{arch}");
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
 
@@ -191,7 +260,7 @@ fn broken_directories_are_one_line_errors_naming_the_tensor_or_field() {
         (
             "gpt2",
             Box::new(|d: &Path| rewrite(d, same, |v| v["model_type"] = "gpt2".into())),
-            "model_type 'gpt2' is not a BERT model",
+            "model_type 'gpt2' is not a BERT-family encoder",
         ),
         (
             "heads",
@@ -246,6 +315,29 @@ fn broken_directories_are_one_line_errors_naming_the_tensor_or_field() {
                 std::fs::remove_file(d.join("model.safetensors")).unwrap();
             }),
             "model.safetensors: cannot read",
+        ),
+        (
+            "distilbert-missing",
+            Box::new(|d: &Path| {
+                let gone = "transformer.layer.1.ffn.lin1.weight";
+                rewrite_of("distilbert", d, |n, t, s, b| (n != gone).then(|| same(n, t, s, b)).flatten(), |_| {})
+            }),
+            "tensor 'transformer.layer.1.ffn.lin1.weight' is missing",
+        ),
+        (
+            "distilbert-act",
+            Box::new(|d: &Path| rewrite_of("distilbert", d, same, |v| v["activation"] = "silu".into())),
+            "activation 'silu' is not supported",
+        ),
+        (
+            "distilbert-dim",
+            Box::new(|d: &Path| rewrite_of("distilbert", d, same, |v| v["dim"] = 96.into())),
+            "tensor 'embeddings.word_embeddings.weight' has shape [100, 64], config.json says [100, 96]",
+        ),
+        (
+            "roberta-pad",
+            Box::new(|d: &Path| rewrite_of("roberta", d, same, |v| v["pad_token_id"] = 17.into())),
+            "pad_token_id 17 leaves no position of the 18",
         ),
         (
             "array",
@@ -304,17 +396,35 @@ fn tokens_outside_the_tables_are_errors() {
     let rt = Runtime::defaults_only();
     let model = BertModel::load(&rt, &ckpt, &[(1, 4)]).unwrap();
     let mut scratch = Scratch::default();
-    let mut t = TokenBatch::random(100, 1, 1, 4, &[]);
+    let mut t = TokenBatch::random((100, 0), 1, (1, 4), &[]);
     t.ids[2] = 100;
     let e = model
         .forward_with(&rt, &t, &mut scratch)
         .unwrap_err()
         .to_string();
     assert!(e.contains("token id 100 (sequence 0, position 2)"), "{e}");
-    let t = TokenBatch::random(100, 1, 1, 17, &[]);
+    let t = TokenBatch::random((100, 0), 1, (1, 17), &[]);
     let e = model
         .forward_with(&rt, &t, &mut scratch)
         .unwrap_err()
         .to_string();
     assert!(e.contains("the model has 16 positions"), "{e}");
+
+    // RoBERTa's 18 rows hold 16 positions (counted from its padding id + 1); DistilBERT has
+    // no token types.
+    for (arch, tokens) in [("roberta", (1, 17)), ("distilbert", (1, 4))] {
+        let ckpt = Checkpoint::load(&fixture_of(arch)).unwrap();
+        let model = BertModel::load(&rt, &ckpt, &[(1, 4)]).unwrap();
+        let mut t = TokenBatch::random((100, ckpt.embeddings.pad_id()), 1, tokens, &[]);
+        t.types[0] = 1;
+        let e = model
+            .forward_with(&rt, &t, &mut scratch)
+            .unwrap_err()
+            .to_string();
+        let want = match arch {
+            "roberta" => "the model has 16 positions",
+            _ => "token type 1 is outside the 1 token types",
+        };
+        assert!(e.contains(want), "{arch}: {e}");
+    }
 }

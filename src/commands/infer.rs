@@ -19,7 +19,7 @@ use serde_json::json;
 pub struct InferArgs {
     /// The model: `bert-base` (12 layers, hidden 768, 12 heads, FFN 3072, seeded weights),
     /// `bert-large` (24 layers, hidden 1024, 16 heads, FFN 4096, seeded), `bert-tiny` (2
-    /// layers, hidden 64; for tests), or a Hugging Face BERT directory
+    /// layers, hidden 64; for tests), or a Hugging Face BERT, RoBERTa or DistilBERT directory
     /// (`config.json` + `model.safetensors`; an `inputs.json` beside them is its default
     /// batch, and an `expected.safetensors` the output it is checked against).
     #[arg(long, default_value = "bert-base", value_name = "MODEL|DIR")]
@@ -100,7 +100,7 @@ pub use model::{model_config, saved_shape};
 /// Refuses a `--seq` longer than the model takes, `max` positions.
 fn check_seqs(seqs: &[usize], max: usize) -> anyhow::Result<()> {
     if let Some(s) = seqs.iter().find(|&&s| s > max) {
-        bail!("--seq {s}: this BERT takes at most {max} tokens (its position embeddings)");
+        bail!("--seq {s}: this model takes at most {max} tokens (its position embeddings)");
     }
     Ok(())
 }

@@ -72,7 +72,7 @@ fn seeded(name: &str) -> anyhow::Result<Option<BertConfig>> {
 
 fn unknown(name: &str) -> String {
     format!(
-        "unknown model '{name}' (known models: {}, or a Hugging Face BERT directory with config.json and model.safetensors)",
+        "unknown model '{name}' (known models: {}, or a Hugging Face BERT, RoBERTa or DistilBERT directory with config.json and model.safetensors)",
         BertConfig::NAMES.join(", ")
     )
 }
@@ -140,7 +140,7 @@ impl Source {
     pub fn max_seq(&self) -> usize {
         match self {
             Source::Seeded { .. } => bert::MAX_SEQ,
-            Source::Checkpoint { ckpt, .. } => ckpt.embeddings.max_positions(),
+            Source::Checkpoint { ckpt, .. } => ckpt.embeddings.max_seq(),
         }
     }
 
@@ -184,8 +184,9 @@ impl Source {
                     }
                 }
                 _ => {
-                    let vocab = ckpt.embeddings.vocab();
-                    let t = TokenBatch::random(vocab, seed, batch, seq, lengths);
+                    let e = &ckpt.embeddings;
+                    let t =
+                        TokenBatch::random((e.vocab(), e.pad_id()), seed, (batch, seq), lengths);
                     Input {
                         lens: t.lens.clone(),
                         kind: InputKind::Tokens(t),
