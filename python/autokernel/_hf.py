@@ -17,6 +17,7 @@ from . import Runtime
 from ._ops import (
     _FUSABLE,
     _LAYERS,
+    _RUNTIMES,
     AutokernelLinear,
     _attention_op,
     _attention_qkv_op,
@@ -24,6 +25,8 @@ from ._ops import (
     _encoder_op,
     _linear_add_layer_norm_op,
     _linear_op,
+    _register,
+    _release,
     call,
     _global_hooks,
     _hooks_below,
@@ -173,20 +176,35 @@ def _install_hf_attention(model: nn.Module, handle: int, report: list) -> int:
 _PROBE_ROWS = 7
 
 
-def _fusable_qkv(m: nn.Module) -> bool:
-    """Whether ``m`` is a Hugging Face BERT-family self-attention block (``query``, ``key``,
-    ``value`` Linear layers of one input, heads of ``attention_head_size``) whose three
-    projections can be one GEMM."""
-    lins = [getattr(m, n, None) for n in ("query", "key", "value")]
-    return (
-        not _hooks_below(m)
-        and all(type(x) is nn.Linear and _linear_ok(x) is None for x in lins)
-        and len({(x.in_features, x.out_features, x.bias is None) for x in lins}) == 1
-        and all(hasattr(m, a) for a in ("config", "attention_head_size", "all_head_size", "scaling"))
-    )
+# The self-attention blocks whose projections are fused: the names of their query, key and
+# value Linear layers, and of the output projection their forward applies after attention
+# (None: the block returns attention's output, as BERT's; DistilBERT's applies ``out_lin``).
+_QKV_NAMES = ((("query", "key", "value"), None), (("q_lin", "k_lin", "v_lin"), "out_lin"))
 
 
-def _fuse_qkv(m: nn.Module, rt: Runtime, ms: list) -> bool:
+def _fusable_qkv(m: nn.Module) -> Optional[tuple]:
+    """The :data:`_QKV_NAMES` entry of ``m`` if it is a Hugging Face BERT-family self-attention
+    block (query, key and value Linear layers of one input, heads of ``attention_head_size``;
+    BERT's, RoBERTa's, DistilBERT's) whose three projections can be one GEMM; else None."""
+    if _hooks_below(m) or not all(hasattr(m, a) for a in ("config", "attention_head_size", "scaling")):
+        return None
+    for names, out in _QKV_NAMES:
+        lins = [getattr(m, n, None) for n in names]
+        if (
+            all(type(x) is nn.Linear and _linear_ok(x) is None for x in lins)
+            and len({(x.in_features, x.out_features, x.bias is None) for x in lins}) == 1
+            and (out is None or type(getattr(m, out, None)) is nn.Linear)
+        ):
+            return names, out
+    return None
+
+
+def _qkv_linears(m: nn.Module) -> list:
+    """Fused block ``m``'s query, key and value Linear layers."""
+    return [getattr(m, n) for n in m._autokernel_qkv_names[0]]
+
+
+def _fuse_qkv(m: nn.Module, names: tuple, rt: Runtime, ms: list) -> bool:
     """Packs ``m``'s query, key and value weights as one (3·H × hidden) weight and serves the
     block's forward with one GEMM for the three projections (one quantisation of the input in
     int8), the runtime's attention after it. The three Linear layers stay (their parameters,
@@ -194,22 +212,37 @@ def _fuse_qkv(m: nn.Module, rt: Runtime, ms: list) -> bool:
     Done only if that computes what the block's own forward does on a probe of ``min(ms)``
     rows (at least :data:`_PROBE_ROWS`): a block that looks like BERT's but does more (ALBERT's adds its output projection
     and LayerNorm, ESM's scales the query first and may rotate it) or takes other arguments
-    (cross-attention) is left as it is."""
+    (cross-attention) is left as it is. ``names`` is its :data:`_QKV_NAMES` entry."""
+    m._autokernel_qkv_names = names
     m._autokernel_qkv = _weight_handle(rt, None)
     # The probe compares with the block's own forward, whose projections are PyTorch's f32
-    # ones: so the fused projection is probed in f32 too (a runtime of the same threads,
-    # defaults only), then packed for `rt` (whose precision may be int8 or bf16).
-    m._autokernel_qkv_packing = (Runtime(threads=rt.threads), list(ms))
+    # ones: so the fused projection and both sides' attention are probed in f32 (a runtime of
+    # the same threads, defaults only), then packed for `rt` (whose precision may be int8 or
+    # bf16: two bf16 attentions of inputs a rounding apart differ by more than the probe's
+    # tolerance).
+    f32 = Runtime(threads=rt.threads)
+    m._autokernel_qkv_packing = (f32, list(ms))
     _refresh_qkv(m)
+    served_by = m.__dict__.get("_autokernel_runtime")
+    m._autokernel_runtime = _register(_RUNTIMES, f32)
     # Several rows: with one, attention is the value projection whatever its scaling.
-    x = torch.randn(1, max(min(ms), _PROBE_ROWS), m.query.in_features, generator=torch.Generator().manual_seed(0))
-    ok = _swap_forward_if_same(m, _fused_self_attention, (x,), result=lambda y: y[0] if isinstance(y, tuple) else y)
+    hidden = _qkv_linears(m)[0].in_features
+    x = torch.randn(1, max(min(ms), _PROBE_ROWS), hidden, generator=torch.Generator().manual_seed(0))
+    try:
+        ok = _swap_forward_if_same(m, _fused_self_attention, (x,), result=lambda y: y[0] if isinstance(y, tuple) else y)
+    finally:
+        _release(_RUNTIMES, m._autokernel_runtime)
+        if served_by is None:
+            del m._autokernel_runtime
+        else:
+            m._autokernel_runtime = served_by
     m._autokernel_qkv_packing, m._autokernel_qkv_stamp = (rt, list(ms)), None
     if ok:
         _refresh_qkv(m)
     else:
         m._autokernel_qkv.release()
-        for attr in ("_autokernel_qkv", "_autokernel_qkv_packing", "_autokernel_qkv_bias", "_autokernel_qkv_stamp"):
+        for attr in ("_autokernel_qkv", "_autokernel_qkv_packing", "_autokernel_qkv_bias", "_autokernel_qkv_stamp",
+                     "_autokernel_qkv_names"):
             m.__dict__.pop(attr, None)
     return ok
 
@@ -225,13 +258,13 @@ def _refresh_qkv(m: nn.Module) -> None:
 
 def _qkv_stamp(m: nn.Module) -> Optional[tuple]:
     """The :func:`_stamp` of fused block ``m``'s query, key and value parameters."""
-    return _stamp(t for x in (m.query, m.key, m.value) for t in (x.weight, x.bias))
+    return _stamp(t for x in _qkv_linears(m) for t in (x.weight, x.bias))
 
 
 def _pack_qkv(m: nn.Module, stamp: Optional[tuple]) -> None:
     """Packs fused block ``m``'s three projections as they are now (and joins their biases),
     recording ``stamp`` as packed."""
-    lins = [m.query, m.key, m.value]
+    lins = _qkv_linears(m)
     rt, ms = m._autokernel_qkv_packing
     with torch.no_grad():
         w = torch.cat([x.weight.detach() for x in lins])
@@ -263,7 +296,9 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
     _refresh_qkv(self)
     for n in _NOT_FUSED_KWARGS:
         kwargs.pop(n, None)
-    h, d = self.all_head_size, self.attention_head_size
+    h, d = _qkv_linears(self)[0].out_features, self.attention_head_size
+    out_proj = self._autokernel_qkv_names[1]
+    then = (lambda y: y) if out_proj is None else getattr(self, out_proj)
     qkv = call(_linear_op, hidden_states, self._autokernel_qkv.id, self._autokernel_qkv_bias)
     causal = bool(kwargs.get("is_causal", getattr(self, "is_causal", False)))
     lengths = None
@@ -279,11 +314,11 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
     if plain:
         # Straight from the projection's rows, read in place by the tuned attention.
         heads = h // d
-        return call(_attention_qkv_op, qkv, self._autokernel_runtime, heads, causal, lengths), None
+        return then(call(_attention_qkv_op, qkv, self._autokernel_runtime, heads, causal, lengths)), None
     shape = (*hidden_states.shape[:-1], -1, d)
     q, k, v = (qkv[..., i * h : (i + 1) * h].view(shape).transpose(1, 2) for i in range(3))
     out, weights = _hf_attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
-    return out.reshape(*hidden_states.shape[:-1], -1).contiguous(), weights
+    return then(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
 
 
 def _fusable_output(m: nn.Module) -> bool:
@@ -320,15 +355,21 @@ def _fuse_output(m: nn.Module, rows: int) -> bool:
     return _swap_forward_if_same(m, _fused_output, (x, r))
 
 
-def _swap_forward_if_same(m: nn.Module, fused, probe: tuple, result=lambda y: y) -> bool:
+def _swap_forward_if_same(m: nn.Module, fused, probe: tuple, result=lambda y: y, in_pytorch: bool = False) -> bool:
     """Makes ``fused`` ``m``'s forward (the original kept as ``m._autokernel_forward``, the type
     it returned on the probe as ``m._autokernel_output``) if it returns what the original does
     on the ``probe`` arguments: an object of the same type whose ``result`` tensor is the same
-    within 1e-4; else leaves ``m`` as it was."""
+    within 1e-4; else leaves ``m`` as it was. With ``in_pytorch``, the original is run as
+    PyTorch alone computes it: with the probe requiring a gradient, every part the runtime
+    serves hands the call to its module's own f32 forward."""
     original = m.forward
     try:
-        with torch.no_grad():
-            want = original(*probe)
+        if in_pytorch:
+            with torch.enable_grad():
+                want = original(*(t.detach().requires_grad_() for t in probe))
+        else:
+            with torch.no_grad():
+                want = original(*probe)
         m._autokernel_forward, m._autokernel_output = original, type(want)
         m.forward = types.MethodType(fused, m)
         with torch.no_grad():
@@ -370,54 +411,116 @@ def _fused_output(self, hidden_states, input_tensor):
     )
 
 
-def _fusable_layer(m: nn.Module, qkv_fused: set, outputs_fused: set) -> bool:
-    """Whether ``m`` is a BERT-family encoder layer (``attention.self``, ``attention.output``,
-    ``intermediate``, ``output``) whose parts are all served by the runtime already: its
-    projections fused (query/key/value; Linear + activation; the two residual LayerNorms)."""
-    att, inter, out = (getattr(m, n, None) for n in ("attention", "intermediate", "output"))
+def _layer_parts(m: nn.Module) -> Optional[tuple]:
+    """The parts of a BERT-family encoder layer ``m``, by name: ``(self-attention block,
+    attention output Linear, its LayerNorm, feed-forward up Linear, down Linear, their
+    LayerNorm)`` — BERT's and RoBERTa's (``attention.self``, ``attention.output``,
+    ``intermediate``, ``output``) or DistilBERT's (``attention``, ``sa_layer_norm``, ``ffn``,
+    ``output_layer_norm``); None for another module. What they compute is checked apart."""
+    att = getattr(m, "attention", None)
     sa, so = getattr(att, "self", None), getattr(att, "output", None)
-    if not (id(sa) in qkv_fused and id(so) in outputs_fused and id(out) in outputs_fused):
+    inter, out = getattr(m, "intermediate", None), getattr(m, "output", None)
+    if sa is not None and so is not None and inter is not None and out is not None:
+        parts = (sa, getattr(so, "dense", None), getattr(so, "LayerNorm", None), getattr(inter, "dense", None),
+                 getattr(out, "dense", None), getattr(out, "LayerNorm", None))
+    else:
+        ffn = getattr(m, "ffn", None)
+        parts = (att, getattr(att, "out_lin", None), getattr(m, "sa_layer_norm", None), getattr(ffn, "lin1", None),
+                 getattr(ffn, "lin2", None), getattr(m, "output_layer_norm", None))
+    return None if any(x is None for x in parts) else parts
+
+
+def _fusable_layer(m: nn.Module, qkv_fused: set, outputs_fused: set) -> bool:
+    """Whether ``m`` is a BERT-family encoder layer (:func:`_layer_parts`) whose parts are all
+    served by the runtime already: its query/key/value fused, its feed-forward Linear with its
+    activation, and — BERT's — its two output blocks (residual add and LayerNorm) fused; or —
+    DistilBERT's — its two residual LayerNorms affine ones of the hidden width."""
+    parts = _layer_parts(m)
+    if parts is None or _hooks_below(m):
         return False
-    dense = getattr(inter, "dense", None)
-    if not (isinstance(dense, AutokernelLinear) and dense.act in _FUSABLE):
+    sa, out_dense, ln1, up, down, ln2 = parts
+    if id(sa) not in qkv_fused or not (isinstance(up, AutokernelLinear) and up.act in _FUSABLE):
         return False
-    if not isinstance(getattr(inter, "intermediate_act_fn", None), nn.Identity):
+    if not all(isinstance(x, AutokernelLinear) and x.act is None for x in (out_dense, down)):
         return False
     if getattr(m, "chunk_size_feed_forward", 0) or getattr(m, "is_decoder", False) or hasattr(m, "crossattention"):
         return False
-    if _hooks_below(m):
-        return False
+    inter = getattr(m, "intermediate", None)
+    if inter is not None:  # BERT's
+        if not (id(m.attention.output) in outputs_fused and id(m.output) in outputs_fused):
+            return False
+        if not isinstance(getattr(inter, "intermediate_act_fn", None), nn.Identity):
+            return False
+    else:  # DistilBERT's
+        if not isinstance(getattr(m.ffn, "activation", None), nn.Identity) or getattr(m.ffn, "chunk_size_feed_forward", 0):
+            return False
+        norms = (ln1, ln2)
+        if not all(isinstance(x, nn.LayerNorm) and x.weight is not None and x.bias is not None for x in norms):
+            return False
+        if any(tuple(x.normalized_shape) != (out_dense.out_features,) for x in norms):
+            return False
     d = sa.attention_head_size
     return (
         not getattr(sa, "is_causal", False)
         and math.isclose(sa.scaling, d**-0.5, rel_tol=1e-6)
-        and so.LayerNorm.eps == out.LayerNorm.eps
-        and sa.all_head_size == so.dense.out_features
+        and ln1.eps == ln2.eps
+        and _qkv_linears(sa)[0].out_features == out_dense.in_features
     )
 
 
 def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
     """Serves encoder layer ``m`` as one runtime call (an :class:`autokernel.EncoderLayer`
     over the weights its parts already packed). Done only if that computes what the layer's
-    own forward does on a probe of ``rows`` rows."""
+    own forward does in PyTorch on a probe of ``rows`` rows — both in f32 (the layer probed
+    packed by a defaults-only runtime of the same threads, then made for ``rt``): in int8 or
+    bf16, rounding a LayerNorm's output a little differently moves the next GEMM's result by
+    more than the probe's tolerance."""
     # The stamp before the packing: a change made meanwhile is seen at the next call.
     m._autokernel_layer_packing = (rt, _stamp(_walk(m)[1]))
-    layer = _encoder_layer(m, rt)
-    m._autokernel_layer = _Handle(_LAYERS, layer)
-    x = torch.randn(1, max(rows, _PROBE_ROWS), layer.hidden, generator=torch.Generator().manual_seed(0))
-    ok = _swap_forward_if_same(m, _fused_layer, (x,))
-    if not ok:
+    x = torch.randn(1, max(rows, _PROBE_ROWS), _layer_parts(m)[1].out_features, generator=torch.Generator().manual_seed(0))
+    m._autokernel_layer = _Handle(_LAYERS, _f32_layer(m, Runtime(threads=rt.threads), x.shape[1]))
+    ok = _swap_forward_if_same(m, _fused_layer, (x,), in_pytorch=True)
+    if ok:
+        m._autokernel_layer.set(_encoder_layer(m, rt))
+    else:
         m._autokernel_layer.release()
         del m._autokernel_layer, m._autokernel_layer_packing
     return ok
 
 
+def _f32_layer(m: nn.Module, f32: Runtime, rows: int):
+    """Encoder layer ``m`` as an :class:`autokernel.EncoderLayer` of runtime ``f32``, packed
+    from its parameters for ``rows`` rows (the probe of :func:`_fuse_layer`)."""
+    sa, out_dense, ln1, up, down, ln2 = _layer_parts(m)
+    lins = _qkv_linears(sa)
+
+    def pack(w, act=None):
+        return f32.pack_weight(w.detach(), act=act, ms=[rows], layout="nk")
+
+    def bias(lin, n):
+        return torch.zeros(n) if lin.bias is None else lin.bias.detach()
+
+    def norm(ln):
+        return (ln.weight.detach(), ln.bias.detach())
+
+    with torch.no_grad():
+        qkv = pack(torch.cat([x.weight for x in lins]))
+        qkv_bias = torch.cat([bias(x, x.out_features) for x in lins])
+        return f32.encoder_layer(
+            qkv, qkv_bias,
+            pack(out_dense.weight), bias(out_dense, out_dense.out_features), norm(ln1),
+            pack(up.weight, up.act), bias(up, up.out_features),
+            pack(down.weight), bias(down, down.out_features), norm(ln2),
+            heads=out_dense.in_features // sa.attention_head_size, eps=float(ln1.eps),
+        )
+
+
 def _encoder_layer(m: nn.Module, rt: Runtime):
     """Encoder layer ``m`` as an :class:`autokernel.EncoderLayer`, from the weights its parts
     packed (packed again first where they changed)."""
-    sa, so, inter, out = m.attention.self, m.attention.output, m.intermediate, m.output
+    sa, out_dense, ln1, up, down, ln2 = _layer_parts(m)
     _refresh_qkv(sa)
-    for lin in (so.dense, inter.dense, out.dense):
+    for lin in (out_dense, up, down):
         lin.refresh()
 
     def bias(lin, n):
@@ -431,10 +534,10 @@ def _encoder_layer(m: nn.Module, rt: Runtime):
     with torch.no_grad():
         return rt.encoder_layer(
             qkv, torch.zeros(qkv.out_features) if qkv_bias is None else qkv_bias,
-            so.dense.packed, bias(so.dense, so.dense.out_features), norm(so.LayerNorm),
-            inter.dense.packed, bias(inter.dense, inter.dense.out_features),
-            out.dense.packed, bias(out.dense, out.dense.out_features), norm(out.LayerNorm),
-            heads=sa.all_head_size // sa.attention_head_size, eps=float(so.LayerNorm.eps),
+            out_dense.packed, bias(out_dense, out_dense.out_features), norm(ln1),
+            up.packed, bias(up, up.out_features),
+            down.packed, bias(down, down.out_features), norm(ln2),
+            heads=out_dense.in_features // sa.attention_head_size, eps=float(ln1.eps),
         )
 
 
@@ -473,7 +576,7 @@ def _layer_handle(layer: nn.Module, hidden_states: torch.Tensor) -> Optional[int
     if (
         hooked
         or _needs_grad(hidden_states, params)
-        or getattr(layer.attention.self.config, "_attn_implementation", None) != "autokernel"
+        or getattr(_layer_parts(layer)[0].config, "_attn_implementation", None) != "autokernel"
     ):
         return None
     stamp = _stamp(params)
@@ -524,7 +627,7 @@ def _fuse_encoder(m: nn.Module, rows: int) -> bool:
     (``Runtime.encoder``: one release of the GIL, one entry into the runtime's threads, and no
     Python between the layers). Done only if the fused forward returns what the encoder's own
     does on a probe of ``rows`` rows: the same output type, the same ``last_hidden_state``."""
-    hidden = m.layer[0].attention.self.all_head_size
+    hidden = _layer_parts(m.layer[0])[1].out_features
     x = torch.randn(1, max(rows, _PROBE_ROWS), hidden, generator=torch.Generator().manual_seed(0))
     return _swap_forward_if_same(m, _fused_encoder, (x,), result=lambda y: getattr(y, "last_hidden_state", None))
 

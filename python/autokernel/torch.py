@@ -8,16 +8,19 @@
 
 ``optimize`` replaces every float32 ``nn.Linear`` by an :class:`AutokernelLinear` whose weight
 is packed once; a Linear followed by its activation (a Hugging Face feed-forward block's
-``dense`` + ``intermediate_act_fn``, or ``nn.Sequential(Linear, act)``) becomes one fused
+``dense`` + ``intermediate_act_fn`` or DistilBERT's ``lin1`` + ``activation``, checked on a
+probe, or ``nn.Sequential(Linear, act)``) becomes one fused
 ``gemm_bias_<act>`` call (ReLU, tanh GELU, exact-erf GELU). Hugging Face models'
 scaled-dot-product attention is served by the runtime through the ``autokernel`` attention
 implementation, padded batches included (a right-padding mask becomes per-sequence key
 lengths); calls it cannot serve (another mask pattern, dropout, another scale) run PyTorch's
-own. A BERT-family self-attention block's query, key and value projections become one GEMM
+own. A BERT-family self-attention block's query, key and value projections (BERT's and
+RoBERTa's ``query``/``key``/``value``, DistilBERT's ``q_lin``/``k_lin``/``v_lin``) become one GEMM
 (one packed 3·H × hidden weight: in int8, one quantisation of the input instead of three),
 and its attention reads that GEMM's output rows directly (no head split or merge copies in
 PyTorch). An output block's ``LayerNorm(dense(x) + input_tensor)`` is one call too (the
-residual add and LayerNorm in place, in parallel). The ops are ``torch.library`` custom ops
+residual add and LayerNorm in place, in parallel), and so are a whole encoder layer (BERT's,
+RoBERTa's, DistilBERT's) and a whole encoder. The ops are ``torch.library`` custom ops
 with fake implementations, so
 ``torch.compile`` (``fullgraph=True`` too) and ``torch.export`` trace through them. A traced
 call cannot read a mask's values: with a mask it runs the layers' own forwards (the fused
@@ -52,6 +55,42 @@ __all__ = ["AutokernelLinear", "optimize", "refresh", "workloads", "runtime_of"]
 
 # ---------------------------------------------------------------------------------------------
 # optimize / workloads
+
+
+# Feed-forward blocks whose Linear feeds its activation: (Linear's name, activation's name).
+_LINEAR_ACT_PAIRS = (("dense", "intermediate_act_fn"), ("lin1", "activation"))
+
+
+def _same_when_fused(block: nn.Module, names: tuple, act: str, threads: int, rows: int) -> bool:
+    """Whether feed-forward ``block`` computes the same with its Linear and activation
+    (``names``) as one fused ``act`` call, on a probe of ``rows`` rows in f32 (a defaults-only
+    runtime of ``threads``: the model's own precision may round differently). A block whose
+    forward takes something else than one tensor is taken as BERT's intermediate block is
+    (its forward is ``act(dense(x))``)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(type(block).forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    if len(params) != 2:
+        return names[0] == "dense"
+    lin, act_fn = (getattr(block, n) for n in names)
+    x = torch.randn(1, max(rows, 2), lin.in_features, generator=torch.Generator().manual_seed(0))
+    probe = AutokernelLinear(lin, Runtime(threads=threads), act=act, ms=[x.shape[1]])
+    try:
+        with torch.no_grad():
+            want = block(x)
+            setattr(block, names[0], probe)
+            setattr(block, names[1], nn.Identity())
+            got = block(x)
+    except Exception:  # a forward that is not what it looked like
+        return False
+    finally:
+        setattr(block, names[0], lin)
+        setattr(block, names[1], act_fn)
+        probe.handle.release()
+    return isinstance(got, torch.Tensor) and got.shape == want.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def runtime_of(model: nn.Module) -> Optional[Runtime]:
@@ -196,12 +235,19 @@ def optimize(
 
     for pname, parent in list(model.named_modules()):
         prefix = f"{pname}." if pname else ""
-        # A Hugging Face feed-forward block: dense + intermediate_act_fn.
-        dense, act_fn = getattr(parent, "dense", None), getattr(parent, "intermediate_act_fn", None)
-        if type(dense) is nn.Linear and isinstance(act_fn, nn.Module):
-            act = _classify_act(act_fn)
-            if act in _FUSABLE and swap(parent, "dense", prefix + "dense", act):
-                parent.intermediate_act_fn = nn.Identity()
+        # A Hugging Face feed-forward block: BERT's dense + intermediate_act_fn, DistilBERT's
+        # lin1 + activation (checked on a probe: kept only if the block computes the same).
+        for lin_name, act_name in _LINEAR_ACT_PAIRS:
+            lin, act_fn = getattr(parent, lin_name, None), getattr(parent, act_name, None)
+            if type(lin) is nn.Linear and isinstance(act_fn, nn.Module):
+                act = _classify_act(act_fn)
+                if (
+                    act in _FUSABLE
+                    and _linear_ok(lin) is None
+                    and _same_when_fused(parent, (lin_name, act_name), act, rt.threads, min(ms))
+                    and swap(parent, lin_name, prefix + lin_name, act)
+                ):
+                    setattr(parent, act_name, nn.Identity())
         # nn.Sequential(..., Linear, act, ...).
         if isinstance(parent, nn.Sequential):
             items = list(parent._modules.items())
@@ -216,8 +262,9 @@ def optimize(
     fused: list[str] = []
     if routed:
         for pname, m in list(model.named_modules()):
-            if _fusable_qkv(m) and _fuse_qkv(m, rt, ms):
-                replaced.update(id(x) for x in (m.query, m.key, m.value))
+            names = _fusable_qkv(m)
+            if names is not None and _fuse_qkv(m, names, rt, ms):
+                replaced.update(id(getattr(m, n)) for n in names[0])
                 fused.append(pname)
     for pname, parent in list(model.named_modules()):
         prefix = f"{pname}." if pname else ""
@@ -242,8 +289,12 @@ def optimize(
         _limit_torch_threads(model, int(torch_threads))
     for name, m in model.named_modules():
         own = list(m.parameters(recurse=False))
-        in_fused = any(name.startswith(f + ".") and name.rsplit(".", 1)[-1] in ("query", "key", "value") for f in fused)
+        qkv_names = ("query", "key", "value", "q_lin", "k_lin", "v_lin")
+        in_fused = any(name.startswith(f + ".") and name.rsplit(".", 1)[-1] in qkv_names for f in fused)
         in_fused = in_fused or any(name == f + ".LayerNorm" for f in fused_outputs)
+        in_fused = in_fused or (
+            isinstance(m, nn.LayerNorm) and any(name in (f + ".sa_layer_norm", f + ".output_layer_norm") for f in fused_layers)
+        )
         if own and not isinstance(m, AutokernelLinear) and not in_fused and not any(n == name for n, _ in report):
             report.append((name, f"{type(m).__name__}: no runtime kernel (left to PyTorch)"))
     model.autokernel_runtime = rt

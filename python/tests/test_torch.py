@@ -1,5 +1,6 @@
 """PyTorch: tensors as operands (zero-copy), optimize() on small models and on Hugging Face
-BertModel (both GELUs, padded batches), custom ops under torch.compile and torch.export."""
+BertModel (both GELUs, padded batches), RobertaModel and DistilBertModel, custom ops under
+torch.compile and torch.export."""
 
 import copy
 
@@ -583,6 +584,97 @@ def test_a_mask_that_requires_grad_or_lives_elsewhere_is_read_or_refused_by_name
     np.testing.assert_array_equal(rt.attention(q, q, q, mask=lens), want)
     with pytest.raises(TypeError, match="argument 'mask' is a torch tensor on meta"):
         rt.attention(q, q, q, mask=torch.empty(2, device="meta"))
+
+
+@pytest.mark.parametrize("arch", ["roberta", "distilbert"])
+def test_roberta_and_distilbert_are_fused_whole_and_match_stock(arch):
+    """RoBERTa's blocks are BERT's; DistilBERT's name their parts otherwise (``q_lin`` ..
+    ``out_lin``, ``ffn.lin1`` + ``activation``, ``sa_layer_norm``): both serve every layer, and
+    the encoder, as one call, with and without padding, in f32 and int8."""
+    from transformers import DistilBertConfig, DistilBertModel, RobertaConfig, RobertaModel
+
+    torch.manual_seed(0)
+    if arch == "roberta":
+        stock = RobertaModel(RobertaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                           intermediate_size=128, vocab_size=500, max_position_embeddings=40))
+        qkv, enc, layer = "encoder.layer.{}.attention.self", "encoder", "encoder.layer.{}"
+    else:
+        stock = DistilBertModel(DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=500,
+                                                 max_position_embeddings=40))
+        qkv, enc, layer = "transformer.layer.{}.attention", "transformer", "transformer.layer.{}"
+    stock = stock.eval()
+    ids = torch.randint(3, 500, (3, 24))
+    mask = torch.ones(3, 24, dtype=torch.long)
+    mask[1, 15:] = 0
+    mask[2, 5:] = 0
+    for precision in ["f32", "int8"]:
+        model = akt.optimize(copy.deepcopy(stock), precision=precision)
+        assert model.autokernel_fused_qkv == [qkv.format(i) for i in range(2)]
+        assert model.autokernel_fused_layers == [layer.format(i) for i in range(2)]
+        assert model.autokernel_fused_encoders == [enc]
+        left = [name for name, _ in model.autokernel_unsupported]
+        assert all(name.startswith("embeddings.") for name in left), left
+        with torch.no_grad():
+            for kw in [dict(input_ids=ids), dict(input_ids=ids, attention_mask=mask)]:
+                want, got = stock(**kw).last_hidden_state, model(**kw).last_hidden_state
+                if precision == "f32":
+                    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+                else:
+                    assert torch.nn.functional.cosine_similarity(want.flatten(), got.flatten(), dim=0) > 0.99
+    ws = akt.workloads(model, dict(input_ids=ids, attention_mask=mask))
+    assert {"gemm_bias:72x192x64", "attention:3x4x24x16", "gemm_bias_gelu_erf:72x128x64"} <= set(ws), ws
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_fusions_are_probed_in_f32_when_the_database_serves_reduced_precision(precision, tmp_path):
+    """With records in bf16 (attention too) or int8 for every workload, the fusions' probes
+    still compare f32 with f32, and every block is fused. Two reduced-precision computations a
+    rounding apart can differ by more than a probe's tolerance: a BERT-base from a database
+    tuned in bf16 had none of its blocks fused (the query/key/value probe, bf16 attention on
+    both sides: 1.5e-4 apart), DistilBERT in int8 two of six layers (PyTorch's LayerNorm
+    against the runtime's before an int8 GEMM). This model is too small to show the first
+    margin; it holds the rule for both."""
+    from transformers import BertConfig, BertModel, DistilBertConfig, DistilBertModel
+
+    torch.manual_seed(0)
+    models = [
+        BertModel(BertConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
+                             vocab_size=500, max_position_embeddings=128), add_pooling_layer=False).eval(),
+        DistilBertModel(DistilBertConfig(dim=256, n_layers=2, n_heads=4, hidden_dim=512, vocab_size=500,
+                                         max_position_embeddings=128)).eval(),
+    ]
+    ids = torch.randint(3, 500, (1, 128))  # the probes' shape: 128 rows
+    db = str(tmp_path / "rp.db")
+    work = sorted({w for m in models for w in akt.workloads(copy.deepcopy(m), (ids,))})
+    autokernel.tune(work, db=db, budget=2, precision=precision, strategy="random", isolation="none",
+                    finalists=0, progress=False)
+    for stock in models:
+        model = akt.optimize(copy.deepcopy(stock), db=db, precision=precision, ms=[128])
+        assert len(model.autokernel_fused_qkv) == 2
+        assert len(model.autokernel_fused_layers) == 2
+        with torch.no_grad():
+            want, got = stock(ids).last_hidden_state, model(ids).last_hidden_state
+        assert torch.nn.functional.cosine_similarity(want.flatten(), got.flatten(), dim=0) > 0.99
+
+
+def test_a_feed_forward_block_that_does_not_apply_its_activation_after_its_linear_is_not_fused():
+    """``lin1`` + ``activation`` is fused only if the block computes the same fused (probed)."""
+
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin1, self.activation, self.lin2 = nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)
+
+        def forward(self, x):
+            return self.lin2(self.lin1(x)) + self.activation(x).sum(-1, keepdim=True)
+
+    torch.manual_seed(0)
+    stock = Odd().eval()
+    model = akt.optimize(copy.deepcopy(stock))
+    assert model.lin1.act is None and isinstance(model.activation, nn.GELU)
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), stock(x), rtol=0, atol=1e-4)
 
 
 def test_blocks_that_only_look_like_berts_are_left_to_their_own_forward():
