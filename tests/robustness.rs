@@ -195,7 +195,7 @@ fn impossible_sizes_are_clean_errors() {
         "--seq",
         "100000",
     ]);
-    refused(&o, "BERT takes at most 512 tokens");
+    refused(&o, "model takes at most 512 tokens");
     // Under a memory limit (8 GB of address space), what cannot be allocated is an error,
     // not an abort: a workload's operands (29 GB), a BERT batch's activations.
     let limited = |args: &str| {
