@@ -47,7 +47,7 @@ from torch import nn
 
 from . import Runtime
 from ._hf import (_fusable_encoder, _fusable_layer, _fusable_output, _fusable_qkv, _fuse_encoder, _fuse_layer, _fuse_output, _fuse_qkv,
-                  _install_hf_attention, _remember_masks, _repack)
+                  _install_hf_attention, _layer_parts, _qkv_linears, _remember_masks, _repack)
 from ._ops import _RECORD, _RUNTIMES, AutokernelLinear, _classify_act, _FUSABLE, _linear_ok, _register, log
 
 __all__ = ["AutokernelLinear", "optimize", "refresh", "workloads", "runtime_of"]
@@ -287,14 +287,13 @@ def optimize(
     ]
     if torch_threads is not None:
         _limit_torch_threads(model, int(torch_threads))
+    # Served inside fused calls: the joined projections, and the LayerNorms of fused blocks.
+    inside = {id(x) for n in fused for x in _qkv_linears(modules[n])}
+    inside |= {id(modules[n].LayerNorm) for n in fused_outputs}
+    inside |= {id(x) for n in fused_layers for x in _layer_parts(modules[n])[2::3]}
     for name, m in model.named_modules():
         own = list(m.parameters(recurse=False))
-        qkv_names = ("query", "key", "value", "q_lin", "k_lin", "v_lin")
-        in_fused = any(name.startswith(f + ".") and name.rsplit(".", 1)[-1] in qkv_names for f in fused)
-        in_fused = in_fused or any(name == f + ".LayerNorm" for f in fused_outputs)
-        in_fused = in_fused or (
-            isinstance(m, nn.LayerNorm) and any(name in (f + ".sa_layer_norm", f + ".output_layer_norm") for f in fused_layers)
-        )
+        in_fused = id(m) in inside
         if own and not isinstance(m, AutokernelLinear) and not in_fused and not any(n == name for n, _ in report):
             report.append((name, f"{type(m).__name__}: no runtime kernel (left to PyTorch)"))
     model.autokernel_runtime = rt
