@@ -37,6 +37,17 @@ def models():
     yield "distilbert-base", DistilBertModel(DistilBertConfig())
 
 
+def cpu_name():
+    """The CPU's model name (/proc/cpuinfo), or what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def p50(model, kw, iters):
     with torch.inference_mode():
         for _ in range(2):
@@ -98,7 +109,7 @@ def main():
         "",
         f"- command: `{' '.join(sys.argv)}`",
         f"- date: {stamp.isoformat(timespec='seconds')}",
-        f"- machine: {platform.processor() or platform.machine()}, fingerprint `{fp}`, {a.threads} thread(s); "
+        f"- machine: {cpu_name()}, fingerprint `{fp}`, {a.threads} thread(s); "
         f"torch {torch.__version__}",
         f"- batch {a.batch} x seq {a.seq}; {a.rounds} interleaved rounds x {a.iters} forward passes, p50 per round, "
         "the median of the rounds below",
