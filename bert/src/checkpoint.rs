@@ -1,6 +1,6 @@
 //! Hugging Face BERT-family checkpoints: a directory with `config.json` and
-//! `model.safetensors` (what `save_pretrained` writes), read with the `safetensors` crate —
-//! no network, no hub. Three model types share the encoder (post-LayerNorm layers, one
+//! `model.safetensors` or the shards of `model.safetensors.index.json` (what `save_pretrained`
+//! writes), read with the `safetensors` crate — no network, no hub. Three model types share the encoder (post-LayerNorm layers, one
 //! attention, a two-layer feed-forward block) and differ in names, in token types and in how
 //! positions are counted ([`NAMINGS`]):
 //!
@@ -26,9 +26,10 @@
 use std::path::{Path, PathBuf};
 
 use kernels::Act;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::Dtype;
 use serde_json::Value;
 
+use crate::tensor_files::{TensorFiles, Tensors};
 use crate::{BertConfig, BertError, Embeddings, LayerWeights, Positions};
 
 /// A loaded checkpoint: the encoder's sizes, its embedding block and its layers' weights.
@@ -145,19 +146,18 @@ impl Checkpoint {
         Ok((config, max_seq))
     }
 
-    /// Reads `dir/config.json` and `dir/model.safetensors`.
+    /// Reads `dir/config.json` and `dir/model.safetensors` (or the shards its
+    /// `model.safetensors.index.json` lists).
     pub fn load(dir: &Path) -> Result<Checkpoint, BertError> {
         let cfg_path = dir.join("config.json");
         let (config, shape) = read_config(&cfg_path)?;
-        let st_path = dir.join("model.safetensors");
+        let files = TensorFiles::read(dir)?;
         let bad = |reason: String| BertError::Checkpoint {
-            path: st_path.clone(),
+            path: files.origin.clone(),
             reason,
         };
-        let bytes = read_file(&st_path, u64::MAX).map_err(bad)?;
-        let st = SafeTensors::deserialize(&bytes)
-            .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
-        let reader = Reader::new(&st, shape.naming).map_err(bad)?;
+        let tensors = files.parse()?;
+        let reader = Reader::new(&tensors, shape.naming).map_err(bad)?;
         let (h, f) = (config.hidden, config.ffn);
         let e = |name: &str, dims: &[usize]| reader.get(&format!("embeddings.{name}"), dims);
         let token_type = match shape.types {
@@ -407,7 +407,7 @@ impl<'a> Fields<'a> {
 
 /// Tensors by Hugging Face name, with the checkpoint's prefix (`bert.` or none).
 struct Reader<'a> {
-    st: &'a SafeTensors<'a>,
+    st: &'a Tensors<'a>,
     prefix: &'static str,
     naming: &'static Naming,
 }
@@ -415,17 +415,16 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     /// The reader of `st`'s model; a file that holds a tensor both with and without the
     /// prefix is refused (which of the two to serve cannot be told).
-    fn new(st: &'a SafeTensors<'a>, naming: &'static Naming) -> Result<Self, String> {
+    fn new(st: &'a Tensors<'a>, naming: &'static Naming) -> Result<Self, String> {
         let p = naming.prefix;
         let prefixed = st
             .tensor(&format!("{p}embeddings.word_embeddings.weight"))
-            .is_ok();
+            .is_some();
         if prefixed {
-            let mut names = st.names();
-            names.sort();
-            if let Some(twin) = names
-                .iter()
-                .find(|n| !n.starts_with(p) && st.tensor(&format!("{p}{n}")).is_ok())
+            if let Some(twin) = st
+                .names()
+                .into_iter()
+                .find(|n| !n.starts_with(p) && st.tensor(&format!("{p}{n}")).is_some())
             {
                 return Err(format!(
                     "holds both '{p}{twin}' and '{twin}': which to serve cannot be told \
@@ -443,7 +442,7 @@ impl<'a> Reader<'a> {
         let t = self
             .st
             .tensor(&full)
-            .map_err(|_| format!("tensor '{full}' is missing"))?;
+            .ok_or_else(|| format!("tensor '{full}' is missing"))?;
         if t.shape() != dims {
             return Err(format!(
                 "tensor '{full}' has shape {:?}, config.json says {dims:?}",
@@ -466,7 +465,7 @@ impl<'a> Reader<'a> {
             ("bias", "beta")
         };
         let legacy_name = format!("{}{at}.{legacy}", self.prefix);
-        if self.st.tensor(&legacy_name).is_ok() {
+        if self.st.tensor(&legacy_name).is_some() {
             return self.get(&format!("{at}.{legacy}"), &[h]);
         }
         self.get(&format!("{at}.{name}"), &[h])

@@ -53,6 +53,7 @@ mod embeddings;
 mod encoder;
 mod model;
 mod reference;
+mod tensor_files;
 mod tokens;
 mod weights;
 

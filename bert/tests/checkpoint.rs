@@ -428,3 +428,56 @@ fn tokens_outside_the_tables_are_errors() {
         assert!(e.contains(want), "{arch}: {e}");
     }
 }
+
+#[test]
+fn a_sharded_checkpoint_loads_the_same_model_and_a_pickled_one_says_how_to_convert() {
+    // The fixture's tensors split over two shards and an index, as save_pretrained writes a
+    // checkpoint larger than its shard size.
+    let dir = scratch_dir("sharded");
+    let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut names = st.names();
+    names.sort();
+    let mut map = serde_json::Map::new();
+    for (i, part) in names.chunks(names.len() / 2 + 1).enumerate() {
+        let file = format!("model-0000{}-of-00002.safetensors", i + 1);
+        let views = part.iter().map(|n| (n.to_string(), st.tensor(n).unwrap()));
+        std::fs::write(
+            dir.join(&file),
+            safetensors::serialize(views, None).unwrap(),
+        )
+        .unwrap();
+        map.extend(part.iter().map(|n| (n.to_string(), file.clone().into())));
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    std::fs::copy(fixture().join("config.json"), dir.join("config.json")).unwrap();
+    let (a, b) = (
+        Checkpoint::load(&fixture()).unwrap(),
+        Checkpoint::load(&dir).unwrap(),
+    );
+    assert_eq!(a.embeddings.word, b.embeddings.word);
+    assert_eq!(a.layers[1].w_ffn2, b.layers[1].w_ffn2);
+    assert_eq!(a.layers[0].w_qkv, b.layers[0].w_qkv);
+
+    // A shard the index names but the directory lacks is named.
+    std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
+    let e = Checkpoint::load(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("model-00002-of-00002.safetensors: a shard model.safetensors.index.json lists"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+
+    // Only PyTorch's pickle: not read, and the error says how to save safetensors.
+    let dir = scratch_dir("pickled");
+    std::fs::copy(fixture().join("config.json"), dir.join("config.json")).unwrap();
+    std::fs::write(dir.join("pytorch_model.bin"), b"PK").unwrap();
+    let e = Checkpoint::load(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("pytorch_model.bin here holds the weights as a PyTorch pickle"),
+        "{e}"
+    );
+    assert!(e.contains("save_pretrained"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}

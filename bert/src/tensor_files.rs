@@ -1,0 +1,179 @@
+//! The weight files of a checkpoint directory: `model.safetensors`, or the shards that
+//! `model.safetensors.index.json` lists (what `save_pretrained` writes for a model larger than
+//! its shard size); tensors are found by name across them.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::TensorView;
+use safetensors::SafeTensors;
+use serde_json::Value;
+
+use crate::checkpoint::{read_file, JSON_LIMIT};
+use crate::BertError;
+
+/// The single file's name.
+const SINGLE: &str = "model.safetensors";
+/// The index of a sharded checkpoint.
+const INDEX: &str = "model.safetensors.index.json";
+
+/// The bytes of a checkpoint's weight files, read.
+pub(crate) struct TensorFiles {
+    /// The file errors about the weights name: the single file, or the index.
+    pub origin: PathBuf,
+    files: Vec<(PathBuf, Vec<u8>)>,
+}
+
+/// Tensors by name across a checkpoint's weight files.
+pub(crate) struct Tensors<'a> {
+    files: Vec<SafeTensors<'a>>,
+}
+
+impl TensorFiles {
+    /// Reads `dir`'s `model.safetensors`, or else every shard its
+    /// `model.safetensors.index.json` lists; a directory with only PyTorch's pickled weights
+    /// gets an error saying how to save them as safetensors.
+    pub fn read(dir: &Path) -> Result<TensorFiles, BertError> {
+        let single = dir.join(SINGLE);
+        let index = dir.join(INDEX);
+        if single.exists() || !index.exists() {
+            let bad = |reason: String| BertError::Checkpoint {
+                path: single.clone(),
+                reason,
+            };
+            let bytes = read_file(&single, u64::MAX).map_err(|e| match pickled(dir) {
+                Some(bin) => bad(format!(
+                    "missing: {bin} here holds the weights as a PyTorch pickle, which is not \
+                     read; save them as safetensors with transformers \
+                     (`AutoModel.from_pretrained(DIR).save_pretrained(DIR)`)"
+                )),
+                None => bad(e),
+            })?;
+            return Ok(TensorFiles {
+                origin: single.clone(),
+                files: vec![(single, bytes)],
+            });
+        }
+        let bad = |reason: String| BertError::Checkpoint {
+            path: index.clone(),
+            reason,
+        };
+        let text = read_file(&index, JSON_LIMIT).map_err(bad)?;
+        let v: Value = serde_json::from_slice(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let shards = shard_names(&v).map_err(bad)?;
+        let files = shards
+            .into_iter()
+            .map(|name| {
+                let path = dir.join(&name);
+                let bytes = read_file(&path, u64::MAX).map_err(|e| BertError::Checkpoint {
+                    path: path.clone(),
+                    reason: format!("a shard {INDEX} lists: {e}"),
+                })?;
+                Ok((path, bytes))
+            })
+            .collect::<Result<_, BertError>>()?;
+        Ok(TensorFiles {
+            origin: index,
+            files,
+        })
+    }
+
+    /// The files parsed (each one's header; the data stays where it was read).
+    pub fn parse(&self) -> Result<Tensors<'_>, BertError> {
+        let files = self
+            .files
+            .iter()
+            .map(|(path, bytes)| {
+                SafeTensors::deserialize(bytes).map_err(|e| BertError::Checkpoint {
+                    path: path.clone(),
+                    reason: format!("not a safetensors file: {e}"),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Tensors { files })
+    }
+}
+
+impl Tensors<'_> {
+    /// Tensor `name`, from whichever file holds it.
+    pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
+        self.files.iter().find_map(|st| st.tensor(name).ok())
+    }
+
+    /// Every tensor's name, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.files.iter().flat_map(|st| st.names()).collect();
+        names.sort_unstable();
+        names
+    }
+}
+
+/// The shard files an index's `weight_map` names, each once: plain file names of the
+/// directory (a path elsewhere is refused).
+fn shard_names(index: &Value) -> Result<BTreeSet<String>, String> {
+    let map = index
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or("no 'weight_map' object of tensor names to shard files")?;
+    let mut shards = BTreeSet::new();
+    for (tensor, file) in map {
+        let name = file
+            .as_str()
+            .ok_or_else(|| format!("'weight_map' maps '{tensor}' to {file}, not a file name"))?;
+        let plain = Path::new(name).file_name().is_some_and(|f| f == name);
+        if !plain {
+            return Err(format!(
+                "'weight_map' maps '{tensor}' to '{name}', not a file of this directory"
+            ));
+        }
+        shards.insert(name.to_string());
+    }
+    if shards.is_empty() {
+        return Err("'weight_map' names no shard".into());
+    }
+    Ok(shards)
+}
+
+/// The name of a PyTorch pickle of the weights in `dir`, if there is one.
+fn pickled(dir: &Path) -> Option<&'static str> {
+    ["pytorch_model.bin", "pytorch_model.bin.index.json"]
+        .into_iter()
+        .find(|f| dir.join(f).exists())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_index_names_plain_files_of_the_directory() {
+        let names = |v: Value| shard_names(&v);
+        let two = names(serde_json::json!({"weight_map": {
+            "a": "model-00001-of-00002.safetensors",
+            "b": "model-00002-of-00002.safetensors",
+            "c": "model-00001-of-00002.safetensors",
+        }}))
+        .unwrap();
+        assert_eq!(two.len(), 2);
+        for (v, needle) in [
+            (serde_json::json!({}), "no 'weight_map'"),
+            (serde_json::json!({"weight_map": {}}), "names no shard"),
+            (
+                serde_json::json!({"weight_map": {"a": 3}}),
+                "not a file name",
+            ),
+            (
+                serde_json::json!({"weight_map": {"a": "../x.safetensors"}}),
+                "not a file of this directory",
+            ),
+            (
+                serde_json::json!({"weight_map": {"a": "/etc/passwd"}}),
+                "not a file of this directory",
+            ),
+            (serde_json::json!({"weight_map": {"a": ".."}}), "not a file"),
+        ] {
+            let e = names(v).unwrap_err();
+            assert!(e.contains(needle), "{e}");
+        }
+    }
+}
