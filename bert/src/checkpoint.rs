@@ -139,10 +139,9 @@ impl Checkpoint {
     /// embeddings take (what `tune --model DIR` needs, without reading the weights).
     pub fn read_config(dir: &Path) -> Result<(BertConfig, usize), BertError> {
         let (config, tables) = read_config(&dir.join("config.json"))?;
-        let max_seq = tables.positions.saturating_sub(match tables.position_ids {
-            Positions::FromZero => 0,
-            Positions::AfterPadding { pad_id } => pad_id as usize + 1,
-        });
+        let max_seq = tables
+            .positions
+            .saturating_sub(tables.position_ids.offset());
         Ok((config, max_seq))
     }
 

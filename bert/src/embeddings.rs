@@ -20,7 +20,7 @@ pub enum Positions {
 
 impl Positions {
     /// The rows of the position table before the first sequence position's.
-    fn offset(self) -> usize {
+    pub(crate) fn offset(self) -> usize {
         match self {
             Positions::FromZero => 0,
             Positions::AfterPadding { pad_id } => pad_id as usize + 1,
