@@ -59,6 +59,8 @@ pub struct Naming {
     prefix: &'static str,
     /// `config.json` fields: layers, hidden size, heads, feed-forward width, activation.
     fields: [&'static str; 5],
+    /// Other names transformers reads for some of them (its `attribute_map`): `(field, alias)`.
+    aliases: &'static [(&'static str, &'static str)],
     /// The LayerNorm epsilon's field, or `None` for a fixed 1e-12.
     eps_field: Option<&'static str>,
     /// Whether it has a token-type table (`type_vocab_size`, default 2).
@@ -78,6 +80,7 @@ pub const NAMINGS: [Naming; 3] = [
         model_types: &["bert"],
         prefix: "bert.",
         fields: BERT_FIELDS,
+        aliases: &[],
         eps_field: Some("layer_norm_eps"),
         token_types: true,
         positions_after_padding: false,
@@ -88,6 +91,7 @@ pub const NAMINGS: [Naming; 3] = [
         model_types: &["roberta", "xlm-roberta", "camembert"],
         prefix: "roberta.",
         fields: BERT_FIELDS,
+        aliases: &[],
         eps_field: Some("layer_norm_eps"),
         token_types: true,
         positions_after_padding: true,
@@ -98,6 +102,11 @@ pub const NAMINGS: [Naming; 3] = [
         model_types: &["distilbert"],
         prefix: "distilbert.",
         fields: ["n_layers", "dim", "n_heads", "hidden_dim", "activation"],
+        aliases: &[
+            ("n_layers", "num_hidden_layers"),
+            ("dim", "hidden_size"),
+            ("n_heads", "num_attention_heads"),
+        ],
         eps_field: None,
         token_types: false,
         positions_after_padding: false,
@@ -229,7 +238,14 @@ fn naming(f: &Fields) -> Result<&'static Naming, BertError> {
 fn read_config(path: &Path) -> Result<(BertConfig, TableSizes), BertError> {
     let f = Fields::read(path)?;
     let naming = naming(&f)?;
-    let [layers, hidden, heads, ffn, act_field] = naming.fields;
+    // A field missing under its own name is read under its alias, if it has one.
+    let [layers, hidden, heads, ffn, act_field] =
+        naming.fields.map(
+            |name| match naming.aliases.iter().find(|(field, _)| *field == name) {
+                Some(&(_, alias)) if f.v.get(name).is_none() && f.v.get(alias).is_some() => alias,
+                _ => name,
+            },
+        );
     let act_name = f.text(act_field, "gelu")?;
     let act = HIDDEN_ACTS
         .iter()
@@ -416,9 +432,8 @@ impl<'a> Reader<'a> {
     /// prefix is refused (which of the two to serve cannot be told).
     fn new(st: &'a Tensors<'a>, naming: &'static Naming) -> Result<Self, String> {
         let p = naming.prefix;
-        let prefixed = st
-            .tensor(&format!("{p}embeddings.word_embeddings.weight"))
-            .is_some();
+        // Any tensor under the prefix: a missing one is then named with it.
+        let prefixed = st.names().iter().any(|n| n.starts_with(p));
         if prefixed {
             if let Some(twin) = st
                 .names()

@@ -124,10 +124,12 @@ impl Embeddings {
             .iter()
             .find(|&&t| t as usize >= self.type_vocab())
         {
-            return bad(format!(
-                "token type {t} is outside the {} token types",
-                self.type_vocab()
-            ));
+            return bad(match self.type_vocab() {
+                1 => format!(
+                    "token type {t}: this model has no token types (token_type_ids must be 0s)"
+                ),
+                n => format!("token type {t} is outside the {n} token types"),
+            });
         }
         Ok(())
     }

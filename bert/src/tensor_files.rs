@@ -2,7 +2,7 @@
 //! `model.safetensors.index.json` lists (what `save_pretrained` writes for a model larger than
 //! its shard size); tensors are found by name across them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use safetensors::tensor::TensorView;
@@ -22,11 +22,17 @@ pub(crate) struct TensorFiles {
     /// The file errors about the weights name: the single file, or the index.
     pub origin: PathBuf,
     files: Vec<(PathBuf, Vec<u8>)>,
+    /// A sharded checkpoint's `weight_map`: each tensor's file, an index into `files`.
+    map: Option<BTreeMap<String, usize>>,
 }
 
 /// Tensors by name across a checkpoint's weight files.
 pub(crate) struct Tensors<'a> {
     files: Vec<SafeTensors<'a>>,
+    /// A sharded checkpoint's index: each tensor's file (an index into `files`). A tensor is
+    /// read from the shard the index names, as transformers reads it — never from a stale
+    /// copy in another shard.
+    map: Option<BTreeMap<String, usize>>,
 }
 
 impl TensorFiles {
@@ -52,6 +58,7 @@ impl TensorFiles {
             return Ok(TensorFiles {
                 origin: single.clone(),
                 files: vec![(single, bytes)],
+                map: None,
             });
         }
         let bad = |reason: String| BertError::Checkpoint {
@@ -60,7 +67,7 @@ impl TensorFiles {
         };
         let text = read_file(&index, JSON_LIMIT).map_err(bad)?;
         let v: Value = serde_json::from_slice(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
-        let shards = shard_names(&v).map_err(bad)?;
+        let (shards, map) = weight_map(&v).map_err(bad)?;
         let files = shards
             .into_iter()
             .map(|name| {
@@ -75,6 +82,7 @@ impl TensorFiles {
         Ok(TensorFiles {
             origin: index,
             files,
+            map: Some(map),
         })
     }
 
@@ -90,27 +98,37 @@ impl TensorFiles {
                 })
             })
             .collect::<Result<_, _>>()?;
-        Ok(Tensors { files })
+        Ok(Tensors {
+            files,
+            map: self.map.clone(),
+        })
     }
 }
 
 impl Tensors<'_> {
-    /// Tensor `name`, from whichever file holds it.
+    /// Tensor `name`: from the shard the index names for it, or from the single file.
     pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
-        self.files.iter().find_map(|st| st.tensor(name).ok())
+        let file = match &self.map {
+            Some(map) => &self.files[*map.get(name)?],
+            None => &self.files[0],
+        };
+        file.tensor(name).ok()
     }
 
-    /// Every tensor's name, sorted.
+    /// Every tensor's name (a sharded checkpoint's: those its index maps), sorted.
     pub fn names(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = self.files.iter().flat_map(|st| st.names()).collect();
+        let mut names: Vec<&str> = match &self.map {
+            Some(map) => map.keys().map(String::as_str).collect(),
+            None => self.files[0].names(),
+        };
         names.sort_unstable();
         names
     }
 }
 
-/// The shard files an index's `weight_map` names, each once: plain file names of the
-/// directory (a path elsewhere is refused).
-fn shard_names(index: &Value) -> Result<BTreeSet<String>, String> {
+/// The shard files an index's `weight_map` names, each once (plain file names of the
+/// directory: a path elsewhere is refused), and each tensor's file as an index into them.
+fn weight_map(index: &Value) -> Result<(Vec<String>, BTreeMap<String, usize>), String> {
     let map = index
         .get("weight_map")
         .and_then(Value::as_object)
@@ -131,7 +149,17 @@ fn shard_names(index: &Value) -> Result<BTreeSet<String>, String> {
     if shards.is_empty() {
         return Err("'weight_map' names no shard".into());
     }
-    Ok(shards)
+    let shards: Vec<String> = shards.into_iter().collect();
+    let tensors = map
+        .iter()
+        .map(|(tensor, file)| {
+            let at = shards
+                .iter()
+                .position(|s| Some(s.as_str()) == file.as_str());
+            (tensor.clone(), at.expect("every file was collected"))
+        })
+        .collect();
+    Ok((shards, tensors))
 }
 
 /// The name of a PyTorch pickle of the weights in `dir`, if there is one.
@@ -147,14 +175,15 @@ mod tests {
 
     #[test]
     fn an_index_names_plain_files_of_the_directory() {
-        let names = |v: Value| shard_names(&v);
-        let two = names(serde_json::json!({"weight_map": {
+        let names = |v: Value| weight_map(&v);
+        let (shards, map) = names(serde_json::json!({"weight_map": {
             "a": "model-00001-of-00002.safetensors",
             "b": "model-00002-of-00002.safetensors",
             "c": "model-00001-of-00002.safetensors",
         }}))
         .unwrap();
-        assert_eq!(two.len(), 2);
+        assert_eq!(shards.len(), 2);
+        assert_eq!((map["a"], map["b"], map["c"]), (0, 1, 0));
         for (v, needle) in [
             (serde_json::json!({}), "no 'weight_map'"),
             (serde_json::json!({"weight_map": {}}), "names no shard"),

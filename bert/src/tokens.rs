@@ -46,7 +46,8 @@ impl TokenBatch {
             for id in &mut row[..len as usize] {
                 let u = (rng.symmetric_f32() + 1.0) * 0.5; // [0, 1)
                 let drawn = ((u * span) as u32).min(span as u32 - 1);
-                *id = drawn + u32::from(drawn >= pad);
+                // Past the padding id, unless it is the whole vocabulary.
+                *id = drawn + u32::from(drawn >= pad && vocab > 1);
             }
         }
         TokenBatch {
@@ -87,6 +88,17 @@ impl TokenBatch {
                 path: path.to_path_buf(),
                 reason: "field 'input_ids' is missing".into(),
             })?;
+        // A field that would change the output if read (`position_ids`, ...) is refused, not
+        // silently left out.
+        if let Some(other) = v
+            .as_object()
+            .and_then(|o| o.keys().find(|k| !FIELDS.contains(&k.as_str())))
+        {
+            return Err(bad(format!(
+                "field '{other}' is not read (only {} are)",
+                FIELDS.join(", ")
+            )));
+        }
         let (batch, seq) = (ids.len(), ids.first().map_or(0, Vec::len));
         if batch == 0 || seq == 0 {
             return Err(bad("'input_ids' is empty".into()));
@@ -149,6 +161,9 @@ impl TokenBatch {
         self.lens.iter().any(|&l| l as usize != self.seq)
     }
 }
+
+/// The fields of an `inputs.json`.
+const FIELDS: [&str; 3] = ["input_ids", "token_type_ids", "attention_mask"];
 
 /// Field `name` of `v` as rows of whole numbers (`None` when absent).
 fn matrix(v: &Value, name: &str) -> Result<Option<Vec<Vec<u32>>>, String> {
@@ -219,6 +234,10 @@ mod tests {
                 "row 0 is not 1s then 0s",
             ),
             (r#"{"input_ids": []}"#, "is empty"),
+            (
+                r#"{"input_ids": [[1, 2]], "position_ids": [[9, 9]]}"#,
+                "field 'position_ids' is not read (only input_ids, token_type_ids, attention_mask are)",
+            ),
             ("[1, 2", "not JSON"),
         ] {
             let e = parse(text).unwrap_err();
@@ -244,5 +263,7 @@ mod tests {
         assert!(full.iter().all(|&i| i < 5 && i != 1), "{full:?}");
         assert!(full.contains(&0) && full.contains(&4), "{full:?}");
         assert!(short[10..].iter().all(|&i| i == 1));
+        // A vocabulary of the padding id alone.
+        assert_eq!(TokenBatch::random((1, 0), 3, (1, 3), &[]).ids, vec![0; 3]);
     }
 }

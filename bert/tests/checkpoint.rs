@@ -197,8 +197,52 @@ fn prefixed_roberta_and_distilbert_checkpoints_load_the_same_model() {
         assert_eq!(a.embeddings.position, b.embeddings.position, "{arch}");
         assert_eq!(a.layers[1].w_ffn2, b.layers[1].w_ffn2, "{arch}");
         assert_eq!(a.layers[0].ln1_gamma, b.layers[0].ln1_gamma, "{arch}");
+        // A prefixed file without its word embeddings names the prefixed tensor.
+        let word = format!("{prefix}embeddings.word_embeddings.weight");
+        rewrite_of(
+            arch,
+            &dir,
+            |name, t, shape, data| {
+                let full = format!("{prefix}{name}");
+                (full != word).then(|| (full, t, shape.to_vec(), data.to_vec()))
+            },
+            |_| {},
+        );
+        let e = Checkpoint::load(&dir).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("tensor '{word}' is missing")),
+            "{arch}: {e}"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+#[test]
+fn distilbert_configs_may_name_their_sizes_as_transformers_aliases_them() {
+    // transformers' attribute_map reads hidden_size, num_attention_heads, num_hidden_layers
+    // for DistilBERT's dim, n_heads, n_layers.
+    let dir = scratch_dir("distilbert-aliases");
+    rewrite_of("distilbert", &dir, same, |v| {
+        let o = v.as_object_mut().unwrap();
+        for (field, alias) in [
+            ("dim", "hidden_size"),
+            ("n_heads", "num_attention_heads"),
+            ("n_layers", "num_hidden_layers"),
+        ] {
+            let x = o.remove(field).unwrap();
+            o.insert(alias.into(), x);
+        }
+    });
+    let (a, b) = (
+        Checkpoint::load(&fixture_of("distilbert")).unwrap(),
+        Checkpoint::load(&dir).unwrap(),
+    );
+    assert_eq!(
+        (a.config.hidden, a.config.heads, a.config.layers),
+        (b.config.hidden, b.config.heads, b.config.layers)
+    );
+    assert_eq!(a.layers[1].w_qkv, b.layers[1].w_qkv);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -423,7 +467,7 @@ fn tokens_outside_the_tables_are_errors() {
             .to_string();
         let want = match arch {
             "roberta" => "the model has 16 positions",
-            _ => "token type 1 is outside the 1 token types",
+            _ => "token type 1: this model has no token types",
         };
         assert!(e.contains(want), "{arch}: {e}");
     }
@@ -439,9 +483,22 @@ fn a_sharded_checkpoint_loads_the_same_model_and_a_pickled_one_says_how_to_conve
     let mut names = st.names();
     names.sort();
     let mut map = serde_json::Map::new();
+    // The first shard also holds a stale copy (zeros) of a tensor the index puts in the
+    // second: transformers reads the second's, and so must the loader.
+    let stale = "encoder.layer.1.output.dense.weight";
+    let t = st.tensor(stale).unwrap();
+    let zeros = vec![0u8; t.data().len()];
+    let stale_view = TensorView::new(t.dtype(), t.shape().to_vec(), &zeros).unwrap();
     for (i, part) in names.chunks(names.len() / 2 + 1).enumerate() {
+        assert_eq!(part.contains(&stale), i == 1);
         let file = format!("model-0000{}-of-00002.safetensors", i + 1);
-        let views = part.iter().map(|n| (n.to_string(), st.tensor(n).unwrap()));
+        let mut views: Vec<_> = part
+            .iter()
+            .map(|n| (n.to_string(), st.tensor(n).unwrap()))
+            .collect();
+        if i == 0 {
+            views.push((stale.to_string(), stale_view.clone()));
+        }
         std::fs::write(
             dir.join(&file),
             safetensors::serialize(views, None).unwrap(),
@@ -459,6 +516,10 @@ fn a_sharded_checkpoint_loads_the_same_model_and_a_pickled_one_says_how_to_conve
     assert_eq!(a.embeddings.word, b.embeddings.word);
     assert_eq!(a.layers[1].w_ffn2, b.layers[1].w_ffn2);
     assert_eq!(a.layers[0].w_qkv, b.layers[0].w_qkv);
+    assert_eq!(
+        a.layers[1].w_ffn2, b.layers[1].w_ffn2,
+        "the index's shard, not the stale copy"
+    );
 
     // A shard the index names but the directory lacks is named.
     std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
