@@ -19,6 +19,7 @@ from ._ops import (
     _LAYERS,
     _RUNTIMES,
     AutokernelLinear,
+    FusedActivation,
     _attention_op,
     _attention_qkv_op,
     _encoder_layer_op,
@@ -43,9 +44,11 @@ from ._ops import (
 _MASKS = threading.local()
 
 
-def _key_lengths(mask: torch.Tensor, causal: bool) -> Optional[torch.Tensor]:
-    """The per-sequence key lengths right-padding ``mask`` encodes (:func:`_read_key_lengths`),
-    or None: then the modules' own forwards serve that attention (PyTorch's SDPA).
+def _key_lengths(mask: torch.Tensor, causal: bool, batch: int) -> Optional[torch.Tensor]:
+    """The key lengths of each of ``batch`` sequences right-padding ``mask`` encodes
+    (:func:`_read_key_lengths`; a mask of batch 1 holds for every sequence, as PyTorch
+    broadcasts it), or None: then the modules' own forwards serve that attention (PyTorch's
+    SDPA).
 
     Always None while ``torch.compile`` or ``torch.export`` traces: the check reads the mask's
     values (data-dependent branching, which ``fullgraph=True`` and export cannot trace), so a
@@ -60,13 +63,21 @@ def _key_lengths(mask: torch.Tensor, causal: bool) -> Optional[torch.Tensor]:
         return None
     memo = getattr(_MASKS, "memo", None)
     if memo is None:
-        return _read_key_lengths(mask, causal)
+        return _for_batch(_read_key_lengths(mask, causal), batch)
     for seen, c, lengths in memo:
         if seen is mask and c == causal:
-            return lengths
+            return _for_batch(lengths, batch)
     lengths = _read_key_lengths(mask, causal)
     memo.append((mask, causal, lengths))
-    return lengths
+    return _for_batch(lengths, batch)
+
+
+def _for_batch(lengths: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor]:
+    """Key ``lengths`` for ``batch`` sequences: as they are, repeated from a mask of batch 1,
+    or None when the mask's batch is another."""
+    if lengths is None or lengths.shape[0] == batch:
+        return lengths
+    return lengths.expand(batch).contiguous() if lengths.shape[0] == 1 else None
 
 
 def _remember_masks(model: nn.Module) -> None:
@@ -130,7 +141,7 @@ def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
     )
     lengths = None
     if plain and attention_mask is not None:
-        lengths = _key_lengths(attention_mask, causal)
+        lengths = _key_lengths(attention_mask, causal, query.shape[0])
         plain = lengths is not None
     if not plain:
         return sdpa_attention_forward(
@@ -309,7 +320,7 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
         and not kwargs.get("output_attentions")
     )
     if plain and attention_mask is not None:
-        lengths = _key_lengths(attention_mask, causal)
+        lengths = _key_lengths(attention_mask, causal, hidden_states.shape[0])
         plain = lengths is not None
     if plain:
         # Straight from the projection's rows, read in place by the tuned attention.
@@ -449,10 +460,10 @@ def _fusable_layer(m: nn.Module, qkv_fused: set, outputs_fused: set) -> bool:
     if inter is not None:  # BERT's
         if not (id(m.attention.output) in outputs_fused and id(m.output) in outputs_fused):
             return False
-        if not isinstance(getattr(inter, "intermediate_act_fn", None), nn.Identity):
+        if not isinstance(getattr(inter, "intermediate_act_fn", None), FusedActivation):
             return False
     else:  # DistilBERT's
-        if not isinstance(getattr(m.ffn, "activation", None), nn.Identity) or getattr(m.ffn, "chunk_size_feed_forward", 0):
+        if not isinstance(getattr(m.ffn, "activation", None), FusedActivation) or getattr(m.ffn, "chunk_size_feed_forward", 0):
             return False
         norms = (ln1, ln2)
         if not all(isinstance(x, nn.LayerNorm) and x.weight is not None and x.bias is not None for x in norms):
@@ -549,7 +560,7 @@ def _fused_layer(self, hidden_states, attention_mask=None, *args, **kwargs):
     handle = _layer_handle(self, hidden_states) if plain else None
     lengths = None
     if handle is not None and attention_mask is not None:
-        lengths = _key_lengths(attention_mask, False)
+        lengths = _key_lengths(attention_mask, False, hidden_states.shape[0])
         handle = None if lengths is None else handle
     if handle is None:
         return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
@@ -650,7 +661,7 @@ def _fused_encoder(self, hidden_states, attention_mask=None, *args, **kwargs):
     handles = [_layer_handle(x, hidden_states) for x in self.layer] if plain else [None]
     lengths = None
     if None not in handles and attention_mask is not None:
-        lengths = _key_lengths(attention_mask, False)
+        lengths = _key_lengths(attention_mask, False, hidden_states.shape[0])
         handles = handles if lengths is not None else [None]
     if None in handles:
         return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)

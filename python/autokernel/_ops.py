@@ -231,10 +231,13 @@ _encoder_op.register_fake(_like_x)
 
 def _classify_act(module: nn.Module) -> Optional[str]:
     """The runtime's name of an activation module ('relu', 'gelu_tanh', 'gelu_erf'), judged by
-    what it computes on a probe (so any class that computes it is recognised), or None."""
+    what it computes on a probe (so any class that computes it is recognised), or None. The
+    probe reaches far past the bends (to ±1e4): a clipped activation (ReLU6, transformers'
+    ``gelu_10``) agrees with its unclipped form below its clip."""
     if not isinstance(module, nn.Module) or any(True for _ in module.parameters()):
         return None
-    x = torch.linspace(-6.0, 6.0, 241, dtype=torch.float32)
+    far = torch.tensor([7.0, 8.0, 10.5, 12.0, 20.0, 100.0, 1e4], dtype=torch.float32)
+    x = torch.cat([-far.flip(0), torch.linspace(-6.0, 6.0, 241, dtype=torch.float32), far])
     try:
         with torch.no_grad():
             y = module(x)
@@ -294,7 +297,16 @@ class AutokernelLinear(nn.Module):
         self.packed = packed
         self._stamp = stamp
 
+    def _act_seen(self) -> bool:
+        """Whether this layer must compute without its fused activation: it stands for a Linear
+        whose activation module followed it (:class:`FusedActivation`), and a hook on either,
+        or a global one, must see the values between them, as in the stock model."""
+        stand_in = self.__dict__.get("_stand_in")
+        return stand_in is not None and (_hooked(self) or _hooked(stand_in) or _global_hooks())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act is not None and self._act_seen():
+            return nn.functional.linear(x, self.weight, self.bias)
         if _served(x) and not _needs_grad(x, (self.weight, self.bias)):
             self.refresh()
             bias = None if self.bias is None else self.bias.detach()
@@ -313,6 +325,23 @@ class AutokernelLinear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, act={self.act!r}, packed={self.packed.workload} ({self.packed.level})"
         )
+
+
+class FusedActivation(nn.Module):
+    """Stands where an activation module was after the Linear it is fused into (an
+    :class:`AutokernelLinear` with ``act``): passes that layer's output on, or applies the
+    activation itself when the layer computed without it (a hook registered on either module,
+    or a global one, sees what it would see in the stock model)."""
+
+    def __init__(self, act: nn.Module, linear: AutokernelLinear):
+        super().__init__()
+        self.act = act
+        # Not a submodule (it is its own parent's): a plain reference each way.
+        self.__dict__["_linear"] = linear
+        linear.__dict__["_stand_in"] = self
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return self.act(y) if self._linear._act_seen() else y
 
 
 def _stamp(params: Iterable[Optional[torch.Tensor]]) -> Optional[tuple]:

@@ -48,9 +48,9 @@ from torch import nn
 from . import Runtime
 from ._hf import (_fusable_encoder, _fusable_layer, _fusable_output, _fusable_qkv, _fuse_encoder, _fuse_layer, _fuse_output, _fuse_qkv,
                   _install_hf_attention, _layer_parts, _qkv_linears, _remember_masks, _repack)
-from ._ops import _RECORD, _RUNTIMES, AutokernelLinear, _classify_act, _FUSABLE, _linear_ok, _register, log
+from ._ops import _RECORD, _RUNTIMES, AutokernelLinear, FusedActivation, _classify_act, _FUSABLE, _linear_ok, _register, log
 
-__all__ = ["AutokernelLinear", "optimize", "refresh", "workloads", "runtime_of"]
+__all__ = ["AutokernelLinear", "FusedActivation", "optimize", "refresh", "workloads", "runtime_of"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,10 +63,10 @@ _LINEAR_ACT_PAIRS = (("dense", "intermediate_act_fn"), ("lin1", "activation"))
 
 def _same_when_fused(block: nn.Module, names: tuple, act: str, threads: int, rows: int) -> bool:
     """Whether feed-forward ``block`` computes the same with its Linear and activation
-    (``names``) as one fused ``act`` call, on a probe of ``rows`` rows in f32 (a defaults-only
-    runtime of ``threads``: the model's own precision may round differently). A block whose
-    forward takes something else than one tensor is taken as BERT's intermediate block is
-    (its forward is ``act(dense(x))``)."""
+    (``names``) as one fused ``act`` call, on a probe of two sequences of ``rows`` rows in f32
+    (a defaults-only runtime of ``threads``: the model's own precision may round differently).
+    A block whose forward takes something else than one tensor is not fused (what its other
+    arguments do to the activation's input cannot be probed)."""
     import inspect
 
     try:
@@ -74,9 +74,9 @@ def _same_when_fused(block: nn.Module, names: tuple, act: str, threads: int, row
     except (TypeError, ValueError):
         return False
     if len(params) != 2:
-        return names[0] == "dense"
+        return False
     lin, act_fn = (getattr(block, n) for n in names)
-    x = torch.randn(1, max(rows, 2), lin.in_features, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, max(rows, 2), lin.in_features, generator=torch.Generator().manual_seed(0))
     probe = AutokernelLinear(lin, Runtime(threads=threads), act=act, ms=[x.shape[1]])
     try:
         with torch.no_grad():
@@ -247,7 +247,7 @@ def optimize(
                     and _same_when_fused(parent, (lin_name, act_name), act, rt.threads, min(ms))
                     and swap(parent, lin_name, prefix + lin_name, act)
                 ):
-                    setattr(parent, act_name, nn.Identity())
+                    setattr(parent, act_name, FusedActivation(act_fn, getattr(parent, lin_name)))
         # nn.Sequential(..., Linear, act, ...).
         if isinstance(parent, nn.Sequential):
             items = list(parent._modules.items())
@@ -255,7 +255,7 @@ def optimize(
                 if type(m1) is nn.Linear:
                     act = _classify_act(m2)
                     if act in _FUSABLE and swap(parent, n1, prefix + n1, act):
-                        parent._modules[n2] = nn.Identity()
+                        parent._modules[n2] = FusedActivation(m2, parent._modules[n1])
     routed = _install_hf_attention(model, _register(_RUNTIMES, rt), report) if attention else 0
     if routed:
         _remember_masks(model)

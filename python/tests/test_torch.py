@@ -99,7 +99,7 @@ def test_optimize_fuses_linear_and_activation_and_lists_the_rest():
     stock = mlp()
     model = akt.optimize(copy.deepcopy(stock))
     kinds = [type(m).__name__ for m in model]
-    assert kinds == ["AutokernelLinear", "Identity", "AutokernelLinear", "Identity", "AutokernelLinear", "LayerNorm"]
+    assert kinds == ["AutokernelLinear", "FusedActivation", "AutokernelLinear", "FusedActivation", "AutokernelLinear", "LayerNorm"]
     assert [m.act for m in model if isinstance(m, akt.AutokernelLinear)] == ["relu", "gelu_tanh", None]
     assert [name for name, _ in model.autokernel_unsupported] == ["5"]
     x = torch.randn(2, 7, 32)
@@ -361,10 +361,10 @@ def test_key_lengths_are_read_once_per_mask_within_a_forward():
     read = _hf._read_key_lengths
     try:
         _hf._read_key_lengths = lambda m, c: reads.append(c) or read(m, c)
-        _hf._key_lengths(mask, False), _hf._key_lengths(mask, False)
+        _hf._key_lengths(mask, False, 2), _hf._key_lengths(mask, False, 2)
         assert len(reads) == 2  # outside a forward: every call reads
         _hf._remember_masks(hooked := nn.Module())
-        hooked.forward = lambda: [_hf._key_lengths(m, c) for m, c in
+        hooked.forward = lambda: [_hf._key_lengths(m, c, 2) for m, c in
                                   [(mask, False), (mask, False), (mask, True), (mask.clone(), False)]]
         first, again, causal, other = hooked()
         assert again is first and causal is None
@@ -383,20 +383,24 @@ def test_key_lengths_read_only_right_padding_masks():
     lengths = torch.tensor([5, 1, 0])
     keys = torch.arange(5)
     pad = (keys[None, :] < lengths[:, None])[:, None, None, :].expand(3, 1, 5, 5)
-    torch.testing.assert_close(_hf._key_lengths(pad, causal=False), lengths.int())
+    torch.testing.assert_close(_hf._key_lengths(pad, False, 3), lengths.int())
     # The additive float form of the same mask.
     additive = torch.zeros(3, 1, 5, 5).masked_fill(~pad, torch.finfo(torch.float32).min)
-    torch.testing.assert_close(_hf._key_lengths(additive, causal=False), lengths.int())
+    torch.testing.assert_close(_hf._key_lengths(additive, False, 3), lengths.int())
     # Causal and padded.
     tri = keys[None, :] <= keys[:, None]
-    torch.testing.assert_close(_hf._key_lengths(pad & tri, causal=True), lengths.int())
-    assert _hf._key_lengths(pad & tri, causal=False) is None
+    torch.testing.assert_close(_hf._key_lengths(pad & tri, True, 3), lengths.int())
+    assert _hf._key_lengths(pad & tri, False, 3) is None
     # Left padding, a hole, a soft bias: not a key-length mask (served by PyTorch's SDPA).
-    assert _hf._key_lengths(pad.flip(-1), causal=False) is None
+    assert _hf._key_lengths(pad.flip(-1), False, 3) is None
     holed = pad.clone()
     holed[0, 0, 2, 1] = False
-    assert _hf._key_lengths(holed, causal=False) is None
-    assert _hf._key_lengths(torch.full((3, 1, 5, 5), -0.5), causal=False) is None
+    assert _hf._key_lengths(holed, False, 3) is None
+    assert _hf._key_lengths(torch.full((3, 1, 5, 5), -0.5), False, 3) is None
+    # A mask of batch 1 holds for the whole batch, as PyTorch broadcasts it; another batch
+    # is left to PyTorch.
+    torch.testing.assert_close(_hf._key_lengths(pad[1:2], False, 3), torch.tensor([1, 1, 1], dtype=torch.int32))
+    assert _hf._key_lengths(pad[:2], False, 3) is None
 
 
 def test_output_blocks_are_fused_only_when_they_compute_layer_norm_of_the_sum():
@@ -675,6 +679,70 @@ def test_a_feed_forward_block_that_does_not_apply_its_activation_after_its_linea
     x = torch.randn(5, 8)
     with torch.no_grad():
         torch.testing.assert_close(model(x), stock(x), rtol=0, atol=1e-4)
+
+
+def test_a_mask_of_batch_one_holds_for_the_whole_batch():
+    """A 4-D mask of batch 1 over a batch of 3, as PyTorch broadcasts it (was a ValueError)."""
+    from transformers import RobertaConfig, RobertaModel
+
+    torch.manual_seed(0)
+    stock = RobertaModel(RobertaConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=128)).eval()
+    model = akt.optimize(copy.deepcopy(stock))
+    ids = torch.randint(3, 500, (3, 12))
+    mask = torch.zeros(1, 1, 12, 12)
+    mask[..., 8:] = torch.finfo(torch.float32).min
+    with torch.no_grad():
+        want, got = stock(ids, attention_mask=mask).last_hidden_state, model(ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
+def test_clipped_activations_and_blocks_with_more_inputs_are_not_fused():
+    """ReLU6 and a GELU clipped at 10 agree with ReLU and GELU only below their clips; a block
+    whose activation's input depends on another argument cannot be probed."""
+
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dense, self.intermediate_act_fn = nn.Linear(8, 8), nn.ReLU()
+
+        def forward(self, x, residual):
+            return self.intermediate_act_fn(self.dense(x) + residual)
+
+    torch.manual_seed(0)
+    seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU6(), nn.Linear(16, 8), nn.Hardtanh(-10, 10))
+    model = akt.optimize(copy.deepcopy(seq))
+    assert [type(m).__name__ for m in model] == ["AutokernelLinear", "ReLU6", "AutokernelLinear", "Hardtanh"]
+    x = 10 * torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), seq(x), rtol=0, atol=1e-4)
+    block = Residual().eval()
+    fused = akt.optimize(copy.deepcopy(block))
+    assert fused.dense.act is None and isinstance(fused.intermediate_act_fn, nn.ReLU)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x, torch.full((4, 8), -5.0)), block(x, torch.full((4, 8), -5.0)))
+
+
+def test_hooks_on_a_fused_linear_or_its_activation_see_what_they_see_in_stock():
+    """The activation fused into a Linear runs apart again while a hook on either module (or a
+    global one) must see the values between them."""
+    from transformers import DistilBertConfig, DistilBertModel
+
+    torch.manual_seed(1)
+    stock = DistilBertModel(DistilBertConfig(vocab_size=500, dim=64, n_layers=2, n_heads=4, hidden_dim=128)).eval()
+    model = akt.optimize(copy.deepcopy(stock))
+    assert isinstance(model.transformer.layer[0].ffn.activation, akt.FusedActivation)
+    ids = torch.randint(3, 500, (2, 8))
+    seen = {}
+    for name, m in (("stock", stock), ("model", model)):
+        ffn = m.transformer.layer[0].ffn
+        ffn.lin1.register_forward_hook(lambda mod, i, out, name=name: seen.__setitem__(name, out.clone()))
+        ffn.activation.register_forward_pre_hook(lambda mod, args: (args[0] * 0.5,))
+    with torch.no_grad():
+        want, got = stock(ids).last_hidden_state, model(ids).last_hidden_state
+    torch.testing.assert_close(seen["model"], seen["stock"], rtol=0, atol=1e-4)
+    assert seen["stock"].min() < -0.2  # before GELU
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
 
 
 def test_blocks_that_only_look_like_berts_are_left_to_their_own_forward():
