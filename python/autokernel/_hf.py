@@ -183,8 +183,24 @@ def _install_hf_attention(model: nn.Module, handle: int, report: list) -> int:
     return routed
 
 
-# The fewest rows a probe of a block with attention has (see _fuse_qkv).
+# The fewest rows a probe of a block with attention has (with one, attention is the value
+# projection whatever its scaling).
 _PROBE_ROWS = 7
+
+
+def _attention_probes(rows: int, hidden: int) -> list:
+    """The probes of a block with attention (argument tuples): one sequence of ``max(rows,
+    _PROBE_ROWS)`` rows, no mask; and two such sequences, the second right-padded to half, with
+    the 4-D mask a model hands its layers (boolean, True = attend): a block that treats the
+    mask its own way is not fused."""
+    rows = max(rows, _PROBE_ROWS)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, rows, hidden, generator=g)
+    pair = torch.randn(2, rows, hidden, generator=g)
+    keys = torch.arange(rows)
+    lengths = torch.tensor([rows, rows // 2 + 1])
+    mask = (keys[None, :] < lengths[:, None])[:, None, None, :].expand(2, 1, rows, rows)
+    return [(x,), (pair, mask)]
 
 
 # The self-attention blocks whose projections are fused: the names of their query, key and
@@ -236,11 +252,9 @@ def _fuse_qkv(m: nn.Module, names: tuple, rt: Runtime, ms: list) -> bool:
     _refresh_qkv(m)
     served_by = m.__dict__.get("_autokernel_runtime")
     m._autokernel_runtime = _register(_RUNTIMES, f32)
-    # Several rows: with one, attention is the value projection whatever its scaling.
-    hidden = _qkv_linears(m)[0].in_features
-    x = torch.randn(1, max(min(ms), _PROBE_ROWS), hidden, generator=torch.Generator().manual_seed(0))
+    probes = _attention_probes(min(ms), _qkv_linears(m)[0].in_features)
     try:
-        ok = _swap_forward_if_same(m, _fused_self_attention, (x,), result=lambda y: y[0] if isinstance(y, tuple) else y)
+        ok = _swap_forward_if_same(m, _fused_self_attention, probes, result=lambda y: y[0] if isinstance(y, tuple) else y)
     finally:
         _release(_RUNTIMES, m._autokernel_runtime)
         if served_by is None:
@@ -363,35 +377,40 @@ def _fuse_output(m: nn.Module, rows: int) -> bool:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, rows, m.dense.in_features, generator=g)
     r = torch.randn(1, rows, m.dense.out_features, generator=g)
-    return _swap_forward_if_same(m, _fused_output, (x, r))
+    return _swap_forward_if_same(m, _fused_output, [(x, r)])
 
 
-def _swap_forward_if_same(m: nn.Module, fused, probe: tuple, result=lambda y: y, in_pytorch: bool = False) -> bool:
+def _swap_forward_if_same(m: nn.Module, fused, probes: list, result=lambda y: y, in_pytorch: bool = False) -> bool:
     """Makes ``fused`` ``m``'s forward (the original kept as ``m._autokernel_forward``, the type
     it returned on the probe as ``m._autokernel_output``) if it returns what the original does
-    on the ``probe`` arguments: an object of the same type whose ``result`` tensor is the same
-    within 1e-4; else leaves ``m`` as it was. With ``in_pytorch``, the original is run as
-    PyTorch alone computes it: with the probe requiring a gradient, every part the runtime
-    serves hands the call to its module's own f32 forward."""
+    on each of the ``probes`` (argument tuples): an object of the same type whose ``result``
+    tensor is the same within 1e-4; else leaves ``m`` as it was. With ``in_pytorch``, the
+    original is run as PyTorch alone computes it: with the probe's first argument requiring a
+    gradient, every part the runtime serves hands the call to its module's own f32 forward."""
     original = m.forward
-    try:
-        if in_pytorch:
-            with torch.enable_grad():
-                want = original(*(t.detach().requires_grad_() for t in probe))
-        else:
+
+    def reference(probe):
+        if not in_pytorch:
             with torch.no_grad():
-                want = original(*probe)
-        m._autokernel_forward, m._autokernel_output = original, type(want)
+                return original(*probe)
+        with torch.enable_grad():
+            return original(probe[0].detach().requires_grad_(), *probe[1:])
+
+    try:
+        wants = [reference(p) for p in probes]
+        m._autokernel_forward, m._autokernel_output = original, type(wants[0])
         m.forward = types.MethodType(fused, m)
-        with torch.no_grad():
-            got = m(*probe)
-        a, b = result(want), result(got)
-        ok = (
-            type(got) is type(want)
-            and isinstance(a, torch.Tensor)
-            and a.shape == b.shape
-            and torch.allclose(b, a, rtol=1e-4, atol=1e-4)
-        )
+        ok = True
+        for probe, want in zip(probes, wants):
+            with torch.no_grad():
+                got = m(*probe)
+            a, b = result(want), result(got)
+            ok = ok and (
+                type(got) is type(want)
+                and isinstance(a, torch.Tensor)
+                and a.shape == b.shape
+                and torch.allclose(b, a, rtol=1e-4, atol=1e-4)
+            )
     except Exception:  # a forward that is not what it looked like
         ok = False
     if not ok:
@@ -488,9 +507,9 @@ def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
     more than the probe's tolerance."""
     # The stamp before the packing: a change made meanwhile is seen at the next call.
     m._autokernel_layer_packing = (rt, _stamp(_walk(m)[1]))
-    x = torch.randn(1, max(rows, _PROBE_ROWS), _layer_parts(m)[1].out_features, generator=torch.Generator().manual_seed(0))
-    m._autokernel_layer = _Handle(_LAYERS, _f32_layer(m, Runtime(threads=rt.threads), x.shape[1]))
-    ok = _swap_forward_if_same(m, _fused_layer, (x,), in_pytorch=True)
+    probes = _attention_probes(rows, _layer_parts(m)[1].out_features)
+    m._autokernel_layer = _Handle(_LAYERS, _f32_layer(m, Runtime(threads=rt.threads), probes[0][0].shape[1]))
+    ok = _swap_forward_if_same(m, _fused_layer, probes, in_pytorch=True)
     if ok:
         m._autokernel_layer.set(_encoder_layer(m, rt))
     else:
@@ -638,9 +657,8 @@ def _fuse_encoder(m: nn.Module, rows: int) -> bool:
     (``Runtime.encoder``: one release of the GIL, one entry into the runtime's threads, and no
     Python between the layers). Done only if the fused forward returns what the encoder's own
     does on a probe of ``rows`` rows: the same output type, the same ``last_hidden_state``."""
-    hidden = _layer_parts(m.layer[0])[1].out_features
-    x = torch.randn(1, max(rows, _PROBE_ROWS), hidden, generator=torch.Generator().manual_seed(0))
-    return _swap_forward_if_same(m, _fused_encoder, (x,), result=lambda y: getattr(y, "last_hidden_state", None))
+    probes = _attention_probes(rows, _layer_parts(m.layer[0])[1].out_features)
+    return _swap_forward_if_same(m, _fused_encoder, probes, result=lambda y: getattr(y, "last_hidden_state", None))
 
 
 def _fused_encoder(self, hidden_states, attention_mask=None, *args, **kwargs):

@@ -745,6 +745,31 @@ def test_hooks_on_a_fused_linear_or_its_activation_see_what_they_see_in_stock():
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
 
 
+def test_blocks_that_treat_the_mask_their_own_way_are_not_fused():
+    """The attention, layer and encoder probes run a right-padded pair with its mask too: a
+    self-attention that ignores the mask (attending to padding on purpose) keeps its forward,
+    and the model computes what stock does on a padded batch."""
+    from transformers import DistilBertConfig, DistilBertModel
+    from transformers.models.distilbert import modeling_distilbert as md
+
+    class AllKeys(md.DistilBertSelfAttention):
+        def forward(self, hidden_states, attention_mask=None, **kwargs):
+            return super().forward(hidden_states, None, **kwargs)
+
+    torch.manual_seed(1)
+    stock = DistilBertModel(DistilBertConfig(vocab_size=500, dim=64, n_layers=2, n_heads=4, hidden_dim=128)).eval()
+    for layer in stock.transformer.layer:
+        layer.attention.__class__ = AllKeys
+    model = akt.optimize(copy.deepcopy(stock))
+    assert model.autokernel_fused_qkv == [] and model.autokernel_fused_layers == []
+    ids = torch.randint(3, 500, (3, 12))
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[1, 8:] = 0
+    with torch.no_grad():
+        want, got = stock(ids, attention_mask=mask).last_hidden_state, model(ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
 def test_blocks_that_only_look_like_berts_are_left_to_their_own_forward():
     """ALBERT's attention block has query/key/value like BERT's but adds its output projection
     and LayerNorm; a decoder's cross-attention takes other arguments: each fusion is checked
