@@ -186,14 +186,16 @@ def _install_hf_attention(model: nn.Module, handle: int, report: list) -> int:
 # The fewest rows a probe of a block with attention has (with one, attention is the value
 # projection whatever its scaling).
 _PROBE_ROWS = 7
+# The most: more rows check nothing more (both sides of a probe are f32), and cost time.
+_PROBE_MAX_ROWS = 32
 
 
 def _attention_probes(rows: int, hidden: int) -> list:
-    """The probes of a block with attention (argument tuples): one sequence of ``max(rows,
-    _PROBE_ROWS)`` rows, no mask; and two such sequences, the second right-padded to half, with
+    """The probes of a block with attention (argument tuples): one sequence of ``rows`` rows
+    (within :data:`_PROBE_ROWS` and :data:`_PROBE_MAX_ROWS`), no mask; and two such sequences, the second right-padded to half, with
     the 4-D mask a model hands its layers (boolean, True = attend): a block that treats the
     mask its own way is not fused."""
-    rows = max(rows, _PROBE_ROWS)
+    rows = min(max(rows, _PROBE_ROWS), _PROBE_MAX_ROWS)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, rows, hidden, generator=g)
     pair = torch.randn(2, rows, hidden, generator=g)
