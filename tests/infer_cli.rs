@@ -620,7 +620,17 @@ fn tune_refuses_a_saved_batch_longer_than_the_model_takes_as_infer_does() {
     let o = autokernel(&["tune", "--model", d, "--dry-run"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("40 tokens per sequence"),
+        stderr(&o).contains("sequences of 40 tokens, the model has 16 positions"),
+        "{}",
+        stderr(&o)
+    );
+    // Token types the model does not have: refused by tune as by infer.
+    let types = serde_json::json!({ "input_ids": [[5, 6]], "token_type_ids": [[0, 2]] });
+    std::fs::write(dir.path().join("inputs.json"), types.to_string()).unwrap();
+    let o = autokernel(&["tune", "--model", d, "--dry-run"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("token type 2 is outside the 2 token types"),
         "{}",
         stderr(&o)
     );

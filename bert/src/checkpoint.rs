@@ -30,7 +30,7 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use crate::tensor_files::{TensorFiles, Tensors};
-use crate::{BertConfig, BertError, Embeddings, LayerWeights, Positions};
+use crate::{BertConfig, BertError, Embeddings, LayerWeights, Positions, TokenBatch};
 
 /// A loaded checkpoint: the encoder's sizes, its embedding block and its layers' weights.
 #[derive(Debug, Clone)]
@@ -148,10 +148,15 @@ impl Checkpoint {
     /// embeddings take (what `tune --model DIR` needs, without reading the weights).
     pub fn read_config(dir: &Path) -> Result<(BertConfig, usize), BertError> {
         let (config, tables) = read_config(&dir.join("config.json"))?;
-        let max_seq = tables
-            .positions
-            .saturating_sub(tables.position_ids.offset());
-        Ok((config, max_seq))
+        Ok((config, tables.max_seq()))
+    }
+
+    /// Checks that `tokens` fit the tables `dir/config.json` describes (ids, token types,
+    /// positions), without reading the weights: what `tune --model DIR` plans must be a batch
+    /// `infer` takes.
+    pub fn check_tokens(dir: &Path, tokens: &TokenBatch) -> Result<(), BertError> {
+        let (_, tables) = read_config(&dir.join("config.json"))?;
+        tokens.check_fits(tables.vocab, tables.types.unwrap_or(1), tables.max_seq())
     }
 
     /// Reads `dir/config.json` and `dir/model.safetensors` (or the shards its
@@ -206,6 +211,13 @@ struct TableSizes {
     types: Option<usize>,
     position_ids: Positions,
     naming: &'static Naming,
+}
+
+impl TableSizes {
+    /// The longest sequence the position table takes (its rows past the positions' offset).
+    fn max_seq(&self) -> usize {
+        self.positions.saturating_sub(self.position_ids.offset())
+    }
 }
 
 /// The [`Naming`] of `config.json`'s `model_type`.

@@ -89,49 +89,7 @@ impl Embeddings {
     /// Checks that `tokens` fit the tables: `batch × seq` ids and types, ids below the
     /// vocabulary, types below the type vocabulary, `seq` within the positions.
     pub fn check(&self, tokens: &TokenBatch) -> Result<(), BertError> {
-        let bad = |reason: String| Err(BertError::Shape { reason });
-        let n = tokens.batch.checked_mul(tokens.seq);
-        let lens = (Some(tokens.ids.len()), Some(tokens.types.len()));
-        if lens != (n, n) || tokens.lens.len() != tokens.batch {
-            return bad(format!(
-                "a batch of {} × {} tokens holds {} ids, {} token types and {} lengths",
-                tokens.batch,
-                tokens.seq,
-                tokens.ids.len(),
-                tokens.types.len(),
-                tokens.lens.len()
-            ));
-        }
-        if tokens.seq > self.max_seq() {
-            return bad(format!(
-                "sequences of {} tokens, the model has {} positions",
-                tokens.seq,
-                self.max_seq()
-            ));
-        }
-        if let Some((i, id)) =
-            (tokens.ids.iter().enumerate()).find(|(_, &id)| id as usize >= self.vocab())
-        {
-            return bad(format!(
-                "token id {id} (sequence {}, position {}) is outside the vocabulary of {}",
-                i / tokens.seq,
-                i % tokens.seq,
-                self.vocab()
-            ));
-        }
-        if let Some(t) = tokens
-            .types
-            .iter()
-            .find(|&&t| t as usize >= self.type_vocab())
-        {
-            return bad(match self.type_vocab() {
-                1 => format!(
-                    "token type {t}: this model has no token types (token_type_ids must be 0s)"
-                ),
-                n => format!("token type {t} is outside the {n} token types"),
-            });
-        }
-        Ok(())
+        tokens.check_fits(self.vocab(), self.type_vocab(), self.max_seq())
     }
 
     /// The encoder input of `tokens` (`batch × seq × hidden`), f32, each sequence's positions

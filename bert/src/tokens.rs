@@ -150,6 +150,55 @@ impl TokenBatch {
         })
     }
 
+    /// Checks that the batch fits a model of `vocab` token ids, `type_vocab` token types and
+    /// `max_seq` positions: `batch × seq` ids and types, each below its table, `seq` within the
+    /// positions.
+    pub fn check_fits(
+        &self,
+        vocab: usize,
+        type_vocab: usize,
+        max_seq: usize,
+    ) -> Result<(), BertError> {
+        let tokens = self;
+        let bad = |reason: String| Err(BertError::Shape { reason });
+        let n = tokens.batch.checked_mul(tokens.seq);
+        let lens = (Some(tokens.ids.len()), Some(tokens.types.len()));
+        if lens != (n, n) || tokens.lens.len() != tokens.batch {
+            return bad(format!(
+                "a batch of {} × {} tokens holds {} ids, {} token types and {} lengths",
+                tokens.batch,
+                tokens.seq,
+                tokens.ids.len(),
+                tokens.types.len(),
+                tokens.lens.len()
+            ));
+        }
+        if tokens.seq > max_seq {
+            return bad(format!(
+                "sequences of {} tokens, the model has {} positions",
+                tokens.seq, max_seq
+            ));
+        }
+        if let Some((i, id)) = (tokens.ids.iter().enumerate()).find(|(_, &id)| id as usize >= vocab)
+        {
+            return bad(format!(
+                "token id {id} (sequence {}, position {}) is outside the vocabulary of {}",
+                i / tokens.seq,
+                i % tokens.seq,
+                vocab
+            ));
+        }
+        if let Some(t) = tokens.types.iter().find(|&&t| t as usize >= type_vocab) {
+            return bad(match type_vocab {
+                1 => format!(
+                    "token type {t}: this model has no token types (token_type_ids must be 0s)"
+                ),
+                n => format!("token type {t} is outside the {n} token types"),
+            });
+        }
+        Ok(())
+    }
+
     /// The tokens of sequence `i`: `(ids, types)`, `seq` each.
     pub fn sequence(&self, i: usize) -> (&[u32], &[u32]) {
         let r = i * self.seq..(i + 1) * self.seq;

@@ -43,15 +43,10 @@ pub fn saved_shape(name: &str) -> anyhow::Result<Option<(usize, usize)>> {
         return Ok(None);
     }
     let t = TokenBatch::from_json(&inputs)?;
-    // As `infer` refuses it (its position table has no row for the rest): not a shape to tune.
-    let (_, positions) = model_config(name)?;
-    if t.seq > positions {
-        bail!(
-            "{}: {} tokens per sequence, the model takes {positions} positions at most",
-            inputs.display(),
-            t.seq
-        );
-    }
+    // A batch `infer` refuses (too long for the positions, ids or token types outside the
+    // tables) is not a shape to tune.
+    Checkpoint::check_tokens(Path::new(name), &t)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", inputs.display()))?;
     Ok(Some((t.batch, t.seq)))
 }
 
