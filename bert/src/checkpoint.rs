@@ -1,8 +1,8 @@
 //! Hugging Face BERT-family checkpoints: a directory with `config.json` and
 //! `model.safetensors` or the shards of `model.safetensors.index.json` (what `save_pretrained`
-//! writes), read with the `safetensors` crate — no network, no hub. Three model types share the encoder (post-LayerNorm layers, one
-//! attention, a two-layer feed-forward block) and differ in names, in token types and in how
-//! positions are counted ([`NAMINGS`]):
+//! writes), read with the `safetensors` crate — no network, no hub. Three model types share
+//! the encoder (post-LayerNorm layers, one attention, a two-layer feed-forward block) and
+//! differ in names, in token types and in how positions are counted ([`NAMINGS`]):
 //!
 //! - `bert`: `embeddings.{word,position,token_type}_embeddings.weight`,
 //!   `embeddings.LayerNorm.*`, `encoder.layer.N.attention.self.{query,key,value}.*`,
@@ -377,25 +377,22 @@ impl<'a> Fields<'a> {
 
     /// A required count: a whole number from 0 to 2^20.
     fn count(&self, name: &str) -> Result<usize, BertError> {
-        match self.v.get(name) {
-            None => Err(self.bad(format!("field '{name}' is missing"))),
-            Some(x) => match x.as_u64() {
-                Some(n) if n <= 1 << 20 => Ok(n as usize),
-                _ => Err(self.bad(format!(
-                    "field '{name}' is {x}, not a whole number from 0 to 1048576"
-                ))),
-            },
-        }
+        self.whole(name, 0)
     }
 
     /// A required size: a whole number from 1 to 2^20.
     fn size(&self, name: &str) -> Result<usize, BertError> {
+        self.whole(name, 1)
+    }
+
+    /// A required whole number from `min` to 2^20.
+    fn whole(&self, name: &str, min: u64) -> Result<usize, BertError> {
         match self.v.get(name) {
             None => Err(self.bad(format!("field '{name}' is missing"))),
             Some(x) => match x.as_u64() {
-                Some(n) if (1..=1 << 20).contains(&n) => Ok(n as usize),
+                Some(n) if (min..=1 << 20).contains(&n) => Ok(n as usize),
                 _ => Err(self.bad(format!(
-                    "field '{name}' is {x}, not a whole number from 1 to 1048576"
+                    "field '{name}' is {x}, not a whole number from {min} to 1048576"
                 ))),
             },
         }
@@ -445,10 +442,10 @@ impl<'a> Reader<'a> {
     fn new(st: &'a Tensors<'a>, naming: &'static Naming) -> Result<Self, String> {
         let p = naming.prefix;
         // Any tensor under the prefix: a missing one is then named with it.
-        let prefixed = st.names().iter().any(|n| n.starts_with(p));
+        let names = st.names();
+        let prefixed = names.iter().any(|n| n.starts_with(p));
         if prefixed {
-            if let Some(twin) = st
-                .names()
+            if let Some(twin) = names
                 .into_iter()
                 .find(|n| !n.starts_with(p) && st.tensor(&format!("{p}{n}")).is_some())
             {

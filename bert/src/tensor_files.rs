@@ -29,10 +29,9 @@ pub(crate) struct TensorFiles {
 /// Tensors by name across a checkpoint's weight files.
 pub(crate) struct Tensors<'a> {
     files: Vec<SafeTensors<'a>>,
-    /// A sharded checkpoint's index: each tensor's file (an index into `files`). A tensor is
-    /// read from the shard the index names, as transformers reads it — never from a stale
-    /// copy in another shard.
-    map: Option<BTreeMap<String, usize>>,
+    /// [`TensorFiles`]' map: a tensor is read from the shard the index names, as transformers
+    /// reads it — never from a stale copy in another shard.
+    map: Option<&'a BTreeMap<String, usize>>,
 }
 
 impl TensorFiles {
@@ -100,7 +99,7 @@ impl TensorFiles {
             .collect::<Result<_, _>>()?;
         Ok(Tensors {
             files,
-            map: self.map.clone(),
+            map: self.map.as_ref(),
         })
     }
 }
@@ -108,7 +107,7 @@ impl TensorFiles {
 impl Tensors<'_> {
     /// Tensor `name`: from the shard the index names for it, or from the single file.
     pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
-        let file = match &self.map {
+        let file = match self.map {
             Some(map) => &self.files[*map.get(name)?],
             None => &self.files[0],
         };
@@ -117,7 +116,7 @@ impl Tensors<'_> {
 
     /// Every tensor's name (a sharded checkpoint's: those its index maps), sorted.
     pub fn names(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = match &self.map {
+        let mut names: Vec<&str> = match self.map {
             Some(map) => map.keys().map(String::as_str).collect(),
             None => self.files[0].names(),
         };

@@ -34,13 +34,7 @@ impl TokenBatch {
     ) -> Self {
         let mut rng = Rng::new(seed ^ 0x70C3_E25E_ED00_0001);
         let span = vocab.saturating_sub(1).max(1) as f32;
-        let lens: Vec<i32> = (0..batch)
-            .map(|i| {
-                lengths
-                    .get(i % lengths.len().max(1))
-                    .map_or(seq, |&l| l.min(seq)) as i32
-            })
-            .collect();
+        let lens = Self::lengths(batch, seq, lengths);
         let mut ids = vec![pad; batch * seq];
         for (row, &len) in ids.chunks_exact_mut(seq).zip(&lens) {
             for id in &mut row[..len as usize] {
@@ -159,36 +153,34 @@ impl TokenBatch {
         type_vocab: usize,
         max_seq: usize,
     ) -> Result<(), BertError> {
-        let tokens = self;
         let bad = |reason: String| Err(BertError::Shape { reason });
-        let n = tokens.batch.checked_mul(tokens.seq);
-        let lens = (Some(tokens.ids.len()), Some(tokens.types.len()));
-        if lens != (n, n) || tokens.lens.len() != tokens.batch {
+        let n = self.batch.checked_mul(self.seq);
+        let lens = (Some(self.ids.len()), Some(self.types.len()));
+        if lens != (n, n) || self.lens.len() != self.batch {
             return bad(format!(
                 "a batch of {} × {} tokens holds {} ids, {} token types and {} lengths",
-                tokens.batch,
-                tokens.seq,
-                tokens.ids.len(),
-                tokens.types.len(),
-                tokens.lens.len()
+                self.batch,
+                self.seq,
+                self.ids.len(),
+                self.types.len(),
+                self.lens.len()
             ));
         }
-        if tokens.seq > max_seq {
+        if self.seq > max_seq {
             return bad(format!(
                 "sequences of {} tokens, the model has {} positions",
-                tokens.seq, max_seq
+                self.seq, max_seq
             ));
         }
-        if let Some((i, id)) = (tokens.ids.iter().enumerate()).find(|(_, &id)| id as usize >= vocab)
-        {
+        if let Some((i, id)) = (self.ids.iter().enumerate()).find(|(_, &id)| id as usize >= vocab) {
             return bad(format!(
                 "token id {id} (sequence {}, position {}) is outside the vocabulary of {}",
-                i / tokens.seq,
-                i % tokens.seq,
+                i / self.seq,
+                i % self.seq,
                 vocab
             ));
         }
-        if let Some(t) = tokens.types.iter().find(|&&t| t as usize >= type_vocab) {
+        if let Some(t) = self.types.iter().find(|&&t| t as usize >= type_vocab) {
             return bad(match type_vocab {
                 1 => format!(
                     "token type {t}: this model has no token types (token_type_ids must be 0s)"
