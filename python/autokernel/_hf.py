@@ -192,9 +192,9 @@ _PROBE_MAX_ROWS = 32
 
 def _attention_probes(rows: int, hidden: int) -> list:
     """The probes of a block with attention (argument tuples): one sequence of ``rows`` rows
-    (within :data:`_PROBE_ROWS` and :data:`_PROBE_MAX_ROWS`), no mask; and two such sequences, the second right-padded to half, with
-    the 4-D mask a model hands its layers (boolean, True = attend): a block that treats the
-    mask its own way is not fused."""
+    (within :data:`_PROBE_ROWS` and :data:`_PROBE_MAX_ROWS`), no mask; and two such sequences,
+    the second right-padded to half, with the 4-D mask a model hands its layers (boolean,
+    True = attend): a block that treats the mask its own way is not fused."""
     rows = min(max(rows, _PROBE_ROWS), _PROBE_MAX_ROWS)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, rows, hidden, generator=g)
@@ -233,7 +233,7 @@ def _qkv_linears(m: nn.Module) -> list:
     return [getattr(m, n) for n in m._autokernel_qkv_names[0]]
 
 
-def _fuse_qkv(m: nn.Module, names: tuple, rt: Runtime, ms: list) -> bool:
+def _fuse_qkv(m: nn.Module, names: tuple, rt: Runtime, f32: Runtime, ms: list) -> bool:
     """Packs ``m``'s query, key and value weights as one (3·H × hidden) weight and serves the
     block's forward with one GEMM for the three projections (one quantisation of the input in
     int8), the runtime's attention after it. The three Linear layers stay (their parameters,
@@ -241,7 +241,8 @@ def _fuse_qkv(m: nn.Module, names: tuple, rt: Runtime, ms: list) -> bool:
     Done only if that computes what the block's own forward does on a probe of ``min(ms)``
     rows (at least :data:`_PROBE_ROWS`): a block that looks like BERT's but does more (ALBERT's adds its output projection
     and LayerNorm, ESM's scales the query first and may rotate it) or takes other arguments
-    (cross-attention) is left as it is. ``names`` is its :data:`_QKV_NAMES` entry."""
+    (cross-attention) is left as it is. ``names`` is its :data:`_QKV_NAMES` entry; ``f32``
+    the defaults-only runtime of ``rt``'s threads the probe runs on."""
     m._autokernel_qkv_names = names
     m._autokernel_qkv = _weight_handle(rt, None)
     # The probe compares with the block's own forward, whose projections are PyTorch's f32
@@ -249,7 +250,6 @@ def _fuse_qkv(m: nn.Module, names: tuple, rt: Runtime, ms: list) -> bool:
     # the same threads, defaults only), then packed for `rt` (whose precision may be int8 or
     # bf16: two bf16 attentions of inputs a rounding apart differ by more than the probe's
     # tolerance).
-    f32 = Runtime(threads=rt.threads)
     m._autokernel_qkv_packing = (f32, list(ms))
     _refresh_qkv(m)
     served_by = m.__dict__.get("_autokernel_runtime")
@@ -402,17 +402,18 @@ def _swap_forward_if_same(m: nn.Module, fused, probes: list, result=lambda y: y,
         wants = [reference(p) for p in probes]
         m._autokernel_forward, m._autokernel_output = original, type(wants[0])
         m.forward = types.MethodType(fused, m)
-        ok = True
-        for probe, want in zip(probes, wants):
+        def same(probe, want) -> bool:
             with torch.no_grad():
                 got = m(*probe)
             a, b = result(want), result(got)
-            ok = ok and (
+            return (
                 type(got) is type(want)
                 and isinstance(a, torch.Tensor)
                 and a.shape == b.shape
                 and torch.allclose(b, a, rtol=1e-4, atol=1e-4)
             )
+
+        ok = all(same(p, w) for p, w in zip(probes, wants))
     except Exception:  # a forward that is not what it looked like
         ok = False
     if not ok:
@@ -500,17 +501,17 @@ def _fusable_layer(m: nn.Module, qkv_fused: set, outputs_fused: set) -> bool:
     )
 
 
-def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
+def _fuse_layer(m: nn.Module, rt: Runtime, f32: Runtime, rows: int) -> bool:
     """Serves encoder layer ``m`` as one runtime call (an :class:`autokernel.EncoderLayer`
     over the weights its parts already packed). Done only if that computes what the layer's
     own forward does in PyTorch on a probe of ``rows`` rows — both in f32 (the layer probed
-    packed by a defaults-only runtime of the same threads, then made for ``rt``): in int8 or
+    packed by ``f32``, a defaults-only runtime of ``rt``'s threads, then made for ``rt``): in int8 or
     bf16, rounding a LayerNorm's output a little differently moves the next GEMM's result by
     more than the probe's tolerance."""
     # The stamp before the packing: a change made meanwhile is seen at the next call.
     m._autokernel_layer_packing = (rt, _stamp(_walk(m)[1]))
     probes = _attention_probes(rows, _layer_parts(m)[1].out_features)
-    m._autokernel_layer = _Handle(_LAYERS, _f32_layer(m, Runtime(threads=rt.threads), probes[0][0].shape[1]))
+    m._autokernel_layer = _Handle(_LAYERS, _f32_layer(m, f32, probes[0][0].shape[1]))
     ok = _swap_forward_if_same(m, _fused_layer, probes, in_pytorch=True)
     if ok:
         m._autokernel_layer.set(_encoder_layer(m, rt))
@@ -523,54 +524,55 @@ def _fuse_layer(m: nn.Module, rt: Runtime, rows: int) -> bool:
 def _f32_layer(m: nn.Module, f32: Runtime, rows: int):
     """Encoder layer ``m`` as an :class:`autokernel.EncoderLayer` of runtime ``f32``, packed
     from its parameters for ``rows`` rows (the probe of :func:`_fuse_layer`)."""
-    sa, out_dense, ln1, up, down, ln2 = _layer_parts(m)
+    sa, out_dense, _, up, down, _ = _layer_parts(m)
     lins = _qkv_linears(sa)
 
     def pack(w, act=None):
         return f32.pack_weight(w.detach(), act=act, ms=[rows], layout="nk")
 
-    def bias(lin, n):
-        return torch.zeros(n) if lin.bias is None else lin.bias.detach()
-
-    def norm(ln):
-        return (ln.weight.detach(), ln.bias.detach())
-
     with torch.no_grad():
         qkv = pack(torch.cat([x.weight for x in lins]))
-        qkv_bias = torch.cat([bias(x, x.out_features) for x in lins])
-        return f32.encoder_layer(
-            qkv, qkv_bias,
-            pack(out_dense.weight), bias(out_dense, out_dense.out_features), norm(ln1),
-            pack(up.weight, up.act), bias(up, up.out_features),
-            pack(down.weight), bias(down, down.out_features), norm(ln2),
-            heads=out_dense.in_features // sa.attention_head_size, eps=float(ln1.eps),
-        )
+        qkv_bias = torch.cat([_bias(x) for x in lins])
+        weights = (pack(out_dense.weight), pack(up.weight, up.act), pack(down.weight))
+    return _layer_of(m, f32, qkv, qkv_bias, weights)
 
 
 def _encoder_layer(m: nn.Module, rt: Runtime):
     """Encoder layer ``m`` as an :class:`autokernel.EncoderLayer`, from the weights its parts
     packed (packed again first where they changed)."""
-    sa, out_dense, ln1, up, down, ln2 = _layer_parts(m)
+    sa, out_dense, _, up, down, _ = _layer_parts(m)
     _refresh_qkv(sa)
     for lin in (out_dense, up, down):
         lin.refresh()
+    _, qkv = sa._autokernel_qkv.get()
+    qkv_bias = sa._autokernel_qkv_bias
+    qkv_bias = torch.zeros(qkv.out_features) if qkv_bias is None else qkv_bias
+    return _layer_of(m, rt, qkv, qkv_bias, (out_dense.packed, up.packed, down.packed))
 
-    def bias(lin, n):
-        return torch.zeros(n) if lin.bias is None else lin.bias.detach()
+
+def _layer_of(m: nn.Module, rt: Runtime, qkv, qkv_bias: torch.Tensor, weights: tuple):
+    """Encoder layer ``m`` as an :class:`autokernel.EncoderLayer` of ``rt`` over the packed
+    ``qkv`` weight (with ``qkv_bias``) and ``weights``: its attention output, feed-forward up
+    and down weights, packed by ``rt``; its biases and LayerNorms from its parameters."""
+    sa, out_dense, ln1, up, down, ln2 = _layer_parts(m)
+    out_w, up_w, down_w = weights
 
     def norm(ln):
         return (ln.weight.detach(), ln.bias.detach())
 
-    _, qkv = sa._autokernel_qkv.get()
-    qkv_bias = sa._autokernel_qkv_bias
     with torch.no_grad():
         return rt.encoder_layer(
-            qkv, torch.zeros(qkv.out_features) if qkv_bias is None else qkv_bias,
-            out_dense.packed, bias(out_dense, out_dense.out_features), norm(ln1),
-            up.packed, bias(up, up.out_features),
-            down.packed, bias(down, down.out_features), norm(ln2),
+            qkv, qkv_bias,
+            out_w, _bias(out_dense), norm(ln1),
+            up_w, _bias(up),
+            down_w, _bias(down), norm(ln2),
             heads=out_dense.in_features // sa.attention_head_size, eps=float(ln1.eps),
         )
+
+
+def _bias(lin: nn.Module) -> torch.Tensor:
+    """Linear ``lin``'s bias, or zeros where it has none."""
+    return torch.zeros(lin.out_features) if lin.bias is None else lin.bias.detach()
 
 
 def _fused_layer(self, hidden_states, attention_mask=None, *args, **kwargs):

@@ -61,10 +61,10 @@ __all__ = ["AutokernelLinear", "FusedActivation", "optimize", "refresh", "worklo
 _LINEAR_ACT_PAIRS = (("dense", "intermediate_act_fn"), ("lin1", "activation"))
 
 
-def _same_when_fused(block: nn.Module, names: tuple, act: str, threads: int, rows: int) -> bool:
+def _same_when_fused(block: nn.Module, names: tuple, act: str, f32: Runtime, rows: int) -> bool:
     """Whether feed-forward ``block`` computes the same with its Linear and activation
     (``names``) as one fused ``act`` call, on a probe of two sequences of ``rows`` rows in f32
-    (a defaults-only runtime of ``threads``: the model's own precision may round differently).
+    (``f32``, a defaults-only runtime: the model's own precision may round differently).
     A block whose forward takes something else than one tensor is not fused (what its other
     arguments do to the activation's input cannot be probed)."""
     import inspect
@@ -77,7 +77,7 @@ def _same_when_fused(block: nn.Module, names: tuple, act: str, threads: int, row
         return False
     lin, act_fn = (getattr(block, n) for n in names)
     x = torch.randn(2, max(rows, 2), lin.in_features, generator=torch.Generator().manual_seed(0))
-    probe = AutokernelLinear(lin, Runtime(threads=threads), act=act, ms=[x.shape[1]])
+    probe = AutokernelLinear(lin, f32, act=act, ms=[x.shape[1]])
     try:
         with torch.no_grad():
             want = block(x)
@@ -220,6 +220,8 @@ def optimize(
                 "threads (give them to autokernel.Runtime, or leave runtime out)"
             )
     rt = runtime if runtime is not None else Runtime(db, threads=threads, precision=precision)
+    # Every fusion's probe runs in f32 on both sides, on this one runtime of rt's threads.
+    f32 = Runtime(threads=rt.threads)
     report: list[tuple[str, str]] = []
     replaced: set[int] = set()
 
@@ -244,7 +246,7 @@ def optimize(
                 if (
                     act in _FUSABLE
                     and _linear_ok(lin) is None
-                    and _same_when_fused(parent, (lin_name, act_name), act, rt.threads, min(ms))
+                    and _same_when_fused(parent, (lin_name, act_name), act, f32, min(ms))
                     and swap(parent, lin_name, prefix + lin_name, act)
                 ):
                     setattr(parent, act_name, FusedActivation(act_fn, getattr(parent, lin_name)))
@@ -263,7 +265,7 @@ def optimize(
     if routed:
         for pname, m in list(model.named_modules()):
             names = _fusable_qkv(m)
-            if names is not None and _fuse_qkv(m, names, rt, ms):
+            if names is not None and _fuse_qkv(m, names, rt, f32, ms):
                 replaced.update(id(getattr(m, n)) for n in names[0])
                 fused.append(pname)
     for pname, parent in list(model.named_modules()):
@@ -279,7 +281,7 @@ def optimize(
     fused_layers = [
         pname
         for pname, m in list(model.named_modules())
-        if _fusable_layer(m, qkv_ids, out_ids) and _fuse_layer(m, rt, min(ms))
+        if _fusable_layer(m, qkv_ids, out_ids) and _fuse_layer(m, rt, f32, min(ms))
     ]
     layer_ids = {id(modules[n]) for n in fused_layers}
     fused_encoders = [
