@@ -950,56 +950,6 @@ pub(crate) fn remove_db_files(path: &Path) {
     }
 }
 
-/// The trial a raw row of `trials` would match in `conn`: same content in every column but
-/// `id`. Uses the `trials_tried` index.
-pub(crate) fn find_same_trial(
-    conn: &Connection,
-    path: &Path,
-    row: &RawRow,
-) -> Result<Option<i64>, DbError> {
-    let ctx = "matching trials";
-    let key = |c: &str| row.get(c).cloned().unwrap_or(Value::Null);
-    let mut stmt = conn
-        .prepare(
-            // The median and the time narrow many trials of one config (re-tunes, fleets)
-            // to the one that can match inside SQLite, before each column is compared here.
-            "SELECT * FROM trials WHERE fingerprint_id = ?1 AND workload = ?2 AND kernel = ?3 \
-             AND kernel_version = ?4 AND config = ?5 AND median_s IS ?6 AND created_at IS ?7",
-        )
-        .ctx(path, ctx)?;
-    let names: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
-    let mut rows = stmt
-        .query(params![
-            key("fingerprint_id"),
-            key("workload"),
-            key("kernel"),
-            key("kernel_version"),
-            key("config"),
-            key("median_s"),
-            key("created_at")
-        ])
-        .ctx(path, ctx)?;
-    while let Some(r) = rows.next().ctx(path, ctx)? {
-        let mut id = -1;
-        let mut same = true;
-        for (i, n) in names.iter().enumerate() {
-            let v: Value = r.get(i).ctx(path, ctx)?;
-            if n == "id" {
-                if let Value::Integer(x) = v {
-                    id = x;
-                }
-            } else if row.get(n).unwrap_or(&Value::Null) != &v {
-                same = false;
-                break;
-            }
-        }
-        if same {
-            return Ok(Some(id));
-        }
-    }
-    Ok(None)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,8 +32,8 @@ use rusqlite::types::Value;
 use serde::Serialize;
 
 use crate::bundle::{
-    check_file, find_same_trial, insert_raw, open_existing, raw_rows, remove_db_files,
-    require_parent, row_id, temp_beside, BundleError, RawRow,
+    check_file, insert_raw, open_existing, raw_rows, remove_db_files, require_parent, row_id,
+    temp_beside, BundleError, RawRow,
 };
 use crate::db::TuningDb;
 use crate::error::{Ctx, DbError};
@@ -244,8 +244,8 @@ impl TuningDb {
     }
 }
 
-/// A hash of the columns that identify a trial's content (a trial [`find_same_trial`] matches
-/// agrees on all of them, so a hash no target trial has means no match).
+/// A hash of the columns that identify a trial's content (trials of the same content agree on
+/// all of them, so a hash no target trial has means no match).
 fn content_hash(row: &RawRow) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -285,8 +285,19 @@ struct SourceRows {
     /// The latest winner row of each (fingerprint, workload).
     winners: Vec<RawRow>,
     remeasured: Vec<RawRow>,
-    /// [`content_hash`] of every target trial of the source's fingerprints.
-    target_hashes: HashSet<u64>,
+    /// Every target trial of the source's fingerprints.
+    target_trials: TrialIndex,
+}
+
+/// Trials by [`content_hash`]: the id and the row of each.
+type TrialIndex = HashMap<u64, Vec<(i64, RawRow)>>;
+
+/// Whether a trial row holds the content of `stored` (every column of it but the id; a
+/// column the row lacks reads NULL).
+fn same_content(stored: &RawRow, row: &RawRow) -> bool {
+    stored
+        .iter()
+        .all(|(c, v)| c == "id" || row.get(c).unwrap_or(&Value::Null) == v)
 }
 
 impl SourceRows {
@@ -294,7 +305,7 @@ impl SourceRows {
         let (conn, sp) = (&src.conn, &src.path);
         let mut src_best: Vec<Record> = Vec::new();
         let mut tgt_best: HashMap<Key, Record> = HashMap::new();
-        let mut target_hashes = HashSet::new();
+        let mut target_trials = TrialIndex::new();
         for fp in &src.fingerprint_ids()? {
             src_best.extend(src.best_all(fp)?);
             for r in target.best_all(fp)? {
@@ -307,7 +318,10 @@ impl SourceRows {
                 "fingerprint_id = ?1",
                 [fp],
             )?;
-            target_hashes.extend(theirs.iter().map(content_hash));
+            for row in theirs {
+                let at = target_trials.entry(content_hash(&row)).or_default();
+                at.push((row_id(&row), row));
+            }
         }
         let src_decisions = src
             .winners_in_force()?
@@ -324,7 +338,7 @@ impl SourceRows {
             provenance: raw_rows(conn, sp, "provenance", "1 = 1", [])?,
             winners: raw_rows(conn, sp, "winners", latest, [])?,
             remeasured: raw_rows(conn, sp, "remeasurements", "1 = 1", [])?,
-            target_hashes,
+            target_trials,
         })
     }
 }
@@ -373,16 +387,17 @@ impl Import<'_> {
     /// source trial's id in the target.
     fn trials(&mut self, report: &mut ImportReport) -> Result<(), BundleError> {
         let tp = &self.db.path;
-        let mut hashes = self.rows.target_hashes.clone();
+        // Matched in memory: a lookup per trial had made importing 25.6k duplicates of a few
+        // configs take 27 s.
+        let mut added = TrialIndex::new();
         for row in &self.rows.trials {
-            // Only a trial whose identifying columns some target trial shares can be there
-            // already: the others are inserted without a lookup (the lookups had made an
-            // import of many trials of one config quadratic).
-            let maybe_there = !hashes.insert(content_hash(row));
-            let same = match maybe_there {
-                true => find_same_trial(self.tx, tp, row)?,
-                false => None,
-            };
+            let hash = content_hash(row);
+            let there = self.rows.target_trials.get(&hash).into_iter().flatten();
+            let added_here = added.entry(hash).or_default();
+            let same = there
+                .chain(added_here.iter())
+                .find(|(_, t)| same_content(t, row))
+                .map(|(id, _)| *id);
             let new_id = match same {
                 Some(id) => {
                     report.duplicates += 1;
@@ -393,6 +408,7 @@ impl Import<'_> {
                     let id =
                         insert_raw(self.tx, tp, "trials", std::slice::from_ref(row), false)?[0];
                     self.inserted.push(id);
+                    added_here.push((id, row.clone()));
                     id
                 }
             };

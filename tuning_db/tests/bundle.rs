@@ -4,7 +4,9 @@
 mod common;
 
 use common::*;
-use tuning_db::{check_file, merge_files, DbError, Remeasurement, TuningDb, WinnerDecision};
+use tuning_db::{
+    check_file, merge_files, DbError, Record, Remeasurement, TuningDb, WinnerDecision,
+};
 
 #[test]
 fn the_checksum_ignores_insertion_order_and_row_ids_but_not_content() {
@@ -208,4 +210,36 @@ fn tampering_the_checksum_does_not_cover_is_caught_by_verify() {
         let target = TuningDb::open(dir.path().join(format!("t{i}.db"))).unwrap();
         assert!(target.import_from(&copy, "t").is_err(), "{sql}: imported");
     }
+}
+
+/// A trial is the same trial only when every column but its id agrees: one differing in a
+/// column outside the identifying ones (here the tool version) is kept, and a trial the
+/// source holds twice is inserted once.
+#[test]
+fn import_matches_trials_on_every_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let hw = hw();
+    let w = gemm(16, 16, 16);
+    let r = ok(&hw.id, w, configs(&w, &hw, 1)[0].clone(), 1e-5);
+    let other_tool = Record {
+        tool_version: "another".into(),
+        ..r.clone()
+    };
+    let src = TuningDb::open(dir.path().join("src.db")).unwrap();
+    src.upsert_fingerprint(&hw).unwrap();
+    for rec in [&r, &r, &other_tool] {
+        src.insert(rec).unwrap();
+    }
+    drop(src);
+
+    let empty = TuningDb::open(dir.path().join("empty.db")).unwrap();
+    let into_empty = empty.import_from(&dir.path().join("src.db"), "t").unwrap();
+    assert_eq!((into_empty.inserted, into_empty.duplicates), (2, 1));
+
+    let holder = TuningDb::open(dir.path().join("holder.db")).unwrap();
+    holder.upsert_fingerprint(&hw).unwrap();
+    holder.insert(&r).unwrap();
+    let into_holder = holder.import_from(&dir.path().join("src.db"), "t").unwrap();
+    assert_eq!((into_holder.inserted, into_holder.duplicates), (1, 2));
+    assert_eq!(holder.stats().unwrap().records, 2);
 }
