@@ -15,9 +15,12 @@
 //!   `embeddings.{word,position}_embeddings.weight` (no token types),
 //!   `transformer.layer.N.attention.{q_lin,k_lin,v_lin,out_lin}.*`, `…sa_layer_norm.*`,
 //!   `…ffn.lin1.*`, `…ffn.lin2.*`, `…output_layer_norm.*`; LayerNorm epsilon 1e-12.
+//! - `electra`: BERT's names; tables of `embedding_size` columns (default 128, as
+//!   transformers' `ElectraConfig`), projected to `hidden_size` by `embeddings_project.*`
+//!   when the two differ.
 //!
 //! Names are looked up with or without the model's prefix (`bert.`, `roberta.`,
-//! `distilbert.`: the task heads' checkpoints, whose extra tensors are ignored); LayerNorm as
+//! `distilbert.`, `electra.`: the task heads' checkpoints, whose extra tensors are ignored); LayerNorm as
 //! `weight`/`bias`, or the legacy `gamma`/`beta`. `nn.Linear` weights are `[out, in]` and are
 //! transposed into the encoder's `in × out`. Stored as F32, F16 or BF16 (converted exactly to
 //! f32). Anything missing or of the wrong shape is a one-line error naming the tensor or the
@@ -39,6 +42,9 @@ pub struct Checkpoint {
     pub dir: PathBuf,
     pub config: BertConfig,
     pub embeddings: Embeddings,
+    /// ELECTRA's projection of the embeddings to the hidden size (`embedding × hidden`,
+    /// bias `hidden`), when their widths differ.
+    pub projection: Option<(Vec<f32>, Vec<f32>)>,
     pub layers: Vec<LayerWeights>,
 }
 
@@ -63,6 +69,9 @@ pub struct Naming {
     aliases: &'static [(&'static str, &'static str)],
     /// The LayerNorm epsilon's field, or `None` for a fixed 1e-12.
     eps_field: Option<&'static str>,
+    /// The field of the embedding tables' width, when it may differ from the hidden size
+    /// (ELECTRA's `embedding_size`, 128 when missing), or `None`: the hidden size.
+    embedding_field: Option<&'static str>,
     /// Whether it has a token-type table (`type_vocab_size`, default 2).
     token_types: bool,
     /// Whether positions are counted after the padding id (`pad_token_id`, default 1).
@@ -75,13 +84,14 @@ pub struct Naming {
 }
 
 /// The model types [`Checkpoint::load`] reads.
-pub const NAMINGS: [Naming; 3] = [
+pub const NAMINGS: [Naming; 4] = [
     Naming {
         model_types: &["bert"],
         prefix: "bert.",
         fields: BERT_FIELDS,
         aliases: &[],
         eps_field: Some("layer_norm_eps"),
+        embedding_field: None,
         token_types: true,
         positions_after_padding: false,
         layer: "encoder.layer",
@@ -93,6 +103,7 @@ pub const NAMINGS: [Naming; 3] = [
         fields: BERT_FIELDS,
         aliases: &[],
         eps_field: Some("layer_norm_eps"),
+        embedding_field: None,
         token_types: true,
         positions_after_padding: true,
         layer: "encoder.layer",
@@ -108,6 +119,7 @@ pub const NAMINGS: [Naming; 3] = [
             ("n_heads", "num_attention_heads"),
         ],
         eps_field: None,
+        embedding_field: None,
         token_types: false,
         positions_after_padding: false,
         layer: "transformer.layer",
@@ -121,6 +133,18 @@ pub const NAMINGS: [Naming; 3] = [
             "ffn.lin2",
             "output_layer_norm",
         ],
+    },
+    Naming {
+        model_types: &["electra"],
+        prefix: "electra.",
+        fields: BERT_FIELDS,
+        aliases: &[],
+        eps_field: Some("layer_norm_eps"),
+        embedding_field: Some("embedding_size"),
+        token_types: true,
+        positions_after_padding: false,
+        layer: "encoder.layer",
+        tensors: BERT_TENSORS,
     },
 ];
 
@@ -171,25 +195,29 @@ impl Checkpoint {
         };
         let tensors = files.parse()?;
         let reader = Reader::new(&tensors, shape.naming).map_err(bad)?;
-        let (h, f) = (config.hidden, config.ffn);
+        let (h, f, w) = (config.hidden, config.ffn, config.embedding);
         let e = |name: &str, dims: &[usize]| reader.get(&format!("embeddings.{name}"), dims);
         let token_type = match shape.types {
-            Some(types) => e("token_type_embeddings.weight", &[types, h]).map_err(bad)?,
-            None => vec![0.0; h],
+            Some(types) => e("token_type_embeddings.weight", &[types, w]).map_err(bad)?,
+            None => vec![0.0; w],
         };
         let embeddings = Embeddings {
-            word: e("word_embeddings.weight", &[shape.vocab, h]).map_err(bad)?,
-            position: e("position_embeddings.weight", &[shape.positions, h]).map_err(bad)?,
+            word: e("word_embeddings.weight", &[shape.vocab, w]).map_err(bad)?,
+            position: e("position_embeddings.weight", &[shape.positions, w]).map_err(bad)?,
             positions: shape.position_ids,
             token_type,
             ln_gamma: reader
-                .layer_norm("embeddings.LayerNorm", true, h)
+                .layer_norm("embeddings.LayerNorm", true, w)
                 .map_err(bad)?,
             ln_beta: reader
-                .layer_norm("embeddings.LayerNorm", false, h)
+                .layer_norm("embeddings.LayerNorm", false, w)
                 .map_err(bad)?,
-            hidden: h,
+            width: w,
             ln_eps: config.ln_eps,
+        };
+        let projection = match config.projection(1, 1) {
+            Some(_) => Some(reader.linear("embeddings_project", h, w).map_err(bad)?),
+            None => None,
         };
         let layers = (0..config.layers)
             .map(|l| reader.layer(l, h, f).map_err(bad))
@@ -198,6 +226,7 @@ impl Checkpoint {
             dir: dir.to_path_buf(),
             config,
             embeddings,
+            projection,
             layers,
         })
     }
@@ -286,10 +315,17 @@ fn read_config(path: &Path) -> Result<(BertConfig, TableSizes), BertError> {
         Some(field) => f.layer_norm_eps(field)?,
         None => 1e-12,
     };
+    let h = f.size(hidden)?;
+    let embedding = match naming.embedding_field {
+        Some(field) if f.v.get(field).is_some() => f.size(field)?,
+        Some(_) => 128,
+        None => h,
+    };
     let config = BertConfig {
         name: naming.model_types[0],
         layers: f.size(layers)?,
-        hidden: f.size(hidden)?,
+        hidden: h,
+        embedding,
         heads: f.size(heads)?,
         ffn: f.size(ffn)?,
         ln_eps,

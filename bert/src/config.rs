@@ -16,6 +16,9 @@ pub struct BertConfig {
     pub layers: usize,
     /// Hidden size H (the width of every token's vector).
     pub hidden: usize,
+    /// Width E of the embedding tables: `hidden`, but for ELECTRA's `embedding_size`, whose
+    /// embeddings are projected to `hidden` by a linear layer before the encoder.
+    pub embedding: usize,
     /// Attention heads; `hidden` is a multiple of it.
     pub heads: usize,
     /// Width of the feed-forward block.
@@ -36,6 +39,7 @@ impl BertConfig {
             name: "bert-base",
             layers: 12,
             hidden: 768,
+            embedding: 768,
             heads: 12,
             ffn: 3072,
             ln_eps: 1e-12,
@@ -51,6 +55,7 @@ impl BertConfig {
             name: "bert-large",
             layers: 24,
             hidden: 1024,
+            embedding: 1024,
             heads: 16,
             ffn: 4096,
             ..BertConfig::bert_base()
@@ -64,6 +69,7 @@ impl BertConfig {
             name: "bert-tiny",
             layers: 2,
             hidden: 64,
+            embedding: 64,
             heads: 4,
             ffn: 128,
             ln_eps: 1e-12,
@@ -101,11 +107,21 @@ impl BertConfig {
     /// tokens, counted as the kernels count them (`2·M·N·K` per GEMM, `4·B·H·S²·D` per
     /// attention).
     pub fn flops(&self, batch: usize, seq: usize) -> f64 {
-        self.workloads(batch, seq)
-            .iter()
-            .map(|w| w.flops())
-            .sum::<f64>()
-            * self.layers as f64
+        let layer: f64 = self.workloads(batch, seq).iter().map(|w| w.flops()).sum();
+        let projection = self.projection(batch, seq).map_or(0.0, |w| w.flops());
+        layer * self.layers as f64 + projection
+    }
+
+    /// The embeddings' projection from `embedding` to `hidden` at `batch × seq`, once per
+    /// forward pass before the layers; `None` when the widths agree (all but ELECTRA).
+    pub fn projection(&self, batch: usize, seq: usize) -> Option<Workload> {
+        (self.embedding != self.hidden).then_some(Workload::GemmBiasAct {
+            m: batch * seq,
+            n: self.hidden,
+            k: self.embedding,
+            act: Act::Identity,
+            dtype: kernels::DType::F32,
+        })
     }
 
     /// The five kernel calls of one layer at `batch × seq`, in call order: fused QKV
@@ -153,12 +169,16 @@ impl BertConfig {
         ]
     }
 
-    /// The distinct workloads of every `(batch, seq)` in `shapes`, in first-use order: the
-    /// list to tune for this model.
+    /// The distinct workloads of every `(batch, seq)` in `shapes`, in first-use order (the
+    /// embeddings' projection, if any, then a layer's): the list to tune for this model.
     pub fn workload_list(&self, shapes: &[(usize, usize)]) -> Vec<Workload> {
         let mut out: Vec<Workload> = Vec::new();
         for &(b, s) in shapes {
-            for w in self.workloads(b, s) {
+            for w in self
+                .projection(b, s)
+                .into_iter()
+                .chain(self.workloads(b, s))
+            {
                 if !out.contains(&w) {
                     out.push(w);
                 }
@@ -172,7 +192,15 @@ impl BertConfig {
     /// the workloads' dimension limit, for one).
     pub fn validate(&self) -> Result<(), crate::BertError> {
         let bad = |reason: String| Err(crate::BertError::Config { reason });
-        if self.layers == 0 || self.hidden == 0 || self.heads == 0 || self.ffn == 0 {
+        if [
+            self.layers,
+            self.hidden,
+            self.embedding,
+            self.heads,
+            self.ffn,
+        ]
+        .contains(&0)
+        {
             return bad("every size must be at least 1".into());
         }
         if !self.hidden.is_multiple_of(self.heads) {
@@ -181,7 +209,11 @@ impl BertConfig {
                 self.hidden, self.heads
             ));
         }
-        match self.workloads(1, 1).iter().try_for_each(Workload::check) {
+        let mut calls = self
+            .projection(1, 1)
+            .into_iter()
+            .chain(self.workloads(1, 1));
+        match calls.try_for_each(|w| w.check()) {
             Ok(()) => Ok(()),
             Err(e) => bad(e.to_string()),
         }
@@ -192,8 +224,12 @@ impl fmt::Display for BertConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} ({} layers, hidden {}, {} heads, FFN {})",
-            self.name, self.layers, self.hidden, self.heads, self.ffn
-        )
+            "{} ({} layers, hidden {}",
+            self.name, self.layers, self.hidden
+        )?;
+        if self.embedding != self.hidden {
+            write!(f, ", embeddings {} projected", self.embedding)?;
+        }
+        write!(f, ", {} heads, FFN {})", self.heads, self.ffn)
     }
 }

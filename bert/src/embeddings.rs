@@ -1,6 +1,7 @@
 //! BERT's embedding block: `LayerNorm(word[id] + position[p] + token_type[t])`, in f32 for
 //! the model and in f64 for the reference — with the position ids of BERT and DistilBERT
-//! (`0, 1, 2, …`) or of RoBERTa (counted after the padding id).
+//! (`0, 1, 2, …`) or of RoBERTa (counted after the padding id). ELECTRA's narrower tables are
+//! projected to the hidden size after this block ([`crate::BertModel`]).
 
 use rayon::prelude::*;
 
@@ -46,31 +47,32 @@ impl Positions {
     }
 }
 
-/// The embedding tables and their LayerNorm, row-major, one `hidden`-wide row per entry.
+/// The embedding tables and their LayerNorm, row-major, one `width`-wide row per entry.
 #[derive(Debug, Clone)]
 pub struct Embeddings {
-    /// `vocab × hidden`.
+    /// `vocab × width`.
     pub word: Vec<f32>,
-    /// `rows × hidden`: [`Embeddings::max_seq`] rows after [`Positions`]' offset.
+    /// `rows × width`: [`Embeddings::max_seq`] rows after [`Positions`]' offset.
     pub position: Vec<f32>,
     pub positions: Positions,
-    /// `type_vocab × hidden` (one row of zeros for a model without token types).
+    /// `type_vocab × width` (one row of zeros for a model without token types).
     pub token_type: Vec<f32>,
     pub ln_gamma: Vec<f32>,
     pub ln_beta: Vec<f32>,
-    pub hidden: usize,
+    /// The tables' width: the model's hidden size, or ELECTRA's `embedding_size`.
+    pub width: usize,
     pub ln_eps: f32,
 }
 
 impl Embeddings {
     /// Rows of the word table.
     pub fn vocab(&self) -> usize {
-        self.word.len() / self.hidden
+        self.word.len() / self.width
     }
 
     /// The longest sequence taken: the position table's rows past [`Positions`]' offset.
     pub fn max_seq(&self) -> usize {
-        (self.position.len() / self.hidden).saturating_sub(self.positions.offset())
+        (self.position.len() / self.width).saturating_sub(self.positions.offset())
     }
 
     /// The padding token's id: RoBERTa's `pad_token_id`, 0 for BERT and DistilBERT.
@@ -83,7 +85,7 @@ impl Embeddings {
 
     /// Rows of the token-type table.
     pub fn type_vocab(&self) -> usize {
-        self.token_type.len() / self.hidden
+        self.token_type.len() / self.width
     }
 
     /// Checks that `tokens` fit the tables: `batch × seq` ids and types, ids below the
@@ -92,11 +94,11 @@ impl Embeddings {
         tokens.check_fits(self.vocab(), self.type_vocab(), self.max_seq())
     }
 
-    /// The encoder input of `tokens` (`batch × seq × hidden`), f32, each sequence's positions
+    /// The embeddings of `tokens` (`batch × seq × width`), f32, each sequence's positions
     /// by [`Positions`]. Tokens that [`Embeddings::check`] refuses are its error.
     pub fn forward(&self, tokens: &TokenBatch, out: &mut Vec<f32>) -> Result<(), BertError> {
         self.check(tokens)?;
-        let h = self.hidden;
+        let h = self.width;
         let n = tokens.batch * tokens.seq;
         out.resize(n * h, 0.0);
         let mut types = vec![0.0f32; n * h];
@@ -125,9 +127,9 @@ impl Embeddings {
         Ok(())
     }
 
-    /// The embedding of sequence `i` of `tokens` in f64 (`seq × hidden`).
+    /// The embedding of sequence `i` of `tokens` in f64 (`seq × width`).
     pub fn reference(&self, tokens: &TokenBatch, i: usize) -> Vec<f64> {
-        let h = self.hidden;
+        let h = self.width;
         let (ids, types) = tokens.sequence(i);
         let mut rows = Vec::with_capacity(tokens.seq);
         self.positions.rows(ids, &mut rows);

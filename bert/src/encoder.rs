@@ -65,7 +65,7 @@ impl PackedLayer {
 }
 
 /// The distinct M = batch·seq of `shapes`: at least one, each at least 1.
-fn rows_of(shapes: &[(usize, usize)]) -> Result<Vec<usize>, BertError> {
+pub(crate) fn rows_of(shapes: &[(usize, usize)]) -> Result<Vec<usize>, BertError> {
     let mut ms: Vec<usize> = shapes.iter().map(|&(b, s)| b * s).collect();
     if ms.is_empty() || ms.contains(&0) {
         return Err(BertError::Shape {
@@ -99,6 +99,8 @@ pub struct Scratch {
     layer: LayerScratch,
     /// The embedding block's output ([`crate::BertModel`]).
     pub(crate) embedded: Vec<f32>,
+    /// Its projection to the hidden size (ELECTRA).
+    pub(crate) projected: Vec<f32>,
 }
 
 impl Encoder {

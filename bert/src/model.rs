@@ -1,9 +1,11 @@
-//! The whole Hugging Face `BertModel` path on a loaded [`Checkpoint`]: embeddings, then the
-//! encoder with the padding masked; and the reference output saved beside a checkpoint.
+//! The whole Hugging Face `BertModel` path on a loaded [`Checkpoint`]: embeddings (projected
+//! to the hidden size for ELECTRA), then the encoder with the padding masked; and the
+//! reference output saved beside a checkpoint.
 
 use std::path::Path;
 
-use runtime::Runtime;
+use kernels::Act;
+use runtime::{Level, PackedWeight, Runtime};
 use safetensors::SafeTensors;
 
 use crate::{
@@ -11,10 +13,12 @@ use crate::{
     StageTimes, TokenBatch,
 };
 
-/// A checkpoint ready to serve: its embedding tables and its encoder, packed for the runtime.
+/// A checkpoint ready to serve: its embedding tables, ELECTRA's projection of them and its
+/// encoder, packed for the runtime.
 #[derive(Debug)]
 pub struct BertModel {
     pub embeddings: Embeddings,
+    projection: Option<(PackedWeight, Vec<f32>)>,
     pub encoder: Encoder,
 }
 
@@ -26,9 +30,19 @@ impl BertModel {
         ckpt: &Checkpoint,
         shapes: &[(usize, usize)],
     ) -> Result<BertModel, BertError> {
+        let encoder = Encoder::from_weights(rt, ckpt.config, &ckpt.layers, shapes)?;
+        let projection = match &ckpt.projection {
+            Some((w, b)) => {
+                let (h, e) = (ckpt.config.hidden, ckpt.config.embedding);
+                let ms = crate::encoder::rows_of(shapes)?;
+                Some((rt.pack_weight_for(h, e, Act::Identity, w, &ms)?, b.clone()))
+            }
+            None => None,
+        };
         Ok(BertModel {
             embeddings: ckpt.embeddings.clone(),
-            encoder: Encoder::from_weights(rt, ckpt.config, &ckpt.layers, shapes)?,
+            projection,
+            encoder,
         })
     }
 
@@ -45,7 +59,7 @@ impl BertModel {
     }
 
     /// [`BertModel::forward_with`], adding the seconds of each stage to `times` (the
-    /// embeddings count as `other`).
+    /// embeddings and their projection count as `other`).
     pub fn forward_profiled(
         &self,
         rt: &Runtime,
@@ -64,25 +78,55 @@ impl BertModel {
         times: Option<&mut StageTimes>,
     ) -> Result<LevelCounts, BertError> {
         let start = std::time::Instant::now();
-        let mut input = std::mem::take(&mut scratch.embedded);
-        self.embeddings.forward(tokens, &mut input)?;
-        let shape = (tokens.batch, tokens.seq);
-        let lens = Some(tokens.lens.as_slice()).filter(|_| tokens.padded());
-        let r = match times {
-            Some(t) => {
-                t.0[5] += start.elapsed().as_secs_f64();
-                self.encoder
-                    .forward_profiled(rt, shape, lens, &input, scratch, t)
-            }
-            None => match lens {
-                Some(l) => self.encoder.forward_masked(rt, shape, l, &input, scratch),
-                None => self
-                    .encoder
-                    .forward_with(rt, shape.0, shape.1, &input, scratch),
-            },
-        };
-        scratch.embedded = input;
+        let mut embedded = std::mem::take(&mut scratch.embedded);
+        let mut projected = std::mem::take(&mut scratch.projected);
+        let r = self
+            .embed(rt, tokens, &mut embedded, &mut projected)
+            .and_then(|projection| {
+                let input = match projection {
+                    Some(_) => &projected,
+                    None => &embedded,
+                };
+                let shape = (tokens.batch, tokens.seq);
+                let lens = Some(tokens.lens.as_slice()).filter(|_| tokens.padded());
+                let mut calls = match times {
+                    Some(t) => {
+                        t.0[5] += start.elapsed().as_secs_f64();
+                        self.encoder
+                            .forward_profiled(rt, shape, lens, input, scratch, t)
+                    }
+                    None => match lens {
+                        Some(l) => self.encoder.forward_masked(rt, shape, l, input, scratch),
+                        None => self
+                            .encoder
+                            .forward_with(rt, shape.0, shape.1, input, scratch),
+                    },
+                }?;
+                if let Some(level) = projection {
+                    calls.add(level);
+                }
+                Ok(calls)
+            });
+        scratch.embedded = embedded;
+        scratch.projected = projected;
         r
+    }
+
+    /// The embeddings of `tokens` into `embedded` and, for a model with a projection, their
+    /// projection to the hidden size into `projected`: the level that served it, if one ran.
+    fn embed(
+        &self,
+        rt: &Runtime,
+        tokens: &TokenBatch,
+        embedded: &mut Vec<f32>,
+        projected: &mut Vec<f32>,
+    ) -> Result<Option<Level>, BertError> {
+        self.embeddings.forward(tokens, embedded)?;
+        let Some((w, b)) = &self.projection else {
+            return Ok(None);
+        };
+        projected.resize(tokens.batch * tokens.seq * b.len(), 0.0);
+        Ok(Some(rt.gemm_bias_act_packed(w, embedded, b, projected)?))
     }
 }
 
@@ -90,7 +134,23 @@ impl Checkpoint {
     /// The f64 reference of sequence `i` of `tokens` (`seq × hidden`): embeddings and every
     /// layer in f64, attention over the sequence's real tokens.
     pub fn reference(&self, tokens: &TokenBatch, i: usize) -> Vec<f64> {
-        let input = self.embeddings.reference(tokens, i);
+        let mut input = self.embeddings.reference(tokens, i);
+        if let Some((w, b)) = &self.projection {
+            let (e, h) = (self.config.embedding, self.config.hidden);
+            input = input
+                .chunks_exact(e)
+                .flat_map(|x| {
+                    (0..h).map(move |o| {
+                        let dot: f64 = x
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &v)| v * w[i * h + o] as f64)
+                            .sum();
+                        dot + b[o] as f64
+                    })
+                })
+                .collect();
+        }
         let len = tokens.lens[i].max(0) as usize;
         reference_forward_with(&self.config, &self.layers, tokens.seq, input, len)
     }

@@ -1,4 +1,4 @@
-//! Real checkpoints: the tiny BERT, RoBERTa and DistilBERT that `transformers` saved
+//! Real checkpoints: the tiny BERT, RoBERTa, DistilBERT and ELECTRA that `transformers` saved
 //! (tests/fixtures/tiny-*, made by scripts/make-bert-fixture.py) against the output
 //! `transformers` computed for a padded batch; the same weights stored in other ways; broken
 //! directories as one-line errors.
@@ -15,7 +15,7 @@ fn fixture() -> PathBuf {
     fixture_of("bert")
 }
 
-/// The fixture of model type `arch`: `bert`, `roberta` or `distilbert`.
+/// The fixture of model type `arch`: `bert`, `roberta`, `distilbert` or `electra`.
 fn fixture_of(arch: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tests/fixtures/tiny-{arch}"))
 }
@@ -92,13 +92,14 @@ fn run(ckpt: &Checkpoint, tokens: &TokenBatch) -> Vec<f32> {
     let model = BertModel::load(&rt, ckpt, &[(tokens.batch, tokens.seq)]).unwrap();
     let mut scratch = Scratch::default();
     let calls = model.forward_with(&rt, tokens, &mut scratch).unwrap();
-    assert_eq!(calls.total(), 5 * ckpt.config.layers as u64);
+    let projection = ckpt.projection.is_some() as u64;
+    assert_eq!(calls.total(), 5 * ckpt.config.layers as u64 + projection);
     scratch.output().to_vec()
 }
 
 #[test]
 fn the_padded_batch_matches_transformers_within_1e_4() {
-    for arch in ["bert", "roberta", "distilbert"] {
+    for arch in ["bert", "roberta", "distilbert", "electra"] {
         let ckpt = Checkpoint::load(&fixture_of(arch)).unwrap();
         assert_eq!(ckpt.config.name, arch);
         assert_eq!(
@@ -179,8 +180,12 @@ fn roberta_positions_count_after_the_padding_id_as_transformers_does() {
 }
 
 #[test]
-fn prefixed_roberta_and_distilbert_checkpoints_load_the_same_model() {
-    for (arch, prefix) in [("roberta", "roberta."), ("distilbert", "distilbert.")] {
+fn prefixed_roberta_distilbert_and_electra_checkpoints_load_the_same_model() {
+    for (arch, prefix) in [
+        ("roberta", "roberta."),
+        ("distilbert", "distilbert."),
+        ("electra", "electra."),
+    ] {
         let dir = scratch_dir(&format!("prefix-{arch}"));
         rewrite_of(
             arch,
@@ -197,6 +202,7 @@ fn prefixed_roberta_and_distilbert_checkpoints_load_the_same_model() {
         assert_eq!(a.embeddings.position, b.embeddings.position, "{arch}");
         assert_eq!(a.layers[1].w_ffn2, b.layers[1].w_ffn2, "{arch}");
         assert_eq!(a.layers[0].ln1_gamma, b.layers[0].ln1_gamma, "{arch}");
+        assert_eq!(a.projection, b.projection, "{arch}");
         // A prefixed file without its word embeddings names the prefixed tensor.
         let word = format!("{prefix}embeddings.word_embeddings.weight");
         rewrite_of(
@@ -541,4 +547,40 @@ fn a_sharded_checkpoint_loads_the_same_model_and_a_pickled_one_says_how_to_conve
     );
     assert!(e.contains("save_pretrained"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// ELECTRA's embeddings are `embedding_size` wide (128 when config.json leaves it out, as
+/// transformers reads it) and projected to the hidden size by `embeddings_project`; a missing
+/// projection is named.
+#[test]
+fn electra_projects_its_narrower_embeddings() {
+    let ckpt = Checkpoint::load(&fixture_of("electra")).unwrap();
+    assert_eq!((ckpt.config.embedding, ckpt.config.hidden), (32, 64));
+    assert_eq!(ckpt.embeddings.width, 32);
+    let (w, b) = ckpt.projection.as_ref().unwrap();
+    assert_eq!((w.len(), b.len()), (32 * 64, 64));
+    assert!(ckpt.config.to_string().contains("embeddings 32 projected"));
+    let shapes = ckpt.config.workload_list(&[(4, 11)]);
+    assert_eq!(shapes[0].key(), "gemm_bias:44x64x32", "{shapes:?}");
+
+    let dir = scratch_dir("electra-no-projection");
+    rewrite_of(
+        "electra",
+        &dir,
+        |n, d, s, b| (!n.starts_with("embeddings_project.")).then(|| same(n, d, s, b).unwrap()),
+        |_| {},
+    );
+    let e = Checkpoint::load(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("tensor 'embeddings_project.weight' is missing"),
+        "{e}"
+    );
+
+    // Without embedding_size the tables are read as 128 wide, which these are not.
+    let dir = scratch_dir("electra-default-width");
+    rewrite_of("electra", &dir, same, |v| {
+        v.as_object_mut().unwrap().remove("embedding_size");
+    });
+    let e = Checkpoint::load(&dir).unwrap_err().to_string();
+    assert!(e.contains("config.json says [2, 128]"), "{e}");
 }

@@ -1,6 +1,6 @@
 """PyTorch: tensors as operands (zero-copy), optimize() on small models and on Hugging Face
-BertModel (both GELUs, padded batches), RobertaModel and DistilBertModel, custom ops under
-torch.compile and torch.export."""
+BertModel (both GELUs, padded batches), RobertaModel, DistilBertModel and ElectraModel, custom
+ops under torch.compile and torch.export."""
 
 import copy
 
@@ -590,15 +590,22 @@ def test_a_mask_that_requires_grad_or_lives_elsewhere_is_read_or_refused_by_name
         rt.attention(q, q, q, mask=torch.empty(2, device="meta"))
 
 
-@pytest.mark.parametrize("arch", ["roberta", "distilbert"])
-def test_roberta_and_distilbert_are_fused_whole_and_match_stock(arch):
-    """RoBERTa's blocks are BERT's; DistilBERT's name their parts otherwise (``q_lin`` ..
-    ``out_lin``, ``ffn.lin1`` + ``activation``, ``sa_layer_norm``): both serve every layer, and
-    the encoder, as one call, with and without padding, in f32 and int8."""
-    from transformers import DistilBertConfig, DistilBertModel, RobertaConfig, RobertaModel
+@pytest.mark.parametrize("arch", ["roberta", "distilbert", "electra"])
+def test_roberta_distilbert_and_electra_are_fused_whole_and_match_stock(arch):
+    """RoBERTa's and ELECTRA's blocks are BERT's (ELECTRA's narrower embeddings projected by an
+    ``nn.Linear`` first); DistilBERT's name their parts otherwise (``q_lin`` .. ``out_lin``,
+    ``ffn.lin1`` + ``activation``, ``sa_layer_norm``): all serve every layer, and the encoder,
+    as one call, with and without padding, in f32 and int8."""
+    from transformers import (DistilBertConfig, DistilBertModel, ElectraConfig, ElectraModel, RobertaConfig,
+                              RobertaModel)
 
     torch.manual_seed(0)
-    if arch == "roberta":
+    if arch == "electra":
+        stock = ElectraModel(ElectraConfig(embedding_size=32, hidden_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, intermediate_size=128, vocab_size=500,
+                                           max_position_embeddings=40))
+        qkv, enc, layer = "encoder.layer.{}.attention.self", "encoder", "encoder.layer.{}"
+    elif arch == "roberta":
         stock = RobertaModel(RobertaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                            intermediate_size=128, vocab_size=500, max_position_embeddings=40))
         qkv, enc, layer = "encoder.layer.{}.attention.self", "encoder", "encoder.layer.{}"
@@ -627,6 +634,7 @@ def test_roberta_and_distilbert_are_fused_whole_and_match_stock(arch):
                     assert torch.nn.functional.cosine_similarity(want.flatten(), got.flatten(), dim=0) > 0.99
     ws = akt.workloads(model, dict(input_ids=ids, attention_mask=mask))
     assert {"gemm_bias:72x192x64", "attention:3x4x24x16", "gemm_bias_gelu_erf:72x128x64"} <= set(ws), ws
+    assert ("gemm_bias:72x64x32" in ws) == (arch == "electra"), ws
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])

@@ -67,7 +67,7 @@ fn seeded(name: &str) -> anyhow::Result<Option<BertConfig>> {
 
 fn unknown(name: &str) -> String {
     format!(
-        "unknown model '{name}' (known models: {}, or a Hugging Face BERT, RoBERTa or DistilBERT directory with config.json and model.safetensors)",
+        "unknown model '{name}' (known models: {}, or a Hugging Face BERT, RoBERTa, DistilBERT or ELECTRA directory with config.json and model.safetensors)",
         BertConfig::NAMES.join(", ")
     )
 }
@@ -156,7 +156,9 @@ impl Source {
             Source::Seeded { config, seed } => {
                 Loaded::Encoder(Encoder::load(rt, *config, *seed, shapes)?)
             }
-            Source::Checkpoint { ckpt, .. } => Loaded::Model(BertModel::load(rt, ckpt, shapes)?),
+            Source::Checkpoint { ckpt, .. } => {
+                Loaded::Model(Box::new(BertModel::load(rt, ckpt, shapes)?))
+            }
         })
     }
 
@@ -234,7 +236,7 @@ impl Input {
 /// A model packed for one runtime.
 pub enum Loaded {
     Encoder(Encoder),
-    Model(BertModel),
+    Model(Box<BertModel>),
 }
 
 impl Loaded {
