@@ -169,16 +169,20 @@ impl BertConfig {
         ]
     }
 
+    /// Every kernel call's workload at `batch × seq`: the embeddings' projection, if any, then
+    /// one layer's (the other layers make the same calls).
+    fn calls(&self, batch: usize, seq: usize) -> impl Iterator<Item = Workload> {
+        self.projection(batch, seq)
+            .into_iter()
+            .chain(self.workloads(batch, seq))
+    }
+
     /// The distinct workloads of every `(batch, seq)` in `shapes`, in first-use order (the
     /// embeddings' projection, if any, then a layer's): the list to tune for this model.
     pub fn workload_list(&self, shapes: &[(usize, usize)]) -> Vec<Workload> {
         let mut out: Vec<Workload> = Vec::new();
         for &(b, s) in shapes {
-            for w in self
-                .projection(b, s)
-                .into_iter()
-                .chain(self.workloads(b, s))
-            {
+            for w in self.calls(b, s) {
                 if !out.contains(&w) {
                     out.push(w);
                 }
@@ -209,11 +213,7 @@ impl BertConfig {
                 self.hidden, self.heads
             ));
         }
-        let mut calls = self
-            .projection(1, 1)
-            .into_iter()
-            .chain(self.workloads(1, 1));
-        match calls.try_for_each(|w| w.check()) {
+        match self.calls(1, 1).try_for_each(|w| w.check()) {
             Ok(()) => Ok(()),
             Err(e) => bad(e.to_string()),
         }
