@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""BERT-base in f32, bf16 and int8: autokernel against PyTorch and ONNX Runtime, the same
-weights, threads and batch/seq grid, interleaved rounds. Never used by tests or CI.
+"""BERT-base (or any checkpoint directory `autokernel infer` serves: BERT, RoBERTa, DistilBERT,
+ELECTRA) in f32, bf16 and int8: autokernel against PyTorch and ONNX Runtime, the same weights,
+threads and batch/seq grid, interleaved rounds. Never used by tests or CI.
 
     scripts/bench-bert-precision.py --autokernel target/release/autokernel --db bert.db \\
         [--model-dir target/bert-base-ckpt] [--batch 1,8] [--seq 128] [--threads 2] \\
         [--rounds 3] [--iters 10] [--precisions f32,int8,bf16,auto,auto@5e-3] [--out DIR]
     scripts/bench-bert-precision.py --prepare [--model-dir DIR]   # step 1 only (to tune on it)
 
-1. Makes (once) a Hugging Face BERT-base directory: random weights from a seed,
+1. Makes (once, unless --model-dir already holds a model.safetensors, which PyTorch then loads
+   with AutoModel) a Hugging Face BERT-base directory: random weights from a seed,
    `hidden_act="gelu"` (exact erf, as published checkpoints), saved by `save_pretrained`;
    exports it to ONNX (f32) and quantises that with `onnxruntime.quantization.quantize_dynamic`
    (int8, ORT's default per-tensor weights, as users run it).
@@ -51,6 +53,9 @@ def cosine(a, b):
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+MADE_HERE = ".made-by-bench-bert-precision"
+
+
 def make_model(dir_, seed):
     import torch
     from transformers import BertConfig, BertModel
@@ -61,12 +66,29 @@ def make_model(dir_, seed):
     config = BertConfig(hidden_act="gelu", attn_implementation="sdpa")
     model = BertModel(config, add_pooling_layer=False).eval()
     model.save_pretrained(dir_)
+    open(os.path.join(dir_, MADE_HERE), "w").close()
 
 
-def load_torch(dir_):
-    from transformers import BertModel
+def load_torch(dir_, attn="sdpa"):
+    """The directory's base model (BertModel, RobertaModel, DistilBertModel, ElectraModel, ...:
+    whichever its config.json names, as `autokernel infer --model DIR` reads it)."""
+    import torch
+    from transformers import AutoModel
 
-    return BertModel.from_pretrained(dir_, attn_implementation="sdpa").eval()
+    # In f32 whatever the stored type (the baseline every stack is compared with).
+    return AutoModel.from_pretrained(dir_, attn_implementation=attn, dtype=torch.float32).eval()
+
+
+def describe(dir_):
+    """What the report says the weights are: this script's own BERT-base, or the directory's
+    model type and sizes."""
+    with open(os.path.join(dir_, "config.json")) as f:
+        c = json.load(f)
+    if os.path.exists(os.path.join(dir_, MADE_HERE)):
+        return "one random BERT-base (hidden_act gelu, exact erf) saved by save_pretrained"
+    layers = c.get("num_hidden_layers", c.get("n_layers"))
+    hidden = c.get("hidden_size", c.get("dim"))
+    return f"{dir_}: {c.get('model_type')}, {layers} layers, hidden {hidden}"
 
 
 def onnx_models(dir_):
@@ -75,9 +97,7 @@ def onnx_models(dir_):
     f32 = os.path.join(dir_, "bert.onnx")
     i8 = os.path.join(dir_, "bert.int8.onnx")
     if not os.path.exists(f32):
-        from transformers import BertModel
-
-        eager = BertModel.from_pretrained(dir_, attn_implementation="eager").eval()
+        eager = load_torch(dir_, attn="eager")
 
         class Wrap(torch.nn.Module):
             def __init__(self, m):
@@ -87,8 +107,9 @@ def onnx_models(dir_):
             def forward(self, input_ids, attention_mask):
                 return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-        ids = torch.ones(1, 128, dtype=torch.long)
-        mask = torch.ones(1, 128, dtype=torch.long)
+        # A short example (any model's positions take it); the axes stay dynamic.
+        ids = torch.ones(1, 8, dtype=torch.long)
+        mask = torch.ones(1, 8, dtype=torch.long)
         torch.onnx.export(
             Wrap(eager),
             (ids, mask),
@@ -314,13 +335,13 @@ def write_report(args, hw, out_dir, rows, shapes):
             f.write(json.dumps(r) + "\n")
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     summary = []
-    lines = ["# BERT-base, f32 / bf16 / int8: autokernel vs PyTorch vs ONNX Runtime", "",
+    lines = ["# BERT-family encoder, f32 / bf16 / int8: autokernel vs PyTorch vs ONNX Runtime", "",
              f"- command: `{meta['command']}`", f"- date: {meta['date']}",
              f"- machine: {meta['machine']}", f"- threads: {args.threads}; load average at the end "
              f"{meta['loadavg'][0]:.2f}", f"- {args.rounds} interleaved rounds × {args.iters} "
              "timed forward passes; p50 per round, the median of those below; ratios are "
-             "medians of per-round ratios", "- weights: one random BERT-base (hidden_act gelu, "
-             "exact erf) saved by save_pretrained; ours loads that directory", ""]
+             "medians of per-round ratios", f"- weights: {describe(args.model_dir)}; ours loads that "
+             "directory", ""]
     for b, s in shapes:
         lines += [f"## batch {b} × seq {s}", "",
                   "| implementation | p50 ms | seq/s | vs ORT int8 | vs torch bf16 | vs ORT f32 | vs torch f32 | cosine vs f32 | max abs err vs f32 |",
