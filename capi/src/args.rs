@@ -85,8 +85,14 @@ pub(crate) unsafe fn input<'a, T>(
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
-/// An output buffer of `len` elements, checked not to overlap any of `inputs` (name, start,
-/// length in elements).
+/// The bytes an input buffer spans: what [`output`] checks its output against.
+pub(crate) fn span<T>(data: &[T]) -> std::ops::Range<usize> {
+    let start = data.as_ptr() as usize;
+    start..start + std::mem::size_of_val(data)
+}
+
+/// An output buffer of `len` elements, checked not to overlap any of `inputs` (name and
+/// [`span`]: the float operands and the key lengths alike).
 ///
 /// # Safety
 /// A non-null `ptr` points at `len` elements that nothing else reads or writes during `'a`
@@ -95,14 +101,12 @@ pub(crate) unsafe fn output<'a>(
     name: &str,
     ptr: *mut f32,
     len: usize,
-    inputs: &[(&str, &[f32])],
+    inputs: &[(&str, std::ops::Range<usize>)],
 ) -> Result<&'a mut [f32], CapiError> {
     check_buffer(name, ptr.cast_const(), len)?;
     let out = (ptr as usize, ptr as usize + len * size_of::<f32>());
-    for (input, data) in inputs {
-        let start = data.as_ptr() as usize;
-        let end = start + std::mem::size_of_val(*data);
-        if start < out.1 && out.0 < end {
+    for (input, bytes) in inputs {
+        if bytes.start < out.1 && out.0 < bytes.end {
             return Err(CapiError::invalid(format!(
                 "{name} overlaps {input}: outputs must not alias inputs"
             )));
@@ -163,10 +167,14 @@ mod tests {
         let mut buf = [0.0f32; 8];
         let p = buf.as_mut_ptr();
         let a: &[f32] = unsafe { std::slice::from_raw_parts(p, 4) };
-        let e = unsafe { output("c", p.add(2), 2, &[("a", a)]) }.unwrap_err();
+        let e = unsafe { output("c", p.add(2), 2, &[("a", span(a))]) }.unwrap_err();
         assert!(e.message.contains("c overlaps a"), "{e}");
-        let ok = unsafe { output("c", p.add(4), 4, &[("a", a)]) }.unwrap();
+        let ok = unsafe { output("c", p.add(4), 4, &[("a", span(a))]) }.unwrap();
         assert_eq!(ok.len(), 4);
+        // Integer inputs too (attention's key lengths).
+        let lens: &[i32] = unsafe { std::slice::from_raw_parts(p.add(6).cast::<i32>(), 1) };
+        let e = unsafe { output("o", p.add(4), 4, &[("key_lens", span(lens))]) }.unwrap_err();
+        assert!(e.message.contains("o overlaps key_lens"), "{e}");
     }
 
     #[test]

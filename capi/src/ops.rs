@@ -4,7 +4,7 @@ use std::ffi::c_int;
 
 use runtime::Level;
 
-use crate::args;
+use crate::args::{self, span};
 use crate::error::{guard, CapiError};
 use crate::handle::AutokernelRuntime;
 
@@ -52,7 +52,7 @@ pub unsafe extern "C" fn autokernel_runtime_gemm(
         let h = unsafe { args::handle("rt", rt)? };
         let a = unsafe { args::input("a", a, a_len)? };
         let b = unsafe { args::input("b", b, b_len)? };
-        let c = unsafe { args::output("c", c, c_len, &[("a", a), ("b", b)])? };
+        let c = unsafe { args::output("c", c, c_len, &[("a", span(a)), ("b", span(b))])? };
         let level = h.serve(|rt| rt.gemm(m, n, k, a, b, c))?;
         unsafe { args::put_optional(level_out, level_code(level)) };
         Ok(())
@@ -166,7 +166,9 @@ unsafe fn attention(
         let q = unsafe { args::input("q", q, q_len)? };
         let k = unsafe { args::input("k", k, k_len)? };
         let v = unsafe { args::input("v", v, v_len)? };
-        let o = unsafe { args::output("o", o, o_len, &[("q", q), ("k", k), ("v", v)])? };
+        let mut inputs = vec![("q", span(q)), ("k", span(k)), ("v", span(v))];
+        inputs.extend(lens.map(|l| ("key_lens", span(l))));
+        let o = unsafe { args::output("o", o, o_len, &inputs)? };
         let causal = causal != 0;
         let level = handle.serve(|rt| match lens {
             Some(lens) => rt.attention_masked(b, h, s, d, causal, lens, q, k, v, o),
@@ -215,7 +217,9 @@ pub unsafe extern "C" fn autokernel_runtime_attention_qkv(
             Some(unsafe { args::input("key_lens", key_lens, key_lens_len)? })
         };
         let qkv = unsafe { args::input("qkv", qkv, qkv_len)? };
-        let o = unsafe { args::output("o", o, o_len, &[("qkv", qkv)])? };
+        let mut inputs = vec![("qkv", span(qkv))];
+        inputs.extend(lens.map(|l| ("key_lens", span(l))));
+        let o = unsafe { args::output("o", o, o_len, &inputs)? };
         let dims = runtime::AttentionRows {
             batch: b,
             seq: s,
@@ -263,8 +267,8 @@ pub unsafe extern "C" fn autokernel_add_layer_norm(
         } else {
             Some(unsafe { args::input("residual", residual, residual_len)? })
         };
-        let mut inputs = vec![("gamma", gamma), ("beta", beta)];
-        inputs.extend(residual.map(|r| ("residual", r)));
+        let mut inputs = vec![("gamma", span(gamma)), ("beta", span(beta))];
+        inputs.extend(residual.map(|r| ("residual", span(r))));
         let x = unsafe { args::output("x", x, x_len, &inputs)? };
         runtime::add_layer_norm(x, residual, gamma, beta, eps)?;
         Ok(())

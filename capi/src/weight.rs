@@ -5,7 +5,7 @@ use std::ffi::c_int;
 use kernels::Act;
 use runtime::PackedWeight;
 
-use crate::args;
+use crate::args::{self, span};
 use crate::error::{guard, CapiError};
 use crate::handle::AutokernelRuntime;
 use crate::ops::level_code;
@@ -123,7 +123,7 @@ pub unsafe extern "C" fn autokernel_runtime_linear(
         } else {
             unsafe { args::input("bias", bias, bias_len)? }
         };
-        let c = unsafe { args::output("c", c, c_len, &[("a", a), ("bias", bias)])? };
+        let c = unsafe { args::output("c", c, c_len, &[("a", span(a)), ("bias", span(bias))])? };
         check_rows(m, w, a_len, c_len)?;
         let level = h.serve(|rt| rt.gemm_bias_act_packed(&w.weight, a, bias, c))?;
         unsafe { args::put_optional(level_out, level_code(level)) };

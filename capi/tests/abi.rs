@@ -217,6 +217,32 @@ fn null_and_misshapen_arguments_are_status_codes() {
         for row in one.chunks(16) {
             assert_eq!(row, &y[..16]);
         }
+        // Key lengths inside the output are refused (they would be overwritten mid-call).
+        let mut out = vec![0f32; 64];
+        let o = out.as_mut_ptr();
+        let inside = o.wrapping_add(5).cast::<i32>();
+        // SAFETY: one i32 inside `out` (raw pointers only: the call must refuse, not read it).
+        unsafe { inside.write(1) };
+        let st = autokernel_runtime_attention_masked(
+            rt,
+            1,
+            1,
+            4,
+            16,
+            0,
+            inside.cast_const(),
+            1,
+            y.as_ptr(),
+            64,
+            y.as_ptr(),
+            64,
+            y.as_ptr(),
+            64,
+            o,
+            64,
+            null_mut(),
+        );
+        expect(st, AUTOKERNEL_INVALID_ARGUMENT, "o overlaps key_lens");
         let (mut full, mut plain) = (vec![0f32; 64], vec![0f32; 64]);
         expect(masked(&[4], &mut full), AUTOKERNEL_OK, "");
         let st = autokernel_runtime_attention(
