@@ -222,7 +222,7 @@ fn null_and_misshapen_arguments_are_status_codes() {
         let o = out.as_mut_ptr();
         let inside = o.wrapping_add(5).cast::<i32>();
         // SAFETY: one i32 inside `out` (raw pointers only: the call must refuse, not read it).
-        unsafe { inside.write(1) };
+        inside.write(1);
         let st = autokernel_runtime_attention_masked(
             rt,
             1,
