@@ -12,6 +12,19 @@
  * of threads at once (the runtime is Sync; reload swaps its index atomically while other
  * threads serve). Free a handle only when no other thread uses it.
  *
+ * fork(): the library's worker threads do not survive it. In a child forked after any call
+ * into the library, every call returns AUTOKERNEL_UNSUPPORTED (it would otherwise wait
+ * forever for the missing workers); a child of a process that only loaded the library may
+ * use it. Start workers' processes fresh (exec) or fork before the first call.
+ *
+ * Memory: a failed allocation of a weight (autokernel_weight_pack) is
+ * AUTOKERNEL_OUT_OF_MEMORY; a call's scratch buffers are allocated as Rust allocates, and a
+ * refused one (an address-space limit reached) ends the process.
+ *
+ * Linking: libautokernel.a carries its own SQLite (rusqlite's bundled copy) with global
+ * symbols: a program that links another SQLite should link libautokernel.so, which exports
+ * the autokernel_* functions only.
+ *
  * Buffers are row-major float arrays given with their length in elements; a length that
  * does not match the shape is AUTOKERNEL_SHAPE. Output buffers must not overlap inputs.
  */

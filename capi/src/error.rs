@@ -122,15 +122,22 @@ fn set_last_error(message: &str) {
 /// Runs `body` with panics caught: stores its error (or clears the message) for
 /// [`autokernel_last_error`] and returns its status code.
 pub(crate) fn guard(body: impl FnOnce() -> Result<(), CapiError>) -> c_int {
-    let result = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic without a message".into());
-        Err(CapiError {
-            code: AUTOKERNEL_INTERNAL,
-            message: format!("internal error (caught panic): {what}"),
+    // A child forked after the workers started would hang on its first parallel step.
+    let entered = kernels::cpu::pool::enter().map_err(|e| CapiError {
+        code: AUTOKERNEL_UNSUPPORTED,
+        message: e.to_string(),
+    });
+    let result = entered.and_then(|()| {
+        catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            Err(CapiError {
+                code: AUTOKERNEL_INTERNAL,
+                message: format!("internal error (caught panic): {what}"),
+            })
         })
     });
     match result {

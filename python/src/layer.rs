@@ -209,7 +209,7 @@ pub fn run_layers<'py>(
                     SCRATCH.with(|c| *c.borrow_mut() = scratch);
                     result
                 })
-            })
+            })?
             .map_err(runtime_err)
     })?;
     y.finish()

@@ -364,7 +364,7 @@ impl PyRuntime {
                 return Ok(());
             }
             self.threads
-                .run(py, || self.rt.gemm(m, n, k, ins[0], ins[1], c_out))
+                .run(py, || self.rt.gemm(m, n, k, ins[0], ins[1], c_out))?
                 .map(drop)
                 .map_err(runtime_err)
         })?;
@@ -428,7 +428,7 @@ impl PyRuntime {
                 .run(py, || {
                     self.rt
                         .gemm_bias_act_packed(&weight.inner, ins[0], bias, y_out)
-                })
+                })?
                 .map_err(runtime_err)
         })?;
         y.finish()
@@ -503,7 +503,7 @@ impl PyRuntime {
                 } else {
                     self.rt.pack_weight_for(n, k, act, data, &ms)
                 }
-            })
+            })?
             .map_err(runtime_err)?;
         Ok(PyPackedWeight {
             inner,
@@ -558,7 +558,7 @@ impl PyRuntime {
                     None => self
                         .rt
                         .attention(b, h, s, d, causal, ins[0], ins[1], ins[2], o_out),
-                })
+                })?
                 .map_err(runtime_err)
         })?;
         o.finish()
@@ -615,7 +615,7 @@ impl PyRuntime {
                 .run(py, || {
                     self.rt
                         .attention_qkv(dims, key_lens.as_deref(), ins[0], o_out)
-                })
+                })?
                 .map_err(runtime_err)
         })?;
         o.finish()
@@ -667,7 +667,7 @@ impl PyRuntime {
             self.threads
                 .run(py, || {
                     runtime::add_layer_norm(x_out, ins.get(2).copied(), ins[0], ins[1], eps32)
-                })
+                })?
                 .map_err(runtime_err)
         })?;
         operand::mark_written(x)?;
@@ -764,7 +764,7 @@ impl PyRuntime {
         let w: Workload = workload.parse().map_err(kernel_err)?;
         let json = self
             .threads
-            .run(py, || self.rt.lookup_json(&w, "cpu"))
+            .run(py, || self.rt.lookup_json(&w, "cpu"))?
             .map_err(runtime_err)?;
         crate::json::to_py(py, &json)
     }

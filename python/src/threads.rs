@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kernels::HardwareFingerprint;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use runtime::ThreadsError;
 
@@ -35,6 +35,7 @@ impl Threads {
         match runtime::Threads::new(asked) {
             Ok((t, hw)) => Ok((Threads(t), hw)),
             Err(ThreadsError::OutOfRange { asked, cpus }) => Err(out_of_range(&asked, cpus)),
+            Err(e @ ThreadsError::Forked(_)) => Err(PyRuntimeError::new_err(e.to_string())),
             Err(e) => Err(PyValueError::new_err(e.to_string())),
         }
     }
@@ -44,9 +45,11 @@ impl Threads {
         self.0.count()
     }
 
-    /// Runs `f` with the GIL released, on these threads.
-    pub fn run<R: Send>(&self, py: Python<'_>, f: impl FnOnce() -> R + Send) -> R {
-        py.detach(|| self.0.run(f))
+    /// Runs `f` with the GIL released, on these threads: a `RuntimeError` instead in a child
+    /// forked after the library's worker threads started (they are not there to run it).
+    pub fn run<R: Send>(&self, py: Python<'_>, f: impl FnOnce() -> R + Send) -> PyResult<R> {
+        not_forked()?;
+        Ok(py.detach(|| self.0.run(f)))
     }
 
     /// Runs `f` (given a stop flag) on these threads, from another OS thread, while this one
@@ -59,6 +62,7 @@ impl Threads {
         py: Python<'_>,
         f: impl FnOnce(Arc<AtomicBool>) -> R + Send,
     ) -> PyResult<R> {
+        not_forked()?;
         let stop = Arc::new(AtomicBool::new(false));
         let job_stop = stop.clone();
         std::thread::scope(|s| {
@@ -87,4 +91,9 @@ impl Threads {
             }
         })
     }
+}
+
+/// A `RuntimeError` in a child forked after the library's worker threads started.
+fn not_forked() -> PyResult<()> {
+    kernels::cpu::pool::enter().map_err(|e| PyRuntimeError::new_err(e.to_string()))
 }

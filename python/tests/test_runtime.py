@@ -1,5 +1,6 @@
 """autokernel.Runtime on numpy arrays: results against numpy, lookups, reload, counters."""
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -586,3 +587,25 @@ def test_errors_name_the_argument_in_the_callers_terms():
         rt.attention(q, q, q, mask=np.array([2**63 - 1, 3]))
     with pytest.raises(autokernel.AutokernelError, match=r"no database \(db_path=None\)"):
         autokernel.Runtime(None).reload()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # Python ≥ 3.12 warns of threads
+def test_a_child_forked_after_use_gets_an_error_not_a_hang():
+    """Worker threads do not survive fork(): a child of a process that used the library gets a
+    RuntimeError naming the cause (it had waited forever on its first parallel step)."""
+    rt = autokernel.Runtime()
+    a = np.ones((64, 64), np.float32)
+    rt.gemm(a, a)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        try:
+            rt.gemm(a, a)
+            os._exit(3)
+        except RuntimeError as e:
+            os._exit(0 if "forked" in str(e) else 4)
+        except BaseException:
+            os._exit(5)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    np.testing.assert_array_equal(rt.gemm(a, a), a @ a)

@@ -33,6 +33,9 @@ pub enum ThreadsError {
     /// The OS refused the pool's threads.
     #[error("starting {threads} threads: {why}")]
     Spawn { threads: usize, why: String },
+    /// A child forked after the library's worker threads started.
+    #[error(transparent)]
+    Forked(#[from] kernels::cpu::pool::ForkedChild),
 }
 
 impl Threads {
@@ -40,6 +43,7 @@ impl Threads {
     /// and the fingerprint they serve (its thread count is part of it). Call it outside any
     /// rayon pool: the process-wide pool's size is the machine's count.
     pub fn new(threads: Option<usize>) -> Result<(Threads, HardwareFingerprint), ThreadsError> {
+        kernels::cpu::pool::enter()?;
         let here = HardwareFingerprint::current();
         let Some(t) = threads.filter(|&t| t != here.cores) else {
             let count = here.cores;

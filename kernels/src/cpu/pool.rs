@@ -14,9 +14,52 @@
 //! its pool once, and a serial one (a small GEMM) runs where it was made. One thread needs no
 //! pool at all. (Entering the pool on every call cost a small GEMM from Python 30 µs on that
 //! VM, against 3 µs here.) The runtime's own parallel steps ask [`threads`], not rayon.
+//!
+//! Worker threads do not survive `fork()`: in a child forked after they started, the first
+//! parallel step would wait for them forever. The C and Python entry points call [`enter`]
+//! first, which refuses such a child with [`ForkedChild`] (a child of a process that only
+//! loaded the library is fine: the workers start in it).
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Once};
+
+/// Whether a call has entered the library in this process (so worker threads may exist).
+static ENTERED: AtomicBool = AtomicBool::new(false);
+/// Whether this process was forked from one where [`ENTERED`] was set.
+static FORKED: AtomicBool = AtomicBool::new(false);
+static WATCH_FORKS: Once = Once::new();
+
+/// Runs in the child of a `fork()` (registered with `pthread_atfork`).
+extern "C" fn after_fork_in_child() {
+    if ENTERED.load(Ordering::Relaxed) {
+        FORKED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// This process is a child forked after the library's worker threads may have started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "this process was forked after autokernel started its worker threads, which do not \
+     survive fork(): use the library before forking only in the processes that go on using \
+     it, or start the children fresh (exec; Python multiprocessing's 'spawn' or 'forkserver')"
+)]
+pub struct ForkedChild;
+
+/// Called by an entry point before its work: [`ForkedChild`] in a child forked after a call
+/// had entered the library, else notes that one has (its workers may start now).
+pub fn enter() -> Result<(), ForkedChild> {
+    WATCH_FORKS.call_once(|| {
+        // SAFETY: registers a handler that only touches two atomics (async-signal-safe, as
+        // a child-side fork handler must be); it stays valid for the process's life.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    });
+    if FORKED.load(Ordering::Relaxed) {
+        return Err(ForkedChild);
+    }
+    ENTERED.store(true, Ordering::Relaxed);
+    Ok(())
+}
 
 /// Where the calls of a runtime with its own thread count fork.
 #[derive(Debug, Clone)]
@@ -132,5 +175,26 @@ mod tests {
             rayon::current_num_threads(),
             "restored after a panic"
         );
+    }
+
+    /// A child forked after a call entered the library is refused; the parent goes on.
+    #[test]
+    fn a_child_forked_after_entering_is_refused() {
+        assert_eq!(enter(), Ok(()));
+        // SAFETY: the child only reads atomics and leaves with _exit (no allocation, no
+        // locks: what a child of a multithreaded process may do).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = if enter() == Err(ForkedChild) { 0 } else { 1 };
+            // SAFETY: leaves the child at once, running nothing of the parent's.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked; `status` is a valid out-pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "child status {status}");
+        assert_eq!(libc::WEXITSTATUS(status), 0, "the child was not refused");
+        assert_eq!(enter(), Ok(()), "the parent goes on");
     }
 }
