@@ -484,15 +484,37 @@ impl TuningDb {
             .ctx(&bp, ctx)?;
         }
         tx.commit().ctx(&bp, ctx)?;
-        // One self-contained file: leave WAL mode (checkpoints and removes the -wal file).
-        bundle
-            .conn
-            .query_row("PRAGMA journal_mode = DELETE", [], |r| {
-                r.get::<_, String>(0)
-            })
-            .ctx(&bp, "switching the bundle to a rollback journal")?;
-        drop(bundle);
+        bundle.into_one_file()?;
         Ok(manifest)
+    }
+
+    /// Closes a database written in WAL mode as one self-contained file (what is moved into
+    /// place or shipped): the log checkpointed in full and checked, then a rollback journal.
+    /// A checkpoint that cannot complete (a full disk) is an error: the file alone would
+    /// lack the pages still in its `-wal`.
+    pub(crate) fn into_one_file(self) -> Result<(), DbError> {
+        let (p, what) = (&self.path, "writing the file's last pages (checkpoint)");
+        let (busy, log, done): (i64, i64, i64) = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .ctx(p, what)?;
+        let mode: String = self
+            .conn
+            .query_row("PRAGMA journal_mode = DELETE", [], |r| r.get(0))
+            .ctx(p, "switching to a rollback journal")?;
+        if busy != 0 || log != done || !mode.eq_ignore_ascii_case("delete") {
+            return Err(DbError::Io {
+                path: p.clone(),
+                context: what.into(),
+                source: std::io::Error::other(format!(
+                    "the write-ahead log was not written back (busy {busy}, {done} of {log} \
+                     frames, journal mode {mode}): is the disk full?"
+                )),
+            });
+        }
+        Ok(())
     }
 
     /// The workloads with at least one `ok` record on `fingerprint_id`, with how many,

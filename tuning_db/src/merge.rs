@@ -607,7 +607,7 @@ pub fn merge_files(
         let rb = db.import_from(b, tool_version)?;
         let records = db.stats()?.records;
         let checksum = db.content_checksum()?;
-        drop(db);
+        db.into_one_file()?;
         Ok::<_, BundleError>((ra, rb, records, checksum))
     })();
     let (mut ra, mut rb, records, checksum) = match result {
