@@ -94,7 +94,8 @@ impl TuningDb {
         if version >= 3 && db.meta(crate::bundle::FORMAT_KEY)?.is_some() {
             return Err(DbError::Bundle { path: db.path });
         }
-        // Everything below writes; the file is known to be ours or blank.
+        db.check_pages()?;
+        // Everything below writes; the file is known to be ours or blank, and whole.
         db.ensure_wal()?;
         db.migrate(version)?;
         Ok(db)
@@ -114,7 +115,7 @@ impl TuningDb {
             Ok(db) if db.version >= 3 && db.meta(crate::bundle::FORMAT_KEY)?.is_some() => {
                 Err(DbError::Bundle { path: db.path })
             }
-            Ok(_) => Ok(()),
+            Ok(db) => db.check_pages(),
             // Older files are migrated by the writer.
             Err(DbError::OlderSchemaReadOnly { .. }) => Ok(()),
             Err(e) => Err(e),
@@ -271,6 +272,22 @@ impl TuningDb {
     /// Decides, by reading only, whether the file is blank, ours (and which version), or to
     /// be refused. The reads share one read transaction, so a concurrent initialisation is
     /// seen either entirely or not at all.
+    /// SQLite's `quick_check` of every page (a writer checks before it writes: a damaged
+    /// file gets an error saying so, untouched, not trials added to it).
+    fn check_pages(&self) -> Result<()> {
+        let first: String = self
+            .conn
+            .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
+            .ctx(&self.path, "checking the database's pages")?;
+        match first.as_str() {
+            "ok" => Ok(()),
+            _ => Err(DbError::NotSqlite {
+                path: self.path.clone(),
+                detail: format!("SQLite's quick_check: {}", first.replace('\n', " ")),
+            }),
+        }
+    }
+
     fn identify(&self) -> Result<Identity> {
         let tx = Transaction::new_unchecked(&self.conn, TransactionBehavior::Deferred)
             .ctx(&self.path, "starting a read transaction")?;

@@ -140,6 +140,30 @@ fn a_truncated_database_is_refused_untouched() {
     assert!(msg.contains("truncated"), "{msg}");
 }
 
+/// A file whose header and schema read well but whose pages do not (the last page
+/// overwritten): a writer checks the pages before it writes, so the file is refused
+/// untouched, and a dry run's check says the same.
+#[test]
+fn a_damaged_page_is_refused_by_writers_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("damaged.db");
+    make_db(&path, 400);
+    let mut data = bytes(&path);
+    let n = data.len();
+    data[n - 3000..n - 2000].fill(0x55);
+    std::fs::write(&path, &data).unwrap();
+    for err in [
+        TuningDb::open(&path).unwrap_err(),
+        TuningDb::check_writer(&path).unwrap_err(),
+    ] {
+        assert!(matches!(err, DbError::NotSqlite { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("quick_check"), "{msg}");
+        assert!(!msg.contains('\n'), "one line: {msg}");
+    }
+    assert!(bytes(&path) == data, "the refused file was modified");
+}
+
 #[test]
 fn random_bytes_and_text_are_refused_untouched() {
     let dir = tempfile::tempdir().unwrap();
