@@ -353,3 +353,35 @@ fn a_dry_run_refuses_a_database_the_real_run_would() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("does not exist"));
     assert!(!dir.path().join("missing").exists(), "nothing made");
 }
+
+/// A dry run checks the kernel families asked for, and prints its plan only once its checks
+/// pass (with --json, a refused run had printed the plan's object on stdout and exited 2).
+#[test]
+fn a_dry_run_refuses_what_the_real_run_would_before_printing_its_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.db");
+    let db = db.to_str().unwrap();
+    let base = ["tune", "--dry-run", "--workload", "gemm:8x8x8", "--db", db];
+    let o = autokernel(&[&base[..], &["--kernel", "nope"]].concat(), &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown kernel family 'nope'"));
+    let foreign = dir.path().join("foreign.db");
+    let conn = rusqlite::Connection::open(&foreign).unwrap();
+    conn.execute_batch("CREATE TABLE users (name TEXT)")
+        .unwrap();
+    drop(conn);
+    let mut args = base.to_vec();
+    let f = foreign.to_str().unwrap();
+    args[5] = f;
+    args.push("--json");
+    let o = autokernel(&args, &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let o = autokernel(&[&base[..], &["--json"]].concat(), &[]);
+    assert!(o.status.success());
+    assert_eq!(json_lines(&o)[0]["workloads"][0], "gemm:8x8x8");
+}

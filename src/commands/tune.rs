@@ -128,13 +128,20 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     if workloads.is_empty() {
         bail!("nothing to tune: no kernel family runs the workloads asked for in the precisions asked for on this device");
     }
-    let (workloads, db_path) = shard_plan(&args, workloads)?;
+    let plan = shard_plan(&args, workloads)?;
     let opts = options(&args)?;
     if args.dry_run {
-        // What the real run would refuse, the dry run refuses too (a missing file is made).
-        TuningDb::check_writer(&db_path)?;
+        // What the real run would refuse, the dry run refuses too (a missing file is made),
+        // before the plan is printed.
+        TuningDb::check_writer(&plan.db_path)?;
+        if args.device.device.kind() == kernels::DeviceKind::Cpu {
+            let hw = HardwareFingerprint::current();
+            select_families(&args.kernels, &plan.mine, hw)?;
+        }
+        plan.print(&args)?;
         return Ok(ExitCode::SUCCESS);
     }
+    let (workloads, db_path) = (plan.mine, plan.db_path);
     let isolated = args.isolation == "process";
     for w in &workloads {
         kernels::registry::check_runs_on(w, args.device.device.kind())?;
@@ -533,14 +540,20 @@ fn isolation_line(s: &TuneSummary) -> String {
     )
 }
 
-/// Applies `--shard` (or the batch system's shard variables): this run's workloads and its
-/// database. Prints the plan: always with `--dry-run` (one JSON object with `--json`), and a
-/// line on stderr for a shard otherwise.
-fn shard_plan(
-    args: &TuneArgs,
+/// This run's share of the job: `--shard` (or the batch system's shard variables) applied.
+struct ShardPlan {
     all: Vec<Workload>,
-) -> anyhow::Result<(Vec<Workload>, std::path::PathBuf)> {
-    use search::shard::{estimated_cost_s, ShardSource, ShardSpec};
+    mine: Vec<Workload>,
+    db_path: std::path::PathBuf,
+    name: String,
+    source: &'static str,
+}
+
+/// Applies `--shard` (or the batch system's shard variables): this run's workloads and its
+/// database; a line on stderr for a shard (not with `--dry-run`, which prints the plan once
+/// its checks pass: [`ShardPlan::print`]).
+fn shard_plan(args: &TuneArgs, all: Vec<Workload>) -> anyhow::Result<ShardPlan> {
+    use search::shard::{ShardSource, ShardSpec};
     let shard = match args.shard {
         Some(s) => Some((s, ShardSource::Flag)),
         None => ShardSpec::from_env().context("choosing this task's shard (--shard not given)")?,
@@ -550,42 +563,9 @@ fn shard_plan(
         Some((s, _)) => (s.select(&all, budget), s.db_path(&args.db.db)),
         None => (all.clone(), args.db.db.clone()),
     };
-    let cost = |ws: &[Workload]| {
-        ws.iter()
-            .map(|w| estimated_cost_s(w, budget))
-            .fold(0.0, |a, b| a + b)
-    }; // sum() of none is -0.0
     let name = shard.map_or("0/1".to_string(), |(s, _)| s.to_string());
     let source = shard.map_or("none", |(_, src)| src.as_str());
-    if args.dry_run && args.json {
-        super::print_json(&json!({
-            "shard": name,
-            "shard_source": source,
-            "db": db_path.display().to_string(),
-            "workloads": mine.iter().map(|w| w.key()).collect::<Vec<_>>(),
-            "estimated_cost_s": mine.iter().map(|w| estimated_cost_s(w, budget)).collect::<Vec<_>>(),
-            "shard_estimated_cost_s": cost(&mine),
-            "job_workloads": all.len(),
-            "job_estimated_cost_s": cost(&all),
-        }))?;
-    } else if args.dry_run {
-        println!(
-            "shard {name} (from {source}): {} of {} workload(s), estimated {} of {}, into {}",
-            mine.len(),
-            all.len(),
-            duration(cost(&mine)),
-            duration(cost(&all)),
-            db_path.display()
-        );
-        let width = mine.iter().map(|w| w.key().len()).max().unwrap_or(0);
-        for w in &mine {
-            println!(
-                "  {:<width$}  ~{}",
-                w.key(),
-                duration(estimated_cost_s(w, budget))
-            );
-        }
-    } else if shard.is_some() && !args.json {
+    if shard.is_some() && !args.json && !args.dry_run {
         eprintln!(
             "shard {name} (from {source}): {} of the job's {} workload(s){}",
             mine.len(),
@@ -597,7 +577,56 @@ fn shard_plan(
             }
         );
     }
-    Ok((mine, db_path))
+    Ok(ShardPlan {
+        all,
+        mine,
+        db_path,
+        name,
+        source,
+    })
+}
+
+impl ShardPlan {
+    /// The dry run's plan: one JSON object with `--json`, lines otherwise.
+    fn print(&self, args: &TuneArgs) -> anyhow::Result<()> {
+        use search::shard::estimated_cost_s;
+        let budget = args.budget as usize;
+        let cost = |ws: &[Workload]| {
+            ws.iter()
+                .map(|w| estimated_cost_s(w, budget))
+                .fold(0.0, |a, b| a + b)
+        }; // sum() of none is -0.0
+        let (name, source, all, mine) = (&self.name, self.source, &self.all, &self.mine);
+        if args.json {
+            return super::print_json(&json!({
+                "shard": name,
+                "shard_source": source,
+                "db": self.db_path.display().to_string(),
+                "workloads": mine.iter().map(|w| w.key()).collect::<Vec<_>>(),
+                "estimated_cost_s": mine.iter().map(|w| estimated_cost_s(w, budget)).collect::<Vec<_>>(),
+                "shard_estimated_cost_s": cost(mine),
+                "job_workloads": all.len(),
+                "job_estimated_cost_s": cost(all),
+            }));
+        }
+        println!(
+            "shard {name} (from {source}): {} of {} workload(s), estimated {} of {}, into {}",
+            mine.len(),
+            all.len(),
+            duration(cost(mine)),
+            duration(cost(all)),
+            self.db_path.display()
+        );
+        let width = mine.iter().map(|w| w.key().len()).max().unwrap_or(0);
+        for w in mine {
+            println!(
+                "  {:<width$}  ~{}",
+                w.key(),
+                duration(estimated_cost_s(w, budget))
+            );
+        }
+        Ok(())
+    }
 }
 
 /// `4.2 s`, `95 s`, `12 min`, `3.5 h`.
