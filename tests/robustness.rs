@@ -167,6 +167,16 @@ fn bench_refuses_to_overwrite_before_measuring() {
     let o = autokernel(&["bench", "--db", s(&db), "--quick", "--report", s(&existing)]);
     refused(&o, "exists and is not a directory");
     assert_eq!(std::fs::read_to_string(&existing).unwrap(), "keep me");
+    // A directory holding a report.md autokernel did not write keeps it.
+    let theirs = dir.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::write(theirs.join("report.md"), "# my notes\n").unwrap();
+    let o = autokernel(&["bench", "--db", s(&db), "--quick", "--report", s(&theirs)]);
+    refused(&o, "refusing to overwrite it");
+    assert_eq!(
+        std::fs::read_to_string(theirs.join("report.md")).unwrap(),
+        "# my notes\n"
+    );
 }
 
 #[test]

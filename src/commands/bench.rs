@@ -242,6 +242,9 @@ fn refuse_overwrites(args: &BenchArgs) -> anyhow::Result<()> {
             dir.display()
         );
     }
+    if let Some(dir) = &args.report {
+        report::check_dir(dir)?;
+    }
     Ok(())
 }
 

@@ -34,6 +34,37 @@ pub struct ReportInput<'a> {
     pub alpha: f64,
 }
 
+/// The names of the files [`write`] writes.
+const FILES: [&str; 4] = [
+    "report.md",
+    "speed_vs_baseline.svg",
+    "speedup_vs_default.svg",
+    "history.svg",
+];
+
+/// The first line of every `report.md` written here.
+const TITLE: &str = "# Regression benchmark — ";
+
+/// Refuses a report directory holding files of the report's names that an earlier report
+/// did not write: a `report.md` of another title, or charts beside no report of ours.
+pub fn check_dir(dir: &Path) -> anyhow::Result<()> {
+    let ours = std::fs::read_to_string(dir.join("report.md"))
+        .map(|text| text.starts_with(TITLE))
+        .unwrap_or(false);
+    if ours {
+        return Ok(());
+    }
+    match FILES.iter().find(|f| dir.join(f).exists()) {
+        Some(f) => anyhow::bail!(
+            "--report {}: {f} is there and no report of autokernel's is (its report.md starts \
+             '{}'); refusing to overwrite it (name a new or an earlier report's directory)",
+            dir.display(),
+            TITLE.trim_end()
+        ),
+        None => Ok(()),
+    }
+}
+
 /// The files written, report first.
 pub fn write(dir: &Path, input: &ReportInput) -> anyhow::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)
@@ -366,7 +397,7 @@ fn markdown(input: &ReportInput, runs: &[&Baseline], have_comparisons: bool) -> 
 fn md_header(md: &mut String, input: &ReportInput) {
     let cur = input.current;
     let hw = &cur.fingerprint;
-    let _ = writeln!(md, "# Regression benchmark — {}\n", cur.created_at);
+    let _ = writeln!(md, "{TITLE}{}\n", cur.created_at);
     let _ = writeln!(
         md,
         "Machine: {}\n\nFingerprint `{}` · autokernel {} · protocol `{}` · database `{}`\n",
