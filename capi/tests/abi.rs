@@ -191,7 +191,8 @@ fn null_and_misshapen_arguments_are_status_codes() {
         // Masked: q = k = v = x; with key length 4 the same as unmasked; with key length 1
         // every query sees only key 0, so each output row is v's row 0.
         let y: Vec<f32> = (0..64).map(|i| (i % 7) as f32 * 0.1).collect();
-        let masked = |lens: &[i32], out: &mut [f32]| {
+        // Raw pointers: one call below passes key lengths that lie inside the output.
+        let masked_raw = |lens: *const i32, n: usize, out: *mut f32| {
             autokernel_runtime_attention_masked(
                 rt,
                 1,
@@ -199,19 +200,21 @@ fn null_and_misshapen_arguments_are_status_codes() {
                 4,
                 16,
                 0,
-                lens.as_ptr(),
-                lens.len(),
+                lens,
+                n,
                 y.as_ptr(),
                 64,
                 y.as_ptr(),
                 64,
                 y.as_ptr(),
                 64,
-                out.as_mut_ptr(),
+                out,
                 64,
                 null_mut(),
             )
         };
+        let masked =
+            |lens: &[i32], out: &mut [f32]| masked_raw(lens.as_ptr(), lens.len(), out.as_mut_ptr());
         let mut one = vec![0f32; 64];
         expect(masked(&[1], &mut one), AUTOKERNEL_OK, "");
         for row in one.chunks(16) {
@@ -223,25 +226,7 @@ fn null_and_misshapen_arguments_are_status_codes() {
         let inside = o.wrapping_add(5).cast::<i32>();
         // SAFETY: one i32 inside `out` (raw pointers only: the call must refuse, not read it).
         inside.write(1);
-        let st = autokernel_runtime_attention_masked(
-            rt,
-            1,
-            1,
-            4,
-            16,
-            0,
-            inside.cast_const(),
-            1,
-            y.as_ptr(),
-            64,
-            y.as_ptr(),
-            64,
-            y.as_ptr(),
-            64,
-            o,
-            64,
-            null_mut(),
-        );
+        let st = masked_raw(inside.cast_const(), 1, o);
         expect(st, AUTOKERNEL_INVALID_ARGUMENT, "o overlaps key_lens");
         let (mut full, mut plain) = (vec![0f32; 64], vec![0f32; 64]);
         expect(masked(&[4], &mut full), AUTOKERNEL_OK, "");
