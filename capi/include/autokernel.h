@@ -189,8 +189,10 @@ void autokernel_runtime_free(struct AutokernelRuntime *rt);
 // `rt` is NULL or a live runtime.
 int autokernel_runtime_reload(const struct AutokernelRuntime *rt);
 
-// Why the database could not be loaded at open, or NULL in `*out` if it was (or the
-// runtime has no database). A string to free with `autokernel_string_free`.
+// Why the index in service could not be loaded from the database, or NULL in `*out` if it
+// was (or the runtime has no database): the open's reason, until a successful
+// `autokernel_runtime_reload` replaces the index (a failed reload keeps the index, and this,
+// and returns its own status). A string to free with `autokernel_string_free`.
 //
 // # Safety
 // `rt` is NULL or a live runtime; `out` is NULL or writable.

@@ -157,8 +157,10 @@ pub unsafe extern "C" fn autokernel_runtime_reload(rt: *const AutokernelRuntime)
     })
 }
 
-/// Why the database could not be loaded at open, or NULL in `*out` if it was (or the
-/// runtime has no database). A string to free with `autokernel_string_free`.
+/// Why the index in service could not be loaded from the database, or NULL in `*out` if it
+/// was (or the runtime has no database): the open's reason, until a successful
+/// `autokernel_runtime_reload` replaces the index (a failed reload keeps the index, and this,
+/// and returns its own status). A string to free with `autokernel_string_free`.
 ///
 /// # Safety
 /// `rt` is NULL or a live runtime; `out` is NULL or writable.
