@@ -1,8 +1,9 @@
 //! Hugging Face BERT-family checkpoints: a directory with `config.json` and
 //! `model.safetensors` or the shards of `model.safetensors.index.json` (what `save_pretrained`
-//! writes), read with the `safetensors` crate — no network, no hub. Three model types share
-//! the encoder (post-LayerNorm layers, one attention, a two-layer feed-forward block) and
-//! differ in names, in token types and in how positions are counted ([`NAMINGS`]):
+//! writes), read with the `safetensors` crate — no network, no hub. Four families of model
+//! types share the encoder (post-LayerNorm layers, one attention, a two-layer feed-forward
+//! block) and differ in names, in token types, in the embeddings' width and in how positions
+//! are counted ([`NAMINGS`]):
 //!
 //! - `bert`: `embeddings.{word,position,token_type}_embeddings.weight`,
 //!   `embeddings.LayerNorm.*`, `encoder.layer.N.attention.self.{query,key,value}.*`,
