@@ -129,6 +129,24 @@ fn every_read_command_works_on_a_read_only_deployment() {
     assert!(!o.status.success());
     assert_eq!(stderr(&o).trim().lines().count(), 1, "{}", stderr(&o));
     assert_eq!(std::fs::read(&db).unwrap(), before);
+    // An export or a merge into the read-only directory: refused naming the output and its
+    // directory (the error had named a temporary file and given the tuning database's hint).
+    let into = deploy.join("new.db");
+    let into = into.to_str().unwrap();
+    let writes: [&[&str]; 2] = [
+        &["db", "export", "--db", dbs, "--out", into],
+        &["db", "merge", dbs, dbs, "--out", into],
+    ];
+    for args in writes {
+        let o = unprivileged(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        let want = format!(
+            "cannot create {into}: directory {} takes no new files",
+            deploy.display()
+        );
+        assert!(stderr(&o).contains(&want), "{args:?}: {}", stderr(&o));
+        assert_eq!(listing(&deploy), ["tuning.db"], "{args:?} left nothing");
+    }
     // A read-only file in a directory the writer may write: refused before the first write
     // (it had failed mid-run and left -wal/-shm files the owner could not remove), and the
     // dry run says so too.

@@ -34,275 +34,371 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif /* __cplusplus */
 
-// The major version of the library this header belongs to: compare it with
-// `autokernel_version()` at run time to catch a header and a library that do not match.
+/**
+ * The major version of the library this header belongs to: compare it with
+ * `autokernel_version()` at run time to catch a header and a library that do not match.
+ */
 #define AUTOKERNEL_VERSION_MAJOR 0
 
-// The minor version of the library this header belongs to.
+/**
+ * The minor version of the library this header belongs to.
+ */
 #define AUTOKERNEL_VERSION_MINOR 1
 
-// The patch version of the library this header belongs to.
+/**
+ * The patch version of the library this header belongs to.
+ */
 #define AUTOKERNEL_VERSION_PATCH 0
 
-// Success.
+/**
+ * Success.
+ */
 #define AUTOKERNEL_OK 0
 
-// A null pointer where one is required, a misaligned or overlapping buffer, a string that
-// is not UTF-8, an unknown name or flag value.
+/**
+ * A null pointer where one is required, a misaligned or overlapping buffer, a string that
+ * is not UTF-8, an unknown name or flag value.
+ */
 #define AUTOKERNEL_INVALID_ARGUMENT 1
 
-// A shape that is not valid (a zero dimension, a size that overflows) or a buffer whose
-// length does not match the shape.
+/**
+ * A shape that is not valid (a zero dimension, a size that overflows) or a buffer whose
+ * length does not match the shape.
+ */
 #define AUTOKERNEL_SHAPE 2
 
-// The tuning database could not be read (missing, damaged, foreign, newer schema), or the
-// runtime has no database to reload.
+/**
+ * The tuning database could not be read (missing, damaged, foreign, newer schema), or the
+ * runtime has no database to reload.
+ */
 #define AUTOKERNEL_DATABASE 3
 
-// Valid, but not served by this build or machine (for instance a workload only a CUDA
-// family runs, or a precision policy this build does not have).
+/**
+ * Valid, but not served by this build or machine (for instance a workload only a CUDA
+ * family runs, or a precision policy this build does not have).
+ */
 #define AUTOKERNEL_UNSUPPORTED 4
 
-// A bug inside the library: a caught panic or an unexpected error. The message says more.
+/**
+ * A bug inside the library: a caught panic or an unexpected error. The message says more.
+ */
 #define AUTOKERNEL_INTERNAL 5
 
-// The memory left cannot hold what the call needs (a packed weight): nothing was made, and
-// the process goes on.
+/**
+ * The memory left cannot hold what the call needs (a packed weight): nothing was made, and
+ * the process goes on.
+ */
 #define AUTOKERNEL_OUT_OF_MEMORY 6
 
-// Served by a record of this workload on this machine.
+/**
+ * Served by a record of this workload on this machine.
+ */
 #define AUTOKERNEL_LEVEL_EXACT 0
 
-// Served by a record from a machine of the same micro-architecture and ISA.
+/**
+ * Served by a record from a machine of the same micro-architecture and ISA.
+ */
 #define AUTOKERNEL_LEVEL_SAME_ARCH 1
 
-// Served by the config of the nearest tuned shape of the same op.
+/**
+ * Served by the config of the nearest tuned shape of the same op.
+ */
 #define AUTOKERNEL_LEVEL_NEAREST_SHAPE 2
 
-// Served by the kernel family's default config.
+/**
+ * Served by the kernel family's default config.
+ */
 #define AUTOKERNEL_LEVEL_DEFAULT 3
 
-// No activation: `C = A·B + bias`.
+/**
+ * No activation: `C = A·B + bias`.
+ */
 #define AUTOKERNEL_ACT_NONE 0
 
-// `C = max(A·B + bias, 0)`.
+/**
+ * `C = max(A·B + bias, 0)`.
+ */
 #define AUTOKERNEL_ACT_RELU 1
 
-// `C = gelu(A·B + bias)`, GELU in its tanh form.
+/**
+ * `C = gelu(A·B + bias)`, GELU in its tanh form.
+ */
 #define AUTOKERNEL_ACT_GELU 2
 
-// `C = gelu(A·B + bias)`, GELU in its exact erf form (`hidden_act: "gelu"` of most published
-// BERT checkpoints).
+/**
+ * `C = gelu(A·B + bias)`, GELU in its exact erf form (`hidden_act: "gelu"` of most published
+ * BERT checkpoints).
+ */
 #define AUTOKERNEL_ACT_GELU_ERF 3
 
-// A runtime: a tuning database indexed for this machine, and the threads its kernels run
-// on. Opaque; made by `autokernel_runtime_open`, freed by `autokernel_runtime_free`.
-// Shareable between threads.
+/**
+ * A runtime: a tuning database indexed for this machine, and the threads its kernels run
+ * on. Opaque; made by `autokernel_runtime_open`, freed by `autokernel_runtime_free`.
+ * Shareable between threads.
+ */
 typedef struct AutokernelRuntime AutokernelRuntime;
 
-// A constant weight (the k×n B of a linear layer) packed once in the layouts of the tuned
-// variants that serve it. Opaque; made by `autokernel_weight_pack`, freed by
-// `autokernel_weight_free`. Shareable between threads.
+/**
+ * A constant weight (the k×n B of a linear layer) packed once in the layouts of the tuned
+ * variants that serve it. Opaque; made by `autokernel_weight_pack`, freed by
+ * `autokernel_weight_free`. Shareable between threads.
+ */
 typedef struct AutokernelWeight AutokernelWeight;
 
-// Lookups served so far by a runtime, by level and by the element type served in (each
-// lookup counts once in each breakdown: an f32 call the precision policy serves in int8
-// counts under `int8`).
+/**
+ * Lookups served so far by a runtime, by level and by the element type served in (each
+ * lookup counts once in each breakdown: an f32 call the precision policy serves in int8
+ * counts under `int8`).
+ */
 typedef struct AutokernelLookupCounts {
-  // Served by a record of this workload on this machine.
+  /**
+   * Served by a record of this workload on this machine.
+   */
   uint64_t exact;
-  // Served by a record from a machine of the same micro-architecture.
+  /**
+   * Served by a record from a machine of the same micro-architecture.
+   */
   uint64_t same_arch;
-  // Served by the config of the nearest tuned shape.
+  /**
+   * Served by the config of the nearest tuned shape.
+   */
   uint64_t nearest_shape;
-  // Served by the kernel default.
+  /**
+   * Served by the kernel default.
+   */
   uint64_t defaults;
-  // Served in f32.
+  /**
+   * Served in f32.
+   */
   uint64_t f32;
-  // Served in bf16.
+  /**
+   * Served in bf16.
+   */
   uint64_t bf16;
-  // Served in int8.
+  /**
+   * Served in int8.
+   */
   uint64_t int8;
 } AutokernelLookupCounts;
 
-#ifdef __cplusplus
-extern "C" {
-#endif // __cplusplus
-
-// The library's version, e.g. `"0.1.0"`. A static string: never freed.
+/**
+ * The library's version, e.g. `"0.1.0"`. A static string: never freed.
+ */
 const char *autokernel_version(void);
 
-// The message of the last call made on the calling thread: empty (`""`) if it succeeded.
-// Never NULL. The pointer stays valid until the next `autokernel_*` call on this thread.
+/**
+ * The message of the last call made on the calling thread: empty (`""`) if it succeeded.
+ * Never NULL. The pointer stays valid until the next `autokernel_*` call on this thread.
+ */
 const char *autokernel_last_error(void);
 
-// The name of a status code (`"AUTOKERNEL_SHAPE"`, ...); `"AUTOKERNEL_UNKNOWN"` for a value
-// that is not one. A static string: never freed.
+/**
+ * The name of a status code (`"AUTOKERNEL_SHAPE"`, ...); `"AUTOKERNEL_UNKNOWN"` for a value
+ * that is not one. A static string: never freed.
+ */
 const char *autokernel_status_name(int status);
 
-// Sets the precision policy of later calls: which element type an f32 call may be served
-// in. `precision`: NULL, `""` or `"f32"` (f32 only, the default), `"bf16"`, `"int8"` (that
-// type wherever a kernel family serves it), or `"auto"` (per workload, the fastest record
-// measured on its shape). `max_rel_err` ≥ 0: a reduced-precision record is served only if
-// its stored max relative error against the f32 problem is at most this (`auto` uses 1e-2
-// when it is negative); negative: no budget; NaN or +∞: `AUTOKERNEL_INVALID_ARGUMENT`. A
-// weight packed before keeps its plans.
-//
-// # Safety
-// `rt` is NULL or a live runtime; `precision` is NULL or a NUL-terminated string.
+/**
+ * Sets the precision policy of later calls: which element type an f32 call may be served
+ * in. `precision`: NULL, `""` or `"f32"` (f32 only, the default), `"bf16"`, `"int8"` (that
+ * type wherever a kernel family serves it), or `"auto"` (per workload, the fastest record
+ * measured on its shape). `max_rel_err` ≥ 0: a reduced-precision record is served only if
+ * its stored max relative error against the f32 problem is at most this (`auto` uses 1e-2
+ * when it is negative); negative: no budget; NaN or +∞: `AUTOKERNEL_INVALID_ARGUMENT`. A
+ * weight packed before keeps its plans.
+ *
+ * # Safety
+ * `rt` is NULL or a live runtime; `precision` is NULL or a NUL-terminated string.
+ */
 int autokernel_runtime_set_precision(const struct AutokernelRuntime *rt, const char *precision, double max_rel_err);
 
-// Opens a runtime on the tuning database at `db_path` (read-only) and stores it in `*out`.
-//
-// `db_path` NULL: no database, every call runs its kernel default. A database that cannot
-// be read (missing, damaged, of a newer schema) does not fail the open: the runtime serves
-// kernel defaults, `autokernel_runtime_load_error` says why, and
-// `autokernel_runtime_reload` picks the file up once it is good.
-//
-// `threads`: 0 runs kernels on the process-wide pool (all CPUs this process may use);
-// T > 0 serves the records tuned at T threads (`autokernel tune --threads T`) on a pool of
-// T threads of this runtime's own — except 1, which runs each call on its caller's thread
-// (no hand-over to a pool: concurrent callers each compute on their own thread), and this
-// machine's count, the process-wide pool. More than the CPUs available is refused.
-//
-// `precision`: NULL, `""` or `"f32"` (the default), `"bf16"`, `"int8"` or `"auto"`, with
-// no error budget (see `autokernel_runtime_set_precision` to give one).
-//
-// On failure `*out` is NULL.
-//
-// # Safety
-// `db_path` and `precision` are NULL or NUL-terminated strings; `out` is NULL or writable.
+/**
+ * Opens a runtime on the tuning database at `db_path` (read-only) and stores it in `*out`.
+ *
+ * `db_path` NULL: no database, every call runs its kernel default. A database that cannot
+ * be read (missing, damaged, of a newer schema) does not fail the open: the runtime serves
+ * kernel defaults, `autokernel_runtime_load_error` says why, and
+ * `autokernel_runtime_reload` picks the file up once it is good.
+ *
+ * `threads`: 0 runs kernels on the process-wide pool (all CPUs this process may use, or
+ * `RAYON_NUM_THREADS` of them where that environment variable is set when the library
+ * first runs); T > 0 serves the records tuned at T threads (`autokernel tune --threads T`)
+ * on a pool of T threads of this runtime's own — except 1, which runs each call on its
+ * caller's thread (no hand-over to a pool: concurrent callers each compute on their own
+ * thread), and the process-wide pool's count, that pool. More than that count is refused.
+ * The first open starts the process-wide pool's threads, whatever `threads` says (its size
+ * is part of the hardware fingerprint); they sleep while unused.
+ *
+ * `precision`: NULL, `""` or `"f32"` (the default), `"bf16"`, `"int8"` or `"auto"`, with
+ * no error budget (see `autokernel_runtime_set_precision` to give one).
+ *
+ * On failure `*out` is NULL.
+ *
+ * # Safety
+ * `db_path` and `precision` are NULL or NUL-terminated strings; `out` is NULL or writable.
+ */
 int autokernel_runtime_open(const char *db_path, uint32_t threads, const char *precision, struct AutokernelRuntime **out);
 
-// Frees a runtime (NULL: nothing). No other thread may be using it.
-//
-// # Safety
-// `rt` is NULL or a runtime from `autokernel_runtime_open` not freed before.
+/**
+ * Frees a runtime (NULL: nothing). No other thread may be using it.
+ *
+ * # Safety
+ * `rt` is NULL or a runtime from `autokernel_runtime_open` not freed before.
+ */
 void autokernel_runtime_free(struct AutokernelRuntime *rt);
 
-// Re-reads the database the runtime was opened on and swaps the new index in atomically:
-// calls in flight on other threads finish on the old one, later calls see the new one.
-// On error (AUTOKERNEL_DATABASE) the old index stays in service.
-//
-// # Safety
-// `rt` is NULL or a live runtime.
+/**
+ * Re-reads the database the runtime was opened on and swaps the new index in atomically:
+ * calls in flight on other threads finish on the old one, later calls see the new one.
+ * On error (AUTOKERNEL_DATABASE) the old index stays in service.
+ *
+ * # Safety
+ * `rt` is NULL or a live runtime.
+ */
 int autokernel_runtime_reload(const struct AutokernelRuntime *rt);
 
-// Why the index in service could not be loaded from the database, or NULL in `*out` if it
-// was (or the runtime has no database): the open's reason, until a successful
-// `autokernel_runtime_reload` replaces the index (a failed reload keeps the index, and this,
-// and returns its own status). A string to free with `autokernel_string_free`.
-//
-// # Safety
-// `rt` is NULL or a live runtime; `out` is NULL or writable.
+/**
+ * Why the index in service could not be loaded from the database, or NULL in `*out` if it
+ * was (or the runtime has no database): the open's reason, until a successful
+ * `autokernel_runtime_reload` replaces the index (a failed reload keeps the index, and this,
+ * and returns its own status). A string to free with `autokernel_string_free`.
+ *
+ * # Safety
+ * `rt` is NULL or a live runtime; `out` is NULL or writable.
+ */
 int autokernel_runtime_load_error(const struct AutokernelRuntime *rt, char **out);
 
-// Which variant serves `workload` (e.g. `"gemm:128x768x768"`,
-// `"gemm_bias_gelu:8x3072x768"`, `"attention:1x12x128x64:causal"`) as a JSON object with
-// the fields of `autokernel lookup --json`: workload (as asked), dtype (the element type the
-// call is served in under the precision policy), device, level, kernel, kernel_version,
-// config, fingerprint, source, rel_err, precisions, precision, served_as. Counted like a
-// call. `*json_out` is a string
-// to free with `autokernel_string_free` (NULL on failure).
-//
-// # Safety
-// `rt` is NULL or a live runtime; `workload` is NULL or a NUL-terminated string;
-// `json_out` is NULL or writable.
+/**
+ * Which variant serves `workload` (e.g. `"gemm:128x768x768"`,
+ * `"gemm_bias_gelu:8x3072x768"`, `"attention:1x12x128x64:causal"`) as a JSON object with
+ * the fields of `autokernel lookup --json`: workload (as asked), dtype (the element type the
+ * call is served in under the precision policy), device, level, kernel, kernel_version,
+ * config, fingerprint, source, rel_err, precisions, precision, served_as. Counted like a
+ * call. `*json_out` is a string
+ * to free with `autokernel_string_free` (NULL on failure).
+ *
+ * # Safety
+ * `rt` is NULL or a live runtime; `workload` is NULL or a NUL-terminated string;
+ * `json_out` is NULL or writable.
+ */
 int autokernel_runtime_lookup(const struct AutokernelRuntime *rt, const char *workload, char **json_out);
 
-// Writes the runtime's lookup counters to `*out`.
-//
-// # Safety
-// `rt` is NULL or a live runtime; `out` is NULL or writable.
+/**
+ * Writes the runtime's lookup counters to `*out`.
+ *
+ * # Safety
+ * `rt` is NULL or a live runtime; `out` is NULL or writable.
+ */
 int autokernel_runtime_lookups(const struct AutokernelRuntime *rt, struct AutokernelLookupCounts *out);
 
-// Frees a string this library returned (NULL: nothing).
-//
-// # Safety
-// `s` is NULL or a string from this library not freed before.
+/**
+ * Frees a string this library returned (NULL: nothing).
+ *
+ * # Safety
+ * `s` is NULL or a string from this library not freed before.
+ */
 void autokernel_string_free(char *s);
 
-// `C = A·B`, f32 row-major: A is m×k (`a_len` = m·k), B is k×n, C is m×n (overwritten).
-// `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* that served the call.
-//
-// # Safety
-// `rt` is NULL or a live runtime; each buffer is NULL or holds its stated number of
-// floats; `c` overlaps no input; `level_out` is NULL or writable.
+/**
+ * `C = A·B`, f32 row-major: A is m×k (`a_len` = m·k), B is k×n, C is m×n (overwritten).
+ * `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* that served the call.
+ *
+ * # Safety
+ * `rt` is NULL or a live runtime; each buffer is NULL or holds its stated number of
+ * floats; `c` overlaps no input; `level_out` is NULL or writable.
+ */
 int autokernel_runtime_gemm(const struct AutokernelRuntime *rt, size_t m, size_t n, size_t k, const float *a, size_t a_len, const float *b, size_t b_len, float *c, size_t c_len, int *level_out);
 
-// Scaled dot-product attention, f32: `O = softmax(Q·Kᵀ/√d)·V` for each of the b·h heads of
-// [b, h, s, d] row-major tensors (each buffer b·h·s·d floats); with `causal` non-zero,
-// query i sees keys j ≤ i. `o` is overwritten. For a padded batch, see
-// `autokernel_runtime_attention_masked`.
-// `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* that served the call.
-//
-// # Safety
-// `rt` is NULL or a live runtime; each buffer is NULL or holds its stated number of
-// floats; `o` overlaps no input; `level_out` is NULL or writable.
+/**
+ * Scaled dot-product attention, f32: `O = softmax(Q·Kᵀ/√d)·V` for each of the b·h heads of
+ * [b, h, s, d] row-major tensors (each buffer b·h·s·d floats); with `causal` non-zero,
+ * query i sees keys j ≤ i. `o` is overwritten. For a padded batch, see
+ * `autokernel_runtime_attention_masked`.
+ * `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* that served the call.
+ *
+ * # Safety
+ * `rt` is NULL or a live runtime; each buffer is NULL or holds its stated number of
+ * floats; `o` overlaps no input; `level_out` is NULL or writable.
+ */
 int autokernel_runtime_attention(const struct AutokernelRuntime *rt, size_t b, size_t h, size_t s, size_t d, int causal, const float *q, size_t q_len, const float *k, size_t k_len, const float *v, size_t v_len, float *o, size_t o_len, int *level_out);
 
-// `autokernel_runtime_attention` on a padded batch: `key_lens` holds `b` key lengths (each
-// in 0..=s, `key_lens_len` must be `b`); keys j ≥ `key_lens[batch]` are not attended to (what a
-// Hugging Face attention mask of 1s then 0s means), combined with `causal`; a query that sees
-// no key gets zeros. Same tuned variants as unmasked attention.
-//
-// # Safety
-// As `autokernel_runtime_attention`; `key_lens` is NULL or holds `key_lens_len` ints.
+/**
+ * `autokernel_runtime_attention` on a padded batch: `key_lens` holds `b` key lengths (each
+ * in 0..=s, `key_lens_len` must be `b`); keys j ≥ `key_lens[batch]` are not attended to (what a
+ * Hugging Face attention mask of 1s then 0s means), combined with `causal`; a query that sees
+ * no key gets zeros. Same tuned variants as unmasked attention.
+ *
+ * # Safety
+ * As `autokernel_runtime_attention`; `key_lens` is NULL or holds `key_lens_len` ints.
+ */
 int autokernel_runtime_attention_masked(const struct AutokernelRuntime *rt, size_t b, size_t h, size_t s, size_t d, int causal, const int32_t *key_lens, size_t key_lens_len, const float *q, size_t q_len, const float *k, size_t k_len, const float *v, size_t v_len, float *o, size_t o_len, int *level_out);
 
-// Self-attention straight from a fused QKV projection's output, f32: `qkv` holds b·s rows
-// of 3·heads·d floats (each token's queries, then keys, then values; head i at columns
-// i·d.. of each), `o` gets b·s rows of heads·d floats (head i at columns i·d..), ready for
-// the output projection. The tuned attention (`autokernel_runtime_attention`'s) reads and
-// writes the rows in place (a variant that cannot gets the heads split out and merged back
-// in buffers of the runtime). `key_lens` (b values, each in 0..=s) masks a padded
-// batch as in `autokernel_runtime_attention_masked`; NULL (with `key_lens_len` 0) for none.
-// `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* that served the attention.
-//
-// # Safety
-// `rt` is NULL or a live runtime; each buffer is NULL or holds its stated number of
-// elements; `o` overlaps no input; `level_out` is NULL or writable.
+/**
+ * Self-attention straight from a fused QKV projection's output, f32: `qkv` holds b·s rows
+ * of 3·heads·d floats (each token's queries, then keys, then values; head i at columns
+ * i·d.. of each), `o` gets b·s rows of heads·d floats (head i at columns i·d..), ready for
+ * the output projection. The tuned attention (`autokernel_runtime_attention`'s) reads and
+ * writes the rows in place (a variant that cannot gets the heads split out and merged back
+ * in buffers of the runtime). `key_lens` (b values, each in 0..=s) masks a padded
+ * batch as in `autokernel_runtime_attention_masked`; NULL (with `key_lens_len` 0) for none.
+ * `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* that served the attention.
+ *
+ * # Safety
+ * `rt` is NULL or a live runtime; each buffer is NULL or holds its stated number of
+ * elements; `o` overlaps no input; `level_out` is NULL or writable.
+ */
 int autokernel_runtime_attention_qkv(const struct AutokernelRuntime *rt, size_t b, size_t s, size_t heads, size_t d, int causal, const int32_t *key_lens, size_t key_lens_len, const float *qkv, size_t qkv_len, float *o, size_t o_len, int *level_out);
 
-// In place: `x = LayerNorm(x + residual)` over rows of `h` floats (`x_len` a multiple of
-// `h`), with scale `gamma` and shift `beta` (`h` floats each) and `eps` (a positive finite
-// number, else `AUTOKERNEL_INVALID_ARGUMENT`), as torch.nn.LayerNorm computes it;
-// `residual` (`x_len` floats) may be NULL (with `residual_len` 0) for a plain LayerNorm.
-// Parallel over rows.
-//
-// # Safety
-// Each buffer is NULL or holds its stated number of floats; `x` overlaps no other buffer.
+/**
+ * In place: `x = LayerNorm(x + residual)` over rows of `h` floats (`x_len` a multiple of
+ * `h`), with scale `gamma` and shift `beta` (`h` floats each) and `eps` (a positive finite
+ * number, else `AUTOKERNEL_INVALID_ARGUMENT`), as torch.nn.LayerNorm computes it;
+ * `residual` (`x_len` floats) may be NULL (with `residual_len` 0) for a plain LayerNorm.
+ * Parallel over rows.
+ *
+ * # Safety
+ * Each buffer is NULL or holds its stated number of floats; `x` overlaps no other buffer.
+ */
 int autokernel_add_layer_norm(float *x, size_t x_len, const float *residual, size_t residual_len, const float *gamma, const float *beta, size_t h, float eps);
 
-// Packs the weight `b` (k×n row-major, `b_len` = k·n) for linear layers with activation
-// `act` (AUTOKERNEL_ACT_*), planned for each row count in `ms` (`ms_len` ≥ 1: the batch
-// shapes you expect; any other M works too, resolved on first use). Stores the weight in
-// `*out` (NULL on failure). `b` may be freed or changed afterwards.
-//
-// # Safety
-// `rt` is NULL or a live runtime; `b` is NULL or holds `b_len` floats; `ms` is NULL or
-// holds `ms_len` values; `out` is NULL or writable.
+/**
+ * Packs the weight `b` (k×n row-major, `b_len` = k·n) for linear layers with activation
+ * `act` (AUTOKERNEL_ACT_*), planned for each row count in `ms` (`ms_len` ≥ 1: the batch
+ * shapes you expect; any other M works too, resolved on first use). Stores the weight in
+ * `*out` (NULL on failure). `b` may be freed or changed afterwards.
+ *
+ * # Safety
+ * `rt` is NULL or a live runtime; `b` is NULL or holds `b_len` floats; `ms` is NULL or
+ * holds `ms_len` values; `out` is NULL or writable.
+ */
 int autokernel_weight_pack(const struct AutokernelRuntime *rt, size_t n, size_t k, int act, const float *b, size_t b_len, const size_t *ms, size_t ms_len, struct AutokernelWeight **out);
 
-// Frees a packed weight (NULL: nothing). No other thread may be using it.
-//
-// # Safety
-// `w` is NULL or a weight from `autokernel_weight_pack` not freed before.
+/**
+ * Frees a packed weight (NULL: nothing). No other thread may be using it.
+ *
+ * # Safety
+ * `w` is NULL or a weight from `autokernel_weight_pack` not freed before.
+ */
 void autokernel_weight_free(struct AutokernelWeight *w);
 
-// A linear layer with a packed weight: `C = act(A·B + bias)`, A m×k (`a_len` = m·k), bias
-// n (or NULL with `bias_len` 0: no bias), C m×n (overwritten), for any m ≥ 1. Use the
-// runtime that packed the weight.
-// `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* of the config serving this m.
-//
-// # Safety
-// `rt` and `w` are NULL or live; each buffer is NULL or holds its stated number of floats;
-// `c` overlaps no input; `level_out` is NULL or writable.
+/**
+ * A linear layer with a packed weight: `C = act(A·B + bias)`, A m×k (`a_len` = m·k), bias
+ * n (or NULL with `bias_len` 0: no bias), C m×n (overwritten), for any m ≥ 1. Use the
+ * runtime that packed the weight.
+ * `*level_out` (if not NULL) gets the AUTOKERNEL_LEVEL_* of the config serving this m.
+ *
+ * # Safety
+ * `rt` and `w` are NULL or live; each buffer is NULL or holds its stated number of floats;
+ * `c` overlaps no input; `level_out` is NULL or writable.
+ */
 int autokernel_runtime_linear(const struct AutokernelRuntime *rt, const struct AutokernelWeight *w, size_t m, const float *a, size_t a_len, const float *bias, size_t bias_len, float *c, size_t c_len, int *level_out);
 
 #ifdef __cplusplus
-}  // extern "C"
-#endif  // __cplusplus
+} /* extern "C" */
+#endif /* __cplusplus */
 
-#endif  /* AUTOKERNEL_H */
+#endif /* AUTOKERNEL_H */

@@ -95,11 +95,14 @@ pub unsafe extern "C" fn autokernel_runtime_set_precision(
 /// kernel defaults, `autokernel_runtime_load_error` says why, and
 /// `autokernel_runtime_reload` picks the file up once it is good.
 ///
-/// `threads`: 0 runs kernels on the process-wide pool (all CPUs this process may use);
-/// T > 0 serves the records tuned at T threads (`autokernel tune --threads T`) on a pool of
-/// T threads of this runtime's own — except 1, which runs each call on its caller's thread
-/// (no hand-over to a pool: concurrent callers each compute on their own thread), and this
-/// machine's count, the process-wide pool. More than the CPUs available is refused.
+/// `threads`: 0 runs kernels on the process-wide pool (all CPUs this process may use, or
+/// `RAYON_NUM_THREADS` of them where that environment variable is set when the library
+/// first runs); T > 0 serves the records tuned at T threads (`autokernel tune --threads T`)
+/// on a pool of T threads of this runtime's own — except 1, which runs each call on its
+/// caller's thread (no hand-over to a pool: concurrent callers each compute on their own
+/// thread), and the process-wide pool's count, that pool. More than that count is refused.
+/// The first open starts the process-wide pool's threads, whatever `threads` says (its size
+/// is part of the hardware fingerprint); they sleep while unused.
 ///
 /// `precision`: NULL, `""` or `"f32"` (the default), `"bf16"`, `"int8"` or `"auto"`, with
 /// no error budget (see `autokernel_runtime_set_precision` to give one).

@@ -682,7 +682,7 @@ fn attention_on_qkv_rows_and_layer_norm_in_place() {
             null_mut(),
         )
     };
-    expect(st, AUTOKERNEL_SHAPE, "'out' has 119 elements");
+    expect(st, AUTOKERNEL_SHAPE, "'o' has 119 elements");
 
     // LayerNorm of x + r, in place, against f64; then the bad arguments.
     let h = 6;

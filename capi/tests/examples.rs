@@ -35,7 +35,7 @@ fn gemm_c_runs_with_the_shared_and_the_static_library() {
             serde_json::to_value(&configs[0].1).unwrap()
         );
         assert!(
-            out.contains("short output: AUTOKERNEL_SHAPE: buffer 'output' has 3071 elements"),
+            out.contains("short output: AUTOKERNEL_SHAPE: buffer 'c' has 3071 elements"),
             "{out}"
         );
         assert!(

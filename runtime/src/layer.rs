@@ -176,7 +176,7 @@ impl Runtime {
         let w = kernels::Workload::attention(batch, heads, seq, d, causal)?;
         let n = dims.len();
         buffer(w, "qkv", qkv.len(), 3 * n)?;
-        buffer(w, "out", out.len(), n)?;
+        buffer(w, "o", out.len(), n)?;
         if let Some(lens) = key_lens {
             buffer(w, "key_lens", lens.len(), batch)?;
         }

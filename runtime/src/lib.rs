@@ -821,7 +821,7 @@ fn check_buffers(
         }
     }
     if output.len() != c.output_len {
-        return bad("output", output.len(), c.output_len);
+        return bad(w.output_name(), output.len(), c.output_len);
     }
     Ok(())
 }
@@ -868,7 +868,7 @@ mod tests {
         let e = rt
             .gemm(2, 3, 4, &[0.0; 8], &[0.0; 12], &mut c[..5])
             .unwrap_err();
-        assert!(e.to_string().contains("'output'"), "{e}");
+        assert!(e.to_string().contains("'c' has 5 elements"), "{e}");
         assert!(rt.gemm(0, 3, 4, &[], &[0.0; 12], &mut c).is_err());
         let w = Workload::gemm(2, 3, 4).unwrap();
         assert!(rt.run(&w, &[&[0.0; 8]], &mut c).is_err());

@@ -945,15 +945,24 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Fails unless the directory `out` is to be written in exists.
+/// Fails unless the directory `out` is to be written in exists and takes new files (a probe
+/// file is made there and removed).
 pub(crate) fn require_parent(out: &Path) -> Result<(), DbError> {
-    match out.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => Err(DbError::NoParentDir {
+    let dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(DbError::NoParentDir {
             path: out.to_path_buf(),
             dir: dir.to_path_buf(),
-        }),
-        _ => Ok(()),
+        });
     }
+    crate::temp::probe(out).map_err(|e| DbError::DirNotWritable {
+        path: out.to_path_buf(),
+        dir: dir.to_path_buf(),
+        why: e.to_string(),
+    })
 }
 
 /// A private name for `out` being written, in the same directory (so the final rename is

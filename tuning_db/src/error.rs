@@ -18,6 +18,15 @@ pub enum DbError {
     #[error("cannot create {}: directory {} does not exist (create it first)", .path.display(), .dir.display())]
     NoParentDir { path: PathBuf, dir: PathBuf },
 
+    /// A file to be made (a merge's or an export's output) in a directory that takes no new
+    /// files (read-only, not ours).
+    #[error("cannot create {}: directory {} takes no new files ({why})", .path.display(), .dir.display())]
+    DirNotWritable {
+        path: PathBuf,
+        dir: PathBuf,
+        why: String,
+    },
+
     /// Not a SQLite file at all, or a damaged one (truncated, garbage, missing pages).
     #[error("{} is not a SQLite database (or is corrupt): {detail}", .path.display())]
     NotSqlite { path: PathBuf, detail: String },
