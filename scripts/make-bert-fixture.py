@@ -4,11 +4,15 @@ bert/tests/checkpoint.rs): a tiny BERT-family model saved by transformers' save_
 padded batch of inputs, and what transformers computes for it.
 
     pip install torch transformers   # only to regenerate the fixtures
-    scripts/make-bert-fixture.py [--arch bert|roberta|distilbert|electra] [OUT_DIR]
+    scripts/make-bert-fixture.py [--arch bert|roberta|distilbert|electra|albert] [OUT_DIR]
 
 OUT_DIR defaults to tests/fixtures/tiny-ARCH. Writes:
   config.json, model.safetensors  save_pretrained of a BertModel / RobertaModel / DistilBertModel /
-                                  ElectraModel (its embeddings 32 wide, projected to 64):
+                                  ElectraModel (its embeddings 32 wide, projected to 64) /
+                                  AlbertModel (embeddings 32 wide projected to 64; 3 layers
+                                  over 2 groups of 2 shared layers: 6 layer steps, the
+                                  groups split unevenly as transformers does; tanh GELU,
+                                  "gelu_new", ALBERT's own): otherwise
                                   2 layers, hidden 64, 4 heads, FFN 128, vocab 100, 16 usable
                                   positions (RoBERTa's table has 18 rows: its positions start
                                   after the padding id 1), activation "gelu" (exact); weights
@@ -17,7 +21,8 @@ OUT_DIR defaults to tests/fixtures/tiny-ARCH. Writes:
                                   computation below is exactly that of the stored weights
   inputs.json                     input_ids (padding holds the model's pad_token_id) and
                                   attention_mask of 4 right-padded sequences of lengths 11, 6, 1
-                                  and 9 (padded to 11); BERT's and ELECTRA's also token_type_ids
+                                  and 9 (padded to 11); BERT's, ELECTRA's and ALBERT's also
+                                  token_type_ids
                                   (two segments)
   expected.safetensors            last_hidden_state [4, 11, 64], f32: transformers' forward in
                                   float32, eager attention, for every position (padded ones too)
@@ -28,7 +33,7 @@ import os
 
 import torch
 from safetensors.torch import save_file
-from transformers import (BertConfig, BertModel, DistilBertConfig, DistilBertModel, ElectraConfig,
+from transformers import (AlbertConfig, AlbertModel, BertConfig, BertModel, DistilBertConfig, DistilBertModel, ElectraConfig,
                           ElectraModel, RobertaConfig, RobertaModel)
 
 SIZES = dict(vocab_size=100, num_hidden_layers=2, num_attention_heads=4, hidden_size=64,
@@ -50,6 +55,12 @@ def make(arch):
         config = ElectraConfig(**SIZES, embedding_size=32, hidden_act="gelu", max_position_embeddings=16,
                                type_vocab_size=2, layer_norm_eps=1e-12, attn_implementation="eager")
         return ElectraModel(config).eval(), True
+    if arch == "albert":
+        sizes = dict(SIZES, num_hidden_layers=3)
+        config = AlbertConfig(**sizes, embedding_size=32, num_hidden_groups=2, inner_group_num=2,
+                              hidden_act="gelu_new", max_position_embeddings=16, type_vocab_size=2,
+                              layer_norm_eps=1e-12, pad_token_id=0, attn_implementation="eager")
+        return AlbertModel(config, add_pooling_layer=False).eval(), True
     config = DistilBertConfig(vocab_size=100, n_layers=2, n_heads=4, dim=64, hidden_dim=128,
                               activation="gelu", max_position_embeddings=16, attn_implementation="eager")
     return DistilBertModel(config).eval(), False
@@ -57,7 +68,7 @@ def make(arch):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--arch", choices=["bert", "roberta", "distilbert", "electra"], default="bert")
+    p.add_argument("--arch", choices=["bert", "roberta", "distilbert", "electra", "albert"], default="bert")
     p.add_argument("out", nargs="?")
     args = p.parse_args()
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures",
@@ -84,9 +95,9 @@ def main():
     types = torch.zeros_like(ids)
     mask = torch.zeros_like(ids)
     for i, n in enumerate(lengths):
-        # BERT's and ELECTRA's ids from 1 (0 pads); RoBERTa's and DistilBERT's from 3 (past <s>,
-        # <pad>, </s>).
-        first = 1 if args.arch in ("bert", "electra") else 3
+        # BERT's, ELECTRA's and ALBERT's ids from 1 (0 pads); RoBERTa's and DistilBERT's from 3
+        # (past <s>, <pad>, </s>).
+        first = 1 if args.arch in ("bert", "electra", "albert") else 3
         ids[i, :n] = torch.randint(first, model.config.vocab_size, (n,))
         types[i, n // 2:n] = 1  # a second segment
         mask[i, :n] = 1

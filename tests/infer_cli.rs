@@ -199,9 +199,9 @@ fn bad_input_is_a_clear_error() {
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny-bert");
 
 #[test]
-fn roberta_distilbert_and_electra_checkpoints_are_tuned_and_match_transformers() {
+fn roberta_distilbert_electra_and_albert_checkpoints_are_tuned_and_match_transformers() {
     let dir = tempfile::tempdir().unwrap();
-    for arch in ["roberta", "distilbert", "electra"] {
+    for arch in ["roberta", "distilbert", "electra", "albert"] {
         let fixture = format!("{}/tests/fixtures/tiny-{arch}", env!("CARGO_MANIFEST_DIR"));
         let db = dir.path().join(format!("{arch}.db"));
         let db = db.to_str().unwrap();
@@ -233,8 +233,13 @@ fn roberta_distilbert_and_electra_checkpoints_are_tuned_and_match_transformers()
             serde_json::json!([11, 6, 1, 9]),
             "{arch}: {r}"
         );
-        // Five calls a layer; ELECTRA's embeddings projection one more.
-        let calls = if arch == "electra" { 11 } else { 10 };
+        // Five calls a layer; ELECTRA's and ALBERT's embeddings projection one more (ALBERT
+        // runs 6 layers over 4 shared weight sets).
+        let calls = match arch {
+            "electra" => 11,
+            "albert" => 31,
+            _ => 10,
+        };
         assert_eq!(r["calls"]["exact"], calls, "{arch}: {r}");
         let vs_hf = r["transformers_max_abs_err"].as_f64().unwrap();
         assert!(vs_hf <= 1e-4, "{arch}: {r}");

@@ -1,9 +1,9 @@
 //! Hugging Face BERT-family checkpoints: a directory with `config.json` and
 //! `model.safetensors` or the shards of `model.safetensors.index.json` (what `save_pretrained`
-//! writes), read with the `safetensors` crate — no network, no hub. Four families of model
+//! writes), read with the `safetensors` crate — no network, no hub. Five families of model
 //! types share the encoder (post-LayerNorm layers, one attention, a two-layer feed-forward
-//! block) and differ in names, in token types, in the embeddings' width and in how positions
-//! are counted ([`NAMINGS`]):
+//! block) and differ in names, in token types, in the embeddings' width, in how positions
+//! are counted and in whether layers share weights ([`NAMINGS`]):
 //!
 //! - `bert`: `embeddings.{word,position,token_type}_embeddings.weight`,
 //!   `embeddings.LayerNorm.*`, `encoder.layer.N.attention.self.{query,key,value}.*`,
@@ -19,9 +19,18 @@
 //! - `electra`: BERT's names; tables of `embedding_size` columns (default 128, as
 //!   transformers' `ElectraConfig`), projected to `hidden_size` by `embeddings_project.*`
 //!   when the two differ.
+//! - `albert`: BERT's embedding names, `embedding_size` wide (default 128), always projected
+//!   by `encoder.embedding_hidden_mapping_in.*`; `num_hidden_groups` groups (default 1) of
+//!   `inner_group_num` layers (default 1), `encoder.albert_layer_groups.G.albert_layers.I.`
+//!   `{attention.{query,key,value,dense,LayerNorm},ffn,ffn_output,full_layer_layer_norm}.*`,
+//!   whose weights are shared: each of the `num_hidden_layers` steps runs one group's layers
+//!   (as transformers picks it), so a forward pass runs `num_hidden_layers × inner_group_num`
+//!   layers over `num_hidden_groups × inner_group_num` weight sets, each packed once;
+//!   `hidden_act` defaults to `gelu_new`.
 //!
 //! Names are looked up with or without the model's prefix (`bert.`, `roberta.`,
-//! `distilbert.`, `electra.`: the task heads' checkpoints, whose extra tensors are ignored); LayerNorm as
+//! `distilbert.`, `electra.`, `albert.`: the task heads' checkpoints, whose extra tensors are
+//! ignored); LayerNorm as
 //! `weight`/`bias`, or the legacy `gamma`/`beta`. `nn.Linear` weights are `[out, in]` and are
 //! transposed into the encoder's `in × out`. Stored as F32, F16 or BF16 (converted exactly to
 //! f32). Anything missing or of the wrong shape is a one-line error naming the tensor or the
@@ -43,10 +52,14 @@ pub struct Checkpoint {
     pub dir: PathBuf,
     pub config: BertConfig,
     pub embeddings: Embeddings,
-    /// ELECTRA's projection of the embeddings to the hidden size (`embedding × hidden`,
-    /// bias `hidden`), when their widths differ.
+    /// The projection of the embeddings to the hidden size (`embedding × hidden`, bias
+    /// `hidden`): ELECTRA's when their widths differ, ALBERT's always.
     pub projection: Option<(Vec<f32>, Vec<f32>)>,
+    /// The distinct layers' weights: one per layer, but ALBERT's shared ones once.
     pub layers: Vec<LayerWeights>,
+    /// The layer of `layers` each of the `config.layers` steps of a forward pass runs:
+    /// `0, 1, 2, …` but for ALBERT.
+    pub steps: Vec<usize>,
 }
 
 /// `hidden_act` values served, and the activation each is.
@@ -70,32 +83,57 @@ pub struct Naming {
     aliases: &'static [(&'static str, &'static str)],
     /// The LayerNorm epsilon's field, or `None` for a fixed 1e-12.
     eps_field: Option<&'static str>,
+    /// The `hidden_act` (or `activation`) when config.json leaves it out.
+    act_default: &'static str,
     /// The field of the embedding tables' width, when it may differ from the hidden size
-    /// (ELECTRA's `embedding_size`, 128 when missing), or `None`: the hidden size.
+    /// (`embedding_size`, 128 when missing), or `None`: the hidden size.
     embedding_field: Option<&'static str>,
+    /// The linear layer from the embeddings' width to the hidden size, if the model has one.
+    projection: Projection,
     /// Whether it has a token-type table (`type_vocab_size`, default 2).
     token_types: bool,
     /// Whether positions are counted after the padding id (`pad_token_id`, default 1).
     positions_after_padding: bool,
-    /// Layer `N`'s prefix is this, then `.N.`.
-    layer: &'static str,
+    /// How the layers' weights are named and shared.
+    layers: Layers,
     /// A layer's tensors: query, key, value, attention output, its LayerNorm, feed-forward up,
     /// down, and its LayerNorm.
     tensors: [&'static str; 8],
 }
 
+/// The projection of a [`Naming`]'s embeddings to the hidden size: the `nn.Linear`'s name.
+#[derive(Debug)]
+enum Projection {
+    None,
+    /// ELECTRA's: there when the embeddings are narrower (or wider) than the hidden size.
+    IfWidthsDiffer(&'static str),
+    /// ALBERT's: always there.
+    Always(&'static str),
+}
+
+/// How a [`Naming`]'s layers are named and which weights each step runs.
+#[derive(Debug)]
+enum Layers {
+    /// Layer `N`'s weights are under this, then `.N.`; step `N` runs them.
+    Each(&'static str),
+    /// ALBERT's groups of shared layers (see the module's documentation).
+    AlbertGroups,
+}
+
 /// The model types [`Checkpoint::load`] reads.
-pub const NAMINGS: [Naming; 4] = [
+pub const NAMINGS: [Naming; 5] = [
     Naming {
         model_types: &["bert"],
         prefix: "bert.",
         fields: BERT_FIELDS,
         aliases: &[],
         eps_field: Some("layer_norm_eps"),
+        act_default: "gelu",
         embedding_field: None,
+        projection: Projection::None,
         token_types: true,
         positions_after_padding: false,
-        layer: "encoder.layer",
+        layers: Layers::Each("encoder.layer"),
         tensors: BERT_TENSORS,
     },
     Naming {
@@ -104,10 +142,12 @@ pub const NAMINGS: [Naming; 4] = [
         fields: BERT_FIELDS,
         aliases: &[],
         eps_field: Some("layer_norm_eps"),
+        act_default: "gelu",
         embedding_field: None,
+        projection: Projection::None,
         token_types: true,
         positions_after_padding: true,
-        layer: "encoder.layer",
+        layers: Layers::Each("encoder.layer"),
         tensors: BERT_TENSORS,
     },
     Naming {
@@ -120,10 +160,12 @@ pub const NAMINGS: [Naming; 4] = [
             ("n_heads", "num_attention_heads"),
         ],
         eps_field: None,
+        act_default: "gelu",
         embedding_field: None,
+        projection: Projection::None,
         token_types: false,
         positions_after_padding: false,
-        layer: "transformer.layer",
+        layers: Layers::Each("transformer.layer"),
         tensors: [
             "attention.q_lin",
             "attention.k_lin",
@@ -141,11 +183,36 @@ pub const NAMINGS: [Naming; 4] = [
         fields: BERT_FIELDS,
         aliases: &[],
         eps_field: Some("layer_norm_eps"),
+        act_default: "gelu",
         embedding_field: Some("embedding_size"),
+        projection: Projection::IfWidthsDiffer("embeddings_project"),
         token_types: true,
         positions_after_padding: false,
-        layer: "encoder.layer",
+        layers: Layers::Each("encoder.layer"),
         tensors: BERT_TENSORS,
+    },
+    Naming {
+        model_types: &["albert"],
+        prefix: "albert.",
+        fields: BERT_FIELDS,
+        aliases: &[],
+        eps_field: Some("layer_norm_eps"),
+        act_default: "gelu_new",
+        embedding_field: Some("embedding_size"),
+        projection: Projection::Always("encoder.embedding_hidden_mapping_in"),
+        token_types: true,
+        positions_after_padding: false,
+        layers: Layers::AlbertGroups,
+        tensors: [
+            "attention.query",
+            "attention.key",
+            "attention.value",
+            "attention.dense",
+            "attention.LayerNorm",
+            "ffn",
+            "ffn_output",
+            "full_layer_layer_norm",
+        ],
     },
 ];
 
@@ -188,24 +255,24 @@ impl Checkpoint {
     /// `model.safetensors.index.json` lists).
     pub fn load(dir: &Path) -> Result<Checkpoint, BertError> {
         let cfg_path = dir.join("config.json");
-        let (config, shape) = read_config(&cfg_path)?;
+        let (config, layout) = read_config(&cfg_path)?;
         let files = TensorFiles::read(dir)?;
         let bad = |reason: String| BertError::Checkpoint {
             path: files.origin.clone(),
             reason,
         };
         let tensors = files.parse()?;
-        let reader = Reader::new(&tensors, shape.naming).map_err(bad)?;
+        let reader = Reader::new(&tensors, layout.naming).map_err(bad)?;
         let (h, f, w) = (config.hidden, config.ffn, config.embedding);
         let e = |name: &str, dims: &[usize]| reader.get(&format!("embeddings.{name}"), dims);
-        let token_type = match shape.types {
+        let token_type = match layout.types {
             Some(types) => e("token_type_embeddings.weight", &[types, w]).map_err(bad)?,
             None => vec![0.0; w],
         };
         let embeddings = Embeddings {
-            word: e("word_embeddings.weight", &[shape.vocab, w]).map_err(bad)?,
-            position: e("position_embeddings.weight", &[shape.positions, w]).map_err(bad)?,
-            positions: shape.position_ids,
+            word: e("word_embeddings.weight", &[layout.vocab, w]).map_err(bad)?,
+            position: e("position_embeddings.weight", &[layout.positions, w]).map_err(bad)?,
+            positions: layout.position_ids,
             token_type,
             ln_gamma: reader
                 .layer_norm("embeddings.LayerNorm", true, w)
@@ -216,12 +283,16 @@ impl Checkpoint {
             width: w,
             ln_eps: config.ln_eps,
         };
-        let projection = match config.projection(1, 1) {
-            Some(_) => Some(reader.linear("embeddings_project", h, w).map_err(bad)?),
-            None => None,
+        let projection = match layout.naming.projection {
+            Projection::IfWidthsDiffer(at) | Projection::Always(at) if config.projected => {
+                Some(reader.linear(at, h, w).map_err(bad)?)
+            }
+            _ => None,
         };
-        let layers = (0..config.layers)
-            .map(|l| reader.layer(l, h, f).map_err(bad))
+        let layers = layout
+            .layers
+            .iter()
+            .map(|at| reader.layer(at, h, f).map_err(bad))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
@@ -229,21 +300,27 @@ impl Checkpoint {
             embeddings,
             projection,
             layers,
+            steps: layout.steps,
         })
     }
 }
 
-/// The embedding tables from `config.json`: row counts (`None` types: no table), how
-/// positions are counted, and the naming of the tensors.
-struct TableSizes {
+/// What `config.json` says beyond the encoder's sizes: the embedding tables' row counts
+/// (`None` types: no table), how positions are counted, the naming of the tensors, and the
+/// layers' weights.
+struct Layout {
     vocab: usize,
     positions: usize,
     types: Option<usize>,
     position_ids: Positions,
     naming: &'static Naming,
+    /// The distinct layers' names (`encoder.layer.3`).
+    layers: Vec<String>,
+    /// The layer of `layers` each step runs.
+    steps: Vec<usize>,
 }
 
-impl TableSizes {
+impl Layout {
     /// The longest sequence the position table takes (its rows past the positions' offset).
     fn max_seq(&self) -> usize {
         self.positions.saturating_sub(self.position_ids.offset())
@@ -277,7 +354,7 @@ fn naming(f: &Fields) -> Result<&'static Naming, BertError> {
 }
 
 /// `config.json` as the encoder's sizes and the embedding tables' row counts.
-fn read_config(path: &Path) -> Result<(BertConfig, TableSizes), BertError> {
+fn read_config(path: &Path) -> Result<(BertConfig, Layout), BertError> {
     let f = Fields::read(path)?;
     let naming = naming(&f)?;
     // A field missing under its own name is read under its alias, if it has one.
@@ -288,7 +365,7 @@ fn read_config(path: &Path) -> Result<(BertConfig, TableSizes), BertError> {
                 _ => name,
             },
         );
-    let act_name = f.text(act_field, "gelu")?;
+    let act_name = f.text(act_field, naming.act_default)?;
     let act = HIDDEN_ACTS
         .iter()
         .find(|(n, _)| *n == act_name)
@@ -318,15 +395,20 @@ fn read_config(path: &Path) -> Result<(BertConfig, TableSizes), BertError> {
     };
     let h = f.size(hidden)?;
     let embedding = match naming.embedding_field {
-        Some(field) if f.v.get(field).is_some() => f.size(field)?,
-        Some(_) => 128,
+        Some(field) => f.size_or(field, 128)?,
         None => h,
     };
+    let (names, steps) = layer_plan(&f, naming, layers)?;
     let config = BertConfig {
         name: naming.model_types[0],
-        layers: f.size(layers)?,
+        layers: steps.len(),
         hidden: h,
         embedding,
+        projected: match naming.projection {
+            Projection::None => false,
+            Projection::IfWidthsDiffer(_) => embedding != h,
+            Projection::Always(_) => true,
+        },
         heads: f.size(heads)?,
         ffn: f.size(ffn)?,
         ln_eps,
@@ -354,7 +436,7 @@ fn read_config(path: &Path) -> Result<(BertConfig, TableSizes), BertError> {
     } else {
         Positions::FromZero
     };
-    let tables = TableSizes {
+    let layout = Layout {
         vocab: f.size("vocab_size")?,
         positions,
         types: match (naming.token_types, f.v.get("type_vocab_size")) {
@@ -364,8 +446,53 @@ fn read_config(path: &Path) -> Result<(BertConfig, TableSizes), BertError> {
         },
         position_ids,
         naming,
+        layers: names,
+        steps,
     };
-    Ok((config, tables))
+    Ok((config, layout))
+}
+
+/// The distinct layers' names and the layer each step runs; `layers_field` holds the layer
+/// count (the steps, for ALBERT).
+fn layer_plan(
+    f: &Fields,
+    naming: &Naming,
+    layers_field: &str,
+) -> Result<(Vec<String>, Vec<usize>), BertError> {
+    let n = f.size(layers_field)?;
+    let at = match naming.layers {
+        Layers::Each(at) => at,
+        Layers::AlbertGroups => return albert_plan(f, n),
+    };
+    Ok((
+        (0..n).map(|l| format!("{at}.{l}")).collect(),
+        (0..n).collect(),
+    ))
+}
+
+/// ALBERT's `num_hidden_groups × inner_group_num` layers, and the `n` steps' groups as
+/// transformers picks them: step `i` runs every layer of group `int(i / (n / groups))`.
+fn albert_plan(f: &Fields, n: usize) -> Result<(Vec<String>, Vec<usize>), BertError> {
+    let groups = f.size_or("num_hidden_groups", 1)?;
+    let inner = f.size_or("inner_group_num", 1)?;
+    if n * inner > 1 << 20 || groups * inner > 1 << 20 {
+        return Err(f.bad(format!(
+            "num_hidden_layers {n}, num_hidden_groups {groups} and inner_group_num {inner} \
+             make more than 1048576 layers"
+        )));
+    }
+    let names = (0..groups)
+        .flat_map(|g| {
+            (0..inner).map(move |i| format!("encoder.albert_layer_groups.{g}.albert_layers.{i}"))
+        })
+        .collect();
+    let steps = (0..n)
+        .flat_map(|i| {
+            let g = ((i as f64 / (n as f64 / groups as f64)) as usize).min(groups - 1);
+            (0..inner).map(move |j| g * inner + j)
+        })
+        .collect();
+    Ok((names, steps))
 }
 
 /// The fields of a `config.json`, read with errors that name the file and the field.
@@ -420,6 +547,14 @@ impl<'a> Fields<'a> {
     /// A required size: a whole number from 1 to 2^20.
     fn size(&self, name: &str) -> Result<usize, BertError> {
         self.whole(name, 1)
+    }
+
+    /// An optional size: `default` when missing or null.
+    fn size_or(&self, name: &str, default: usize) -> Result<usize, BertError> {
+        match self.v.get(name) {
+            None | Some(Value::Null) => Ok(default),
+            Some(_) => self.size(name),
+        }
     }
 
     /// A required whole number from `min` to 2^20.
@@ -544,9 +679,10 @@ impl<'a> Reader<'a> {
         Ok((t, b))
     }
 
-    /// Layer `l` in the encoder's layout (Q, K, V side by side in one `H × 3H` matrix).
-    fn layer(&self, l: usize, h: usize, f: usize) -> Result<LayerWeights, String> {
-        let at = |s: &str| format!("{}.{l}.{s}", self.naming.layer);
+    /// The layer named `layer` in the encoder's layout (Q, K, V side by side in one
+    /// `H × 3H` matrix).
+    fn layer(&self, layer: &str, h: usize, f: usize) -> Result<LayerWeights, String> {
+        let at = |s: &str| format!("{layer}.{s}");
         let [q, k, v, out, ln1, up, down, ln2] = self.naming.tensors;
         // The three projections are read (so their shapes checked against the file) before
         // the fused matrix is allocated: a config's sizes alone allocate nothing.

@@ -12,13 +12,18 @@ pub const MAX_SEQ: usize = 512;
 pub struct BertConfig {
     /// Name used in reports and on the command line (`bert-base`, `bert-large`, `bert-tiny`).
     pub name: &'static str,
-    /// Encoder layers.
+    /// Encoder layers run per forward pass (ALBERT's share weights: see
+    /// [`crate::Checkpoint::steps`]).
     pub layers: usize,
     /// Hidden size H (the width of every token's vector).
     pub hidden: usize,
-    /// Width E of the embedding tables: `hidden`, but for ELECTRA's `embedding_size`, whose
-    /// embeddings are projected to `hidden` by a linear layer before the encoder.
+    /// Width E of the embedding tables: `hidden`, but for ELECTRA's and ALBERT's
+    /// `embedding_size`.
     pub embedding: usize,
+    /// Whether a linear layer maps the embeddings (E wide) to `hidden` before the encoder:
+    /// ELECTRA's `embeddings_project` when the widths differ, ALBERT's
+    /// `embedding_hidden_mapping_in` always.
+    pub projected: bool,
     /// Attention heads; `hidden` is a multiple of it.
     pub heads: usize,
     /// Width of the feed-forward block.
@@ -40,6 +45,7 @@ impl BertConfig {
             layers: 12,
             hidden: 768,
             embedding: 768,
+            projected: false,
             heads: 12,
             ffn: 3072,
             ln_eps: 1e-12,
@@ -56,6 +62,7 @@ impl BertConfig {
             layers: 24,
             hidden: 1024,
             embedding: 1024,
+            projected: false,
             heads: 16,
             ffn: 4096,
             ..BertConfig::bert_base()
@@ -70,6 +77,7 @@ impl BertConfig {
             layers: 2,
             hidden: 64,
             embedding: 64,
+            projected: false,
             heads: 4,
             ffn: 128,
             ln_eps: 1e-12,
@@ -113,9 +121,10 @@ impl BertConfig {
     }
 
     /// The embeddings' projection from `embedding` to `hidden` at `batch × seq`, once per
-    /// forward pass before the layers; `None` when the widths agree (all but ELECTRA).
+    /// forward pass before the layers; `None` for a model without one (all but ELECTRA and
+    /// ALBERT: see [`BertConfig::projected`]).
     pub fn projection(&self, batch: usize, seq: usize) -> Option<Workload> {
-        (self.embedding != self.hidden).then_some(Workload::GemmBiasAct {
+        self.projected.then_some(Workload::GemmBiasAct {
             m: batch * seq,
             n: self.hidden,
             k: self.embedding,
@@ -191,9 +200,9 @@ impl BertConfig {
         out
     }
 
-    /// Checks the sizes: every one at least 1, `hidden` a multiple of `heads`, and the
-    /// layer's workloads valid ones (the fused QKV projection's `3·hidden` columns within
-    /// the workloads' dimension limit, for one).
+    /// Checks the sizes: every one at least 1, `hidden` a multiple of `heads`, embeddings of
+    /// another width projected, and the layer's workloads valid ones (the fused QKV
+    /// projection's `3·hidden` columns within the workloads' dimension limit, for one).
     pub fn validate(&self) -> Result<(), crate::BertError> {
         let bad = |reason: String| Err(crate::BertError::Config { reason });
         if [
@@ -206,6 +215,12 @@ impl BertConfig {
         .contains(&0)
         {
             return bad("every size must be at least 1".into());
+        }
+        if !self.projected && self.embedding != self.hidden {
+            return bad(format!(
+                "embeddings {} wide need a projection to hidden {}",
+                self.embedding, self.hidden
+            ));
         }
         if !self.hidden.is_multiple_of(self.heads) {
             return bad(format!(
@@ -227,7 +242,7 @@ impl fmt::Display for BertConfig {
             "{} ({} layers, hidden {}",
             self.name, self.layers, self.hidden
         )?;
-        if self.embedding != self.hidden {
+        if self.projected {
             write!(f, ", embeddings {} projected", self.embedding)?;
         }
         write!(f, ", {} heads, FFN {})", self.heads, self.ffn)

@@ -79,7 +79,10 @@ pub(crate) fn rows_of(shapes: &[(usize, usize)]) -> Result<Vec<usize>, BertError
 /// A BERT encoder whose weights live packed in the layouts the runtime's tuned variants use.
 pub struct Encoder {
     config: BertConfig,
+    /// The distinct layers (ALBERT's shared ones once).
     layers: Vec<PackedLayer>,
+    /// The layer each of `config.layers` steps runs.
+    steps: Vec<usize>,
     load_s: f64,
 }
 
@@ -124,6 +127,7 @@ impl Encoder {
         Ok(Encoder {
             config,
             layers,
+            steps: (0..config.layers).collect(),
             load_s: start.elapsed().as_secs_f64(),
         })
     }
@@ -137,11 +141,34 @@ impl Encoder {
         weights: &[LayerWeights],
         shapes: &[(usize, usize)],
     ) -> Result<Encoder, BertError> {
-        config.validate()?;
         if weights.len() != config.layers {
             return Err(BertError::Config {
                 reason: format!(
                     "{} layers of weights for {} layers",
+                    weights.len(),
+                    config.layers
+                ),
+            });
+        }
+        let steps: Vec<usize> = (0..config.layers).collect();
+        Encoder::from_shared_weights(rt, config, weights, &steps, shapes)
+    }
+
+    /// [`Encoder::from_weights`] with weights shared between layers (ALBERT's): step `i` of
+    /// the `config.layers` runs `weights[steps[i]]`. Each of `weights` is packed once.
+    pub fn from_shared_weights(
+        rt: &Runtime,
+        config: BertConfig,
+        weights: &[LayerWeights],
+        steps: &[usize],
+        shapes: &[(usize, usize)],
+    ) -> Result<Encoder, BertError> {
+        config.validate()?;
+        if steps.len() != config.layers || steps.iter().any(|&l| l >= weights.len()) {
+            return Err(BertError::Config {
+                reason: format!(
+                    "{} steps over {} layers of weights for {} layers (each step one of them)",
+                    steps.len(),
                     weights.len(),
                     config.layers
                 ),
@@ -157,6 +184,7 @@ impl Encoder {
         Ok(Encoder {
             config,
             layers,
+            steps: steps.to_vec(),
             load_s: start.elapsed().as_secs_f64(),
         })
     }
@@ -312,7 +340,7 @@ impl Encoder {
         x.clear();
         x.extend_from_slice(input);
         let mut t = Instant::now();
-        for l in &self.layers {
+        for l in self.steps.iter().map(|&i| &self.layers[i]) {
             let on_stage = |stage: Stage, level: Option<Level>| {
                 if let Some(level) = level {
                     counts.add(level);

@@ -29,10 +29,10 @@
 //! nearest_shape, default) served them. It is not a framework: one config struct, seeded
 //! weights (no download, no tokenizer), where the input is the embedding block's output.
 //!
-//! **Real checkpoints**: [`Checkpoint::load`] reads a Hugging Face BERT, RoBERTa, DistilBERT
-//! or ELECTRA directory (`config.json` + `model.safetensors`; [`NAMINGS`]), and
+//! **Real checkpoints**: [`Checkpoint::load`] reads a Hugging Face BERT, RoBERTa, DistilBERT,
+//! ELECTRA or ALBERT directory (`config.json` + `model.safetensors`; [`NAMINGS`]), and
 //! [`BertModel`] runs the whole `BertModel` path —
-//! token, position and token-type embeddings with their LayerNorm (ELECTRA's projected to the
+//! token, position and token-type embeddings with their LayerNorm (ELECTRA's and ALBERT's projected to the
 //! hidden size), then the encoder — on a
 //! [`TokenBatch`] of right-padded sequences of different lengths: attention masks the
 //! padding by each sequence's key length ([`runtime::Runtime::attention_masked`]). GELU in

@@ -1,7 +1,8 @@
 //! The whole Hugging Face `BertModel` path on a loaded [`Checkpoint`]: embeddings (projected
-//! to the hidden size for ELECTRA), then the encoder with the padding masked; and the
+//! to the hidden size for ELECTRA and ALBERT), then the encoder with the padding masked; and the
 //! reference output saved beside a checkpoint.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use kernels::Act;
@@ -9,12 +10,11 @@ use runtime::{Level, PackedWeight, Runtime};
 use safetensors::SafeTensors;
 
 use crate::{
-    reference_forward_with, BertError, Checkpoint, Embeddings, Encoder, LevelCounts, Scratch,
-    StageTimes, TokenBatch,
+    BertError, Checkpoint, Embeddings, Encoder, LevelCounts, Scratch, StageTimes, TokenBatch,
 };
 
-/// A checkpoint ready to serve: its embedding tables, ELECTRA's projection of them and its
-/// encoder, packed for the runtime.
+/// A checkpoint ready to serve: its embedding tables, their projection (ELECTRA, ALBERT)
+/// and its encoder, packed for the runtime.
 #[derive(Debug)]
 pub struct BertModel {
     pub embeddings: Embeddings,
@@ -30,7 +30,8 @@ impl BertModel {
         ckpt: &Checkpoint,
         shapes: &[(usize, usize)],
     ) -> Result<BertModel, BertError> {
-        let encoder = Encoder::from_weights(rt, ckpt.config, &ckpt.layers, shapes)?;
+        let encoder =
+            Encoder::from_shared_weights(rt, ckpt.config, &ckpt.layers, &ckpt.steps, shapes)?;
         let projection = match &ckpt.projection {
             Some((w, b)) => {
                 let (h, e) = (ckpt.config.hidden, ckpt.config.embedding);
@@ -44,6 +45,19 @@ impl BertModel {
             projection,
             encoder,
         })
+    }
+
+    /// Bytes of weights held: the encoder's ([`Encoder::weight_bytes`]), the embedding tables
+    /// and their LayerNorm, and the projection.
+    pub fn weight_bytes(&self) -> usize {
+        let e = &self.embeddings;
+        let tables = [&e.word, &e.position, &e.token_type, &e.ln_gamma, &e.ln_beta];
+        let tables: usize = tables.iter().map(|t| 4 * t.len()).sum();
+        let projection = self
+            .projection
+            .as_ref()
+            .map_or(0, |(w, b)| w.bytes() + 4 * b.len());
+        self.encoder.weight_bytes() + tables + projection
     }
 
     /// `last_hidden_state` of `tokens` (`batch × seq × hidden`, in [`Scratch::output`]):
@@ -152,7 +166,10 @@ impl Checkpoint {
                 .collect();
         }
         let len = tokens.lens[i].max(0) as usize;
-        reference_forward_with(&self.config, &self.layers, tokens.seq, input, len)
+        let keys = len.min(tokens.seq);
+        crate::reference::reference_layers(&self.config, tokens.seq, input, keys, |l| {
+            Cow::Borrowed(&self.layers[self.steps[l]])
+        })
     }
 }
 

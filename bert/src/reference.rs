@@ -119,8 +119,9 @@ pub fn reference_forward_with(
     })
 }
 
-/// The layers over `x` (`seq × hidden`), layer `l`'s weights from `weights(l)`.
-fn reference_layers<'w>(
+/// The layers over `x` (`seq × hidden`), layer `l`'s weights from `weights(l)`; attention
+/// sees the first `keys` (at most `seq`) of each sequence.
+pub(crate) fn reference_layers<'w>(
     config: &BertConfig,
     seq: usize,
     mut x: Vec<f64>,

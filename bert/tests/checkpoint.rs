@@ -1,4 +1,4 @@
-//! Real checkpoints: the tiny BERT, RoBERTa, DistilBERT and ELECTRA that `transformers` saved
+//! Real checkpoints: the tiny BERT, RoBERTa, DistilBERT, ELECTRA and ALBERT that `transformers` saved
 //! (tests/fixtures/tiny-*, made by scripts/make-bert-fixture.py) against the output
 //! `transformers` computed for a padded batch; the same weights stored in other ways; broken
 //! directories as one-line errors.
@@ -15,7 +15,7 @@ fn fixture() -> PathBuf {
     fixture_of("bert")
 }
 
-/// The fixture of model type `arch`: `bert`, `roberta`, `distilbert` or `electra`.
+/// The fixture of model type `arch`: `bert`, `roberta`, `distilbert`, `electra` or `albert`.
 fn fixture_of(arch: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tests/fixtures/tiny-{arch}"))
 }
@@ -180,11 +180,12 @@ fn roberta_positions_count_after_the_padding_id_as_transformers_does() {
 }
 
 #[test]
-fn prefixed_roberta_distilbert_and_electra_checkpoints_load_the_same_model() {
+fn prefixed_roberta_distilbert_electra_and_albert_checkpoints_load_the_same_model() {
     for (arch, prefix) in [
         ("roberta", "roberta."),
         ("distilbert", "distilbert."),
         ("electra", "electra."),
+        ("albert", "albert."),
     ] {
         let dir = scratch_dir(&format!("prefix-{arch}"));
         rewrite_of(
@@ -583,4 +584,85 @@ fn electra_projects_its_narrower_embeddings() {
     });
     let e = Checkpoint::load(&dir).unwrap_err().to_string();
     assert!(e.contains("config.json says [2, 128]"), "{e}");
+}
+
+/// ALBERT: embeddings 32 wide always projected (`encoder.embedding_hidden_mapping_in`); 3
+/// layer steps over 2 groups of 2 shared layers, the groups split as transformers splits them
+/// (steps 0 and 1 run group 0, step 2 group 1): 6 layers run over 4 weight sets, each
+/// packed once; tanh GELU (`gelu_new`, ALBERT's default when config.json leaves it out).
+#[test]
+fn albert_shares_its_layers_as_transformers_groups_them() {
+    let ckpt = Checkpoint::load(&fixture_of("albert")).unwrap();
+    assert_eq!(ckpt.config.name, "albert");
+    assert_eq!(ckpt.config.act, Act::Gelu);
+    assert_eq!((ckpt.config.embedding, ckpt.config.hidden), (32, 64));
+    assert_eq!(ckpt.layers.len(), 4);
+    assert_eq!(ckpt.steps, [0, 1, 0, 1, 2, 3]);
+    assert_eq!(ckpt.config.layers, 6);
+    matches_transformers(&ckpt);
+
+    // The common layout: one group of one layer, shared by every step.
+    let dir = scratch_dir("albert-one-group");
+    rewrite_of(
+        "albert",
+        &dir,
+        |n, d, s, b| {
+            let shared = "encoder.albert_layer_groups.0.albert_layers.0.";
+            let layer = n.starts_with("encoder.albert_layer_groups.");
+            (!layer || n.starts_with(shared)).then(|| same(n, d, s, b).unwrap())
+        },
+        |v| {
+            let v = v.as_object_mut().unwrap();
+            v.remove("num_hidden_groups");
+            v.remove("inner_group_num");
+            v.remove("hidden_act");
+        },
+    );
+    let one = Checkpoint::load(&dir).unwrap();
+    assert_eq!((one.layers.len(), one.steps.clone()), (1, vec![0, 0, 0]));
+    assert_eq!(one.config.act, Act::Gelu, "gelu_new by default");
+    assert_eq!(one.layers[0].w_qkv, ckpt.layers[0].w_qkv);
+    let rt = Runtime::defaults_only();
+    let model = BertModel::load(&rt, &one, &[(1, 5)]).unwrap();
+    let per_layer = model.encoder.weight_bytes();
+    let tokens = TokenBatch::from_json(&ckpt.dir.join("inputs.json")).unwrap();
+    let out = run(&one, &tokens);
+    for i in 0..tokens.batch {
+        let want = one.reference(&tokens, i);
+        let got = &out[i * tokens.seq * 64..(i + 1) * tokens.seq * 64];
+        bert::check(got, &want).unwrap_or_else(|a| panic!("sequence {i}: {a:?}"));
+    }
+    // Packed once: the four-set model holds four times the one-set model's weights.
+    let four = BertModel::load(&rt, &ckpt, &[(1, 5)]).unwrap();
+    assert_eq!(four.encoder.weight_bytes(), 4 * per_layer);
+
+    // A missing shared layer is named; so is the projection.
+    rewrite_of(
+        "albert",
+        &dir,
+        |n, d, s, b| {
+            (!n.starts_with("encoder.albert_layer_groups.1.")).then(|| same(n, d, s, b).unwrap())
+        },
+        |_| {},
+    );
+    let e = Checkpoint::load(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("tensor 'encoder.albert_layer_groups.1.albert_layers.0.attention.query.weight' is missing"),
+        "{e}"
+    );
+    rewrite_of(
+        "albert",
+        &dir,
+        |n, d, s, b| {
+            (!n.starts_with("encoder.embedding_hidden_mapping_in."))
+                .then(|| same(n, d, s, b).unwrap())
+        },
+        |_| {},
+    );
+    let e = Checkpoint::load(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("tensor 'encoder.embedding_hidden_mapping_in.weight' is missing"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }

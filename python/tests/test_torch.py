@@ -637,6 +637,33 @@ def test_roberta_distilbert_and_electra_are_fused_whole_and_match_stock(arch):
     assert ("gemm_bias:72x64x32" in ws) == (arch == "electra"), ws
 
 
+def test_albert_shared_layers_are_served_and_match_stock():
+    """ALBERT's layers share weights across steps (3 steps over 2 groups of 2 layers here):
+    each shared ``nn.Linear`` is one packed weight serving every step, its attention the
+    runtime's, padded batches included; its blocks are not fused (their parts are named
+    otherwise), so they run as separate calls."""
+    from transformers import AlbertConfig, AlbertModel
+
+    torch.manual_seed(0)
+    stock = AlbertModel(AlbertConfig(vocab_size=500, embedding_size=32, hidden_size=64, num_hidden_layers=3,
+                                     num_hidden_groups=2, inner_group_num=2, num_attention_heads=4,
+                                     intermediate_size=128, max_position_embeddings=40),
+                        add_pooling_layer=False).eval()
+    ids = torch.randint(3, 500, (3, 24))
+    mask = torch.ones(3, 24, dtype=torch.long)
+    mask[1, 15:] = 0
+    mask[2, 5:] = 0
+    model = akt.optimize(copy.deepcopy(stock))
+    linears = [n for n, m in model.named_modules() if isinstance(m, akt.AutokernelLinear)]
+    assert len(linears) == 1 + 4 * 6, linears  # the projection; 6 per layer of the 4 weight sets
+    with torch.no_grad():
+        for kw in [dict(input_ids=ids), dict(input_ids=ids, attention_mask=mask)]:
+            want, got = stock(**kw).last_hidden_state, model(**kw).last_hidden_state
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    ws = akt.workloads(model, dict(input_ids=ids, attention_mask=mask))
+    assert {"gemm_bias:72x64x32", "gemm_bias:72x64x64", "attention:3x4x24x16"} <= set(ws), ws
+
+
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 def test_fusions_are_probed_in_f32_when_the_database_serves_reduced_precision(precision, tmp_path):
     """With records in bf16 (attention too) or int8 for every workload, the fusions' probes

@@ -35,7 +35,7 @@ pub struct TuneArgs {
     #[arg(long, value_name = "FILE")]
     workloads_from: Option<std::path::PathBuf>,
     /// Tune every workload of this model's forward pass (`bert-base`, `bert-large`,
-    /// `bert-tiny`, or a Hugging Face BERT, RoBERTa, DistilBERT or ELECTRA directory: its
+    /// `bert-tiny`, or a Hugging Face BERT, RoBERTa, DistilBERT, ELECTRA or ALBERT directory: its
     /// config.json's sizes and activation) at each --batch × --seq (a directory's inputs.json
     /// batch when neither is given), deduplicated: the list `autokernel infer` calls (with
     /// --workload: those too).

@@ -67,7 +67,7 @@ fn seeded(name: &str) -> anyhow::Result<Option<BertConfig>> {
 
 fn unknown(name: &str) -> String {
     format!(
-        "unknown model '{name}' (known models: {}, or a Hugging Face BERT, RoBERTa, DistilBERT or ELECTRA directory with config.json and model.safetensors)",
+        "unknown model '{name}' (known models: {}, or a Hugging Face BERT, RoBERTa, DistilBERT, ELECTRA or ALBERT directory with config.json and model.safetensors)",
         BertConfig::NAMES.join(", ")
     )
 }
@@ -252,8 +252,12 @@ impl Loaded {
         self.encoder().load_seconds()
     }
 
+    /// Bytes of weights held (a checkpoint's embedding tables and projection too).
     pub fn weight_bytes(&self) -> usize {
-        self.encoder().weight_bytes()
+        match self {
+            Loaded::Encoder(e) => e.weight_bytes(),
+            Loaded::Model(m) => m.weight_bytes(),
+        }
     }
 
     pub fn max_layouts(&self) -> usize {
