@@ -86,7 +86,7 @@ pub struct PrecisionArg {
     pub precision: String,
     /// Error budget: a reduced-precision record is served only if its stored max relative
     /// error against the f32 problem is at most E (`auto` defaults to 1e-2).
-    #[arg(long, value_name = "E")]
+    #[arg(long, value_name = "E", allow_negative_numbers = true)]
     pub max_rel_err: Option<f64>,
 }
 
@@ -95,6 +95,22 @@ impl PrecisionArg {
     pub fn policy(&self) -> anyhow::Result<runtime::PrecisionPolicy> {
         let p: runtime::PrecisionPolicy = self.precision.parse()?;
         with_budget(p, self.max_rel_err)
+    }
+
+    /// Notes on stderr each workload of `ws` that names its element type (`…:i8`) when a
+    /// policy was given: the policy chooses how f32 calls are served, and leaves those as
+    /// they are.
+    pub fn note_typed(&self, ws: &[kernels::Workload]) {
+        if self.precision == "f32" && self.max_rel_err.is_none() {
+            return;
+        }
+        for w in ws.iter().filter(|w| w.dtype() != kernels::DType::F32) {
+            eprintln!(
+                "note: {w} names its element type: --precision and --max-rel-err choose how \
+                 f32 calls are served, and leave it in {}",
+                w.dtype()
+            );
+        }
     }
 }
 

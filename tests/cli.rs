@@ -86,6 +86,12 @@ fn tune_lookup_run_round_trip() {
     assert_eq!(t["speedup_from"], "this_run", "{t}");
     assert_eq!(a["speedup_from"], "earlier_decision", "{a}");
     assert_eq!(a["speedup_vs_default"], t["speedup_vs_default"]);
+    // And the decision in force is reported as it was made (had been null on a resume).
+    assert!(t["winner_reason"].is_string(), "{t}");
+    assert_eq!(
+        (&a["winner_reason"], &a["tie"]),
+        (&t["winner_reason"], &t["tie"])
+    );
 
     let o = autokernel(&[
         "lookup",

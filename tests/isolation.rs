@@ -255,3 +255,45 @@ fn bad_isolation_flags_are_one_line_errors() {
     let help = autokernel(&["--help"], false);
     assert!(!String::from_utf8_lossy(&help.stdout).contains("worker"));
 }
+
+/// A workload whose test problem does not fit the worker's memory limit ends that workload,
+/// not the job: the workloads around it are tuned (a fresh worker serves the next), nothing is
+/// recorded for it, and the exit status is 1 (it had aborted the whole job with exit 2).
+#[test]
+fn a_workload_too_large_to_set_up_ends_itself_not_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("big.db");
+    let db = db.to_str().unwrap();
+    let big = "gemm:8192x8192x1"; // 256 MiB for B alone, with the limit at 256 MiB
+    let args = [
+        "tune",
+        "--workload",
+        "gemm:8x8x8",
+        "--workload",
+        big,
+        "--workload",
+        "gemm:9x9x9",
+        "--db",
+        db,
+        "--budget",
+        "1",
+        "--mem-limit-mb",
+        "256",
+        "--json",
+    ];
+    let o = autokernel(&args, false);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let tuned: Vec<String> = json_lines(&o)
+        .iter()
+        .map(|l| l["workload"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(tuned, ["gemm:8x8x8", "gemm:9x9x9"], "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("tuning {big}: setting up its test problem"))
+            && err.contains("could not be set up, nothing measured"),
+        "{err}"
+    );
+    let db = TuningDb::open_read_only(Path::new(db)).unwrap();
+    assert_eq!(db.stats().unwrap().records, 2);
+}

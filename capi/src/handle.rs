@@ -187,7 +187,8 @@ pub unsafe extern "C" fn autokernel_runtime_load_error(
 /// `"gemm_bias_gelu:8x3072x768"`, `"attention:1x12x128x64:causal"`) as a JSON object with
 /// the fields of `autokernel lookup --json`: workload (as asked), dtype (the element type the
 /// call is served in under the precision policy), device, level, kernel, kernel_version,
-/// config, fingerprint, source, rel_err, precisions, precision, served_as. Counted like a
+/// config, fingerprint, source, rel_err, precisions, precision, served_as, not_served (why a
+/// record of this machine was set aside, e.g. one to re-tune; null if none). Counted like a
 /// call. `*json_out` is a string
 /// to free with `autokernel_string_free` (NULL on failure).
 ///

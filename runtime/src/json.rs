@@ -15,12 +15,18 @@ impl Runtime {
     /// record's stored `max_rel_err` against the f32 problem, `null` when none is stored),
     /// `precisions` (for each element type a family serves this shape in here: `level`,
     /// `kernel`, `median_s` and `rel_err` of what would serve it), `precision` (the policy)
-    /// and `served_as` (the workload the call is served as under it: [`Runtime::serve_as`]).
-    /// One description for `autokernel lookup --json`, the C ABI and Python.
+    /// `served_as` (the workload the call is served as under it: [`Runtime::serve_as`]) and
+    /// `not_served` (why the database's record of `served_as` on this machine is not served,
+    /// e.g. one of an older kernel version to re-tune: [`Runtime::skipped`]; `null` when none
+    /// was skipped). One description for `autokernel lookup --json`, the C ABI and Python.
     pub fn lookup_json(&self, w: &Workload, device: &str) -> Result<Value, RuntimeError> {
         let served = self.serve_as(w);
         let choice = self.lookup(&served)?;
-        Ok(choice.to_json(w, &served, self, device))
+        let mut v = choice.to_json(w, &served, self, device);
+        let key = served.key();
+        let skipped = self.skipped().into_iter().find(|s| s.workload == key);
+        v["not_served"] = skipped.map_or(Value::Null, |s| s.reason.into());
+        Ok(v)
     }
 }
 
@@ -92,6 +98,7 @@ mod tests {
         assert!(j["rel_err"].is_null());
         assert_eq!(j["precision"], "f32");
         assert_eq!(j["served_as"], "gemm:3x4x5");
+        assert!(j["not_served"].is_null());
         // f32 and int8 serve this shape on every CPU (their defaults).
         assert_eq!(j["precisions"]["f32"]["level"], "default");
         assert_eq!(j["precisions"]["i8"]["kernel"], "gemm_i8");

@@ -186,6 +186,10 @@ fn a_record_whose_config_no_longer_fits_is_skipped_with_a_reason() {
         skipped[0].reason
     );
     assert_eq!(rt.lookup(&w).unwrap().level, Level::Default);
+    // `lookup --json` (and the C ABI's and Python's lookups) say so too.
+    let j = rt.lookup_json(&w, "cpu").unwrap();
+    assert_eq!(j["not_served"], skipped[0].reason.as_str());
+    assert!(rt.lookup_json(&gemm(8, 8, 8), "cpu").unwrap()["not_served"].is_null());
 }
 
 #[test]

@@ -12,8 +12,8 @@
 //! round, [`runner::not_slower`]) form a group: the incumbent wins if it is in it, else the
 //! simplest of the group ([`simplicity_key`]).
 //!
-//! **A busy machine.** Where the finalists run on different thread counts, the share of the
-//! CPUs that threads get where candidates run ([`runner::cpu_share`]) is measured after the
+//! **A busy machine.** Where a finalist runs fewer threads than the default config, the share
+//! of the CPUs that threads get where candidates run ([`runner::cpu_share`]) is measured after the
 //! re-measurement. Below [`runner::CONTENDED`] other work holds the cores, and a config on
 //! fewer threads than the default's looks faster than it is (measured: one-thread winners
 //! tied with two-thread configs under another process's load, then ran at half their speed
@@ -88,8 +88,8 @@ pub struct Decision {
     pub rounds: usize,
     /// Why re-measurement failed, if it did.
     pub note: Option<String>,
-    /// The [`runner::cpu_share`] at the finalists' largest thread count, measured where
-    /// their thread counts differ.
+    /// The [`runner::cpu_share`] at the finalists' largest thread count, measured where one
+    /// of them runs fewer threads than the default config.
     pub cpu_share: Option<f64>,
 }
 
@@ -334,7 +334,7 @@ impl Judge<'_> {
                         incumbent: is_incumbent(r),
                     })
                     .collect(),
-                share_if_mixed(picked, evaluator),
+                share_if_fewer(picked, self.default.1.threads(), evaluator),
             ),
         }
     }
@@ -387,11 +387,16 @@ impl Judge<'_> {
 }
 
 /// The [`runner::cpu_share`] where candidates run, at the largest thread count of `picked`,
-/// if their thread counts differ.
-fn share_if_mixed(picked: &[&Record], evaluator: &mut dyn Evaluator) -> Option<f64> {
+/// if one of them runs fewer threads than the default config's `default_threads` (only then
+/// can a busy machine change the verdict).
+fn share_if_fewer(
+    picked: &[&Record],
+    default_threads: usize,
+    evaluator: &mut dyn Evaluator,
+) -> Option<f64> {
     let threads: Vec<usize> = picked.iter().map(|r| r.config.threads()).collect();
     let most = threads.iter().copied().max()?;
-    (threads.iter().any(|&t| t != most))
+    (threads.iter().any(|&t| t < default_threads))
         .then(|| evaluator.cpu_share(most))
         .flatten()
 }

@@ -68,12 +68,14 @@ pub enum ReplayError {
     Unsupported(String),
     #[error(
         "{workload}: only {measured} of the {total} candidates have a trial in the database \
-         (record the whole space first: autokernel tune --workload {workload} --strategy exhaustive --budget {total})"
+         (record the whole space first: autokernel tune --workload {workload} --threads {threads} --strategy exhaustive --budget {total})"
     )]
     Incomplete {
         workload: String,
         measured: usize,
         total: usize,
+        /// The thread count of the fingerprint replayed (the tune must run at it).
+        threads: usize,
     },
 }
 
@@ -292,6 +294,7 @@ impl RecordedSpace {
                 workload: w.key(),
                 measured: entries.len(),
                 total: cands.len(),
+                threads: hw.cores,
             });
         }
         Ok(RecordedSpace {

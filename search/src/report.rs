@@ -70,7 +70,7 @@ pub fn summary_json(s: &TuneSummary, counts: &TrialCounts, hw: &HardwareFingerpr
         "remeasured": s.remeasured(),
         "remeasure_rounds": decision.map_or(0, |d| d.rounds),
         "tie": s.tie(),
-        "winner_reason": decision.map(|d| d.reason.as_str()),
+        "winner_reason": s.winner_reason(),
         "winner_remeasured_median_s": decision.and_then(|d| d.winner_remeasured_s()),
         "default_remeasured_median_s": s.remeasured_s(&s.default),
         "machine_drift": s.drift(),

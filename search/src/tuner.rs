@@ -16,8 +16,9 @@
 //! **Quarantine.** A config that crashed the worker, hung past its deadline or ran out of
 //! memory (`crashed`, `timeout`, `oom`) for a workload, kernel and kernel version is never
 //! measured again on this machine: like every tried config it is skipped whatever strategy,
-//! seed or budget proposes it, and not even the default config is re-run if it is quarantined.
-//! What counts is a config's latest trial: [`TuneOptions::retry_failed`] measures the
+//! seed or budget proposes it, and not even the default config is re-run if it crashed or ran
+//! out of memory (one that timed out is: a deadline too tight for the runtime's fallback
+//! says nothing against it). What counts is a config's latest trial: [`TuneOptions::retry_failed`] measures the
 //! quarantined ones again (limits that were too tight, a worker killed from outside), and a
 //! config that then passes is quarantined no more.
 
@@ -208,6 +209,9 @@ pub struct TuneSummary {
     /// Without a decision of this run: the (best, default) medians the decision in force
     /// re-measured side by side, where it re-measured both.
     pub earlier: Option<(f64, f64)>,
+    /// Without a decision of this run: why the winner in force won and whether that decision
+    /// was a tie (the `winners` row of an earlier run).
+    pub standing: Option<(String, bool)>,
     /// Timed (ok) evaluations of this run, the default's included.
     pub timed: usize,
     /// Median over this run's timed evaluations of their spread (MAD ÷ median).
@@ -290,7 +294,19 @@ impl TuneSummary {
 
     /// Whether the decision of this run declared a tie.
     pub fn tie(&self) -> bool {
-        self.decision.as_ref().is_some_and(|d| d.tie)
+        match &self.decision {
+            Some(d) => d.tie,
+            None => self.standing.as_ref().is_some_and(|s| s.1),
+        }
+    }
+
+    /// Why the winner won: this run's decision, else the one in force ([`crate::WinReason`]'s
+    /// names: `fastest`, `tie_incumbent`, …); `None` where nothing was decided.
+    pub fn winner_reason(&self) -> Option<&str> {
+        match &self.decision {
+            Some(d) => Some(d.reason.as_str()),
+            None => self.standing.as_ref().map(|s| s.0.as_str()),
+        }
     }
 
     /// Finalists re-measured by this run.
@@ -308,6 +324,11 @@ pub enum SearchError {
     Unsupported(String),
     #[error(transparent)]
     Eval(#[from] EvalError),
+    /// The workload's test problem (inputs and reference) could not be made: too large for
+    /// the memory the candidates may use, for one. Nothing was measured; other workloads may
+    /// still be tuned.
+    #[error("setting up its test problem: {0}")]
+    Setup(EvalError),
     #[error(transparent)]
     Kernel(#[from] kernels::Error),
     /// [`TuneOptions::stop`] was set.
@@ -425,17 +446,36 @@ impl<'a> Job<'a> {
             return Err(SearchError::Unsupported(w.key()));
         }
         db.upsert_fingerprint(hw)?;
-        evaluator.setup(w, opts.seed ^ 0x5EED)?;
+        evaluator
+            .setup(w, opts.seed ^ 0x5EED)
+            .map_err(|e| match e {
+                // This workload's problem could not be made (the device and the worker work).
+                EvalError::Kernel(_)
+                | EvalError::Device(_)
+                | EvalError::Worker(runner::WorkerError::Setup { .. }) => SearchError::Setup(e),
+                e => SearchError::Eval(e),
+            })?;
         let (dk, dc) = default_for(w, hw)?;
         let kernels: Vec<&'static dyn Kernel> = families.iter().copied().chain([dk]).collect();
         let (mut tried, mut quarantine) = on_record(db, w, hw, &kernels)?;
-        let retry: HashSet<Key> = match opts.retry_failed {
+        let mut retry: HashSet<Key> = match opts.retry_failed {
             true => quarantine
                 .drain(..)
                 .map(|r| key(&r.kernel, &r.config))
                 .collect(),
             false => HashSet::new(),
         };
+        // A default that timed out ran under a deadline too tight for it (`--timeout-s`): it
+        // is what the runtime serves without a record, and the yardstick of every deadline,
+        // so it runs again (a slower config had otherwise won unopposed).
+        let default_key = key(dk.name(), &dc);
+        if let Some(i) = quarantine
+            .iter()
+            .position(|r| r.status == Status::Timeout && key(&r.kernel, &r.config) == default_key)
+        {
+            quarantine.remove(i);
+            retry.insert(default_key);
+        }
         tried.retain(|k| !retry.contains(k));
         let quarantined = quarantine
             .iter()
@@ -633,8 +673,12 @@ impl<'a> Job<'a> {
             .collect();
         let best = db.best(&hw.id, w)?;
         let best_accuracy = best.as_ref().and_then(|b| b.accuracy);
-        let earlier = match (&decision, &best) {
-            (None, Some(b)) => earlier_medians(db, hw, w, b, &default)?,
+        let standing = match (&decision, &best) {
+            (None, Some(b)) => db.winner(&hw.id, w)?.filter(|d| b.id == Some(d.trial_id)),
+            _ => None,
+        };
+        let earlier = match (&standing, &best) {
+            (Some(d), Some(b)) => earlier_medians(db, hw, w, d, b, &default)?,
             _ => None,
         };
         Ok(TuneSummary {
@@ -648,6 +692,7 @@ impl<'a> Job<'a> {
             failures: self.failures,
             decision,
             earlier,
+            standing: standing.map(|d| (d.reason, d.tie)),
             timed: self.timed.len(),
             median_spread: median_of(self.timed.iter().map(|m| m.spread)),
             median_cv: median_of(self.timed.iter().filter_map(cv)),
@@ -661,21 +706,16 @@ impl<'a> Job<'a> {
 }
 
 /// The medians of `best` and `default` (matched by kernel, version and config) in the
-/// re-measurement of the decision in force for `w`, where that decision chose `best` and
+/// re-measurement of `decision`, the one in force for `w` (which chose `best`), where it
 /// re-measured both.
 fn earlier_medians(
     db: &TuningDb,
     hw: &HardwareFingerprint,
     w: &Workload,
+    decision: &tuning_db::WinnerDecision,
     best: &Record,
     default: &Record,
 ) -> Result<Option<(f64, f64)>, SearchError> {
-    let Some(decision) = db.winner(&hw.id, w)? else {
-        return Ok(None);
-    };
-    if best.id != Some(decision.trial_id) {
-        return Ok(None);
-    }
     let trials = db.trials(&hw.id, w)?;
     let median_of = |r: &Record| {
         decision

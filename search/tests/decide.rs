@@ -482,6 +482,34 @@ fn a_quarantined_default_is_not_run_again() {
     assert!(s.decision.is_some());
 }
 
+/// A default that timed out (a `--timeout-s` too tight for it) runs again in the next job and
+/// takes part in the decision: it had stayed quarantined, and a slower config then won
+/// unopposed against the runtime's own fallback.
+#[test]
+fn a_timed_out_default_runs_again_and_is_a_finalist() {
+    let (db, hw, w) = setup();
+    let (dk, dc) = default_for(&w, hw).unwrap();
+    db.insert(&Record::failed(
+        &hw.id,
+        w,
+        dk.name(),
+        dk.version(),
+        dc.clone(),
+        Status::Timeout,
+        "planted",
+        "t",
+    ))
+    .unwrap();
+    let mut ev = fake();
+    ev.medians.insert(key(dk, &dc), 0.5e-3); // faster than every scripted config
+    let s = tune_with(&db, &w, hw, &[&Scripted], &opts(4), &mut ev, &mut |_| {}).unwrap();
+    assert!(ev.evaluated.contains(&key(dk, &dc)), "{:?}", ev.evaluated);
+    assert_eq!(s.default.status, Status::Ok);
+    assert_eq!(s.quarantined, 0, "its latest trial passed");
+    let winner = s.decision.unwrap().winner;
+    assert_eq!((winner.kernel.as_str(), &winner.config), (dk.name(), &dc));
+}
+
 #[test]
 fn the_default_is_a_finalist_and_wins_when_it_is_faster_head_to_head() {
     let (db, hw, w) = setup();
@@ -604,6 +632,34 @@ fn on_a_busy_machine_configs_on_fewer_threads_than_the_default_cannot_win() {
     let unmeasured = decide(None, 10.0);
     assert!(!unmeasured.contended());
     assert_eq!(unmeasured.winner.config.threads(), 1);
+}
+
+/// Where no finalist runs fewer threads than the default config (a serial default), a busy
+/// machine cannot change the verdict: the CPU share is not measured, and nothing warns (it had
+/// warned that configs on fewer threads than the default's could not win).
+#[test]
+fn a_serial_default_needs_no_cpu_share() {
+    let hw = HardwareFingerprint::reference_zen3().with_cores(4);
+    let w: Workload = "gemm:8x8x8".parse().unwrap();
+    let (_, dc) = default_for(&w, &hw).unwrap();
+    assert_eq!(dc.threads(), 1, "the default of {w} is serial: {dc}");
+    let family: &'static Threaded = Box::leak(Box::new(Threaded { threads: 4 }));
+    let db = TuningDb::in_memory().unwrap();
+    db.upsert_fingerprint(&hw).unwrap();
+    let mut ev = Fake {
+        share: Some(0.6),
+        ..Fake::default()
+    };
+    let s = tune_with(&db, &w, &hw, &[family], &opts(8), &mut ev, &mut |_| {}).unwrap();
+    let d = s.decision.as_ref().expect("a decision");
+    assert!(d.finalists.iter().any(|f| f.record.config.threads() == 4));
+    assert_eq!(d.cpu_share, None);
+    assert!(!d.contended());
+    assert!(
+        search::report::warnings(&s).is_empty(),
+        "{:?}",
+        search::report::warnings(&s)
+    );
 }
 
 #[test]

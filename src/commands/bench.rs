@@ -40,7 +40,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE|DIR", num_args = 0..=1)]
     save_baseline: Option<Option<PathBuf>>,
     /// Smallest slowdown that counts as a regression, in percent.
-    #[arg(long, value_name = "PCT", default_value = "5", value_parser = parse_percent)]
+    #[arg(long, value_name = "PCT", default_value = "5", value_parser = parse_percent, allow_negative_numbers = true)]
     threshold: f64,
     /// Compare with a baseline measured on another hardware fingerprint (another machine,
     /// or another thread count) instead of refusing.

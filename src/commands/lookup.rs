@@ -30,6 +30,7 @@ pub fn run(args: LookupArgs) -> anyhow::Result<ExitCode> {
     let gpu = args.device.open()?;
     args.threads.apply()?;
     let policy = args.precision.policy()?;
+    args.precision.note_typed(&workloads);
     let rt = super::device::runtime(&args.db.db, gpu.as_ref())?;
     rt.set_precision(policy);
     let device = super::device::name(gpu.as_ref());

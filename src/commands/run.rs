@@ -33,6 +33,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let gpu = args.device.open()?;
     args.threads.apply()?;
     let policy = args.precision.policy()?;
+    args.precision.note_typed(&[w]);
     let rt = super::device::runtime(&args.db.db, gpu.as_ref())?;
     rt.set_precision(policy);
     // The workload as the runtime serves an f32 call of it under the policy.

@@ -10,7 +10,7 @@ use clap::Args;
 use kernels::cuda::Gpu;
 use kernels::{DType, HardwareFingerprint, Kernel, Workload};
 use runner::{Evaluator, Isolated, WorkerSpec};
-use search::{tune_with, StrategyKind, TuneOptions, TuneSummary, INITIAL_TIMEOUT};
+use search::{tune_with, SearchError, StrategyKind, TuneOptions, TuneSummary, INITIAL_TIMEOUT};
 use serde_json::json;
 use tuning_db::{Record, TuningDb};
 
@@ -55,7 +55,7 @@ pub struct TuneArgs {
     precision: String,
     /// With several --precision: the error budget of the closing summary, which shows the
     /// element type the runtime's `auto` policy will serve each shape in (default 1e-2).
-    #[arg(long, value_name = "E")]
+    #[arg(long, value_name = "E", allow_negative_numbers = true)]
     max_rel_err: Option<f64>,
     #[command(flatten)]
     db: crate::DbArg,
@@ -188,13 +188,23 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
             db_path.display()
         );
     }
-    let mut unverified = Vec::new();
+    let (mut unverified, mut not_set_up) = (Vec::new(), Vec::new());
     for w in &workloads {
         let fams: Vec<&'static dyn Kernel> =
             families.iter().copied().filter(|k| k.supports(w)).collect();
-        let summary = tune_one(w, &opts, &mut |on_event| {
+        let tuned = tune_one(w, &opts, &mut |on_event| {
             tune_with(&db, w, hw, &fams, &opts, evaluator.as_mut(), on_event)
-        })?;
+        });
+        let summary = match tuned {
+            // A problem too large to set up ends this workload, not the job: the others are
+            // tuned, and the exit status says one has no verified config.
+            Err(e) if matches!(e.downcast_ref(), Some(SearchError::Setup(_))) => {
+                eprintln!("error: {e:#}; nothing measured, going on with the other workloads");
+                not_set_up.push(w.key());
+                continue;
+            }
+            r => r?,
+        };
         report(&db, &summary, hw, &opts, args.json)?;
         if summary.best.is_none() {
             unverified.push(w.key());
@@ -203,7 +213,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     if dtypes.len() > 1 && !args.json && gpu.is_none() {
         precision_summary(&db_path, hw, &workloads, args.max_rel_err)?;
     }
-    Ok(verdict(&unverified, workloads.len()))
+    Ok(verdict(&unverified, &not_set_up, workloads.len()))
 }
 
 /// The job's settings from the command line, checked.
@@ -230,16 +240,26 @@ fn options(args: &TuneArgs) -> anyhow::Result<TuneOptions> {
 }
 
 /// Exit 0, or 1 when a workload ended with no verified config: every trial is in the
-/// database, and the exit status tells a script that nothing is served for it.
-fn verdict(unverified: &[String], total: usize) -> ExitCode {
-    if unverified.is_empty() {
+/// database, and the exit status tells a script that nothing is served for it; or when a
+/// workload's problem could not be set up (nothing measured; the error was printed then).
+fn verdict(unverified: &[String], not_set_up: &[String], total: usize) -> ExitCode {
+    if unverified.is_empty() && not_set_up.is_empty() {
         return ExitCode::SUCCESS;
     }
-    eprintln!(
-        "error: {} of {total} workload(s) have no verified config (every trial failed; their records say why): {}",
-        unverified.len(),
-        unverified.join(", ")
-    );
+    if !unverified.is_empty() {
+        eprintln!(
+            "error: {} of {total} workload(s) have no verified config (every trial failed; their records say why): {}",
+            unverified.len(),
+            unverified.join(", ")
+        );
+    }
+    if !not_set_up.is_empty() {
+        eprintln!(
+            "error: {} of {total} workload(s) could not be set up, nothing measured (see above): {}",
+            not_set_up.len(),
+            not_set_up.join(", ")
+        );
+    }
     ExitCode::from(1)
 }
 
