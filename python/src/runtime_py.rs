@@ -759,7 +759,8 @@ impl PyRuntime {
     /// 'gemm_bias_gelu:128x3072x768', 'attention:1x12x128x64:causal', ...): the fields of
     /// `autokernel lookup --json` (workload as asked; dtype, the element type the call is
     /// served in under the precision policy; device, level, kernel, kernel_version, config,
-    /// fingerprint, source, rel_err, precisions, precision, served_as).
+    /// fingerprint, source, rel_err, precisions, precision, served_as, not_served: why a record
+    /// of this machine was set aside, e.g. one to re-tune, or None).
     fn lookup<'py>(&self, py: Python<'py>, workload: &str) -> PyResult<Bound<'py, PyAny>> {
         let w: Workload = workload.parse().map_err(kernel_err)?;
         let json = self

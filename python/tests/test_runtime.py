@@ -84,7 +84,7 @@ def test_lookup_has_the_cli_json_fields_and_levels(tuned_db):
     assert rt.load_error is None
     hit = rt.lookup("gemm:8x64x64")
     assert set(hit) == {"workload", "dtype", "device", "level", "kernel", "kernel_version", "config",
-                        "fingerprint", "source", "rel_err", "precisions", "precision", "served_as"}
+                        "fingerprint", "source", "rel_err", "precisions", "precision", "served_as", "not_served"}
     assert hit["precision"] == "f32" and hit["served_as"] == "gemm:8x64x64"
     assert 0 <= hit["rel_err"] < 1e-5  # f32 against the f32 problem: rounding noise
     assert hit["level"] == "exact" and hit["fingerprint"] == rt.fingerprint
