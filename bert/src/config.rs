@@ -125,7 +125,7 @@ impl BertConfig {
     /// ALBERT: see [`BertConfig::projected`]).
     pub fn projection(&self, batch: usize, seq: usize) -> Option<Workload> {
         self.projected.then_some(Workload::GemmBiasAct {
-            m: batch * seq,
+            m: batch.saturating_mul(seq),
             n: self.hidden,
             k: self.embedding,
             act: Act::Identity,
@@ -137,7 +137,8 @@ impl BertConfig {
     /// projection, attention, output projection, FFN up (+ activation), FFN down. Every layer
     /// makes the same calls.
     pub fn workloads(&self, batch: usize, seq: usize) -> Vec<Workload> {
-        let (h, f, m) = (self.hidden, self.ffn, batch * seq);
+        // Saturating: an M past usize::MAX makes workloads their check refuses.
+        let (h, f, m) = (self.hidden, self.ffn, batch.saturating_mul(seq));
         vec![
             Workload::GemmBiasAct {
                 m,

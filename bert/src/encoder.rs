@@ -66,7 +66,9 @@ impl PackedLayer {
 
 /// The distinct M = batch·seq of `shapes`: at least one, each at least 1.
 pub(crate) fn rows_of(shapes: &[(usize, usize)]) -> Result<Vec<usize>, BertError> {
-    let mut ms: Vec<usize> = shapes.iter().map(|&(b, s)| b * s).collect();
+    // Saturating: an M past usize::MAX is refused as a workload later, never wraps to a
+    // small one.
+    let mut ms: Vec<usize> = shapes.iter().map(|&(b, s)| b.saturating_mul(s)).collect();
     if ms.is_empty() || ms.contains(&0) {
         return Err(BertError::Shape {
             reason: "load needs at least one (batch, seq) shape, each at least 1".into(),
@@ -299,18 +301,19 @@ impl Encoder {
     ) -> Result<LevelCounts, BertError> {
         let c = &self.config;
         let h = c.hidden;
-        let m = batch * seq;
+        // Saturating: a product past usize::MAX matches no input's length.
+        let m = batch.saturating_mul(seq);
         if batch == 0 || seq == 0 {
             return Err(BertError::Shape {
                 reason: format!("batch {batch} and seq {seq} must be at least 1"),
             });
         }
-        if input.len() != m * h {
+        if input.len() != m.saturating_mul(h) {
             return Err(BertError::Shape {
                 reason: format!(
                     "input has {} values, batch {batch} × seq {seq} × hidden {h} needs {}",
                     input.len(),
-                    m * h
+                    batch as u128 * seq as u128 * h as u128
                 ),
             });
         }

@@ -36,7 +36,7 @@ impl TokenBatch {
         let span = vocab.saturating_sub(1).max(1) as f32;
         let lens = Self::lengths(batch, seq, lengths);
         let mut ids = vec![pad; batch * seq];
-        for (row, &len) in ids.chunks_exact_mut(seq).zip(&lens) {
+        for (row, &len) in ids.chunks_exact_mut(seq.max(1)).zip(&lens) {
             for id in &mut row[..len as usize] {
                 let u = (rng.symmetric_f32() + 1.0) * 0.5; // [0, 1)
                 let drawn = ((u * span) as u32).min(span as u32 - 1);
@@ -145,8 +145,8 @@ impl TokenBatch {
     }
 
     /// Checks that the batch fits a model of `vocab` token ids, `type_vocab` token types and
-    /// `max_seq` positions: `batch × seq` ids and types, each below its table, `seq` within the
-    /// positions.
+    /// `max_seq` positions: `batch` and `seq` at least 1, `batch × seq` ids and types, each
+    /// below its table, a length in `0..=seq` per sequence, `seq` within the positions.
     pub fn check_fits(
         &self,
         vocab: usize,
@@ -154,6 +154,12 @@ impl TokenBatch {
         max_seq: usize,
     ) -> Result<(), BertError> {
         let bad = |reason: String| Err(BertError::Shape { reason });
+        if self.batch == 0 || self.seq == 0 {
+            return bad(format!(
+                "a batch of {} × {} tokens: both must be at least 1",
+                self.batch, self.seq
+            ));
+        }
         let n = self.batch.checked_mul(self.seq);
         let lens = (Some(self.ids.len()), Some(self.types.len()));
         if lens != (n, n) || self.lens.len() != self.batch {
@@ -164,6 +170,14 @@ impl TokenBatch {
                 self.ids.len(),
                 self.types.len(),
                 self.lens.len()
+            ));
+        }
+        if let Some((i, l)) =
+            (self.lens.iter().enumerate()).find(|(_, &l)| l < 0 || l as usize > self.seq)
+        {
+            return bad(format!(
+                "sequence {i} has length {l}, not one of 0..={} (its padded length)",
+                self.seq
             ));
         }
         if self.seq > max_seq {

@@ -460,6 +460,20 @@ fn tokens_outside_the_tables_are_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("the model has 16 positions"), "{e}");
+    // An empty batch and lengths outside 0..=seq: errors, not a panic (an empty one had
+    // panicked in the embeddings) nor a late complaint from attention.
+    for (batch, seq) in [(0, 0), (1, 0), (0, 4)] {
+        let t = TokenBatch::random((100, 0), 1, (batch, seq), &[]);
+        let e = model.forward_with(&rt, &t, &mut scratch).unwrap_err();
+        assert!(e.to_string().contains("must be at least 1"), "{e}");
+    }
+    for len in [-3, 5] {
+        let mut t = TokenBatch::random((100, 0), 1, (2, 4), &[]);
+        t.lens[1] = len;
+        let e = model.forward_with(&rt, &t, &mut scratch).unwrap_err();
+        let want = format!("sequence 1 has length {len}, not one of 0..=4");
+        assert!(e.to_string().contains(&want), "{e}");
+    }
 
     // RoBERTa's 18 rows hold 16 positions (counted from its padding id + 1); DistilBERT has
     // no token types.
@@ -665,4 +679,29 @@ fn albert_shares_its_layers_as_transformers_groups_them() {
         "{e}"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Sizes whose product passes usize::MAX are errors, in debug and release builds alike (they
+/// had panicked in debug and, wrapped, returned Ok with an empty output in release).
+#[test]
+fn batch_times_seq_past_usize_is_an_error() {
+    let rt = Runtime::defaults_only();
+    let config = bert::BertConfig::tiny();
+    let encoder = bert::Encoder::load(&rt, config, 1, &[(1, 4)]).unwrap();
+    let e = encoder.forward(&rt, 1 << 62, 4, &[]).unwrap_err();
+    assert!(
+        e.to_string().contains("needs 1180591620717411303424"),
+        "{e}"
+    );
+    assert!(bert::Encoder::load(&rt, config, 1, &[(1 << 62, 4)]).is_err());
+    let w = config.workloads(1 << 62, 4);
+    assert!(w.iter().all(|w| w.check().is_err()), "{w:?}");
+    let rows = runtime::AttentionRows {
+        batch: 1 << 40,
+        seq: 1 << 40,
+        heads: 1,
+        d: 1,
+        causal: false,
+    };
+    assert_eq!(rows.len(), usize::MAX);
 }

@@ -49,6 +49,10 @@ use crate::error::{Error, Result};
 /// in memory as a dense f32 matrix anyway).
 pub const MAX_DIM: usize = 1 << 20;
 
+/// Largest K of an int8 GEMM: its u8 × s8 products (at most 255 · 127 each) accumulate in
+/// i32, exactly up to this depth (65536 · 32385 < 2^31); deeper ones could wrap.
+pub const MAX_I8_DEPTH: usize = 1 << 16;
+
 /// Largest accepted total operand size in f32 elements (16 GiB of data).
 pub const MAX_ELEMENTS: u128 = 1 << 32;
 
@@ -344,7 +348,8 @@ impl Workload {
     }
 
     /// Checks a workload built as a literal, as the constructors and the parser do: a
-    /// workload precision, every dimension in `1..=MAX_DIM`, operands that fit in memory.
+    /// workload precision, every dimension in `1..=MAX_DIM` (an int8 GEMM's K up to
+    /// [`MAX_I8_DEPTH`]), operands that fit in memory.
     pub fn check(&self) -> Result<()> {
         self.validate(&self.key())
     }
@@ -368,6 +373,14 @@ impl Workload {
             if d > MAX_DIM {
                 return Err(bad(format!(
                     "dimension {d} exceeds the maximum of {MAX_DIM}"
+                )));
+            }
+        }
+        if let (DType::I8, Some((_, _, k))) = (self.dtype(), self.gemm_dims()) {
+            if k > MAX_I8_DEPTH {
+                return Err(bad(format!(
+                    "K = {k} is deeper than int8 GEMM takes ({MAX_I8_DEPTH}: its products \
+                     accumulate in i32, which could wrap); serve it in f32 or bf16"
                 )));
             }
         }

@@ -151,13 +151,14 @@ impl EncoderLayer<'_> {
         self.check()?;
         let h = self.hidden();
         let f = self.ffn_up.0.dims().0;
-        let m = batch * seq;
-        if x.len() != m * h {
+        // Saturating: a product past usize::MAX matches no buffer's length.
+        let m = batch.saturating_mul(seq);
+        if x.len() != m.saturating_mul(h) {
             return Err(RuntimeError::Layer {
                 reason: format!(
                     "x has {} values, batch {batch} × seq {seq} × hidden {h} needs {}",
                     x.len(),
-                    m * h
+                    batch as u128 * seq as u128 * h as u128
                 ),
             });
         }

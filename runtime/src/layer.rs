@@ -54,7 +54,7 @@ fn sum8(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
 /// `x = LayerNorm(x + r)` row by row (rows of `gamma.len()` values; without `r`, plain
 /// LayerNorm): mean and variance over the row (two passes, so no cancellation), then
 /// `γ·(v − μ)/√(σ² + eps) + β`. Errors (nothing written) if a length does not fit or
-/// `eps` is not a positive finite number ([`check_eps`]).
+/// `eps` is not a positive finite number.
 pub fn add_layer_norm(
     x: &mut [f32],
     r: Option<&[f32]>,
@@ -126,9 +126,12 @@ pub struct AttentionRows {
 }
 
 impl AttentionRows {
-    /// Values of one projection: `batch·seq·heads·d`.
+    /// Values of one projection: `batch·seq·heads·d` (`usize::MAX` past it: no buffer's
+    /// length).
     pub fn len(self) -> usize {
-        self.batch * self.seq * self.heads * self.d
+        [self.seq, self.heads, self.d]
+            .into_iter()
+            .fold(self.batch, usize::saturating_mul)
     }
 
     /// Whether there is no value at all.

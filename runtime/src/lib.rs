@@ -55,7 +55,7 @@
 //! a transformer layer's glue in the GEMMs' row layout: [`Runtime::attention_qkv`]
 //! (attention straight from a fused QKV projection's rows) and [`add_layer_norm`], and a
 //! whole BERT encoder layer in one call ([`EncoderLayer`]).
-//! [`Choice::to_json`] describes a lookup as `autokernel lookup --json` prints it.
+//! [`Runtime::lookup_json`] describes a lookup as `autokernel lookup --json` prints it.
 //!
 //! Why it exists: inference programs link this crate, not the tuner. Its dependency tree is
 //! `kernels` + `tuning_db` (rusqlite) + `arc-swap` + `serde_json` + `rayon`: no clap, indicatif, linfa or smartcore.

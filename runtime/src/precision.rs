@@ -52,12 +52,12 @@ impl PrecisionPolicy {
         }
     }
 
-    /// `dtype` wherever a family serves it (f32 is [`exact`](Self::exact)). Other element
-    /// types than f32, bf16 and i8 serve nothing and fall back to f32.
+    /// `dtype` wherever a family serves it. f32 is [`exact`](Self::exact), and so is an
+    /// element type that is not a workload precision (i32, u8: no workload is served in it).
     pub fn only(dtype: DType) -> Self {
         let mode = match dtype {
-            DType::F32 => Mode::Exact,
-            d => Mode::Only(d),
+            d if d != DType::F32 && d.is_precision() => Mode::Only(d),
+            _ => Mode::Exact,
         };
         PrecisionPolicy {
             mode,
@@ -181,6 +181,14 @@ impl fmt::Display for PrecisionPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_reduced_workload_precision_is_one() {
+        assert_eq!(PrecisionPolicy::only(DType::I8).to_string(), "int8");
+        for d in [DType::F32, DType::I32, DType::U8] {
+            assert!(PrecisionPolicy::only(d).is_exact(), "{d}");
+        }
+    }
 
     #[test]
     fn names_parse_and_print() {

@@ -9,6 +9,16 @@ use kernels::cpu::pool::{self, Workers};
 use kernels::HardwareFingerprint;
 
 /// The threads of one runtime. Made by [`Threads::new`]; calls go through [`Threads::run`].
+///
+/// ```
+/// // Records tuned at one thread, each call on its caller's thread.
+/// let (threads, hw) = runtime::Threads::new(Some(1))?;
+/// let rt = runtime::Runtime::defaults_only_for(hw); // or Runtime::open_for("tuning.db", hw)?
+/// let (a, b, mut c) = (vec![1.0; 6], vec![1.0; 6], vec![0.0; 4]);
+/// threads.run(|| rt.gemm(2, 2, 3, &a, &b, &mut c))?;
+/// assert_eq!(c, [3.0; 4]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Threads {
     pool: Pool,

@@ -215,3 +215,33 @@ fn attention_follows_the_bf16_policy_where_the_cpu_runs_bf16_attention() {
         .unwrap();
     assert!(got != f32_out, "bf16 rounding shows");
 }
+
+/// An int8 GEMM accumulates in i32: at the deepest K it takes, inputs of one sign (every
+/// product at its largest, 255 · 127) sum exactly; deeper shapes are never served in int8 (they
+/// had wrapped: 70000 ones summed to −62622), and an `:i8` workload that deep is refused.
+#[test]
+fn int8_is_exact_at_its_deepest_k_and_never_served_deeper() {
+    let rt = Runtime::defaults_only();
+    rt.set_precision(PrecisionPolicy::only(DType::I8));
+    let deepest = kernels::workload::MAX_I8_DEPTH;
+    for (k, dtype) in [
+        (deepest, DType::I8),
+        (deepest + 1, DType::F32),
+        (70_000, DType::F32),
+    ] {
+        let (m, n) = (2, 16);
+        let w = Workload::gemm(m, n, k).unwrap();
+        assert_eq!(rt.serve_as(&w).dtype(), dtype, "K = {k}");
+        let (a, b) = (vec![1.0f32; m * k], vec![1.0f32; k * n]);
+        let mut c = vec![0.0f32; m * n];
+        rt.gemm(m, n, k, &a, &b, &mut c).unwrap();
+        // Ones quantise exactly (scale 1/255 and 1/127): the i32 sums are exact.
+        for &v in &c {
+            assert!((v - k as f32).abs() <= 1e-6 * k as f32, "K = {k}: {v}");
+        }
+    }
+    let e = format!("gemm:2x16x{}:i8", deepest + 1)
+        .parse::<Workload>()
+        .unwrap_err();
+    assert!(e.to_string().contains("deeper than int8 GEMM takes"), "{e}");
+}

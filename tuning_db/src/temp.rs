@@ -36,8 +36,8 @@ pub(crate) fn probe(near: &Path) -> std::io::Result<()> {
     std::fs::remove_file(&probe)
 }
 
-/// Whether directory `dir` takes new files (see [`probe`]): for outputs checked before the
-/// work that writes them starts.
+/// Whether directory `dir` takes new files (a probe file made there and removed): for
+/// outputs checked before the work that writes them starts.
 pub fn probe_dir(dir: &Path) -> std::io::Result<()> {
     probe(&dir.join(".autokernel"))
 }

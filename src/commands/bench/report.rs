@@ -34,7 +34,7 @@ pub struct ReportInput<'a> {
     pub alpha: f64,
 }
 
-/// The names of the files [`write`] writes.
+/// The names of the files [`write()`] writes.
 const FILES: [&str; 4] = [
     "report.md",
     "speed_vs_baseline.svg",

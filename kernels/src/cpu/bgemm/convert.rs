@@ -1,7 +1,7 @@
 //! bf16 conversion and the packings of the bf16 GEMM: B converted to bf16 once per weight
 //! ([`Bf16B`], panels of NR columns in a kernel's [`Layout`]), and for the widening kernels
 //! A rounded to bf16 *values* kept in f32 as it is packed per block ([`pack_a_rounded`]);
-//! the pair kernels' A packing is [`super::layout::pack_a_pairs`].
+//! the pair kernels' A packing is [`super::layout::pack_a_pair_rows`].
 //!
 //! Why A stays f32 for the widening kernels: on AVX2 there is no bf16 arithmetic, so every bf16 value is widened to
 //! f32 in registers before its FMA. Storing packed A as bf16 would cost a conversion going in

@@ -108,7 +108,9 @@ impl Kernel for GemmI8 {
     }
 
     fn supports(&self, w: &Workload) -> bool {
-        matches!(w, Workload::Gemm { .. } | Workload::GemmBiasAct { .. }) && w.dtype() == DType::I8
+        matches!(w, Workload::Gemm { .. } | Workload::GemmBiasAct { .. })
+            && w.dtype() == DType::I8
+            && dims(w).2 <= crate::workload::MAX_I8_DEPTH
     }
 
     fn space(&self, w: &Workload, hw: &HardwareFingerprint) -> Space {

@@ -449,7 +449,7 @@ impl PackedUkernel {
     /// instead.
     ///
     /// Panics if the A tiles, the panel or the bias are too short or the `tiles·MR × NR`
-    /// block is not inside `c`'s window (edge tiles go through [`PackedUkernel::tile`]).
+    /// block is not inside `c`'s window (edge tiles go through [`PackedUkernel::edge`]).
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub fn tiles(
