@@ -101,6 +101,13 @@ fn tune_in_several_precisions_then_serve_by_policy() {
     ]);
     let r = ok_json_lines(&o).remove(0);
     assert_eq!(r["dtype"], "i8", "{r}");
+    // As lookup describes it: the workload as asked, and what served it.
+    assert_eq!(
+        (&r["workload"], &r["precision"]),
+        (&w.into(), &"int8".into()),
+        "{r}"
+    );
+    assert_eq!(r["served_as"], format!("{w}:i8"), "{r}");
 
     // Bad names and budgets are one-line errors.
     for bad in [

@@ -37,6 +37,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let rt = super::device::runtime(&args.db.db, gpu.as_ref())?;
     rt.set_precision(policy);
     // The workload as the runtime serves an f32 call of it under the policy.
+    let asked = w;
     let w = rt.serve_as(&w);
     let choice = rt.choose(&w)?;
     // The chosen config verified against the reference, then timed by the thorough protocol,
@@ -59,7 +60,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let gflops = m.gflops(w.flops());
     if args.json {
         super::print_json(&json!({
-            "workload": w.key(),
+            "workload": asked.key(),
+            "served_as": w.key(),
+            "precision": rt.precision().to_string(),
             "dtype": w.dtype(),
             "device": super::device::name(gpu.as_ref()),
             "level": choice.level.as_str(),
