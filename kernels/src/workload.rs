@@ -507,7 +507,14 @@ fn suffixes<'a>(
         let part = part.trim();
         let slot_taken = match (part, part.parse::<DType>()) {
             ("causal", _) if op == Op::Attention => causal.replace(true).is_some(),
-            (_, Ok(dt)) if dt.is_precision() => dtype.replace(dt).is_some(),
+            (_, Ok(dt)) if dt.is_precision() => match dtype.replace(dt) {
+                Some(first) if first != dt => {
+                    return Err(bad(format!(
+                        "two element types, ':{first}' and ':{dt}' (a workload has one)"
+                    )))
+                }
+                first => first.is_some(),
+            },
             (_, Ok(dt)) => {
                 return Err(bad(format!(
                     "element type '{dt}' is not a workload precision (workloads take {})",
@@ -776,7 +783,7 @@ mod tests {
             ("gemm:2x3x4:i32", "not a workload precision"),
             ("gemm:2x3x4:fp16", "unknown suffix ':fp16'"),
             ("gemm:2x3x4:bf16:bf16", "given twice"),
-            ("gemm:2x3x4:bf16:i8", "given twice"),
+            ("gemm:2x3x4:bf16:i8", "two element types, ':bf16' and ':i8'"),
             ("gemm:2x3x4:causal", "only an element type"),
             ("attention:1x2x3x4:causal:causal", "given twice"),
             ("attention:1x2x3x4:causal:", "unknown suffix"),
