@@ -411,6 +411,12 @@ fn a_checkpoint_is_tuned_from_its_config_and_matches_transformers_on_a_padded_ba
         let cos = r["cosine_vs_f32"].as_f64().unwrap();
         assert!(cos >= min_cos && cos < 1.0, "{p}: cosine {cos}");
         assert!(r["max_abs_err_vs_f32"].as_f64().unwrap() > 0.0);
+        // The bounds it was held to: the cosine guard, not f32's tolerances.
+        assert_eq!(r["min_cosine_vs_f32"], 0.9, "{r}");
+        assert!(
+            r["tolerance"].is_null() && r["transformers_tolerance"].is_null(),
+            "{r}"
+        );
     }
     // A budget no stored record meets keeps f32.
     let o = infer(&["--precision", "int8", "--max-rel-err", "1e-9"]);

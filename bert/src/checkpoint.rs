@@ -421,7 +421,7 @@ fn read_config(path: &Path) -> Result<(BertConfig, Layout), BertError> {
     let positions = f.size("max_position_embeddings")?;
     let position_ids = if naming.positions_after_padding {
         let pad_id = match f.v.get("pad_token_id") {
-            None | Some(Value::Null) => 1,
+            None => 1,
             Some(_) => f.count("pad_token_id")?,
         };
         if pad_id + 1 >= positions {
@@ -549,10 +549,10 @@ impl<'a> Fields<'a> {
         self.whole(name, 1)
     }
 
-    /// An optional size: `default` when missing or null.
+    /// An optional size: `default` when missing (null is refused, as transformers does).
     fn size_or(&self, name: &str, default: usize) -> Result<usize, BertError> {
         match self.v.get(name) {
-            None | Some(Value::Null) => Ok(default),
+            None => Ok(default),
             Some(_) => self.size(name),
         }
     }
@@ -570,10 +570,10 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// An optional string (`default` when missing or null).
+    /// An optional string (`default` when missing; null is refused, as transformers does).
     fn text(&self, name: &str, default: &str) -> Result<String, BertError> {
         match self.v.get(name) {
-            None | Some(Value::Null) => Ok(default.to_string()),
+            None => Ok(default.to_string()),
             Some(Value::String(s)) => Ok(s.clone()),
             Some(x) => Err(self.bad(format!("field '{name}' is {x}, not a string"))),
         }
@@ -637,7 +637,7 @@ impl<'a> Reader<'a> {
         let t = self
             .st
             .tensor(&full)
-            .ok_or_else(|| format!("tensor '{full}' is missing"))?;
+            .ok_or_else(|| self.st.missing(&full))?;
         if t.shape() != dims {
             return Err(format!(
                 "tensor '{full}' has shape {:?}, config.json says {dims:?}",

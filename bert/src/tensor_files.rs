@@ -29,6 +29,8 @@ pub(crate) struct TensorFiles {
 /// Tensors by name across a checkpoint's weight files.
 pub(crate) struct Tensors<'a> {
     files: Vec<SafeTensors<'a>>,
+    /// The files' paths, in the same order.
+    paths: Vec<&'a Path>,
     /// [`TensorFiles`]' map: a tensor is read from the shard the index names, as transformers
     /// reads it — never from a stale copy in another shard.
     map: Option<&'a BTreeMap<String, usize>>,
@@ -99,6 +101,7 @@ impl TensorFiles {
             .collect::<Result<_, _>>()?;
         Ok(Tensors {
             files,
+            paths: self.files.iter().map(|(p, _)| p.as_path()).collect(),
             map: self.map.as_ref(),
         })
     }
@@ -112,6 +115,21 @@ impl Tensors<'_> {
             None => &self.files[0],
         };
         file.tensor(name).ok()
+    }
+
+    /// Why tensor `name` is not there: missing, or (sharded) missing from the shard the index
+    /// names for it.
+    pub fn missing(&self, name: &str) -> String {
+        match self.map.and_then(|map| map.get(name)) {
+            Some(&i) => {
+                let shard = self.paths[i]
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy();
+                format!("tensor '{name}' is missing from {shard}, the shard {INDEX} names for it")
+            }
+            None => format!("tensor '{name}' is missing"),
+        }
     }
 
     /// Every tensor's name (a sharded checkpoint's: those its index maps), sorted.

@@ -309,6 +309,11 @@ fn broken_directories_are_one_line_errors_naming_the_tensor_or_field() {
             "hidden_act 'silu' is not supported",
         ),
         (
+            "null-act",
+            Box::new(|d: &Path| rewrite(d, same, |v| v["hidden_act"] = serde_json::Value::Null)),
+            "field 'hidden_act' is null, not a string",
+        ),
+        (
             "gpt2",
             Box::new(|d: &Path| rewrite(d, same, |v| v["model_type"] = "gpt2".into())),
             "model_type 'gpt2' is not a BERT-family encoder",
@@ -541,6 +546,17 @@ fn a_sharded_checkpoint_loads_the_same_model_and_a_pickled_one_says_how_to_conve
         a.layers[1].w_ffn2, b.layers[1].w_ffn2,
         "the index's shard, not the stale copy"
     );
+
+    // An index naming the wrong shard for a tensor: missing from that shard, said so.
+    let mut wrong = index.clone();
+    let first = "model-00001-of-00002.safetensors";
+    wrong["weight_map"]["encoder.layer.1.output.LayerNorm.bias"] = first.into();
+    std::fs::write(dir.join("model.safetensors.index.json"), wrong.to_string()).unwrap();
+    let e = Checkpoint::load(&dir).unwrap_err().to_string();
+    let want =
+        format!("'encoder.layer.1.output.LayerNorm.bias' is missing from {first}, the shard");
+    assert!(e.contains(&want), "{e}");
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
 
     // A shard the index names but the directory lacks is named.
     std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();

@@ -375,6 +375,7 @@ impl<'a> Session<'a> {
             checked.vs_f32.map(|v| v.1),
         ];
         let non_finite = errors.iter().flatten().any(|e| !e.is_finite());
+        let at_f32 = judged_at_f32_tolerance(self.rt.precision(), "tuned");
         Ok(json!({
             "model": self.source.label(),
             "act": self.source.config().act.name(),
@@ -399,9 +400,15 @@ impl<'a> Session<'a> {
             "untuned_calls": checked.untuned_calls.as_ref().map(counts_json),
             "checked_sequences": checked.sequences,
             "max_abs_err": (checked.sequences > 0).then_some(checked.worst),
-            "tolerance": bert::TOLERANCE,
+            // The bounds the tuned output was held to: f32's, or in reduced precision only
+            // the cosine to the f32 model.
+            "tolerance": at_f32.then_some(bert::TOLERANCE),
             "transformers_max_abs_err": checked.vs_transformers,
-            "transformers_tolerance": checked.vs_transformers.map(|_| TRANSFORMERS_TOLERANCE),
+            "transformers_tolerance": checked
+                .vs_transformers
+                .filter(|_| at_f32)
+                .map(|_| TRANSFORMERS_TOLERANCE),
+            "min_cosine_vs_f32": (!at_f32).then_some(MIN_COSINE_VS_F32),
             "profile": profile,
             "precision": self.rt.precision().to_string(),
             "workloads_by_precision": by_precision,
