@@ -457,21 +457,32 @@ fn retry_failed_measures_quarantined_configs_again_and_the_latest_trial_counts()
     );
 }
 
-#[test]
-fn a_quarantined_default_is_not_run_again() {
-    let (db, hw, w) = setup();
-    let (dk, dc) = default_for(&w, hw).unwrap();
-    db.insert(&Record::failed(
+/// Records a failed trial of `w`'s default config with `status`; returns that default.
+fn failed_default(
+    db: &TuningDb,
+    hw: &HardwareFingerprint,
+    w: &Workload,
+    status: Status,
+) -> (&'static dyn Kernel, Config) {
+    let (dk, dc) = default_for(w, hw).unwrap();
+    let rec = Record::failed(
         &hw.id,
-        w,
+        *w,
         dk.name(),
         dk.version(),
         dc.clone(),
-        Status::Oom,
+        status,
         "planted",
         "t",
-    ))
-    .unwrap();
+    );
+    db.insert(&rec).unwrap();
+    (dk, dc)
+}
+
+#[test]
+fn a_quarantined_default_is_not_run_again() {
+    let (db, hw, w) = setup();
+    let (dk, dc) = failed_default(&db, hw, &w, Status::Oom);
     let mut ev = fake();
     let s = tune_with(&db, &w, hw, &[&Scripted], &opts(4), &mut ev, &mut |_| {}).unwrap();
     assert!(!ev.evaluated.contains(&key(dk, &dc)), "{:?}", ev.evaluated);
@@ -488,18 +499,7 @@ fn a_quarantined_default_is_not_run_again() {
 #[test]
 fn a_timed_out_default_runs_again_and_is_a_finalist() {
     let (db, hw, w) = setup();
-    let (dk, dc) = default_for(&w, hw).unwrap();
-    db.insert(&Record::failed(
-        &hw.id,
-        w,
-        dk.name(),
-        dk.version(),
-        dc.clone(),
-        Status::Timeout,
-        "planted",
-        "t",
-    ))
-    .unwrap();
+    let (dk, dc) = failed_default(&db, hw, &w, Status::Timeout);
     let mut ev = fake();
     ev.medians.insert(key(dk, &dc), 0.5e-3); // faster than every scripted config
     let s = tune_with(&db, &w, hw, &[&Scripted], &opts(4), &mut ev, &mut |_| {}).unwrap();
