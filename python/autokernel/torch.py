@@ -8,8 +8,8 @@
 
 ``optimize`` replaces every float32 ``nn.Linear`` by an :class:`AutokernelLinear` whose weight
 is packed once; a Linear followed by its activation (a Hugging Face feed-forward block's
-``dense`` + ``intermediate_act_fn`` or DistilBERT's ``lin1`` + ``activation``, checked on a
-probe, or ``nn.Sequential(Linear, act)``) becomes one fused
+``dense`` + ``intermediate_act_fn``, DistilBERT's ``lin1`` + ``activation`` or ALBERT's ``ffn`` +
+``activation``, checked on a probe, or ``nn.Sequential(Linear, act)``) becomes one fused
 ``gemm_bias_<act>`` call (ReLU, tanh GELU, exact-erf GELU). Hugging Face models'
 scaled-dot-product attention is served by the runtime through the ``autokernel`` attention
 implementation, padded batches included (a right-padding mask becomes per-sequence key
@@ -57,21 +57,26 @@ __all__ = ["AutokernelLinear", "FusedActivation", "optimize", "refresh", "worklo
 # optimize / workloads
 
 
-# Feed-forward blocks whose Linear feeds its activation: (Linear's name, activation's name).
-_LINEAR_ACT_PAIRS = (("dense", "intermediate_act_fn"), ("lin1", "activation"))
+# Feed-forward blocks whose Linear feeds its activation: (Linear's name, activation's name,
+# the method that runs them).
+_LINEAR_ACT_PAIRS = (("dense", "intermediate_act_fn", "forward"), ("lin1", "activation", "forward"),
+                     ("ffn", "activation", "ff_chunk"))
 
 
-def _same_when_fused(block: nn.Module, names: tuple, act: str, f32: Runtime, rows: int) -> bool:
+def _same_when_fused(block: nn.Module, names: tuple, act: str, f32: Runtime, rows: int,
+                     method: str = "forward") -> bool:
     """Whether feed-forward ``block`` computes the same with its Linear and activation
     (``names``) as one fused ``act`` call, on a probe of two sequences of ``rows`` rows in f32
-    (``f32``, a defaults-only runtime: the model's own precision may round differently).
-    A block whose forward takes something else than one tensor is not fused (what its other
-    arguments do to the activation's input cannot be probed)."""
+    (``f32``, a defaults-only runtime: the model's own precision may round differently),
+    through its ``method`` (``forward``, or ALBERT's layer's ``ff_chunk``: the feed-forward
+    part of a forward that also attends). A block whose method takes something else than one
+    tensor is not fused (what its other arguments do to the activation's input cannot be
+    probed)."""
     import inspect
 
     try:
-        params = list(inspect.signature(type(block).forward).parameters)
-    except (TypeError, ValueError):
+        params = list(inspect.signature(getattr(type(block), method)).parameters)
+    except (AttributeError, TypeError, ValueError):
         return False
     if len(params) != 2:
         return False
@@ -80,10 +85,10 @@ def _same_when_fused(block: nn.Module, names: tuple, act: str, f32: Runtime, row
     probe = AutokernelLinear(lin, f32, act=act, ms=[x.shape[1]])
     try:
         with torch.no_grad():
-            want = block(x)
+            want = getattr(block, method)(x)
             setattr(block, names[0], probe)
             setattr(block, names[1], nn.Identity())
-            got = block(x)
+            got = getattr(block, method)(x)
     except Exception:  # a forward that is not what it looked like
         return False
     finally:
@@ -238,15 +243,16 @@ def optimize(
     for pname, parent in list(model.named_modules()):
         prefix = f"{pname}." if pname else ""
         # A Hugging Face feed-forward block: BERT's dense + intermediate_act_fn, DistilBERT's
-        # lin1 + activation (checked on a probe: kept only if the block computes the same).
-        for lin_name, act_name in _LINEAR_ACT_PAIRS:
+        # lin1 + activation, ALBERT's ffn + activation (checked on a probe: kept only if the
+        # block computes the same).
+        for lin_name, act_name, method in _LINEAR_ACT_PAIRS:
             lin, act_fn = getattr(parent, lin_name, None), getattr(parent, act_name, None)
             if type(lin) is nn.Linear and isinstance(act_fn, nn.Module):
                 act = _classify_act(act_fn)
                 if (
                     act in _FUSABLE
                     and _linear_ok(lin) is None
-                    and _same_when_fused(parent, (lin_name, act_name), act, f32, min(ms))
+                    and _same_when_fused(parent, (lin_name, act_name), act, f32, min(ms), method)
                     and swap(parent, lin_name, prefix + lin_name, act)
                 ):
                     setattr(parent, act_name, FusedActivation(act_fn, getattr(parent, lin_name)))

@@ -640,8 +640,8 @@ def test_roberta_distilbert_and_electra_are_fused_whole_and_match_stock(arch):
 def test_albert_shared_layers_are_served_and_match_stock():
     """ALBERT's layers share weights across steps (3 steps over 2 groups of 2 layers here):
     each shared ``nn.Linear`` is one packed weight serving every step, its attention the
-    runtime's, padded batches included; its blocks are not fused (their parts are named
-    otherwise), so they run as separate calls."""
+    runtime's, padded batches included; its feed-forward ``ffn`` + ``activation`` (run by
+    ``ff_chunk``) is one fused call (what ``tune --model`` tunes), the rest separate calls."""
     from transformers import AlbertConfig, AlbertModel
 
     torch.manual_seed(0)
@@ -661,7 +661,8 @@ def test_albert_shared_layers_are_served_and_match_stock():
             want, got = stock(**kw).last_hidden_state, model(**kw).last_hidden_state
             torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
     ws = akt.workloads(model, dict(input_ids=ids, attention_mask=mask))
-    assert {"gemm_bias:72x64x32", "gemm_bias:72x64x64", "attention:3x4x24x16"} <= set(ws), ws
+    assert {"gemm_bias:72x64x32", "gemm_bias:72x64x64", "attention:3x4x24x16", "gemm_bias_gelu:72x128x64"} <= set(ws), ws
+    assert "gemm_bias:72x128x64" not in ws, ws
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
