@@ -948,16 +948,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// Fails unless the directory `out` is to be written in exists and takes new files (a probe
 /// file is made there and removed).
 pub(crate) fn require_parent(out: &Path) -> Result<(), DbError> {
-    let dir = match out.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    if !dir.is_dir() {
-        return Err(DbError::NoParentDir {
-            path: out.to_path_buf(),
-            dir: dir.to_path_buf(),
-        });
-    }
+    let dir = crate::db::existing_dir_of(out)?;
     crate::temp::probe(out).map_err(|e| DbError::DirNotWritable {
         path: out.to_path_buf(),
         dir: dir.to_path_buf(),

@@ -996,11 +996,9 @@ fn file_kind(t: &std::fs::FileType) -> &'static str {
     }
 }
 
-/// The checks before a writer opens `path`: its directory exists, the file (if any) is a
-/// regular, non-empty file that opens for writing (without changing it), and the directory
-/// takes new files (the database itself, or SQLite's -wal and -shm beside it: a probe file
-/// is made there and removed) — so a refused run leaves nothing behind.
-fn precheck_writer(path: &Path) -> Result<()> {
+/// The directory `path` is in (`.` for a bare file name), or [`DbError::NoParentDir`] when
+/// it does not exist.
+pub(crate) fn existing_dir_of(path: &Path) -> Result<&Path> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -1011,6 +1009,15 @@ fn precheck_writer(path: &Path) -> Result<()> {
             dir: dir.to_path_buf(),
         });
     }
+    Ok(dir)
+}
+
+/// The checks before a writer opens `path`: its directory exists, the file (if any) is a
+/// regular, non-empty file that opens for writing (without changing it), and the directory
+/// takes new files (the database itself, or SQLite's -wal and -shm beside it: a probe file
+/// is made there and removed) — so a refused run leaves nothing behind.
+fn precheck_writer(path: &Path) -> Result<()> {
+    let dir = existing_dir_of(path)?;
     precheck_file(path)?;
     let not_writable = |detail: String| DbError::NotWritable {
         path: path.to_path_buf(),
