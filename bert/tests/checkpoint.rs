@@ -73,6 +73,16 @@ fn same(name: &str, d: Dtype, s: &[usize], b: &[u8]) -> Option<Tensor> {
     Some((name.to_string(), d, s.to_vec(), b.to_vec()))
 }
 
+/// The error of loading the fixture of `arch` rewritten into `dir` without the tensors whose
+/// names start with `dropped`.
+fn load_error_without(arch: &str, dir: &Path, dropped: &str) -> String {
+    let keep = |n: &str, d, s: &[usize], b: &[u8]| {
+        (!n.starts_with(dropped)).then(|| same(n, d, s, b).unwrap())
+    };
+    rewrite_of(arch, dir, keep, |_| {});
+    Checkpoint::load(dir).unwrap_err().to_string()
+}
+
 /// The hidden size of the "huge" broken directory.
 const HUGE: usize = 30_000;
 
@@ -595,13 +605,7 @@ fn electra_projects_its_narrower_embeddings() {
     assert_eq!(shapes[0].key(), "gemm_bias:44x64x32", "{shapes:?}");
 
     let dir = scratch_dir("electra-no-projection");
-    rewrite_of(
-        "electra",
-        &dir,
-        |n, d, s, b| (!n.starts_with("embeddings_project.")).then(|| same(n, d, s, b).unwrap()),
-        |_| {},
-    );
-    let e = Checkpoint::load(&dir).unwrap_err().to_string();
+    let e = load_error_without("electra", &dir, "embeddings_project.");
     assert!(
         e.contains("tensor 'embeddings_project.weight' is missing"),
         "{e}"
@@ -667,29 +671,12 @@ fn albert_shares_its_layers_as_transformers_groups_them() {
     assert_eq!(four.encoder.weight_bytes(), 4 * per_layer);
 
     // A missing shared layer is named; so is the projection.
-    rewrite_of(
-        "albert",
-        &dir,
-        |n, d, s, b| {
-            (!n.starts_with("encoder.albert_layer_groups.1.")).then(|| same(n, d, s, b).unwrap())
-        },
-        |_| {},
-    );
-    let e = Checkpoint::load(&dir).unwrap_err().to_string();
+    let e = load_error_without("albert", &dir, "encoder.albert_layer_groups.1.");
     assert!(
         e.contains("tensor 'encoder.albert_layer_groups.1.albert_layers.0.attention.query.weight' is missing"),
         "{e}"
     );
-    rewrite_of(
-        "albert",
-        &dir,
-        |n, d, s, b| {
-            (!n.starts_with("encoder.embedding_hidden_mapping_in."))
-                .then(|| same(n, d, s, b).unwrap())
-        },
-        |_| {},
-    );
-    let e = Checkpoint::load(&dir).unwrap_err().to_string();
+    let e = load_error_without("albert", &dir, "encoder.embedding_hidden_mapping_in.");
     assert!(
         e.contains("tensor 'encoder.embedding_hidden_mapping_in.weight' is missing"),
         "{e}"
