@@ -11,14 +11,14 @@
 //!     A/B: the second config (its knobs over the first) against the first, in alternating
 //!     samples; prints the median ratio (the only comparison a shared VM's drift leaves alone)
 //! cargo run --release -p kernels --example gemm_speed -- peak [threads]
-//!     the FMA peak
+//!     the arithmetic peaks: f32 FMA, and vdpbf16ps / vpdpbusd where the CPU has them
 //! ```
 //! Shapes are M×N×K (`gemm:`), or give a whole workload key. `--qkv-rows` times attention
 //! on BERT's layout (one `[B·S, 3·H·D]` matrix in), as the runtime's encoder calls it. Every measured config is first checked against the f64 reference.
 
 use std::time::Instant;
 
-use kernels::cpu::peak::fma_peak_gflops;
+use kernels::cpu::peak::{peak_gflops, Unit};
 use kernels::{default_for, kernel, Config, Executable, HardwareFingerprint, Problem, Workload};
 
 /// GFLOP/s of `samples` samples of at least `min_secs` each, slowest first. With
@@ -71,8 +71,19 @@ fn main() {
     let hw = HardwareFingerprint::current();
     if args.first().map(String::as_str) == Some("peak") {
         let threads = args.get(1).and_then(|t| t.parse().ok()).unwrap_or(1);
-        let runs: Vec<f64> = (0..3).map(|_| fma_peak_gflops(threads, 0.5)).collect();
-        println!("FMA peak, {threads} thread(s): {runs:.1?} GFLOP/s");
+        for unit in Unit::ALL {
+            let runs: Option<Vec<f64>> = (0..3).map(|_| peak_gflops(unit, threads, 0.5)).collect();
+            match runs {
+                Some(runs) => println!(
+                    "{} peak, {threads} thread(s): {runs:.1?} G(FL)OP/s",
+                    unit.name()
+                ),
+                None => println!(
+                    "{} peak: skipped, not available (the CPU or AUTOKERNEL_ISA)",
+                    unit.name()
+                ),
+            }
+        }
         return;
     }
     let shape = args

@@ -389,3 +389,18 @@ fn fma_peak_is_positive() {
     let g = kernels::cpu::peak::fma_peak_gflops(1, 0.01);
     assert!(g.is_finite() && g > 0.0, "{g}");
 }
+
+#[test]
+fn dot_peaks_run_where_the_cpu_has_them() {
+    use kernels::cpu::peak::{peak_gflops, Unit};
+    for (unit, feature) in [(Unit::Bf16Dot, "avx512bf16"), (Unit::I8Dot, "avx512vnni")] {
+        match peak_gflops(unit, 1, 0.01) {
+            Some(g) => assert!(g.is_finite() && g > 0.0, "{}: {g}", unit.name()),
+            None => kernels::testing::skipped(
+                &format!("{} peak", unit.name()),
+                feature,
+                &format!("no {feature} on this CPU"),
+            ),
+        }
+    }
+}

@@ -1,8 +1,10 @@
-//! The measured FMA peak: the GFLOP/s that GEMM efficiency is quoted against.
+//! The measured arithmetic peaks: the GFLOP/s (GOP/s for int8) that GEMM efficiency is
+//! quoted against.
 //!
-//! Each thread runs independent chains of fused multiply-adds on registers (no memory
-//! traffic) with the best ISA [`Isa::detect`] reports; enough chains hide the FMA latency on
-//! every current core (latency 4–5 cycles × 2 FMA ports ≤ 10 < 12 chains).
+//! Each thread runs independent chains of one multiply-add instruction on registers (no
+//! memory traffic): the f32 FMA of the best ISA [`Isa::detect`] reports, AVX512_BF16's
+//! `vdpbf16ps` or AVX512_VNNI's `vpdpbusd` on zmm registers. Enough chains hide the latency
+//! on every current core (latency 4–6 cycles × 2 ports ≤ 12 chains).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -14,43 +16,116 @@ const CHAINS: usize = 12;
 /// FMA rounds per timing check.
 const ROUNDS: usize = 1 << 16;
 
+/// The multiply-add instruction a peak is measured with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// f32 fused multiply-add of the best ISA level (portable `mul_add` below AVX2).
+    F32Fma,
+    /// AVX512_BF16 `vdpbf16ps` on zmm: 16 lanes × 2 bf16 products added to an f32 lane.
+    Bf16Dot,
+    /// AVX512_VNNI `vpdpbusd` on zmm: 16 lanes × 4 u8·s8 products added to an i32 lane.
+    I8Dot,
+}
+
+impl Unit {
+    /// Every unit, in the order a report lists them.
+    pub const ALL: [Unit; 3] = [Unit::F32Fma, Unit::Bf16Dot, Unit::I8Dot];
+
+    /// What the report calls it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::F32Fma => "f32 FMA",
+            Unit::Bf16Dot => "bf16 vdpbf16ps",
+            Unit::I8Dot => "int8 vpdpbusd",
+        }
+    }
+
+    /// Whether this CPU runs the instruction (under the process's ISA cap for the FMA).
+    pub fn available(self) -> bool {
+        match self {
+            Unit::F32Fma => true,
+            #[cfg(target_arch = "x86_64")]
+            Unit::Bf16Dot => {
+                Isa::Avx512.available() && std::arch::is_x86_feature_detected!("avx512bf16")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Unit::I8Dot => {
+                Isa::Avx512.available() && std::arch::is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Operations per round of [`CHAINS`] instructions (a multiply-add counts as 2).
+    fn ops_per_round(self) -> f64 {
+        let per_instruction = match self {
+            Unit::F32Fma => 2 * Isa::detect().f32_lanes(),
+            Unit::Bf16Dot => 2 * 32,
+            Unit::I8Dot => 2 * 64,
+        };
+        (CHAINS * per_instruction) as f64
+    }
+}
+
 /// Total GFLOP/s of `threads` threads each running an FMA loop for about `seconds`
 /// (an FMA counts as 2 flops).
 pub fn fma_peak_gflops(threads: usize, seconds: f64) -> f64 {
+    peak_gflops(Unit::F32Fma, threads, seconds).unwrap_or(0.0)
+}
+
+/// Total GFLOP/s (GOP/s for [`Unit::I8Dot`]) of `threads` threads each running `unit`'s
+/// loop for about `seconds`; `None` where the CPU lacks the instruction.
+pub fn peak_gflops(unit: Unit, threads: usize, seconds: f64) -> Option<f64> {
+    if !unit.available() {
+        return None;
+    }
     let threads = threads.max(1);
     let start = Instant::now();
-    let flops: f64 = std::thread::scope(|s| {
+    let ops: f64 = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
-            .map(|_| s.spawn(move || one_thread(seconds)))
+            .map(|_| s.spawn(move || one_thread(unit, seconds)))
             .collect();
         handles
             .into_iter()
             .map(|h| h.join().expect("peak thread"))
             .sum()
     });
-    flops / start.elapsed().as_secs_f64() / 1e9
+    Some(ops / start.elapsed().as_secs_f64() / 1e9)
 }
 
-/// Flops done by this thread in about `seconds`.
-fn one_thread(seconds: f64) -> f64 {
-    let isa = Isa::detect();
-    let per_round = 2.0 * CHAINS as f64 * isa.f32_lanes() as f64;
+/// Operations done by this thread in about `seconds`.
+fn one_thread(unit: Unit, seconds: f64) -> f64 {
     let start = Instant::now();
     let mut rounds = 0usize;
     let mut sink = 0.0f32;
     loop {
-        sink += run(isa, black_box(ROUNDS));
+        sink += run(unit, black_box(ROUNDS));
         rounds += ROUNDS;
         if start.elapsed().as_secs_f64() >= seconds {
             break;
         }
     }
     black_box(sink);
-    rounds as f64 * per_round
+    rounds as f64 * unit.ops_per_round()
 }
 
-/// `rounds` rounds of `CHAINS` vector FMAs; returns a value derived from every chain.
-fn run(isa: Isa, rounds: usize) -> f32 {
+/// `rounds` rounds of `CHAINS` instructions of `unit` (which this CPU runs); returns a value
+/// derived from every chain.
+fn run(unit: Unit, rounds: usize) -> f32 {
+    match unit {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Unit::available` reported AVX-512F and AVX512_BF16.
+        Unit::Bf16Dot => unsafe { x86::bf16_dot(rounds) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Unit::available` reported AVX-512F and AVX512_VNNI.
+        Unit::I8Dot => unsafe { x86::i8_dot(rounds) },
+        _ => fma(Isa::detect(), rounds),
+    }
+}
+
+/// `rounds` rounds of `CHAINS` vector FMAs of `isa`; returns a value derived from every chain.
+fn fma(isa: Isa, rounds: usize) -> f32 {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` reported AVX-512F.
@@ -79,6 +154,7 @@ fn portable(rounds: usize) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
     use std::hint::black_box;
+    use std::mem::transmute;
 
     use super::CHAINS;
 
@@ -121,5 +197,45 @@ mod x86 {
             s = _mm512_add_ps(s, a);
         }
         _mm512_reduce_add_ps(s)
+    }
+
+    /// # Safety
+    /// The CPU supports AVX-512F and AVX512_BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn bf16_dot(rounds: usize) -> f32 {
+        // Pairs of bf16 1.0 (0x3f80): every product is 1.
+        let one = _mm512_set1_epi32(black_box(0x3f80_3f80));
+        // SAFETY: both are 64-byte vectors of plain bits.
+        let (a, b) = unsafe { (transmute::<__m512i, __m512bh>(one), transmute(one)) };
+        let mut acc = [_mm512_setzero_ps(); CHAINS];
+        for _ in 0..rounds {
+            for x in acc.iter_mut() {
+                *x = _mm512_dpbf16_ps(*x, a, b);
+            }
+        }
+        let mut s = _mm512_setzero_ps();
+        for x in acc {
+            s = _mm512_add_ps(s, x);
+        }
+        _mm512_reduce_add_ps(s)
+    }
+
+    /// # Safety
+    /// The CPU supports AVX-512F and AVX512_VNNI.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub(super) unsafe fn i8_dot(rounds: usize) -> f32 {
+        let a = _mm512_set1_epi8(black_box(1));
+        let b = _mm512_set1_epi8(black_box(1));
+        let mut acc = [_mm512_setzero_si512(); CHAINS];
+        for _ in 0..rounds {
+            for x in acc.iter_mut() {
+                *x = _mm512_dpbusd_epi32(*x, a, b);
+            }
+        }
+        let mut s = _mm512_setzero_si512();
+        for x in acc {
+            s = _mm512_add_epi32(s, x);
+        }
+        _mm512_reduce_add_epi32(s) as f32
     }
 }
