@@ -50,7 +50,9 @@ use crate::{BertConfig, BertError, Embeddings, LayerWeights, Positions, TokenBat
 pub struct Checkpoint {
     /// The directory it was read from.
     pub dir: PathBuf,
+    /// The encoder's sizes and options, from `config.json`.
     pub config: BertConfig,
+    /// The embedding tables and their LayerNorm.
     pub embeddings: Embeddings,
     /// The projection of the embeddings to the hidden size (`embedding × hidden`, bias
     /// `hidden`): ELECTRA's when their widths differ, ALBERT's always.

@@ -16,7 +16,10 @@ pub enum Positions {
     /// RoBERTa's rule (`create_position_ids_from_input_ids`): a token whose id is not
     /// `pad_id` takes row `pad_id + n`, `n` counting the sequence's non-padding tokens up to
     /// and including it; a `pad_id` token takes row `pad_id`.
-    AfterPadding { pad_id: u32 },
+    AfterPadding {
+        /// The padding token's id (`pad_token_id`).
+        pad_id: u32,
+    },
 }
 
 impl Positions {
@@ -54,13 +57,17 @@ pub struct Embeddings {
     pub word: Vec<f32>,
     /// `rows × width`: [`Embeddings::max_seq`] rows after [`Positions`]' offset.
     pub position: Vec<f32>,
+    /// How a token's position picks its row of `position`.
     pub positions: Positions,
     /// `type_vocab × width` (one row of zeros for a model without token types).
     pub token_type: Vec<f32>,
+    /// The LayerNorm's scale γ, `width` values.
     pub ln_gamma: Vec<f32>,
+    /// The LayerNorm's shift β, `width` values.
     pub ln_beta: Vec<f32>,
     /// The tables' width: the model's hidden size, or ELECTRA's `embedding_size`.
     pub width: usize,
+    /// The LayerNorm's epsilon (`layer_norm_eps`).
     pub ln_eps: f32,
 }
 

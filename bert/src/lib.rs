@@ -47,6 +47,7 @@
 //!
 //! [`reference_forward`] recomputes one sequence with naive f64 loops; [`check`] compares
 //! within [`TOLERANCE`] (its documentation says why that bound).
+#![warn(missing_docs)]
 
 mod checkpoint;
 mod config;
@@ -78,16 +79,24 @@ pub enum BertError {
     Runtime(#[from] runtime::RuntimeError),
     /// The model sizes are inconsistent.
     #[error("bad model config: {reason}")]
-    Config { reason: String },
+    Config {
+        /// Which sizes do not fit, and why.
+        reason: String,
+    },
     /// A batch / sequence shape or input that does not fit (a token id outside the
     /// vocabulary, a sequence longer than the positions).
     #[error("bad input: {reason}")]
-    Shape { reason: String },
+    Shape {
+        /// What does not fit, and why.
+        reason: String,
+    },
     /// A checkpoint file (or a file beside it) that cannot be used: which file, and why
     /// (naming the tensor or the `config.json` field).
     #[error("{}: {reason}", .path.display())]
     Checkpoint {
+        /// The file (or the directory, for a file it lacks).
         path: std::path::PathBuf,
+        /// What is wrong with it, naming the tensor or field.
         reason: String,
     },
 }

@@ -17,8 +17,10 @@ use crate::{
 /// and its encoder, packed for the runtime.
 #[derive(Debug)]
 pub struct BertModel {
+    /// The embedding tables, looked up per token.
     pub embeddings: Embeddings,
     projection: Option<(PackedWeight, Vec<f32>)>,
+    /// The encoder layers, their weights packed.
     pub encoder: Encoder,
 }
 
@@ -178,9 +180,13 @@ impl Checkpoint {
 /// `[batch, seq, hidden]`.
 #[derive(Debug, Clone)]
 pub struct Expected {
+    /// Sequences.
     pub batch: usize,
+    /// Tokens per sequence.
     pub seq: usize,
+    /// Values per token.
     pub hidden: usize,
+    /// `last_hidden_state`, row-major `[batch, seq, hidden]`.
     pub values: Vec<f32>,
 }
 

@@ -12,7 +12,9 @@ use crate::BertError;
 /// `lens[i]` real tokens followed by padding (what an attention mask of 1s then 0s says).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenBatch {
+    /// Sequences.
     pub batch: usize,
+    /// Positions per sequence (real tokens and padding).
     pub seq: usize,
     /// Token ids (`input_ids`).
     pub ids: Vec<u32>,

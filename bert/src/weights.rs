@@ -12,21 +12,27 @@ pub struct LayerWeights {
     /// `H × 3H`: the query, key and value projections side by side (columns `0..H` are Q,
     /// `H..2H` K, `2H..3H` V; inside each, head `h` owns columns `h·D..(h+1)·D`).
     pub w_qkv: Vec<f32>,
+    /// `3H`: the Q, K and V biases, in `w_qkv`'s column order.
     pub b_qkv: Vec<f32>,
     /// `H × H`: the attention output projection.
     pub w_o: Vec<f32>,
+    /// `H`: its bias.
     pub b_o: Vec<f32>,
-    /// LayerNorm after the attention block.
+    /// `H`: the scale γ of the LayerNorm after the attention block.
     pub ln1_gamma: Vec<f32>,
+    /// `H`: its shift β.
     pub ln1_beta: Vec<f32>,
-    /// `H × F`, followed by GELU.
+    /// `H × F`, followed by the model's activation (`hidden_act`).
     pub w_ffn1: Vec<f32>,
+    /// `F`: its bias.
     pub b_ffn1: Vec<f32>,
     /// `F × H`.
     pub w_ffn2: Vec<f32>,
+    /// `H`: its bias.
     pub b_ffn2: Vec<f32>,
-    /// LayerNorm after the feed-forward block.
+    /// `H`: the scale γ of the LayerNorm after the feed-forward block.
     pub ln2_gamma: Vec<f32>,
+    /// `H`: its shift β.
     pub ln2_beta: Vec<f32>,
 }
 

@@ -116,9 +116,13 @@ impl Counters {
 /// Calls counted by the level that answered them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LevelCounts {
+    /// Calls served by [`Level::Exact`].
     pub exact: u64,
+    /// Calls served by [`Level::SameArch`].
     pub same_arch: u64,
+    /// Calls served by [`Level::NearestShape`].
     pub nearest_shape: u64,
+    /// Calls served by [`Level::Default`].
     pub default: u64,
 }
 

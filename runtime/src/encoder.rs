@@ -18,10 +18,15 @@ use crate::{Level, PackedWeight, Runtime, RuntimeError};
 /// A layer's stages, in order, as [`EncoderLayer::forward`] reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
+    /// The fused Q, K, V projection (one GEMM with bias).
     Qkv,
+    /// Attention over the projection's rows (masked where key lengths are given).
     Attention,
+    /// The attention output projection.
     OutProj,
+    /// The feed-forward up projection with its fused activation.
     FfnUp,
+    /// The feed-forward down projection.
     FfnDown,
     /// A residual add and LayerNorm (after the output projection, and after the FFN).
     LayerNorm,
@@ -34,11 +39,18 @@ pub type Projection<'a> = (&'a PackedWeight, &'a [f32]);
 /// `ffn_up` was packed with) and its two LayerNorms `(γ, β)`.
 #[derive(Debug, Clone, Copy)]
 pub struct EncoderLayer<'a> {
+    /// Q, K and V in one: `3·hidden × hidden` (out × in), its output rows Q, then K, then V,
+    /// each `hidden` wide with the heads side by side.
     pub qkv: Projection<'a>,
+    /// The attention output projection, `hidden × hidden`.
     pub out: Projection<'a>,
+    /// The LayerNorm after attention, `(γ, β)` of `hidden` values each.
     pub ln1: (&'a [f32], &'a [f32]),
+    /// The feed-forward up projection, `ffn × hidden`, packed with its activation.
     pub ffn_up: Projection<'a>,
+    /// The feed-forward down projection, `hidden × ffn`.
     pub ffn_down: Projection<'a>,
+    /// The LayerNorm after the feed-forward block, `(γ, β)` of `hidden` values each.
     pub ln2: (&'a [f32], &'a [f32]),
     /// Attention heads (they split the hidden width evenly).
     pub heads: usize,

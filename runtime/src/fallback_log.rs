@@ -108,7 +108,9 @@ impl FallbackLog {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("line {line}: {error}")]
 pub struct BadLine {
+    /// The line's number, from 1.
     pub line: usize,
+    /// Why its workload does not parse.
     pub error: kernels::Error,
 }
 

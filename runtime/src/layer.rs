@@ -118,10 +118,15 @@ impl std::fmt::Display for LayerNormOf {
 /// of `d` values (the rows hold `heads·d` values per projection).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttentionRows {
+    /// Sequences.
     pub batch: usize,
+    /// Tokens per sequence (padded ones included).
     pub seq: usize,
+    /// Attention heads.
     pub heads: usize,
+    /// Values per head.
     pub d: usize,
+    /// Whether a token attends only to itself and the tokens before it.
     pub causal: bool,
 }
 

@@ -59,6 +59,7 @@
 //!
 //! Why it exists: inference programs link this crate, not the tuner. Its dependency tree is
 //! `kernels` + `tuning_db` (rusqlite) + `arc-swap` + `serde_json` + `rayon`: no clap, indicatif, linfa or smartcore.
+#![warn(missing_docs)]
 
 mod counters;
 mod encoder;
@@ -165,9 +166,15 @@ pub struct Source {
 }
 
 /// The variant chosen for a workload.
+///
+/// Its public fields describe the choice; the variant itself was built when the choice was
+/// made, so changing them changes what is reported, not what runs.
 pub struct Choice {
+    /// The kernel family that serves the workload.
     pub kernel: &'static dyn Kernel,
+    /// The family's config (knob values) it was built with.
     pub config: Config,
+    /// The lookup level that answered.
     pub level: Level,
     /// The record behind it; `None` for `default`.
     pub source: Option<Source>,
@@ -281,39 +288,72 @@ impl Choice {
 /// Errors of the runtime.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
+    /// The tuning database could not be opened, read or reloaded (a missing, corrupt or
+    /// foreign file, a newer schema).
     #[error(transparent)]
     Db(#[from] DbError),
+    /// The kernel refused the call or could not be built: a malformed workload, a wrong
+    /// operand, a config that does not fit, memory that could not be allocated.
     #[error(transparent)]
     Kernel(#[from] kernels::Error),
+    /// A buffer's length does not match the workload's.
     #[error("buffer '{name}' has {got} elements, {workload} needs {expected}")]
     BufferSize {
+        /// The buffer, as the workload names its operands (`a`, `b`, `bias`, `c`, `q`,
+        /// ...); `inputs` when the number of input buffers is wrong (then `got` and
+        /// `expected` count buffers).
         name: &'static str,
+        /// The workload's key, or what else describes the call.
         workload: String,
+        /// Elements given.
         got: usize,
+        /// Elements the call needs.
         expected: usize,
     },
+    /// The untuned-workload log could not be opened or written.
     #[error("untuned-workload log {}: {context}: {source}", .path.display())]
     FallbackLog {
+        /// The log file.
         path: PathBuf,
+        /// What was being done (`opening for appending`, `reading its size`, ...).
         context: String,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
+    /// A runtime logs untuned workloads to one file, set once.
     #[error("the untuned-workload log is already {}", .path.display())]
-    FallbackLogAlreadySet { path: PathBuf },
+    FallbackLogAlreadySet {
+        /// The log already in use.
+        path: PathBuf,
+    },
+    /// [`Runtime::reload`] on a runtime made with [`Runtime::defaults_only`].
     #[error("this runtime has no database to reload (it was made with defaults_only)")]
     NoDatabase,
+    /// An encoder layer's weights or buffers do not fit together (a projection of the wrong
+    /// shape, a bias or LayerNorm of the wrong length, heads that do not split the width).
     #[error("encoder layer: {reason}")]
-    Layer { reason: String },
+    Layer {
+        /// What does not fit, naming the tensor.
+        reason: String,
+    },
     /// A scalar argument outside its domain (a LayerNorm epsilon that is not a positive
     /// finite number).
     #[error("argument '{name}': {reason}")]
-    Argument { name: &'static str, reason: String },
+    Argument {
+        /// The argument.
+        name: &'static str,
+        /// Why its value is refused.
+        reason: String,
+    },
     /// An environment variable the runtime reads holds a value it does not understand.
     #[error("environment variable {name}={value:?}: {reason}")]
     Env {
+        /// The variable.
         name: &'static str,
+        /// Its value.
         value: String,
+        /// What it should hold.
         reason: &'static str,
     },
 }
@@ -336,7 +376,10 @@ fn parse_switch(name: &'static str, value: &std::ffi::OsStr) -> Result<bool, Run
 /// A skipped database record, with the reason (reported, then served by the next level).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skipped {
+    /// The record's workload key.
     pub workload: String,
+    /// Why it is not served (a kernel version no longer built, a config that no longer
+    /// fits, records gone stale, ...).
     pub reason: String,
 }
 

@@ -39,10 +39,20 @@ pub enum ThreadsError {
     /// 0, or more than the CPUs this process may use (rayon's process-wide pool:
     /// `RAYON_NUM_THREADS` where set).
     #[error("threads = {asked}: this process may use {cpus} CPU(s)")]
-    OutOfRange { asked: usize, cpus: usize },
+    OutOfRange {
+        /// The threads asked for.
+        asked: usize,
+        /// The CPUs this process may use.
+        cpus: usize,
+    },
     /// The OS refused the pool's threads.
     #[error("starting {threads} threads: {why}")]
-    Spawn { threads: usize, why: String },
+    Spawn {
+        /// The threads the pool was to start.
+        threads: usize,
+        /// The OS's error.
+        why: String,
+    },
     /// A child forked after the library's worker threads started.
     #[error(transparent)]
     Forked(#[from] kernels::cpu::pool::ForkedChild),

@@ -206,7 +206,8 @@ mod x86 {
         // Pairs of bf16 1.0 (0x3f80): every product is 1.
         let one = _mm512_set1_epi32(black_box(0x3f80_3f80));
         // SAFETY: both are 64-byte vectors of plain bits.
-        let (a, b) = unsafe { (transmute::<__m512i, __m512bh>(one), transmute(one)) };
+        let a = unsafe { transmute::<__m512i, __m512bh>(one) };
+        let b = a;
         let mut acc = [_mm512_setzero_ps(); CHAINS];
         for _ in 0..rounds {
             for x in acc.iter_mut() {
