@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""The PyTorch drop-in on the three BERT-family models transformers names differently: BERT,
-RoBERTa, DistilBERT (base sizes, random weights), stock PyTorch f32 against
+"""The PyTorch drop-in on the four BERT-family models transformers names differently: BERT,
+RoBERTa, DistilBERT, ALBERT (base sizes, random weights), stock PyTorch f32 against
 `autokernel.torch.optimize` in f32, int8 and bf16, batch x 128 tokens, interleaved rounds.
-Reports p50 per row, the speedup over stock, how many layers were served whole, and the cosine
+Reports p50 per row, the speedup over stock, how many layer modules were served whole
+(ALBERT-base's 12 steps share one), and the cosine
 similarity of `last_hidden_state` to stock. Written to
 bench_results/<fingerprint>/dropin-models-<UTC time>.md (with the command, date and machine).
 
@@ -10,7 +11,7 @@ Needs the package installed (`pip install ./python`), torch and transformers; ru
 repository root on a quiet machine, with a database tuned for the shapes (e.g.
 `autokernel tune --model bert-base --batch 1 --seq 128 --precision f32,int8,bf16`):
 
-    scripts/bench-dropin-models.py --db tuning.db --threads 2 [--batch 1] [--rounds 3]
+    scripts/bench-dropin-models.py --db tuning.db --threads 2 [--batch 1] [--rounds 3] [--models albert-base]
 """
 
 import argparse
@@ -28,13 +29,25 @@ import autokernel
 import autokernel.torch as akt
 
 
-def models():
-    from transformers import (BertConfig, BertModel, DistilBertConfig, DistilBertModel, RobertaConfig,
-                              RobertaModel)
+MODELS = ("bert-base", "roberta-base", "distilbert-base", "albert-base")
 
-    yield "bert-base", BertModel(BertConfig(), add_pooling_layer=False)
-    yield "roberta-base", RobertaModel(RobertaConfig(), add_pooling_layer=False)  # padding id 1, 514 positions
-    yield "distilbert-base", DistilBertModel(DistilBertConfig())
+
+def models(names):
+    from transformers import (AlbertConfig, AlbertModel, BertConfig, BertModel, DistilBertConfig, DistilBertModel,
+                              RobertaConfig, RobertaModel)
+
+    make = {
+        "bert-base": lambda: BertModel(BertConfig(), add_pooling_layer=False),
+        # padding id 1, 514 positions
+        "roberta-base": lambda: RobertaModel(RobertaConfig(), add_pooling_layer=False),
+        "distilbert-base": lambda: DistilBertModel(DistilBertConfig()),
+        # albert-base-v2's sizes (AlbertConfig's defaults are xxlarge's): embeddings 128 wide,
+        # 12 steps of one shared layer, tanh GELU
+        "albert-base": lambda: AlbertModel(AlbertConfig(hidden_size=768, num_attention_heads=12, intermediate_size=3072),
+                                           add_pooling_layer=False),
+    }
+    for name in names:
+        yield name, make[name]()
 
 
 def cpu_name():
@@ -70,12 +83,16 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--precisions", default="f32,int8,bf16")
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     a = p.parse_args()
+    unknown = set(a.models.split(",")) - set(MODELS)
+    if unknown:
+        p.error(f"unknown model(s) {', '.join(sorted(unknown))}: expected some of {', '.join(MODELS)}")
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     precisions = a.precisions.split(",")
     rows = []
-    for name, stock in models():
+    for name, stock in models(a.models.split(",")):
         stock = stock.eval()
         ids = torch.randint(3, 30000, (a.batch, a.seq))
         kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
@@ -105,7 +122,7 @@ def main():
     out = Path("bench_results") / fp / f"dropin-models-{stamp.strftime('%Y%m%dT%H%M%SZ')}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     lines = [
-        "# PyTorch drop-in on BERT, RoBERTa and DistilBERT (base sizes, random weights)",
+        f"# PyTorch drop-in on {', '.join(name for name, *_ in rows[::len(precisions) + 1])} (base sizes, random weights)",
         "",
         f"- command: `{' '.join(sys.argv)}`",
         f"- date: {stamp.isoformat(timespec='seconds')}",
@@ -114,7 +131,7 @@ def main():
         f"- batch {a.batch} x seq {a.seq}; {a.rounds} interleaved rounds x {a.iters} forward passes, p50 per round, "
         "the median of the rounds below",
         "",
-        "| model | served as | p50 ms | vs stock | layers served whole | cosine vs stock |",
+        "| model | served as | p50 ms | vs stock | layer modules served whole | cosine vs stock |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for name, prec, ms, speed, layers, cos in rows:

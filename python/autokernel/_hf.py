@@ -206,26 +206,72 @@ def _attention_probes(rows: int, hidden: int) -> list:
 
 
 # The self-attention blocks whose projections are fused: the names of their query, key and
-# value Linear layers, and of the output projection their forward applies after attention
-# (None: the block returns attention's output, as BERT's; DistilBERT's applies ``out_lin``).
-_QKV_NAMES = ((("query", "key", "value"), None), (("q_lin", "k_lin", "v_lin"), "out_lin"))
+# value Linear layers, and what their forward applies after attention (its tail): nothing
+# (BERT's returns attention's output), an output projection (DistilBERT's ``out_lin``), or an
+# output projection and a LayerNorm of the block's input plus its output (ALBERT's ``dense``
+# and ``LayerNorm``). ALBERT's is listed first: BERT's rule alone would match it too.
+_QKV_NAMES = (
+    (("query", "key", "value"), ("dense", "LayerNorm")),
+    (("query", "key", "value"), ()),
+    (("q_lin", "k_lin", "v_lin"), ("out_lin",)),
+)
 
 
 def _fusable_qkv(m: nn.Module) -> Optional[tuple]:
     """The :data:`_QKV_NAMES` entry of ``m`` if it is a Hugging Face BERT-family self-attention
     block (query, key and value Linear layers of one input, heads of ``attention_head_size``;
-    BERT's, RoBERTa's, DistilBERT's) whose three projections can be one GEMM; else None."""
+    BERT's, RoBERTa's, DistilBERT's, ALBERT's) whose three projections can be one GEMM; else
+    None."""
     if _hooks_below(m) or not all(hasattr(m, a) for a in ("config", "attention_head_size", "scaling")):
         return None
-    for names, out in _QKV_NAMES:
+    for names, tail in _QKV_NAMES:
         lins = [getattr(m, n, None) for n in names]
         if (
             all(type(x) is nn.Linear and _linear_ok(x) is None for x in lins)
             and len({(x.in_features, x.out_features, x.bias is None) for x in lins}) == 1
-            and (out is None or type(getattr(m, out, None)) is nn.Linear)
+            and _tail_fits(m, tail, lins[0].in_features)
         ):
-            return names, out
+            return names, tail
     return None
+
+
+def _tail_fits(m: nn.Module, tail: tuple, hidden: int) -> bool:
+    """Whether block ``m`` has the modules its :data:`_QKV_NAMES` ``tail`` names: an output
+    projection ``nn.Linear`` and, after it, an affine ``nn.LayerNorm`` of the block's width."""
+    if not tail:
+        return True
+    if type(getattr(m, tail[0], None)) is not nn.Linear:
+        return False
+    if len(tail) == 1:
+        return True
+    ln = getattr(m, tail[1], None)
+    return (
+        isinstance(ln, nn.LayerNorm)
+        and ln.weight is not None
+        and ln.bias is not None
+        and tuple(ln.normalized_shape) == (hidden,)
+    )
+
+
+def _qkv_tail(m: nn.Module, ctx: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """What fused block ``m``'s forward applies to attention's output ``ctx`` (its
+    :data:`_QKV_NAMES` tail; ``x`` the block's input): nothing, its output projection, or
+    ``LayerNorm(x + projection(ctx))`` — one runtime call (the linear layer, then the residual
+    add and LayerNorm in place) once the projection is served by the runtime."""
+    tail = m._autokernel_qkv_names[1]
+    if not tail:
+        return ctx
+    proj = getattr(m, tail[0])
+    if len(tail) == 1:
+        return proj(ctx)
+    ln = getattr(m, tail[1])
+    if isinstance(proj, AutokernelLinear) and proj.act is None and x.shape == ctx.shape:
+        proj.refresh()
+        bias = None if proj.bias is None else proj.bias.detach()
+        return call(
+            _linear_add_layer_norm_op, ctx, proj.handle.id, bias, x, ln.weight.detach(), ln.bias.detach(), float(ln.eps)
+        )
+    return ln(x + proj(ctx))
 
 
 def _qkv_linears(m: nn.Module) -> list:
@@ -239,9 +285,9 @@ def _fuse_qkv(m: nn.Module, names: tuple, rt: Runtime, f32: Runtime, ms: list) -
     int8), the runtime's attention after it. The three Linear layers stay (their parameters,
     for ``state_dict`` and for the calls the fused forward hands back to the original one).
     Done only if that computes what the block's own forward does on a probe of ``min(ms)``
-    rows (at least :data:`_PROBE_ROWS`): a block that looks like BERT's but does more (ALBERT's adds its output projection
-    and LayerNorm, ESM's scales the query first and may rotate it) or takes other arguments
-    (cross-attention) is left as it is. ``names`` is its :data:`_QKV_NAMES` entry; ``f32``
+    rows (at least :data:`_PROBE_ROWS`): a block that looks like BERT's but does more (ESM's
+    scales the query first and may rotate it; one that applies its tail modules otherwise
+    than :func:`_qkv_tail`) or takes other arguments (cross-attention) is left as it is. ``names`` is its :data:`_QKV_NAMES` entry; ``f32``
     the defaults-only runtime of ``rt``'s threads the probe runs on."""
     m._autokernel_qkv_names = names
     m._autokernel_qkv = _weight_handle(rt, None)
@@ -324,8 +370,6 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
     for n in _NOT_FUSED_KWARGS:
         kwargs.pop(n, None)
     h, d = _qkv_linears(self)[0].out_features, self.attention_head_size
-    out_proj = self._autokernel_qkv_names[1]
-    then = (lambda y: y) if out_proj is None else getattr(self, out_proj)
     qkv = call(_linear_op, hidden_states, self._autokernel_qkv.id, self._autokernel_qkv_bias)
     causal = bool(kwargs.get("is_causal", getattr(self, "is_causal", False)))
     lengths = None
@@ -341,11 +385,12 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
     if plain:
         # Straight from the projection's rows, read in place by the tuned attention.
         heads = h // d
-        return then(call(_attention_qkv_op, qkv, self._autokernel_runtime, heads, causal, lengths)), None
+        ctx = call(_attention_qkv_op, qkv, self._autokernel_runtime, heads, causal, lengths)
+        return _qkv_tail(self, ctx, hidden_states), None
     shape = (*hidden_states.shape[:-1], -1, d)
     q, k, v = (qkv[..., i * h : (i + 1) * h].view(shape).transpose(1, 2) for i in range(3))
     out, weights = _hf_attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
-    return then(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
+    return _qkv_tail(self, out.reshape(*hidden_states.shape[:-1], -1).contiguous(), hidden_states), weights
 
 
 def _fusable_output(m: nn.Module) -> bool:
@@ -448,14 +493,19 @@ def _layer_parts(m: nn.Module) -> Optional[tuple]:
     """The parts of a BERT-family encoder layer ``m``, by name: ``(self-attention block,
     attention output Linear, its LayerNorm, feed-forward up Linear, down Linear, their
     LayerNorm)`` — BERT's and RoBERTa's (``attention.self``, ``attention.output``,
-    ``intermediate``, ``output``) or DistilBERT's (``attention``, ``sa_layer_norm``, ``ffn``,
-    ``output_layer_norm``); None for another module. What they compute is checked apart."""
+    ``intermediate``, ``output``), DistilBERT's (``attention``, ``sa_layer_norm``, ``ffn``,
+    ``output_layer_norm``) or ALBERT's (``attention`` with its ``dense`` and ``LayerNorm``,
+    ``ffn``, ``ffn_output``, ``full_layer_layer_norm``); None for another module. What they
+    compute is checked apart."""
     att = getattr(m, "attention", None)
     sa, so = getattr(att, "self", None), getattr(att, "output", None)
     inter, out = getattr(m, "intermediate", None), getattr(m, "output", None)
     if sa is not None and so is not None and inter is not None and out is not None:
         parts = (sa, getattr(so, "dense", None), getattr(so, "LayerNorm", None), getattr(inter, "dense", None),
                  getattr(out, "dense", None), getattr(out, "LayerNorm", None))
+    elif hasattr(m, "full_layer_layer_norm"):
+        parts = (att, getattr(att, "dense", None), getattr(att, "LayerNorm", None), getattr(m, "ffn", None),
+                 getattr(m, "ffn_output", None), m.full_layer_layer_norm)
     else:
         ffn = getattr(m, "ffn", None)
         parts = (att, getattr(att, "out_lin", None), getattr(m, "sa_layer_norm", None), getattr(ffn, "lin1", None),
@@ -467,7 +517,7 @@ def _fusable_layer(m: nn.Module, qkv_fused: set, outputs_fused: set) -> bool:
     """Whether ``m`` is a BERT-family encoder layer (:func:`_layer_parts`) whose parts are all
     served by the runtime already: its query/key/value fused, its feed-forward Linear with its
     activation, and — BERT's — its two output blocks (residual add and LayerNorm) fused; or —
-    DistilBERT's — its two residual LayerNorms affine ones of the hidden width."""
+    DistilBERT's, ALBERT's — its two residual LayerNorms affine ones of the hidden width."""
     parts = _layer_parts(m)
     if parts is None or _hooks_below(m):
         return False
@@ -484,8 +534,9 @@ def _fusable_layer(m: nn.Module, qkv_fused: set, outputs_fused: set) -> bool:
             return False
         if not isinstance(getattr(inter, "intermediate_act_fn", None), FusedActivation):
             return False
-    else:  # DistilBERT's
-        if not isinstance(getattr(m.ffn, "activation", None), FusedActivation) or getattr(m.ffn, "chunk_size_feed_forward", 0):
+    else:  # DistilBERT's (its activation in ``ffn``) or ALBERT's (in the layer)
+        ffn = m if hasattr(m, "full_layer_layer_norm") else m.ffn
+        if not isinstance(getattr(ffn, "activation", None), FusedActivation) or getattr(ffn, "chunk_size_feed_forward", 0):
             return False
         norms = (ln1, ln2)
         if not all(isinstance(x, nn.LayerNorm) and x.weight is not None and x.bias is not None for x in norms):

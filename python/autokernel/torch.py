@@ -297,6 +297,7 @@ def optimize(
         _limit_torch_threads(model, int(torch_threads))
     # Served inside fused calls: the joined projections, and the LayerNorms of fused blocks.
     inside = {id(x) for n in fused for x in _qkv_linears(modules[n])}
+    inside |= {id(getattr(modules[n], t)) for n in fused for t in modules[n]._autokernel_qkv_names[1][1:]}
     inside |= {id(modules[n].LayerNorm) for n in fused_outputs}
     inside |= {id(x) for n in fused_layers for x in _layer_parts(modules[n])[2::3]}
     for name, m in model.named_modules():

@@ -639,9 +639,10 @@ def test_roberta_distilbert_and_electra_are_fused_whole_and_match_stock(arch):
 
 def test_albert_shared_layers_are_served_and_match_stock():
     """ALBERT's layers share weights across steps (3 steps over 2 groups of 2 layers here):
-    each shared ``nn.Linear`` is one packed weight serving every step, its attention the
-    runtime's, padded batches included; its feed-forward ``ffn`` + ``activation`` (run by
-    ``ff_chunk``) is one fused call (what ``tune --model`` tunes), the rest separate calls."""
+    each weight set is packed once and serves every step. Its attention block's query, key
+    and value are one GEMM, its feed-forward ``ffn`` + ``activation`` (run by ``ff_chunk``) one
+    fused call, and each layer one runtime call — the workloads ``tune --model`` tunes —
+    padded batches included."""
     from transformers import AlbertConfig, AlbertModel
 
     torch.manual_seed(0)
@@ -655,14 +656,19 @@ def test_albert_shared_layers_are_served_and_match_stock():
     mask[2, 5:] = 0
     model = akt.optimize(copy.deepcopy(stock))
     linears = [n for n, m in model.named_modules() if isinstance(m, akt.AutokernelLinear)]
-    assert len(linears) == 1 + 4 * 6, linears  # the projection; 6 per layer of the 4 weight sets
+    # The projection; per weight set, the output projection and the feed-forward's two (the
+    # query, key and value layers are packed as one weight, not served one by one).
+    assert len(linears) == 1 + 4 * 3, linears
+    sets = [f"encoder.albert_layer_groups.{g}.albert_layers.{i}" for g in range(2) for i in range(2)]
+    assert model.autokernel_fused_qkv == [f"{s}.attention" for s in sets]
+    assert model.autokernel_fused_layers == sets
     with torch.no_grad():
         for kw in [dict(input_ids=ids), dict(input_ids=ids, attention_mask=mask)]:
             want, got = stock(**kw).last_hidden_state, model(**kw).last_hidden_state
             torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
     ws = akt.workloads(model, dict(input_ids=ids, attention_mask=mask))
-    assert {"gemm_bias:72x64x32", "gemm_bias:72x64x64", "attention:3x4x24x16", "gemm_bias_gelu:72x128x64"} <= set(ws), ws
-    assert "gemm_bias:72x128x64" not in ws, ws
+    assert set(ws) == {"gemm_bias:72x64x32", "gemm_bias:72x192x64", "attention:3x4x24x16", "gemm_bias:72x64x64",
+                       "gemm_bias_gelu:72x128x64", "gemm_bias:72x64x128"}, ws
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
@@ -807,22 +813,30 @@ def test_blocks_that_treat_the_mask_their_own_way_are_not_fused():
 
 
 def test_blocks_that_only_look_like_berts_are_left_to_their_own_forward():
-    """ALBERT's attention block has query/key/value like BERT's but adds its output projection
-    and LayerNorm; a decoder's cross-attention takes other arguments: each fusion is checked
-    on a probe first, so both compute what stock does."""
+    """An attention block with ALBERT's modules whose forward does something else after them,
+    and a decoder's cross-attention (other arguments): each fusion is checked on a probe
+    first, so both are left to their own forwards and compute what stock does."""
     from transformers import AlbertConfig, AlbertModel, BertConfig, BertModel
+    from transformers.models.albert.modeling_albert import AlbertAttention
+
+    class Halved(AlbertAttention):
+        def forward(self, hidden_states, attention_mask=None, **kwargs):
+            out, weights = super().forward(hidden_states, attention_mask, **kwargs)
+            return out * 0.5, weights
 
     size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=500)
     torch.manual_seed(0)
     albert = AlbertModel(AlbertConfig(embedding_size=32, **size)).eval()
+    albert.encoder.albert_layer_groups[0].albert_layers[0].attention.__class__ = Halved
     decoder = BertModel(BertConfig(is_decoder=True, add_cross_attention=True, **size)).eval()
     ids = torch.randint(5, 500, (2, 7))
     for stock, extra in [(albert, {}), (decoder, dict(encoder_hidden_states=torch.randn(2, 5, 64)))]:
         model = akt.optimize(copy.deepcopy(stock))
+        assert model.autokernel_fused_layers == []
+        assert stock is not albert or model.autokernel_fused_qkv == []
         with torch.no_grad():
             want = stock(ids, **extra).last_hidden_state
             torch.testing.assert_close(model(ids, **extra).last_hidden_state, want, rtol=0, atol=1e-4)
-    assert akt.optimize(copy.deepcopy(albert)).autokernel_fused_qkv == []
 
 
 def test_weights_replaced_and_hooks_added_after_optimize_are_seen():
