@@ -29,7 +29,6 @@ from ._ops import (
     _register,
     _release,
     call,
-    _global_hooks,
     _hooks_below,
     _linear_ok,
     _needs_grad,
@@ -695,48 +694,86 @@ def _repack(model: nn.Module) -> None:
             _pack_layer(m, _stamp(_walk(m)[1]))
 
 
-def _fusable_encoder(m: nn.Module, layers_fused: set) -> bool:
-    """Whether ``m`` is a BERT-family encoder: its only child a ``layer`` list of encoder layers
-    all served whole (:func:`_fuse_layer`)."""
+def _encoder_steps(m: nn.Module) -> Optional[list]:
+    """The layers encoder ``m`` runs, in order, if it is a BERT-family encoder: its only child
+    a ``layer`` list (BERT's, RoBERTa's, ELECTRA's, DistilBERT's), or ALBERT's
+    ``embedding_hidden_mapping_in`` and ``albert_layer_groups`` — ``num_hidden_layers`` steps,
+    step ``i`` running the layers of group ``int(i / (num_hidden_layers / num_hidden_groups))``
+    as transformers does (the probe of :func:`_fuse_encoder` checks it). None for another
+    module."""
     layers = getattr(m, "layer", None)
+    if isinstance(layers, nn.ModuleList) and set(m._modules) == {"layer"}:
+        return list(layers)
+    groups, config = getattr(m, "albert_layer_groups", None), getattr(m, "config", None)
+    if not (
+        isinstance(groups, nn.ModuleList)
+        and len(groups) > 0
+        and set(m._modules) == {"embedding_hidden_mapping_in", "albert_layer_groups"}
+        and all(set(g._modules) == {"albert_layers"} for g in groups)
+        and isinstance(getattr(config, "num_hidden_layers", None), int)
+        and getattr(config, "num_hidden_groups", None) == len(groups)
+    ):
+        return None
+    n, g = config.num_hidden_layers, len(groups)
+    return [x for i in range(n) for x in groups[int(i / (n / g))].albert_layers]
+
+
+def _encoder_input(m: nn.Module) -> Optional[nn.Module]:
+    """What encoder ``m`` applies to its input before its layers: ALBERT's projection of the
+    embeddings (``embedding_hidden_mapping_in``), or None."""
+    return getattr(m, "embedding_hidden_mapping_in", None)
+
+
+def _fusable_encoder(m: nn.Module, layers_fused: set) -> bool:
+    """Whether ``m`` is a BERT-family encoder (:func:`_encoder_steps`) whose layers are all
+    served whole (:func:`_fuse_layer`), and its input projection (ALBERT's), if any, served
+    by the runtime."""
+    steps = _encoder_steps(m)
+    before = _encoder_input(m)
     return (
-        isinstance(layers, nn.ModuleList)
-        and len(layers) > 0
-        and set(m._modules) == {"layer"}
-        and all(id(x) in layers_fused for x in layers)
+        bool(steps)
+        and all(id(x) in layers_fused for x in steps)
+        and (before is None or (isinstance(before, AutokernelLinear) and before.act is None))
     )
 
 
 def _fuse_encoder(m: nn.Module, rows: int) -> bool:
     """Serves encoder ``m``'s whole stack of fused layers as one runtime call
     (``Runtime.encoder``: one release of the GIL, one entry into the runtime's threads, and no
-    Python between the layers). Done only if the fused forward returns what the encoder's own
-    does on a probe of ``rows`` rows: the same output type, the same ``last_hidden_state``."""
-    probes = _attention_probes(rows, _layer_parts(m.layer[0])[1].out_features)
+    Python between the layers), after its input projection (ALBERT's). Done only if the fused
+    forward returns what the encoder's own does on a probe of ``rows`` rows: the same output
+    type, the same ``last_hidden_state``."""
+    before = _encoder_input(m)
+    width = before.in_features if before is not None else _layer_parts(_encoder_steps(m)[0])[1].out_features
+    probes = _attention_probes(rows, width)
     return _swap_forward_if_same(m, _fused_encoder, probes, result=lambda y: getattr(y, "last_hidden_state", None))
 
 
 def _fused_encoder(self, hidden_states, attention_mask=None, *args, **kwargs):
     """A fused encoder's forward (see :func:`_fuse_encoder`); the original one for what it does
     not cover: what a fused layer leaves to its original forward, hidden states or attention
-    weights asked for, a tuple instead of the output object, a layer with hooks (each layer
-    would no longer be called)."""
+    weights asked for, a tuple instead of the output object, hooks on a module below it (a
+    layer or group would no longer be called), ALBERT's projection left to PyTorch."""
+    steps = _encoder_steps(self)
+    before = _encoder_input(self)
     plain = (
-        not any(a is not None for a in args)
+        steps is not None
+        and not any(a is not None for a in args)
         and _plain_layer_call(kwargs)
         and not kwargs.get("use_cache")
         and not kwargs.get("output_hidden_states")
         and kwargs.get("return_dict", True) is not False
-        and not _global_hooks()
-        and not any(x._forward_hooks or x._forward_pre_hooks for x in self.layer)
-        and all(getattr(x.forward, "__func__", None) is _fused_layer for x in self.layer)
+        and not _hooks_below(self)
+        and all(getattr(x.forward, "__func__", None) is _fused_layer for x in steps)
+        and (before is None or (isinstance(before, AutokernelLinear) and _served(hidden_states)))
     )
-    handles = [_layer_handle(x, hidden_states) for x in self.layer] if plain else [None]
+    handles = [_layer_handle(layer, hidden_states) for layer in steps] if plain else [None]
     lengths = None
     if None not in handles and attention_mask is not None:
         lengths = _key_lengths(attention_mask, False, hidden_states.shape[0])
         handles = handles if lengths is not None else [None]
     if None in handles:
         return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
-    y = call(_encoder_op, hidden_states, handles, lengths)
+    x = hidden_states if before is None else before(hidden_states)
+    y = call(_encoder_op, x, handles, lengths)
     return self._autokernel_output(last_hidden_state=y)

@@ -662,10 +662,16 @@ def test_albert_shared_layers_are_served_and_match_stock():
     sets = [f"encoder.albert_layer_groups.{g}.albert_layers.{i}" for g in range(2) for i in range(2)]
     assert model.autokernel_fused_qkv == [f"{s}.attention" for s in sets]
     assert model.autokernel_fused_layers == sets
+    assert model.autokernel_fused_encoders == ["encoder"]  # the projection and the 6 layer calls: one call
     with torch.no_grad():
         for kw in [dict(input_ids=ids), dict(input_ids=ids, attention_mask=mask)]:
             want, got = stock(**kw).last_hidden_state, model(**kw).last_hidden_state
             torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+        # A hook on a group (not a layer) is honoured: the encoder runs its own loop.
+        for m in (stock, model):
+            m.encoder.albert_layer_groups[1].register_forward_hook(lambda mod, args, out: out * 0.5)
+        want, got = stock(ids).last_hidden_state, model(ids).last_hidden_state
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
     ws = akt.workloads(model, dict(input_ids=ids, attention_mask=mask))
     assert set(ws) == {"gemm_bias:72x64x32", "gemm_bias:72x192x64", "attention:3x4x24x16", "gemm_bias:72x64x64",
                        "gemm_bias_gelu:72x128x64", "gemm_bias:72x64x128"}, ws
