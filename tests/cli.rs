@@ -26,6 +26,29 @@ fn hw_reports_a_fingerprint() {
 }
 
 #[test]
+fn hw_peak_measures_what_the_cpu_has() {
+    let o = autokernel(&["hw", "--json", "--threads", "1", "--peak"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p = &json_lines(&o)[0]["peak"];
+    assert_eq!(p["threads"], 1);
+    assert!(p["f32_gflops"].as_f64().unwrap() > 0.0, "{p}");
+    // bf16 and int8: a positive rate where the CPU has the instruction, null elsewhere.
+    for (field, isa) in [("bf16_gflops", "avx512bf16"), ("int8_gops", "avx512vnni")] {
+        let has = json_lines(&o)[0]["isa"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == isa);
+        match p[field].as_f64() {
+            Some(g) => assert!(has && g > 0.0, "{field}: {g}"),
+            None => assert!(!has && p[field].is_null(), "{field}: {p}"),
+        }
+    }
+    let text = autokernel(&["hw", "--threads", "1", "--peak"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("  peak     f32 FMA "));
+}
+
+#[test]
 fn tune_lookup_run_round_trip() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("t.db");

@@ -1,9 +1,12 @@
-//! `autokernel hw`: this machine's fingerprint.
+//! `autokernel hw`: this machine's fingerprint, and with `--peak` its measured arithmetic
+//! peaks.
 
 use std::process::ExitCode;
 
 use clap::Args;
+use kernels::cpu::peak::{peak_gflops, Unit};
 use kernels::{cpu::Isa, HardwareFingerprint};
+use serde_json::json;
 
 #[derive(Args)]
 pub struct HwArgs {
@@ -12,11 +15,44 @@ pub struct HwArgs {
     json: bool,
     #[command(flatten)]
     threads: crate::ThreadsArg,
+    /// Also measure the arithmetic peaks on the fingerprint's threads (~3 s): f32 FMA, and
+    /// where the CPU has them bf16 `vdpbf16ps` and int8 `vpdpbusd` — what GEMM efficiency is
+    /// quoted against, and what reduced precision can gain here.
+    #[arg(long)]
+    peak: bool,
+}
+
+/// Seconds per peak run; the best of [`PEAK_RUNS`] counts (a shared VM takes cores away).
+const PEAK_SECONDS: f64 = 0.3;
+const PEAK_RUNS: usize = 3;
+
+/// The peaks of `threads` threads, in [`Unit::ALL`]'s order: the best run, or `None` where
+/// the CPU (or the ISA cap) lacks the instruction.
+fn peaks(threads: usize) -> Vec<(Unit, Option<f64>)> {
+    Unit::ALL
+        .iter()
+        .map(|&u| {
+            let best = (0..PEAK_RUNS)
+                .filter_map(|_| peak_gflops(u, threads, PEAK_SECONDS))
+                .reduce(f64::max);
+            (u, best)
+        })
+        .collect()
+}
+
+/// The JSON field of a unit's peak.
+fn peak_field(u: Unit) -> &'static str {
+    match u {
+        Unit::F32Fma => "f32_gflops",
+        Unit::Bf16Dot => "bf16_gflops",
+        Unit::I8Dot => "int8_gops",
+    }
 }
 
 pub fn run(args: HwArgs) -> anyhow::Result<ExitCode> {
     args.threads.apply()?;
     let fp = HardwareFingerprint::current();
+    let peaks = args.peak.then(|| peaks(fp.cores));
     if args.json {
         let mut v = serde_json::to_value(fp)?;
         v["simd"] = Isa::detect().name().into();
@@ -29,6 +65,13 @@ pub fn run(args: HwArgs) -> anyhow::Result<ExitCode> {
             .collect();
         v["simd_levels"] = levels.into();
         v["amx_refused"] = kernels::amx::state().refused.clone().into();
+        if let Some(peaks) = &peaks {
+            let mut p = json!({ "threads": fp.cores, "seconds": PEAK_SECONDS, "runs": PEAK_RUNS });
+            for &(u, g) in peaks {
+                p[peak_field(u)] = g.into();
+            }
+            v["peak"] = p;
+        }
         super::print_json(&v)?;
     } else {
         if let Some(why) = &kernels::amx::state().refused {
@@ -59,6 +102,22 @@ pub fn run(args: HwArgs) -> anyhow::Result<ExitCode> {
             fp.l2_bytes >> 10,
             fp.l3_bytes >> 20
         );
+        if let Some(peaks) = &peaks {
+            let f32 = peaks[0].1.unwrap_or(0.0);
+            let line: Vec<String> = peaks
+                .iter()
+                .map(|&(u, g)| match g {
+                    Some(g) if u == Unit::F32Fma => format!("{} {g:.0}", u.name()),
+                    Some(g) => format!("{} {g:.0} ({:.1}× f32)", u.name(), g / f32),
+                    None => format!("{}: not here", u.name()),
+                })
+                .collect();
+            println!(
+                "  peak     {} G(FL)OP/s on {} thread(s), best of {PEAK_RUNS} × {PEAK_SECONDS} s",
+                line.join(", "),
+                fp.cores
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
