@@ -94,12 +94,32 @@ impl Default for CompareOptions {
 /// Errors of [`compare`]: inputs the statistics cannot be computed on.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CompareError {
+    /// A run has fewer than [`MIN_SAMPLES`] samples, all its rounds pooled.
     #[error("the {which} run has {got} samples; at least {MIN_SAMPLES} are needed to compare")]
-    TooFewSamples { which: &'static str, got: usize },
+    TooFewSamples {
+        /// Which run: `"baseline"` or `"current"`.
+        which: &'static str,
+        /// How many samples it has.
+        got: usize,
+    },
+    /// A run has a sample that is not a positive, finite number of seconds (zero, negative,
+    /// NaN or infinite).
     #[error("the {which} run has a sample that is not a positive finite time: {value}")]
-    BadSample { which: &'static str, value: f64 },
+    BadSample {
+        /// Which run: `"baseline"` or `"current"`.
+        which: &'static str,
+        /// The first such sample.
+        value: f64,
+    },
+    /// A run given in rounds ([`compare_rounds`]) has a round without samples.
     #[error("the {which} run has an empty round")]
-    EmptyRound { which: &'static str },
+    EmptyRound {
+        /// Which run: `"baseline"` or `"current"`.
+        which: &'static str,
+    },
+    /// A [`CompareOptions`] value out of range: a negative or non-finite `threshold`, an
+    /// `alpha` or `confidence` outside `(0, 1)`, or fewer than 100 `resamples`. The text
+    /// says which.
     #[error("invalid comparison option: {0}")]
     BadOption(String),
 }
@@ -118,15 +138,20 @@ pub struct MannWhitney {
 /// Current vs baseline for one workload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Comparison {
+    /// Median of the baseline's samples (all rounds pooled), seconds per call.
     pub baseline_median_s: f64,
+    /// Median of the current run's samples (all rounds pooled), seconds per call.
     pub current_median_s: f64,
     /// `current_median_s / baseline_median_s`: above 1 means slower.
     pub time_ratio: f64,
     /// Bootstrap confidence interval of `time_ratio`.
     pub ci_low: f64,
+    /// Upper end of that interval, at [`CompareOptions::confidence`]; `ci_low` is its lower
+    /// end.
     pub ci_high: f64,
     /// Two-sided Mann–Whitney p-value.
     pub p_value: f64,
+    /// The classification of the change, by the rule of the [module docs](mod@crate::compare).
     pub verdict: Verdict,
 }
 

@@ -24,7 +24,11 @@ use crate::{evaluate_prepared, verify, Outcome};
 /// figure per-candidate timeouts are derived from.
 #[derive(Debug, Clone)]
 pub struct Evaluation {
+    /// The candidate's verified timing, or its failure and why.
     pub outcome: Outcome,
+    /// Wall time of the whole evaluation: build, verification and timing. For a candidate
+    /// in a worker process, the time the worker reports, or the time until the worker died
+    /// or was killed.
     pub elapsed: Duration,
 }
 
@@ -32,6 +36,7 @@ pub struct Evaluation {
 /// of these: it is an [`Outcome`]).
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
+    /// A candidate was evaluated or re-measured before [`Evaluator::setup`] made the problem.
     #[error("no problem set up: call Evaluator::setup first")]
     NotSetUp,
     /// The device cannot be used, or cannot hold the workload's problem.
@@ -40,14 +45,23 @@ pub enum EvalError {
     /// The workload's problem cannot be made (too large for this machine's memory).
     #[error(transparent)]
     Kernel(#[from] kernels::Error),
+    /// The worker process machinery failed: the worker could not be started or set up, or
+    /// it broke the protocol. A candidate that kills the worker is not one of these.
     #[error(transparent)]
     Worker(#[from] crate::worker::WorkerError),
     /// A finalist failed during re-measurement (it had passed before: a flaky candidate).
     #[error("re-measuring {kernel} {config}: {status}: {message}")]
     Remeasure {
+        /// The finalist's kernel family; a placeholder such as `"finalists"` where the failure
+        /// cannot be pinned on one finalist (a worker that died, a panic while timing).
         kernel: String,
+        /// The finalist's config as JSON; likewise a placeholder (such as `"(3 configs)"`, or
+        /// empty) where the failure is not one finalist's.
         config: String,
+        /// How it failed: `build_failed`, `wrong_result` or `run_failed`; `crashed`,
+        /// `timeout` or `oom` where a worker process died.
         status: Status,
+        /// The failure's message.
         message: String,
     },
 }
@@ -243,6 +257,7 @@ pub struct InProcess {
 }
 
 impl InProcess {
+    /// An evaluator with no problem yet: [`Evaluator::setup`] comes first.
     pub fn new() -> Self {
         InProcess::default()
     }

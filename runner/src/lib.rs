@@ -24,6 +24,8 @@
 //! Finalists are re-measured interleaved ([`measure_interleaved`]) and compared by the
 //! confidence intervals of their medians ([`median_ci`]).
 
+#![warn(missing_docs)]
+
 pub mod compare;
 mod contention;
 #[cfg(feature = "cuda")]
@@ -53,8 +55,12 @@ use kernels::{
 /// What happened to one candidate: a verified timing, or a failure with its reason.
 #[derive(Debug, Clone)]
 pub struct Outcome {
+    /// How it ended: [`Status::Ok`] for a verified timing, otherwise the kind of failure.
     pub status: Status,
+    /// What went wrong, for a failure: the build error, the panic message, the mismatch
+    /// against the reference, or how the worker process died. `None` for [`Status::Ok`].
     pub message: Option<String>,
+    /// The timing by the [`Protocol`], for [`Status::Ok`] only; `None` for a failure.
     pub measurement: Option<Measurement>,
     /// The verified output's error against the exact f32 problem (`None` for a failure, or
     /// where the evaluator does not see the output).

@@ -22,10 +22,18 @@ use kernels::{Executable, Measurement, Problem};
 /// Parameters of the timing protocol (see the module docs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Protocol {
+    /// How long to call the kernel before sampling (at least once); the warm-up also
+    /// estimates the time of one call.
     pub warmup: Duration,
+    /// Shortest duration of one sample: each sample times as many back-to-back calls as the
+    /// warm-up's estimate says fill it.
     pub min_sample: Duration,
+    /// Fewest samples taken, whatever the confidence interval or the time spent.
     pub min_samples: usize,
+    /// Most samples taken; this cap wins over `min_samples` if it is lower.
     pub max_samples: usize,
+    /// Time after which sampling stops once `min_samples` are taken, counted from the first
+    /// warm-up call.
     pub max_time: Duration,
     /// Target half-width of the median's 95% confidence interval, relative (0.02 = ±2%).
     pub target_ci: f64,

@@ -79,10 +79,16 @@ pub struct Finalist {
 /// How the winner of a workload was decided at the end of a job.
 #[derive(Debug, Clone)]
 pub struct Decision {
+    /// The winning finalist's trial record (with [`WinReason::Unconfirmed`], the fastest by
+    /// trial median).
     pub winner: Record,
+    /// Why it won.
     pub reason: WinReason,
     /// Whether another finalist was statistically tied with the fastest one.
     pub tie: bool,
+    /// Every finalist, in the order they were picked: the fastest distinct configs by trial
+    /// median, then the simplest one tied with the fastest, the incumbent and the default
+    /// config, each once.
     pub finalists: Vec<Finalist>,
     /// Rounds each finalist was re-measured for (0 when not re-measured).
     pub rounds: usize,

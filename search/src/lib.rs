@@ -29,6 +29,8 @@
 //! against a recorded search space without running a kernel, deterministically per seed, so
 //! strategies are compared offline (`autokernel replay`).
 
+#![warn(missing_docs)]
+
 mod decide;
 pub mod precision;
 pub mod progress;

@@ -6,10 +6,13 @@ use kernels::{DType, DeviceKind, Workload};
 /// A `--precision` list that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BadPrecisionList {
+    /// The list is empty or blank.
     #[error("give at least one precision of {}", DType::PRECISION_NAMES)]
     Empty,
+    /// An item between commas is empty (`f32,,int8`); holds the whole list.
     #[error("'{0}' has an empty item (give precisions of {names}, auto, comma-separated)", names = DType::PRECISION_NAMES)]
     EmptyItem(String),
+    /// An item that names no precision; holds that item.
     #[error("unknown precision '{0}' (known: {names}, auto)", names = DType::PRECISION_NAMES)]
     Unknown(String),
 }

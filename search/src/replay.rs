@@ -49,30 +49,54 @@ pub const FORMAT_VERSION: u32 = 1;
 /// Errors reading, writing or exporting space files.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
+    /// A space file could not be opened, read, created or written; writing refuses a path
+    /// that exists (kind `AlreadyExists`).
     #[error("{path}: {source}")]
     Io {
+        /// The space file.
         path: PathBuf,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// A line of a space file breaks the format: a header that is not one or is of another
+    /// format or version, a workload that does not parse, a malformed candidate, or a
+    /// `median_s` that does not match its `status`.
     #[error("{path}:{line}: {reason}")]
     Parse {
+        /// The space file.
         path: PathBuf,
+        /// The line, counted from 1 (the header).
         line: usize,
+        /// What is wrong with it.
         reason: String,
     },
+    /// A space file whose lines parse but do not make a space: a candidate count other than
+    /// the header's, no candidate with a time, or a candidate listed twice.
     #[error("{path}: {reason}")]
-    Invalid { path: PathBuf, reason: String },
+    Invalid {
+        /// The space file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Reading the tuning database failed.
     #[error(transparent)]
     Db(#[from] DbError),
+    /// No kernel family supports the workload (its key).
     #[error("no kernel supports workload {0}")]
     Unsupported(String),
+    /// The database does not hold a trial of every candidate of the workload's space, so no
+    /// space can be exported from it.
     #[error(
         "{workload}: only {measured} of the {total} candidates have a trial in the database \
          (record the whole space first: autokernel tune --workload {workload} --threads {threads} --strategy exhaustive --budget {total})"
     )]
     Incomplete {
+        /// The workload's key.
         workload: String,
+        /// Candidates with a trial.
         measured: usize,
+        /// Candidates in the space.
         total: usize,
         /// The thread count of the fingerprint replayed (the tune must run at it).
         threads: usize,
@@ -95,12 +119,18 @@ struct Header {
 /// One recorded candidate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
+    /// The kernel family's name.
     pub kernel: String,
+    /// The family's version that recorded the trial.
     pub kernel_version: u32,
+    /// The candidate's config.
     pub config: Config,
+    /// How its trial ended.
     pub status: Status,
     /// Median seconds per call, when `status` is ok.
     pub median_s: Option<f64>,
+    /// Relative spread of the timing (MAD ÷ median), when `status` is ok and it was
+    /// recorded; the file may leave it out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spread: Option<f64>,
     /// Whether this is the kernel default config of the workload.
@@ -111,8 +141,11 @@ pub struct Entry {
 /// A workload's whole search space with one recorded outcome per candidate.
 #[derive(Debug, Clone)]
 pub struct RecordedSpace {
+    /// The workload whose space this is.
     pub workload: Workload,
+    /// The machine that measured it (its cache sizes feed the cost model's features).
     pub hw: HardwareFingerprint,
+    /// One entry per candidate, in file order.
     pub entries: Vec<Entry>,
 }
 
@@ -366,6 +399,7 @@ impl RecordedSpace {
 /// The outcome of replaying one strategy with one seed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Run {
+    /// The seed the strategy was built with.
     pub seed: u64,
     /// Best time found after each trial (seconds; infinite until the first success), padded
     /// to the budget (or the space size, if smaller).
@@ -422,6 +456,7 @@ fn transfer_priors(space: &RecordedSpace, others: &[&RecordedSpace]) -> Vec<Prio
 /// Plays strategies against one recorded space, with the other recorded spaces as the
 /// transfer history (used by strategies that transfer, `model`).
 pub struct Replayer<'a> {
+    /// The space replayed against.
     pub space: &'a RecordedSpace,
     history: Vec<Prior>,
     best_s: f64,
@@ -509,17 +544,27 @@ pub fn median_trials(values: &[Option<usize>]) -> Option<f64> {
 /// The per (space, strategy) summary over seeds.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
+    /// The label the space was given (`autokernel replay`: its file's path).
     pub space: String,
+    /// The space's workload key.
     pub workload: String,
+    /// The id of the machine that recorded the space.
     pub fingerprint: String,
+    /// The strategy's name ([`StrategyKind::name`]).
     pub strategy: String,
+    /// Runs summarised, one per seed.
     pub seeds: usize,
+    /// Trials per run asked for ([`ReplayOptions::budget`]); a run stops at `space_size`
+    /// when that is smaller.
     pub budget: usize,
+    /// Candidates in the space.
     pub space_size: usize,
+    /// The space's fastest recorded time, seconds per call.
     pub space_best_s: f64,
     /// Median over seeds of the trials needed to reach 95% / 99% of the best speed (`None`:
     /// the median run did not reach it within the budget).
     pub trials_to_95: Option<f64>,
+    /// The same for 99% of the best speed.
     pub trials_to_99: Option<f64>,
     /// Median over seeds of the best speed found at the budget, as a fraction of the space's
     /// best (1 = found the best).
@@ -587,16 +632,26 @@ pub fn summarize(
 /// Held-out quality of one cost model on one recorded space, mean over seeds.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelReport {
+    /// The space's workload key.
     pub workload: String,
+    /// The cost model's name ([`ModelKind::name`](costmodel::ModelKind::name)).
     pub model: String,
     /// Points of the space itself the model was fitted on.
     pub train: usize,
     /// Whether the other spaces were added as (weighted-down) transfer records.
     pub transfer: bool,
+    /// Seeds averaged over, each a different random training set.
     pub seeds: usize,
+    /// Spearman rank correlation of predicted and true times on the held-out candidates
+    /// (1 = the same order).
     pub spearman: f64,
+    /// Share of the `k` truly fastest held-out candidates among the `k` the model ranks
+    /// fastest.
     pub top_k_recall: f64,
+    /// The `k` of `top_k_recall`.
     pub k: usize,
+    /// True time of the held-out candidate the model ranks fastest ÷ the fastest true time
+    /// among them (1 = the model picked the best).
     pub regret: f64,
 }
 

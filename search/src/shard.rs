@@ -79,7 +79,12 @@ pub const MAX_SHARDS: usize = 1 << 20;
 pub enum ShardError {
     /// `--shard` text that is not `I/N` with `0 ≤ I < N`.
     #[error("bad shard '{input}': {reason} (expected I/N, shard I of N counted from 0, e.g. 0/4 .. 3/4)")]
-    Parse { input: String, reason: String },
+    Parse {
+        /// The text given.
+        input: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Environment variables that do not describe a shard.
     #[error("{0}")]
     Env(String),
@@ -116,7 +121,10 @@ impl fmt::Display for ShardSource {
 /// Shard `index` of `count` (0-based). See the module docs for the contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ShardSpec {
+    /// This shard, counted from 0: below `count`, as [`ShardSpec::new`] and parsing check
+    /// ([`select`](Self::select) panics on a spec built otherwise that breaks it).
     pub index: usize,
+    /// The number of shards the job is split into, from 1 to [`MAX_SHARDS`].
     pub count: usize,
 }
 

@@ -37,17 +37,22 @@ pub trait Strategy: Send {
 /// One candidate as strategies see it: a kernel family's name and a config of its space.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Point {
+    /// The kernel family's name.
     pub kernel: String,
+    /// A valid config of the family's space for the workload.
     pub config: Config,
 }
 
 /// A measured record a strategy may learn from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prior {
+    /// The workload it was measured on.
     pub workload: Workload,
     /// The machine it was measured on (features are relative to its caches).
     pub hw: Arc<HardwareFingerprint>,
+    /// The kernel family's name.
     pub kernel: String,
+    /// The config measured.
     pub config: Config,
     /// Median seconds per call.
     pub seconds: f64,
@@ -58,10 +63,14 @@ pub struct Prior {
 /// Everything a strategy may know when it is built.
 #[derive(Debug, Clone)]
 pub struct SearchContext {
+    /// The workload searched.
     pub workload: Workload,
+    /// The machine searched for: the cost model's features are relative to its caches.
     pub hw: HardwareFingerprint,
     /// The candidates; [`Strategy::ask`] returns indices into this list.
     pub points: Vec<Point>,
+    /// Seed of the strategy's random choices: built from the same context and told the same
+    /// results, a strategy proposes the same candidates.
     pub seed: u64,
     /// Measured records: this workload on this machine (earlier runs; strategies treat them
     /// as already measured) and other workloads or similar machines (transfer).
@@ -181,6 +190,7 @@ pub struct Exhaustive {
 }
 
 impl Exhaustive {
+    /// Proposes the indices `0..len`, in order.
     pub fn new(len: usize) -> Self {
         Exhaustive { next: 0, len }
     }
@@ -209,6 +219,7 @@ pub struct RandomSearch {
 }
 
 impl RandomSearch {
+    /// Proposes the indices `0..len` in an order shuffled by `seed`.
     pub fn new(len: usize, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         let mut order: Vec<usize> = (0..len).collect();
@@ -239,7 +250,9 @@ impl Strategy for RandomSearch {
 /// The strategies `--strategy` accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StrategyKind {
+    /// Every candidate, in list order ([`Exhaustive`]).
     Exhaustive,
+    /// Uniform random order without replacement ([`RandomSearch`]).
     Random,
     /// Simulated annealing over measured times ([`Annealing`]).
     Annealing,
@@ -249,7 +262,10 @@ pub enum StrategyKind {
     /// Cost-model-guided search ([`ModelGuided`]); `transfer` warm-starts the model from the
     /// history of other workloads and similar machines.
     Model {
+        /// The cost model fitted.
         model: ModelKind,
+        /// Whether to learn from the history of other workloads and similar machines;
+        /// without it only this workload's earlier trials on this machine are kept.
         transfer: bool,
     },
 }

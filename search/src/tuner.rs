@@ -40,7 +40,9 @@ use crate::strategy::{SearchContext, StrategyKind};
 /// One point of a workload's joint search space: a kernel family and one of its configs.
 #[derive(Clone)]
 pub struct Candidate {
+    /// The kernel family.
     pub kernel: &'static dyn Kernel,
+    /// A valid config of its space for the workload.
     pub config: Config,
 }
 
@@ -84,8 +86,13 @@ pub struct TuneOptions {
     /// Distinct configs to have tried for each workload on this machine, counting trials
     /// already in the database: re-running the same command resumes instead of repeating.
     pub budget: usize,
+    /// Which configs to measure, in what order. On a GPU, a model-guided search runs as
+    /// [`StrategyKind::Evolutionary`]: the cost model's features describe CPU kernels.
     pub strategy: StrategyKind,
+    /// Seed of the strategy's random choices; the seed of the test problem's inputs is
+    /// derived from it.
     pub seed: u64,
+    /// The timing protocol of every trial and of the finalists' re-measurement.
     pub protocol: Protocol,
     /// Candidates prepared together (in parallel, in-process) before being measured one by one.
     pub batch: usize,
@@ -165,18 +172,33 @@ impl Default for TuneOptions {
 pub enum Event<'a> {
     /// Tuning of a workload begins.
     Started {
+        /// The workload.
         workload: &'a Workload,
+        /// Valid candidates in its joint space.
         space_size: usize,
+        /// [`TuneOptions::budget`].
         budget: usize,
+        /// Configs already tried on this machine by earlier runs, which are not measured
+        /// again (those this run retries are not counted).
         already_tried: usize,
     },
     /// The default config was measured (the baseline for the speedup).
-    Default { record: &'a Record },
+    Default {
+        /// Its record, which may be a failure; for a quarantined default, its earlier record
+        /// (it is not run again).
+        record: &'a Record,
+    },
     /// One candidate finished (any status).
     Trial {
+        /// Its record, as committed to the database.
         record: &'a Record,
+        /// Distinct configs tried towards the budget so far, earlier runs' included; at
+        /// most `budget`.
         done: usize,
+        /// [`TuneOptions::budget`].
         budget: usize,
+        /// The best GFLOP/s on record: the database's winner when the search started, or
+        /// a faster trial of this run since; `None` until something is timed.
         best_gflops: Option<f64>,
     },
     /// The search is over; the finalists are being re-measured to decide the winner (when
@@ -187,6 +209,7 @@ pub enum Event<'a> {
 /// What a tuning job achieved for one workload.
 #[derive(Debug, Clone)]
 pub struct TuneSummary {
+    /// The workload tuned.
     pub workload: Workload,
     /// The winner the database serves after this run ([`TuningDb::best`]).
     pub best: Option<Record>,
@@ -318,10 +341,14 @@ impl TuneSummary {
 /// Errors of the tuning loop (candidate failures are not errors: they become records).
 #[derive(Debug, thiserror::Error)]
 pub enum SearchError {
+    /// The tuning database failed.
     #[error(transparent)]
     Db(#[from] DbError),
+    /// No kernel family of those given supports the workload (its key).
     #[error("no kernel supports workload {0}")]
     Unsupported(String),
+    /// The evaluator failed, not a candidate: a worker process that could not be started or
+    /// broke the protocol, for one.
     #[error(transparent)]
     Eval(#[from] EvalError),
     /// The workload's test problem (inputs and reference) could not be made: too large for
@@ -329,6 +356,7 @@ pub enum SearchError {
     /// still be tuned.
     #[error("setting up its test problem: {0}")]
     Setup(EvalError),
+    /// The registry names no default config for the workload ([`default_for`] failed).
     #[error(transparent)]
     Kernel(#[from] kernels::Error),
     /// [`TuneOptions::stop`] was set.

@@ -28,21 +28,61 @@ const STDERR_TAIL: usize = 16 * 1024;
 /// Errors of the worker machinery itself (a candidate's crash is not one: it is an outcome).
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
+    /// The worker process could not be started: its executable could not be run, its pipes
+    /// were not created, or a limit of [`WorkerSpec`] could not be applied in the child.
     #[error("cannot start the worker process {program}: {source}")]
-    Spawn { program: String, source: io::Error },
+    Spawn {
+        /// The worker executable ([`WorkerSpec::program`]).
+        program: String,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// The worker started but did not greet with [`Reply::Ready`]: it died first, sent
+    /// something else, or was silent past [`WorkerSpec::startup_timeout`] (and was killed).
     #[error("the worker process {program} did not start: {detail}")]
-    Handshake { program: String, detail: String },
+    Handshake {
+        /// The worker executable ([`WorkerSpec::program`]).
+        program: String,
+        /// What happened instead: how it ended (with a hint where its memory limit may be
+        /// too small for it to start), the greeting it sent, or the deadline it missed.
+        detail: String,
+    },
+    /// The worker reported another hardware fingerprint than [`WorkerSpec::fingerprint`]:
+    /// its timings would be stored under the wrong machine. The worker is shut down.
     #[error(
         "the worker runs as hardware fingerprint {got} but the tuner as {expected} \
          (a different thread count or CPU affinity?)"
     )]
-    FingerprintMismatch { expected: String, got: String },
+    FingerprintMismatch {
+        /// The fingerprint id the tuner asked for.
+        expected: String,
+        /// The fingerprint id the worker reported.
+        got: String,
+    },
+    /// The worker could not make the test problem of a [`Request::Setup`]: it refused,
+    /// answered something else, died while making it, or was killed at [`SETUP_TIMEOUT`].
     #[error("the worker could not set up {workload}: {detail}")]
-    Setup { workload: String, detail: String },
+    Setup {
+        /// The workload, in its text form.
+        workload: String,
+        /// The worker's message, or how it died.
+        detail: String,
+    },
+    /// A CPU to pin to that a CPU affinity mask cannot hold; off Linux, where pinning is not
+    /// supported, any CPU at all.
     #[error("CPU {cpu} cannot be pinned to (the affinity mask holds CPUs 0 to {max})")]
-    BadCpu { cpu: usize, max: usize },
+    BadCpu {
+        /// The CPU asked for.
+        cpu: usize,
+        /// The highest CPU number a mask holds (`CPU_SETSIZE - 1`; 0 off Linux).
+        max: usize,
+    },
+    /// The worker or the tuner's side of the exchange broke the wire protocol: an unexpected
+    /// or refused reply, no worker running, or a request that could not be encoded.
     #[error("the worker broke the protocol: {0}")]
     Protocol(String),
+    /// The operating system refused to pin the calling thread to the chosen CPUs
+    /// (`sched_setaffinity`).
     #[error("cannot pin to the chosen CPUs: {0}")]
     Pin(io::Error),
 }

@@ -16,11 +16,17 @@ pub const REPLY_PREFIX: &str = "@autokernel-worker ";
 /// [`Protocol`] on the wire (durations in seconds).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct WireProtocol {
+    /// [`Protocol::warmup`], seconds.
     pub warmup_s: f64,
+    /// [`Protocol::min_sample`], seconds.
     pub min_sample_s: f64,
+    /// [`Protocol::min_samples`].
     pub min_samples: usize,
+    /// [`Protocol::max_samples`].
     pub max_samples: usize,
+    /// [`Protocol::max_time`], seconds.
     pub max_time_s: f64,
+    /// [`Protocol::target_ci`], relative (0.02 = ±2%).
     pub target_ci: f64,
 }
 
@@ -57,12 +63,19 @@ impl WireProtocol {
 /// A kernel family and config, named as the worker's registry knows them.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct WireCandidate {
+    /// The kernel family's name ([`Kernel::name`]), resolved by the worker's [`Resolver`].
+    ///
+    /// [`Resolver`]: crate::worker::Resolver
     pub kernel: String,
+    /// The family's version ([`Kernel::version`]): a worker whose family has another version
+    /// answers with a `build_failed` outcome rather than time different code.
     pub version: u32,
+    /// The config to build.
     pub config: Config,
 }
 
 impl WireCandidate {
+    /// `kernel`'s name and version with a copy of `config`.
     pub fn new(kernel: &dyn Kernel, config: &Config) -> Self {
         WireCandidate {
             kernel: kernel.name().to_string(),
@@ -78,16 +91,28 @@ impl WireCandidate {
 pub enum Request {
     /// Make the test problem (`Problem::random(workload, seed)`) and its reference. The
     /// workload travels in its text form (`"gemm:64x64x64"`), parsed once, on receipt.
-    Setup { workload: Workload, seed: u64 },
+    Setup {
+        /// The workload whose problem every later request measures on.
+        workload: Workload,
+        /// Seed of the problem's random inputs: the same seed gives the same inputs.
+        seed: u64,
+    },
     /// Build, verify and time one candidate on the current problem.
     Evaluate {
+        /// The candidate.
         candidate: WireCandidate,
+        /// The timing protocol to measure it by.
         protocol: WireProtocol,
     },
     /// Re-verify, then time the candidates interleaved for `rounds` rounds.
     Interleave {
+        /// The finalists; the reply's measurements come in this order.
         candidates: Vec<WireCandidate>,
+        /// The protocol: its warm-up and sample length apply to each candidate, and its
+        /// limits may end the rounds early ([`measure_interleaved`](crate::measure_interleaved)).
         protocol: WireProtocol,
+        /// Most rounds to run, each taking one sample of every candidate (at least one round
+        /// is run).
         rounds: usize,
     },
 }
@@ -98,27 +123,45 @@ pub enum Request {
 pub enum Reply {
     /// Sent once, at start.
     Ready {
+        /// The worker's process id.
         pid: u32,
+        /// The id of the worker's hardware fingerprint, which the tuner checks against its
+        /// own ([`WorkerSpec::fingerprint`](crate::worker::WorkerSpec::fingerprint)).
         fingerprint: String,
     },
+    /// The answer to [`Request::Setup`]: the problem is made.
     SetupDone {
+        /// The workload set up.
         workload: Workload,
+        /// Seconds making the problem and its reference took.
         elapsed_s: f64,
     },
+    /// The answer to [`Request::Evaluate`]: the candidate's [`Outcome`](crate::Outcome),
+    /// field by field.
     Evaluated {
+        /// How the candidate ended.
         status: Status,
+        /// What went wrong, for a failure.
         message: Option<String>,
+        /// The timing, for a candidate that passed verification.
         measurement: Option<Measurement>,
+        /// The verified output's error against the exact f32 problem; `None` for a failure,
+        /// and from a worker that predates the field.
         #[serde(default)]
         accuracy: Option<Accuracy>,
+        /// Seconds the evaluation took in the worker (build, verification and timing).
         elapsed_s: f64,
     },
+    /// The answer to [`Request::Interleave`].
     Interleaved {
+        /// One measurement per candidate, in the request's order, one sample per round.
         measurements: Vec<Measurement>,
+        /// Seconds the re-verification and timing took.
         elapsed_s: f64,
     },
     /// The request could not be served (malformed, no problem set up, a finalist failed).
     Failed {
+        /// Why, in words (for a failed finalist: its kernel, config, status and message).
         message: String,
     },
 }

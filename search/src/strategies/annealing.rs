@@ -26,6 +26,8 @@ impl Annealing {
     /// Cooling factor per batch.
     pub const COOLING: f64 = 0.85;
 
+    /// An annealing search over `ctx`'s candidates, seeded by `ctx.seed`. This workload's
+    /// history counts as measured, and the walk starts from its fastest config, if any.
     pub fn new(ctx: &SearchContext) -> Self {
         let book = Book::new(ctx);
         let current = book.ranked().first().copied();

@@ -27,6 +27,8 @@ impl Evolutionary {
     /// Probability of mutating a fresh child.
     pub const MUTATION: u64 = 50;
 
+    /// An evolutionary search over `ctx`'s candidates, seeded by `ctx.seed`. This workload's
+    /// history counts as measured, so its fastest configs start the population.
     pub fn new(ctx: &SearchContext) -> Self {
         Evolutionary {
             grid: Grid::new(&ctx.points),

@@ -12,6 +12,7 @@ use crate::strategy::{SearchContext, Strategy};
 /// Settings of [`ModelGuided`].
 #[derive(Debug, Clone)]
 pub struct ModelOptions {
+    /// The cost model refitted after every batch.
     pub model: ModelKind,
     /// The name the strategy reports (`model`, `model-notransfer`, ...).
     pub name: &'static str,
@@ -32,6 +33,7 @@ pub struct ModelOptions {
     pub pool: usize,
     /// Annealing chains and steps per chain (large spaces only).
     pub chains: usize,
+    /// Steps per annealing chain (large spaces only).
     pub steps: usize,
     /// Most transfer records used for fitting (a seeded subsample beyond it).
     pub transfer_cap: usize,
@@ -97,10 +99,15 @@ pub struct ModelGuided {
     model: Box<dyn CostModel>,
     /// Batches ranked by a fitted model, and batches drawn at random because it declined.
     pub guided_batches: usize,
+    /// Batches drawn at random because the model could not be fitted or could not predict
+    /// (too few measurements, without transfer).
     pub random_batches: usize,
 }
 
 impl ModelGuided {
+    /// A model-guided search over `ctx`'s candidates, seeded by `ctx.seed`. The history of
+    /// this workload on this machine counts as measured; the rest of the history is the
+    /// transfer set ([`Transfer`]).
     pub fn new(ctx: SearchContext, opts: ModelOptions) -> Self {
         let x: Vec<Vec<f64>> = ctx
             .points
