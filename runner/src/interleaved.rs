@@ -9,7 +9,7 @@
 //! after the same neighbour) — so a drift hits all of them alike, and each finalist's median
 //! comes with a 95% confidence interval ([`median_ci`]) that says how far it can be trusted.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kernels::{Executable, Measurement, Problem};
 
@@ -55,7 +55,7 @@ pub fn measure_interleaved(
 
     let rounds = rounds.max(1);
     let min_rounds = protocol.min_samples.clamp(1, rounds);
-    let cap = 2.0 * protocol.max_time.as_secs_f64() * n as f64;
+    let cap = time_cap(protocol, n).as_secs_f64();
     let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); n];
     for round in 0..rounds {
         for j in 0..n {
@@ -72,6 +72,32 @@ pub fn measure_interleaved(
     }
     std::hint::black_box(&out);
     samples.into_iter().map(Measurement::from_samples).collect()
+}
+
+/// The time after which [`measure_interleaved`]'s rounds stop (once `protocol.min_samples`
+/// are in): `2 × protocol.max_time` per executable, for `n` executables.
+pub fn time_cap(protocol: &Protocol, n: usize) -> Duration {
+    protocol.max_time.saturating_mul(2 * n as u32)
+}
+
+/// How long re-measuring `n` finalists may take in a worker before it is killed, when one
+/// evaluation of a candidate may take `timeout`: each finalist is built and verified again
+/// and warmed up (at most one evaluation's time each), then the rounds run until
+/// [`time_cap`] once `protocol.min_samples` are in — at least that many rounds of `n`
+/// samples, each sample as long as `protocol.min_sample` or one call, and a call at most
+/// `timeout / protocol.min_samples` (an evaluation made that many) — plus the round that
+/// crosses the cap. With finalists whose evaluations came close to `timeout`, a bound of
+/// `(n + 1) × timeout` had killed the re-measurement of 3 finalists of 1024³ on one thread
+/// under `--timeout-s 0.5` (2.0 s; the rounds need ~2.4).
+pub fn remeasure_limit(timeout: Duration, protocol: &Protocol, n: usize) -> Duration {
+    let n32 = n as u32;
+    let min_samples = protocol.min_samples.max(1) as u32;
+    let sample = protocol.min_sample.max(timeout / min_samples);
+    let rounds = timeout
+        .saturating_mul(n32)
+        .saturating_add(time_cap(protocol, n))
+        .saturating_add(sample.saturating_mul(n32 * (min_samples + 1)));
+    rounds.saturating_add(timeout)
 }
 
 /// The 95% confidence interval `(low, high)` of the median of `samples`, in the samples' unit,
@@ -183,6 +209,35 @@ mod tests {
         assert_eq!(
             *log.lock().unwrap(),
             vec![0, 1, 2, 0, 1, 2, 1, 2, 0, 2, 0, 1]
+        );
+    }
+
+    #[test]
+    fn re_measuring_fits_the_limit_its_finalists_evaluations_give() {
+        // Three finalists of 30 ms a call under the quick protocol: one evaluation stops near
+        // its time cap; re-measuring them interleaved takes 31 rounds of ~90 ms or the
+        // 2.4 s cap — more than (3 + 1) evaluations, the limit before.
+        let w: kernels::Workload = "gemm:1x1x1".parse().unwrap();
+        let p = Problem::random(&w, 0);
+        let log = Mutex::new(Vec::new());
+        let mk = |id| Sleeper {
+            id,
+            dur: Duration::from_millis(30),
+            log: &log,
+            calls: AtomicUsize::new(0),
+        };
+        let protocol = Protocol::quick();
+        let (a, b, c) = (mk(0), mk(1), mk(2));
+        let t = Instant::now();
+        crate::measure(&a, &p, &protocol);
+        let evaluation = t.elapsed();
+        let t = Instant::now();
+        measure_interleaved(&[&a, &b, &c], &p, &protocol, 31);
+        let took = t.elapsed();
+        let limit = remeasure_limit(evaluation, &protocol, 3);
+        assert!(
+            took < limit,
+            "{took:?} over the limit {limit:?} (one evaluation {evaluation:?})"
         );
     }
 

@@ -41,7 +41,9 @@ pub mod worker;
 pub use compare::{compare, compare_rounds, CompareError, CompareOptions, Comparison, Verdict};
 pub use contention::{cpu_share, CONTENDED};
 pub use evaluator::{derived_timeout, EvalError, Evaluation, Evaluator, InProcess};
-pub use interleaved::{measure_interleaved, median_ci, not_slower, overlaps};
+pub use interleaved::{
+    measure_interleaved, median_ci, not_slower, overlaps, remeasure_limit, time_cap,
+};
 pub use protocol::{measure, Protocol};
 #[cfg(unix)]
 pub use worker::{Isolated, Worker, WorkerError, WorkerSpec, DEFAULT_MEM_LIMIT_MB};

@@ -33,8 +33,9 @@ use crate::tuner::{SearchError, TuneOptions};
 pub enum WinReason {
     /// The only verified config.
     OnlyCandidate,
-    /// Fastest after re-measurement, every other finalist significantly slower (paired by
-    /// round, [`runner::not_slower`]).
+    /// Fastest after re-measurement: every other finalist significantly slower (paired by
+    /// round, [`runner::not_slower`]), or tied with it (`tie` says so) while no incumbent is
+    /// among them and it is also the simplest of the tied.
     Fastest,
     /// Tied with the fastest (not significantly slower, round by round): the incumbent stays.
     TieIncumbent,

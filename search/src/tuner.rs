@@ -86,7 +86,8 @@ pub struct TuneOptions {
     /// Distinct configs to have tried for each workload on this machine, counting trials
     /// already in the database: re-running the same command resumes instead of repeating.
     pub budget: usize,
-    /// Which configs to measure, in what order. On a GPU, a model-guided search runs as
+    /// Which configs to measure, in what order ([`StrategyKind::DEFAULT`], model-guided, by
+    /// default, as for the CLI). On a GPU, a model-guided search runs as
     /// [`StrategyKind::Evolutionary`]: the cost model's features describe CPU kernels.
     pub strategy: StrategyKind,
     /// Seed of the strategy's random choices; the seed of the test problem's inputs is
@@ -153,7 +154,7 @@ impl Default for TuneOptions {
     fn default() -> Self {
         TuneOptions {
             budget: 32,
-            strategy: StrategyKind::Random,
+            strategy: StrategyKind::DEFAULT,
             seed: 0,
             protocol: Protocol::quick(),
             batch: 8,

@@ -117,7 +117,7 @@ impl Evaluator for Isolated {
             status,
             message,
         };
-        let limit = self.timeout.saturating_mul(finalists.len() as u32 + 1);
+        let limit = crate::remeasure_limit(self.timeout, protocol, finalists.len());
         match self.worker.exchange(&req, limit)? {
             Exchange::Reply(Reply::Interleaved { measurements, .. })
                 if measurements.len() == finalists.len() =>

@@ -22,9 +22,9 @@ pub struct Evolutionary {
 impl Evolutionary {
     /// Population size.
     pub const POPULATION: usize = 16;
-    /// Probability of crossover.
+    /// Chance of crossover, in percent.
     pub const CROSSOVER: u64 = 70;
-    /// Probability of mutating a fresh child.
+    /// Chance of mutating a fresh child, in percent.
     pub const MUTATION: u64 = 50;
 
     /// An evolutionary search over `ctx`'s candidates, seeded by `ctx.seed`. This workload's
