@@ -121,14 +121,21 @@ impl fmt::Display for ShardSource {
 /// Shard `index` of `count` (0-based). See the module docs for the contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ShardSpec {
-    /// This shard, counted from 0: below `count`, as [`ShardSpec::new`] and parsing check
-    /// ([`select`](Self::select) panics on a spec built otherwise that breaks it).
-    pub index: usize,
-    /// The number of shards the job is split into, from 1 to [`MAX_SHARDS`].
-    pub count: usize,
+    index: usize,
+    count: usize,
 }
 
 impl ShardSpec {
+    /// This shard, counted from 0: below [`ShardSpec::count`].
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The number of shards the job is split into, from 1 to [`MAX_SHARDS`].
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
     /// Shard `index` of `count`, checked: `1 ≤ count ≤ MAX_SHARDS`, `index < count`.
     pub fn new(index: usize, count: usize) -> Result<ShardSpec, ShardError> {
         let bad = |reason: String| ShardError::Parse {
