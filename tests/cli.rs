@@ -32,8 +32,13 @@ fn hw_peak_measures_what_the_cpu_has() {
     let p = &json_lines(&o)[0]["peak"];
     assert_eq!(p["threads"], 1);
     assert!(p["f32_gflops"].as_f64().unwrap() > 0.0, "{p}");
-    // bf16 and int8: a positive rate where the CPU has the instruction, null elsewhere.
-    for (field, isa) in [("bf16_gflops", "avx512bf16"), ("int8_gops", "avx512vnni")] {
+    // The others: a positive rate where the fingerprint has the instruction, null elsewhere.
+    for (field, isa) in [
+        ("bf16_gflops", "avx512bf16"),
+        ("int8_gops", "avx512vnni"),
+        ("amx_bf16_gflops", "amx_bf16"),
+        ("amx_int8_gops", "amx_int8"),
+    ] {
         let has = json_lines(&o)[0]["isa"]
             .as_array()
             .unwrap()

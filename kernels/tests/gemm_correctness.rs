@@ -393,7 +393,12 @@ fn fma_peak_is_positive() {
 #[test]
 fn dot_peaks_run_where_the_cpu_has_them() {
     use kernels::cpu::peak::{peak_gflops, Unit};
-    for (unit, feature) in [(Unit::Bf16Dot, "avx512bf16"), (Unit::I8Dot, "avx512vnni")] {
+    for (unit, feature) in [
+        (Unit::Bf16Dot, "avx512bf16"),
+        (Unit::I8Dot, "avx512vnni"),
+        (Unit::AmxBf16, "amx_bf16"),
+        (Unit::AmxInt8, "amx_int8"),
+    ] {
         match peak_gflops(unit, 1, 0.01) {
             Some(g) => assert!(g.is_finite() && g > 0.0, "{}: {g}", unit.name()),
             None => kernels::testing::skipped(

@@ -16,8 +16,9 @@ pub struct HwArgs {
     #[command(flatten)]
     threads: crate::ThreadsArg,
     /// Also measure the arithmetic peaks on the fingerprint's threads (~3 s): f32 FMA, and
-    /// where the CPU has them bf16 `vdpbf16ps` and int8 `vpdpbusd` — what GEMM efficiency is
-    /// quoted against, and what reduced precision can gain here.
+    /// where the CPU has them bf16 `vdpbf16ps`, int8 `vpdpbusd` and AMX `tdpbf16ps` /
+    /// `tdpbusd` — what GEMM efficiency is quoted against, and what reduced precision can
+    /// gain here.
     #[arg(long)]
     peak: bool,
 }
@@ -46,6 +47,8 @@ fn peak_field(u: Unit) -> &'static str {
         Unit::F32Fma => "f32_gflops",
         Unit::Bf16Dot => "bf16_gflops",
         Unit::I8Dot => "int8_gops",
+        Unit::AmxBf16 => "amx_bf16_gflops",
+        Unit::AmxInt8 => "amx_int8_gops",
     }
 }
 
