@@ -12,7 +12,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use super::amx::{Tiles, TileConfig, TileUnit, BYTES_PER_ROW, MAX_ROWS, TILE_BYTES};
+use super::amx::{TileConfig, TileUnit, Tiles, BYTES_PER_ROW, MAX_ROWS, TILE_BYTES};
 use super::Isa;
 
 /// Independent accumulator chains per thread.
@@ -325,7 +325,13 @@ mod tests {
             assert_eq!(got, 3.0 * k, "int8 {int8}");
         }
         let tile_products = (MAX_ROWS * MAX_ROWS) as f64;
-        assert_eq!(Unit::AmxInt8.ops_per_round(), 4.0 * tile_products * 64.0 * 2.0);
-        assert_eq!(Unit::AmxBf16.ops_per_round(), 4.0 * tile_products * 32.0 * 2.0);
+        assert_eq!(
+            Unit::AmxInt8.ops_per_round(),
+            4.0 * tile_products * 64.0 * 2.0
+        );
+        assert_eq!(
+            Unit::AmxBf16.ops_per_round(),
+            4.0 * tile_products * 32.0 * 2.0
+        );
     }
 }
