@@ -45,6 +45,8 @@
 //! [`transfer_weight`], of similar machines) train the same model: a tuning job for a new
 //! shape starts with a model instead of random guesses.
 
+#![warn(missing_docs)]
+
 mod features;
 mod metrics;
 mod model;

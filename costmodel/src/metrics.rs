@@ -79,6 +79,7 @@ pub struct Metrics {
     pub spearman: f64,
     /// [`top_k_recall`] at `k`.
     pub top_k_recall: f64,
+    /// The `k` asked for ([`top_k_recall`] caps it at the number of points).
     pub k: usize,
     /// [`regret`]: true time of the predicted best ÷ true best.
     pub regret: f64,

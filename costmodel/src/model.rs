@@ -18,22 +18,44 @@ pub const MIN_POINTS: usize = 8;
 /// Why a model could not be fitted or used.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ModelError {
+    /// Fewer than [`MIN_POINTS`] usable (positive-weight) training points: callers sample
+    /// randomly instead.
     #[error("too few training points ({have}; a model needs at least {need})")]
-    TooFewPoints { have: usize, need: usize },
+    TooFewPoints {
+        /// Usable points in the training set.
+        have: usize,
+        /// The least a model accepts, [`MIN_POINTS`].
+        need: usize,
+    },
+    /// Malformed data: a [`TrainingSet`]'s columns of different lengths, rows of different
+    /// widths, a non-finite value or a negative weight; or, for [`LinearModel`], rows to
+    /// predict of another width than the fit's.
     #[error("training data is malformed: {0}")]
     BadData(String),
+    /// A held-out evaluation (such as `search`'s replay of recorded spaces) whose split leaves
+    /// too few points to score; [`CostModel::fit`] never returns it.
     #[error(
         "fitting on {train} of the {points} measured points leaves fewer than {need} to score"
     )]
     NothingToScore {
+        /// Points the model was to be fitted on.
         train: usize,
+        /// Measured points available in all.
         points: usize,
+        /// Held-out points the metrics need (their top-k recall's `k`).
         need: usize,
     },
+    /// A prediction asked of a model that no [`CostModel::fit`] has succeeded on yet.
     #[error("the model has not been fitted")]
     NotFitted,
+    /// The underlying library (smartcore, linfa) failed.
     #[error("{model} failed: {reason}")]
-    Backend { model: &'static str, reason: String },
+    Backend {
+        /// The model's [`CostModel::name`] (`forest`, `linear`).
+        model: &'static str,
+        /// The library's error message.
+        reason: String,
+    },
 }
 
 /// Training data: one feature row per point, its target (lower is faster, e.g.
@@ -41,8 +63,12 @@ pub enum ModelError {
 /// transferred from other workloads or machines).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TrainingSet {
+    /// Feature rows, one per point, all of one width (e.g. [`features`](crate::features)).
     pub x: Vec<Vec<f64>>,
+    /// Targets, one per point; lower is faster.
     pub y: Vec<f64>,
+    /// Weights, one per point, finite and ≥ 0; points of weight 0 do not count towards
+    /// [`MIN_POINTS`].
     pub w: Vec<f64>,
 }
 

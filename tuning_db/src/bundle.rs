@@ -55,53 +55,74 @@ pub const BUNDLE_FORMAT: &str = "autokernel-bundle/1";
 /// renders as one line.
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
+    /// An error of a database involved: opening, reading or writing it.
     #[error(transparent)]
     Db(#[from] DbError),
 
     /// An output file that already exists (exports and merges never overwrite).
     #[error("{}: already exists; choose another output path or remove it first", .path.display())]
-    OutputExists { path: PathBuf },
+    OutputExists {
+        /// The output path.
+        path: PathBuf,
+    },
 
     /// A fingerprint that is not in the database.
     #[error("{}: no fingerprint '{id}' in this database{why} (it has: {known})", .path.display())]
     UnknownFingerprint {
+        /// The database searched.
         path: PathBuf,
+        /// The id as given: a full id, a prefix, or `current`.
         id: String,
         /// What the id was taken for (`current`: this machine's), or why a prefix did not
         /// resolve; empty otherwise.
         why: String,
+        /// The ids the database holds, comma-separated (`none` when it holds none).
         known: String,
     },
 
     /// The bundle's content does not hash to its manifest's checksum.
     #[error("{}: bundle checksum mismatch: the manifest says {expected} but the content hashes to {found} (the file was modified or damaged)", .path.display())]
     ChecksumMismatch {
+        /// The bundle.
         path: PathBuf,
+        /// The manifest's `bundle.checksum`.
         expected: String,
+        /// The content checksum recomputed from the file ([`TuningDb::content_checksum`]).
         found: String,
     },
 
     /// The check found problems (the first few are listed).
     #[error("{}: {} problem(s): {}", .path.display(), .problems.len(), summarize(.problems))]
     Invalid {
+        /// The file checked; for an export, the database the bundle was written from.
         path: PathBuf,
+        /// Every problem found, one sentence each; the message shows the first three.
         problems: Vec<String>,
     },
 
     /// A SQLite file with no tables where a database was expected (a 0-byte file is
     /// [`DbError::Empty`]).
     #[error("{}: an empty SQLite file (no tables), not a tuning database or bundle", .path.display())]
-    Empty { path: PathBuf },
+    Empty {
+        /// The file opened.
+        path: PathBuf,
+    },
 
     /// Importing a database into itself.
     #[error("{}: cannot import a database into itself", .path.display())]
-    SameFile { path: PathBuf },
+    SameFile {
+        /// The database imported into.
+        path: PathBuf,
+    },
 
     /// A file-system error.
     #[error("{}: {context}: {source}", .path.display())]
     Io {
+        /// The file concerned (an export's or a merge's output).
         path: PathBuf,
+        /// What was being done (`moving the finished bundle into place`, ...).
         context: String,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
@@ -159,25 +180,35 @@ const MANIFEST_KEYS: [&str; 8] = [
 /// Per-fingerprint counts, for `autokernel db stats`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FingerprintStats {
+    /// The fingerprint id ([`HardwareFingerprint::id`]).
     pub id: String,
     /// Marketing name, `?` when the row does not read back.
     pub brand: String,
+    /// Hardware threads the tuner could use, `-1` when the row does not read back.
     pub cores: i64,
     /// [`HardwareFingerprint::arch_key`].
     pub arch_key: String,
+    /// Its rows in `trials`, failures included.
     pub records: u64,
+    /// Its rows with `status = 'ok'`.
     pub ok: u64,
+    /// Its rows with any other status.
     pub failures: u64,
+    /// Distinct workload keys among its trials.
     pub workloads: u64,
 }
 
 /// Everything `autokernel db stats` shows.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Summary {
+    /// The database file.
     pub path: PathBuf,
+    /// Its schema version (`PRAGMA user_version`).
     pub schema_version: i64,
+    /// Counts over the whole file (flattened into the summary's JSON form).
     #[serde(flatten)]
     pub totals: Stats,
+    /// Counts per stored fingerprint, sorted by id.
     pub fingerprints_detail: Vec<FingerprintStats>,
     /// Trials with at least one provenance row (imported from a bundle or merged).
     pub imported_records: u64,
@@ -185,18 +216,24 @@ pub struct Summary {
     pub sources: u64,
     /// Winner decisions in force (schema v2).
     pub winners: u64,
+    /// The bundle manifest; `None` unless the file is a bundle.
     pub manifest: Option<Manifest>,
 }
 
 /// What [`check_file`] found. `problems` empty means the file passes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CheckReport {
+    /// The file checked, as given.
     pub path: PathBuf,
+    /// Its schema version (`PRAGMA user_version`).
     pub schema_version: i64,
+    /// Rows in `trials`.
     pub records: u64,
+    /// Rows in `fingerprints`.
     pub fingerprints: u64,
     /// The content checksum, recomputed.
     pub checksum: String,
+    /// The bundle manifest; `None` unless the file is a bundle.
     pub manifest: Option<Manifest>,
     /// Whether the recomputed checksum equals the manifest's (`None` without a manifest).
     pub checksum_ok: Option<bool>,

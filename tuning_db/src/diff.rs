@@ -24,6 +24,7 @@ pub enum DiffStatus {
 }
 
 impl DiffStatus {
+    /// The status as reports and JSON spell it: `same`, `changed`, `only_a`, `only_b`.
     pub fn as_str(self) -> &'static str {
         match self {
             DiffStatus::Same => "same",
@@ -40,9 +41,13 @@ pub struct DiffRow {
     /// The fingerprint both sides are of; `A-id→B-id` when each file holds one different
     /// fingerprint and workloads are matched across them.
     pub fingerprint_id: String,
+    /// The workload key ([`Workload::key`](kernels::Workload::key): `gemm:128x768x768`).
     pub workload: String,
+    /// How the two winners compare.
     pub status: DiffStatus,
+    /// A's best for the workload; `None` when A has none.
     pub a: Option<BestSummary>,
+    /// B's best for the workload; `None` when B has none.
     pub b: Option<BestSummary>,
     /// A's median ÷ B's median: above 1 means B's winner is faster.
     pub ratio: Option<f64>,
@@ -53,15 +58,23 @@ pub struct DiffRow {
 /// What [`diff_files`] found.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DiffReport {
+    /// The first file, as given.
     pub a: PathBuf,
+    /// The second file, as given.
     pub b: PathBuf,
     /// `fingerprint` (rows pair the same fingerprint and workload) or `workload` (each file
     /// holds one, different, fingerprint; rows pair workloads across machines).
     pub matched_by: &'static str,
+    /// One row per (fingerprint, workload) with a best in either file, sorted by fingerprint,
+    /// then workload key.
     pub rows: Vec<DiffRow>,
+    /// Rows whose status is [`DiffStatus::Same`].
     pub same: usize,
+    /// Rows whose status is [`DiffStatus::Changed`].
     pub changed: usize,
+    /// Rows whose status is [`DiffStatus::OnlyA`].
     pub only_a: usize,
+    /// Rows whose status is [`DiffStatus::OnlyB`].
     pub only_b: usize,
     /// Median over the rows present in both of [`DiffRow::ratio`].
     pub median_ratio: Option<f64>,

@@ -74,6 +74,8 @@
 //! CREATE INDEX trials_tried ON trials (fingerprint_id, workload, kernel, kernel_version, config);
 //! ```
 
+#![warn(missing_docs)]
+
 mod bundle;
 mod db;
 mod diff;

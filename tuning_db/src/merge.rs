@@ -46,12 +46,17 @@ pub struct BestSummary {
     pub source: String,
     /// Its row id in that file.
     pub trial_id: i64,
+    /// Kernel family name ([`Record::kernel`]).
     pub kernel: String,
+    /// Kernel family version, as the record reads ([`Record::kernel_version`]).
     pub kernel_version: u32,
+    /// Its config.
     pub config: Config,
+    /// Its median time per call, seconds.
     pub median_s: f64,
     /// 95% confidence interval of the median (order statistics of the samples).
     pub ci_low_s: f64,
+    /// Upper end of that interval, seconds (always finite: see [`median_ci`]).
     pub ci_high_s: f64,
 }
 
@@ -98,9 +103,13 @@ pub fn median_ci(samples: &[f64], median_s: f64, spread: f64) -> (f64, f64) {
 /// variant. The kept one is the target's (the incumbent).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Conflict {
+    /// The fingerprint both bests are of.
     pub fingerprint_id: String,
+    /// The workload key ([`Workload::key`](kernels::Workload::key)).
     pub workload: String,
+    /// The target's best, which stays the winner (for [`merge_files`]: A's).
     pub kept: BestSummary,
+    /// The source's best, as fast within noise but another variant; not made the winner.
     pub other: BestSummary,
 }
 
@@ -123,8 +132,11 @@ pub enum Outcome {
 /// One (fingerprint, workload) of an import.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WorkloadOutcome {
+    /// The fingerprint id ([`HardwareFingerprint::id`](kernels::HardwareFingerprint::id)).
     pub fingerprint_id: String,
+    /// The workload key ([`Workload::key`](kernels::Workload::key)).
     pub workload: String,
+    /// How the source's best and the target's compared.
     pub outcome: Outcome,
     /// The best after the import.
     pub best: BestSummary,
@@ -133,8 +145,12 @@ pub struct WorkloadOutcome {
 /// What [`TuningDb::import_from`] did.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ImportReport {
+    /// The file imported, as given.
     pub source: PathBuf,
+    /// Its content checksum ([`TuningDb::content_checksum`], `sha256:...`), as recorded in
+    /// the provenance rows this import added.
     pub source_checksum: String,
+    /// The database imported into.
     pub target: PathBuf,
     /// Trials in the source.
     pub source_records: u64,
@@ -142,11 +158,17 @@ pub struct ImportReport {
     pub inserted: u64,
     /// Source trials the target already had.
     pub duplicates: u64,
+    /// Fingerprint rows of the source the target lacked, now copied.
     pub fingerprints_added: u64,
+    /// Rows added to `provenance`: for each inserted trial, its provenance rows in the
+    /// source and one naming this import's source.
     pub provenance_added: u64,
     /// Rows added to `winners`.
     pub winners_recorded: u64,
+    /// One entry per (fingerprint, workload) the source has a best for, sorted by
+    /// fingerprint id, then workload key.
     pub workloads: Vec<WorkloadOutcome>,
+    /// Bests within noise of each other that disagree on the variant; the target's was kept.
     pub conflicts: Vec<Conflict>,
 }
 
@@ -160,8 +182,11 @@ impl ImportReport {
 /// What [`merge_files`] did: the import of A into an empty file, then of B.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MergeReport {
+    /// The merged database, as given.
     pub out: PathBuf,
+    /// The import of A into the new, empty file.
     pub a: ImportReport,
+    /// The import of B into it, after A's.
     pub b: ImportReport,
     /// Records in the result.
     pub records: u64,

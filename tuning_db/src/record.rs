@@ -13,12 +13,17 @@ pub struct Record {
     pub id: Option<i64>,
     /// [`HardwareFingerprint::id`](kernels::HardwareFingerprint::id) of the machine.
     pub fingerprint_id: String,
+    /// The exact problem measured, stored as its key ([`Workload::key`]: `gemm:128x768x768`).
     pub workload: Workload,
     /// Kernel family name ([`Kernel::name`](kernels::Kernel::name)).
     pub kernel: String,
     /// [`Kernel::version`](kernels::Kernel::version) when the trial ran.
     pub kernel_version: u32,
+    /// The knob values tried, stored as compact JSON with sorted keys. A record read back
+    /// from a file may carry an older version's config upgraded to the family's current
+    /// version ([`kernels::registry::upgrade_record`]), with `kernel_version` to match.
     pub config: Config,
+    /// How the trial ended; only [`Status::Ok`] records are timed and can be served.
     pub status: Status,
     /// Why it failed; `None` for `ok` records.
     pub message: Option<String>,

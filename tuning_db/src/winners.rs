@@ -41,9 +41,12 @@ use crate::record::{now_rfc3339, Record};
 pub struct Remeasurement {
     /// The finalist's trial.
     pub trial_id: i64,
+    /// The interleaved timing: its samples (seconds), median and spread.
     pub measurement: Measurement,
     /// 95% confidence interval of the median, seconds (`ci_high_s` may be infinite).
     pub ci_low_s: f64,
+    /// Upper end of that interval, seconds; infinite when it is unbounded (fewer than 3
+    /// samples), stored as NULL.
     pub ci_high_s: f64,
 }
 
@@ -52,7 +55,9 @@ pub struct Remeasurement {
 pub struct WinnerDecision {
     /// Row id, `None` until recorded.
     pub id: Option<i64>,
+    /// [`HardwareFingerprint::id`](kernels::HardwareFingerprint::id) of the machine.
     pub fingerprint_id: String,
+    /// The workload decided, stored as its key ([`Workload::key`]).
     pub workload: Workload,
     /// The winning trial: an `ok` record of this fingerprint and workload.
     pub trial_id: i64,
@@ -64,6 +69,7 @@ pub struct WinnerDecision {
     pub remeasured: Vec<Remeasurement>,
     /// RFC 3339 UTC; empty means "now" when recorded.
     pub decided_at: String,
+    /// Version of the tool that decided it.
     pub tool_version: String,
 }
 
