@@ -219,6 +219,8 @@ pub struct ForestModel {
     pub min_leaf: usize,
     seed: u64,
     fitted: Vec<Forest>,
+    /// Features per row of the fit (rows to predict must have as many).
+    width: usize,
 }
 
 impl ForestModel {
@@ -229,6 +231,7 @@ impl ForestModel {
             min_leaf: 1,
             seed,
             fitted: Vec::new(),
+            width: 0,
         }
     }
 }
@@ -246,6 +249,7 @@ impl CostModel for ForestModel {
     }
 
     fn fit(&mut self, data: &TrainingSet) -> Result<(), ModelError> {
+        self.fitted.clear(); // a failed fit leaves no model, not the previous one
         let p = data.validate()?;
         let x = dense(&data.x)?;
         let mut trees = Vec::with_capacity(self.trees);
@@ -268,6 +272,7 @@ impl CostModel for ForestModel {
             trees.push(tree);
         }
         self.fitted = trees;
+        self.width = p;
         Ok(())
     }
 
@@ -285,6 +290,13 @@ impl CostModel for ForestModel {
         }
         if x.is_empty() {
             return Ok(Vec::new());
+        }
+        if let Some(row) = x.iter().find(|r| r.len() != self.width) {
+            return Err(ModelError::BadData(format!(
+                "a row of {} features, the model was fitted on {}",
+                row.len(),
+                self.width
+            )));
         }
         let xm = dense(x)?;
         let mut sum = vec![0.0; x.len()];
@@ -365,6 +377,7 @@ impl CostModel for LinearModel {
     }
 
     fn fit(&mut self, data: &TrainingSet) -> Result<(), ModelError> {
+        self.fitted = None; // a failed fit leaves no model, not the previous one
         let p = data.validate()?;
         let wsum: f64 = data.w.iter().sum();
         let mut mean = vec![0.0; p];
@@ -502,6 +515,25 @@ mod tests {
             let mut ragged = data(20, 3);
             ragged.x[0].push(1.0);
             assert!(matches!(m.fit(&ragged), Err(ModelError::BadData(_))));
+        }
+    }
+
+    #[test]
+    fn models_refuse_rows_of_another_width_and_forget_a_fit_that_failed() {
+        for kind in ModelKind::ALL {
+            let mut m = kind.build(1);
+            m.fit(&data(40, 6)).unwrap();
+            for width in [2, 4] {
+                let rows = vec![vec![0.5; width]];
+                assert!(
+                    matches!(m.predict(&rows), Err(ModelError::BadData(_))),
+                    "{kind}: {width} features"
+                );
+            }
+            let mut bad = data(20, 3);
+            bad.y[0] = f64::INFINITY;
+            assert!(m.fit(&bad).is_err());
+            assert_eq!(m.predict(&data(5, 7).x), Err(ModelError::NotFitted), "{kind}");
         }
     }
 

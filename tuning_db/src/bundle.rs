@@ -253,8 +253,8 @@ impl CheckReport {
         self.problems.is_empty()
     }
 
-    /// `Ok(())` if it passed, else [`BundleError::ChecksumMismatch`] (when that is the
-    /// problem) or [`BundleError::Invalid`].
+    /// The report itself if it passed, else [`BundleError::ChecksumMismatch`] (when that is
+    /// the problem) or [`BundleError::Invalid`].
     pub fn into_result(self) -> Result<CheckReport, BundleError> {
         let no_checksum = self
             .manifest
@@ -346,8 +346,9 @@ impl TuningDb {
         }))
     }
 
-    /// Resolves `id` to a stored fingerprint id: an exact id, `current` (this machine at
-    /// `cores` threads), or a unique prefix of at least 4 hex digits.
+    /// Resolves `id` to a stored fingerprint id: an exact id, `current` (this machine as
+    /// [`HardwareFingerprint::current`] reports it, at the threads this process uses), or a
+    /// unique prefix of at least 4 hex digits.
     pub fn resolve_fingerprint(&self, id: &str) -> Result<String, BundleError> {
         let ids = self.fingerprint_ids()?;
         let wanted = if id == "current" {

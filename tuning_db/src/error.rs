@@ -85,7 +85,7 @@ pub enum DbError {
     },
 
     /// A read-only open of a database that needs a migration (or was never initialised).
-    #[error("{}: database schema version {found} is older than this autokernel's ({supported}) and a read-only open cannot migrate it; open it once with a writer (any `autokernel` command that writes, e.g. a tuning job) first", .path.display())]
+    #[error("{}: database schema version {found} is older than a read-only open serves (version {supported} or later), and a read-only open cannot migrate it; open it once with a writer (any `autokernel` command that writes, e.g. a tuning job) first", .path.display())]
     OlderSchemaReadOnly {
         /// The file that was opened.
         path: PathBuf,

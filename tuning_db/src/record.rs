@@ -17,7 +17,9 @@ pub struct Record {
     pub workload: Workload,
     /// Kernel family name ([`Kernel::name`](kernels::Kernel::name)).
     pub kernel: String,
-    /// [`Kernel::version`](kernels::Kernel::version) when the trial ran.
+    /// [`Kernel::version`](kernels::Kernel::version) when the trial ran; a record read back
+    /// carries the family's current version where its config was upgraded on reading
+    /// (`kernels::registry::upgrade_record`).
     pub kernel_version: u32,
     /// The knob values tried, stored as compact JSON with sorted keys. A record read back
     /// from a file may carry an older version's config upgraded to the family's current
