@@ -2,6 +2,8 @@
 # Everything the reduced-precision issues ask to be run and measured on a machine, in one go,
 # for a session that lands on a CPU the project has not measured yet (AVX-512 VNNI/BF16, AMX):
 #
+#   0. the measured arithmetic peaks (`autokernel hw --peak`: f32 FMA, vdpbf16ps, vpdpbusd,
+#      AMX tdpbf16ps / tdpbusd where the CPU has them) at 1 and 2 threads;
 #   1. the kernel tests at this CPU's best ISA level, then at each level below it
 #      (scripts/test-isa-levels.sh): the AVX-512 and AMX paths run where the CPU has them;
 #   2. the six GEMM shapes of the reduced-precision issue tuned in f32, int8 and bf16 at 1 and
@@ -66,6 +68,8 @@ step() { printf '\n== %s  (%s)\n' "$1" "$(date -u +%FT%TZ)"; }
 
 step "machine"
 "$AK" hw
+step "arithmetic peaks, 1 and 2 threads (what the GEMM tables' GFLOP/s are out of)"
+for T in 1 2; do "$AK" hw --peak --threads "$T" | grep peak; done
 ISA=$("$AK" hw --json | "$PY" -c 'import json,sys; print(" ".join(json.load(sys.stdin)["isa"]))')
 # The reduced-precision paths this machine reports must run: a test that would skip one of
 # them fails instead (kernels/src/testing.rs).
