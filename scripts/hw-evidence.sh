@@ -69,7 +69,8 @@ step() { printf '\n== %s  (%s)\n' "$1" "$(date -u +%FT%TZ)"; }
 step "machine"
 "$AK" hw
 step "arithmetic peaks, 1 and 2 threads (what the GEMM tables' GFLOP/s are out of)"
-for T in 1 2; do "$AK" hw --peak --threads "$T" | grep peak; done
+# Not fatal: the AMX peak loops had never run on a real tile unit when this was written.
+for T in 1 2; do "$AK" hw --peak --threads "$T" || echo "hw --peak --threads $T FAILED (exit $?)"; done
 ISA=$("$AK" hw --json | "$PY" -c 'import json,sys; print(" ".join(json.load(sys.stdin)["isa"]))')
 # The reduced-precision paths this machine reports must run: a test that would skip one of
 # them fails instead (kernels/src/testing.rs).
