@@ -97,10 +97,16 @@ fn cpu_flags() -> Vec<&'static str> {
 /// Palette 1 as CPUID leaf 0x1D reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Palette1 {
+    /// Bytes of tile storage in all (EAX bits 0–15; 8192 on Sapphire Rapids).
     pub total_tile_bytes: u32,
+    /// Bytes of one tile register (EAX bits 16–31; 1024 on Sapphire Rapids).
     pub bytes_per_tile: u32,
+    /// Bytes of one tile row (EBX bits 0–15; 64 on Sapphire Rapids).
     pub bytes_per_row: u32,
+    /// Number of tile registers, `tmm0` to `tmm{max_names - 1}` (EBX bits 16–31; 8 on Sapphire
+    /// Rapids).
     pub max_names: u32,
+    /// Most rows of a tile (ECX bits 0–15; 16 on Sapphire Rapids).
     pub max_rows: u32,
 }
 
@@ -119,7 +125,9 @@ impl Palette1 {
 /// reads (`tmul_maxk`) and the most bytes of a B row (`tmul_maxn`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tmul {
+    /// `tmul_maxk`: the most rows of B (depth steps) one `tdp*` instruction reads.
     pub max_k: u32,
+    /// `tmul_maxn`: the most bytes of one B row a `tdp*` instruction reads.
     pub max_n_bytes: u32,
 }
 

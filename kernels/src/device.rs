@@ -33,7 +33,9 @@ pub enum Device {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("bad device '{input}': {reason} (expected 'cpu' or 'cuda:N', e.g. cuda:0)")]
 pub struct DeviceParseError {
+    /// The string as given.
     pub input: String,
+    /// What is wrong with it, e.g. `unknown device kind`.
     pub reason: String,
 }
 

@@ -30,11 +30,18 @@ use crate::error::{Error, Result};
 )]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
+    /// 32-bit IEEE 754 float: the default precision, written without suffix.
     #[default]
     F32,
+    /// bfloat16 (the upper 16 bits of an f32), held as its `u16` bit pattern.
     Bf16,
+    /// Signed 8-bit integer: as a precision (`:i8`), int8 products accumulated in i32; as an
+    /// operand, symmetric quantised values (`value = scale · q`).
     I8,
+    /// Unsigned 8-bit integer, asymmetric quantisation (`value = scale · (q − zero_point)`); an
+    /// operand type only.
     U8,
+    /// Signed 32-bit integer (accumulators, attention key lengths); an operand type only.
     I32,
 }
 

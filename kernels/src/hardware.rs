@@ -40,8 +40,13 @@ pub struct HardwareFingerprint {
     pub arch: String,
     /// CPU vendor string, e.g. `AuthenticAMD`.
     pub vendor: String,
+    /// CPU family as `/proc/cpuinfo` reports it (`cpu family`; 0 when unknown); a GPU row's
+    /// compute capability major.
     pub family: u32,
+    /// CPU model as `/proc/cpuinfo` reports it (0 when unknown); a GPU row's compute capability
+    /// minor.
     pub model: u32,
+    /// CPU stepping as `/proc/cpuinfo` reports it (0 when unknown, and on a GPU row).
     pub stepping: u32,
     /// Marketing name, e.g. `AMD EPYC 9B45`.
     pub brand: String,
@@ -52,7 +57,9 @@ pub struct HardwareFingerprint {
     pub cores: usize,
     /// Per-core L1 data cache, per-core L2, shared L3, in bytes (0 when unknown).
     pub l1d_bytes: usize,
+    /// Per-core L2 cache, in bytes (0 when unknown).
     pub l2_bytes: usize,
+    /// Shared L3 cache, in bytes (0 when unknown).
     pub l3_bytes: usize,
 }
 

@@ -86,7 +86,10 @@ pub trait Executable: Send + Sync {
 /// whether a weight prepared by another variant is one it can read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WeightFormat {
+    /// Name of the kernel family that prepared the weight, e.g. `gemm_bf16`.
     pub family: &'static str,
+    /// The family's layout parameters, e.g. the panel width NR and a layout code; unused slots
+    /// are 0.
     pub params: [usize; 2],
 }
 

@@ -29,6 +29,8 @@
 //! Unsafe SIMD code is confined to its leaf modules, behind one run-time CPU-feature
 //! detection ([`isa::Isa::detect`]).
 
+#![warn(missing_docs)]
+
 pub mod alloc;
 pub mod amx;
 pub mod cpu;

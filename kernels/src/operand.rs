@@ -33,40 +33,56 @@ pub const MAX_INPUTS: usize = 4;
 /// A buffer in a CUDA device's memory: `len` elements of `dtype` at address `ptr`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceBuffer {
+    /// The CUDA device ordinal the memory belongs to.
     pub ordinal: usize,
+    /// The device address of the first element (a `CUdeviceptr`).
     pub ptr: u64,
+    /// Number of elements (not bytes).
     pub len: usize,
+    /// The element type.
     pub dtype: DType,
 }
 
 /// A read-only operand.
 #[derive(Debug, Clone, Copy)]
 pub enum Operand<'a> {
+    /// f32 values on the host.
     F32(&'a [f32]),
     /// bf16 values as their bit patterns (the upper half of the f32 they round).
     Bf16(&'a [u16]),
     /// Symmetric int8 values and their scales (one per row or per column, as the op says):
     /// value = scale · q.
     I8 {
+        /// The quantised values.
         data: &'a [i8],
+        /// The scales, one per row or per column.
         scales: &'a [f32],
     },
     /// Asymmetric uint8 values, scales and zero points: value = scale · (q − zero_point).
     U8 {
+        /// The quantised values.
         data: &'a [u8],
+        /// The scales, one per row or per column.
         scales: &'a [f32],
+        /// The zero points, one per scale.
         zero_points: &'a [i32],
     },
+    /// i32 values on the host, e.g. attention's key lengths ([`KEY_LENS`]).
     I32(&'a [i32]),
+    /// A buffer in a CUDA device's memory, of any element type.
     Cuda(DeviceBuffer),
 }
 
 /// A written operand (the output).
 #[derive(Debug)]
 pub enum OperandMut<'a> {
+    /// f32 values on the host.
     F32(&'a mut [f32]),
+    /// bf16 values on the host, as their bit patterns.
     Bf16(&'a mut [u16]),
+    /// i32 values on the host.
     I32(&'a mut [i32]),
+    /// A buffer in a CUDA device's memory, of any element type.
     Cuda(DeviceBuffer),
 }
 

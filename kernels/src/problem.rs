@@ -11,14 +11,19 @@ use crate::workload::{Act, Workload};
 /// Inputs for one workload, filled with uniform values in `[-1, 1)` from a seed.
 #[derive(Debug, Clone)]
 pub struct Problem {
+    /// The workload the inputs are for.
     pub workload: Workload,
+    /// The f32 input buffers in [`Workload::input_lens`] order (A, B, then the bias for
+    /// `gemm_bias_*`; Q, K, V for attention), each row-major, whatever the workload's precision.
     pub inputs: Vec<Vec<f32>>,
 }
 
 /// The reference result: exact-ish values and a per-element tolerance.
 #[derive(Debug, Clone)]
 pub struct Reference {
+    /// The exact result, computed in f64, one value per output element.
     pub values: Vec<f64>,
+    /// The largest accepted absolute error of each output element (same length as `values`).
     pub tolerance: Vec<f64>,
 }
 
@@ -36,18 +41,25 @@ pub struct Accuracy {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("wrong result at element {index} (row {row}, col {col}): got {got}, expected {expected} ± {tolerance:.3e}; {bad} of {total} elements out of tolerance")]
 pub struct Mismatch {
+    /// Index of the element in the output buffer.
     pub index: usize,
+    /// Its row, with the output seen as a row-major matrix of [`Workload::output_cols`] columns.
     pub row: usize,
+    /// Its column in that matrix.
     pub col: usize,
+    /// The value the kernel wrote.
     pub got: f32,
+    /// The reference value.
     pub expected: f64,
+    /// The tolerance of that element: `|got − expected|` may be at most this much.
     pub tolerance: f64,
+    /// How many output elements are out of tolerance (or not finite) in all.
     pub bad: usize,
+    /// Number of output elements.
     pub total: usize,
 }
 
 impl Problem {
-    /// Random inputs for `w`, fixed by `seed`.
     /// [`Problem::random`], refused before anything is allocated when its buffers (inputs,
     /// two outputs, the f64 reference with its tolerances) cannot be allocated by this
     /// process: a one-line error instead of an abort under a memory limit (`ulimit -v`,
@@ -79,7 +91,8 @@ impl Problem {
         }
     }
 
-    /// Random operands for `w` (see [`Problem::try_random`] for huge workloads).
+    /// Random operands for `w`, fixed by `seed` (see [`Problem::try_random`] for huge
+    /// workloads).
     pub fn random(w: &Workload, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         let inputs = w
@@ -234,6 +247,9 @@ impl Problem {
     }
 
     /// Compares `got` with `reference`; NaN and infinities always fail.
+    ///
+    /// # Panics
+    /// If `got` is not as long as the reference (a buffer not made by [`Problem::output`]).
     pub fn check(&self, got: &[f32], reference: &Reference) -> Result<(), Mismatch> {
         assert_eq!(got.len(), reference.values.len(), "output length");
         let cols = self.workload.output_cols();

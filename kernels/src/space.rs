@@ -16,7 +16,9 @@ use crate::rng::Rng;
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Value {
+    /// A whole number: a tile size, a block size, a thread count (JSON number).
     Int(i64),
+    /// A name: a micro-kernel, a parallel mode (JSON string).
     Str(String),
 }
 
@@ -124,7 +126,9 @@ impl fmt::Display for Config {
 /// A tunable parameter and the values the search may give it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Knob {
+    /// The knob's name, the key of its value in a [`Config`].
     pub name: String,
+    /// The values the knob may take, without duplicates, in the order they were listed.
     pub values: Vec<Value>,
 }
 
@@ -132,6 +136,7 @@ type Predicate = Box<dyn Fn(&Config) -> bool + Send + Sync>;
 
 /// A named constraint; a config is valid only if every rule holds.
 pub struct Rule {
+    /// The rule's name, what [`SpaceError::RuleViolated`] reports.
     pub name: String,
     check: Predicate,
 }
@@ -145,16 +150,23 @@ impl fmt::Debug for Rule {
 /// Why a config does not fit a space.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpaceError {
+    /// The config does not set this knob of the space.
     #[error("knob '{0}' is missing")]
     MissingKnob(String),
+    /// The config sets a knob the space does not have.
     #[error("'{0}' is not a knob of this kernel")]
     UnknownKnob(String),
+    /// The config gives a knob a value the knob does not list.
     #[error("knob '{knob}' = {value} is not one of its values ({allowed})")]
     ValueNotListed {
+        /// The knob's name.
         knob: String,
+        /// The value the config gives it.
         value: String,
+        /// The knob's listed values, comma-separated.
         allowed: String,
     },
+    /// The config sets every knob to a listed value, but this rule of the space does not hold.
     #[error("rule '{0}' does not hold")]
     RuleViolated(String),
 }

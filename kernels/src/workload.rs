@@ -60,7 +60,8 @@ pub const MAX_ELEMENTS: u128 = 1 << 32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
-    /// `C = A·B`, f32, row-major; A is M×K, B is K×N, C is M×N.
+    /// `C = A·B`, row-major; A is M×K, B is K×N, C is M×N (f32 operands and output; the
+    /// workload's element type says what the kernel computes in).
     Gemm,
     /// `C = A·B + bias`; bias has N values, added to every row (no activation).
     GemmBias,
@@ -162,17 +163,27 @@ impl fmt::Display for Act {
 pub enum Workload {
     /// Row-major GEMM `C[m×n] = A[m×k] · B[k×n]`.
     Gemm {
+        /// Rows of A and C.
         m: usize,
+        /// Columns of B and C.
         n: usize,
+        /// The reduction depth: columns of A, rows of B.
         k: usize,
+        /// The precision: the element type A and B are multiplied in (C is f32 in every one).
         dtype: DType,
     },
     /// `C[m×n] = act(A[m×k] · B[k×n] + bias[n])`, row-major. Inputs: A, B, bias.
     GemmBiasAct {
+        /// Rows of A and C.
         m: usize,
+        /// Columns of B and C, and the length of the bias.
         n: usize,
+        /// The reduction depth: columns of A, rows of B.
         k: usize,
+        /// The activation applied after the bias.
         act: Act,
+        /// The precision: the element type A and B are multiplied in (the bias and C are f32 in
+        /// every one).
         dtype: DType,
     },
     /// Scaled dot-product attention, Q, K, V and O laid out `[b, h, s, d]` (row-major):
@@ -181,11 +192,18 @@ pub enum Workload {
     /// (an i32 per batch: [`crate::operand::host_attention`]) — an operand, not part of the
     /// workload, so a variant tuned on full sequences serves padded batches too.
     Attention {
+        /// Batch size.
         b: usize,
+        /// Heads per batch entry.
         h: usize,
+        /// Sequence length, of the queries and the keys alike.
         s: usize,
+        /// Head dimension; scores are scaled by `1/√d`.
         d: usize,
+        /// Whether query `i` sees only keys `j ≤ i`.
         causal: bool,
+        /// The precision: the element type Q, K, V (and the softmax weights) are multiplied in
+        /// (O is f32 in every one).
         dtype: DType,
     },
 }

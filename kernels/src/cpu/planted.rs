@@ -1,6 +1,6 @@
 //! `planted_faults`: a GEMM family whose configs fail on purpose, for testing the tuner's
 //! crash isolation. Compiled only with the `planted-faults` cargo feature, and registered in
-//! [`registry`](crate::registry) only when the environment variable
+//! [`registry()`](crate::registry()) only when the environment variable
 //! [`ENV_VAR`] (`AUTOKERNEL_PLANTED_FAULTS`) is `1` in the process.
 //!
 //! Why two gates: the feature keeps this code out of every normal build; the variable keeps it

@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(into = "String", try_from = "String")]
 pub struct Arch {
+    /// Major compute capability (9 for sm_90).
     pub major: u32,
+    /// Minor compute capability (0 for sm_90).
     pub minor: u32,
 }
 
@@ -28,6 +30,7 @@ impl Arch {
     /// The archs CI compiles every template for.
     pub const CI: [Arch; 2] = [Arch::SM80, Arch::SM90];
 
+    /// Compute capability `major.minor` (`sm_{major}{minor}`).
     pub const fn new(major: u32, minor: u32) -> Self {
         Arch { major, minor }
     }

@@ -29,20 +29,26 @@ pub const SOURCE: &str = include_str!("templates/attention.cu");
 /// Element type of Q, K, V and O (arithmetic is f32 either way).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AttnDtype {
+    /// f32 Q, K, V and O.
     F32,
+    /// bf16 Q, K, V and O (on the device as `u16` bit patterns); scores, softmax and
+    /// accumulation in f32.
     Bf16,
 }
 
 /// The attention family for one element type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attention {
+    /// The element type of Q, K, V and O.
     pub dtype: AttnDtype,
 }
 
 impl Attention {
+    /// The f32 family, `cuda_attention_f32`.
     pub const F32: Attention = Attention {
         dtype: AttnDtype::F32,
     };
+    /// The bf16 family, `cuda_attention_bf16`.
     pub const BF16: Attention = Attention {
         dtype: AttnDtype::Bf16,
     };
@@ -51,9 +57,13 @@ impl Attention {
 /// A config, typed, with the shape's head dimension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Params {
+    /// Query rows per block (the `br` knob).
     pub br: u32,
+    /// Keys per tile (the `bc` knob), a multiple of 32.
     pub bc: u32,
+    /// Warps per block (the `warps` knob); each owns `br / warps` query rows.
     pub warps: u32,
+    /// The shape's head dimension D, a compile-time constant of the kernel.
     pub head_dim: u32,
 }
 
@@ -67,6 +77,7 @@ impl Params {
         })
     }
 
+    /// Threads per block: 32 per warp.
     pub fn threads(&self) -> u32 {
         self.warps * 32
     }
@@ -87,6 +98,8 @@ impl Params {
         self.rows_per_warp() * (self.head_dim.div_ceil(32) + 2)
     }
 
+    /// Whether the tiles divide up: `br` a multiple of `warps`, `bc` of 32, at most 1024 threads
+    /// per block.
     pub fn well_formed(&self) -> bool {
         self.warps > 0
             && self.br.is_multiple_of(self.warps)
@@ -304,7 +317,9 @@ enum Buffers {
 
 /// Inputs for one attention shape on the device, and the f64 reference.
 pub struct AttentionProblem {
+    /// The attention shape the buffers are sized for.
     pub shape: AttentionShape,
+    /// The family, whose element type the buffers hold.
     pub family: Attention,
     buffers: Buffers,
     expected: Vec<f32>,

@@ -20,20 +20,30 @@ pub type Ptx = cudarc::nvrtc::Ptx;
 pub enum CompileError {
     /// `libnvrtc` cannot be loaded (see the module docs of `kernels::cuda` for how it is found).
     #[error("NVRTC is not available (libnvrtc not loadable): {reason}")]
-    NvrtcUnavailable { reason: String },
+    NvrtcUnavailable {
+        /// Why: the library is not on the loader's path, or it does not answer.
+        reason: String,
+    },
     /// The config is not in the template's space for this shape and arch.
     #[error("config {config} is not valid for '{kernel}' on {arch}: {reason}")]
     InvalidConfig {
+        /// The template's name, e.g. `cuda_gemm_f32`.
         kernel: String,
+        /// The config, as JSON.
         config: String,
+        /// The arch it was asked for.
         arch: Arch,
+        /// Why: the shape is not supported on this arch, or the space's check failed.
         reason: String,
     },
     /// The config lacks a knob, or its tiles do not nest (whatever the arch).
     #[error("config {config} is not valid for '{kernel}': {reason}")]
     BadConfig {
+        /// The template's name.
         kernel: String,
+        /// The config, as JSON.
         config: String,
+        /// Which knob is missing or malformed, or which tiles do not nest.
         reason: String,
     },
     /// NVRTC (or the ptxas it runs) rejected the source.
@@ -41,10 +51,15 @@ pub enum CompileError {
         "NVRTC failed to compile '{kernel}' for {arch} ({status}), options {options:?}:\n{log}"
     )]
     Nvrtc {
+        /// The template's name.
         kernel: String,
+        /// The arch it was compiled for.
         arch: Arch,
+        /// NVRTC's result code, or the step that failed.
         status: String,
+        /// The options NVRTC was given ([`OPTIONS`] and the arch).
         options: Vec<String>,
+        /// NVRTC's compile log (empty where it gave none).
         log: String,
     },
 }

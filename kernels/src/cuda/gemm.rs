@@ -47,13 +47,17 @@ pub trait GemmTemplate: Template<Shape = GemmShape> {
 /// Element type of the GEMM inputs (the output is f32 either way).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GemmDtype {
+    /// f32 A and B.
     F32,
+    /// bf16 A and B, multiplied on tensor cores (sm_80 and newer).
     Bf16,
 }
 
 /// Inputs for one GEMM shape on the device, the cuBLAS reference and its tolerance.
 pub struct GemmProblem {
+    /// The GEMM's `M × N × K`.
     pub shape: GemmShape,
+    /// The element type of A and B.
     pub dtype: GemmDtype,
     a: CudaSlice<f32>,
     b: CudaSlice<f32>,

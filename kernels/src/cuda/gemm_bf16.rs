@@ -24,13 +24,22 @@ pub struct GemmBf16;
 /// A config, typed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Params {
+    /// Rows of C per block (`BM`).
     pub bm: u32,
+    /// Columns of C per block (`BN`).
     pub bn: u32,
+    /// Depth of the A and B tiles staged in shared memory per step (`BK`), a multiple of 16.
     pub bk: u32,
+    /// Rows of C per warp (`WM`), a multiple of 16 (the `mma` tile's rows); divides `bm`.
     pub wm: u32,
+    /// Columns of C per warp (`WN`), a multiple of 8 (the `mma` tile's columns); divides `bn`.
     pub wn: u32,
+    /// Shared-memory pipeline depth: 1 loads then computes, 2 or more prefetch the next tiles
+    /// with `cp.async`.
     pub stages: u32,
+    /// bf16 elements per `cp.async` (2, 4 or 8: 4, 8 or 16 bytes).
     pub vec: u32,
+    /// K slices, summed into a zeroed C with `atomicAdd`; 1 does not split.
     pub split_k: u32,
 }
 

@@ -23,15 +23,26 @@ pub struct GemmF32;
 /// A config, typed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Params {
+    /// Rows of C per block (`BM`).
     pub bm: u32,
+    /// Columns of C per block (`BN`).
     pub bn: u32,
+    /// Depth of the A and B tiles staged in shared memory per step (`BK`).
     pub bk: u32,
+    /// Rows of C per warp (`WM`); divides `bm`.
     pub wm: u32,
+    /// Columns of C per warp (`WN`); divides `bn`.
     pub wn: u32,
+    /// Rows of a thread tile (`TM`); a lane owns `wm / (4·tm)` × `wn / (8·tn)` thread tiles.
     pub tm: u32,
+    /// Columns of a thread tile (`TN`), a multiple of 4.
     pub tn: u32,
+    /// Shared-memory pipeline depth: 1 loads then computes, 2 or more prefetch the next tiles
+    /// with `cp.async`.
     pub stages: u32,
+    /// Floats per global load (1, 2 or 4).
     pub vec: u32,
+    /// K slices, summed into a zeroed C with `atomicAdd`; 1 does not split.
     pub split_k: u32,
 }
 

@@ -38,9 +38,14 @@ const SMEM_WITHOUT_OPT_IN: u32 = 48 * 1024;
 /// Parameters of the GPU timing protocol (see the module docs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuTiming {
+    /// How long to launch and synchronise before the first sample (at least one launch).
     pub warmup: Duration,
+    /// Samples taken at least, whatever the confidence interval or the time spent (unless
+    /// `max_samples` is smaller).
     pub min_samples: usize,
+    /// Samples taken at most (at least 1).
     pub max_samples: usize,
+    /// Time after which sampling stops once `min_samples` are taken (the warm-up not counted).
     pub max_time: Duration,
     /// Target half-width of the median's 95% confidence interval, relative (0.02 = ±2%).
     pub target_ci: f64,
@@ -77,7 +82,10 @@ impl GpuTiming {
 /// How one candidate config ended on the GPU: a timing, or a failure kept as data.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuOutcome {
+    /// How the candidate ended: [`Status::Ok`], [`Status::BuildFailed`], [`Status::RunFailed`]
+    /// or [`Status::WrongResult`].
     pub status: Status,
+    /// The timing (samples in seconds), for [`Status::Ok`] only.
     pub measurement: Option<Measurement>,
     /// The failure's text: for `build_failed`, the NVRTC log.
     pub message: Option<String>,
@@ -104,7 +112,9 @@ impl GpuOutcome {
 /// A kernel compiled for this device and ready to launch.
 #[derive(Debug, Clone)]
 pub struct Loaded {
+    /// The kernel's entry point in its loaded module.
     pub function: CudaFunction,
+    /// Grid, block and dynamic shared memory of its launches.
     pub dims: LaunchDims,
     /// The config it was compiled from (its run-time arguments derive from it too).
     pub config: Config,
@@ -210,6 +220,7 @@ impl Gpu {
         })
     }
 
+    /// The CUDA device ordinal it was opened with.
     pub fn ordinal(&self) -> usize {
         self.ordinal
     }
@@ -219,14 +230,18 @@ impl Gpu {
         self.arch
     }
 
+    /// The device's identity: name, compute capability, SM count, memory, driver, CUDA and
+    /// NVRTC versions.
     pub fn fingerprint(&self) -> &GpuFingerprint {
         &self.fingerprint
     }
 
+    /// The L2 cache size, in bytes, as the driver reports it.
     pub fn l2_bytes(&self) -> usize {
         self.l2_bytes
     }
 
+    /// The device's CUDA context (cudarc's), for allocating and loading beyond this API.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
@@ -317,7 +332,8 @@ impl Gpu {
             .map_err(Clone::clone)
     }
 
-    /// Overwrites a buffer of twice the L2 size, evicting whatever the last kernel left there.
+    /// Overwrites a buffer of twice the L2 size (at least 8 MiB), evicting whatever the last
+    /// kernel left there.
     pub fn flush_l2(&self) -> Result<(), CudaError> {
         let mut flush = self.flush.lock().unwrap_or_else(|p| p.into_inner());
         if flush.is_none() {

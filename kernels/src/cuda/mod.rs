@@ -91,20 +91,35 @@ pub use template::Template;
 pub enum CudaError {
     /// `libcuda` could not be loaded or initialised.
     #[error("no CUDA driver found (libcuda.so not loadable): {reason}")]
-    NoDriver { reason: String },
+    NoDriver {
+        /// Why: the library is not on the loader's path, or the driver failed to initialise.
+        reason: String,
+    },
     /// The driver works but has no device with this ordinal.
     #[error("no CUDA device {ordinal} (found {found})")]
-    NoDevice { ordinal: usize, found: usize },
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// How many devices the driver has.
+        found: usize,
+    },
     /// A driver call failed.
     #[error("CUDA driver error while {context}: {source}")]
     Driver {
+        /// What was being done, e.g. `creating a context`.
         context: String,
+        /// The driver's error.
         #[source]
         source: DriverError,
     },
     /// cuBLAS (the GEMM reference) could not be loaded or failed.
     #[error("cuBLAS error while {context}: {reason}")]
-    Cublas { context: String, reason: String },
+    Cublas {
+        /// What was being done, e.g. `loading cuBLAS`, `sgemm`.
+        context: String,
+        /// cuBLAS's error, or why it could not be loaded.
+        reason: String,
+    },
     /// A template did not compile (the NVRTC log is inside), or its config is not valid.
     #[error(transparent)]
     Compile(#[from] CompileError),
@@ -117,8 +132,11 @@ pub enum CudaError {
     /// Buffers that do not match the shape a kernel was prepared for.
     #[error("buffer '{name}' holds {got} elements, the shape needs {need}")]
     BufferSize {
+        /// The buffer's name (`A`, `B`, `C`, `Q`, `K`, `V`, `O`).
         name: &'static str,
+        /// Its length, in elements.
         got: usize,
+        /// The length the shape needs, in elements.
         need: usize,
     },
     /// The kernel ran but its output is not within tolerance of the reference.

@@ -10,8 +10,11 @@ use super::CudaError;
 /// `C[m×n] = A[m×k] · B[k×n]`, row-major.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GemmShape {
+    /// Rows of A and C.
     pub m: usize,
+    /// Columns of B and C.
     pub n: usize,
+    /// Depth: columns of A, rows of B.
     pub k: usize,
 }
 
@@ -50,10 +53,15 @@ pub const MAX_BATCH_HEADS: usize = 65_535;
 /// Attention over `batch × heads` independent heads: `Q[seq_q×d]`, `K, V[seq_k×d]` per head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AttentionShape {
+    /// Batch size.
     pub batch: usize,
+    /// Heads per batch entry.
     pub heads: usize,
+    /// Queries per head.
     pub seq_q: usize,
+    /// Keys (and values) per head.
     pub seq_k: usize,
+    /// Head dimension D, at most [`MAX_HEAD_DIM`].
     pub head_dim: usize,
     /// Bottom-right aligned causal mask: query `i` sees key `j` iff `j <= i + seq_k - seq_q`.
     pub causal: bool,

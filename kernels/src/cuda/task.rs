@@ -271,10 +271,12 @@ impl GpuTask {
         })
     }
 
+    /// The workload the task's inputs are for.
     pub fn workload(&self) -> Workload {
         self.workload
     }
 
+    /// The family that runs the workload.
     pub fn family(&self) -> GpuFamily {
         self.family
     }

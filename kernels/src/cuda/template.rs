@@ -20,8 +20,11 @@ pub const COMMON: &str = include_str!("templates/common.cuh");
 /// Grid, block and dynamic shared memory of one launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchDims {
+    /// Blocks per grid, `(x, y, z)`.
     pub grid: (u32, u32, u32),
+    /// Threads per block, `(x, y, z)`.
     pub block: (u32, u32, u32),
+    /// Dynamic shared memory per block, in bytes.
     pub smem_bytes: u32,
 }
 

@@ -56,17 +56,25 @@ pub enum KLayout {
 /// A prepared fused attention.
 #[derive(Debug)]
 pub struct FusedAttention {
+    /// Batch size.
     pub b: usize,
+    /// Heads per batch entry.
     pub h: usize,
+    /// Sequence length (queries and keys).
     pub s: usize,
+    /// Head dimension.
     pub d: usize,
+    /// Whether query `i` sees only keys `j ≤ i`.
     pub causal: bool,
+    /// The micro-kernel tile (the `tile` knob): `MR` query rows × `NR` keys.
     pub tile: &'static AttnTile,
     /// Query rows per block: a multiple of MR, at most `⌈S/MR⌉·MR`.
     pub br: usize,
     /// Keys per block: a multiple of NR, at most `⌈S/NR⌉·NR`.
     pub bc: usize,
+    /// Where the score kernels read Kᵀ from (the `k_layout` knob).
     pub k_layout: KLayout,
+    /// How the heads and query blocks are split across threads (the `par` and `threads` knobs).
     pub par: AttnPar,
 }
 

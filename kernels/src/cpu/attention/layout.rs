@@ -26,18 +26,26 @@ pub enum Layout {
 /// Which of the three inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Part {
+    /// The queries.
     Q = 0,
+    /// The keys.
     K = 1,
+    /// The values.
     V = 2,
 }
 
 /// An attention call's shape and layout: where each head's rows are.
 #[derive(Debug, Clone, Copy)]
 pub struct Rows {
+    /// How Q, K, V and O are laid out.
     pub layout: Layout,
+    /// Batch size.
     pub b: usize,
+    /// Heads per batch entry.
     pub h: usize,
+    /// Sequence length (queries and keys).
     pub s: usize,
+    /// Head dimension.
     pub d: usize,
 }
 

@@ -55,12 +55,15 @@ pub struct Values<'a>(pub &'a [f32], pub usize, pub usize);
 pub struct StepArgs<'a, 'b> {
     /// The query rows, row-major: row `r` of the group at `q[r·ldq..]`, `d` values.
     pub q: &'a [f32],
+    /// The query row stride, in values.
     pub ldq: usize,
+    /// The head dimension, `1 ≤ d ≤ dp`.
     pub d: usize,
     /// The softmax scale in the log2 domain (`log2(e)/√D` for the usual softmax).
     pub scale: f32,
     /// The block's keys packed in panels of `dp × NR` (keys of a panel together, zero-padded).
     pub kp: &'a [f32],
+    /// The packed values ([`AttnTile::pack_values`]) and the block's place in them.
     pub v: Values<'a>,
     /// `d` rounded up to the lanes.
     pub dp: usize,
@@ -72,11 +75,15 @@ pub struct StepArgs<'a, 'b> {
     pub s: &'b mut [f32],
     /// Running outputs, row `r` at `o[r·ldo..]`, `dp` values.
     pub o: &'b mut [f32],
+    /// The row stride of `o`, in values.
     pub ldo: usize,
     /// Running maxima (log2 domain, scaled) and sums, one per row.
     pub m: &'b mut [f32],
+    /// Running sums of the weights, one per row.
     pub l: &'b mut [f32],
+    /// The group's first key block: `o` holds nothing yet and is not read.
     pub first: bool,
+    /// The group's last key block: `O / l` is stored into `o` instead of the running `O`.
     pub last: bool,
 }
 
@@ -89,6 +96,7 @@ type SoftmaxFn = unsafe fn(*mut f32, usize, usize, f32);
 pub struct AttnTile {
     /// Knob value, e.g. `avx2_6x16`.
     pub name: String,
+    /// The ISA its kernels are compiled for; the tile is handed out only where the CPU runs it.
     pub isa: Isa,
     /// Query rows per tile.
     pub mr: usize,

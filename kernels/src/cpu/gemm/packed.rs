@@ -103,9 +103,13 @@ impl PackedB {
 
 /// A prepared packed GEMM: shape, micro-kernel and effective block sizes.
 pub struct PackedGemm {
+    /// Rows of A and C.
     pub m: usize,
+    /// Columns of B and C.
     pub n: usize,
+    /// Depth: columns of A, rows of B.
     pub k: usize,
+    /// The micro-kernel (the `ukernel` knob).
     pub uk: &'static PackedUkernel,
     /// Rows of A per packed block, a multiple of MR, at most ⌈M/MR⌉·MR.
     pub mc: usize,
@@ -113,6 +117,7 @@ pub struct PackedGemm {
     pub kc: usize,
     /// Columns of B per packed block, a multiple of NR, at most ⌈N/NR⌉·NR.
     pub nc: usize,
+    /// How C is split across threads (the `par` and `threads` knobs).
     pub par: Par,
     /// Pack A's whole row tiles into micro-panels (`a_layout = packed`), or read them in
     /// place (`inplace`); a partial last row tile is read in place either way.

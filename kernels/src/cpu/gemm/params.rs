@@ -57,6 +57,7 @@ pub mod knob {
 /// [`ukernel::direct`](super::ukernel::direct) to say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UkernelId {
+    /// The ISA the micro-kernel is written for (`avx2` in `avx2_6x16`).
     pub isa: Isa,
     /// Rows of the register tile (MR, or R).
     pub rows: usize,
@@ -280,13 +281,21 @@ impl TryFrom<&Config> for Par {
 /// A `gemm_packed` config (the GEMM part of a `gemm_bias_act_packed` one), typed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PackedParams {
+    /// The micro-kernel (the `ukernel` knob).
     pub ukernel: UkernelId,
+    /// Rows of A per packed block (the `mc` knob), as stored: rounded up to MR and capped by M
+    /// when the GEMM is built.
     pub mc: usize,
+    /// Depth per packed block (the `kc` knob), as stored: capped by K when the GEMM is built.
     pub kc: usize,
+    /// Columns of B per packed block (the `nc` knob), as stored: rounded up to NR and capped by N
+    /// when the GEMM is built.
     pub nc: usize,
+    /// Where the micro-kernel reads A from (the `a_layout` knob).
     pub a_layout: ALayout,
     /// `RowMajor` or `InPlace` (a pre-packed B is the epilogue family's, outside the GEMM).
     pub b_layout: BLayout,
+    /// How C is split across threads (the `par` and `threads` knobs).
     pub par: Par,
 }
 
@@ -309,9 +318,11 @@ impl TryFrom<&Config> for PackedParams {
 /// A `gemm_direct` config (the GEMM part of a `gemm_bias_act_direct` one), typed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DirectParams {
+    /// The micro-kernel family (the `ukernel` knob).
     pub ukernel: UkernelId,
     /// Depth per pass over B; 0 means the whole of K.
     pub kc: usize,
+    /// How C is split across threads (the `par` and `threads` knobs).
     pub par: Par,
 }
 

@@ -38,9 +38,13 @@ pub fn padded_k(k: usize) -> usize {
 /// and zero point.
 #[derive(Debug, Clone, Default)]
 pub struct QuantA {
+    /// The codes, row-major: `m` rows of `kp`, the depths past `k` zero.
     pub codes: Vec<u8>,
+    /// Each row's scale (1 for an all-zero row, NaN for one holding NaN or ±∞).
     pub scale: Vec<f32>,
+    /// Each row's zero point, the code of 0.0.
     pub zero: Vec<i32>,
+    /// Codes per row: the depth padded to a multiple of 4 ([`padded_k`]).
     pub kp: usize,
 }
 
@@ -188,13 +192,20 @@ fn nonzero(scale: f32) -> f32 {
 /// `k` are zero.
 #[derive(Debug, Clone)]
 pub struct QuantB {
+    /// The codes in panels of `nr` columns, `kp·nr` codes per panel.
     pub panels: Vec<i8>,
+    /// Each column's scale, `max_k |b_kj| / 127` (1 for an all-zero column, NaN for one holding
+    /// NaN or ±∞).
     pub scale: Vec<f32>,
     /// `Σ_k qb_kj`, for the zero-point correction.
     pub colsum: Vec<i32>,
+    /// Depth: rows of B.
     pub k: usize,
+    /// Columns of B.
     pub n: usize,
+    /// Depth padded to a multiple of 4 ([`padded_k`]).
     pub kp: usize,
+    /// Columns per panel, the micro-kernel's NR.
     pub nr: usize,
 }
 

@@ -44,11 +44,15 @@ pub(super) enum Entry {
 /// activation code it is exact for, and the ISA it needs.
 #[derive(Debug)]
 pub struct DotKernel {
+    /// The `ukernel` knob's value, e.g. `avx512vnni_8x48`.
     pub name: &'static str,
+    /// Rows of the tile.
     pub mr: usize,
+    /// Columns of the tile: the panel width of [`QuantB`](super::quant::QuantB).
     pub nr: usize,
     /// 255, or 127 for kernels that sum `u8·s8` pairs in i16.
     pub max_code: u8,
+    /// The ISA level it needs (checked at run time).
     pub isa: Isa,
     /// The fingerprint flag it needs besides its ISA level (`avx512vnni`, `amx_int8`),
     /// checked at run time with the ISA.

@@ -22,16 +22,23 @@ use crate::{DType, Workload};
 /// A prepared bf16 attention.
 #[derive(Debug)]
 pub struct Bf16Attention {
+    /// Batch size.
     pub b: usize,
+    /// Heads per batch entry.
     pub h: usize,
+    /// Sequence length (queries and keys).
     pub s: usize,
+    /// Head dimension.
     pub d: usize,
+    /// Whether query `i` sees only keys `j ≤ i`.
     pub causal: bool,
+    /// The micro-kernel tile (the `tile` knob): `MR` query rows, score panels of `NR` keys.
     pub tile: &'static Bf16Tile,
     /// Query rows per block: a multiple of MR, at most `⌈S/MR⌉·MR`.
     pub br: usize,
     /// Keys per block: a multiple of NR, at most `⌈S/NR⌉·NR`.
     pub bc: usize,
+    /// How the heads and query blocks are split across threads (the `par` and `threads` knobs).
     pub par: AttnPar,
 }
 

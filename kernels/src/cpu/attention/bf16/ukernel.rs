@@ -83,6 +83,7 @@ pub struct StepArgs<'a, 'b> {
     pub o: &'b mut [f32],
     /// Running maxima (log2 domain) and sums, `MR` each.
     pub m: &'b mut [f32],
+    /// Running sums of the unrounded f32 weights, `MR` values.
     pub l: &'b mut [f32],
     /// The group's first key block: `o` is zeroed instead of rescaled.
     pub first: bool,
@@ -95,7 +96,9 @@ type StepFn = unsafe fn(&Step);
 pub struct Bf16Tile {
     /// The `tile` knob's value (`avx512bf16_<MR>x<NR>`; `emu_` first for an emulated twin).
     pub name: &'static str,
+    /// Query rows per tile, at most [`MAX_MR`].
     pub mr: usize,
+    /// Keys per score panel.
     pub nr: usize,
     /// Runs through the plain-Rust emulation (tests only; never offered).
     pub emulated: bool,

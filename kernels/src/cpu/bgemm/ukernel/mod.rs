@@ -60,11 +60,13 @@ const MAX_NR: usize = 128;
 /// needs AVX512_BF16 or the AMX tile unit, and the layout of its operands.
 #[derive(Debug)]
 pub struct Bf16Kernel {
+    /// The `ukernel` knob's value, e.g. `avx512bf16_12x32`.
     pub name: &'static str,
     /// Rows of the tile.
     pub mr: usize,
     /// Columns of the tile (a multiple of the layout's group: the panel width of B).
     pub nr: usize,
+    /// The ISA level it is compiled for (checked at run time).
     pub isa: Isa,
     /// Whether it also needs AVX512_BF16 (checked at run time with the ISA).
     pub bf16: bool,

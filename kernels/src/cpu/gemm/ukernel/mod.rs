@@ -72,7 +72,9 @@ type BiasActFn = unsafe fn(*mut f32, *const f32, usize, u8);
 /// columns, starting at its first one.
 #[derive(Debug, Clone, Copy)]
 pub struct TileEpilogue<'a> {
+    /// The bias values of the tile's columns, from its first column on.
     pub bias: &'a [f32],
+    /// The activation applied to `x + bias` ([`Act::Identity`] for none).
     pub act: Act,
 }
 
@@ -150,6 +152,7 @@ pub(crate) fn prefetch_lines(data: &[f32]) {
 pub struct PackedUkernel {
     /// Knob value, e.g. `avx2_6x16`.
     pub name: String,
+    /// The ISA its code is compiled for ([`Isa::available`] says whether this CPU runs it).
     pub isa: Isa,
     /// Rows of the register tile.
     pub mr: usize,
@@ -223,6 +226,7 @@ impl<'a> ATiles<'a> {
 pub struct DirectUkernel {
     /// Knob value, e.g. `avx2_4x3` (4 rows × 3 vectors).
     pub name: String,
+    /// The ISA its code is compiled for ([`Isa::available`] says whether this CPU runs it).
     pub isa: Isa,
     /// Rows of the main tile.
     pub r: usize,
