@@ -30,6 +30,7 @@
 //! **Threads.** A runtime ([`handle`]) and a packed weight ([`weight`]) are `Send + Sync`:
 //! any number of threads may call them at once, and `autokernel_runtime_reload` swaps the
 //! index while they serve.
+#![warn(missing_docs)]
 
 pub mod args;
 pub mod error;
