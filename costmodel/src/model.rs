@@ -533,7 +533,11 @@ mod tests {
             let mut bad = data(20, 3);
             bad.y[0] = f64::INFINITY;
             assert!(m.fit(&bad).is_err());
-            assert_eq!(m.predict(&data(5, 7).x), Err(ModelError::NotFitted), "{kind}");
+            assert_eq!(
+                m.predict(&data(5, 7).x),
+                Err(ModelError::NotFitted),
+                "{kind}"
+            );
         }
     }
 
