@@ -37,6 +37,7 @@ from ._ops import (
     _served,
     _stamp,
     _walk,
+    _training,
 )
 
 
@@ -117,6 +118,11 @@ def _read_key_lengths(mask: torch.Tensor, causal: bool) -> Optional[torch.Tensor
     if causal:
         want = want & (keys[None, :] <= torch.arange(sq, device=mask.device)[:, None] + (sk - sq))
     if not bool(torch.equal(allowed, want.expand_as(allowed))):
+        return None
+    empty = lengths == 0
+    if mask.dtype != torch.bool and bool(empty.any()) and bool(torch.isfinite(mask[empty]).any()):
+        # A sequence with no key left, masked by finite numbers: softmax spreads its weights
+        # evenly over every key, where no key at all gives zeros.
         return None
     return lengths.to(torch.int32)
 
@@ -289,6 +295,7 @@ def _fuse_qkv(m: nn.Module, names: tuple, rt: Runtime, f32: Runtime, ms: list) -
     than :func:`_qkv_tail`) or takes other arguments (cross-attention) is left as it is. ``names`` is its :data:`_QKV_NAMES` entry; ``f32``
     the defaults-only runtime of ``rt``'s threads the probe runs on."""
     m._autokernel_qkv_names = names
+    m._autokernel_qkv_key = _qkv_key(m)
     m._autokernel_qkv = _weight_handle(rt, None)
     # The probe compares with the block's own forward, whose projections are PyTorch's f32
     # ones: so the fused projection and both sides' attention are probed in f32 (a runtime of
@@ -314,9 +321,20 @@ def _fuse_qkv(m: nn.Module, names: tuple, rt: Runtime, f32: Runtime, ms: list) -
     else:
         m._autokernel_qkv.release()
         for attr in ("_autokernel_qkv", "_autokernel_qkv_packing", "_autokernel_qkv_bias", "_autokernel_qkv_stamp",
-                     "_autokernel_qkv_names"):
+                     "_autokernel_qkv_names", "_autokernel_qkv_key"):
             m.__dict__.pop(attr, None)
     return ok
+
+
+def _qkv_key(m: nn.Module) -> tuple:
+    """What fused block ``m``'s calls are made of besides parameter values: its query, key and
+    value layers and tail modules (the objects themselves: ``copy.deepcopy`` maps a key to
+    the copy's) and its tail LayerNorm's epsilon. A block whose
+    key changed after ``optimize`` (a module replaced, by an adapter library say) runs its
+    own forward from then on."""
+    names, tail = m._autokernel_qkv_names
+    mods = tuple(getattr(m, n, None) for n in (*names, *tail))
+    return mods, getattr(mods[-1], "eps", None)
 
 
 def _refresh_qkv(m: nn.Module) -> None:
@@ -358,7 +376,8 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
     if (
         args
         or any(kwargs.get(n) is not None for n in _NOT_FUSED_KWARGS)
-        or self.training
+        or _training(self)
+        or _qkv_key(self) != self._autokernel_qkv_key
         or _hooks_below(self)
         or not _served(hidden_states)
         or _needs_grad(hidden_states, self.parameters())
@@ -472,7 +491,9 @@ def _fused_output(self, hidden_states, input_tensor):
     it does not cover (training, gradients, another dtype or shape)."""
     ln = self.LayerNorm
     if (
-        self.training
+        _training(self)
+        or not (isinstance(self.dense, AutokernelLinear) and self.dense.act is None)
+        or not isinstance(ln, nn.LayerNorm)
         or _hooks_below(self)
         or not (_served(hidden_states) and _served(input_tensor))
         or _needs_grad(hidden_states, self.parameters())
@@ -560,6 +581,7 @@ def _fuse_layer(m: nn.Module, rt: Runtime, f32: Runtime, rows: int) -> bool:
     more than the probe's tolerance."""
     # The stamp before the packing: a change made meanwhile is seen at the next call.
     m._autokernel_layer_packing = (rt, _stamp(_walk(m)[1]))
+    m._autokernel_layer_key = _layer_key(m)
     probes = _attention_probes(rows, _layer_parts(m)[1].out_features)
     m._autokernel_layer = _Handle(_LAYERS, _f32_layer(m, f32, probes[0][0].shape[1]))
     ok = _swap_forward_if_same(m, _fused_layer, probes, in_pytorch=True)
@@ -567,8 +589,34 @@ def _fuse_layer(m: nn.Module, rt: Runtime, f32: Runtime, rows: int) -> bool:
         m._autokernel_layer.set(_encoder_layer(m, rt))
     else:
         m._autokernel_layer.release()
-        del m._autokernel_layer, m._autokernel_layer_packing
+        del m._autokernel_layer, m._autokernel_layer_packing, m._autokernel_layer_key
     return ok
+
+
+def _layer_activation(m: nn.Module) -> Optional[nn.Module]:
+    """The module standing where encoder layer ``m``'s feed-forward activation was: BERT's
+    ``intermediate.intermediate_act_fn``, DistilBERT's ``ffn.activation``, ALBERT's
+    ``activation``."""
+    inter = getattr(m, "intermediate", None)
+    if inter is not None:
+        return getattr(inter, "intermediate_act_fn", None)
+    return getattr(m if hasattr(m, "full_layer_layer_norm") else getattr(m, "ffn", None), "activation", None)
+
+
+def _layer_key(m: nn.Module) -> Optional[tuple]:
+    """What fused encoder layer ``m``'s runtime call is made of besides parameter values: its
+    parts, its query/key/value layers and its activation (the objects themselves, which
+    ``copy.deepcopy`` maps to the copy's), the activation fused
+    into its up projection, its LayerNorms' epsilons. A layer whose key changed after
+    ``optimize`` (a module replaced — by an adapter library, say — or an epsilon set) runs its
+    own forward from then on."""
+    parts = _layer_parts(m)
+    if parts is None:
+        return None
+    sa, _, ln1, up, _, ln2 = parts
+    qkv = getattr(sa, "_autokernel_qkv_names", ((), ()))[0]
+    mods = (*parts, *(getattr(sa, n, None) for n in qkv), _layer_activation(m))
+    return mods, getattr(up, "act", None), getattr(ln1, "eps", None), getattr(ln2, "eps", None)
 
 
 def _f32_layer(m: nn.Module, f32: Runtime, rows: int):
@@ -652,13 +700,16 @@ def _plain_layer_call(kwargs: dict) -> bool:
 def _layer_handle(layer: nn.Module, hidden_states: torch.Tensor) -> Optional[int]:
     """The runtime handle of fused encoder ``layer`` for a call on ``hidden_states`` (its
     packing refreshed first if its parameters changed), or None when the runtime cannot serve
-    that call (training, gradients, another dtype or shape, another attention implementation)."""
-    if layer.training or not _served(hidden_states) or hidden_states.dim() != 3:
+    that call (training, a module in training mode, gradients, another dtype or shape,
+    another attention implementation, a part replaced after ``optimize``)."""
+    if not _served(hidden_states) or hidden_states.dim() != 3:
+        return None
+    if _layer_key(layer) != layer._autokernel_layer_key:
         return None
     # The parameters as they are now: one replaced by a new Parameter is seen too.
-    hooked, params = _walk(layer)
+    own_forward, params = _walk(layer)
     if (
-        hooked
+        own_forward
         or _needs_grad(hidden_states, params)
         or getattr(_layer_parts(layer)[0].config, "_attn_implementation", None) != "autokernel"
     ):
@@ -760,12 +811,19 @@ def _fused_encoder(self, hidden_states, attention_mask=None, *args, **kwargs):
         steps is not None
         and not any(a is not None for a in args)
         and _plain_layer_call(kwargs)
-        and not kwargs.get("use_cache")
+        and not (kwargs.get("use_cache") and getattr(getattr(self, "config", None), "is_decoder", True))
         and not kwargs.get("output_hidden_states")
         and kwargs.get("return_dict", True) is not False
         and not _hooks_below(self)
         and all(getattr(x.forward, "__func__", None) is _fused_layer for x in steps)
-        and (before is None or (isinstance(before, AutokernelLinear) and _served(hidden_states)))
+        and (
+            before is None
+            or (
+                isinstance(before, AutokernelLinear)
+                and before.act is None
+                and not _needs_grad(hidden_states, before.parameters())
+            )
+        )
     )
     handles = [_layer_handle(layer, hidden_states) for layer in steps] if plain else [None]
     lengths = None

@@ -272,6 +272,7 @@ class AutokernelLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, runtime: Runtime, act: Optional[str] = None, ms: Iterable[int] = (1,)):
         super().__init__()
+        self.train(linear.training)  # the mode of the module it stands for, not a new one's
         self.weight = linear.weight
         self.bias = linear.bias
         self.act = act
@@ -312,6 +313,9 @@ class AutokernelLinear(nn.Module):
             bias = None if self.bias is None else self.bias.detach()
             return call(_linear_op, x, self.handle.id, bias)
         y = nn.functional.linear(x, self.weight, self.bias)
+        stand_in = self.__dict__.get("_stand_in")
+        if self.act is not None and stand_in is not None:
+            return stand_in.act(y)  # the model's own activation module, exactly
         if self.act == "relu":
             return torch.relu(y)
         if self.act == "gelu_tanh":
@@ -329,19 +333,26 @@ class AutokernelLinear(nn.Module):
 
 class FusedActivation(nn.Module):
     """Stands where an activation module was after the Linear it is fused into (an
-    :class:`AutokernelLinear` with ``act``): passes that layer's output on, or applies the
-    activation itself when the layer computed without it (a hook registered on either module,
-    or a global one, sees what it would see in the stock model)."""
+    :class:`AutokernelLinear` with ``act``, module ``name`` of ``parent``): passes that
+    layer's output on, or applies the activation itself when the layer computed without it (a
+    hook registered on either module, or a global one, sees what it would see in the stock
+    model) or no longer stands where it did (a module put in its place after ``optimize``,
+    e.g. by an adapter library, computes without the activation)."""
 
-    def __init__(self, act: nn.Module, linear: AutokernelLinear):
+    def __init__(self, act: nn.Module, linear: AutokernelLinear, parent: nn.Module, name: str):
         super().__init__()
         self.act = act
-        # Not a submodule (it is its own parent's): a plain reference each way.
+        self.train(act.training)
+        # Not submodules (they are their parent's, or the parent): plain references, which
+        # copy.deepcopy maps to the copies.
         self.__dict__["_linear"] = linear
+        self.__dict__["_slot"] = (parent, name)
         linear.__dict__["_stand_in"] = self
 
     def forward(self, y: torch.Tensor) -> torch.Tensor:
-        return self.act(y) if self._linear._act_seen() else y
+        parent, name = self._slot
+        in_place = parent._modules.get(name) is self._linear
+        return y if in_place and not self._linear._act_seen() else self.act(y)
 
 
 def _stamp(params: Iterable[Optional[torch.Tensor]]) -> Optional[tuple]:
@@ -385,8 +396,28 @@ def _linear_ok(m: nn.Module) -> Optional[str]:
 
 def _hooked(m: nn.Module) -> bool:
     """Whether ``m`` has forward or backward hooks of its own (a module the runtime serves in
-    its place would skip them)."""
-    return any((m._forward_pre_hooks, m._forward_hooks, m._backward_pre_hooks, m._backward_hooks))
+    its place would skip them) — but for transformers' output-capturing hooks while nothing
+    is being collected (:func:`_idle_capture_hook`)."""
+    if m._forward_pre_hooks or m._backward_pre_hooks or m._backward_hooks:
+        return True
+    return any(not _idle_capture_hook(h) for h in m._forward_hooks.values())
+
+
+def _idle_capture_hook(hook) -> bool:
+    """Whether ``hook`` is transformers' output-capturing hook (which transformers 5 installs
+    for good on every layer and attention module the first time a call asks for hidden states
+    or attention weights) and no output collection is active: then it returns at once, and a
+    fused forward that skips it changes nothing. Any other hook, or a transformers without
+    that collector, counts as one that must run."""
+    if getattr(hook, "__name__", None) != "output_capturing_hook":
+        return False
+    if not getattr(hook, "__module__", "").startswith("transformers."):
+        return False
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:
+        return False
+    return not _active_collector.get()
 
 
 def _global_hooks() -> bool:
@@ -398,14 +429,21 @@ def _global_hooks() -> bool:
 
 
 def _walk(m: nn.Module) -> tuple[bool, list]:
-    """One pass over ``m``'s modules for a fused forward's per-call checks: whether hooks would
-    be skipped (:func:`_hooks_below`) and ``m``'s parameters as they are now (to stamp)."""
-    hooked = _global_hooks()
+    """One pass over ``m``'s modules for a fused forward's per-call checks: whether its own
+    forward must run — hooks it would skip (:func:`_hooks_below`), or a module in training
+    mode (a dropout switched on inside an eval model, as Monte Carlo dropout does) — and
+    ``m``'s parameters as they are now (to stamp)."""
+    own_forward = _global_hooks()
     params = []
     for c in m.modules():
-        hooked = hooked or (c is not m and _hooked(c))
+        own_forward = own_forward or c.training or (c is not m and _hooked(c))
         params.extend(p for p in c._parameters.values() if p is not None)
-    return hooked, params
+    return own_forward, params
+
+
+def _training(m: nn.Module) -> bool:
+    """Whether ``m`` or a module inside it is in training mode (its dropout is on)."""
+    return any(c.training for c in m.modules())
 
 
 def _hooks_below(m: nn.Module) -> bool:

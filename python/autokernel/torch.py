@@ -57,10 +57,12 @@ __all__ = ["AutokernelLinear", "FusedActivation", "optimize", "refresh", "worklo
 # optimize / workloads
 
 
-# Feed-forward blocks whose Linear feeds its activation: (Linear's name, activation's name,
-# the method that runs them).
+# Blocks whose Linear feeds its activation: (Linear's name, activation's name, the method that
+# runs them) — BERT's, DistilBERT's and ALBERT's feed-forward, and the masked-LM heads'
+# transforms (BERT's `transform`, ALBERT's `predictions`).
 _LINEAR_ACT_PAIRS = (("dense", "intermediate_act_fn", "forward"), ("lin1", "activation", "forward"),
-                     ("ffn", "activation", "ff_chunk"))
+                     ("ffn", "activation", "ff_chunk"), ("dense", "transform_act_fn", "forward"),
+                     ("dense", "activation", "forward"))
 
 
 def _same_when_fused(block: nn.Module, names: tuple, act: str, f32: Runtime, rows: int,
@@ -255,7 +257,7 @@ def optimize(
                     and _same_when_fused(parent, (lin_name, act_name), act, f32, min(ms), method)
                     and swap(parent, lin_name, prefix + lin_name, act)
                 ):
-                    setattr(parent, act_name, FusedActivation(act_fn, getattr(parent, lin_name)))
+                    setattr(parent, act_name, FusedActivation(act_fn, getattr(parent, lin_name), parent, lin_name))
         # nn.Sequential(..., Linear, act, ...).
         if isinstance(parent, nn.Sequential):
             items = list(parent._modules.items())
@@ -263,7 +265,7 @@ def optimize(
                 if type(m1) is nn.Linear:
                     act = _classify_act(m2)
                     if act in _FUSABLE and swap(parent, n1, prefix + n1, act):
-                        parent._modules[n2] = FusedActivation(m2, parent._modules[n1])
+                        parent._modules[n2] = FusedActivation(m2, parent._modules[n1], parent, n1)
     routed = _install_hf_attention(model, _register(_RUNTIMES, rt), report) if attention else 0
     if routed:
         _remember_masks(model)
@@ -300,8 +302,14 @@ def optimize(
     inside |= {id(getattr(modules[n], t)) for n in fused for t in modules[n]._autokernel_qkv_names[1][1:]}
     inside |= {id(modules[n].LayerNorm) for n in fused_outputs}
     inside |= {id(x) for n in fused_layers for x in _layer_parts(modules[n])[2::3]}
+    # Parameters the runtime serves: a container whose own parameters are all tied to them (a
+    # masked-LM head's bias, its decoder's) computes nothing itself; an embedding table tied
+    # to a served decoder is still looked up by PyTorch.
+    served = {id(p) for m in model.modules() if isinstance(m, AutokernelLinear) for p in (m.weight, m.bias)}
     for name, m in model.named_modules():
         own = list(m.parameters(recurse=False))
+        if m._modules and all(id(p) in served for p in own):
+            own = []
         in_fused = id(m) in inside
         if own and not isinstance(m, AutokernelLinear) and not in_fused and not any(n == name for n, _ in report):
             report.append((name, f"{type(m).__name__}: no runtime kernel (left to PyTorch)"))

@@ -384,9 +384,13 @@ def test_key_lengths_read_only_right_padding_masks():
     keys = torch.arange(5)
     pad = (keys[None, :] < lengths[:, None])[:, None, None, :].expand(3, 1, 5, 5)
     torch.testing.assert_close(_hf._key_lengths(pad, False, 3), lengths.int())
-    # The additive float form of the same mask.
-    additive = torch.zeros(3, 1, 5, 5).masked_fill(~pad, torch.finfo(torch.float32).min)
+    # The additive float form of the same mask: with -inf as the mask; not with a finite
+    # number, where softmax spreads the empty sequence's weights over every key.
+    additive = torch.zeros(3, 1, 5, 5).masked_fill(~pad, -torch.inf)
     torch.testing.assert_close(_hf._key_lengths(additive, False, 3), lengths.int())
+    finite = torch.zeros(3, 1, 5, 5).masked_fill(~pad, torch.finfo(torch.float32).min)
+    assert _hf._key_lengths(finite, False, 3) is None
+    torch.testing.assert_close(_hf._key_lengths(finite[:2], False, 2), lengths[:2].int())
     # Causal and padded.
     tri = keys[None, :] <= keys[:, None]
     torch.testing.assert_close(_hf._key_lengths(pad & tri, True, 3), lengths.int())
@@ -675,6 +679,119 @@ def test_albert_shared_layers_are_served_and_match_stock():
     ws = akt.workloads(model, dict(input_ids=ids, attention_mask=mask))
     assert set(ws) == {"gemm_bias:72x64x32", "gemm_bias:72x192x64", "attention:3x4x24x16", "gemm_bias:72x64x64",
                        "gemm_bias_gelu:72x128x64", "gemm_bias:72x64x128"}, ws
+
+
+@pytest.fixture
+def runtime_calls(monkeypatch):
+    """Counts the runtime ops eager forwards call, by name (``encoder``, ``linear``, ...)."""
+    import collections
+
+    counts = collections.Counter()
+    for op, fn in list(_ops._IMPLS.items()):
+        name = str(getattr(op, "_name", op)).split("::")[-1]
+        monkeypatch.setitem(_ops._IMPLS, op, lambda *a, _f=fn, _n=name: (counts.update([_n]), _f(*a))[1])
+    return counts
+
+
+def albert_pair(**kw):
+    """A small stock ALBERT (3 steps, one shared layer) and an optimized copy."""
+    from transformers import AlbertConfig, AlbertModel
+
+    torch.manual_seed(0)
+    size = dict(vocab_size=300, embedding_size=32, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                intermediate_size=128, max_position_embeddings=40)
+    stock = AlbertModel(AlbertConfig(**{**size, **kw}), add_pooling_layer=False).eval()
+    return stock, akt.optimize(copy.deepcopy(stock))
+
+
+def test_albert_fusions_step_aside_where_they_would_compute_something_else(runtime_calls):
+    """What an optimized model meets after ``optimize`` (found by an adversarial review): each
+    case computes what stock does, and the whole-encoder call stays where nothing changed."""
+    ids = torch.randint(3, 300, (2, 9))
+
+    def same(stock, model, **kw):
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids, **kw).last_hidden_state, stock(ids, **kw).last_hidden_state,
+                                       rtol=0, atol=1e-4)
+
+    stock, model = albert_pair()
+    # transformers installs output-capturing hooks for good on the first call asking for
+    # hidden states: idle between collections, they no longer turn the fusions off.
+    with torch.no_grad():
+        hs = model(ids, output_hidden_states=True).hidden_states
+        torch.testing.assert_close(hs[-1], stock(ids, output_hidden_states=True).hidden_states[-1], rtol=0, atol=1e-4)
+    runtime_calls.clear()
+    same(stock, model)
+    assert runtime_calls["encoder"] == 1, runtime_calls
+    runtime_calls.clear()
+    same(stock, copy.deepcopy(model))  # a copy's fused calls are its own modules'
+    assert runtime_calls["encoder"] == 1, runtime_calls
+    # Layers frozen, the embedding projection trained: its gradient is PyTorch's.
+    for m in (stock, model):
+        for p in m.parameters():
+            p.requires_grad_(m.encoder.embedding_hidden_mapping_in.weight is p)
+    grads = []
+    for m in (stock, model):
+        m(ids).last_hidden_state.sum().backward()
+        grads.append(m.encoder.embedding_hidden_mapping_in.weight.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
+    # Modules changed after optimize: a Linear replaced (by an adapter library, say), the
+    # feed-forward's first Linear replaced (its activation must still apply), a LayerNorm's eps.
+    stock, model = albert_pair()
+    for m in (stock, model):
+        layer = m.encoder.albert_layer_groups[0].albert_layers[0]
+        new = nn.Linear(128, 64)
+        new.load_state_dict({"weight": layer.ffn_output.weight * 2, "bias": layer.ffn_output.bias})
+        layer.ffn_output = new
+    same(stock, model)
+    stock, model = albert_pair()
+    for m in (stock, model):
+        layer = m.encoder.albert_layer_groups[0].albert_layers[0]
+        new = nn.Linear(64, 128)
+        new.load_state_dict({"weight": layer.ffn.weight, "bias": layer.ffn.bias})
+        layer.ffn = new
+        layer.attention.LayerNorm.eps = 0.5
+    same(stock, model)
+    # Dropout switched on inside an eval model (Monte Carlo dropout): PyTorch's forwards, random.
+    stock, model = albert_pair(hidden_dropout_prob=0.3)
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.train()
+    runtime_calls.clear()
+    with torch.no_grad():
+        assert not torch.equal(model(ids).last_hidden_state, model(ids).last_hidden_state)
+    assert runtime_calls["encoder"] == 0, runtime_calls
+    # A 4-D additive mask of finite numbers with an empty sequence: softmax spreads its
+    # weights over every key (stock), not none.
+    stock, model = albert_pair()
+    keep = torch.tensor([9, 0])[:, None] > torch.arange(9)
+    mask = torch.zeros(2, 1, 9, 9).masked_fill(~keep[:, None, None, :], torch.finfo(torch.float32).min)
+    same(stock, model, attention_mask=mask)
+    # Cast to bf16: PyTorch computes, with the model's own tanh GELU module.
+    stock, model = albert_pair(hidden_act="gelu_new", num_hidden_layers=1)
+    with torch.no_grad():
+        want, got = stock.bfloat16()(ids).last_hidden_state, model.bfloat16()(ids).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_masked_lm_heads_fuse_their_transform_and_report_what_they_leave():
+    """BERT's and ALBERT's masked-LM heads: the transform's dense + activation is one fused call;
+    the head's bias tied to its served decoder is not reported as left to PyTorch, the
+    embedding table tied to that decoder is (PyTorch looks it up)."""
+    from transformers import AlbertConfig, AlbertForMaskedLM, BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=300)
+    ids = torch.randint(3, 300, (2, 9))
+    for stock, head in [(BertForMaskedLM(BertConfig(**size)), "cls.predictions.transform.dense"),
+                        (AlbertForMaskedLM(AlbertConfig(embedding_size=32, **size)), "predictions.dense")]:
+        model = akt.optimize(copy.deepcopy(stock.eval()))
+        assert model.get_submodule(head).act is not None
+        left = [n for n, _ in model.autokernel_unsupported]
+        assert not any(n.endswith("predictions") for n in left), left
+        assert any(n.endswith("embeddings.word_embeddings") for n in left), left
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids).logits, stock(ids).logits, rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
