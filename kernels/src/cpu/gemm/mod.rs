@@ -70,6 +70,13 @@ pub const DIRECT_KC_VALUES: &[usize] = &[0, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 /// (several µs) would cost more than it saves.
 const PARALLEL_MIN_FLOPS: f64 = 2.0 * 256.0 * 256.0 * 256.0;
 
+/// From this many multiply-adds the direct family's default splits the columns over the
+/// cores even below [`PARALLEL_MIN_FLOPS`]: a few-row GEMM is bound by streaming B, which two
+/// cores do faster than one (measured on the Zen 4 VM, 2 threads, consecutive calls:
+/// 1×3072×768 1.5×, 2×3072×768 1.3×, 1×768×3072 and 4×768×768 1.18×; at 1×1024×1024 and
+/// 1×768×768, below it, within noise). The bf16 family's bound, measured on Zen 3.
+const DIRECT_PARALLEL_MIN_MACS: f64 = (1u64 << 21) as f64;
+
 /// The fallback for `w`: the direct family for small M, the packed family otherwise. The
 /// config is valid (passes `prepare`) for every shape.
 pub fn default_family(w: &Workload) -> &'static dyn Kernel {
@@ -398,7 +405,8 @@ impl Kernel for Direct {
             }
         };
         let cores = hw.cores.max(1);
-        let par = if cores > 1 && w.flops() >= PARALLEL_MIN_FLOPS && n >= cores * uk.lanes {
+        let big = w.flops() / 2.0 >= DIRECT_PARALLEL_MIN_MACS;
+        let par = if cores > 1 && big && n >= cores * uk.lanes {
             Par::N(cores)
         } else {
             Par::None
