@@ -533,43 +533,55 @@ def _layer_parts(m: nn.Module) -> Optional[tuple]:
     return None if any(x is None for x in parts) else parts
 
 
-def _fusable_layer(m: nn.Module, qkv_fused: set, outputs_fused: set) -> bool:
-    """Whether ``m`` is a BERT-family encoder layer (:func:`_layer_parts`) whose parts are all
-    served by the runtime already: its query/key/value fused, its feed-forward Linear with its
-    activation, and — BERT's — its two output blocks (residual add and LayerNorm) fused; or —
-    DistilBERT's, ALBERT's — its two residual LayerNorms affine ones of the hidden width."""
+def _layer_unfusable(m: nn.Module, qkv_fused: set, outputs_fused: set) -> Optional[str]:
+    """Why ``m``, a BERT-family encoder layer (:func:`_layer_parts`), cannot be served as one
+    runtime call; ``""`` when it can — its parts all served by the runtime already: its
+    query/key/value fused, its feed-forward Linear with its activation, and — BERT's — its
+    two output blocks (residual add and LayerNorm) fused; or — DistilBERT's, ALBERT's — its
+    two residual LayerNorms affine ones of the hidden width. None when ``m`` is no such layer."""
     parts = _layer_parts(m)
-    if parts is None or _hooks_below(m):
-        return False
+    if parts is None:
+        return None
+    if _hooks_below(m):
+        return "hooks on a module inside it"
     sa, out_dense, ln1, up, down, ln2 = parts
-    if id(sa) not in qkv_fused or not (isinstance(up, AutokernelLinear) and up.act in _FUSABLE):
-        return False
+    if id(sa) not in qkv_fused:
+        return "its query/key/value projections are not fused (model.autokernel_fused_qkv)"
+    if not (isinstance(up, AutokernelLinear) and up.act in _FUSABLE):
+        return "its feed-forward activation is not fused into its Linear"
     if not all(isinstance(x, AutokernelLinear) and x.act is None for x in (out_dense, down)):
-        return False
-    if getattr(m, "chunk_size_feed_forward", 0) or getattr(m, "is_decoder", False) or hasattr(m, "crossattention"):
-        return False
+        return "an output projection is not served by the runtime"
+    if getattr(m, "chunk_size_feed_forward", 0):
+        return "chunk_size_feed_forward is set"
+    if getattr(m, "is_decoder", False) or hasattr(m, "crossattention"):
+        return "a decoder layer"
     inter = getattr(m, "intermediate", None)
     if inter is not None:  # BERT's
         if not (id(m.attention.output) in outputs_fused and id(m.output) in outputs_fused):
-            return False
+            return "an output block's residual LayerNorm is not fused (model.autokernel_fused_layer_norm)"
         if not isinstance(getattr(inter, "intermediate_act_fn", None), FusedActivation):
-            return False
+            return "its feed-forward activation is not fused into its Linear"
     else:  # DistilBERT's (its activation in ``ffn``) or ALBERT's (in the layer)
         ffn = m if hasattr(m, "full_layer_layer_norm") else m.ffn
-        if not isinstance(getattr(ffn, "activation", None), FusedActivation) or getattr(ffn, "chunk_size_feed_forward", 0):
-            return False
+        if not isinstance(getattr(ffn, "activation", None), FusedActivation):
+            return "its feed-forward activation is not fused into its Linear"
+        if getattr(ffn, "chunk_size_feed_forward", 0):
+            return "chunk_size_feed_forward is set"
         norms = (ln1, ln2)
         if not all(isinstance(x, nn.LayerNorm) and x.weight is not None and x.bias is not None for x in norms):
-            return False
+            return "a residual LayerNorm without weight and bias"
         if any(tuple(x.normalized_shape) != (out_dense.out_features,) for x in norms):
-            return False
+            return "a residual LayerNorm of another width"
     d = sa.attention_head_size
-    return (
-        not getattr(sa, "is_causal", False)
-        and math.isclose(sa.scaling, d**-0.5, rel_tol=1e-6)
-        and ln1.eps == ln2.eps
-        and _qkv_linears(sa)[0].out_features == out_dense.in_features
-    )
+    if getattr(sa, "is_causal", False):
+        return "causal attention"
+    if not math.isclose(sa.scaling, d**-0.5, rel_tol=1e-6):
+        return f"attention scaled by {sa.scaling}, not 1/sqrt({d})"
+    if ln1.eps != ln2.eps:
+        return f"its two LayerNorms' epsilons differ ({ln1.eps}, {ln2.eps})"
+    if _qkv_linears(sa)[0].out_features != out_dense.in_features:
+        return "its attention's width is not its output projection's input"
+    return ""
 
 
 def _fuse_layer(m: nn.Module, rt: Runtime, f32: Runtime, rows: int) -> bool:

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from . import Runtime
-from ._hf import (_fusable_encoder, _fusable_layer, _fusable_output, _fusable_qkv, _fuse_encoder, _fuse_layer, _fuse_output, _fuse_qkv,
+from ._hf import (_fusable_encoder, _layer_unfusable, _fusable_output, _fusable_qkv, _fuse_encoder, _fuse_layer, _fuse_output, _fuse_qkv,
                   _install_hf_attention, _layer_parts, _qkv_linears, _remember_masks, _repack)
 from ._ops import _RECORD, _RUNTIMES, AutokernelLinear, FusedActivation, _classify_act, _FUSABLE, _linear_ok, _register, log
 
@@ -196,7 +196,8 @@ def optimize(
     lists the modules left to PyTorch, with why; ``model.autokernel_runtime`` is the runtime;
     ``model.autokernel_fused_qkv`` names the self-attention blocks whose projections are fused,
     ``model.autokernel_fused_layer_norm`` the output blocks whose residual LayerNorm is,
-    ``model.autokernel_fused_layers`` the encoder layers served whole, in one runtime call,
+    ``model.autokernel_fused_layers`` the encoder layers served whole, in one runtime call
+    (``model.autokernel_unfused_layers``: ``(name, why)`` of the BERT-family layers that are not),
     ``model.autokernel_fused_encoders`` the encoders whose whole stack of layers is.
 
     torch_threads: PyTorch's intra-op threads while ``model`` runs (restored after each
@@ -286,11 +287,13 @@ def optimize(
     modules = dict(model.named_modules())
     qkv_ids = {id(modules[n]) for n in fused}
     out_ids = {id(modules[n]) for n in fused_outputs}
-    fused_layers = [
-        pname
-        for pname, m in list(model.named_modules())
-        if _fusable_layer(m, qkv_ids, out_ids) and _fuse_layer(m, rt, f32, min(ms))
-    ]
+    fused_layers, unfused_layers = [], []
+    for pname, m in list(model.named_modules()):
+        why = _layer_unfusable(m, qkv_ids, out_ids)
+        if why == "" and _fuse_layer(m, rt, f32, min(ms)):
+            fused_layers.append(pname)
+        elif why is not None:
+            unfused_layers.append((pname, why or "one runtime call computes something else than its forward on a probe"))
     layer_ids = {id(modules[n]) for n in fused_layers}
     fused_encoders = [
         pname for pname, m in list(model.named_modules()) if _fusable_encoder(m, layer_ids) and _fuse_encoder(m, min(ms))
@@ -319,6 +322,7 @@ def optimize(
     model.autokernel_fused_qkv = fused
     model.autokernel_fused_layer_norm = fused_outputs
     model.autokernel_fused_layers = fused_layers
+    model.autokernel_unfused_layers = unfused_layers
     model.autokernel_fused_encoders = fused_encoders
     n = sum(isinstance(m, AutokernelLinear) for m in model.modules())
     log.info("autokernel: %d linear layers and %d attention modules served; %d modules left to PyTorch", n, routed, len(report))

@@ -957,6 +957,9 @@ def test_blocks_that_only_look_like_berts_are_left_to_their_own_forward():
         model = akt.optimize(copy.deepcopy(stock))
         assert model.autokernel_fused_layers == []
         assert stock is not albert or model.autokernel_fused_qkv == []
+        why = {why for _, why in model.autokernel_unfused_layers}
+        assert why == ({"its query/key/value projections are not fused (model.autokernel_fused_qkv)"}
+                       if stock is albert else {"a decoder layer"}), why
         with torch.no_grad():
             want = stock(ids, **extra).last_hidden_state
             torch.testing.assert_close(model(ids, **extra).last_hidden_state, want, rtol=0, atol=1e-4)
