@@ -135,7 +135,7 @@ pub struct Knob {
 type Predicate = Box<dyn Fn(&Config) -> bool + Send + Sync>;
 
 /// A named constraint; a config is valid only if every rule holds.
-pub struct Rule {
+pub(crate) struct Rule {
     /// The rule's name, what [`SpaceError::RuleViolated`] reports.
     pub name: String,
     check: Predicate,
