@@ -195,12 +195,14 @@ _PROBE_ROWS = 7
 _PROBE_MAX_ROWS = 32
 
 
-def _attention_probes(rows: int, hidden: int) -> list:
+def _attention_probes(rows: int, hidden: int, chunk: int = 0) -> list:
     """The probes of a block with attention (argument tuples): one sequence of ``rows`` rows
-    (within :data:`_PROBE_ROWS` and :data:`_PROBE_MAX_ROWS`), no mask; and two such sequences,
-    the second right-padded to half, with the 4-D mask a model hands its layers (boolean,
-    True = attend): a block that treats the mask its own way is not fused."""
+    (within :data:`_PROBE_ROWS` and :data:`_PROBE_MAX_ROWS`, rounded up to a multiple of a
+    feed-forward ``chunk`` size, which transformers requires), no mask; and two such
+    sequences, the second right-padded to half, with the 4-D mask a model hands its layers
+    (boolean, True = attend): a block that treats the mask its own way is not fused."""
     rows = min(max(rows, _PROBE_ROWS), _PROBE_MAX_ROWS)
+    rows = _whole_chunks(rows, chunk)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, rows, hidden, generator=g)
     pair = torch.randn(2, rows, hidden, generator=g)
@@ -208,6 +210,19 @@ def _attention_probes(rows: int, hidden: int) -> list:
     lengths = torch.tensor([rows, rows // 2 + 1])
     mask = (keys[None, :] < lengths[:, None])[:, None, None, :].expand(2, 1, rows, rows)
     return [(x,), (pair, mask)]
+
+
+def _whole_chunks(rows: int, chunk: int) -> int:
+    """``rows`` rounded up to a multiple of ``chunk`` (a ``chunk_size_feed_forward``; 0: none)."""
+    return -(-rows // chunk) * chunk if chunk and chunk > 0 else rows
+
+
+def _chunk_size(m: nn.Module) -> int:
+    """The feed-forward chunk size (``chunk_size_feed_forward``) of the layers under ``m``,
+    its own included; 0 without one. Chunking splits the rows of a feed-forward that treats
+    each row alone: one runtime call over all of them computes the same (the probes check it,
+    with row counts it divides)."""
+    return max((getattr(c, "chunk_size_feed_forward", 0) or 0 for c in m.modules()), default=0)
 
 
 # The self-attention blocks whose projections are fused: the names of their query, key and
@@ -551,8 +566,6 @@ def _layer_unfusable(m: nn.Module, qkv_fused: set, outputs_fused: set) -> Option
         return "its feed-forward activation is not fused into its Linear"
     if not all(isinstance(x, AutokernelLinear) and x.act is None for x in (out_dense, down)):
         return "an output projection is not served by the runtime"
-    if getattr(m, "chunk_size_feed_forward", 0):
-        return "chunk_size_feed_forward is set"
     if getattr(m, "is_decoder", False) or hasattr(m, "crossattention"):
         return "a decoder layer"
     inter = getattr(m, "intermediate", None)
@@ -565,8 +578,6 @@ def _layer_unfusable(m: nn.Module, qkv_fused: set, outputs_fused: set) -> Option
         ffn = m if hasattr(m, "full_layer_layer_norm") else m.ffn
         if not isinstance(getattr(ffn, "activation", None), FusedActivation):
             return "its feed-forward activation is not fused into its Linear"
-        if getattr(ffn, "chunk_size_feed_forward", 0):
-            return "chunk_size_feed_forward is set"
         norms = (ln1, ln2)
         if not all(isinstance(x, nn.LayerNorm) and x.weight is not None and x.bias is not None for x in norms):
             return "a residual LayerNorm without weight and bias"
@@ -594,7 +605,7 @@ def _fuse_layer(m: nn.Module, rt: Runtime, f32: Runtime, rows: int) -> bool:
     # The stamp before the packing: a change made meanwhile is seen at the next call.
     m._autokernel_layer_packing = (rt, _stamp(_walk(m)[1]))
     m._autokernel_layer_key = _layer_key(m)
-    probes = _attention_probes(rows, _layer_parts(m)[1].out_features)
+    probes = _attention_probes(rows, _layer_parts(m)[1].out_features, _chunk_size(m))
     m._autokernel_layer = _Handle(_LAYERS, _f32_layer(m, f32, probes[0][0].shape[1]))
     ok = _swap_forward_if_same(m, _fused_layer, probes, in_pytorch=True)
     if ok:
@@ -808,7 +819,7 @@ def _fuse_encoder(m: nn.Module, rows: int) -> bool:
     type, the same ``last_hidden_state``."""
     before = _encoder_input(m)
     width = before.in_features if before is not None else _layer_parts(_encoder_steps(m)[0])[1].out_features
-    probes = _attention_probes(rows, width)
+    probes = _attention_probes(rows, width, _chunk_size(m))
     return _swap_forward_if_same(m, _fused_encoder, probes, result=lambda y: getattr(y, "last_hidden_state", None))
 
 

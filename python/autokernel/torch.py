@@ -47,7 +47,7 @@ from torch import nn
 
 from . import Runtime
 from ._hf import (_fusable_encoder, _layer_unfusable, _fusable_output, _fusable_qkv, _fuse_encoder, _fuse_layer, _fuse_output, _fuse_qkv,
-                  _install_hf_attention, _layer_parts, _qkv_linears, _remember_masks, _repack)
+                  _install_hf_attention, _chunk_size, _whole_chunks, _layer_parts, _qkv_linears, _remember_masks, _repack)
 from ._ops import _RECORD, _RUNTIMES, AutokernelLinear, FusedActivation, _classify_act, _FUSABLE, _linear_ok, _register, log
 
 __all__ = ["AutokernelLinear", "FusedActivation", "optimize", "refresh", "workloads", "runtime_of"]
@@ -83,7 +83,8 @@ def _same_when_fused(block: nn.Module, names: tuple, act: str, f32: Runtime, row
     if len(params) != 2:
         return False
     lin, act_fn = (getattr(block, n) for n in names)
-    x = torch.randn(2, max(rows, 2), lin.in_features, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, _whole_chunks(max(rows, 2), _chunk_size(block)), lin.in_features,
+                    generator=torch.Generator().manual_seed(0))
     probe = AutokernelLinear(lin, f32, act=act, ms=[x.shape[1]])
     try:
         with torch.no_grad():

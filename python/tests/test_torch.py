@@ -774,6 +774,31 @@ def test_albert_fusions_step_aside_where_they_would_compute_something_else(runti
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_chunked_feed_forwards_are_served_whole():
+    """``chunk_size_feed_forward`` splits a feed-forward's rows, each computed alone: BERT's,
+    DistilBERT's and ALBERT's layers with it are one runtime call each and their encoder one
+    (probed with row counts the chunk divides, as transformers requires), padded batch too."""
+    from transformers import AlbertConfig, AlbertModel, BertConfig, BertModel, DistilBertConfig, DistilBertModel
+
+    torch.manual_seed(0)
+    size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=300,
+                chunk_size_feed_forward=4)
+    models = [BertModel(BertConfig(**size), add_pooling_layer=False),
+              AlbertModel(AlbertConfig(embedding_size=32, **size), add_pooling_layer=False),
+              DistilBertModel(DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=300,
+                                               chunk_size_feed_forward=4))]
+    ids = torch.randint(3, 300, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    for stock in models:
+        stock.eval()
+        model = akt.optimize(copy.deepcopy(stock))
+        assert model.autokernel_unfused_layers == [] and len(model.autokernel_fused_encoders) == 1
+        with torch.no_grad():
+            want = stock(ids, attention_mask=mask).last_hidden_state
+            torch.testing.assert_close(model(ids, attention_mask=mask).last_hidden_state, want, rtol=0, atol=1e-4)
+
+
 def test_masked_lm_heads_fuse_their_transform_and_report_what_they_leave():
     """BERT's and ALBERT's masked-LM heads: the transform's dense + activation is one fused call;
     the head's bias tied to its served decoder is not reported as left to PyTorch, the
