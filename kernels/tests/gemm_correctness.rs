@@ -404,7 +404,7 @@ fn dot_peaks_run_where_the_cpu_has_them() {
             None => kernels::testing::skipped(
                 &format!("{} peak", unit.name()),
                 feature,
-                &format!("no {feature} on this CPU"),
+                &format!("no {feature} here (the CPU, the OS or AUTOKERNEL_ISA)"),
             ),
         }
     }

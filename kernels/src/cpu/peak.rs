@@ -207,14 +207,18 @@ fn fma(isa: Isa, rounds: usize) -> f32 {
     }
 }
 
+/// The portable level's multiply-add, `a·b + c` over 8-lane arrays as its GEMM kernels
+/// compute it (`f32::mul_add` measured a libm `fmaf` call per element on a build without
+/// FMA: ~1 GFLOP/s where the portable GEMM runs at 28; this loop: 38, on the Zen 4 under
+/// `AUTOKERNEL_ISA=portable`). The same operations per round as [`Unit::ops_per_round`]
+/// counts: `CHAINS / 4` passes over 4 chains.
 fn portable(rounds: usize) -> f32 {
-    let mut acc = [[1.0f32; 8]; CHAINS];
+    // 4 × 8 lanes: what 16 SSE registers hold without spilling, enough to hide the latency.
+    let mut acc = [[1.0f32; 8]; 4];
     let (x, y) = (black_box(0.999_999f32), black_box(1e-7f32));
-    for _ in 0..rounds {
+    for _ in 0..rounds * (CHAINS / 4) {
         for a in acc.iter_mut() {
-            for l in a.iter_mut() {
-                *l = l.mul_add(x, y);
-            }
+            *a = std::array::from_fn(|i| a[i] * x + y);
         }
     }
     acc.iter().flatten().sum()
