@@ -56,25 +56,16 @@ impl Unit {
         }
     }
 
-    /// Whether this CPU runs the instruction (under the process's ISA cap for the FMA).
+    /// Whether this process runs the instruction: the checks the bf16 and int8 kernel
+    /// families make (the ISA cap included; for AMX, the tile state the OS granted).
     pub fn available(self) -> bool {
+        use super::{bgemm::ukernel as bf16, qgemm::ukernel as int8};
         match self {
             Unit::F32Fma => true,
-            #[cfg(target_arch = "x86_64")]
-            Unit::Bf16Dot => {
-                Isa::Avx512.available() && std::arch::is_x86_feature_detected!("avx512bf16")
-            }
-            #[cfg(target_arch = "x86_64")]
-            Unit::I8Dot => {
-                Isa::Avx512.available() && std::arch::is_x86_feature_detected!("avx512vnni")
-            }
-            // The fingerprint's word: the CPU has it and the OS granted the tile state.
-            #[cfg(target_arch = "x86_64")]
-            Unit::AmxBf16 => super::amx::granted("amx_bf16"),
-            #[cfg(target_arch = "x86_64")]
-            Unit::AmxInt8 => super::amx::granted("amx_int8"),
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => false,
+            Unit::Bf16Dot => Isa::Avx512.available() && bf16::has_avx512bf16(),
+            Unit::I8Dot => int8::has_vnni(),
+            Unit::AmxBf16 => bf16::has_amx_bf16(),
+            Unit::AmxInt8 => int8::has_amx_int8(),
         }
     }
 
