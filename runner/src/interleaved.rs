@@ -82,22 +82,22 @@ pub fn time_cap(protocol: &Protocol, n: usize) -> Duration {
 
 /// How long re-measuring `n` finalists may take in a worker before it is killed, when one
 /// evaluation of a candidate may take `timeout`: each finalist is built and verified again
-/// and warmed up (at most one evaluation's time each), then the rounds run until
-/// [`time_cap`] once `protocol.min_samples` are in — at least that many rounds of `n`
-/// samples, each sample as long as `protocol.min_sample` or one call, and a call at most
-/// `timeout / protocol.min_samples` (an evaluation made that many) — plus the round that
-/// crosses the cap. With finalists whose evaluations came close to `timeout`, a bound of
+/// and warmed up (at most one evaluation's time each, and one more for the worker's own
+/// share), then the rounds run until [`time_cap`] once `protocol.min_samples` are in — at
+/// least that many rounds of `n` samples, each sample as long as `protocol.min_sample` or one
+/// call, and a call at most `timeout / protocol.min_samples` (an evaluation made that many) —
+/// plus the round that crosses the cap. With finalists whose evaluations came close to `timeout`, a bound of
 /// `(n + 1) × timeout` had killed the re-measurement of 3 finalists of 1024³ on one thread
 /// under `--timeout-s 0.5` (2.0 s; the rounds need ~2.4).
 pub fn remeasure_limit(timeout: Duration, protocol: &Protocol, n: usize) -> Duration {
     let n32 = n as u32;
     let min_samples = protocol.min_samples.max(1) as u32;
     let sample = protocol.min_sample.max(timeout / min_samples);
-    let rounds = timeout
-        .saturating_mul(n32)
+    let rebuilds = timeout.saturating_mul(n32 + 1);
+    let least_rounds = sample.saturating_mul(n32 * (min_samples + 1));
+    rebuilds
         .saturating_add(time_cap(protocol, n))
-        .saturating_add(sample.saturating_mul(n32 * (min_samples + 1)));
-    rounds.saturating_add(timeout)
+        .saturating_add(least_rounds)
 }
 
 /// The 95% confidence interval `(low, high)` of the median of `samples`, in the samples' unit,
