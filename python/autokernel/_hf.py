@@ -29,6 +29,8 @@ from ._ops import (
     _register,
     _release,
     call,
+    _global_hooks,
+    _hooked,
     _hooks_below,
     _linear_ok,
     _needs_grad,
@@ -572,11 +574,10 @@ def _layer_unfusable(m: nn.Module, qkv_fused: set, outputs_fused: set) -> Option
     if inter is not None:  # BERT's
         if not (id(m.attention.output) in outputs_fused and id(m.output) in outputs_fused):
             return "an output block's residual LayerNorm is not fused (model.autokernel_fused_layer_norm)"
-        if not isinstance(getattr(inter, "intermediate_act_fn", None), FusedActivation):
+        if not isinstance(_layer_activation(m), FusedActivation):
             return "its feed-forward activation is not fused into its Linear"
     else:  # DistilBERT's (its activation in ``ffn``) or ALBERT's (in the layer)
-        ffn = m if hasattr(m, "full_layer_layer_norm") else m.ffn
-        if not isinstance(getattr(ffn, "activation", None), FusedActivation):
+        if not isinstance(_layer_activation(m), FusedActivation):
             return "its feed-forward activation is not fused into its Linear"
         norms = (ln1, ln2)
         if not all(isinstance(x, nn.LayerNorm) and x.weight is not None and x.bias is not None for x in norms):
@@ -823,6 +824,17 @@ def _fuse_encoder(m: nn.Module, rows: int) -> bool:
     return _swap_forward_if_same(m, _fused_encoder, probes, result=lambda y: getattr(y, "last_hidden_state", None))
 
 
+def _around_layers(m: nn.Module, layers: set):
+    """The modules below encoder ``m`` that are not inside one of its ``layers`` (ids): the
+    layers themselves (their own hooks run around their forward, which a fused encoder
+    skips), the lists and groups holding them, ALBERT's projection. The hooks inside a layer
+    are checked with its handle (:func:`_layer_handle`)."""
+    for c in m.children():
+        yield c
+        if id(c) not in layers:
+            yield from _around_layers(c, layers)
+
+
 def _fused_encoder(self, hidden_states, attention_mask=None, *args, **kwargs):
     """A fused encoder's forward (see :func:`_fuse_encoder`); the original one for what it does
     not cover: what a fused layer leaves to its original forward, hidden states or attention
@@ -837,7 +849,8 @@ def _fused_encoder(self, hidden_states, attention_mask=None, *args, **kwargs):
         and not (kwargs.get("use_cache") and getattr(getattr(self, "config", None), "is_decoder", True))
         and not kwargs.get("output_hidden_states")
         and kwargs.get("return_dict", True) is not False
-        and not _hooks_below(self)
+        and not _global_hooks()
+        and not any(_hooked(c) for c in _around_layers(self, {id(x) for x in steps}))
         and all(getattr(x.forward, "__func__", None) is _fused_layer for x in steps)
         and (
             before is None
@@ -848,7 +861,12 @@ def _fused_encoder(self, hidden_states, attention_mask=None, *args, **kwargs):
             )
         )
     )
-    handles = [_layer_handle(layer, hidden_states) for layer in steps] if plain else [None]
+    if plain:
+        # Once per layer module (ALBERT's steps share theirs): it checks the hooks inside it.
+        handle = {id(layer): _layer_handle(layer, hidden_states) for layer in steps}
+        handles = [handle[id(layer)] for layer in steps]
+    else:
+        handles = [None]
     lengths = None
     if None not in handles and attention_mask is not None:
         lengths = _key_lengths(attention_mask, False, hidden_states.shape[0])
