@@ -341,6 +341,8 @@ fn a_source_that_ranks_the_workload_backwards_loses_its_share() {
         "not judged before any measurement"
     );
     drive(&mut s, &c, 8, 32);
+    // With transfer, every batch is ranked: the sources train the model from the first.
+    assert_eq!((s.guided_batches(), s.random_batches()), (4, 0));
     let shares = s.transfer_shares();
     let (h, l) = (shares[0].unwrap(), shares[1].unwrap());
     assert!(l <= 0.05, "the backwards source keeps a share of {l}");

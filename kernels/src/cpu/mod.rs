@@ -5,6 +5,7 @@ pub mod amx;
 pub mod attention;
 pub mod bgemm;
 pub mod gemm;
+mod handoff;
 pub(crate) mod knobs;
 pub mod peak;
 #[cfg(feature = "planted-faults")]

@@ -7,7 +7,10 @@
 //! Measured on a 2-vCPU Zen 3 VM (`gemm_speed … --vs`, par over 2 threads against the serial
 //! config, the calls made from outside the pool vs from inside it): `gemm:64x64x64` 0.11×
 //! vs 0.93× the serial speed, `gemm:128x768x768` 0.92× vs 1.62×; BERT-base int8 batch 1×128
-//! forward from inside the pool 4–11% faster (3 of 3 interleaved pairs).
+//! forward from inside the pool 4–11% faster (3 of 3 interleaved pairs). The one hand-over
+//! left per call is [`handoff`](super::handoff)'s, whose caller waits awake for a while
+//! instead of going to sleep at once (on the 2-vCPU Zen 4 VM, 2 threads from outside the
+//! pool: `gemm:1x768x768` 22–28 → 35–39 GFLOP/s, `gemm:32x768x768` 195 → 213).
 //!
 //! A runtime with a thread count of its own ([`Workers`]) enters its pool the same way, and
 //! only then: [`within`] marks its calls on the caller's thread, a call that forks hops into
@@ -23,6 +26,8 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
+
+use super::handoff::hand_off;
 
 /// Whether a call has entered the library in this process (so worker threads may exist).
 static ENTERED: AtomicBool = AtomicBool::new(false);
@@ -99,16 +104,19 @@ pub fn threads() -> usize {
 }
 
 /// Runs `f` on a worker when it may fork (`threads > 1`) and this thread is not one of the
-/// pool's already: the runtime's pool inside [`within`], else rayon's current one. Otherwise
-/// here, directly (a serial call never hops). A panic in `f` propagates to the caller.
+/// pool's already: the runtime's pool inside [`within`], else rayon's current one (handed
+/// over by [`hand_off`]). Otherwise here, directly (a serial call never hops). A panic in `f`
+/// propagates to the caller.
 pub fn on_workers<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
     if threads <= 1 {
         return f();
     }
     match WORKERS.with(|w| w.borrow().clone()) {
         Some(Workers::Caller) => f(),
-        Some(Workers::Pool(pool)) if pool.current_thread_index().is_none() => pool.install(f),
-        None if rayon::current_thread_index().is_none() => rayon::scope(|_| f()),
+        Some(Workers::Pool(pool)) if pool.current_thread_index().is_none() => {
+            hand_off(|job| pool.spawn(job), f)
+        }
+        None if rayon::current_thread_index().is_none() => hand_off(rayon::spawn, f),
         _ => f(),
     }
 }

@@ -97,14 +97,24 @@ pub struct ModelGuided {
     x: Vec<Vec<f64>>,
     transfer: Transfer,
     model: Box<dyn CostModel>,
-    /// Batches ranked by a fitted model, and batches drawn at random because it declined.
-    pub guided_batches: usize,
-    /// Batches drawn at random because the model could not be fitted or could not predict
-    /// (too few measurements, without transfer).
-    pub random_batches: usize,
+    /// Batches ranked by a fitted model.
+    guided_batches: usize,
+    /// Batches drawn at random because the model could not be fitted or could not predict.
+    random_batches: usize,
 }
 
 impl ModelGuided {
+    /// Batches proposed so far that a fitted model ranked.
+    pub fn guided_batches(&self) -> usize {
+        self.guided_batches
+    }
+
+    /// Batches proposed so far at random, because the model could not be fitted or could not
+    /// predict (too few measurements, without transfer).
+    pub fn random_batches(&self) -> usize {
+        self.random_batches
+    }
+
     /// A model-guided search over `ctx`'s candidates, seeded by `ctx.seed`. The history of
     /// this workload on this machine counts as measured; the rest of the history is the
     /// transfer set ([`Transfer`]).

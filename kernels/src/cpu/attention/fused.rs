@@ -57,25 +57,25 @@ pub enum KLayout {
 #[derive(Debug)]
 pub struct FusedAttention {
     /// Batch size.
-    pub b: usize,
+    pub(crate) b: usize,
     /// Heads per batch entry.
-    pub h: usize,
+    pub(crate) h: usize,
     /// Sequence length (queries and keys).
-    pub s: usize,
+    pub(crate) s: usize,
     /// Head dimension.
-    pub d: usize,
+    pub(crate) d: usize,
     /// Whether query `i` sees only keys `j ≤ i`.
-    pub causal: bool,
+    pub(crate) causal: bool,
     /// The micro-kernel tile (the `tile` knob): `MR` query rows × `NR` keys.
-    pub tile: &'static AttnTile,
+    pub(crate) tile: &'static AttnTile,
     /// Query rows per block: a multiple of MR, at most `⌈S/MR⌉·MR`.
-    pub br: usize,
+    pub(crate) br: usize,
     /// Keys per block: a multiple of NR, at most `⌈S/NR⌉·NR`.
-    pub bc: usize,
+    pub(crate) bc: usize,
     /// Where the score kernels read Kᵀ from (the `k_layout` knob).
-    pub k_layout: KLayout,
+    pub(crate) k_layout: KLayout,
     /// How the heads and query blocks are split across threads (the `par` and `threads` knobs).
-    pub par: AttnPar,
+    pub(crate) par: AttnPar,
 }
 
 /// Shared, read-only inputs of one call.

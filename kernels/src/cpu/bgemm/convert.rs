@@ -128,13 +128,13 @@ pub fn slot_in(c: usize, group: usize) -> usize {
 /// `p0·nr..(p0 + padded(kc))·nr` of a panel. The data starts 64-byte aligned.
 pub struct Bf16B {
     /// Depth (rows of B).
-    pub k: usize,
+    pub(crate) k: usize,
     /// Columns of B.
-    pub n: usize,
+    pub(crate) n: usize,
     /// Panel width, a multiple of the layout's group.
-    pub nr: usize,
+    pub(crate) nr: usize,
     /// How each panel holds its values.
-    pub layout: Layout,
+    pub(crate) layout: Layout,
     data: Vec<u16>,
     /// Index of the first value in `data` (where it is 64-byte aligned).
     start: usize,

@@ -28,17 +28,17 @@ const SLAB_BYTES: usize = 16 * 1024;
 /// A prepared direct GEMM.
 pub struct DirectGemm {
     /// Rows of A and C.
-    pub m: usize,
+    pub(crate) m: usize,
     /// Columns of B and C.
-    pub n: usize,
+    pub(crate) n: usize,
     /// Depth: columns of A, rows of B.
-    pub k: usize,
+    pub(crate) k: usize,
     /// The micro-kernel family (the `ukernel` knob).
-    pub uk: &'static DirectUkernel,
+    pub(crate) uk: &'static DirectUkernel,
     /// Depth per pass over the B slab, `1..=K`.
-    pub kc: usize,
+    pub(crate) kc: usize,
     /// How C is split across threads (the `par` and `threads` knobs).
-    pub par: Par,
+    pub(crate) par: Par,
 }
 
 impl DirectGemm {

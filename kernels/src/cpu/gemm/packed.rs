@@ -104,28 +104,28 @@ impl PackedB {
 /// A prepared packed GEMM: shape, micro-kernel and effective block sizes.
 pub struct PackedGemm {
     /// Rows of A and C.
-    pub m: usize,
+    pub(crate) m: usize,
     /// Columns of B and C.
-    pub n: usize,
+    pub(crate) n: usize,
     /// Depth: columns of A, rows of B.
-    pub k: usize,
+    pub(crate) k: usize,
     /// The micro-kernel (the `ukernel` knob).
-    pub uk: &'static PackedUkernel,
+    pub(crate) uk: &'static PackedUkernel,
     /// Rows of A per packed block, a multiple of MR, at most ⌈M/MR⌉·MR.
-    pub mc: usize,
+    pub(crate) mc: usize,
     /// Depth per packed block, at most K.
-    pub kc: usize,
+    pub(crate) kc: usize,
     /// Columns of B per packed block, a multiple of NR, at most ⌈N/NR⌉·NR.
-    pub nc: usize,
+    pub(crate) nc: usize,
     /// How C is split across threads (the `par` and `threads` knobs).
-    pub par: Par,
+    pub(crate) par: Par,
     /// Pack A's whole row tiles into micro-panels (`a_layout = packed`), or read them in
     /// place (`inplace`); a partial last row tile is read in place either way.
-    pub pack_a: bool,
+    pub(crate) pack_a: bool,
     /// Read a row-major B's column panels in place (`b_layout = inplace`) instead of
     /// packing every block during the call. A B packed ahead ([`BSource::Packed`]) is read
     /// as packed either way.
-    pub b_inplace: bool,
+    pub(crate) b_inplace: bool,
 }
 
 /// The B micro-panels of one (depth, column) block, as [`PackedGemm::rows_task`] reads them.
