@@ -1,13 +1,16 @@
 //! Handing one call from a thread outside a pool to the pool's workers, and waiting for it
-//! awake for a while before going to sleep.
+//! awake for a moment before going to sleep.
 //!
 //! rayon's own hand-over (`install`, or `scope` from outside the pool) puts the caller to
-//! sleep on a lock at once, and waking it when the work is done costs more than a small
-//! GEMM: on the 2-vCPU Zen 4 VM, `gemm:1x768x768` over 2 threads ran at 30 GFLOP/s handed
-//! over that way, slower than one thread's 32, and at 40 handed over here (44–47 with the
-//! caller itself one of the pool's threads, which only rayon's global pool can arrange).
-//! The caller here yields its CPU in a loop (so a worker that needs it gets it) until the
-//! work is done or [`SPIN`] has passed, and only then parks.
+//! sleep on a lock at once. The caller here yields its CPU in a loop (so a worker that needs
+//! it gets it) for up to [`SPIN`], and only then parks until the job unparks it.
+//!
+//! Measured on the 2-vCPU Zen 4 VM, 2 threads, `scripts/ab-binaries.py` (the CLI's `run` of
+//! the same records by both builds, alternating; `bench_results/8b4b41305960a7a6/`): 1.08–1.19×
+//! rayon's hand-over on calls of 40–300 µs (GEMV f32, bf16 and an int8 `8x3072x768`,
+//! `32x768x768`), the same on a 0.9 ms one. A longer spin is worse: at 250 µs a process would
+//! now and then run every call at half speed for its whole life (3 of 7 runs), the caller
+//! counted as a busy CPU and both workers left to share the other.
 
 use std::cell::UnsafeCell;
 use std::panic::{self, AssertUnwindSafe};
@@ -16,10 +19,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// How long the caller stays awake (yielding) before it parks: past the length of the calls
-/// whose hand-over cost matters (a GEMV of a BERT-base feed-forward weight takes ~100 µs on
-/// 2 threads), short against the calls it does not.
-const SPIN: Duration = Duration::from_micros(250);
+/// How long the caller stays awake (yielding) before it parks: the start of the call, while
+/// a worker picks the job up (see the module docs for why not longer).
+const SPIN: Duration = Duration::from_micros(10);
 
 /// The call, on the caller's stack while a worker runs it.
 struct Call<F, R> {
@@ -109,7 +111,7 @@ mod tests {
     #[test]
     fn a_long_call_is_waited_for_past_the_spin() {
         let slept = hand_off(rayon::spawn, || {
-            thread::sleep(SPIN * 8);
+            thread::sleep(SPIN * 100);
             7
         });
         assert_eq!(slept, 7);

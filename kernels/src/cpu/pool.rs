@@ -8,9 +8,9 @@
 //! config, the calls made from outside the pool vs from inside it): `gemm:64x64x64` 0.11×
 //! vs 0.93× the serial speed, `gemm:128x768x768` 0.92× vs 1.62×; BERT-base int8 batch 1×128
 //! forward from inside the pool 4–11% faster (3 of 3 interleaved pairs). The one hand-over
-//! left per call is [`handoff`](super::handoff)'s, whose caller waits awake for a while
-//! instead of going to sleep at once (on the 2-vCPU Zen 4 VM, 2 threads from outside the
-//! pool: `gemm:1x768x768` 22–28 → 35–39 GFLOP/s, `gemm:32x768x768` 195 → 213).
+//! left per call is [`handoff`](super::handoff)'s, whose caller waits awake for a moment
+//! instead of going to sleep at once (1.08–1.19× on calls of 40–300 µs on the 2-vCPU Zen 4
+//! VM).
 //!
 //! A runtime with a thread count of its own ([`Workers`]) enters its pool the same way, and
 //! only then: [`within`] marks its calls on the caller's thread, a call that forks hops into
