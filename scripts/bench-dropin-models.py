@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The PyTorch drop-in on the four BERT-family models transformers names differently: BERT,
-RoBERTa, DistilBERT, ALBERT (base sizes, random weights), stock PyTorch f32 against
+RoBERTa, DistilBERT, ALBERT — and GPT-2, whose layers are Conv1D (base/small sizes, random
+weights), stock PyTorch f32 against
 `autokernel.torch.optimize` in f32, int8 and bf16, batch x 128 tokens, interleaved rounds.
 Reports p50 per row, the speedup over stock, how many layer modules were served whole
 (ALBERT-base's 12 steps share one), and the cosine
@@ -29,12 +30,12 @@ import autokernel
 import autokernel.torch as akt
 
 
-MODELS = ("bert-base", "roberta-base", "distilbert-base", "albert-base")
+MODELS = ("bert-base", "roberta-base", "distilbert-base", "albert-base", "gpt2")
 
 
 def models(names):
     from transformers import (AlbertConfig, AlbertModel, BertConfig, BertModel, DistilBertConfig, DistilBertModel,
-                              RobertaConfig, RobertaModel)
+                              GPT2Config, GPT2Model, RobertaConfig, RobertaModel)
 
     make = {
         "bert-base": lambda: BertModel(BertConfig(), add_pooling_layer=False),
@@ -45,6 +46,8 @@ def models(names):
         # 12 steps of one shared layer, tanh GELU
         "albert-base": lambda: AlbertModel(AlbertConfig(hidden_size=768, num_attention_heads=12, intermediate_size=3072),
                                            add_pooling_layer=False),
+        # GPT-2 small (124M): Conv1D projections, causal attention, tanh GELU
+        "gpt2": lambda: GPT2Model(GPT2Config()),
     }
     for name in names:
         yield name, make[name]()

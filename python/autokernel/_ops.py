@@ -5,6 +5,7 @@ fake implementations, the activations the runtime fuses, and :class:`AutokernelL
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import weakref
 from typing import Any, Iterable, Optional
@@ -265,14 +266,18 @@ _FUSABLE = ("relu", "gelu_tanh", "gelu_erf")
 
 
 class AutokernelLinear(nn.Module):
-    """An ``nn.Linear`` (optionally followed by a fused activation) served by the runtime, its
-    weight packed once — and again if it changes in place (``load_state_dict``, an optimizer
-    step). Keeps the original parameters (shared, not copied) for ``state_dict`` and for calls
-    the runtime does not take (gradients, other dtypes or devices)."""
+    """An ``nn.Linear`` — or a transformers ``Conv1D`` (GPT-2's), a Linear whose weight is
+    stored ``(in, out)`` — optionally followed by a fused activation, served by the runtime,
+    its weight packed once — and again if it changes in place (``load_state_dict``, an
+    optimizer step). Keeps the original parameters (shared, not copied) for ``state_dict`` and
+    for calls the runtime does not take (gradients, other dtypes or devices), which compute as
+    the module it stands for does."""
 
-    def __init__(self, linear: nn.Linear, runtime: Runtime, act: Optional[str] = None, ms: Iterable[int] = (1,)):
+    def __init__(self, linear: nn.Module, runtime: Runtime, act: Optional[str] = None, ms: Iterable[int] = (1,)):
         super().__init__()
         self.train(linear.training)  # the mode of the module it stands for, not a new one's
+        # Conv1D's weight is (in, out): the runtime's K×N layout as it is, no transposed copy.
+        self._kn = _is_conv1d(linear)
         self.weight = linear.weight
         self.bias = linear.bias
         self.act = act
@@ -291,9 +296,13 @@ class AutokernelLinear(nn.Module):
 
     def _pack(self, stamp: Optional[tuple]) -> None:
         """Packs the weight as it is now, recording ``stamp`` (its :func:`_stamp`) as packed."""
-        self.out_features, self.in_features = self.weight.shape
+        if self._kn:
+            self.in_features, self.out_features = self.weight.shape
+        else:
+            self.out_features, self.in_features = self.weight.shape
+        layout = "kn" if self._kn else "nk"
         with torch.no_grad():
-            packed = self._runtime.pack_weight(self.weight.detach(), act=self.act, ms=self._ms, layout="nk")
+            packed = self._runtime.pack_weight(self.weight.detach(), act=self.act, ms=self._ms, layout=layout)
         self.handle.set((self._runtime, packed))
         self.packed = packed
         self._stamp = stamp
@@ -305,14 +314,21 @@ class AutokernelLinear(nn.Module):
         stand_in = self.__dict__.get("_stand_in")
         return stand_in is not None and (_hooked(self) or _hooked(stand_in) or _global_hooks())
 
+    def _stock(self, x: torch.Tensor) -> torch.Tensor:
+        """What the module it stands for computes (without the fused activation)."""
+        if self._kn:  # transformers' Conv1D.forward
+            y = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+            return y.view(x.size()[:-1] + (self.weight.shape[1],))
+        return nn.functional.linear(x, self.weight, self.bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.act is not None and self._act_seen():
-            return nn.functional.linear(x, self.weight, self.bias)
+            return self._stock(x)
         if _served(x) and not _needs_grad(x, (self.weight, self.bias)):
             self.refresh()
             bias = None if self.bias is None else self.bias.detach()
             return call(_linear_op, x, self.handle.id, bias)
-        y = nn.functional.linear(x, self.weight, self.bias)
+        y = self._stock(x)
         stand_in = self.__dict__.get("_stand_in")
         if self.act is not None and stand_in is not None:
             return stand_in.act(y)  # the model's own activation module, exactly
@@ -381,10 +397,33 @@ def _served(x: torch.Tensor) -> bool:
     return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 1
 
 
+def _is_conv1d(m: nn.Module) -> bool:
+    """Whether ``m`` is transformers' ``Conv1D`` (GPT-2 and its kin): a Linear whose weight is
+    stored ``(in, out)``, with a bias. Only that class: a subclass may compute otherwise."""
+    utils = sys.modules.get("transformers.pytorch_utils")
+    return utils is not None and type(m) is getattr(utils, "Conv1D", None)
+
+
+def _linear_like(m: nn.Module) -> bool:
+    """Whether the runtime's GEMM stands for ``m``: an ``nn.Linear`` or a ``Conv1D`` (exactly
+    those classes)."""
+    return type(m) is nn.Linear or _is_conv1d(m)
+
+
+def _features(m: nn.Module) -> tuple[int, int]:
+    """``(in, out)`` features of a Linear-like module (:func:`_linear_like`)."""
+    if _is_conv1d(m):
+        return tuple(m.weight.shape)
+    return m.in_features, m.out_features
+
+
 def _linear_ok(m: nn.Module) -> Optional[str]:
-    """Why the runtime cannot serve Linear ``m`` (None when it can)."""
-    if m.in_features == 0 or m.out_features == 0:
-        return f"zero-sized ({m.in_features} → {m.out_features} features)"
+    """Why the runtime cannot serve Linear-like ``m`` (None when it can)."""
+    if _is_conv1d(m) and (m.weight.dim() != 2 or m.bias is None or tuple(m.bias.shape) != m.weight.shape[1:]):
+        return "a Conv1D whose weight and bias are not (in, out) and (out,)"
+    n_in, n_out = _features(m)
+    if n_in == 0 or n_out == 0:
+        return f"zero-sized ({n_in} → {n_out} features)"
     if m.weight.dtype != torch.float32:
         return f"weight dtype {m.weight.dtype} (float32 only)"
     if m.weight.device.type != "cpu":

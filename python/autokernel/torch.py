@@ -48,7 +48,8 @@ from torch import nn
 from . import Runtime
 from ._hf import (_fusable_encoder, _layer_unfusable, _fusable_output, _fusable_qkv, _fuse_encoder, _fuse_layer, _fuse_output, _fuse_qkv,
                   _install_hf_attention, _chunk_size, _whole_chunks, _layer_parts, _qkv_linears, _remember_masks, _repack)
-from ._ops import _RECORD, _RUNTIMES, AutokernelLinear, FusedActivation, _classify_act, _FUSABLE, _linear_ok, _register, log
+from ._ops import (_RECORD, _RUNTIMES, AutokernelLinear, FusedActivation, _classify_act, _features, _FUSABLE,
+                   _linear_like, _linear_ok, _register, log)
 
 __all__ = ["AutokernelLinear", "FusedActivation", "optimize", "refresh", "workloads", "runtime_of"]
 
@@ -58,11 +59,11 @@ __all__ = ["AutokernelLinear", "FusedActivation", "optimize", "refresh", "worklo
 
 
 # Blocks whose Linear feeds its activation: (Linear's name, activation's name, the method that
-# runs them) — BERT's, DistilBERT's and ALBERT's feed-forward, and the masked-LM heads'
-# transforms (BERT's `transform`, ALBERT's `predictions`).
+# runs them) — BERT's, DistilBERT's and ALBERT's feed-forward, the masked-LM heads'
+# transforms (BERT's `transform`, ALBERT's `predictions`) and GPT-2's MLP (a Conv1D).
 _LINEAR_ACT_PAIRS = (("dense", "intermediate_act_fn", "forward"), ("lin1", "activation", "forward"),
                      ("ffn", "activation", "ff_chunk"), ("dense", "transform_act_fn", "forward"),
-                     ("dense", "activation", "forward"))
+                     ("dense", "activation", "forward"), ("c_fc", "act", "forward"))
 
 
 def _same_when_fused(block: nn.Module, names: tuple, act: str, f32: Runtime, rows: int,
@@ -83,7 +84,7 @@ def _same_when_fused(block: nn.Module, names: tuple, act: str, f32: Runtime, row
     if len(params) != 2:
         return False
     lin, act_fn = (getattr(block, n) for n in names)
-    x = torch.randn(2, _whole_chunks(max(rows, 2), _chunk_size(block)), lin.in_features,
+    x = torch.randn(2, _whole_chunks(max(rows, 2), _chunk_size(block)), _features(lin)[0],
                     generator=torch.Generator().manual_seed(0))
     probe = AutokernelLinear(lin, f32, act=act, ms=[x.shape[1]])
     try:
@@ -186,7 +187,8 @@ def optimize(
     attention: bool = True,
     torch_threads: Optional[int] = 1,
 ) -> nn.Module:
-    """Serves ``model``'s ``nn.Linear`` layers (fused with a following ReLU / GELU; a BERT-family
+    """Serves ``model``'s ``nn.Linear`` layers and transformers' ``Conv1D`` ones (GPT-2's; fused
+    with a following ReLU / GELU; a BERT-family
     block's query/key/value as one GEMM) and its Hugging Face attention through the autokernel
     runtime; returns the model, changed in place.
 
@@ -251,7 +253,7 @@ def optimize(
         # block computes the same).
         for lin_name, act_name, method in _LINEAR_ACT_PAIRS:
             lin, act_fn = getattr(parent, lin_name, None), getattr(parent, act_name, None)
-            if type(lin) is nn.Linear and isinstance(act_fn, nn.Module):
+            if _linear_like(lin) and isinstance(act_fn, nn.Module):
                 act = _classify_act(act_fn)
                 if (
                     act in _FUSABLE
@@ -281,7 +283,7 @@ def optimize(
     for pname, parent in list(model.named_modules()):
         prefix = f"{pname}." if pname else ""
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and id(child) not in replaced:
+            if _linear_like(child) and id(child) not in replaced:
                 swap(parent, name, prefix + name, None)
 
     fused_outputs = [pname for pname, m in list(model.named_modules()) if _fusable_output(m) and _fuse_output(m, min(ms))]

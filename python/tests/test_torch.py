@@ -1,6 +1,6 @@
 """PyTorch: tensors as operands (zero-copy), optimize() on small models and on Hugging Face
-BertModel (both GELUs, padded batches), RobertaModel, DistilBertModel and ElectraModel, custom
-ops under torch.compile and torch.export."""
+BertModel (both GELUs, padded batches), RobertaModel, DistilBertModel, ElectraModel, ALBERT and
+GPT-2 (its Conv1D layers), custom ops under torch.compile and torch.export."""
 
 import copy
 
@@ -1037,3 +1037,79 @@ def test_reduced_precision_models_are_fused_whole(precision):
     with torch.no_grad():
         want, got = stock(ids).last_hidden_state, model(ids).last_hidden_state
     assert torch.nn.functional.cosine_similarity(want.flatten(), got.flatten(), dim=0) > 0.99
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32, bos_token_id=0,
+                     eos_token_id=0, pad_token_id=0)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def test_gpt2_conv1d_layers_are_served_and_match_stock():
+    """GPT-2's projections are transformers' ``Conv1D`` (a Linear with its weight stored
+    ``(in, out)``, the runtime's own K×N layout): all four of a block are served, ``c_fc``
+    fused with its tanh GELU, the tied head too; logits match stock with and without left
+    padding, greedy generation with the KV cache (whose one-token steps attend through SDPA)
+    picks the same tokens, and int8 stays close."""
+    stock = gpt2()
+    ids = torch.randint(1, 100, (3, 20))
+    mask = torch.ones(3, 20, dtype=torch.long)
+    mask[1, :6] = 0
+    mask[2, :15] = 0
+    for precision in ["f32", "int8"]:
+        model = akt.optimize(copy.deepcopy(stock), precision=precision)
+        served = [n for n, m in model.named_modules() if isinstance(m, _ops.AutokernelLinear)]
+        assert served == [f"transformer.h.{i}.{p}" for i in range(2)
+                          for p in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")] + ["lm_head"]
+        assert model.transformer.h[0].mlp.c_fc.act == "gelu_tanh"
+        assert model.autokernel_attention_modules == 2
+        left = [n for n, _ in model.autokernel_unsupported]
+        assert all(n.split(".")[-1] in ("wte", "wpe", "ln_1", "ln_2", "ln_f") for n in left), left
+        with torch.no_grad():
+            for kw in [dict(input_ids=ids), dict(input_ids=ids, attention_mask=mask)]:
+                real = kw.get("attention_mask", torch.ones_like(ids)).bool()
+                want, got = stock(**kw).logits[real], model(**kw).logits[real]
+                if precision == "f32":
+                    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+                else:
+                    assert torch.nn.functional.cosine_similarity(want.flatten(), got.flatten(), dim=0) > 0.99
+            if precision == "f32":
+                greedy = dict(attention_mask=mask, max_new_tokens=6, do_sample=False)
+                assert torch.equal(model.generate(ids, **greedy), stock.generate(ids, **greedy))
+    ws = akt.workloads(model, dict(input_ids=ids, attention_mask=mask))
+    assert {"gemm_bias:60x192x64", "gemm_bias_gelu:60x256x64", "gemm_bias:60x64x256"} <= set(ws), ws
+
+
+def test_a_conv1d_trains_and_changes_like_stock():
+    """A Conv1D's fallback is Conv1D's own forward (``addmm`` on its ``(in, out)`` weight):
+    gradients in training match stock's; a weight changed in place is packed again; only
+    transformers' class itself is taken (a subclass may compute otherwise)."""
+    from transformers.pytorch_utils import Conv1D
+
+    torch.manual_seed(1)
+    conv = Conv1D(24, 16)
+    nn.init.normal_(conv.bias)
+    stock = nn.Sequential(conv)
+    model = akt.optimize(copy.deepcopy(stock))
+    assert isinstance(model[0], _ops.AutokernelLinear) and model[0].in_features == 16
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), stock(x), rtol=0, atol=1e-5)
+    model(x).square().sum().backward()
+    stock(x).square().sum().backward()
+    torch.testing.assert_close(model[0].weight.grad, stock[0].weight.grad, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        model[0].weight.mul_(2)
+        stock[0].weight.mul_(2)
+        torch.testing.assert_close(model(x), stock(x), rtol=0, atol=1e-5)
+
+    class Scaled(Conv1D):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    odd = akt.optimize(nn.Sequential(Scaled(8, 4)))
+    assert not isinstance(odd[0], _ops.AutokernelLinear)
+    assert [n for n, _ in odd.autokernel_unsupported] == ["0"]
