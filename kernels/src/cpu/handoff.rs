@@ -16,7 +16,7 @@ use std::cell::UnsafeCell;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread;
+use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 /// How long the caller stays awake (yielding) before it parks: the start of the call, while
@@ -32,9 +32,9 @@ struct Call<F, R> {
 /// Runs the call at address `call` (a `Call<F, R>`) on the worker.
 fn execute<F: FnOnce() -> R, R>(call: usize) {
     let call = call as *const Call<F, R>;
-    // SAFETY: `call` is the caller's `Call`, which outlives this function: the caller waits
-    // until `done` is set, which happens only after this returns, and touches neither cell
-    // meanwhile, so these are the only accesses.
+    // SAFETY: `call` is the caller's `Call`, which outlives this function: the caller does
+    // not return or unwind past it ([`Wait`]) until the job's [`Done`] is dropped, after this
+    // returns, and touches neither cell meanwhile, so these are the only accesses.
     unsafe {
         let f = (*(*call).f.get())
             .take()
@@ -43,8 +43,42 @@ fn execute<F: FnOnce() -> R, R>(call: usize) {
     }
 }
 
-/// Runs `f` through `spawn` (which runs the job it is given once, on another thread) and
-/// returns its result when done; a panic in `f` resumes on this thread.
+/// Owned by the job: says it is done when dropped, whether the job ran or was dropped unrun
+/// (a spawner that failed), so the caller never waits for nothing.
+struct Done {
+    flag: Arc<AtomicBool>,
+    caller: Thread,
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.flag.store(true, Ordering::Release);
+        self.caller.unpark();
+    }
+}
+
+/// Held by the caller from before the job exists: waits for [`Done`] when dropped, so the
+/// caller's frame outlives the job even if `spawn` unwinds after queueing it.
+struct Wait<'a>(&'a AtomicBool);
+
+impl Drop for Wait<'_> {
+    fn drop(&mut self) {
+        let start = Instant::now();
+        while !self.0.load(Ordering::Acquire) {
+            if start.elapsed() < SPIN {
+                thread::yield_now();
+            } else {
+                // Returns on the job's unpark, or spuriously (a token left by an earlier
+                // call): the loop looks again.
+                thread::park();
+            }
+        }
+    }
+}
+
+/// Runs `f` through `spawn` (which runs the job it is given on another thread, or drops it)
+/// and returns its result when done; a panic in `f` resumes on this thread, and a job dropped
+/// unrun is a panic here.
 pub(crate) fn hand_off<R: Send>(
     spawn: impl FnOnce(Box<dyn FnOnce() + Send + 'static>),
     f: impl FnOnce() -> R + Send,
@@ -53,32 +87,27 @@ pub(crate) fn hand_off<R: Send>(
         f: UnsafeCell::new(Some(f)),
         out: UnsafeCell::new(None),
     };
-    let done = Arc::new(AtomicBool::new(false));
+    let flag = Arc::new(AtomicBool::new(false));
+    // Declared after `call`: dropped (waiting) before it, unwinding included.
+    let wait = Wait(&flag);
     let job = {
         let run: fn(usize) = execute_of(&call);
         let addr = &call as *const _ as usize;
-        let (done, caller) = (done.clone(), thread::current());
+        let done = Done {
+            flag: flag.clone(),
+            caller: thread::current(),
+        };
         move || {
             run(addr);
-            done.store(true, Ordering::Release);
-            caller.unpark();
+            drop(done);
         }
     };
     spawn(Box::new(job));
-    let start = Instant::now();
-    while !done.load(Ordering::Acquire) {
-        if start.elapsed() < SPIN {
-            thread::yield_now();
-        } else {
-            // Returns on the job's unpark, or spuriously (a token left by an earlier call):
-            // the loop looks again.
-            thread::park();
-        }
-    }
+    drop(wait);
     match call.out.into_inner() {
         Some(Ok(r)) => r,
         Some(Err(payload)) => panic::resume_unwind(payload),
-        None => unreachable!("the job sets `done` after its result"),
+        None => panic!("the thread pool dropped a handed-over call without running it"),
     }
 }
 
@@ -115,5 +144,37 @@ mod tests {
             7
         });
         assert_eq!(slept, 7);
+    }
+
+    #[test]
+    fn a_spawner_that_unwinds_after_queueing_is_waited_for() {
+        let mut written = [0u8; 4];
+        let caught = panic::catch_unwind(AssertUnwindSafe(|| {
+            hand_off(
+                |job| {
+                    thread::spawn(move || {
+                        thread::sleep(Duration::from_millis(50));
+                        job()
+                    });
+                    panic!("the spawner failed after queueing");
+                },
+                || written[0] = 1,
+            )
+        }));
+        assert!(caught.is_err());
+        assert_eq!(
+            written[0], 1,
+            "the job ran before the caller's frame was left"
+        );
+    }
+
+    #[test]
+    fn a_job_dropped_unrun_is_a_panic_not_a_hang() {
+        assert!(panic::catch_unwind(|| hand_off(drop, || 1)).is_err());
+        let refused = |job: Box<dyn FnOnce() + Send>| {
+            drop(job);
+            panic!("no threads");
+        };
+        assert!(panic::catch_unwind(|| hand_off(refused, || 1)).is_err());
     }
 }

@@ -105,18 +105,22 @@ pub fn threads() -> usize {
 
 /// Runs `f` on a worker when it may fork (`threads > 1`) and this thread is not one of the
 /// pool's already: the runtime's pool inside [`within`], else rayon's current one (handed
-/// over by [`hand_off`]). Otherwise here, directly (a serial call never hops). A panic in `f`
+/// over by [`hand_off`] from a thread outside every pool). Otherwise here, directly (a serial call never hops). A panic in `f`
 /// propagates to the caller.
 pub fn on_workers<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
     if threads <= 1 {
         return f();
     }
+    // A worker of any pool (the runtime's called from another pool's job) must not park:
+    // its own pool may need it, so it hops with rayon's install, which keeps it working.
+    let outside = rayon::current_thread_index().is_none();
     match WORKERS.with(|w| w.borrow().clone()) {
         Some(Workers::Caller) => f(),
-        Some(Workers::Pool(pool)) if pool.current_thread_index().is_none() => {
-            hand_off(|job| pool.spawn(job), f)
-        }
-        None if rayon::current_thread_index().is_none() => hand_off(rayon::spawn, f),
+        Some(Workers::Pool(pool)) if pool.current_thread_index().is_none() => match outside {
+            true => hand_off(|job| pool.spawn(job), f),
+            false => pool.install(f),
+        },
+        None if outside => hand_off(rayon::spawn, f),
         _ => f(),
     }
 }
@@ -124,6 +128,35 @@ pub fn on_workers<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runtimes_calling_each_other_from_their_workers_do_not_deadlock() {
+        // Both workers of pool B call a runtime on pool C, whose job calls one on B: a B
+        // worker waiting for C must go on running B's jobs (had it parked, nobody would run
+        // the job sent back to B).
+        use rayon::prelude::*;
+        let pool = || {
+            Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(2)
+                    .build()
+                    .unwrap(),
+            )
+        };
+        let (b, c) = (pool(), pool());
+        let (wb, wc) = (Workers::Pool(b.clone()), Workers::Pool(c.clone()));
+        let calls: usize = b.install(|| {
+            (0..2)
+                .into_par_iter()
+                .map(|_| {
+                    within(&wc, || {
+                        on_workers(2, || within(&wb, || on_workers(2, || 1)))
+                    })
+                })
+                .sum()
+        });
+        assert_eq!(calls, 2);
+    }
 
     #[test]
     fn a_parallel_call_runs_on_a_worker_and_a_serial_one_here() {

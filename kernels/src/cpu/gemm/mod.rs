@@ -72,10 +72,11 @@ const PARALLEL_MIN_FLOPS: f64 = 2.0 * 256.0 * 256.0 * 256.0;
 
 /// From this many multiply-adds the direct family's default splits the columns over the
 /// cores even below [`PARALLEL_MIN_FLOPS`]: a few-row GEMM is bound by streaming B, which two
-/// cores do faster than one (measured on the Zen 4 VM, 2 threads, consecutive calls:
-/// 1×3072×768 1.5×, 2×3072×768 1.3×, 1×768×3072 and 4×768×768 1.18×; at 1×1024×1024 and
-/// 1×768×768, below it, within noise). The bf16 family's bound, measured on Zen 3.
-const DIRECT_PARALLEL_MIN_MACS: f64 = (1u64 << 21) as f64;
+/// cores do faster than one. Measured on the Zen 4 VM, 2 threads, consecutive calls, with the
+/// hand-over of [`crate::cpu::pool::on_workers`] (which made it pay from 2¹⁹, down from 2²¹):
+/// 1×2304×768 1.7×, 1×768×768 and 2×512×512 1.2×, 4×512×256 1.06×, 8×256×256 0.98×; below
+/// it 1×512×512 and 1×384×384 lose (0.6–0.85×).
+const DIRECT_PARALLEL_MIN_MACS: f64 = (1u64 << 19) as f64;
 
 /// The fallback for `w`: the direct family for small M, the packed family otherwise. The
 /// config is valid (passes `prepare`) for every shape.
