@@ -89,14 +89,11 @@ const KC_VALUES: &[usize] = &[64, 128, 192, 256, 384, 512, 1024, 4096];
 /// Below this many multiply-adds the default stays single-threaded: lower than the f32 and
 /// int8 families' 256³, because few-row bf16 GEMMs are bound by streaming B, which two
 /// cores do faster than one (on a loaded Zen 3, 1×3072×768 went from 225 to 97 µs on 2
-/// threads; at 1×768×768, below this bound, the gain was lost in the noise).
+/// threads; at 1×768×768, below this bound, the gain was lost in the noise). Back-to-back
+/// GEMVs gain from 2¹⁹ on the Zen 4 VM (1×768×768 1.39×), but a GPT-2 decoding step through
+/// the drop-in, whose workers sleep between calls, did not (17.4 ms a token with 2¹⁹, 14.8
+/// and 16.0 with 2²¹, runs apart): kept here.
 const PARALLEL_MIN_MACS: f64 = (1u64 << 21) as f64;
-
-/// The bound for one or two rows, which stream B and nothing else. Measured on the Zen 4 VM,
-/// 2 threads, consecutive calls: 1×768×768 1.39× and 1×2304×768 1.56× over one thread,
-/// 1×512×512 (below it) 0.8×; at the same size with more rows (8×256×256, 32×128×128) two
-/// threads lose 0.6×, hence the general bound above.
-const FEW_ROWS_PARALLEL_MIN_MACS: f64 = (1u64 << 19) as f64;
 
 /// The micro-kernels offered on `hw`: those of its ISA level (AVX2 ones on AVX-512 too),
 /// the `vdpbf16ps` ones only where its flags have AVX512_BF16.
@@ -156,13 +153,7 @@ impl Kernel for GemmBf16 {
 
     fn default_config(&self, w: &Workload, hw: &HardwareFingerprint) -> Config {
         let (m, n, k) = dims(w);
-        let macs = (m * n * k) as f64;
-        let bound = if m <= 2 {
-            FEW_ROWS_PARALLEL_MIN_MACS
-        } else {
-            PARALLEL_MIN_MACS
-        };
-        let big = hw.cores > 1 && macs >= bound;
+        let big = hw.cores > 1 && (m * n * k) as f64 >= PARALLEL_MIN_MACS;
         let uk = default_ukernel(&offered(hw), (m, n), if big { hw.cores } else { 1 });
         let f = uk.a_bytes_per_depth();
         // kc: an A micro-panel (MR×kc f32 or bf16) and a B one (kc×NR bf16) fill ~3/4 of L1.
