@@ -250,6 +250,30 @@ fn named_machines() -> [HardwareFingerprint; 2] {
 }
 
 #[test]
+fn few_row_defaults_split_columns_from_half_a_million_multiply_adds() {
+    // Streaming B: from 2^19 multiply-adds two cores beat one (the rule's measurements are in
+    // gemm/mod.rs); a one-core machine never splits.
+    let direct = kernel("gemm_direct").unwrap();
+    for hw in &named_machines() {
+        let par = |m, n, k| {
+            let c = direct.default_config(&Workload::gemm(m, n, k).unwrap(), hw);
+            (
+                c.get("par").unwrap().to_string(),
+                c.get("threads").unwrap().to_string(),
+            )
+        };
+        let split = ("n".to_string(), hw.cores.to_string());
+        let serial = ("none".to_string(), "1".to_string());
+        assert_eq!(par(1, 768, 768), split, "{}", hw.id);
+        assert_eq!(par(2, 512, 512), split);
+        assert_eq!(par(1, 512, 512), serial);
+        let one = hw.with_cores(1);
+        let c = direct.default_config(&Workload::gemm(1, 3072, 768).unwrap(), &one);
+        assert_eq!(c.get("threads").unwrap().to_string(), "1");
+    }
+}
+
+#[test]
 fn spaces_are_small_nonempty_and_named() {
     let packed = kernel("gemm_packed").unwrap();
     let direct = kernel("gemm_direct").unwrap();
