@@ -297,10 +297,9 @@ class AutokernelLinear(nn.Module):
     def _pack(self, stamp: Optional[tuple]) -> None:
         """Packs the weight as it is now, recording ``stamp`` (its :func:`_stamp`) as packed."""
         if self._kn:
-            self.in_features, self.out_features = self.weight.shape
+            layout, (self.in_features, self.out_features) = "kn", self.weight.shape
         else:
-            self.out_features, self.in_features = self.weight.shape
-        layout = "kn" if self._kn else "nk"
+            layout, (self.out_features, self.in_features) = "nk", self.weight.shape
         with torch.no_grad():
             packed = self._runtime.pack_weight(self.weight.detach(), act=self.act, ms=self._ms, layout=layout)
         self.handle.set((self._runtime, packed))

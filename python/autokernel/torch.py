@@ -187,10 +187,10 @@ def optimize(
     attention: bool = True,
     torch_threads: Optional[int] = 1,
 ) -> nn.Module:
-    """Serves ``model``'s ``nn.Linear`` layers and transformers' ``Conv1D`` ones (GPT-2's; fused
-    with a following ReLU / GELU; a BERT-family
-    block's query/key/value as one GEMM) and its Hugging Face attention through the autokernel
-    runtime; returns the model, changed in place.
+    """Serves ``model``'s ``nn.Linear`` layers and transformers' ``Conv1D`` ones (GPT-2's),
+    fused with a following ReLU / GELU (a BERT-family block's query/key/value as one GEMM), and
+    its Hugging Face attention through the autokernel runtime; returns the model, changed in
+    place.
 
     db: the tuning database (None: kernel defaults). precision, threads: as for
     :class:`autokernel.Runtime` (or pass ``runtime`` instead of all three: with it, any of them

@@ -105,8 +105,8 @@ pub fn threads() -> usize {
 
 /// Runs `f` on a worker when it may fork (`threads > 1`) and this thread is not one of the
 /// pool's already: the runtime's pool inside [`within`], else rayon's current one (handed
-/// over by [`hand_off`] from a thread outside every pool). Otherwise here, directly (a serial call never hops). A panic in `f`
-/// propagates to the caller.
+/// over by [`hand_off`] from a thread outside every pool). Otherwise here, directly (a serial
+/// call never hops). A panic in `f` propagates to the caller.
 pub fn on_workers<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
     if threads <= 1 {
         return f();
