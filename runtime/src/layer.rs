@@ -2,40 +2,13 @@
 //! attention straight from a fused QKV projection's rows ([`Runtime::attention_qkv`]: head
 //! split, the tuned attention, head merge) and the residual add + LayerNorm
 //! ([`add_layer_norm`]). Plain Rust the compiler vectorises, parallel over rows or heads
-//! with rayon, so callers (the BERT encoder, the Python drop-in, C) need no copies of their
+//! ([`pool::each_chunk`]), so callers (the BERT encoder, the Python drop-in, C) need no copies of their
 //! own between the GEMMs.
 
-use kernels::cpu::pool::{self, on_workers};
-use rayon::prelude::*;
+use kernels::cpu::pool;
 
 use crate::ops::buffer;
 use crate::{Level, Runtime, RuntimeError};
-
-/// Values per rayon task: enough work (≈ 21 rows at H = 768) to outweigh a task's cost.
-const TASK_VALUES: usize = 16_384;
-
-/// Calls `f(i, chunk)` on each `chunk`-long piece `i` of `data`: in parallel on the call's
-/// workers ([`on_workers`]), a task per [`TASK_VALUES`] or so, unless all of it is one
-/// task's work or this call may use one thread ([`pool::threads`]); then on this thread (a
-/// call into the pool from outside it costs a wake-up and a sleep, tens of µs on a VM).
-fn each_chunk(data: &mut [f32], chunk: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
-    if chunk == 0 {
-        return;
-    }
-    let threads = pool::threads();
-    if data.len() <= TASK_VALUES || threads == 1 {
-        data.chunks_mut(chunk)
-            .enumerate()
-            .for_each(|(i, c)| f(i, c));
-    } else {
-        on_workers(threads, || {
-            data.par_chunks_mut(chunk)
-                .with_min_len(TASK_VALUES.div_ceil(chunk))
-                .enumerate()
-                .for_each(|(i, c)| f(i, c));
-        });
-    }
-}
 
 /// Sum of a slice with 8 independent accumulators (a vectorisable reduction).
 #[inline]
@@ -76,7 +49,7 @@ pub fn add_layer_norm(
     if x.is_empty() {
         return Ok(());
     }
-    each_chunk(x, h, |i, row| {
+    pool::each_chunk(x, h, |i, row| {
         if let Some(r) = r {
             row.iter_mut()
                 .zip(&r[i * h..][..h])
@@ -152,22 +125,9 @@ impl Runtime {
     /// projection. `key_lens` (one per sequence, each in `0..=seq`) masks a padded batch as
     /// in [`Runtime::attention_masked`]. The tuned variant reads and writes the rows in
     /// place where it can (the fused CPU families do); for one that cannot, the heads are
-    /// split out and merged back in buffers the thread keeps. One entry into rayon's pool
-    /// ([`on_workers`]). Returns the level that answered.
+    /// split out and merged back in buffers the thread keeps. Returns the level that
+    /// answered.
     pub fn attention_qkv(
-        &self,
-        dims: AttentionRows,
-        key_lens: Option<&[i32]>,
-        qkv: &[f32],
-        out: &mut [f32],
-    ) -> Result<Level, RuntimeError> {
-        on_workers(pool::threads(), || {
-            self.attention_qkv_here(dims, key_lens, qkv, out)
-        })
-    }
-
-    /// [`Runtime::attention_qkv`] from this thread.
-    fn attention_qkv_here(
         &self,
         dims: AttentionRows,
         key_lens: Option<&[i32]>,

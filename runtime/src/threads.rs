@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use kernels::cpu::pool::{self, Workers};
+use kernels::cpu::pool::{self, OwnPool, Workers};
 use kernels::HardwareFingerprint;
 
 /// The threads of one runtime. Made by [`Threads::new`]; calls go through [`Threads::run`].
@@ -82,14 +82,10 @@ impl Threads {
         let workers = if t == 1 {
             Workers::Caller
         } else {
-            let own = rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .thread_name(|i| format!("autokernel-{i}"))
-                .build()
-                .map_err(|e| ThreadsError::Spawn {
-                    threads: t,
-                    why: e.to_string(),
-                })?;
+            let own = OwnPool::new(t).map_err(|e| ThreadsError::Spawn {
+                threads: t,
+                why: e.to_string(),
+            })?;
             Workers::Pool(Arc::new(own))
         };
         let pool = Pool::Own(workers);

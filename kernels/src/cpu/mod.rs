@@ -4,6 +4,7 @@
 pub mod amx;
 pub mod attention;
 pub mod bgemm;
+mod fanout;
 pub mod gemm;
 mod handoff;
 pub(crate) mod knobs;

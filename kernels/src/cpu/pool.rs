@@ -1,22 +1,26 @@
-//! Entering rayon's thread pool once per call.
+//! Where a call's parallel work runs: its loops ([`for_each`]), or a whole multi-step op
+//! ([`on_workers`]).
 //!
-//! A parallel region started on a thread outside the pool (a user's thread, the CLI's main
-//! thread, Python's) hands its work to the pool and puts the caller to sleep until it is
-//! done; a call whose work forks several times pays that hand-over and wake-up for every
-//! region. Entered once, every region inside starts from a worker, which takes part in it.
-//! Measured on a 2-vCPU Zen 3 VM (`gemm_speed … --vs`, par over 2 threads against the serial
-//! config, the calls made from outside the pool vs from inside it): `gemm:64x64x64` 0.11×
-//! vs 0.93× the serial speed, `gemm:128x768x768` 0.92× vs 1.62×; BERT-base int8 batch 1×128
-//! forward from inside the pool 4–11% faster (3 of 3 interleaved pairs). The one hand-over
-//! left per call is [`handoff`](super::handoff)'s, whose caller waits awake for a moment
-//! instead of going to sleep at once (1.08–1.19× on calls of 40–300 µs on the 2-vCPU Zen 4
-//! VM).
+//! A kernel's parallel step is one loop over independent items (column panels, row blocks,
+//! heads). Started on a thread outside the pool (a user's thread, the CLI's main thread,
+//! Python's), [`for_each`] lets the caller claim items itself while helpers from the pool
+//! join as they wake and linger a moment after ([`fanout`](super::fanout)), so a call never
+//! waits for a sleeping worker. Handing the call over instead cost two wake-ups whenever the
+//! workers had gone to sleep, i.e. whenever the caller did a little work between calls:
+//! measured on the 2-vCPU Zen 4 VM, 2 threads, `runtime/examples/call_gaps.rs`, an f32
+//! 1×768×3072 GEMV took 249 µs after 160 µs of the caller's work (96 µs back to back); with
+//! [`for_each`] 100 µs after any gap.
 //!
-//! A runtime with a thread count of its own ([`Workers`]) enters its pool the same way, and
-//! only then: [`within`] marks its calls on the caller's thread, a call that forks hops into
-//! its pool once, and a serial one (a small GEMM) runs where it was made. One thread needs no
-//! pool at all. (Entering the pool on every call cost a small GEMM from Python 30 µs on that
-//! VM, against 3 µs here.) The runtime's own parallel steps ask [`threads`], not rayon.
+//! An op of several steps (an encoder layer) enters the pool once with [`on_workers`]: its
+//! steps then start on a worker, and their loops are rayon tasks of that pool (BERT-base
+//! int8 batch 1×128 forward from inside the pool 4–11% faster, measured on a 2-vCPU Zen 3
+//! VM). That one hand-over is [`handoff`](super::handoff)'s, whose caller waits awake for a
+//! moment before it sleeps.
+//!
+//! A runtime with a thread count of its own ([`Workers`]) uses its own pool the same way:
+//! [`within`] marks its calls on the caller's thread, and a serial call (a small GEMM) runs
+//! where it was made. One thread needs no pool at all. The runtime's own parallel steps ask
+//! [`threads`], not rayon.
 //!
 //! Worker threads do not survive `fork()`: in a child forked after they started, the first
 //! parallel step would wait for them forever. The C and Python entry points call [`enter`]
@@ -25,8 +29,9 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::{Arc, LazyLock, Mutex, Once, PoisonError};
 
+use super::fanout::Crew;
 use super::handoff::hand_off;
 
 /// Whether a call has entered the library in this process (so worker threads may exist).
@@ -72,8 +77,42 @@ pub enum Workers {
     /// Nowhere: every step runs on the calling thread (a one-thread runtime).
     Caller,
     /// The runtime's own pool, entered by the calls that fork.
-    Pool(Arc<rayon::ThreadPool>),
+    Pool(Arc<OwnPool>),
 }
+
+/// A runtime's own pool of worker threads, and the helpers its [`for_each`] loops take from it.
+#[derive(Debug)]
+pub struct OwnPool {
+    pool: rayon::ThreadPool,
+    crew: Arc<Crew>,
+}
+
+impl OwnPool {
+    /// Starts `threads` worker threads, named `autokernel-<i>`.
+    pub fn new(threads: usize) -> Result<OwnPool, rayon::ThreadPoolBuildError> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("autokernel-{i}"))
+            .build()?;
+        Ok(OwnPool {
+            pool,
+            crew: Arc::default(),
+        })
+    }
+
+    /// Its worker threads.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// The index of the current thread among this pool's workers, if it is one.
+    pub fn current_thread_index(&self) -> Option<usize> {
+        self.pool.current_thread_index()
+    }
+}
+
+/// The helpers [`for_each`] takes from rayon's process-wide pool.
+static GLOBAL_CREW: LazyLock<Arc<Crew>> = LazyLock::new(Arc::default);
 
 thread_local! {
     /// The workers of the runtime call this thread is in ([`within`]).
@@ -98,7 +137,7 @@ pub fn within<R>(workers: &Workers, f: impl FnOnce() -> R) -> R {
 pub fn threads() -> usize {
     WORKERS.with(|w| match &*w.borrow() {
         Some(Workers::Caller) => 1,
-        Some(Workers::Pool(pool)) => pool.current_num_threads(),
+        Some(Workers::Pool(own)) => own.threads(),
         None => rayon::current_num_threads(),
     })
 }
@@ -116,13 +155,78 @@ pub fn on_workers<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
     let outside = rayon::current_thread_index().is_none();
     match WORKERS.with(|w| w.borrow().clone()) {
         Some(Workers::Caller) => f(),
-        Some(Workers::Pool(pool)) if pool.current_thread_index().is_none() => match outside {
-            true => hand_off(|job| pool.spawn(job), f),
-            false => pool.install(f),
+        Some(Workers::Pool(own)) if own.current_thread_index().is_none() => match outside {
+            true => hand_off(|job| own.pool.spawn(job), f),
+            false => own.pool.install(f),
         },
         None if outside => hand_off(rayon::spawn, f),
         _ => f(),
     }
+}
+
+/// Runs `f` on every item, each once, on up to `threads` threads that take the next item
+/// whenever they are free (so a core slowed down by a neighbour does fewer). On a thread
+/// outside every pool the caller is one of them, and helpers from the pool (the runtime's
+/// inside [`within`], else rayon's process-wide one) join as they wake
+/// ([`fanout`](super::fanout)): a call never waits for a sleeping worker. On a worker, rayon
+/// tasks of its pool. Serial where `threads` is 1 or there is one item. A panic in `f`
+/// propagates to the caller once no item is running.
+pub fn for_each<T: Send>(threads: usize, items: Vec<T>, f: impl Fn(T) + Sync + Send) {
+    if threads <= 1 || items.len() <= 1 {
+        return items.into_iter().for_each(f);
+    }
+    let outside = rayon::current_thread_index().is_none();
+    match WORKERS.with(|w| w.borrow().clone()) {
+        Some(Workers::Caller) => items.into_iter().for_each(f),
+        Some(Workers::Pool(own)) if own.current_thread_index().is_none() => match outside {
+            true => own
+                .crew
+                .for_each(|job| own.pool.spawn(job), threads - 1, items, f),
+            false => own.pool.install(|| self_scheduled(threads, items, f)),
+        },
+        None if outside => GLOBAL_CREW.for_each(rayon::spawn, threads - 1, items, f),
+        _ => self_scheduled(threads, items, f),
+    }
+}
+
+/// Values a task of [`each_chunk`] takes at least: enough work (≈ 21 rows at H = 768) to
+/// outweigh a task's cost.
+pub(crate) const TASK_VALUES: usize = 1 << 14;
+
+/// Calls `f(i, chunk)` on each `len`-long piece `i` of `data` (the last may be shorter), in
+/// tasks of at least [`TASK_VALUES`] values over the threads this call may use
+/// ([`for_each`], [`threads`]): all on this thread when that is one task's work.
+pub fn each_chunk(data: &mut [f32], len: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if len == 0 {
+        return;
+    }
+    let per = TASK_VALUES.div_ceil(len);
+    let tasks: Vec<_> = data.chunks_mut(per * len).enumerate().collect();
+    for_each(threads(), tasks, |(t, part)| {
+        for (i, piece) in part.chunks_mut(len).enumerate() {
+            f(t * per + i, piece);
+        }
+    });
+}
+
+/// [`for_each`] on a worker: this thread and up to `threads - 1` rayon tasks of its pool,
+/// each taking the next item from a shared queue when it is done with the previous one.
+fn self_scheduled<T: Send>(threads: usize, items: Vec<T>, f: impl Fn(T) + Sync) {
+    let tasks = threads.min(items.len());
+    let queue = Mutex::new(items.into_iter());
+    let work = || loop {
+        let item = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
+        match item {
+            Some(item) => f(item),
+            None => break,
+        }
+    };
+    rayon::scope(|s| {
+        for _ in 1..tasks {
+            s.spawn(|_| work());
+        }
+        work();
+    });
 }
 
 #[cfg(test)]
@@ -131,21 +235,14 @@ mod tests {
 
     #[test]
     fn runtimes_calling_each_other_from_their_workers_do_not_deadlock() {
+        use rayon::prelude::*;
         // Both workers of pool B call a runtime on pool C, whose job calls one on B: a B
         // worker waiting for C must go on running B's jobs (had it parked, nobody would run
         // the job sent back to B).
-        use rayon::prelude::*;
-        let pool = || {
-            Arc::new(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(2)
-                    .build()
-                    .unwrap(),
-            )
-        };
+        let pool = || Arc::new(OwnPool::new(2).unwrap());
         let (b, c) = (pool(), pool());
         let (wb, wc) = (Workers::Pool(b.clone()), Workers::Pool(c.clone()));
-        let calls: usize = b.install(|| {
+        let calls: usize = b.pool.install(|| {
             (0..2)
                 .into_par_iter()
                 .map(|_| {
@@ -181,12 +278,7 @@ mod tests {
             assert_eq!(threads(), 1);
             assert!(on_workers(2, rayon::current_thread_index).is_none());
         });
-        let own = Arc::new(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(3)
-                .build()
-                .unwrap(),
-        );
+        let own = Arc::new(OwnPool::new(3).unwrap());
         within(&Workers::Pool(own.clone()), || {
             assert_eq!(threads(), 3);
             // A serial call stays here; one that forks runs on the runtime's pool, and
@@ -216,6 +308,102 @@ mod tests {
             rayon::current_num_threads(),
             "restored after a panic"
         );
+    }
+
+    #[test]
+    fn for_each_runs_every_item_once_borrowing_from_the_caller() {
+        let own = Arc::new(OwnPool::new(3).unwrap());
+        for threads in [1, 2, 3] {
+            for len in [0, 1, 2, 7, 1000] {
+                let data: Vec<u64> = (0..len).collect();
+                let mut out = vec![0u64; len as usize];
+                let items = out.iter_mut().zip(&data).collect();
+                for_each(threads, items, |(o, d)| *o += d * 2);
+                assert!(
+                    out.iter().zip(&data).all(|(o, d)| *o == d * 2),
+                    "{threads} {len}"
+                );
+                // The same from a runtime's own pool, and from one of its workers.
+                within(&Workers::Pool(own.clone()), || {
+                    for_each(threads, out.iter_mut().collect(), |o| *o += 1);
+                    own.pool
+                        .install(|| for_each(threads, out.iter_mut().collect(), |o| *o += 1));
+                });
+                assert!(
+                    out.iter().zip(&data).all(|(o, d)| *o == d * 2 + 2),
+                    "{threads} {len}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn for_each_takes_no_more_threads_than_asked() {
+        use std::collections::HashSet;
+        let own = Arc::new(OwnPool::new(4).unwrap());
+        let seen = Mutex::new(HashSet::new());
+        let item = |_: usize| {
+            seen.lock().unwrap().insert(std::thread::current().id());
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        };
+        within(&Workers::Pool(own.clone()), || {
+            // Four threads' helpers are awake for the next loop, which asks for two.
+            for_each(4, (0..64).collect(), item);
+            seen.lock().unwrap().clear();
+            for_each(2, (0..64).collect(), item);
+            assert!(seen.lock().unwrap().len() <= 2, "outside the pool");
+            seen.lock().unwrap().clear();
+            own.pool.install(|| for_each(2, (0..64).collect(), item));
+            assert!(seen.lock().unwrap().len() <= 2, "on a worker");
+        });
+    }
+
+    #[test]
+    fn a_panic_in_for_each_comes_back_to_its_caller_and_the_pool_goes_on() {
+        for _ in 0..20 {
+            let caught = std::panic::catch_unwind(|| {
+                for_each(2, (0..50).collect(), |i: usize| {
+                    if i == 5 {
+                        panic!("item five");
+                    }
+                })
+            });
+            let payload = caught.unwrap_err();
+            assert_eq!(payload.downcast_ref::<&str>(), Some(&"item five"));
+        }
+        let sum = std::sync::atomic::AtomicUsize::new(0);
+        for_each(2, (0..100).collect(), |i: usize| {
+            sum.fetch_add(i, Ordering::Relaxed);
+        });
+        assert_eq!(sum.into_inner(), 4950);
+    }
+
+    #[test]
+    fn concurrent_and_nested_for_each_loops_each_see_all_their_items() {
+        use std::sync::atomic::AtomicUsize;
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                s.spawn(move || {
+                    for round in 0..100 {
+                        let sum = AtomicUsize::new(0);
+                        for_each(2, (0..16).collect(), |i: usize| {
+                            // Some items start loops of their own (from the caller's thread,
+                            // or from a worker).
+                            let inner = AtomicUsize::new(0);
+                            if (i + round + t).is_multiple_of(5) {
+                                for_each(2, (0..4).collect(), |j: usize| {
+                                    inner.fetch_add(j, Ordering::Relaxed);
+                                });
+                            } else {
+                                inner.store(6, Ordering::Relaxed);
+                            }
+                            sum.fetch_add(i + inner.into_inner(), Ordering::Relaxed);
+                        });
+                        assert_eq!(sum.into_inner(), 120 + 16 * 6, "thread {t} round {round}");
+                    }
+                });
+            }
+        });
     }
 
     /// A child forked after a call entered the library is refused; the parent goes on.

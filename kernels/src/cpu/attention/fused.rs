@@ -31,7 +31,7 @@
 //! the key and value blocks re-read from L2 for every MR-row group, where the tuned GEMM
 //! keeps its B panel in L1 (its Q·Kᵀ and P·V halves alone run at 94-97 GFLOP/s).
 
-use rayon::prelude::*;
+use crate::cpu::pool;
 
 use super::layout::{Part, Rows};
 use super::ukernel::{pack_keys, AttnTile, StepArgs, Values};
@@ -366,10 +366,6 @@ impl Flash for FusedAttention {
         }
     }
 
-    fn par(&self) -> AttnPar {
-        self.par
-    }
-
     /// The checked call, from this thread: `q`, `k`, `v` and `out` laid out as `rows` says.
     fn attend(&self, rows: Rows, [q, k, v]: [&[f32]; 3], lens: Option<&[i32]>, out: &mut [f32]) {
         let (s, d) = (self.s, self.d);
@@ -400,17 +396,8 @@ impl Flash for FusedAttention {
                 let pack = |(hd, (kp, vp)): (usize, (&mut [f32], &mut [f32]))| {
                     self.pack_head(&cx, hd, kp, vp)
                 };
-                if self.par.threads() > 1 {
-                    kpre.par_chunks_mut(per_head)
-                        .zip(vpre.par_chunks_mut(s * dp))
-                        .enumerate()
-                        .for_each(pack);
-                } else {
-                    kpre.chunks_mut(per_head)
-                        .zip(vpre.chunks_mut(s * dp))
-                        .enumerate()
-                        .for_each(pack);
-                }
+                let heads = kpre.chunks_mut(per_head).zip(vpre.chunks_mut(s * dp));
+                pool::for_each(self.par.threads(), heads.enumerate().collect(), pack);
                 let cx = Ctx {
                     kpre: Some(kpre),
                     vpre: Some(vpre),

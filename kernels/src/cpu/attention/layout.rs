@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 
-use rayon::prelude::*;
+use crate::cpu::pool;
 
 use crate::cpu::gemm::view::CView;
 use crate::error::Result;
@@ -120,12 +120,9 @@ impl Rows {
     }
 }
 
-/// Values a parallel copy task moves at least (below, one thread does all).
-const TASK_VALUES: usize = 1 << 14;
-
 /// The copy [`Layout::QkvRows`] saves a variant that reads it in place: `qkv` (`[B·S,
 /// 3·H·D]`) split into `heads_out` = Q, K, V one after the other, each `[B, H, S, D]`
-/// (`rows`' layout is not used). In parallel on the current rayon pool.
+/// (`rows`' layout is not used). In parallel over the call's threads ([`pool::threads`]).
 pub fn split_heads(rows: &Rows, qkv: &[f32], heads_out: &mut [f32]) {
     let (b, h, s, d) = (rows.b, rows.h, rows.s, rows.d);
     let by_rows = Rows {
@@ -134,33 +131,26 @@ pub fn split_heads(rows: &Rows, qkv: &[f32], heads_out: &mut [f32]) {
     };
     assert!(qkv.len() == by_rows.input_len() && heads_out.len() == qkv.len());
     let parts = [Part::Q, Part::K, Part::V];
-    heads_out
-        .par_chunks_mut(s * d)
-        .with_min_len(TASK_VALUES.div_ceil(s * d))
-        .enumerate()
-        .for_each(|(i, dst)| {
-            let (part, hd) = (parts[i / (b * h)], i % (b * h));
-            let src = by_rows.head(qkv, hd, part);
-            for (r, row) in dst.chunks_exact_mut(d).enumerate() {
-                row.copy_from_slice(&src[r * by_rows.ld()..][..d]);
-            }
-        });
+    pool::each_chunk(heads_out, s * d, |i, dst| {
+        let (part, hd) = (parts[i / (b * h)], i % (b * h));
+        let src = by_rows.head(qkv, hd, part);
+        for (r, row) in dst.chunks_exact_mut(d).enumerate() {
+            row.copy_from_slice(&src[r * by_rows.ld()..][..d]);
+        }
+    });
 }
 
 /// The inverse copy for the output: `ctx` (`[B, H, S, D]`) into `out` rows (`[B·S, H·D]`,
-/// head `h` at columns `h·D..`). In parallel on the current rayon pool.
+/// head `h` at columns `h·D..`). In parallel over the call's threads ([`pool::threads`]).
 pub fn merge_heads(rows: &Rows, ctx: &[f32], out: &mut [f32]) {
     let (h, s, d) = (rows.h, rows.s, rows.d);
     assert!(ctx.len() == rows.b * h * s * d && out.len() == ctx.len());
-    out.par_chunks_mut(h * d)
-        .with_min_len(TASK_VALUES.div_ceil(h * d))
-        .enumerate()
-        .for_each(|(row, dst)| {
-            let (b, i) = (row / s, row % s);
-            for (hh, piece) in dst.chunks_exact_mut(d).enumerate() {
-                piece.copy_from_slice(&ctx[((b * h + hh) * s + i) * d..][..d]);
-            }
-        });
+    pool::each_chunk(out, h * d, |row, dst| {
+        let (b, i) = (row / s, row % s);
+        for (hh, piece) in dst.chunks_exact_mut(d).enumerate() {
+            piece.copy_from_slice(&ctx[((b * h + hh) * s + i) * d..][..d]);
+        }
+    });
 }
 
 thread_local! {
@@ -308,7 +298,7 @@ mod tests {
             d: 65,
         };
         let n = rows.b * rows.h * rows.s * rows.d;
-        assert!(n > 2 * TASK_VALUES);
+        assert!(n > 2 * pool::TASK_VALUES);
         let qkv: Vec<f32> = (0..3 * n).map(|i| i as f32).collect();
         let mut all = vec![0.0; 3 * n];
         split_heads(&rows, &qkv, &mut all);

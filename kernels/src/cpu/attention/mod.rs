@@ -47,14 +47,13 @@ pub mod layout;
 pub mod ukernel;
 pub mod unfused;
 
-use crate::cpu::gemm::packed::self_scheduled;
 use crate::cpu::gemm::view::CView;
 use crate::cpu::gemm::Packed;
 use crate::cpu::knobs::{
     cap_rule, int_knob, int_listed, invalid, par_threads_listed, serial_iff_one_thread, snap,
     str_knob, str_listed, thread_values, unsupported,
 };
-use crate::cpu::pool::on_workers;
+use crate::cpu::pool;
 use crate::cpu::Isa;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -126,7 +125,7 @@ impl AttnPar {
             }
             AttnPar::Heads(t) => {
                 let items: Vec<_> = heads.into_iter().enumerate().collect();
-                self_scheduled(t, items, |(hd, oh)| head(hd, oh));
+                pool::for_each(t, items, |(hd, oh)| head(hd, oh));
             }
             AttnPar::Blocks(t) => {
                 let mut items: Vec<(usize, usize, CView<'a>)> = Vec::new();
@@ -138,7 +137,7 @@ impl AttnPar {
                 if causal {
                     items.sort_by_key(|&(hd, i0, _)| (std::cmp::Reverse(i0), hd));
                 }
-                self_scheduled(t, items, |(hd, i0, ob)| block(hd, i0, ob));
+                pool::for_each(t, items, |(hd, i0, ob)| block(hd, i0, ob));
             }
         }
     }
@@ -150,8 +149,6 @@ impl AttnPar {
 trait Flash: Sync {
     /// The workload it was prepared for.
     fn workload(&self) -> Workload;
-    /// Its split across threads.
-    fn par(&self) -> AttnPar;
     fn attend(&self, rows: Rows, qkv: [&[f32]; 3], key_lens: Option<&[i32]>, out: &mut [f32]);
 
     /// [`Executable::run`]: the workload's `[B, H, S, D]` operands.
@@ -159,7 +156,7 @@ trait Flash: Sync {
         let w = self.workload();
         let (qkv, lens, out) = host_attention(&w, inputs, out)?;
         let rows = Rows::of(&w, Layout::Heads);
-        on_workers(self.par().threads(), || self.attend(rows, qkv, lens, out));
+        self.attend(rows, qkv, lens, out);
         Ok(())
     }
 
@@ -168,9 +165,7 @@ trait Flash: Sync {
         let w = self.workload();
         host_qkv_rows(&w, qkv, key_lens, out)?;
         let rows = Rows::of(&w, Layout::QkvRows);
-        on_workers(self.par().threads(), || {
-            self.attend(rows, [qkv; 3], key_lens, out)
-        });
+        self.attend(rows, [qkv; 3], key_lens, out);
         Ok(())
     }
 }

@@ -8,8 +8,7 @@
 
 use super::ukernel::softmax_row;
 use crate::cpu::gemm::pack::{with_buffer, Pool};
-use crate::cpu::gemm::packed::self_scheduled;
-use crate::cpu::pool::on_workers;
+use crate::cpu::pool;
 use crate::kernel::Executable;
 use crate::operand::{host_attention, Operand, OperandMut};
 use crate::{DType, Workload};
@@ -105,12 +104,10 @@ impl Executable for UnfusedAttention {
         };
         let ([q, k, v], lens, out) = host_attention(&w, inputs, out)?;
         let items: Vec<_> = out.chunks_exact_mut(hs).enumerate().collect();
-        on_workers(self.head_tasks, || {
-            self_scheduled(self.head_tasks, items, |(hd, o)| {
-                let r = hd * hs..(hd + 1) * hs;
-                let keys = lens.map_or(self.s, |l| usize::try_from(l[hd / self.h]).unwrap_or(0));
-                self.head(&q[r.clone()], &k[r.clone()], &v[r], keys, o);
-            })
+        pool::for_each(self.head_tasks, items, |(hd, o)| {
+            let r = hd * hs..(hd + 1) * hs;
+            let keys = lens.map_or(self.s, |l| usize::try_from(l[hd / self.h]).unwrap_or(0));
+            self.head(&q[r.clone()], &k[r.clone()], &v[r], keys, o);
         });
         Ok(())
     }

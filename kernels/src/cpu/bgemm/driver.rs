@@ -18,8 +18,6 @@
 
 use std::ops::Range;
 
-use rayon::prelude::*;
-
 use super::convert::{pack_a_rounded, Bf16B};
 use super::layout::{pack_a_pair_rows, APack};
 use super::ukernel::{halves_mut, Bf16Kernel};
@@ -27,7 +25,7 @@ use crate::cpu::gemm::epilogue::{gemm_operands, gemm_operands_prepared};
 use crate::cpu::gemm::pack::{with_buffer, Pool};
 use crate::cpu::gemm::ukernel::TileEpilogue;
 use crate::cpu::gemm::view::CView;
-use crate::cpu::pool::on_workers;
+use crate::cpu::pool;
 use crate::cpu::weights::WeightCache;
 use crate::error::{Error, Result};
 use crate::kernel::{Executable, PreparedWeight, WeightFormat};
@@ -100,20 +98,14 @@ impl BGemm {
     /// `c = ep(round(a) · bb)`: row blocks split over `threads` tasks (`par = m`), column
     /// panels split over them (`par = n`), or one task.
     fn compute(&self, a: &[f32], bb: &Bf16B, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
-        on_workers(self.threads, || self.compute_here(a, bb, ep, c));
-    }
-
-    /// [`BGemm::compute`] from this thread.
-    fn compute_here(&self, a: &[f32], bb: &Bf16B, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
         let (m, n, mr, nr) = (self.m, self.n, self.uk.mr, self.uk.nr);
         let panels = bb.panels();
         let mut view = CView::new(c, m, n, n);
         let t = self.threads;
         match self.split {
             Split::M if t > 1 && m > mr => {
-                view.row_chunks(m.div_ceil(mr).div_ceil(t) * mr)
-                    .into_par_iter()
-                    .for_each(|(r0, v)| self.task(a, bb, ep, r0, 0..panels, v));
+                let tasks = view.row_chunks(m.div_ceil(mr).div_ceil(t) * mr);
+                pool::for_each(t, tasks, |(r0, v)| self.task(a, bb, ep, r0, 0..panels, v));
             }
             Split::N if t > 1 && panels > 1 => {
                 let per_task = panels.div_ceil(t);
@@ -125,9 +117,7 @@ impl BGemm {
                     (q0, view) = (q0 + per_task, rest);
                 }
                 tasks.push((q0..panels, view));
-                tasks
-                    .into_par_iter()
-                    .for_each(|(qs, v)| self.task(a, bb, ep, 0, qs, v));
+                pool::for_each(t, tasks, |(qs, v)| self.task(a, bb, ep, 0, qs, v));
             }
             _ => self.task(a, bb, ep, 0, 0..panels, view),
         }

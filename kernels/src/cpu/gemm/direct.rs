@@ -10,9 +10,7 @@
 //!       C[it.., jt..] (+)= A[it.., pc..] · B[pc.., jt..]
 //! ```
 
-use rayon::prelude::*;
-
-use crate::cpu::pool::on_workers;
+use crate::cpu::pool;
 
 use super::ukernel::{DirectUkernel, TileEpilogue};
 use super::view::CView;
@@ -71,9 +69,7 @@ impl DirectGemm {
         if let Some(ep) = &ep {
             assert_eq!(ep.bias.len(), n, "bias must have N = {n} values");
         }
-        on_workers(self.par.threads(), || {
-            self.gemm(a, b, CView::new(c, m, n, n), ep)
-        });
+        self.gemm(a, b, CView::new(c, m, n, n), ep);
     }
 
     /// Rows `i0..i0+c.rows()` × columns `j0..j0+c.cols()` of C; `ep`'s bias covers all N.
@@ -135,15 +131,13 @@ impl DirectGemm {
         match self.par {
             Par::None => self.block(a, b, c, (0, 0), ep),
             Par::M(t) => {
-                c.row_chunks(self.m.div_ceil(t))
-                    .into_par_iter()
-                    .for_each(|(i0, view)| self.block(a, b, view, (i0, 0), ep));
+                let tasks = c.row_chunks(self.m.div_ceil(t));
+                pool::for_each(t, tasks, |(i0, view)| self.block(a, b, view, (i0, 0), ep));
             }
             Par::N(t) => {
                 let lanes = self.uk.lanes;
-                c.col_chunks(self.n.div_ceil(t).div_ceil(lanes) * lanes)
-                    .into_par_iter()
-                    .for_each(|(j0, view)| self.block(a, b, view, (0, j0), ep));
+                let tasks = c.col_chunks(self.n.div_ceil(t).div_ceil(lanes) * lanes);
+                pool::for_each(t, tasks, |(j0, view)| self.block(a, b, view, (0, j0), ep));
             }
         }
     }

@@ -73,7 +73,8 @@ const PARALLEL_MIN_FLOPS: f64 = 2.0 * 256.0 * 256.0 * 256.0;
 /// From this many multiply-adds the direct family's default splits the columns over the
 /// cores even below [`PARALLEL_MIN_FLOPS`]: a few-row GEMM is bound by streaming B, which two
 /// cores do faster than one. Measured on the Zen 4 VM, 2 threads, consecutive calls, with the
-/// hand-over of [`crate::cpu::pool::on_workers`] (which made it pay from 2¹⁹, down from 2²¹):
+/// waking hand-over (which made it pay from 2¹⁹, down from 2²¹; [`crate::cpu::pool::for_each`]
+/// has since replaced it):
 /// 1×2304×768 1.7×, 1×768×768 and 2×512×512 1.2×, 4×512×256 1.06×, 8×256×256 0.98×; below
 /// it 1×512×512 and 1×384×384 lose (0.6–0.85×).
 const DIRECT_PARALLEL_MIN_MACS: f64 = (1u64 << 19) as f64;

@@ -10,15 +10,11 @@
 //!           for ir in 0..mc step MR micro-kernel: C[ir.., jr..] (+)= A_panel · B_panel
 //! ```
 
-use std::sync::Mutex;
-
-use rayon::prelude::*;
-
 use super::pack::{pack_a, pack_b, with_buffer, AlignedBuf, Pool};
 use super::ukernel::{prefetch_lines, ATiles, BPanel, PackedUkernel, TileEpilogue};
 use super::view::CView;
 use super::Par;
-use crate::cpu::pool::on_workers;
+use crate::cpu::pool;
 use crate::kernel::Executable;
 use crate::operand::{host_f32, Operand, OperandMut};
 use crate::{DType, Workload};
@@ -217,8 +213,7 @@ impl PackedGemm {
         if let Some(ep) = &ep {
             assert_eq!(ep.bias.len(), n, "bias must have N = {n} values");
         }
-        let threads = self.par.threads();
-        on_workers(threads, || self.gemm(a, b, CView::new(c, m, n, n), ep));
+        self.gemm(a, b, CView::new(c, m, n, n), ep);
     }
 
     /// `C = A·B` into the window `c` (the whole output), with the epilogue `ep` (bias of
@@ -268,11 +263,10 @@ impl PackedGemm {
                             let bpack = bbuf.slice(panels * nr * kcb);
                             if threads > 1 && panels > 1 {
                                 let per = panels.div_ceil(threads);
-                                bpack.par_chunks_mut(per * panel_len).enumerate().for_each(
-                                    |(t, part)| {
-                                        pack_b(b, n, (pc, kcb), (jc, ncb), nr, t * per, part)
-                                    },
-                                );
+                                let parts = bpack.chunks_mut(per * panel_len).enumerate();
+                                pool::for_each(threads, parts.collect(), |(t, part)| {
+                                    pack_b(b, n, (pc, kcb), (jc, ncb), nr, t * per, part)
+                                });
                             } else {
                                 pack_b(b, n, (pc, kcb), (jc, ncb), nr, 0, bpack);
                             }
@@ -284,14 +278,14 @@ impl PackedGemm {
                         Par::M(t) => {
                             // Row blocks pulled by `t` tasks as they get free, so a core that
                             // is slowed down (shared machines) does fewer of them.
-                            self_scheduled(t, self.row_blocks(block, t), |(row0, view)| {
+                            pool::for_each(t, self.row_blocks(block, t), |(row0, view)| {
                                 self.rows_task(a, bblock, view, row0, depth, ep, prefetch)
                             });
                         }
                         Par::N(t) => {
                             let per = panels.div_ceil(t);
                             let parts = column_parts(block, per, nr);
-                            parts.into_par_iter().for_each(|(q, view)| {
+                            pool::for_each(t, parts, |(q, view)| {
                                 let bp = bblock.skip(q, nr, kcb);
                                 let ep = ep.map(|e| e.skip(q * nr));
                                 self.rows_task(a, bp, view, 0, depth, ep, prefetch)
@@ -328,7 +322,7 @@ impl PackedGemm {
             .into_iter()
             .zip(bpack.chunks_mut(per * panel_len))
             .collect();
-        parts.into_par_iter().for_each(|((q, view), chunk)| {
+        pool::for_each(t, parts, |((q, view), chunk)| {
             pack_b(b, self.n, (pc, kcb), (jc, ncb), nr, q, chunk);
             let ep = ep.map(|e| e.skip(q * nr));
             self.rows_task(a, BBlock::Packed(chunk), view, 0, (pc, kcb), ep, false);
@@ -354,7 +348,7 @@ impl PackedGemm {
         t: usize,
     ) {
         let (n, k) = (self.n, self.k);
-        self_scheduled(t, self.row_blocks(c, t), |(row0, mut view)| {
+        pool::for_each(t, self.row_blocks(c, t), |(row0, mut view)| {
             let rows = view.rows();
             for jc in (0..n).step_by(self.nc) {
                 let ncb = self.nc.min(n - jc);
@@ -502,27 +496,6 @@ fn column_parts(block: CView<'_>, per: usize, nr: usize) -> Vec<(usize, CView<'_
         *first /= nr;
     }
     parts
-}
-
-/// Runs `f` on every item with at most `threads` rayon tasks, each taking the next item
-/// from a shared queue when it is done with the previous one.
-pub(crate) fn self_scheduled<T: Send>(threads: usize, items: Vec<T>, f: impl Fn(T) + Sync) {
-    let tasks = threads.min(items.len());
-    if tasks <= 1 {
-        items.into_iter().for_each(f);
-        return;
-    }
-    let queue = Mutex::new(items.into_iter());
-    let next = || queue.lock().unwrap_or_else(|e| e.into_inner()).next();
-    rayon::scope(|s| {
-        for _ in 0..tasks {
-            s.spawn(|_| {
-                while let Some(item) = next() {
-                    f(item);
-                }
-            });
-        }
-    });
 }
 
 impl Executable for PackedGemm {

@@ -44,7 +44,7 @@ use crate::cpu::knobs::{
     cap_rule, first_at_least, int_knob, int_listed, invalid, par_threads_listed,
     serial_iff_one_thread, str_knob, str_listed, thread_values, unsupported,
 };
-use crate::cpu::pool::on_workers;
+use crate::cpu::pool;
 use crate::cpu::weights::WeightCache;
 use crate::cpu::Isa;
 use crate::dtype::DType;
@@ -337,11 +337,6 @@ impl QGemm {
     /// quantising its own rows (`par = m`), or column panels split over them (`par = n`,
     /// the only parallelism for a handful of rows), or one task.
     fn compute(&self, a: &[f32], qb: &QuantB, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
-        on_workers(self.threads, || self.compute_here(a, qb, ep, c));
-    }
-
-    /// [`QGemm::compute`] from this thread.
-    fn compute_here(&self, a: &[f32], qb: &QuantB, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
         let (m, n, k, mr) = (self.m, self.n, self.k, self.uk.mr);
         let panels = n.div_ceil(self.uk.nr);
         let per_task = m.div_ceil(mr).div_ceil(self.threads).max(1) * mr;
@@ -350,12 +345,11 @@ impl QGemm {
                 self.rows(qa, qb, ep, 0..panels, Out { c, ld: n, col0: 0 });
             })
         };
-        use rayon::prelude::*;
         match self.split {
-            Split::M if self.threads > 1 && per_task < m => a
-                .par_chunks(per_task * k)
-                .zip(c.par_chunks_mut(per_task * n))
-                .for_each(whole),
+            Split::M if self.threads > 1 && per_task < m => {
+                let tasks = a.chunks(per_task * k).zip(c.chunks_mut(per_task * n));
+                pool::for_each(self.threads, tasks.collect(), whole);
+            }
             Split::N if self.threads > 1 && panels > 1 => {
                 with_quantised(a, k, self.a_quant, self.uk.max_code, |qa| {
                     self.column_tasks(qa, qb, ep, c);
@@ -368,27 +362,32 @@ impl QGemm {
     /// `par = n`: contiguous ranges of column panels on `threads` tasks, each into a buffer
     /// of its own (rows × its columns), copied into C once all are done.
     fn column_tasks(&self, qa: &QuantA, qb: &QuantB, ep: Option<TileEpilogue<'_>>, c: &mut [f32]) {
-        use rayon::prelude::*;
         let (m, n, nr) = (self.m, self.n, self.uk.nr);
         let panels = n.div_ceil(nr);
         let per_task = panels.div_ceil(self.threads);
-        let blocks: Vec<(usize, usize, Vec<f32>)> = (0..panels)
-            .into_par_iter()
+        let mut blocks: Vec<(usize, usize, Vec<f32>)> = (0..panels)
             .step_by(per_task)
             .map(|p0| {
                 let p1 = (p0 + per_task).min(panels);
-                let (col0, width) = (p0 * nr, (p1 * nr).min(n) - p0 * nr);
-                let mut buf = vec![0.0f32; m * width];
-                let out = Out {
-                    c: &mut buf,
-                    ld: width,
-                    col0,
-                };
-                self.rows(qa, qb, ep, p0..p1, out);
-                (col0, width, buf)
+                let width = (p1 * nr).min(n) - p0 * nr;
+                (p0, p1, vec![0.0f32; m * width])
             })
             .collect();
-        for (col0, width, buf) in blocks {
+        pool::for_each(
+            self.threads,
+            blocks.iter_mut().collect(),
+            |(p0, p1, buf)| {
+                let ld = buf.len() / m;
+                let out = Out {
+                    c: buf,
+                    ld,
+                    col0: *p0 * nr,
+                };
+                self.rows(qa, qb, ep, *p0..*p1, out);
+            },
+        );
+        for (p0, _, buf) in blocks {
+            let (col0, width) = (p0 * nr, buf.len() / m);
             for (row, src) in c.chunks_exact_mut(n).zip(buf.chunks_exact(width)) {
                 row[col0..col0 + width].copy_from_slice(src);
             }

@@ -5,7 +5,7 @@
 //! end. Causal masking skips fully masked key blocks; key lengths end a batch's key range
 //! (keys and values past it are packed as zeros and never visited; a length 0 gives zeros).
 
-use rayon::prelude::*;
+use crate::cpu::pool;
 
 use super::ukernel::{pack_keys, pack_values, Bf16Tile, StepArgs, LANES, MAX_MR};
 use crate::cpu::attention::layout::{Part, Rows};
@@ -252,10 +252,6 @@ impl Flash for Bf16Attention {
         }
     }
 
-    fn par(&self) -> AttnPar {
-        self.par
-    }
-
     /// The checked call, from this thread: `q`, `k`, `v` and `out` laid out as `rows` says.
     /// With `par = blocks` every head's keys and values are packed up front (tasks split
     /// heads); otherwise each head's task packs its own ([`Self::head`]).
@@ -283,11 +279,10 @@ impl Flash for Bf16Attention {
                 let pack = |(hd, (kp, vp)): (usize, (&mut [u32], &mut [u32]))| {
                     self.pack_head(&cx, hd, kp, vp)
                 };
-                kpack
-                    .par_chunks_mut(dm.kstride)
-                    .zip(vpack.par_chunks_mut(dm.vstride))
-                    .enumerate()
-                    .for_each(pack);
+                let heads = kpack
+                    .chunks_mut(dm.kstride)
+                    .zip(vpack.chunks_mut(dm.vstride));
+                pool::for_each(self.par.threads(), heads.enumerate().collect(), pack);
                 let cx = Ctx {
                     kpack: Some(kpack),
                     vpack: Some(vpack),
