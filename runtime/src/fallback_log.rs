@@ -37,7 +37,7 @@ impl FallbackLog {
         let io = |context: &str, source| RuntimeError::FallbackLog {
             path: path.to_path_buf(),
             context: context.to_string(),
-            source,
+            cause: source,
         };
         let not_a_log = |why: String| io("refused", std::io::Error::other(why));
         if let Ok(meta) = std::fs::metadata(path) {

@@ -311,15 +311,14 @@ pub enum RuntimeError {
         expected: usize,
     },
     /// The untuned-workload log could not be opened or written.
-    #[error("untuned-workload log {}: {context}: {source}", .path.display())]
+    #[error("untuned-workload log {}: {context}: {cause}", .path.display())]
     FallbackLog {
         /// The log file.
         path: PathBuf,
         /// What was being done (`opening for appending`, `reading its size`, ...).
         context: String,
         /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A runtime logs untuned workloads to one file, set once.
     #[error("the untuned-workload log is already {}", .path.display())]

@@ -51,12 +51,12 @@ pub const FORMAT_VERSION: u32 = 1;
 pub enum ReplayError {
     /// A space file could not be opened, read, created or written; writing refuses a path
     /// that exists (kind `AlreadyExists`).
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The space file.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A line of a space file breaks the format: a header that is not one or is of another
     /// format or version, a workload that does not parse, a malformed candidate, or a
@@ -154,7 +154,7 @@ impl RecordedSpace {
     pub fn read(path: &Path) -> Result<Self, ReplayError> {
         let file = std::fs::File::open(path).map_err(|source| ReplayError::Io {
             path: path.into(),
-            source,
+            cause: source,
         })?;
         Self::from_reader(std::io::BufReader::new(file), path)
     }
@@ -173,7 +173,7 @@ impl RecordedSpace {
             Some((_, Err(source))) => {
                 return Err(ReplayError::Io {
                     path: path.into(),
-                    source,
+                    cause: source,
                 })
             }
             None => return Err(parse(1, "empty file".into())),
@@ -195,7 +195,7 @@ impl RecordedSpace {
         for (i, line) in lines {
             let line = line.map_err(|source| ReplayError::Io {
                 path: path.into(),
-                source,
+                cause: source,
             })?;
             if line.trim().is_empty() {
                 continue;
@@ -261,7 +261,7 @@ impl RecordedSpace {
     pub fn write(&self, path: &Path, tool_version: &str) -> Result<(), ReplayError> {
         let io = |source| ReplayError::Io {
             path: path.into(),
-            source,
+            cause: source,
         };
         let file = std::fs::OpenOptions::new()
             .write(true)

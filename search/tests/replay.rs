@@ -256,7 +256,7 @@ fn export_from_a_database_needs_the_whole_space() {
     let before = std::fs::read(&path).unwrap();
     let err = space.write(&path, "test").unwrap_err();
     assert!(
-        matches!(&err, search::replay::ReplayError::Io { source, .. } if source.kind() == std::io::ErrorKind::AlreadyExists),
+        matches!(&err, search::replay::ReplayError::Io { cause, .. } if cause.kind() == std::io::ErrorKind::AlreadyExists),
         "{err}"
     );
     assert_eq!(std::fs::read(&path).unwrap(), before);

@@ -116,15 +116,14 @@ pub enum BundleError {
     },
 
     /// A file-system error.
-    #[error("{}: {context}: {source}", .path.display())]
+    #[error("{}: {context}: {cause}", .path.display())]
     Io {
         /// The file concerned (an export's or a merge's output).
         path: PathBuf,
         /// What was being done (`moving the finished bundle into place`, ...).
         context: String,
         /// The operating system's error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -443,7 +442,7 @@ impl TuningDb {
                     BundleError::Io {
                         path: out.to_path_buf(),
                         context: "moving the finished bundle into place".into(),
-                        source: e,
+                        cause: e,
                     }
                 })?;
                 Ok(manifest)
@@ -546,7 +545,7 @@ impl TuningDb {
             return Err(DbError::Io {
                 path: p.clone(),
                 context: what.into(),
-                source: std::io::Error::other(format!(
+                cause: std::io::Error::other(format!(
                     "the write-ahead log was not written back (busy {busy}, {done} of {log} \
                      frames, journal mode {mode}): is the disk full?"
                 )),

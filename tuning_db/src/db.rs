@@ -135,7 +135,7 @@ impl TuningDb {
                 return Err(DbError::Io {
                     path,
                     context: "reading file metadata".into(),
-                    source: e,
+                    cause: e,
                 })
             }
         }
@@ -172,10 +172,10 @@ impl TuningDb {
             version: SCHEMA_VERSION,
         };
         db.configure().map_err(|e| match e {
-            DbError::Sqlite { path, source, .. } if through_wal => DbError::Sqlite {
+            DbError::Sqlite { path, cause, .. } if through_wal => DbError::Sqlite {
                 path,
                 context: context.into(),
-                source,
+                cause,
             },
             e => e,
         })?;
@@ -405,7 +405,7 @@ impl TuningDb {
             return Err(DbError::Sqlite {
                 path: p.clone(),
                 context: format!("switching to WAL mode (the file system gave '{mode}')"),
-                source: rusqlite::Error::InvalidQuery,
+                cause: rusqlite::Error::InvalidQuery,
             });
         }
         Ok(())
@@ -922,7 +922,7 @@ fn precheck_file(path: &Path) -> Result<()> {
     let io = |context: &str, source| DbError::Io {
         path: path.to_path_buf(),
         context: context.into(),
-        source,
+        cause: source,
     };
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
@@ -1075,7 +1075,7 @@ fn create_complete(path: &Path) -> Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(DbError::Io {
             path: path.to_path_buf(),
             context: "creating the database".into(),
-            source: e,
+            cause: e,
         }),
         _ => Ok(()),
     });
@@ -1321,8 +1321,8 @@ impl Usable {
 /// Whether `e` is SQLite's "database is locked" (for callers that want to retry).
 pub fn is_busy(e: &DbError) -> bool {
     match e {
-        DbError::Sqlite { source, .. } => matches!(
-            source.sqlite_error_code(),
+        DbError::Sqlite { cause, .. } => matches!(
+            cause.sqlite_error_code(),
             Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked)
         ),
         _ => false,

@@ -142,27 +142,25 @@ pub enum DbError {
     },
 
     /// A file-system error around the database file.
-    #[error("{}: {context}: {source}", .path.display())]
+    #[error("{}: {context}: {cause}", .path.display())]
     Io {
         /// The file concerned: the database, or the output being made.
         path: PathBuf,
         /// What was being done (`reading file metadata`, `creating the database`, ...).
         context: String,
         /// The operating system's error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
     /// Any other SQLite error, with what we were doing when it happened.
-    #[error("{}: {context}: {source}", .path.display())]
+    #[error("{}: {context}: {cause}", .path.display())]
     Sqlite {
         /// The database concerned.
         path: PathBuf,
         /// What was being done (`reading trials`, `inserting a record`, ...).
         context: String,
         /// SQLite's error; [`is_busy`](crate::is_busy) tells a locked database.
-        #[source]
-        source: rusqlite::Error,
+        cause: rusqlite::Error,
     },
 }
 
@@ -194,7 +192,7 @@ pub(crate) fn sqlite_err(path: &Path, context: &str, e: rusqlite::Error) -> DbEr
         _ => DbError::Sqlite {
             path: path.to_path_buf(),
             context: context.to_string(),
-            source: e,
+            cause: e,
         },
     }
 }
@@ -207,5 +205,36 @@ pub(crate) trait Ctx<T> {
 impl<T> Ctx<T> for rusqlite::Result<T> {
     fn ctx(self, path: &Path, context: &str) -> Result<T> {
         self.map_err(|e| sqlite_err(path, context, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each message of `e`'s chain of sources, as chain printers (`anyhow`'s `{:#}`) list them.
+    fn chain(e: &dyn std::error::Error) -> Vec<String> {
+        std::iter::successors(Some(e), |e| e.source())
+            .map(|e| e.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn an_error_names_its_cause_once() {
+        let io = DbError::Io {
+            path: "t.db".into(),
+            context: "reading file metadata".into(),
+            cause: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+        };
+        let sqlite = sqlite_err(
+            Path::new("t.db"),
+            "reading trials",
+            rusqlite::Error::InvalidQuery,
+        );
+        for e in [io, sqlite] {
+            let messages = chain(&e);
+            assert_eq!(messages.len(), 1, "{messages:?}");
+            assert!(messages[0].starts_with("t.db: "), "{messages:?}");
+        }
     }
 }

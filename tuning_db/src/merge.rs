@@ -653,7 +653,7 @@ pub fn merge_files(
         BundleError::Io {
             path: out.to_path_buf(),
             context: "moving the merged database into place".into(),
-            source: e,
+            cause: e,
         }
     })?;
     // Report the final name, not the temporary one.

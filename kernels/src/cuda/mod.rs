@@ -104,13 +104,12 @@ pub enum CudaError {
         found: usize,
     },
     /// A driver call failed.
-    #[error("CUDA driver error while {context}: {source}")]
+    #[error("CUDA driver error while {context}: {cause}")]
     Driver {
         /// What was being done, e.g. `creating a context`.
         context: String,
         /// The driver's error.
-        #[source]
-        source: DriverError,
+        cause: DriverError,
     },
     /// cuBLAS (the GEMM reference) could not be loaded or failed.
     #[error("cuBLAS error while {context}: {reason}")]
@@ -160,7 +159,10 @@ impl CudaError {
             } else {
                 context
             };
-            CudaError::Driver { context, source }
+            CudaError::Driver {
+                context,
+                cause: source,
+            }
         }
     }
 }

@@ -30,12 +30,12 @@ const STDERR_TAIL: usize = 16 * 1024;
 pub enum WorkerError {
     /// The worker process could not be started: its executable could not be run, its pipes
     /// were not created, or a limit of [`WorkerSpec`] could not be applied in the child.
-    #[error("cannot start the worker process {program}: {source}")]
+    #[error("cannot start the worker process {program}: {cause}")]
     Spawn {
         /// The worker executable ([`WorkerSpec::program`]).
         program: String,
         /// The operating system's error.
-        source: io::Error,
+        cause: io::Error,
     },
     /// The worker started but did not greet with [`Reply::Ready`]: it died first, sent
     /// something else, or was silent past [`WorkerSpec::startup_timeout`] (and was killed).
@@ -219,7 +219,7 @@ impl Proc {
     fn spawn(spec: &WorkerSpec) -> Result<Proc, WorkerError> {
         let spawn_err = |source: io::Error| WorkerError::Spawn {
             program: spec.program_name(),
-            source,
+            cause: source,
         };
         let mut child = command(spec)?.spawn().map_err(spawn_err)?;
         let stdin = child.stdin.take();
