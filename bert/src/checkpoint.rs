@@ -33,7 +33,7 @@
 //! ignored); LayerNorm as
 //! `weight`/`bias`, or the legacy `gamma`/`beta`. `nn.Linear` weights are `[out, in]` and are
 //! transposed into the encoder's `in × out`. Stored as F32, F16 or BF16 (converted exactly to
-//! f32). Anything missing or of the wrong shape is a one-line error naming the tensor or the
+//! f32), or F64 (rounded to the nearest f32, as PyTorch's `.float()` does). Anything missing or of the wrong shape is a one-line error naming the tensor or the
 //! `config.json` field.
 
 use std::path::{Path, PathBuf};
@@ -648,7 +648,7 @@ impl<'a> Reader<'a> {
         }
         to_f32(t.dtype(), t.data()).ok_or_else(|| {
             format!(
-                "tensor '{full}' is {:?}; F32, F16 and BF16 are read",
+                "tensor '{full}' is {:?}; F32, F16, BF16 and F64 are read",
                 t.dtype()
             )
         })
@@ -718,7 +718,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Little-endian `F32`, `F16` or `BF16` data as f32 (exact); `None` for other types.
+/// Little-endian `F32`, `F16` or `BF16` data as f32 (exact), or `F64` rounded to the nearest
+/// f32; `None` for other types.
 pub fn to_f32(dtype: Dtype, data: &[u8]) -> Option<Vec<f32>> {
     let halves = || {
         data.chunks_exact(2)
@@ -732,6 +733,11 @@ pub fn to_f32(dtype: Dtype, data: &[u8]) -> Option<Vec<f32>> {
         ),
         Dtype::BF16 => Some(halves().map(|h| f32::from_bits((h as u32) << 16)).collect()),
         Dtype::F16 => Some(halves().map(f16_to_f32).collect()),
+        Dtype::F64 => Some(
+            data.chunks_exact(8)
+                .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32)
+                .collect(),
+        ),
         _ => None,
     }
 }
@@ -782,6 +788,12 @@ mod tests {
             to_f32(Dtype::F32, &1.25f32.to_le_bytes()).unwrap(),
             vec![1.25]
         );
+        let doubles: Vec<u8> = [1.0f64 / 3.0, -2.5, 1e300]
+            .iter()
+            .flat_map(|d| d.to_le_bytes())
+            .collect();
+        let rounded = to_f32(Dtype::F64, &doubles).unwrap();
+        assert_eq!(rounded, vec![1.0f32 / 3.0, -2.5, f32::INFINITY]);
         assert!(to_f32(Dtype::I64, &[0; 8]).is_none());
     }
 }

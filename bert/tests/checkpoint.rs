@@ -277,7 +277,7 @@ fn a_wrong_activation_or_an_ignored_mask_misses_transformers() {
 }
 
 #[test]
-fn f32_storage_and_the_bert_prefix_load_the_same_model() {
+fn f32_and_f64_storage_and_the_bert_prefix_load_the_same_model() {
     let dir = scratch_dir("f32");
     rewrite(
         &dir,
@@ -288,12 +288,28 @@ fn f32_storage_and_the_bert_prefix_load_the_same_model() {
         },
         |_| {},
     );
+    // F64 storage (as a model saved in double precision): the same values, rounded to f32.
+    let dir64 = scratch_dir("f64");
+    rewrite(
+        &dir64,
+        |name, _, shape, data| {
+            let v = bert::to_f32(Dtype::F16, data).unwrap();
+            let bytes = v.iter().flat_map(|&x| f64::from(x).to_le_bytes()).collect();
+            Some((name.to_string(), Dtype::F64, shape.to_vec(), bytes))
+        },
+        |_| {},
+    );
     let a = Checkpoint::load(&fixture()).unwrap();
-    let b = Checkpoint::load(&dir).unwrap();
-    assert_eq!(a.embeddings.word, b.embeddings.word);
-    assert_eq!(a.layers[1].w_ffn2, b.layers[1].w_ffn2);
-    assert_eq!(a.layers[0].w_qkv, b.layers[0].w_qkv);
+    for b in [
+        Checkpoint::load(&dir).unwrap(),
+        Checkpoint::load(&dir64).unwrap(),
+    ] {
+        assert_eq!(a.embeddings.word, b.embeddings.word);
+        assert_eq!(a.layers[1].w_ffn2, b.layers[1].w_ffn2);
+        assert_eq!(a.layers[0].w_qkv, b.layers[0].w_qkv);
+    }
     let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_dir_all(dir64);
 }
 
 /// Writes a broken copy of the fixture into a directory.
