@@ -69,7 +69,8 @@ fn exact_then_same_arch_then_nearest_shape_then_default() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.db");
     let here = HardwareFingerprint::current().clone();
-    let (w_exact, w_sib, w_foreign) = (gemm(64, 64, 64), gemm(96, 96, 96), gemm(128, 128, 128));
+    // Shapes whose defaults are serial (a borrowed config must keep the default's threads).
+    let (w_exact, w_sib, w_foreign) = (gemm(24, 24, 24), gemm(36, 36, 36), gemm(48, 48, 48));
     let (_, c_exact) = tuned_config(&w_exact);
     let (_, c_sib) = tuned_config(&w_sib);
     let (_, c_foreign) = tuned_config(&w_foreign);
@@ -103,7 +104,7 @@ fn exact_then_same_arch_then_nearest_shape_then_default() {
     assert_eq!(c.source.as_ref().unwrap().fingerprint_id, sibling().id);
 
     // The foreign record is never served, even for its own workload: the nearest tuned shape
-    // of this arch (96³ is nearer to 128³ than 64³ is) lends its config instead.
+    // of this arch (36³ is nearer to 48³ than 24³ is) lends its config instead.
     let c = rt.lookup(&w_foreign).unwrap();
     assert_eq!(c.level, Level::NearestShape);
     let src = c.source.as_ref().unwrap();
@@ -255,8 +256,8 @@ fn reload_swaps_the_index_while_other_threads_serve() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.db");
     let here = HardwareFingerprint::current().clone();
-    let w1 = gemm(64, 64, 64);
-    let w2 = gemm(80, 80, 80);
+    let w1 = gemm(32, 32, 32);
+    let w2 = gemm(40, 40, 40);
     add(
         &path,
         &here,
@@ -368,8 +369,8 @@ fn a_borrowed_config_must_suit_the_new_shape() {
     let tiny = gemm(4, 96, 96);
     assert_eq!(threads(&tiny), 1);
     assert_eq!(rt.lookup(&tiny).unwrap().level, Level::Default);
-    // Same thread count but too far (distance 3.6 from 24³): the default.
-    let far = gemm(100, 100, 100);
+    // Same thread count but too far (distance 2.2 from 24³): the default.
+    let far = gemm(64, 64, 48);
     assert_eq!(threads(&far), 1);
     assert_eq!(rt.lookup(&far).unwrap().level, Level::Default);
 }

@@ -86,14 +86,13 @@ const MC_VALUES: &[usize] = &[24, 48, 96, 144, 192, 288, 384];
 /// Values of the `kc` knob: depth per block; capped by K.
 const KC_VALUES: &[usize] = &[64, 128, 192, 256, 384, 512, 1024, 4096];
 
-/// Below this many multiply-adds the default stays single-threaded: lower than the f32 and
-/// int8 families' 256³, because few-row bf16 GEMMs are bound by streaming B, which two
-/// cores do faster than one (on a loaded Zen 3, 1×3072×768 went from 225 to 97 µs on 2
-/// threads; at 1×768×768, below this bound, the gain was lost in the noise). Back-to-back
-/// GEMVs gain from 2¹⁹ on the Zen 4 VM (1×768×768 1.39×), but a GPT-2 decoding step through
-/// the drop-in, whose workers sleep between calls, did not (17.4 ms a token with 2¹⁹, 14.8
-/// and 16.0 with 2²¹, runs apart): kept here.
-const PARALLEL_MIN_MACS: f64 = (1u64 << 21) as f64;
+/// Below this many multiply-adds the default stays single-threaded. 2²¹ while a parallel
+/// call handed the work to workers that sleep between calls (a GPT-2 decoding step through
+/// the drop-in did not gain from 2¹⁹ then); with [`crate::cpu::pool::for_each`] the split
+/// pays from 2¹⁹: measured on the 2-vCPU Zen 4 VM, 2 threads against one, calls after the
+/// caller's own work (`call_gaps`): 1×768×768 1.85×, 1×1024×1024 1.7×, 1×1536×768 1.65×,
+/// 8×256×256 1.25×; 2×512×512, at the bound, 0.8×.
+const PARALLEL_MIN_MACS: f64 = (1u64 << 19) as f64;
 
 /// The micro-kernels offered on `hw`: those of its ISA level (AVX2 ones on AVX-512 too),
 /// the `vdpbf16ps` ones only where its flags have AVX512_BF16.
