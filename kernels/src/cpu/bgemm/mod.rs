@@ -89,10 +89,11 @@ const KC_VALUES: &[usize] = &[64, 128, 192, 256, 384, 512, 1024, 4096];
 /// Below this many multiply-adds the default stays single-threaded. 2²¹ while a parallel
 /// call handed the work to workers that sleep between calls (a GPT-2 decoding step through
 /// the drop-in did not gain from 2¹⁹ then); with [`crate::cpu::pool::for_each`] the split
-/// pays from 2¹⁹: measured on the 2-vCPU Zen 4 VM, 2 threads against one, calls after the
-/// caller's own work (`call_gaps`): 1×768×768 1.85×, 1×1024×1024 1.7×, 1×1536×768 1.65×,
-/// 8×256×256 1.25×; 2×512×512, at the bound, 0.8×.
-const PARALLEL_MIN_MACS: f64 = (1u64 << 19) as f64;
+/// pays from 2²⁰: measured on the 2-vCPU Zen 4 VM, 2 threads against one, calls after the
+/// caller's own work (`call_gaps`, `bench_results/8b4b41305960a7a6/parallel-defaults-*.md`):
+/// 1×1024×1024 1.4–1.7×, 1×1536×768 1.45–1.65×; below it 1×768×768 gained 1.3–1.6× but
+/// 2×512×512 and 8×256×256 lost in one run of two (0.7–0.8×).
+const PARALLEL_MIN_MACS: f64 = (1u64 << 20) as f64;
 
 /// The micro-kernels offered on `hw`: those of its ISA level (AVX2 ones on AVX-512 too),
 /// the `vdpbf16ps` ones only where its flags have AVX512_BF16.

@@ -66,13 +66,14 @@ pub const B_LAYOUT_VALUES: &[&str] = &[BLayout::RowMajor.name(), BLayout::InPlac
 /// Values of the direct `kc` knob; 0 means the whole of K.
 pub const DIRECT_KC_VALUES: &[usize] = &[0, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 
-/// Below this many flops (2·M·N·K) the packed defaults stay single-threaded: a fork-join would
-/// cost more than it saves. 2·256³ while a parallel call handed the work to sleeping workers;
-/// with [`crate::cpu::pool::for_each`] the split pays from 64³: measured on the 2-vCPU Zen 4
-/// VM, 2 threads against one, calls after the caller's own work (`call_gaps`): 64×64×64
-/// 1.5×, 64×256×256 1.7×, 128×256×256 1.9×, 32×512×512 1.7×; 32×64×64 and 48×48×48, below
-/// it, gain nothing or lose.
-const PARALLEL_MIN_FLOPS: f64 = 2.0 * 64.0 * 64.0 * 64.0;
+/// Below this many flops (2·M·N·K, 2²⁰ multiply-adds) the packed defaults stay
+/// single-threaded: a fork-join would cost more than it saves. 2·256³ while a parallel call
+/// handed the work to sleeping workers; with [`crate::cpu::pool::for_each`] the split pays
+/// well below: measured on the 2-vCPU Zen 4 VM, 2 threads against one, calls after the
+/// caller's own work (`call_gaps`, `bench_results/8b4b41305960a7a6/parallel-defaults-*.md`):
+/// 128×256×256 1.6–1.9×, 32×512×512 1.6×, 64×256×256 1.4–1.7×; at 64³ one run in two
+/// gained 1.35× and the other lost 0.95×, so the bound stays above that.
+const PARALLEL_MIN_FLOPS: f64 = 2.0 * (1u64 << 20) as f64;
 
 /// From this many multiply-adds the direct family's default splits the columns over the
 /// cores even below [`PARALLEL_MIN_FLOPS`]: a few-row GEMM is bound by streaming B, which two

@@ -76,10 +76,12 @@ fn kc_cap(k: usize) -> usize {
 
 /// Below this many multiply-adds the default stays single-threaded. 256³ while a parallel
 /// call handed the work to sleeping workers; with [`crate::cpu::pool::for_each`] the split
-/// pays from 2¹⁹: measured on the 2-vCPU Zen 4 VM, 2 threads against one (`call_gaps`):
-/// 1×768×768 1.3×, 1×2304×768 1.85×, 1×768×3072 1.6×, 8×768×768 1.55×, 64×256×256 1.85×;
-/// 1×512×512 and 2×512×512, at or below it, lose (0.5–0.95×).
-const PARALLEL_MIN_MACS: f64 = (1u64 << 19) as f64;
+/// pays from 2²⁰: measured on the 2-vCPU Zen 4 VM, 2 threads against one, calls after the
+/// caller's own work (`call_gaps`, `bench_results/8b4b41305960a7a6/parallel-defaults-*.md`):
+/// 1×1536×768 1.4–1.85×, 1×2304×768 1.5–1.85×, 1×768×3072 1.6×, 16×768×768 1.4–1.65×,
+/// 64×256×256 1.6–1.85×; 1×768×768 (2¹⁹ and a bit) gained 1.3× in one run and lost in
+/// another, 1×512×512 lost.
+const PARALLEL_MIN_MACS: f64 = (1u64 << 20) as f64;
 
 /// The micro-kernels offered on `hw`: those of its ISA level (AVX2 ones on AVX-512 too), the
 /// VNNI ones only where its flags have `avx512vnni` (or `avxvnni`), the AMX ones only where they have
