@@ -78,9 +78,9 @@ fn kc_cap(k: usize) -> usize {
 /// call handed the work to sleeping workers; with [`crate::cpu::pool::for_each`] the split
 /// pays from 2²⁰: measured on the 2-vCPU Zen 4 VM, 2 threads against one, calls after the
 /// caller's own work (`call_gaps`, `bench_results/8b4b41305960a7a6/parallel-defaults-*.md`):
-/// 1×1536×768 1.4–1.85×, 1×2304×768 1.5–1.85×, 1×768×3072 1.6×, 16×768×768 1.4–1.65×,
-/// 64×256×256 1.6–1.85×; 1×768×768 (2¹⁹ and a bit) gained 1.3× in one run and lost in
-/// another, 1×512×512 lost.
+/// 1×1536×768 1.35–1.7×, 1×2304×768 1.5–1.75×, 1×768×3072 1.3–1.6×, 16×768×768
+/// 1.25–1.7×, 64×256×256 1.6–1.85×; 1×768×768 (2¹⁹ and a bit) gained 1.3× in one run and
+/// lost in another, 1×512×512 lost.
 const PARALLEL_MIN_MACS: f64 = (1u64 << 20) as f64;
 
 /// The micro-kernels offered on `hw`: those of its ISA level (AVX2 ones on AVX-512 too), the
