@@ -29,6 +29,12 @@ const LINGER: Duration = Duration::from_micros(300);
 /// theirs.
 const SPIN: Duration = Duration::from_micros(50);
 
+thread_local! {
+    /// Whether this thread is inside a loop's item or a lingering helper (further down its
+    /// stack): a helper job it runs there does not linger.
+    static BUSY: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// The helpers of one pool: where loops are posted, and how many helpers wait for one.
 #[derive(Default)]
 pub(crate) struct Crew {
@@ -38,6 +44,24 @@ pub(crate) struct Crew {
     posts: AtomicU64,
     /// Helpers awake and waiting for a loop.
     lingering: AtomicUsize,
+    /// Helper jobs queued and not started yet (not spawned again while they wait).
+    pending: AtomicUsize,
+}
+
+/// Marks this thread [`BUSY`] while alive.
+struct Busy;
+
+impl Busy {
+    fn enter() -> Busy {
+        BUSY.set(BUSY.get() + 1);
+        Busy
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        BUSY.set(BUSY.get() - 1);
+    }
 }
 
 impl std::fmt::Debug for Crew {
@@ -104,6 +128,7 @@ impl Loop {
                 .unwrap_or_else(PoisonError::into_inner)
                 .is_some();
             if !failed {
+                let _busy = Busy::enter();
                 // SAFETY: `i` is claimed, so `body` is alive until it is finished below.
                 let ran =
                     panic::catch_unwind(AssertUnwindSafe(|| unsafe { (self.run)(self.body, i) }));
@@ -178,8 +203,9 @@ impl Crew {
             // Declared after `body`: dropped (waiting) before it, unwinding included.
             let _close = Close(&lp);
             self.post(lp.clone());
-            let awake = self.lingering.load(Ordering::Relaxed);
+            let awake = self.lingering.load(Ordering::SeqCst) + self.pending.load(Ordering::SeqCst);
             for _ in awake..helpers {
+                self.pending.fetch_add(1, Ordering::SeqCst);
                 let (crew, lp) = (self.clone(), lp.clone());
                 spawn(Box::new(move || crew.help(lp)));
             }
@@ -198,7 +224,7 @@ impl Crew {
 
     fn post(&self, lp: Arc<Loop>) {
         *self.posted.lock().unwrap_or_else(PoisonError::into_inner) = Some(lp);
-        self.posts.fetch_add(1, Ordering::Release);
+        self.posts.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Takes `lp` down if it is still the loop posted (it has no items left).
@@ -209,14 +235,21 @@ impl Crew {
         }
     }
 
-    /// A helper's job: items of `first`, then of each loop posted while it lingers.
+    /// A helper's job: items of `first`, then of each loop posted while it lingers. A helper
+    /// job that a lingering one runs (through `rayon::yield_now`) does not linger itself:
+    /// nested, each would run the next and the worker's stack would grow without bound.
     fn help(&self, first: Arc<Loop>) {
+        self.pending.fetch_sub(1, Ordering::SeqCst);
         let mut seen = self.posts.load(Ordering::Acquire);
         if first.take_seat() {
             first.work();
         }
         drop(first);
-        self.lingering.fetch_add(1, Ordering::Relaxed);
+        if BUSY.get() > 0 {
+            return;
+        }
+        let _busy = Busy::enter();
+        self.lingering.fetch_add(1, Ordering::SeqCst);
         let mut until = Instant::now() + LINGER;
         loop {
             let posts = self.posts.load(Ordering::Acquire);
@@ -228,22 +261,28 @@ impl Crew {
                     .unwrap_or_else(PoisonError::into_inner)
                     .clone();
                 if let Some(lp) = lp.filter(|lp| lp.take_seat()) {
-                    self.lingering.fetch_sub(1, Ordering::Relaxed);
+                    self.lingering.fetch_sub(1, Ordering::SeqCst);
                     lp.work();
-                    self.lingering.fetch_add(1, Ordering::Relaxed);
+                    self.lingering.fetch_add(1, Ordering::SeqCst);
+                    // Only loops it took part in keep it awake, so a helper is never held
+                    // past LINGER by posts or jobs alone.
+                    until = Instant::now() + LINGER;
                 }
-                until = Instant::now() + LINGER;
             } else if let Some(rayon::Yield::Executed) = rayon::yield_now() {
-                until = Instant::now() + LINGER;
+                continue;
             } else if Instant::now() >= until {
-                break;
+                // Leaves, unless a loop was posted as it left (its caller counted it).
+                self.lingering.fetch_sub(1, Ordering::SeqCst);
+                if self.posts.load(Ordering::SeqCst) == seen {
+                    return;
+                }
+                self.lingering.fetch_add(1, Ordering::SeqCst);
             } else {
                 // Yields rather than spins: a thread that shares this CPU (the caller's
                 // work between its calls) comes first.
                 thread::yield_now();
             }
         }
-        self.lingering.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
