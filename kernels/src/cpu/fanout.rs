@@ -69,6 +69,7 @@ impl std::fmt::Debug for Crew {
         f.debug_struct("Crew")
             .field("posts", &self.posts)
             .field("lingering", &self.lingering)
+            .field("pending", &self.pending)
             .finish_non_exhaustive()
     }
 }
@@ -236,8 +237,10 @@ impl Crew {
     }
 
     /// A helper's job: items of `first`, then of each loop posted while it lingers. A helper
-    /// job that a lingering one runs (through `rayon::yield_now`) does not linger itself:
-    /// nested, each would run the next and the worker's stack would grow without bound.
+    /// job run further up a worker's stack — by a lingering helper (through
+    /// `rayon::yield_now`) or while the worker waits inside an item — does not linger itself:
+    /// nested, each would run the next and the stack would grow without bound, and the item
+    /// below would wait for it.
     fn help(&self, first: Arc<Loop>) {
         self.pending.fetch_sub(1, Ordering::SeqCst);
         let mut seen = self.posts.load(Ordering::Acquire);
