@@ -132,7 +132,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // An ISA cap the CPU cannot honour is refused before anything runs (the library would
     // only warn and ignore it).
-    if let Err(e) = kernels::cpu::Isa::cap() {
+    // Likewise a helper linger that is not a number of µs.
+    if let Err(e) = kernels::cpu::Isa::cap().and(kernels::cpu::linger()) {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 mod common;
-use common::{autokernel, json_lines, ok_json_lines, stderr};
+use common::{autokernel, autokernel_env, json_lines, ok_json_lines, stderr};
 
 fn file_bytes(p: &Path) -> Option<Vec<u8>> {
     std::fs::read(p).ok()
@@ -293,8 +293,25 @@ fn unknown_strategy_and_zero_budget_are_rejected() {
 /// never served as `exact` or `same_arch` to the uncapped process, nor the reverse. A cap
 /// the CPU cannot honour is a one-line error.
 #[test]
+fn a_bad_helper_linger_is_refused_up_front() {
+    for bad in ["abc", "-5", "2000000"] {
+        let o = autokernel_env(&["hw"], &[("AUTOKERNEL_LINGER_US", bad)], &[]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
+        assert!(
+            err.starts_with(&format!("error: AUTOKERNEL_LINGER_US={bad}:")),
+            "{err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    for good in ["", "0", "1000"] {
+        let o = autokernel_env(&["hw"], &[("AUTOKERNEL_LINGER_US", good)], &[]);
+        assert!(o.status.success(), "{good}: {}", stderr(&o));
+    }
+}
+
+#[test]
 fn an_isa_cap_is_a_machine_of_its_own() {
-    use common::autokernel_env;
     const ENV: &str = "AUTOKERNEL_ISA";
     let hw = |cap: &str| autokernel_env(&["hw", "--json"], &[(ENV, cap)], &[]);
     let free = ok_json_lines(&autokernel_env(&["hw", "--json"], &[], &[ENV])).remove(0);

@@ -98,7 +98,7 @@ fn kernel_code(e: &kernels::Error) -> c_int {
         | K::UnsupportedDtype { .. }
         | K::NoFamily { .. }
         | K::DeviceOnly { .. } => AUTOKERNEL_UNSUPPORTED,
-        K::UnknownDtype { .. } | K::IsaCap { .. } => AUTOKERNEL_INVALID_ARGUMENT,
+        K::UnknownDtype { .. } | K::IsaCap { .. } | K::Linger { .. } => AUTOKERNEL_INVALID_ARGUMENT,
         K::InvalidConfig { .. } | K::UnknownKernel(_) => AUTOKERNEL_INTERNAL,
         K::OutOfMemory { .. } => AUTOKERNEL_OUT_OF_MEMORY,
     }

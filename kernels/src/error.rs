@@ -105,6 +105,14 @@ pub enum Error {
         /// Why it is refused.
         reason: String,
     },
+    /// An `AUTOKERNEL_LINGER_US` that is not a whole number of microseconds up to a second.
+    #[error("AUTOKERNEL_LINGER_US={value}: {reason}")]
+    Linger {
+        /// The value of `AUTOKERNEL_LINGER_US` as set.
+        value: String,
+        /// Why it is refused.
+        reason: String,
+    },
 }
 
 /// Result alias of this crate.

@@ -475,8 +475,10 @@ impl Runtime {
         }
     }
 
-    /// Applies [`FALLBACK_CHECK_ENV`] and [`UNTUNED_LOG_ENV`] (what `open` honours).
+    /// Applies [`FALLBACK_CHECK_ENV`] and [`UNTUNED_LOG_ENV`] (what `open` honours), and
+    /// refuses an invalid [`kernels::cpu::LINGER_ENV`] (which the kernels would ignore).
     fn settings_from_env(&self) -> Result<(), RuntimeError> {
+        kernels::cpu::linger()?;
         let check = match std::env::var_os(FALLBACK_CHECK_ENV) {
             Some(v) => parse_switch(FALLBACK_CHECK_ENV, &v).map(|on| self.set_fallback_check(on)),
             None => Ok(()),

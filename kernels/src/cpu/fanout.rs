@@ -11,19 +11,63 @@
 //!
 //! Here the caller claims items itself from the start, so a call never waits for a wake-up: a
 //! helper that is late finds fewer items left, and at worst the caller does them all, at the
-//! speed of one thread. A helper that runs out of items lingers for [`LINGER`], polling for
-//! the next loop (and running the pool's other jobs), so calls close together find it awake.
+//! speed of one thread. A helper that runs out of items lingers ([`linger`], 300 µs unless
+//! [`LINGER_ENV`] says otherwise), polling for the next loop (and running the pool's other
+//! jobs), so calls close together find it awake. Lingering spends CPU time that another
+//! process on the same cores could use: `AUTOKERNEL_LINGER_US=0` turns it off, as
+//! `KMP_BLOCKTIME=0` does OpenMP's spin-waiting.
 
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
-/// How long a helper that ran out of items stays awake for the next loop.
-const LINGER: Duration = Duration::from_micros(300);
+/// The environment variable that sets how long, in µs, a helper that ran out of items stays
+/// awake for the next loop: `0` to `1000000`, 300 when unset or empty.
+pub const LINGER_ENV: &str = "AUTOKERNEL_LINGER_US";
+
+/// How long a helper lingers when [`LINGER_ENV`] does not say.
+const DEFAULT_LINGER: Duration = Duration::from_micros(300);
+
+/// How long a helper that ran out of items stays awake for the next loop: [`LINGER_ENV`],
+/// read once per process; an error for a value that is not a whole number of µs up to a
+/// second.
+pub fn linger() -> Result<Duration, crate::Error> {
+    static LINGER: OnceLock<Result<Duration, crate::Error>> = OnceLock::new();
+    LINGER
+        .get_or_init(|| parse_linger(&std::env::var(LINGER_ENV).unwrap_or_default()))
+        .clone()
+}
+
+/// The linger `value` of [`LINGER_ENV`] asks for (`""`: the default).
+fn parse_linger(value: &str) -> Result<Duration, crate::Error> {
+    let text = value.trim();
+    if text.is_empty() {
+        return Ok(DEFAULT_LINGER);
+    }
+    match text.parse::<u64>() {
+        Ok(us) if us <= 1_000_000 => Ok(Duration::from_micros(us)),
+        _ => Err(crate::Error::Linger {
+            value: value.to_string(),
+            reason: "expected whole microseconds from 0 (no lingering) to 1000000".into(),
+        }),
+    }
+}
+
+/// [`linger`] as the helpers use it: an invalid value is ignored, with one warning on stderr
+/// (the CLI and `Runtime::open` refuse it up front).
+fn linger_or_default() -> Duration {
+    static USED: OnceLock<Duration> = OnceLock::new();
+    *USED.get_or_init(|| {
+        linger().unwrap_or_else(|e| {
+            eprintln!("warning: {e}; lingering {} µs", DEFAULT_LINGER.as_micros());
+            DEFAULT_LINGER
+        })
+    })
+}
 
 /// How long the caller, its own items done, yields before it parks until the helpers finish
 /// theirs.
@@ -84,6 +128,9 @@ struct Loop {
     /// Runs item `i` of the loop at `body`.
     run: unsafe fn(*const (), usize),
     body: *const (),
+    /// Set once an item panicked: the items after it are skipped.
+    failed: AtomicBool,
+    /// The first panic's payload, for the caller.
     panic: Mutex<Option<Box<dyn Any + Send>>>,
     caller: Thread,
 }
@@ -123,12 +170,7 @@ impl Loop {
             if i >= self.len {
                 return;
             }
-            let failed = self
-                .panic
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_some();
-            if !failed {
+            if !self.failed.load(Ordering::Relaxed) {
                 let _busy = Busy::enter();
                 // SAFETY: `i` is claimed, so `body` is alive until it is finished below.
                 let ran =
@@ -136,6 +178,7 @@ impl Loop {
                 if let Err(payload) = ran {
                     let mut slot = self.panic.lock().unwrap_or_else(PoisonError::into_inner);
                     slot.get_or_insert(payload);
+                    self.failed.store(true, Ordering::Relaxed);
                 }
             }
             if self.finished.fetch_add(1, Ordering::AcqRel) + 1 == self.len {
@@ -197,6 +240,7 @@ impl Crew {
             seats: AtomicUsize::new(helpers),
             run: run_item::<T, F>,
             body: &body as *const Body<T, F> as *const (),
+            failed: AtomicBool::new(false),
             panic: Mutex::new(None),
             caller: thread::current(),
         });
@@ -248,12 +292,13 @@ impl Crew {
             first.work();
         }
         drop(first);
-        if BUSY.get() > 0 {
+        let linger = linger_or_default();
+        if BUSY.get() > 0 || linger.is_zero() {
             return;
         }
         let _busy = Busy::enter();
         self.lingering.fetch_add(1, Ordering::SeqCst);
-        let mut until = Instant::now() + LINGER;
+        let mut until = Instant::now() + linger;
         loop {
             let posts = self.posts.load(Ordering::Acquire);
             if posts != seen {
@@ -268,8 +313,8 @@ impl Crew {
                     lp.work();
                     self.lingering.fetch_add(1, Ordering::SeqCst);
                     // Only loops it took part in keep it awake, so a helper is never held
-                    // past LINGER by posts or jobs alone.
-                    until = Instant::now() + LINGER;
+                    // past its linger by posts or jobs alone.
+                    until = Instant::now() + linger;
                 }
             } else if let Some(rayon::Yield::Executed) = rayon::yield_now() {
                 continue;
@@ -320,6 +365,54 @@ mod tests {
         let count = |v: &[AtomicUsize]| v.iter().map(|x| x.load(Ordering::Relaxed)).sum::<usize>();
         assert!(count(&begun) >= 1, "the helper took an item");
         assert_eq!(count(&begun), count(&ended), "an item was still running");
+    }
+
+    #[test]
+    fn a_linger_is_whole_microseconds_up_to_a_second() {
+        assert_eq!(parse_linger(""), Ok(DEFAULT_LINGER));
+        assert_eq!(parse_linger(" 0 "), Ok(Duration::ZERO));
+        assert_eq!(parse_linger("1000000"), Ok(Duration::from_secs(1)));
+        for bad in ["-1", "1000001", "300us", "0.5", "lots"] {
+            let e = parse_linger(bad).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("{LINGER_ENV}={bad}:")), "{e}");
+        }
+    }
+
+    #[test]
+    fn helper_jobs_do_not_pile_up_behind_busy_helpers() {
+        // Eight callers share one crew whose pool has one worker; each item is long enough
+        // that the helper is inside one when the other callers post. Queued helper jobs
+        // count as awake, so no more are queued than callers (each spawns at most one while
+        // none is awake); before that was counted, thousands queued and nested on the
+        // worker's stack until it overflowed.
+        let pool = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap(),
+        );
+        let crew = Arc::new(Crew::default());
+        let most = AtomicUsize::new(0);
+        thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..300 {
+                        let spawn = |job: Box<dyn FnOnce() + Send>| {
+                            most.fetch_max(crew.pending.load(Ordering::SeqCst), Ordering::SeqCst);
+                            pool.spawn(job);
+                        };
+                        let sum = AtomicUsize::new(0);
+                        crew.for_each(spawn, 1, (0..4).collect(), |i: usize| {
+                            thread::sleep(Duration::from_micros(20));
+                            sum.fetch_add(i, Ordering::Relaxed);
+                        });
+                        assert_eq!(sum.into_inner(), 6);
+                    }
+                });
+            }
+        });
+        let most = most.into_inner();
+        assert!(most <= 8, "{most} helper jobs queued at once for 8 callers");
     }
 
     #[test]

@@ -16,3 +16,4 @@ pub mod qgemm;
 pub(crate) mod weights;
 
 pub use crate::isa::{announce_level, level_report, resolve_cap, Isa, ISA_ENV};
+pub use fanout::{linger, LINGER_ENV};

@@ -142,25 +142,48 @@ pub fn threads() -> usize {
     })
 }
 
+/// Where a parallel step started on this thread runs, decided the same way for
+/// [`on_workers`] and [`for_each`].
+enum Place {
+    /// Here, serially: one thread, or a runtime of one ([`Workers::Caller`]).
+    Here,
+    /// On this thread, a worker of the pool the step runs on: its tasks fork there.
+    Worker,
+    /// A worker of another pool (a runtime called from another pool's job): it enters the
+    /// runtime's pool with rayon's `install`, which keeps it working while it waits (parked,
+    /// its own pool might wait on it).
+    Install(Arc<OwnPool>),
+    /// A thread outside every pool, sending work to the runtime's pool or, outside any
+    /// runtime (`None`), to rayon's process-wide one.
+    Outside(Option<Arc<OwnPool>>),
+}
+
+fn place(threads: usize) -> Place {
+    if threads <= 1 {
+        return Place::Here;
+    }
+    let outside = rayon::current_thread_index().is_none();
+    match WORKERS.with(|w| w.borrow().clone()) {
+        Some(Workers::Caller) => Place::Here,
+        Some(Workers::Pool(own)) if own.current_thread_index().is_none() => match outside {
+            true => Place::Outside(Some(own)),
+            false => Place::Install(own),
+        },
+        None if outside => Place::Outside(None),
+        _ => Place::Worker,
+    }
+}
+
 /// Runs `f` on a worker when it may fork (`threads > 1`) and this thread is not one of the
 /// pool's already: the runtime's pool inside [`within`], else rayon's current one (handed
 /// over by [`hand_off`] from a thread outside every pool). Otherwise here, directly (a serial
 /// call never hops). A panic in `f` propagates to the caller.
 pub fn on_workers<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
-    if threads <= 1 {
-        return f();
-    }
-    // A worker of any pool (the runtime's called from another pool's job) must not park:
-    // its own pool may need it, so it hops with rayon's install, which keeps it working.
-    let outside = rayon::current_thread_index().is_none();
-    match WORKERS.with(|w| w.borrow().clone()) {
-        Some(Workers::Caller) => f(),
-        Some(Workers::Pool(own)) if own.current_thread_index().is_none() => match outside {
-            true => hand_off(|job| own.pool.spawn(job), f),
-            false => own.pool.install(f),
-        },
-        None if outside => hand_off(rayon::spawn, f),
-        _ => f(),
+    match place(threads) {
+        Place::Here | Place::Worker => f(),
+        Place::Install(own) => own.pool.install(f),
+        Place::Outside(Some(own)) => hand_off(|job| own.pool.spawn(job), f),
+        Place::Outside(None) => hand_off(rayon::spawn, f),
     }
 }
 
@@ -172,20 +195,18 @@ pub fn on_workers<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
 /// tasks of its pool. Serial where `threads` is 1 or there is one item. A panic in `f`
 /// propagates to the caller once no item is running.
 pub fn for_each<T: Send>(threads: usize, items: Vec<T>, f: impl Fn(T) + Sync + Send) {
-    if threads <= 1 || items.len() <= 1 {
+    if items.len() <= 1 {
         return items.into_iter().for_each(f);
     }
-    let outside = rayon::current_thread_index().is_none();
-    match WORKERS.with(|w| w.borrow().clone()) {
-        Some(Workers::Caller) => items.into_iter().for_each(f),
-        Some(Workers::Pool(own)) if own.current_thread_index().is_none() => match outside {
-            true => own
-                .crew
-                .for_each(|job| own.pool.spawn(job), threads - 1, items, f),
-            false => own.pool.install(|| self_scheduled(threads, items, f)),
-        },
-        None if outside => GLOBAL_CREW.for_each(rayon::spawn, threads - 1, items, f),
-        _ => self_scheduled(threads, items, f),
+    match place(threads) {
+        Place::Here => items.into_iter().for_each(f),
+        Place::Worker => self_scheduled(threads, items, f),
+        Place::Install(own) => own.pool.install(|| self_scheduled(threads, items, f)),
+        Place::Outside(Some(own)) => {
+            own.crew
+                .for_each(|job| own.pool.spawn(job), threads - 1, items, f)
+        }
+        Place::Outside(None) => GLOBAL_CREW.for_each(rayon::spawn, threads - 1, items, f),
     }
 }
 

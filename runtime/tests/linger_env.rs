@@ -1,0 +1,25 @@
+//! An invalid `AUTOKERNEL_LINGER_US` fails `Runtime::open` (the kernels alone would only warn
+//! and ignore it), and `open_or_defaults` reports it. Its own test binary: the setting is
+//! read once per process.
+
+use runtime::Runtime;
+use tuning_db::TuningDb;
+
+#[test]
+fn an_invalid_linger_fails_open_and_is_reported_by_open_or_defaults() {
+    std::env::set_var(kernels::cpu::LINGER_ENV, "300us");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    drop(TuningDb::open(&path).unwrap());
+    let e = Runtime::open(&path)
+        .err()
+        .expect("open refuses it")
+        .to_string();
+    assert!(e.contains("AUTOKERNEL_LINGER_US=300us"), "{e}");
+    let rt = Runtime::open_or_defaults(&path);
+    let reported = rt.load_error().expect("reported");
+    assert!(
+        reported.contains("AUTOKERNEL_LINGER_US=300us"),
+        "{reported}"
+    );
+}
