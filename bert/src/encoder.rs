@@ -227,6 +227,17 @@ impl Encoder {
             .unwrap_or(0)
     }
 
+    /// The largest number of copies of any weight it holds (f32 panel layouts,
+    /// reduced-precision forms, row-major copies: [`runtime::PackedWeight::copies`]).
+    pub fn max_copies(&self) -> usize {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.o, &l.ffn1, &l.ffn2])
+            .map(|w| w.copies())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Adds `delta` to one bias value of the last layer's FFN down projection: a planted
     /// fault, to show that the reference check catches a wrong result.
     pub fn plant_fault(&mut self, delta: f32) {

@@ -246,4 +246,41 @@ pub trait Kernel: Send + Sync {
             })?;
         self.build(w, c)
     }
+
+    /// A variant of this family for `w` on `hw` that reads a weight prepared in `format`,
+    /// with its config: the default config, or failing that the default with another
+    /// `ukernel` (and, failing that, also run on one thread), as long as it fits the space.
+    /// How a weight prepared for some shapes serves another without a second copy; `None`
+    /// when no such variant exists (or the family prepares no weights).
+    fn variant_reading(
+        &self,
+        w: &Workload,
+        hw: &HardwareFingerprint,
+        format: WeightFormat,
+    ) -> Option<(Config, Box<dyn Executable>)> {
+        let space = self.space(w, hw);
+        let reads = |c: Config| {
+            space.check(&c).ok()?;
+            let exe = self.build(w, &c).ok()?;
+            (exe.weight_format() == Some(format)).then_some((c, exe))
+        };
+        let default = self.default_config(w, hw);
+        let ukernels = space.knobs().iter().find(|k| k.name == "ukernel");
+        let serial = {
+            let mut c = default.clone();
+            c.set("par", "none");
+            c.set("threads", 1usize);
+            c
+        };
+        reads(default.clone()).or_else(|| {
+            let values = ukernels.map(|k| k.values.as_slice()).unwrap_or_default();
+            [default, serial].into_iter().find_map(|base| {
+                values.iter().find_map(|v| {
+                    let mut c = base.clone();
+                    c.set("ukernel", v.clone());
+                    reads(c)
+                })
+            })
+        })
+    }
 }

@@ -101,13 +101,15 @@ impl PyPackedWeight {
         self.inner.config().to_json()
     }
 
-    /// The distinct panel layouts (NR, KC) it is packed in.
+    /// The distinct f32 panel layouts (NR, KC) it is packed in: empty for a weight kept
+    /// only in the reduced-precision form (bf16, int8) that serves it.
     #[getter]
     fn layouts(&self) -> Vec<(usize, usize)> {
         self.inner.layouts()
     }
 
-    /// Bytes held by the packed copies (and the row-major copy, if one is kept).
+    /// Bytes held by its copies: f32 panel layouts, reduced-precision forms, and the
+    /// row-major copy, if one is kept.
     #[getter]
     fn nbytes(&self) -> usize {
         self.inner.bytes()

@@ -174,6 +174,66 @@ fn calls_served_in_bf16_compute_what_bf16_computes_and_packed_weights_follow_the
     assert!(got2 == want);
 }
 
+/// A weight whose planned M are all served in a reduced precision is kept in that form only
+/// (no f32 copy, which would be 2-4x its size), and every other M reads it: M of another
+/// default micro-kernel (1), primes, and M after the policy went back to f32.
+#[test]
+fn a_weight_served_only_in_reduced_precision_keeps_no_f32_copy() {
+    let rt = Runtime::defaults_only();
+    let (n, k) = (67, 65);
+    for (policy, dtype, bytes_per) in [("int8", DType::I8, 1), ("bf16", DType::Bf16, 2)] {
+        rt.set_precision(policy.parse().unwrap());
+        let problem = |m: usize| {
+            let w = Workload::gemm_bias_act(m, n, k, Act::Relu).unwrap();
+            Problem::random(&w.with_dtype(dtype), 5)
+        };
+        let b = problem(1).inputs[1].clone();
+        let packed = rt.pack_weight_for(n, k, Act::Relu, &b, &[16]).unwrap();
+        assert_eq!(packed.dtypes(), vec![dtype], "{policy}");
+        assert!(packed.layouts().is_empty(), "{policy}: {packed:?}");
+        // The reduced form only (panels padded to their width, scales): well under f32's.
+        assert!(
+            packed.bytes() < 2 * bytes_per * n * k + 4096,
+            "{policy}: {packed:?}"
+        );
+        for (m, then) in [
+            (1, None),
+            (16, None),
+            (37, None),
+            (16, Some("f32")),
+            (5, Some("f32")),
+        ] {
+            if let Some(p) = then {
+                rt.set_precision(p.parse().unwrap());
+            }
+            let mut p = problem(m);
+            p.inputs[1] = b.clone();
+            let at = format!("{policy} M = {m} after {then:?}");
+            let mut c = p.output();
+            // The first call of an M not planned also counts the lookup that plans it: the
+            // second shows what serves it.
+            for call in 0..2 {
+                let before = rt.lookups();
+                rt.gemm_bias_act_packed(&packed, &p.inputs[0], &p.inputs[2], &mut c)
+                    .unwrap();
+                p.check(&c, &p.reference())
+                    .unwrap_or_else(|e| panic!("{at}: {e}"));
+                let after = rt.lookups();
+                let served = match dtype {
+                    DType::I8 => after.int8 - before.int8,
+                    _ => after.bf16 - before.bf16,
+                };
+                assert!(served >= 1, "{at}: not served in {dtype:?}");
+                if call == 1 {
+                    assert_eq!(after.total() - before.total(), 1, "{at}");
+                    assert_eq!(after.f32, before.f32, "{at}: served in f32");
+                }
+            }
+        }
+        assert_eq!(packed.dtypes(), vec![dtype], "{policy}");
+    }
+}
+
 /// Attention under a bf16 policy: served in bf16 by `attention_bf16` where this CPU runs it
 /// (AVX512_BF16), with the family's own result and within bf16's bound, padded batches
 /// included; in f32, exactly as without a policy, everywhere else.

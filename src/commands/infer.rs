@@ -327,11 +327,12 @@ impl<'a> Session<'a> {
             tuned.plant_fault(0.1);
         }
         if !args.json {
+            let copies = tuned.max_copies();
             eprintln!(
-                "loaded in {:.2} s: {:.0} MB of weights, {} packed layout(s) per weight at most",
+                "loaded in {:.2} s: {:.0} MB of weights, at most {copies} {} per weight",
                 tuned.load_seconds(),
                 tuned.weight_bytes() as f64 / 1e6,
-                tuned.max_layouts()
+                if copies == 1 { "copy" } else { "copies" },
             );
         }
         let bar = progress_bar(args, &shapes);

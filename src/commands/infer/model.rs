@@ -260,8 +260,8 @@ impl Loaded {
         }
     }
 
-    pub fn max_layouts(&self) -> usize {
-        self.encoder().max_layouts()
+    pub fn max_copies(&self) -> usize {
+        self.encoder().max_copies()
     }
 
     /// Test hook: see [`Encoder::plant_fault`].
