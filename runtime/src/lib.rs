@@ -652,6 +652,19 @@ impl Runtime {
         best.0
     }
 
+    /// [`Runtime::lookup`] for a caller that counts its call itself (a packed weight's plan,
+    /// a call that runs the choice its own way): logged as a fallback like any lookup, not
+    /// counted, so each call counts once.
+    pub(crate) fn lookup_uncounted(&self, w: &Workload) -> Result<Arc<Choice>, RuntimeError> {
+        let key = Key::of(w);
+        let c = match key.and_then(|k| self.hit(k, |c, _| c.clone())) {
+            Some(c) => c,
+            None => self.miss(w, key)?,
+        };
+        self.log_fallback(w, &c);
+        Ok(c)
+    }
+
     /// The choice for `w` without counting or logging a lookup (the precision policy's
     /// look at the candidates); `None` when no family serves `w` here.
     pub(crate) fn peek(&self, w: &Workload) -> Option<Arc<Choice>> {
@@ -699,12 +712,17 @@ impl Runtime {
     #[inline]
     fn served<R>(&self, w: &Workload, c: &Choice, shard: usize, out: R) -> R {
         self.counters.count(shard, c.level, w.dtype());
+        self.log_fallback(w, c);
+        out
+    }
+
+    /// Appends `w` to the fallback log if `c` is a fallback level not logged yet.
+    fn log_fallback(&self, w: &Workload, c: &Choice) {
         if c.level != Level::Exact && !c.logged.load(Ordering::Relaxed) {
             if let Some(log) = self.log.get() {
                 log_once(log, w, c);
             }
         }
-        out
     }
 
     /// The slow path: refreshes this thread's handle on the index, then serves `w` from the

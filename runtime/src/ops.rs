@@ -181,7 +181,7 @@ impl PackedWeight {
             return Ok(p.clone());
         }
         let w = rt.serve_as(&Workload::gemm_bias_act(m, self.n, self.k, self.act)?);
-        let choice = rt.lookup(&w)?;
+        let choice = rt.lookup_uncounted(&w)?;
         if let Some(weight) = self.prepared_for(&choice) {
             let plan = Arc::new(Plan::prepared(w, choice, weight));
             plans.insert(m, plan.clone());
@@ -196,7 +196,7 @@ impl PackedWeight {
         let choice = if choice.workload == w {
             choice
         } else {
-            rt.lookup(&w)?
+            rt.lookup_uncounted(&w)?
         };
         let plan = match Candidate::of(rt, &w, &choice)? {
             Candidate::Packed(gemm, config) => {
@@ -497,7 +497,8 @@ impl Runtime {
         buffer(w, "b", b.len(), k * n)?;
         buffer(w, "bias", bias.len(), n)?;
         buffer(w, "c", c.len(), m * n)?;
-        let choice = self.lookup(&w)?;
+        // Counted once, by the call below.
+        let choice = self.lookup_uncounted(&w)?;
         if BLayout::of(&choice.config) == Some(BLayout::Prepacked) {
             // The same variant reading B on this call (packed, or in place as the family
             // default does for this M: 1.09–1.26× on the M = 128 BERT shapes, Zen 4, 2
@@ -506,6 +507,7 @@ impl Runtime {
             kernels::cpu::gemm::default_b_layout(m).set_in(&mut config);
             let gemm = EpilogueGemm::from_config(&w, &config)?;
             kernels::Executable::run_f32(&gemm, &[a, b, bias], c)?;
+            self.count_call(choice.level, w.dtype());
             return Ok(choice.level);
         }
         self.run(&w, &[a, b, bias], c)
@@ -550,7 +552,7 @@ impl Runtime {
             if p.planned(m, &w) {
                 continue;
             }
-            let choice = self.lookup(&w)?;
+            let choice = self.lookup_uncounted(&w)?;
             if p.plan_prepared(m, w, &choice, b)? {
                 continue;
             }
