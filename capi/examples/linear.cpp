@@ -74,6 +74,15 @@ class Weight {
     }
     const AutokernelWeight* get() const { return w_.get(); }
 
+    // What serves its first M and what it holds, as JSON.
+    std::string info() const {
+        char* json = nullptr;
+        check(autokernel_weight_info(w_.get(), &json));
+        std::string out(json);
+        autokernel_string_free(json);
+        return out;
+    }
+
   private:
     struct Free {
         void operator()(AutokernelWeight* w) const { autokernel_weight_free(w); }
@@ -111,6 +120,7 @@ int main(int argc, char** argv) {
             std::printf("linear m=%zu n=%zu k=%zu gelu ok (level %d)\n", m, n, k, level);
         }
         std::printf("lookup: %s\n", rt.lookup("gemm_bias_gelu:16x96x72").c_str());
+        std::printf("weight: %s\n", packed.info().c_str());
 
         try {
             std::vector<float> x(3 * k + 1), y(3 * n);

@@ -379,6 +379,21 @@ int autokernel_add_layer_norm(float *x, size_t x_len, const float *residual, siz
 int autokernel_weight_pack(const struct AutokernelRuntime *rt, size_t n, size_t k, int act, const float *b, size_t b_len, const size_t *ms, size_t ms_len, struct AutokernelWeight **out);
 
 /**
+ * Describes a packed weight as a JSON object: in_features (k), out_features (n), act
+ * (`"none"`, `"relu"`, `"gelu"` or `"gelu_erf"`, as the AUTOKERNEL_ACT_* names), workload
+ * (the first M it was planned for, with the element type it is served in, e.g.
+ * `"gemm_bias:128x768x768:i8"`), level and config of that M, dtypes (the element types of
+ * the M planned so far), layouts (its f32 panel layouts `[NR, KC]`: none for a weight kept
+ * only in int8 or bf16), copies (f32 layouts, reduced-precision forms and row-major
+ * copies held) and bytes (held in all). `*json_out` is a string to free with
+ * `autokernel_string_free` (NULL on failure).
+ *
+ * # Safety
+ * `w` is NULL or a live weight; `json_out` is NULL or writable.
+ */
+int autokernel_weight_info(const struct AutokernelWeight *w, char **json_out);
+
+/**
  * Frees a packed weight (NULL: nothing). No other thread may be using it.
  *
  * # Safety

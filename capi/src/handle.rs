@@ -277,7 +277,7 @@ pub unsafe extern "C" fn autokernel_string_free(s: *mut c_char) {
 }
 
 /// A string for C, freed by [`autokernel_string_free`].
-fn owned_string(s: String) -> *mut c_char {
+pub(crate) fn owned_string(s: String) -> *mut c_char {
     CString::new(s.replace('\0', " "))
         .unwrap_or_default()
         .into_raw()

@@ -57,8 +57,9 @@ pub use ops::{
     AUTOKERNEL_LEVEL_EXACT, AUTOKERNEL_LEVEL_NEAREST_SHAPE, AUTOKERNEL_LEVEL_SAME_ARCH,
 };
 pub use weight::{
-    autokernel_runtime_linear, autokernel_weight_free, autokernel_weight_pack, AutokernelWeight,
-    AUTOKERNEL_ACT_GELU, AUTOKERNEL_ACT_GELU_ERF, AUTOKERNEL_ACT_NONE, AUTOKERNEL_ACT_RELU,
+    autokernel_runtime_linear, autokernel_weight_free, autokernel_weight_info,
+    autokernel_weight_pack, AutokernelWeight, AUTOKERNEL_ACT_GELU, AUTOKERNEL_ACT_GELU_ERF,
+    AUTOKERNEL_ACT_NONE, AUTOKERNEL_ACT_RELU,
 };
 
 /// The major version of the library this header belongs to: compare it with

@@ -7,7 +7,7 @@ use runtime::PackedWeight;
 
 use crate::args::{self, span};
 use crate::error::{guard, CapiError};
-use crate::handle::AutokernelRuntime;
+use crate::handle::{owned_string, AutokernelRuntime};
 use crate::ops::level_code;
 
 /// No activation: `C = A·B + bias`.
@@ -74,6 +74,55 @@ pub unsafe extern "C" fn autokernel_weight_pack(
         let weight = h.serve(|rt| rt.pack_weight_for(n, k, act, b, ms))?;
         *out = Box::into_raw(Box::new(AutokernelWeight { weight, n, k }));
         Ok(())
+    })
+}
+
+/// Describes a packed weight as a JSON object: in_features (k), out_features (n), act
+/// (`"none"`, `"relu"`, `"gelu"` or `"gelu_erf"`, as the AUTOKERNEL_ACT_* names), workload
+/// (the first M it was planned for, with the element type it is served in, e.g.
+/// `"gemm_bias:128x768x768:i8"`), level and config of that M, dtypes (the element types of
+/// the M planned so far), layouts (its f32 panel layouts `[NR, KC]`: none for a weight kept
+/// only in int8 or bf16), copies (f32 layouts, reduced-precision forms and row-major
+/// copies held) and bytes (held in all). `*json_out` is a string to free with
+/// `autokernel_string_free` (NULL on failure).
+///
+/// # Safety
+/// `w` is NULL or a live weight; `json_out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn autokernel_weight_info(
+    w: *const AutokernelWeight,
+    json_out: *mut *mut std::ffi::c_char,
+) -> c_int {
+    guard(|| {
+        // SAFETY (this block): the caller's contract.
+        let out = unsafe { args::out_slot("json_out", json_out, std::ptr::null_mut())? };
+        let w = unsafe { args::handle("w", w)? };
+        *out = owned_string(info(w).to_string());
+        Ok(())
+    })
+}
+
+fn info(w: &AutokernelWeight) -> serde_json::Value {
+    let p = &w.weight;
+    let act = match p.act() {
+        Act::Identity => "none",
+        Act::Relu => "relu",
+        Act::Gelu => "gelu",
+        Act::GeluErf => "gelu_erf",
+    };
+    let config: serde_json::Value =
+        serde_json::from_str(&p.config().to_json()).unwrap_or(serde_json::Value::Null);
+    serde_json::json!({
+        "in_features": w.k,
+        "out_features": w.n,
+        "act": act,
+        "workload": p.workload().key(),
+        "level": p.level().as_str(),
+        "config": config,
+        "dtypes": p.dtypes().iter().map(|d| d.name()).collect::<Vec<_>>(),
+        "layouts": p.layouts(),
+        "copies": p.copies(),
+        "bytes": p.bytes(),
     })
 }
 

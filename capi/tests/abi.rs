@@ -438,6 +438,66 @@ fn packed_weights_check_their_arguments_and_serve_any_m() {
     }
 }
 
+/// `autokernel_weight_info` describes a weight: its shape and activation, what serves its
+/// first M, and the copies it holds (an int8-only weight keeps no f32 panels).
+#[test]
+fn weight_info_says_what_a_weight_holds() {
+    let (n, k) = (67, 65);
+    let w: Vec<f32> = (0..n * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
+    let ms = [16usize];
+    for (precision, dtype, f32_layouts) in [(c"f32", "f32", true), (c"int8", "i8", false)] {
+        let rt = open(None, 1, Some(precision));
+        let mut packed = null_mut();
+        let mut json = null_mut();
+        // SAFETY (all calls): pointers into live buffers with their true lengths, or NULL.
+        unsafe {
+            let st = autokernel_weight_pack(
+                rt,
+                n,
+                k,
+                AUTOKERNEL_ACT_GELU_ERF,
+                w.as_ptr(),
+                w.len(),
+                ms.as_ptr(),
+                1,
+                &mut packed,
+            );
+            expect(st, AUTOKERNEL_OK, "");
+            expect(autokernel_weight_info(packed, &mut json), AUTOKERNEL_OK, "");
+            let v: serde_json::Value = serde_json::from_str(&take(json).unwrap()).unwrap();
+            assert_eq!(
+                (v["in_features"].as_u64(), v["out_features"].as_u64()),
+                (Some(65), Some(67))
+            );
+            assert_eq!(v["act"], "gelu_erf");
+            let want = match dtype {
+                "f32" => "gemm_bias_gelu_erf:16x67x65".to_string(),
+                d => format!("gemm_bias_gelu_erf:16x67x65:{d}"),
+            };
+            assert_eq!(v["workload"], want.as_str(), "{v}");
+            assert_eq!(v["dtypes"], serde_json::json!([dtype]), "{v}");
+            assert_eq!(v["level"], "default", "{v}");
+            assert!(v["config"].is_object(), "{v}");
+            let layouts = v["layouts"].as_array().unwrap();
+            assert_eq!(!layouts.is_empty(), f32_layouts, "{v}");
+            assert_eq!(v["copies"].as_u64(), Some(1), "{v}");
+            let bytes = v["bytes"].as_u64().unwrap() as usize;
+            let per = if f32_layouts { 4 } else { 1 };
+            assert!(
+                bytes >= per * n * k && bytes < 2 * per * n * k + 4096,
+                "{v}"
+            );
+            let st = autokernel_weight_info(null(), &mut json);
+            expect(st, AUTOKERNEL_INVALID_ARGUMENT, "w is NULL");
+            assert!(json.is_null());
+            let st = autokernel_weight_info(packed, null_mut());
+            expect(st, AUTOKERNEL_INVALID_ARGUMENT, "json_out is NULL");
+            autokernel_weight_free(packed);
+            autokernel_runtime_free(rt);
+        }
+    }
+}
+
 #[test]
 fn a_bad_database_serves_defaults_until_a_reload_finds_a_good_one() {
     let dir = tempfile::tempdir().unwrap();

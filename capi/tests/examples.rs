@@ -71,6 +71,9 @@ fn linear_cpp_wraps_the_abi_in_raii_and_exceptions() {
         json_lines(&out, "lookup: ")[0]["kernel"].is_string(),
         "{out}"
     );
+    let weight = &json_lines(&out, "weight: ")[0];
+    assert_eq!(weight["workload"], "gemm_bias_gelu:1x96x72", "{out}");
+    assert!(weight["bytes"].as_u64().unwrap() >= 4 * 96 * 72, "{out}");
     assert!(
         out.contains("caught: AUTOKERNEL_SHAPE: 'a' has 217 elements"),
         "{out}"
