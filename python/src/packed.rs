@@ -115,6 +115,20 @@ impl PyPackedWeight {
         self.inner.bytes()
     }
 
+    /// The element types of the row counts planned so far (`"f32"`, `"bf16"`, `"i8"`): the
+    /// precision policy's choice when it was packed.
+    #[getter]
+    fn dtypes(&self) -> Vec<&'static str> {
+        self.inner.dtypes().iter().map(|d| d.name()).collect()
+    }
+
+    /// Copies of the weight it holds: f32 panel layouts, reduced-precision forms, and the
+    /// row-major copy, if one is kept (one for a weight served in int8 or bf16 only).
+    #[getter]
+    fn copies(&self) -> usize {
+        self.inner.copies()
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "PackedWeight(in_features={}, out_features={}, act='{}', workload='{}', level='{}', layouts={:?})",

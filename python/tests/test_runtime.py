@@ -293,6 +293,28 @@ def test_the_precision_policy_serves_f32_calls_in_int8():
         rt.set_precision("int4")
 
 
+@pytest.mark.parametrize("precision,dtype,size", [("int8", "i8", 1), ("bf16", "bf16", 2)])
+def test_a_weight_served_in_reduced_precision_only_keeps_no_f32_copy(precision, dtype, size):
+    rt = autokernel.Runtime(precision=precision)
+    w = rand(65, 67)
+    packed = rt.pack_weight(w, act="relu", ms=[16])
+    assert (packed.dtypes, packed.layouts, packed.copies) == ([dtype], [], 1)
+    assert packed.nbytes < 2 * size * w.size + 4096, packed.nbytes
+    # Other row counts, and calls after the policy went back to f32, read the same form.
+    rt.set_precision("f32")
+    for m in (1, 16, 37):
+        x = rand(m, 65)
+        want = np.maximum(x.astype(np.float64) @ w.astype(np.float64), 0)
+        before = rt.lookups()["by_precision"]
+        y = rt.linear(x, packed)
+        after = rt.lookups()["by_precision"]
+        assert after[precision] - before[precision] == 1 and after["f32"] == before["f32"]
+        err = np.abs(y - want).max() / np.abs(want).max()
+        assert 0 < err < 0.05, (m, err)
+    f32 = autokernel.Runtime().pack_weight(w, act="relu", ms=[16])
+    assert f32.dtypes == ["f32"] and f32.layouts and f32.nbytes >= 4 * w.size
+
+
 def test_the_gil_is_released_while_a_kernel_runs():
     import threading
     import time
