@@ -219,23 +219,20 @@ impl Encoder {
     /// The largest number of packed copies of any weight (1 when every M the encoder was
     /// loaded for agrees on the panel layout).
     pub fn max_layouts(&self) -> usize {
-        self.layers
-            .iter()
-            .flat_map(|l| [&l.qkv, &l.o, &l.ffn1, &l.ffn2])
-            .map(|w| w.layouts().len())
-            .max()
-            .unwrap_or(0)
+        self.packed().map(|w| w.layouts().len()).max().unwrap_or(0)
     }
 
     /// The largest number of copies of any weight it holds (f32 panel layouts,
     /// reduced-precision forms, row-major copies: [`runtime::PackedWeight::copies`]).
     pub fn max_copies(&self) -> usize {
+        self.packed().map(PackedWeight::copies).max().unwrap_or(0)
+    }
+
+    /// Every layer's packed weights.
+    fn packed(&self) -> impl Iterator<Item = &PackedWeight> {
         self.layers
             .iter()
             .flat_map(|l| [&l.qkv, &l.o, &l.ffn1, &l.ffn2])
-            .map(|w| w.copies())
-            .max()
-            .unwrap_or(0)
     }
 
     /// Adds `delta` to one bias value of the last layer's FFN down projection: a planted

@@ -476,9 +476,9 @@ impl Runtime {
     }
 
     /// Applies [`FALLBACK_CHECK_ENV`] and [`UNTUNED_LOG_ENV`] (what `open` honours), and
-    /// refuses an invalid [`kernels::cpu::LINGER_ENV`] (which the kernels would ignore).
+    /// refuses an invalid [`kernels::cpu::LINGER_ENV`] (which the kernels would ignore). Every
+    /// valid setting is applied; the first error is returned.
     fn settings_from_env(&self) -> Result<(), RuntimeError> {
-        kernels::cpu::linger()?;
         let check = match std::env::var_os(FALLBACK_CHECK_ENV) {
             Some(v) => parse_switch(FALLBACK_CHECK_ENV, &v).map(|on| self.set_fallback_check(on)),
             None => Ok(()),
@@ -487,7 +487,8 @@ impl Runtime {
             Some(p) if !p.is_empty() => self.log_fallbacks_to(PathBuf::from(p)),
             _ => Ok(()),
         };
-        check.and(log)
+        let linger = kernels::cpu::linger().map(drop).map_err(RuntimeError::from);
+        linger.and(check).and(log)
     }
 
     /// Appends every distinct workload this runtime serves at a level other than `exact`
@@ -656,11 +657,7 @@ impl Runtime {
     /// a call that runs the choice its own way): logged as a fallback like any lookup, not
     /// counted, so each call counts once.
     pub(crate) fn lookup_uncounted(&self, w: &Workload) -> Result<Arc<Choice>, RuntimeError> {
-        let key = Key::of(w);
-        let c = match key.and_then(|k| self.hit(k, |c, _| c.clone())) {
-            Some(c) => c,
-            None => self.miss(w, key)?,
-        };
+        let c = self.find(w)?;
         self.log_fallback(w, &c);
         Ok(c)
     }
@@ -668,11 +665,19 @@ impl Runtime {
     /// The choice for `w` without counting or logging a lookup (the precision policy's
     /// look at the candidates); `None` when no family serves `w` here.
     pub(crate) fn peek(&self, w: &Workload) -> Option<Arc<Choice>> {
+        self.find(w).ok()
+    }
+
+    /// The choice for `w` from this thread's handle on the index, else resolved ([`miss`]),
+    /// neither counted nor logged.
+    ///
+    /// [`miss`]: Runtime::miss
+    fn find(&self, w: &Workload) -> Result<Arc<Choice>, RuntimeError> {
         let key = Key::of(w);
-        if let Some(c) = key.and_then(|k| self.hit(k, |c, _| c.clone())) {
-            return Some(c);
+        match key.and_then(|k| self.hit(k, |c, _| c.clone())) {
+            Some(c) => Ok(c),
+            None => self.miss(w, key),
         }
-        self.miss(w, key).ok()
     }
 
     /// Like [`Runtime::choose`] but resolves `w` afresh, bypassing and not filling the cache,
