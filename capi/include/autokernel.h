@@ -222,7 +222,8 @@ int autokernel_runtime_set_precision(const struct AutokernelRuntime *rt, const c
  * `db_path` NULL: no database, every call runs its kernel default. A database that cannot
  * be read (missing, damaged, of a newer schema) does not fail the open: the runtime serves
  * kernel defaults, `autokernel_runtime_load_error` says why, and
- * `autokernel_runtime_reload` picks the file up once it is good.
+ * `autokernel_runtime_reload` picks the file up once it is good. Nor does an invalid
+ * `AUTOKERNEL_*` environment setting: `autokernel_runtime_settings_error` names it.
  *
  * `threads`: 0 runs kernels on the process-wide pool (all CPUs this process may use, or
  * `RAYON_NUM_THREADS` of them where that environment variable is set when the library
@@ -271,6 +272,18 @@ int autokernel_runtime_reload(const struct AutokernelRuntime *rt);
  * `rt` is NULL or a live runtime; `out` is NULL or writable.
  */
 int autokernel_runtime_load_error(const struct AutokernelRuntime *rt, char **out);
+
+/**
+ * The first `AUTOKERNEL_*` environment setting the open could not apply (an invalid
+ * `AUTOKERNEL_LINGER_US` or `AUTOKERNEL_FALLBACK_CHECK`, an `AUTOKERNEL_UNTUNED_LOG` path
+ * that cannot be opened), and why, or NULL in `*out` if every one applied. The other
+ * settings apply and the database is served either way; fixed for the runtime's life. A
+ * string to free with `autokernel_string_free`.
+ *
+ * # Safety
+ * `rt` is NULL or a live runtime; `out` is NULL or writable.
+ */
+int autokernel_runtime_settings_error(const struct AutokernelRuntime *rt, char **out);
 
 /**
  * Which variant serves `workload` (e.g. `"gemm:128x768x768"`,

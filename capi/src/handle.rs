@@ -36,7 +36,7 @@ impl AutokernelRuntime {
         })?;
         let rt = match path {
             Some(p) => Runtime::open_or_defaults_for(Path::new(p), hw),
-            None => Runtime::defaults_only_for(hw),
+            None => Runtime::defaults_only_for(hw).with_env_settings(),
         };
         Ok(AutokernelRuntime { rt, threads })
     }
@@ -93,7 +93,8 @@ pub unsafe extern "C" fn autokernel_runtime_set_precision(
 /// `db_path` NULL: no database, every call runs its kernel default. A database that cannot
 /// be read (missing, damaged, of a newer schema) does not fail the open: the runtime serves
 /// kernel defaults, `autokernel_runtime_load_error` says why, and
-/// `autokernel_runtime_reload` picks the file up once it is good.
+/// `autokernel_runtime_reload` picks the file up once it is good. Nor does an invalid
+/// `AUTOKERNEL_*` environment setting: `autokernel_runtime_settings_error` names it.
 ///
 /// `threads`: 0 runs kernels on the process-wide pool (all CPUs this process may use, or
 /// `RAYON_NUM_THREADS` of them where that environment variable is set when the library
@@ -178,6 +179,30 @@ pub unsafe extern "C" fn autokernel_runtime_load_error(
         let h = unsafe { args::handle("rt", rt)? };
         if let Some(e) = h.rt.load_error() {
             *out = owned_string(e);
+        }
+        Ok(())
+    })
+}
+
+/// The first `AUTOKERNEL_*` environment setting the open could not apply (an invalid
+/// `AUTOKERNEL_LINGER_US` or `AUTOKERNEL_FALLBACK_CHECK`, an `AUTOKERNEL_UNTUNED_LOG` path
+/// that cannot be opened), and why, or NULL in `*out` if every one applied. The other
+/// settings apply and the database is served either way; fixed for the runtime's life. A
+/// string to free with `autokernel_string_free`.
+///
+/// # Safety
+/// `rt` is NULL or a live runtime; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn autokernel_runtime_settings_error(
+    rt: *const AutokernelRuntime,
+    out: *mut *mut c_char,
+) -> c_int {
+    guard(|| {
+        // SAFETY (this block): the caller's contract.
+        let out = unsafe { args::out_slot("out", out, std::ptr::null_mut())? };
+        let h = unsafe { args::handle("rt", rt)? };
+        if let Some(e) = h.rt.settings_error() {
+            *out = owned_string(e.to_string());
         }
         Ok(())
     })

@@ -48,8 +48,8 @@ pub use error::{
 pub use handle::{
     autokernel_runtime_free, autokernel_runtime_load_error, autokernel_runtime_lookup,
     autokernel_runtime_lookups, autokernel_runtime_open, autokernel_runtime_reload,
-    autokernel_runtime_set_precision, autokernel_string_free, AutokernelLookupCounts,
-    AutokernelRuntime,
+    autokernel_runtime_set_precision, autokernel_runtime_settings_error, autokernel_string_free,
+    AutokernelLookupCounts, AutokernelRuntime,
 };
 pub use ops::{
     autokernel_add_layer_norm, autokernel_runtime_attention, autokernel_runtime_attention_masked,

@@ -42,6 +42,8 @@ pub fn parse_policy(p: Option<&str>, max_rel_err: Option<f64>) -> PyResult<Preci
 ///     bytes or os.PathLike path. A missing or unreadable file does not raise: the runtime
 ///     serves kernel defaults and `load_error` says why; `reload()` picks the file up once
 ///     it is good. None: no database, kernel defaults only.
+///     The AUTOKERNEL_* environment settings (README: Serving) apply either way; one that
+///     is invalid is ignored with a RuntimeWarning and reported by `settings_error`.
 /// threads: threads the kernels use (None: every CPU this process may use). Part of the
 ///     hardware fingerprint: records tuned at another thread count are served as
 ///     `same_arch`, not `exact`. 1 runs each call on the calling thread (no hand-over to a
@@ -282,8 +284,12 @@ impl PyRuntime {
         let rt = match &db_path {
             // File I/O (a slow network path): other Python threads run meanwhile.
             Some(p) => py.detach(|| Runtime::open_or_defaults_for(p, hw)),
-            None => Runtime::defaults_only_for(hw),
+            None => Runtime::defaults_only_for(hw).with_env_settings(),
         };
+        if let Some(e) = rt.settings_error() {
+            let category = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
+            PyErr::warn(py, &category, &std::ffi::CString::new(e)?, 1)?;
+        }
         rt.set_precision(policy);
         Ok(PyRuntime {
             rt,
@@ -330,6 +336,15 @@ impl PyRuntime {
     #[getter]
     fn load_error(&self) -> Option<String> {
         self.rt.load_error()
+    }
+
+    /// The first AUTOKERNEL_* environment setting that could not be applied (an invalid
+    /// AUTOKERNEL_LINGER_US or AUTOKERNEL_FALLBACK_CHECK, an AUTOKERNEL_UNTUNED_LOG path that
+    /// cannot be opened), and why, or None. Also warned about (RuntimeWarning) when the
+    /// runtime is made; the other settings apply and the database is served either way.
+    #[getter]
+    fn settings_error(&self) -> Option<String> {
+        self.rt.settings_error().map(str::to_string)
     }
 
     /// C = A·B for a (M, K) and b (K, N) float32 arrays; returns C (M, N), written into
@@ -829,7 +844,7 @@ impl PyRuntime {
 
     fn __repr__(&self) -> String {
         format!(
-            "Runtime(db_path={}, threads={}, precision='{}', fingerprint='{}'{})",
+            "Runtime(db_path={}, threads={}, precision='{}', fingerprint='{}'{}{})",
             self.db_path
                 .as_ref()
                 .map_or("None".into(), |p| format!("'{}'", p.display())),
@@ -838,7 +853,10 @@ impl PyRuntime {
             self.rt.fingerprint().id,
             self.rt
                 .load_error()
-                .map_or(String::new(), |e| format!(", load_error='{e}'"))
+                .map_or(String::new(), |e| format!(", load_error='{e}'")),
+            self.rt
+                .settings_error()
+                .map_or(String::new(), |e| format!(", settings_error='{e}'"))
         )
     }
 }

@@ -114,6 +114,30 @@ def test_a_missing_database_serves_defaults_then_reload_picks_it_up(tmp_path, tu
     assert rt.lookup("gemm:8x64x64")["level"] == "exact"
 
 
+def test_environment_settings_apply_with_or_without_a_database(tmp_path, tuned_db):
+    # In a child: the kernels read AUTOKERNEL_LINGER_US once per process.
+    log = tmp_path / "untuned.txt"
+    script = f"""
+import warnings, autokernel
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    rt = autokernel.Runtime()
+    db = autokernel.Runtime({str(tuned_db)!r})
+assert [w.category for w in caught] == [RuntimeWarning, RuntimeWarning], caught
+assert "AUTOKERNEL_LINGER_US=soon" in str(caught[0].message)
+for r in (rt, db):
+    assert "AUTOKERNEL_LINGER_US=soon" in r.settings_error, r.settings_error
+    assert "settings_error=" in repr(r)
+assert db.load_error is None and db.lookup("gemm:8x64x64")["level"] == "exact"
+rt.lookup("gemm:3x4x5")
+"""
+    env = dict(os.environ, AUTOKERNEL_LINGER_US="soon", AUTOKERNEL_UNTUNED_LOG=str(log))
+    subprocess.run([sys.executable, "-c", script], env=env, check=True)
+    # The valid setting beside the invalid one applied, on the runtime with no database too.
+    assert log.read_text() == "gemm:3x4x5  # default\n"
+    assert autokernel.Runtime().settings_error is None
+
+
 def test_defaults_only_runtime_cannot_reload():
     with pytest.raises(autokernel.AutokernelError, match="no database"):
         autokernel.Runtime().reload()

@@ -111,6 +111,18 @@ def test_optimize_fuses_linear_and_activation_and_lists_the_rest():
     assert x.grad is not None
 
 
+def test_more_rows_than_one_workload_takes_are_served():
+    # 2^20 + 5 rows (one workload takes at most 2^20): served in row blocks, not refused.
+    stock = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    model = akt.optimize(copy.deepcopy(stock))
+    rt = akt.runtime_of(model)
+    x = torch.randn((1 << 20) + 5, 4, generator=torch.Generator().manual_seed(0))
+    before = rt.lookups()["by_precision"]["f32"]
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), stock(x), rtol=1e-5, atol=1e-5)
+    assert rt.lookups()["by_precision"]["f32"] - before == 2  # two blocks, served by the runtime
+
+
 class _SeesThreads(nn.Module):
     seen = []
 

@@ -7,7 +7,7 @@
 
 use kernels::cpu::pool;
 
-use crate::ops::buffer;
+use crate::ops::{buffer, by_batch_blocks, sequences_per_call};
 use crate::{Level, Runtime, RuntimeError};
 
 /// Sum of a slice with 8 independent accumulators (a vectorisable reduction).
@@ -141,8 +141,32 @@ impl Runtime {
             d,
             causal,
         } = dims;
-        let w = kernels::Workload::attention(batch, heads, seq, d, causal)?;
+        let per_call = sequences_per_call(heads, seq, d);
         let n = dims.len();
+        if batch > per_call {
+            // Past one workload's size: blocks of sequences, each a call.
+            let what = format!(
+                "attention:{batch}x{heads}x{seq}x{d}{}",
+                if causal { ":causal" } else { "" }
+            );
+            buffer(&what, "qkv", qkv.len(), n.saturating_mul(3))?;
+            buffer(&what, "o", out.len(), n)?;
+            if let Some(lens) = key_lens {
+                buffer(&what, "key_lens", lens.len(), batch)?;
+            }
+            let per = seq * heads * d;
+            return by_batch_blocks(batch, per_call, |first, count| {
+                let block = AttentionRows {
+                    batch: count,
+                    ..dims
+                };
+                let lens = key_lens.map(|l| &l[first..first + count]);
+                let qkv = &qkv[3 * first * per..3 * (first + count) * per];
+                let out = &mut out[first * per..(first + count) * per];
+                self.attention_qkv(block, lens, qkv, out)
+            });
+        }
+        let w = kernels::Workload::attention(batch, heads, seq, d, causal)?;
         buffer(w, "qkv", qkv.len(), 3 * n)?;
         buffer(w, "o", out.len(), n)?;
         if let Some(lens) = key_lens {

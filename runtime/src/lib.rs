@@ -394,6 +394,8 @@ pub struct Runtime {
     counters: Counters,
     log: OnceLock<FallbackLog>,
     load_error: Mutex<Option<String>>,
+    /// Why an environment setting was not applied (see [`Runtime::settings_error`]).
+    settings_error: Option<String>,
     reload_lock: Mutex<()>,
     generation: AtomicU64,
     /// Whether a borrowed config is timed against the default before it is served.
@@ -425,6 +427,7 @@ impl Runtime {
     /// Like [`Runtime::open`], but never fails on the database: a missing, damaged, foreign
     /// or newer file leaves a runtime serving kernel defaults, with the reason in
     /// [`Runtime::load_error`]; a later [`Runtime::reload`] picks the file up once it is good.
+    /// Nor does it fail on an invalid environment setting: see [`Runtime::with_env_settings`].
     pub fn open_or_defaults(path: impl AsRef<Path>) -> Runtime {
         Runtime::open_or_defaults_for(path, HardwareFingerprint::current().clone())
     }
@@ -439,11 +442,7 @@ impl Runtime {
         };
         let rt = Runtime::with_index(hw, Some(path.to_path_buf()), idx);
         *rt.load_error.lock().unwrap_or_else(|p| p.into_inner()) = err;
-        if let Err(e) = rt.settings_from_env() {
-            let mut slot = rt.load_error.lock().unwrap_or_else(|p| p.into_inner());
-            slot.get_or_insert_with(|| e.to_string());
-        }
-        rt
+        rt.with_env_settings()
     }
 
     /// A runtime with no database: every workload runs its kernel default.
@@ -457,6 +456,16 @@ impl Runtime {
         Runtime::with_index(hw, None, Index::empty(1))
     }
 
+    /// This runtime with the environment's settings applied, as [`Runtime::open`] applies
+    /// them, but never failing: a setting that is invalid is left at its default and
+    /// reported by [`Runtime::settings_error`]. What the Python package and the C ABI make
+    /// of a runtime with no database (`Runtime::defaults_only_for(hw).with_env_settings()`);
+    /// [`Runtime::open_or_defaults`] does it too.
+    pub fn with_env_settings(mut self) -> Runtime {
+        self.settings_error = self.settings_from_env().err().map(|e| e.to_string());
+        self
+    }
+
     fn with_index(hw: HardwareFingerprint, path: Option<PathBuf>, idx: Index) -> Runtime {
         static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
         Runtime {
@@ -468,6 +477,7 @@ impl Runtime {
             counters: Counters::default(),
             log: OnceLock::new(),
             load_error: Mutex::new(None),
+            settings_error: None,
             reload_lock: Mutex::new(()),
             generation: AtomicU64::new(1),
             fallback_check: AtomicBool::new(true),
@@ -530,12 +540,22 @@ impl Runtime {
         Ok(info)
     }
 
-    /// Why the database could not be loaded by [`Runtime::open_or_defaults`], if it could not.
+    /// Why the database could not be loaded by [`Runtime::open_or_defaults`], if it could not
+    /// (until a [`Runtime::reload`] succeeds).
     pub fn load_error(&self) -> Option<String> {
         self.load_error
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// The first environment setting that [`Runtime::with_env_settings`] (or
+    /// [`Runtime::open_or_defaults`]) could not apply, and why: an invalid
+    /// `AUTOKERNEL_FALLBACK_CHECK`, `AUTOKERNEL_LINGER_US` or `AUTOKERNEL_UNTUNED_LOG` path.
+    /// The valid ones are applied; the database is served either way. Fixed for the
+    /// runtime's life (a `reload` does not re-read the environment).
+    pub fn settings_error(&self) -> Option<&str> {
+        self.settings_error.as_deref()
     }
 
     /// The fingerprint this runtime serves.
@@ -797,6 +817,12 @@ impl Runtime {
         b: &[f32],
         c: &mut [f32],
     ) -> Result<Level, RuntimeError> {
+        let what = || format!("gemm:{m}x{n}x{k}");
+        if let Some(done) =
+            ops::by_row_blocks(m, n, k, a, c, what, |m, a, c| self.gemm(m, n, k, a, b, c))
+        {
+            return done;
+        }
         let w = Workload::gemm(m, n, k)?;
         self.run(&w, &[a, b], c)
     }

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use kernels::cpu::gemm::epilogue::{EpilogueDirect, EpilogueGemm, EpiloguePacked};
 use kernels::cpu::gemm::packed::PackedB;
 use kernels::cpu::gemm::params::{BLayout, UkernelId};
+use kernels::workload::{MAX_DIM, MAX_ELEMENTS};
 use kernels::{Act, Config, Kernel, Operand, OperandMut, PreparedWeight, Workload};
 
 use crate::{Choice, Level, Runtime, RuntimeError};
@@ -410,6 +411,78 @@ pub(crate) fn buffer(
     }
 }
 
+/// The most rows one GEMM workload with `n` columns and depth `k` takes: [`MAX_DIM`], or
+/// fewer where its operands would pass [`MAX_ELEMENTS`]; at least 1.
+pub(crate) fn rows_per_call(n: usize, k: usize) -> usize {
+    let (n, k) = (n as u128, k as u128);
+    let fit = MAX_ELEMENTS.saturating_sub(k * n + n) / (k + n).max(1);
+    fit.clamp(1, MAX_DIM as u128) as usize
+}
+
+/// Runs `call(rows, a_rows, c_rows)` on blocks of at most [`rows_per_call`] rows of a GEMM
+/// whose M is past what one workload takes (`a` is `m×k`, `c` is `m×n`; `what` names the
+/// call in a size error). Each block is a call of its own (counted as one); returns the
+/// first block's level. None when `m` fits one call.
+pub(crate) fn by_row_blocks(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    c: &mut [f32],
+    what: impl Fn() -> String,
+    mut call: impl FnMut(usize, &[f32], &mut [f32]) -> Result<Level, RuntimeError>,
+) -> Option<Result<Level, RuntimeError>> {
+    let rows = rows_per_call(n, k);
+    if m <= rows {
+        return None;
+    }
+    let size = |name, got, expected| RuntimeError::BufferSize {
+        name,
+        workload: what(),
+        got,
+        expected,
+    };
+    if a.len() != m * k {
+        return Some(Err(size("a", a.len(), m * k)));
+    }
+    if c.len() != m * n {
+        return Some(Err(size("c", c.len(), m * n)));
+    }
+    let blocks = a.chunks(rows * k).zip(c.chunks_mut(rows * n));
+    let mut first = None;
+    for (a, c) in blocks {
+        let level = call(a.len() / k, a, c);
+        match level {
+            Ok(level) => _ = first.get_or_insert(level),
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    first.map(Ok)
+}
+
+/// The most sequences of `heads` heads of `seq × d` one attention workload takes: [`MAX_DIM`],
+/// or fewer where its four operands would pass [`MAX_ELEMENTS`]; at least 1.
+pub(crate) fn sequences_per_call(heads: usize, seq: usize, d: usize) -> usize {
+    let per_sequence = 4 * heads as u128 * seq as u128 * d as u128;
+    (MAX_ELEMENTS / per_sequence.max(1)).clamp(1, MAX_DIM as u128) as usize
+}
+
+/// Runs `call(first, count)` on blocks of at most `per_call` of `batch` sequences (the
+/// caller has checked that the buffers hold the whole batch). Each block is a call of its
+/// own (counted as one); returns the first block's level.
+pub(crate) fn by_batch_blocks(
+    batch: usize,
+    per_call: usize,
+    mut call: impl FnMut(usize, usize) -> Result<Level, RuntimeError>,
+) -> Result<Level, RuntimeError> {
+    let mut first = None;
+    for start in (0..batch).step_by(per_call.max(1)) {
+        let level = call(start, per_call.min(batch - start))?;
+        first.get_or_insert(level);
+    }
+    Ok(first.expect("at least one block"))
+}
+
 impl Runtime {
     /// Scaled dot-product attention, f32: `O = softmax(Q·Kᵀ/√d)·V` for each of the `b·h`
     /// heads of `[b, h, s, d]` tensors (row-major); with `causal`, query `i` sees keys
@@ -427,13 +500,7 @@ impl Runtime {
         v: &[f32],
         o: &mut [f32],
     ) -> Result<Level, RuntimeError> {
-        let w = Workload::attention(b, h, s, d, causal)?;
-        let len = w.output_len();
-        buffer(w, "q", q.len(), len)?;
-        buffer(w, "k", k.len(), len)?;
-        buffer(w, "v", v.len(), len)?;
-        buffer(w, "o", o.len(), len)?;
-        self.run(&w, &[q, k, v], o)
+        self.attention_masked_or_not(b, h, s, d, causal, None, q, k, v, o)
     }
 
     /// [`Runtime::attention`] over a padded batch: in batch `i`, only keys
@@ -456,18 +523,69 @@ impl Runtime {
         v: &[f32],
         o: &mut [f32],
     ) -> Result<Level, RuntimeError> {
+        self.attention_masked_or_not(b, h, s, d, causal, Some(key_lens), q, k, v, o)
+    }
+
+    /// [`Runtime::attention`], masked by `key_lens` when given ([`Runtime::attention_masked`]);
+    /// a batch past one workload's size in blocks of sequences.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_masked_or_not(
+        &self,
+        b: usize,
+        h: usize,
+        s: usize,
+        d: usize,
+        causal: bool,
+        key_lens: Option<&[i32]>,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        o: &mut [f32],
+    ) -> Result<Level, RuntimeError> {
+        let per_call = sequences_per_call(h, s, d);
+        if b > per_call {
+            // Past one workload's size: blocks of sequences, each a call.
+            let what = format!(
+                "attention:{b}x{h}x{s}x{d}{}",
+                if causal { ":causal" } else { "" }
+            );
+            let len = [s, h, d].into_iter().fold(b, usize::saturating_mul);
+            for (name, got) in [
+                ("q", q.len()),
+                ("k", k.len()),
+                ("v", v.len()),
+                ("o", o.len()),
+            ] {
+                buffer(&what, name, got, len)?;
+            }
+            if let Some(lens) = key_lens {
+                buffer(&what, "key_lens", lens.len(), b)?;
+            }
+            let per = h * s * d;
+            return by_batch_blocks(b, per_call, |first, count| {
+                let rows = first * per..(first + count) * per;
+                let lens = key_lens.map(|l| &l[first..first + count]);
+                let (q, k, v) = (&q[rows.clone()], &k[rows.clone()], &v[rows.clone()]);
+                self.attention_masked_or_not(count, h, s, d, causal, lens, q, k, v, &mut o[rows])
+            });
+        }
         let w = Workload::attention(b, h, s, d, causal)?;
         let len = w.output_len();
         buffer(w, "q", q.len(), len)?;
         buffer(w, "k", k.len(), len)?;
         buffer(w, "v", v.len(), len)?;
         buffer(w, "o", o.len(), len)?;
-        buffer(w, "key_lens", key_lens.len(), b)?;
+        if let Some(lens) = key_lens {
+            buffer(w, "key_lens", lens.len(), b)?;
+        }
+        let Some(lens) = key_lens else {
+            return self.run(&w, &[q, k, v], o);
+        };
         let inputs = [
             Operand::F32(q),
             Operand::F32(k),
             Operand::F32(v),
-            Operand::I32(key_lens),
+            Operand::I32(lens),
         ];
         let w = self.serve_as(&w);
         self.serve(&w, |c| c.run_operands(&inputs, OperandMut::F32(o)))
@@ -492,6 +610,12 @@ impl Runtime {
         bias: &[f32],
         c: &mut [f32],
     ) -> Result<Level, RuntimeError> {
+        let what = || format!("{}:{m}x{n}x{k}", act.op().name());
+        if let Some(done) = by_row_blocks(m, n, k, a, c, what, |m, a, c| {
+            self.gemm_bias_act(m, n, k, act, a, b, bias, c)
+        }) {
+            return done;
+        }
         let w = self.serve_as(&Workload::gemm_bias_act(m, n, k, act)?);
         buffer(w, "a", a.len(), m * k)?;
         buffer(w, "b", b.len(), k * n)?;
@@ -625,6 +749,12 @@ impl Runtime {
     ) -> Result<Level, RuntimeError> {
         let (n, k) = (weight.n, weight.k);
         let m = a.len() / k;
+        let what = || format!("{}:{m}x{n}x{k}", weight.act.op().name());
+        if let Some(done) = by_row_blocks(m, n, k, a, c, what, |_, a, c| {
+            self.gemm_bias_act_packed(weight, a, bias, c)
+        }) {
+            return done;
+        }
         let w = Workload::gemm_bias_act(m.max(1), n, k, weight.act)?;
         buffer(w, "a", a.len(), m.max(1) * k)?;
         buffer(w, "bias", bias.len(), n)?;
@@ -789,5 +919,136 @@ mod tests {
             .gemm_bias_act_packed(&packed, &x[..9], &x[..3], &mut o[..6])
             .unwrap_err();
         assert!(e.to_string().contains("'a' has 9 elements"), "{e}");
+    }
+
+    #[test]
+    fn rows_per_call_is_the_most_one_workload_takes() {
+        for (n, k) in [(1, 1), (3, 2), (768, 768), (4096, 4096), (1 << 16, 1 << 15)] {
+            let rows = rows_per_call(n, k);
+            assert!(Workload::gemm(rows, n, k).is_ok(), "{rows}x{n}x{k}");
+            assert!(
+                Workload::gemm(rows + 1, n, k).is_err(),
+                "{}x{n}x{k}",
+                rows + 1
+            );
+        }
+        assert_eq!(rows_per_call(768, 768), MAX_DIM);
+    }
+
+    /// A GEMM past one workload's M (2^20 rows) is served in row blocks: every entry point,
+    /// a remainder block of 3 rows, each block counted as a call.
+    #[test]
+    fn more_rows_than_one_workload_takes_are_served_in_blocks() {
+        let (m, n, k) = (MAX_DIM + 3, 3, 2);
+        let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+        let b = [0.5, -1.0, 2.0, 1.5, 0.25, -0.75];
+        let bias = [1.0, -2.0, 0.5];
+        let want = |i: usize, j: usize, with_bias: bool| {
+            let dot: f32 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            dot + if with_bias { bias[j] } else { 0.0 }
+        };
+        let check = |c: &[f32], with_bias: bool, relu: bool| {
+            for i in [0, 1, MAX_DIM - 1, MAX_DIM, m - 1] {
+                for j in 0..n {
+                    let mut w = want(i, j, with_bias);
+                    if relu {
+                        w = w.max(0.0);
+                    }
+                    assert_eq!(c[i * n + j], w, "row {i} col {j}");
+                }
+            }
+        };
+        let rt = Runtime::defaults_only();
+        let mut c = vec![f32::NAN; m * n];
+        rt.gemm(m, n, k, &a, &b, &mut c).unwrap();
+        check(&c, false, false);
+        c.fill(f32::NAN);
+        rt.gemm_bias_act(m, n, k, Act::Relu, &a, &b, &bias, &mut c)
+            .unwrap();
+        check(&c, true, true);
+        let packed = rt.pack_weight(64, n, k, Act::Identity, &b).unwrap();
+        let before = rt.lookups().total();
+        c.fill(f32::NAN);
+        rt.gemm_bias_act_packed(&packed, &a, &bias, &mut c).unwrap();
+        check(&c, true, false);
+        assert_eq!(rt.lookups().total() - before, 2, "two blocks, two calls");
+        // A short output is an error naming the whole call, not a panic.
+        let e = rt
+            .gemm_bias_act_packed(&packed, &a, &bias, &mut c[1..])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("gemm_bias:{m}x3x2")), "{e}");
+    }
+
+    /// Attention over more sequences than one workload takes (2^20) is served in blocks of
+    /// sequences: each sequence as a call on it alone computes it, masked or not, from
+    /// [b, h, s, d] tensors and from QKV rows.
+    #[test]
+    fn more_sequences_than_one_workload_takes_are_served_in_blocks() {
+        use crate::layer::AttentionRows;
+        let (b, h, s, d) = (MAX_DIM + 3, 1, 2, 1);
+        let n = b * h * s * d;
+        let val = |i: usize, seed: usize| ((i * 31 + seed * 17) % 13) as f32 / 4.0 - 1.5;
+        let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (0..n)
+            .map(|i| (val(i, 1), val(i, 2), val(i, 3)))
+            .fold(Default::default(), |(mut q, mut k, mut v), (a, b, c)| {
+                q.push(a);
+                k.push(b);
+                v.push(c);
+                (q, k, v)
+            });
+        let lens: Vec<i32> = (0..b).map(|i| (i % 3) as i32).collect();
+        let rt = Runtime::defaults_only();
+        let one = |i: usize, lens: Option<&[i32]>| {
+            let r = i * s..(i + 1) * s;
+            let mut o = vec![0.0; s];
+            let (q, k, v) = (&q[r.clone()], &k[r.clone()], &v[r]);
+            match lens {
+                None => rt.attention(1, h, s, d, false, q, k, v, &mut o),
+                Some(l) => rt.attention_masked(1, h, s, d, false, &l[i..=i], q, k, v, &mut o),
+            }
+            .unwrap();
+            o
+        };
+        let seen = [0, 1, 2, MAX_DIM - 1, MAX_DIM, b - 1];
+        for mask in [None, Some(&lens[..])] {
+            let mut o = vec![f32::NAN; n];
+            match mask {
+                None => rt.attention(b, h, s, d, false, &q, &k, &v, &mut o),
+                Some(l) => rt.attention_masked(b, h, s, d, false, l, &q, &k, &v, &mut o),
+            }
+            .unwrap();
+            let mut rows = vec![f32::NAN; n];
+            let qkv: Vec<f32> = (0..b * s).flat_map(|r| [q[r], k[r], v[r]]).collect();
+            let dims = AttentionRows {
+                batch: b,
+                seq: s,
+                heads: h,
+                d,
+                causal: false,
+            };
+            rt.attention_qkv(dims, mask, &qkv, &mut rows).unwrap();
+            for i in seen {
+                let want = one(i, mask);
+                assert_eq!(
+                    &o[i * s..(i + 1) * s],
+                    &want[..],
+                    "sequence {i}, mask {}",
+                    mask.is_some()
+                );
+                assert_eq!(
+                    &rows[i * s..(i + 1) * s],
+                    &want[..],
+                    "qkv rows, sequence {i}"
+                );
+            }
+        }
+        let e = rt
+            .attention(b, h, s, d, false, &q, &k, &v[1..], &mut vec![0.0; n])
+            .unwrap_err();
+        assert!(
+            e.to_string().contains(&format!("attention:{b}x1x2x1")),
+            "{e}"
+        );
     }
 }
