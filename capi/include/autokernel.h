@@ -191,8 +191,10 @@ typedef struct AutokernelLookupCounts {
 const char *autokernel_version(void);
 
 /**
- * The message of the last call made on the calling thread: empty (`""`) if it succeeded.
- * Never NULL. The pointer stays valid until the next `autokernel_*` call on this thread.
+ * The message of the last call on the calling thread that returned a status: empty (`""`)
+ * if it succeeded. Calls that return nothing (`autokernel_*_free`, `autokernel_version`)
+ * leave it as it was. Never NULL. The pointer stays valid until the next `autokernel_*`
+ * call that returns a status on this thread.
  */
 const char *autokernel_last_error(void);
 
@@ -208,8 +210,8 @@ const char *autokernel_status_name(int status);
  * type wherever a kernel family serves it), or `"auto"` (per workload, the fastest record
  * measured on its shape). `max_rel_err` ≥ 0: a reduced-precision record is served only if
  * its stored max relative error against the f32 problem is at most this (`auto` uses 1e-2
- * when it is negative); negative: no budget; NaN or +∞: `AUTOKERNEL_INVALID_ARGUMENT`. A
- * weight packed before keeps its plans.
+ * when it is negative); negative: no budget; NaN or +∞, or ≥ 0 with `"f32"` (which it
+ * would not change): `AUTOKERNEL_INVALID_ARGUMENT`. A weight packed before keeps its plans.
  *
  * # Safety
  * `rt` is NULL or a live runtime; `precision` is NULL or a NUL-terminated string.

@@ -152,8 +152,10 @@ pub(crate) fn guard(body: impl FnOnce() -> Result<(), CapiError>) -> c_int {
     }
 }
 
-/// The message of the last call made on the calling thread: empty (`""`) if it succeeded.
-/// Never NULL. The pointer stays valid until the next `autokernel_*` call on this thread.
+/// The message of the last call on the calling thread that returned a status: empty (`""`)
+/// if it succeeded. Calls that return nothing (`autokernel_*_free`, `autokernel_version`)
+/// leave it as it was. Never NULL. The pointer stays valid until the next `autokernel_*`
+/// call that returns a status on this thread.
 #[no_mangle]
 pub extern "C" fn autokernel_last_error() -> *const c_char {
     LAST_ERROR

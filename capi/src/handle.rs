@@ -57,6 +57,12 @@ fn set_precision(rt: &Runtime, text: Option<&str>, max_rel_err: f64) -> Result<(
             "max_rel_err {max_rel_err} is not a number ≥ 0 (or negative for no budget)"
         )));
     }
+    if max_rel_err >= 0.0 && policy.is_exact() {
+        return Err(CapiError::invalid(format!(
+            "max_rel_err {max_rel_err}: an error budget applies to a reduced precision (\"bf16\", \
+             \"int8\" or \"auto\"); \"{text}\" serves f32 only (give a negative max_rel_err)"
+        )));
+    }
     if max_rel_err >= 0.0 {
         policy = policy.with_max_rel_err(max_rel_err);
     }
@@ -69,8 +75,8 @@ fn set_precision(rt: &Runtime, text: Option<&str>, max_rel_err: f64) -> Result<(
 /// type wherever a kernel family serves it), or `"auto"` (per workload, the fastest record
 /// measured on its shape). `max_rel_err` ≥ 0: a reduced-precision record is served only if
 /// its stored max relative error against the f32 problem is at most this (`auto` uses 1e-2
-/// when it is negative); negative: no budget; NaN or +∞: `AUTOKERNEL_INVALID_ARGUMENT`. A
-/// weight packed before keeps its plans.
+/// when it is negative); negative: no budget; NaN or +∞, or ≥ 0 with `"f32"` (which it
+/// would not change): `AUTOKERNEL_INVALID_ARGUMENT`. A weight packed before keeps its plans.
 ///
 /// # Safety
 /// `rt` is NULL or a live runtime; `precision` is NULL or a NUL-terminated string.

@@ -595,6 +595,16 @@ fn threads_and_precision_are_checked() {
             let st = autokernel_runtime_set_precision(rt, c"int8".as_ptr(), bad);
             expect(st, AUTOKERNEL_INVALID_ARGUMENT, "max_rel_err");
         }
+        // A budget with f32 (NULL is f32 too) would change nothing: refused, as in Python.
+        for f32 in [c"f32".as_ptr(), null()] {
+            let st = autokernel_runtime_set_precision(rt, f32, 1e-2);
+            expect(st, AUTOKERNEL_INVALID_ARGUMENT, "serves f32 only");
+        }
+        expect(
+            autokernel_runtime_set_precision(rt, null(), -1.0),
+            AUTOKERNEL_OK,
+            "",
+        );
         autokernel_runtime_free(rt);
     }
     // A runtime of one thread serves this machine's one-thread fingerprint.

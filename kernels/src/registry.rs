@@ -180,6 +180,13 @@ pub fn check_record(
     hw: &HardwareFingerprint,
 ) -> std::result::Result<&'static dyn Kernel, String> {
     let k = crate::registry::kernel(kernel).map_err(|e| e.to_string())?;
+    if version > k.version() {
+        return Err(format!(
+            "{kernel} v{version} is newer than this build's v{}: serve it with the build that \
+             tuned it, or re-tune with this one",
+            k.version()
+        ));
+    }
     if k.version() != version {
         return Err(format!(
             "{kernel} v{version} is stale (this build has v{}): re-tune",

@@ -22,7 +22,7 @@ class PackedWeight:
     """A constant weight packed once by ``Runtime.pack_weight`` for ``Runtime.linear``."""
 
     def __copy__(self) -> PackedWeight: ...  # itself: shared, never copied
-    def __deepcopy__(self, memo: Any) -> PackedWeight: ...  # itself
+    def __deepcopy__(self, _memo: Any) -> PackedWeight: ...  # itself
     def __reduce__(self) -> NoReturn: ...  # TypeError: lives in native memory
 
     @property
@@ -50,7 +50,7 @@ class EncoderLayer:
     """A BERT-style encoder layer served in one call, made by ``Runtime.encoder_layer``."""
 
     def __copy__(self) -> EncoderLayer: ...  # itself: shared, never copied
-    def __deepcopy__(self, memo: Any) -> EncoderLayer: ...  # itself
+    def __deepcopy__(self, _memo: Any) -> EncoderLayer: ...  # itself
     def __reduce__(self) -> NoReturn: ...  # TypeError: lives in native memory
 
     @overload
@@ -73,7 +73,7 @@ class Runtime:
     """Dispatches GEMM, fused linear layers and attention to the best tuned kernel variant."""
 
     def __copy__(self) -> Runtime: ...  # itself: shared, never copied
-    def __deepcopy__(self, memo: Any) -> Runtime: ...  # itself
+    def __deepcopy__(self, _memo: Any) -> Runtime: ...  # itself
     def __reduce__(self) -> NoReturn: ...  # TypeError: lives in native memory
 
     def __init__(
@@ -193,12 +193,12 @@ class Runtime:
         qkv_bias: Operand,
         out: PackedWeight,
         out_bias: Operand,
-        ln1: tuple[Operand, Operand],
+        ln1: tuple[Operand, Operand] | list[Operand],
         ffn_up: PackedWeight,
         ffn_up_bias: Operand,
         ffn_down: PackedWeight,
         ffn_down_bias: Operand,
-        ln2: tuple[Operand, Operand],
+        ln2: tuple[Operand, Operand] | list[Operand],
         heads: int,
         eps: float = 1e-12,
     ) -> EncoderLayer: ...

@@ -218,6 +218,12 @@ def optimize(
             "this model was already optimized by autokernel.torch.optimize; optimize the original "
             "model (a second pass would pack its weights twice and stack its thread hooks)"
         )
+    if _linear_like(model):
+        raise ValueError(
+            f"the model is itself a {type(model).__name__}: optimize replaces the layers inside a "
+            "model, in place; serve a lone layer as autokernel.torch.AutokernelLinear(layer, "
+            "autokernel.Runtime(...)), or optimize a module that holds it"
+        )
     if torch_threads is not None and (
         isinstance(torch_threads, bool) or not isinstance(torch_threads, numbers.Integral) or torch_threads < 1
     ):

@@ -8,19 +8,46 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// An integer argument as given, negatives included: taken as an unsigned Rust type
-/// directly, a negative int would raise a bare `OverflowError` that names no argument.
-/// Checked and converted by [`int_in`].
-pub type IntArg = i128;
+/// directly, a negative int would raise a bare `OverflowError` that names no argument, and
+/// so would an int past `i128` (kept here as `i128::MAX` or `i128::MIN`, shown as such).
+/// Anything but an integer is pyo3's `TypeError` naming the argument. Checked and converted
+/// by [`int_in`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntArg(pub i128);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for IntArg {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        match obj.extract::<i128>() {
+            Ok(v) => Ok(IntArg(v)),
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) => {
+                Ok(IntArg(if obj.gt(0)? { i128::MAX } else { i128::MIN }))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Display for IntArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            i128::MAX => write!(f, "(an int ≥ 2**127)"),
+            i128::MIN => write!(f, "(an int < -2**127)"),
+            v => write!(f, "{v}"),
+        }
+    }
+}
 
 /// Argument `name`'s `value` as a `T` in `lo..=hi`; else `ValueError: name=-1: expected an
 /// integer from lo to hi`.
 pub fn int_in<T>(name: &str, value: IntArg, lo: T, hi: T) -> PyResult<T>
 where
-    T: Copy + Display + TryFrom<IntArg> + TryInto<IntArg>,
+    T: Copy + Display + TryFrom<i128> + TryInto<i128>,
 {
-    let above_lo = lo.try_into().is_ok_and(|lo| value >= lo);
-    let below_hi = hi.try_into().map_or(true, |hi| value <= hi);
-    match T::try_from(value) {
+    let above_lo = lo.try_into().is_ok_and(|lo| value.0 >= lo);
+    let below_hi = hi.try_into().map_or(true, |hi| value.0 <= hi);
+    match T::try_from(value.0) {
         Ok(v) if above_lo && below_hi => Ok(v),
         _ => Err(PyValueError::new_err(format!(
             "{name}={value}: expected an integer from {lo} to {hi}"
@@ -52,7 +79,11 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PathArg {
         let decoded = py
             .import(pyo3::intern!(py, "os"))?
             .call_method1(pyo3::intern!(py, "fsdecode"), (obj,))?;
-        Ok(PathArg(decoded.extract()?))
+        let path: PathBuf = decoded.extract()?;
+        if path.as_os_str().is_empty() {
+            return Err(PyValueError::new_err("the path is empty: it names no file"));
+        }
+        Ok(PathArg(path))
     }
 }
 

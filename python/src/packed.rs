@@ -75,8 +75,8 @@ impl PyPackedWeight {
         self.inner.dims().0
     }
 
-    /// The activation fused into every `linear` with this weight: 'identity', 'relu' or
-    /// 'gelu_tanh'.
+    /// The activation fused into every `linear` with this weight: 'identity', 'relu',
+    /// 'gelu_tanh' or 'gelu_erf'.
     #[getter]
     fn act(&self) -> &'static str {
         act_name(self.act)

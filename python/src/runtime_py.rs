@@ -704,16 +704,17 @@ impl PyRuntime {
         qkv_bias: &Bound<'_, PyAny>,
         out: &Bound<'_, PyAny>,
         out_bias: &Bound<'_, PyAny>,
-        ln1: (Bound<'_, PyAny>, Bound<'_, PyAny>),
+        ln1: &Bound<'_, PyAny>,
         ffn_up: &Bound<'_, PyAny>,
         ffn_up_bias: &Bound<'_, PyAny>,
         ffn_down: &Bound<'_, PyAny>,
         ffn_down_bias: &Bound<'_, PyAny>,
-        ln2: (Bound<'_, PyAny>, Bound<'_, PyAny>),
+        ln2: &Bound<'_, PyAny>,
         heads: IntArg,
         eps: f64,
     ) -> PyResult<crate::layer::PyEncoderLayer> {
         let heads = dim("heads", heads)?;
+        let (ln1, ln2) = (pair(ln1, "ln1")?, pair(ln2, "ln2")?);
         let vec = |x: &Bound<'_, PyAny>, name: &str| -> PyResult<Vec<f32>> {
             let a = operand::input(x, name, true)?;
             let v = a
@@ -755,12 +756,13 @@ impl PyRuntime {
     #[pyo3(signature = (layers, x, mask=None, out=None, *, copy=false))]
     fn encoder<'py>(
         slf: &Bound<'py, Self>,
-        layers: Vec<Bound<'py, crate::layer::PyEncoderLayer>>,
+        layers: &Bound<'py, PyAny>,
         x: &Bound<'py, PyAny>,
         mask: Option<&Bound<'py, PyAny>>,
         out: Option<&Bound<'py, PyAny>>,
         copy: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let layers = layer_list(layers)?;
         let refs: Vec<&crate::layer::PyEncoderLayer> = layers.iter().map(|l| l.get()).collect();
         if let Some(i) = refs.iter().position(|l| !l.rt.is(slf)) {
             return Err(PyValueError::new_err(format!(
@@ -859,6 +861,60 @@ impl PyRuntime {
                 .map_or(String::new(), |e| format!(", settings_error='{e}'"))
         )
     }
+}
+
+/// A `(weight, bias)` pair from argument `name`: a tuple or list of two; else a TypeError
+/// naming the argument.
+fn pair<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let two = (!obj.is_instance_of::<pyo3::types::PyString>())
+        .then(|| obj.extract::<Vec<Bound<'py, PyAny>>>().ok())
+        .flatten()
+        .filter(|v| v.len() == 2);
+    match two {
+        Some(v) => {
+            let [w, b]: [Bound<'py, PyAny>; 2] = v.try_into().expect("two items");
+            Ok((w, b))
+        }
+        None => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "argument '{name}' is {}: expected a (weight, bias) pair of arrays",
+            obj.repr()?
+        ))),
+    }
+}
+
+/// The `layers` argument of `encoder`: a list or tuple of EncoderLayers; else a TypeError
+/// naming the argument (or the item).
+fn layer_list<'py>(
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<Vec<Bound<'py, crate::layer::PyEncoderLayer>>> {
+    let items = (!obj.is_instance_of::<pyo3::types::PyString>())
+        .then(|| obj.extract::<Vec<Bound<'py, PyAny>>>().ok())
+        .flatten()
+        .ok_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "argument 'layers' is a {}: expected a list of EncoderLayers (from encoder_layer)",
+                obj.get_type().name().map_or("?".into(), |n| n.to_string())
+            ))
+        })?;
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            item.cast_into::<crate::layer::PyEncoderLayer>()
+                .map_err(|e| {
+                    pyo3::exceptions::PyTypeError::new_err(format!(
+                        "layers[{i}] is a {}: expected an EncoderLayer (from encoder_layer)",
+                        e.into_inner()
+                            .get_type()
+                            .name()
+                            .map_or("?".into(), |n| n.to_string())
+                    ))
+                })
+        })
+        .collect()
 }
 
 fn index_info<'py>(py: Python<'py>, info: &runtime::IndexInfo) -> PyResult<Bound<'py, PyDict>> {

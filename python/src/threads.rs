@@ -27,7 +27,7 @@ impl Threads {
         };
         let asked = match threads {
             None => None,
-            Some(t) => match usize::try_from(t) {
+            Some(t) => match usize::try_from(t.0) {
                 Ok(t) => Some(t),
                 Err(_) => return Err(out_of_range(&t, HardwareFingerprint::current().cores)),
             },

@@ -98,6 +98,7 @@ fn worker_spec(
 ///
 /// workloads: a workload string ('gemm:128x768x768', 'gemm_bias_gelu:128x3072x768',
 ///     'attention:1x12x128x64') or an iterable of them (e.g. autokernel.torch.workloads()).
+/// db: the tuning database (a str, bytes or os.PathLike path; created if missing).
 /// budget: distinct configs to have tried per workload, counting those already in the
 ///     database (re-running resumes).
 /// threads: threads to tune for (None: all CPUs); part of the hardware fingerprint.
@@ -106,8 +107,13 @@ fn worker_spec(
 ///     family serves for a workload are left out; workloads with a suffix ('…:i8') as given.
 /// strategy: 'model' (default), 'model-notransfer', 'model-linear',
 ///     'model-linear-notransfer', 'evolutionary', 'annealing', 'random' or 'exhaustive'.
+/// seed: seed of the strategy and of the test inputs (the CLI's `--seed`).
 /// isolation: 'process' (candidates run in a watched worker: a crash is recorded, not
 ///     fatal) or 'none' (in this process).
+/// finalists: top configs re-measured interleaved before the winner is declared (0: none,
+///     the fastest trial wins).
+/// timeout_s: time limit per candidate in seconds, from 0.1 (None: max(2, 50 × the default
+///     config's evaluation time)); needs isolation='process'.
 /// progress: draw the CLI's progress bar on stderr (when it is a terminal).
 /// retry_failed: measure again the configs whose latest trial crashed, timed out or ran
 ///     out of memory (quarantined: otherwise never re-run), as the CLI's `--retry-failed`.
@@ -115,7 +121,7 @@ fn worker_spec(
 #[pyo3(
     text_signature = "(workloads, db='tuning.db', budget=32, threads=None, precision=None, strategy='model', seed=0, isolation='process', finalists=3, timeout_s=None, progress=True, retry_failed=False)"
 )]
-#[pyo3(signature = (workloads, db=PathArg(PathBuf::from("tuning.db")), budget=32, threads=None, precision=None, strategy="model", seed=0, isolation="process", finalists=3, timeout_s=None, progress=true, retry_failed=false))]
+#[pyo3(signature = (workloads, db=PathArg(PathBuf::from("tuning.db")), budget=IntArg(32), threads=None, precision=None, strategy="model", seed=IntArg(0), isolation="process", finalists=IntArg(3), timeout_s=None, progress=true, retry_failed=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn tune<'py>(
     py: Python<'py>,

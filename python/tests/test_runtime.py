@@ -223,6 +223,21 @@ def test_negative_integer_arguments_are_value_errors_naming_them(tmp_path):
             rt.encoder_layer(*args, heads=2, eps=eps)
     # An empty batch is nothing to compute: an empty output.
     assert rt.encoder_layer(*args, heads=2)(np.zeros((2, 0, 8), np.float32)).shape == (2, 0, 8)
+    # Ints past any machine integer, and arguments of the wrong kind, name the argument too.
+    with pytest.raises(ValueError, match=r"heads=\(an int ≥ 2\*\*127\): expected an integer from 1"):
+        rt.attention_qkv(rand(1, 2, 6), 2**200)
+    with pytest.raises(ValueError, match=r"threads=\(an int < -2\*\*127\)"):
+        autokernel.Runtime(threads=-(2**300))
+    with pytest.raises(TypeError, match="argument 'ln1' is 'ab': expected a \\(weight, bias\\) pair"):
+        rt.encoder_layer(*args[:4], "ab", *args[5:], heads=2)
+    layer = rt.encoder_layer(*args[:4], list(ln), *args[5:9], [*ln], heads=2)  # lists are pairs too
+    x = rand(1, 3, 8)
+    np.testing.assert_array_equal(layer(x), rt.encoder_layer(*args, heads=2)(x))
+    with pytest.raises(TypeError, match="argument 'layers' is a str: expected a list of EncoderLayers"):
+        rt.encoder("ab", x)
+    with pytest.raises(TypeError, match="layers\\[1\\] is a int: expected an EncoderLayer"):
+        rt.encoder([layer, 5], x)
+    np.testing.assert_array_equal(rt.encoder((layer, layer), x), layer(layer(x)))
 
 
 def test_key_lengths_must_be_integral_and_finite():
@@ -245,6 +260,9 @@ def test_key_lengths_must_be_integral_and_finite():
 def test_db_paths_may_be_str_bytes_or_pathlike(tmp_path, tuned_db):
     with pytest.raises(TypeError, match="expected str, bytes or os.PathLike object, not int"):
         autokernel.Runtime(5)
+    for empty in ("", b""):
+        with pytest.raises(ValueError, match="the path is empty: it names no file"):
+            autokernel.Runtime(empty)
     for path in (tuned_db, tuned_db.encode(), pathlib.Path(tuned_db)):
         rt = autokernel.Runtime(path)
         assert rt.load_error is None and rt.lookup("gemm:8x64x64")["level"] == "exact"

@@ -143,6 +143,13 @@ def test_optimize_refuses_arguments_it_would_ignore():
     with pytest.raises(ValueError, match="at least 1"):
         akt.optimize(mlp(), ms=[0])
     assert akt.optimize(mlp(), runtime=rt, ms=np.array([4, 16])).autokernel_runtime is rt
+    # A lone Linear cannot be replaced in place: the error says what serves it instead.
+    with pytest.raises(ValueError, match="the model is itself a Linear: .*AutokernelLinear"):
+        akt.optimize(nn.Linear(8, 4))
+    lone = akt.AutokernelLinear(nn.Linear(8, 4), rt)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(lone(x), nn.functional.linear(x, lone.weight, lone.bias))
 
 
 def test_optimized_forward_runs_torch_on_its_own_thread_count():
