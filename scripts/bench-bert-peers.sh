@@ -13,8 +13,8 @@ For each of --rounds rounds, back to back:
   2. transformers' BertModel, random init from a BertConfig built in code (no hub
      download), torch.inference_mode(), torch.set_num_threads(T): the encoder alone (the
      same work) and the whole BertModel.
-Then writes bench_results/<fingerprint id>/bert.md and bert.json (medians over rounds,
-ratios within rounds) and bert.jsonl (every measurement), with the command, date and load.
+Then writes bench_results/<fingerprint id>/bert_f32.md and bert_f32.json (medians over rounds,
+ratios within rounds) and bert_f32.jsonl (every measurement), with the command, date and load.
 
 Tune the database first, e.g.:
   autokernel tune --model bert-base --batch 1,8 --seq 128 --db target/bert.db --budget 48
@@ -77,7 +77,7 @@ fi
 FP=$("$AK" hw --threads "$THREADS" --json | "$VENV/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["id"])')
 OUT="$RESULTS/$FP"
 mkdir -p "$OUT"
-JSONL="$OUT/bert.jsonl"
+JSONL="$OUT/bert_f32.jsonl"
 : > "$JSONL"
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 for r in $(seq 1 "$ROUNDS"); do
@@ -97,4 +97,4 @@ LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 META=$("$VENV/bin/python" -c "import json,sys; print(json.dumps({'command': sys.argv[1], 'date': sys.argv[2], 'load average at start / end': sys.argv[3] + ' / ' + sys.argv[4], 'fingerprint': sys.argv[5], 'threads': int(sys.argv[6])}))" \
     "$CMDLINE" "$(date -u +%Y-%m-%dT%H:%MZ)" "$LOAD_START" "$LOAD_END" "$FP" "$THREADS")
 "$VENV/bin/python" scripts/bench-bert-peers.py report --results "$JSONL" \
-    --out-md "$OUT/bert.md" --out-json "$OUT/bert.json" --meta "$META"
+    --out-md "$OUT/bert_f32.md" --out-json "$OUT/bert_f32.json" --meta "$META"

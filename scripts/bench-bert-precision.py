@@ -379,6 +379,16 @@ def write_report(args, hw, out_dir, rows, shapes):
               "drop-in serving the PyTorch model) against PyTorch f32.", ""]
     with open(os.path.join(out_dir, "bert_precision.md"), "w") as f:
         f.write("\n".join(lines))
+    # The machine's BERT table, bench_results/<fingerprint>/bert.md, is the latest run written
+    # there or in a folder of it (bench_results/<fingerprint>/bert-<date>/).
+    out_abs = os.path.abspath(out_dir)
+    fp_dir = next((d for d in (out_abs, os.path.dirname(out_abs))
+                   if os.path.basename(os.path.dirname(d)) == "bench_results"), None)
+    if fp_dir is not None:
+        with open(os.path.join(fp_dir, "bert.md"), "w") as f:
+            f.write(f"<!-- The latest run of scripts/bench-bert-precision.py here: "
+                    f"{os.path.relpath(out_abs, fp_dir)}/bert_precision.md. -->\n\n")
+            f.write("\n".join(lines))
     with open(os.path.join(out_dir, "bert_precision.json"), "w") as f:
         json.dump({"meta": meta, "summary": summary}, f, indent=1)
     print("\n".join(lines))

@@ -93,7 +93,10 @@ pub struct PrecisionArg {
 impl PrecisionArg {
     /// The policy these options name.
     pub fn policy(&self) -> anyhow::Result<runtime::PrecisionPolicy> {
-        let p: runtime::PrecisionPolicy = self.precision.parse()?;
+        let p: runtime::PrecisionPolicy = self
+            .precision
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
         with_budget(p, self.max_rel_err)
     }
 

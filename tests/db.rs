@@ -398,6 +398,22 @@ fn bad_inputs_get_one_line_errors_and_change_nothing() {
         .execute_batch("UPDATE trials SET median_s = median_s / 2 WHERE id = 1;")
         .unwrap();
     bad.push((p, "checksum mismatch"));
+    // The same edit with the row that marks a bundle deleted: still a (damaged) bundle.
+    let p = d.join("unmarked.bundle");
+    std::fs::copy(&bundle, &p).unwrap();
+    raw(&p)
+        .execute_batch(
+            "UPDATE trials SET median_s = median_s / 2 WHERE id = 1; \
+             DELETE FROM meta WHERE key = 'bundle.format';",
+        )
+        .unwrap();
+    bad.push((p, "checksum mismatch"));
+    let p = d.join("unmarked_only.bundle");
+    std::fs::copy(&bundle, &p).unwrap();
+    raw(&p)
+        .execute_batch("DELETE FROM meta WHERE key = 'bundle.format';")
+        .unwrap();
+    bad.push((p, "the manifest has no bundle.format"));
     let p = d.join("future_manifest.bundle");
     std::fs::copy(&bundle, &p).unwrap();
     raw(&p)
@@ -501,6 +517,31 @@ fn bad_inputs_get_one_line_errors_and_change_nothing() {
         err.contains("warning") && err.contains("gemm:96x64x64") && err.contains("'mc' = 1000"),
         "{err}"
     );
+}
+
+/// A damaged page that the counts never read is still an error for `db stats` (SQLite's
+/// `quick_check`), not a summary that looks whole.
+#[test]
+fn stats_reports_a_damaged_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("damaged.db");
+    let recs: Vec<Record> = (0..400)
+        .map(|i| rec(gemm(8 + i, 8, 8), config(&gemm(8 + i, 8, 8), 0), 1e-6))
+        .collect();
+    make_db(&p, &recs);
+    let mut b = bytes(&p);
+    let page = 4096;
+    assert!(b.len() >= 8 * page, "{} bytes", b.len());
+    let mid = b.len() / page / 2 * page;
+    b[mid..mid + page].fill(7);
+    std::fs::write(&p, &b).unwrap();
+    one_line_error(&ak(&["db", "stats", "--db", s(&p)]), &p, "quick_check");
+    one_line_error(
+        &ak(&["db", "stats", "--db", s(&p), "--json"]),
+        &p,
+        "quick_check",
+    );
+    assert!(bytes(&p) == b, "stats changed the file");
 }
 
 #[test]

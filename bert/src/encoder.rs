@@ -66,9 +66,14 @@ impl PackedLayer {
 
 /// The distinct M = batch·seq of `shapes`: at least one, each at least 1.
 pub(crate) fn rows_of(shapes: &[(usize, usize)]) -> Result<Vec<usize>, BertError> {
-    // Saturating: an M past usize::MAX is refused as a workload later, never wraps to a
-    // small one.
-    let mut ms: Vec<usize> = shapes.iter().map(|&(b, s)| b.saturating_mul(s)).collect();
+    // Checked: an M past usize::MAX never wraps to a small one. (Any M the machine can hold
+    // is served: past one workload's rows, in blocks.)
+    let mut ms = Vec::with_capacity(shapes.len());
+    for &(b, s) in shapes {
+        ms.push(b.checked_mul(s).ok_or_else(|| BertError::Shape {
+            reason: format!("batch {b} × seq {s} overflows the row count"),
+        })?);
+    }
     if ms.is_empty() || ms.contains(&0) {
         return Err(BertError::Shape {
             reason: "load needs at least one (batch, seq) shape, each at least 1".into(),

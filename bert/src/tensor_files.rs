@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use safetensors::tensor::TensorView;
-use safetensors::SafeTensors;
+use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use serde_json::Value;
 
 use crate::checkpoint::{read_file, JSON_LIMIT};
@@ -95,7 +95,10 @@ impl TensorFiles {
             .map(|(path, bytes)| {
                 SafeTensors::deserialize(bytes).map_err(|e| BertError::Checkpoint {
                     path: path.clone(),
-                    reason: format!("not a safetensors file: {e}"),
+                    reason: match (&e, misfit_tensor(bytes)) {
+                        (SafeTensorError::TensorInvalidInfo, Some(why)) => why,
+                        _ => format!("not a safetensors file: {e}"),
+                    },
                 })
             })
             .collect::<Result<_, _>>()?;
@@ -105,6 +108,29 @@ impl TensorFiles {
             map: self.map.as_ref(),
         })
     }
+}
+
+/// Which tensor of a safetensors file has a byte range its dtype and shape do not fill (the
+/// `safetensors` crate's `TensorInvalidInfo` names none), read from the header directly.
+fn misfit_tensor(bytes: &[u8]) -> Option<String> {
+    let len = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let header = bytes.get(8..8usize.checked_add(usize::try_from(len).ok()?)?)?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    header.iter().find_map(|(name, t)| {
+        let dtype: Dtype = serde_json::from_value(t.get("dtype")?.clone()).ok()?;
+        let shape: Vec<u64> = serde_json::from_value(t.get("shape")?.clone()).ok()?;
+        let [start, end]: [u64; 2] = serde_json::from_value(t.get("data_offsets")?.clone()).ok()?;
+        let bits = shape
+            .iter()
+            .try_fold(dtype.bitsize() as u64, |n, &d| n.checked_mul(d))?;
+        let bytes = end.checked_sub(start)?;
+        (bits != bytes * 8).then(|| {
+            format!(
+                "tensor '{name}' holds {bytes} bytes, but its shape {shape:?} of {dtype:?} needs {}",
+                bits.div_ceil(8)
+            )
+        })
+    })
 }
 
 impl Tensors<'_> {

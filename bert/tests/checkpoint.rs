@@ -340,6 +340,24 @@ fn broken_directories_are_one_line_errors_naming_the_tensor_or_field() {
             "field 'hidden_act' is null, not a string",
         ),
         (
+            "nan",
+            Box::new(|d: &Path| {
+                rewrite(
+                    d,
+                    |n, t, s, b| {
+                        let mut b = b.to_vec();
+                        if n == LAYER1 {
+                            // An f32 NaN over the elements at bytes 20..24.
+                            b[20..24].copy_from_slice(&f32::NAN.to_le_bytes());
+                        }
+                        Some((n.to_string(), t, s.to_vec(), b))
+                    },
+                    |_| {},
+                )
+            }),
+            "tensor 'encoder.layer.1.intermediate.dense.weight' holds NaN at index",
+        ),
+        (
             "gpt2",
             Box::new(|d: &Path| rewrite(d, same, |v| v["model_type"] = "gpt2".into())),
             "model_type 'gpt2' is not a BERT-family encoder",
@@ -428,6 +446,25 @@ fn broken_directories_are_one_line_errors_naming_the_tensor_or_field() {
                 std::fs::write(d.join("config.json"), "[1, 2]").unwrap();
             }),
             "config.json: not a JSON object",
+        ),
+        (
+            "header-shape",
+            // The header says [32] of a tensor whose bytes hold 64 values (edited in place:
+            // no writer would save it).
+            Box::new(|d: &Path| {
+                rewrite(d, same, |_| {});
+                let path = d.join("model.safetensors");
+                let bytes = std::fs::read(&path).unwrap();
+                let from: &[u8] = b"\"encoder.layer.0.attention.self.key.bias\":{\"dtype\":\"F16\",\"shape\":[64]";
+                let at = bytes
+                    .windows(from.len())
+                    .position(|w| w == from)
+                    .expect("the fixture's header");
+                let mut bytes = bytes;
+                bytes[at + from.len() - 3..at + from.len() - 1].copy_from_slice(b"32");
+                std::fs::write(&path, bytes).unwrap();
+            }),
+            "tensor 'encoder.layer.0.attention.self.key.bias' holds 128 bytes, but its shape [32] of F16 needs 64",
         ),
     ];
     for (name, make, needle) in cases {

@@ -560,9 +560,17 @@ fn parse_dims(shape: &str, bad: &dyn Fn(String) -> Error) -> Result<Vec<usize>> 
     shape
         .split('x')
         .map(|d| {
-            let canonical =
-                d.bytes().all(|b| b.is_ascii_digit()) && !(d.len() > 1 && d.starts_with('0'));
-            if !canonical {
+            let digits = !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit());
+            if digits && d.len() > 1 && d.starts_with('0') {
+                let plain = match d.trim_start_matches('0') {
+                    "" => "0",
+                    v => v,
+                };
+                return Err(bad(format!(
+                    "'{d}' has a leading zero: write {plain} (shape is {shape})"
+                )));
+            }
+            if !digits {
                 return Err(bad(format!(
                     "'{d}' is not a positive whole number (shape is {shape})"
                 )));
@@ -630,7 +638,8 @@ mod tests {
             ("gemm:+5x5x5", "not a positive"),
             ("gemm:5 x5x5", "not a positive"),
             ("gemm: 5x5x5", "not a positive"),
-            ("gemm:05x5x5", "not a positive"),
+            ("gemm:05x5x5", "'05' has a leading zero: write 5"),
+            ("gemm:5x00x5", "'00' has a leading zero: write 0"),
             ("attention:1x2x+3x4", "not a positive"),
             ("gemm:1x1x", "not a positive"),
             ("conv:1x2x3", "unknown op 'conv'"),

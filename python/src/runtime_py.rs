@@ -929,7 +929,9 @@ fn index_info<'py>(py: Python<'py>, info: &runtime::IndexInfo) -> PyResult<Bound
     Ok(d)
 }
 
-/// The id of this machine's hardware fingerprint at `threads` (None: all CPUs).
+/// The id of this machine's hardware fingerprint at `threads` (None: all CPUs). Like making
+/// a Runtime, it starts the process-wide pool's threads (its size is part of the
+/// fingerprint): fork only before, or use the 'spawn' or 'forkserver' start methods.
 #[pyfunction]
 #[pyo3(signature = (threads=None))]
 pub fn fingerprint(threads: Option<IntArg>) -> PyResult<String> {

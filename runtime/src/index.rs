@@ -265,7 +265,14 @@ fn exact_hits(
 ) -> Result<Vec<Skipped>, RuntimeError> {
     let mut skipped: Vec<Skipped> = Vec::new();
     let evidence = Evidence::of(db, hw)?;
-    for rec in db.best_all(&hw.id)? {
+    let (best, unreadable) = db.best_all_reporting(&hw.id)?;
+    // A faster row that no longer reads back (its config damaged in the file): said, while
+    // the next one serves.
+    skipped.extend(unreadable.into_iter().map(|u| Skipped {
+        workload: u.workload,
+        reason: format!("record {} does not read back: {}", u.id, u.reason),
+    }));
+    for rec in best {
         match evidence
             .vouch(db, &rec)?
             .and_then(|()| serve(&rec, hw, Level::Exact))

@@ -668,10 +668,12 @@ impl Runtime {
             input: format!("{}:?x{n}x{k}", act.op().name()),
             reason: "pack_weight_for needs at least one M".into(),
         })?;
-        let w0 = Workload::gemm_bias_act(first, n, k, act)?;
+        // An M past one workload's rows runs in blocks of the most it takes: planned as that.
+        let most = rows_per_call(n, k);
+        let w0 = Workload::gemm_bias_act(first.min(most), n, k, act)?;
         buffer(w0, "b", b.len(), k * n)?;
         let mut p = Packing::default();
-        for &m in ms {
+        for m in ms.iter().map(|&m| m.min(most)) {
             let w = self.serve_as(&Workload::gemm_bias_act(m, n, k, act)?);
             if p.planned(m, &w) {
                 continue;
@@ -724,7 +726,7 @@ impl Runtime {
             };
             p.plans.insert(m, Arc::new(plan));
         }
-        let primary = p.plans[&first].clone();
+        let primary = p.plans[&first.min(most)].clone();
         Ok(PackedWeight {
             n,
             k,

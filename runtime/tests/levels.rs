@@ -493,3 +493,43 @@ fn a_runner_up_left_by_stale_records_is_served_only_if_it_beat_the_default() {
         assert!(skipped[0].reason.contains("re-tune"), "{skipped:?}");
     }
 }
+
+/// A faster record whose config was damaged in the file does not pass silently: the next one
+/// serves, and `skipped` (the CLI's warning, `lookup --json`'s `not_served`) names the row.
+#[test]
+fn an_unreadable_faster_record_is_reported_while_the_next_serves() {
+    let hw = HardwareFingerprint::current();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let w = gemm(40, 24, 56);
+    let (_, tuned) = tuned_config(&w);
+    let (_, default) = default_for(&w, hw).unwrap();
+    {
+        let db = TuningDb::open(&path).unwrap();
+        db.upsert_fingerprint(hw).unwrap();
+        db.insert(&record(hw, w, tuned, 1e-6)).unwrap();
+        db.insert(&record(hw, w, default, 2e-6)).unwrap();
+    }
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.execute("UPDATE trials SET config = 'not json{' WHERE id = 1", [])
+        .unwrap();
+    drop(raw);
+    let rt = Runtime::open(&path).unwrap();
+    rt.set_fallback_check(false);
+    let choice = rt.lookup(&w).unwrap();
+    assert_eq!(choice.level, Level::Exact);
+    assert_eq!(choice.source.as_ref().unwrap().trial_id, Some(2));
+    let skipped = rt.skipped();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert_eq!(skipped[0].workload, w.key());
+    assert!(
+        skipped[0].reason.contains("record 1 does not read back")
+            && skipped[0].reason.contains("not json{"),
+        "{skipped:?}"
+    );
+    let json = rt.lookup_json(&w, "cpu").unwrap();
+    assert!(
+        json["not_served"].as_str().unwrap().contains("record 1"),
+        "{json}"
+    );
+}

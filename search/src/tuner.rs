@@ -142,7 +142,7 @@ impl TuneOptions {
             None => Ok(None),
             Some(s) if range.contains(&s) => Ok(Some(Duration::from_secs_f64(s))),
             Some(s) => Err(format!(
-                "must be a number of seconds from {} to {}, not {s}",
+                "must be a number of seconds from {} to {}, not {s:?}",
                 Self::MIN_TIMEOUT_S,
                 Self::MAX_TIMEOUT_S
             )),

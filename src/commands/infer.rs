@@ -504,9 +504,13 @@ impl<'a> Session<'a> {
                 };
                 worst = worse(worst, a.max_abs_err);
                 if judged {
+                    // A NaN output is measured as an infinite error: say what it is.
+                    let err = match a.max_abs_err {
+                        e if e.is_finite() => format!("= {e:.3e}"),
+                        _ => "is not finite (a NaN or ∞ output)".into(),
+                    };
                     self.failures.push(format!(
-                        "batch {batch} seq {seq}, sequence {i} ({name}): max |output - reference| = {:.3e} at token {}, dim {} (tolerance {:.0e})",
-                        a.max_abs_err,
+                        "batch {batch} seq {seq}, sequence {i} ({name}): max |output - reference| {err} at token {}, dim {} (tolerance {:.0e})",
                         a.at / h,
                         a.at % h,
                         bert::TOLERANCE

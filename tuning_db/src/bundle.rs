@@ -327,14 +327,16 @@ impl TuningDb {
         Ok(format!("sha256:{}", hex(&h.finalize())))
     }
 
-    /// The bundle manifest, if this file is a bundle (has a `bundle.format` meta row).
+    /// The bundle manifest, if this file is a bundle: it has any `bundle.*` meta row (a
+    /// manifest missing some of its rows, `bundle.format` included, is a damaged or altered
+    /// bundle, which [`verify`] reports, not an ordinary database).
     pub fn manifest(&self) -> Result<Option<Manifest>, DbError> {
-        let Some(format) = self.meta(FORMAT_KEY)? else {
+        if !self.is_bundle()? {
             return Ok(None);
-        };
+        }
         let get = |k: &str| -> Result<String, DbError> { Ok(self.meta(k)?.unwrap_or_default()) };
         Ok(Some(Manifest {
-            format,
+            format: get(FORMAT_KEY)?,
             schema_version: get("bundle.schema_version")?.parse().unwrap_or(-1),
             tool_version: get("bundle.tool_version")?,
             record_count: get("bundle.record_count")?.parse().unwrap_or(u64::MAX),
@@ -581,6 +583,8 @@ impl TuningDb {
     pub fn summary(&self) -> Result<Summary, DbError> {
         let p = &self.path;
         let ctx = "computing stats";
+        // A damaged page is reported, not summed around (the counts may never read it).
+        self.check_pages()?;
         let totals = self.stats()?;
         let mut stmt = self
             .conn
@@ -730,7 +734,13 @@ pub fn check_file(path: &Path) -> Result<CheckReport, BundleError> {
                 m.checksum
             ));
         }
-        if m.format != BUNDLE_FORMAT {
+        if m.format.is_empty() {
+            problems.push(
+                "the manifest has no bundle.format, but other bundle.* rows: a damaged or \
+                 altered bundle"
+                    .into(),
+            );
+        } else if m.format != BUNDLE_FORMAT {
             problems.push(format!(
                 "unknown bundle format '{}' (this build writes {BUNDLE_FORMAT})",
                 m.format

@@ -91,7 +91,7 @@ impl TuningDb {
             Identity::Blank => 0,
             Identity::Ours(v) => v,
         };
-        if version >= 3 && db.meta(crate::bundle::FORMAT_KEY)?.is_some() {
+        if version >= 3 && db.is_bundle()? {
             return Err(DbError::Bundle { path: db.path });
         }
         db.check_pages()?;
@@ -112,9 +112,7 @@ impl TuningDb {
             return Ok(());
         }
         match TuningDb::open_read_only(path) {
-            Ok(db) if db.version >= 3 && db.meta(crate::bundle::FORMAT_KEY)?.is_some() => {
-                Err(DbError::Bundle { path: db.path })
-            }
+            Ok(db) if db.version >= 3 && db.is_bundle()? => Err(DbError::Bundle { path: db.path }),
             Ok(db) => db.check_pages(),
             // Older files are migrated by the writer.
             Err(DbError::OlderSchemaReadOnly { .. }) => Ok(()),
@@ -245,6 +243,18 @@ impl TuningDb {
             .ctx(&self.path, "reading meta")
     }
 
+    /// Whether this file is a bundle: any `bundle.*` row in `meta` (see
+    /// [`TuningDb::manifest`]).
+    pub fn is_bundle(&self) -> Result<bool> {
+        self.conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM meta WHERE key LIKE 'bundle.%')",
+                [],
+                |r| r.get(0),
+            )
+            .ctx(&self.path, "reading meta")
+    }
+
     // ---- opening ------------------------------------------------------------------------
 
     /// Connection-level settings; none of them writes to the file.
@@ -274,7 +284,7 @@ impl TuningDb {
     /// seen either entirely or not at all.
     /// SQLite's `quick_check` of every page (a writer checks before it writes: a damaged
     /// file gets an error saying so, untouched, not trials added to it).
-    fn check_pages(&self) -> Result<()> {
+    pub(crate) fn check_pages(&self) -> Result<()> {
         let first: String = self
             .conn
             .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
@@ -641,6 +651,16 @@ impl TuningDb {
     /// [`best`](Self::best) for every workload tuned on `fingerprint_id`, sorted by workload
     /// key: one query, for the runtime's in-memory index.
     pub fn best_all(&self, fingerprint_id: &str) -> Result<Vec<Record>> {
+        Ok(self.best_all_reporting(fingerprint_id)?.0)
+    }
+
+    /// [`best_all`](Self::best_all), and the `ok` rows faster than what it picked (of a
+    /// workload that reads) that do not read back — a config or status damaged in the file:
+    /// what a runtime serves in their place should not pass silently.
+    pub fn best_all_reporting(
+        &self,
+        fingerprint_id: &str,
+    ) -> Result<(Vec<Record>, Vec<Unreadable>)> {
         let sql = format!(
             "SELECT {} FROM trials \
              WHERE fingerprint_id = ?1 AND status = 'ok' \
@@ -658,20 +678,27 @@ impl TuningDb {
         let mut stmt = self.conn.prepare(&sql).ctx(p, "querying best_all")?;
         let mut rows = stmt.query([fingerprint_id]).ctx(p, "querying best_all")?;
         let mut out: Vec<Record> = Vec::new();
+        let mut unreadable = Vec::new();
         let mut last_done: Option<String> = None;
         while let Some(row) = rows.next().ctx(p, "querying best_all")? {
             let key: String = row.get(2).ctx(p, "querying best_all")?;
             if last_done.as_deref() == Some(key.as_str()) {
                 continue;
             }
-            if let Some(r) = record_from_row(row) {
-                if filter.accepts(&r) {
+            match check_row(row) {
+                Ok(r) if filter.accepts(&r) => {
                     out.push(winners.remove(&key).unwrap_or(r));
                     last_done = Some(key);
                 }
+                Ok(_) => {}
+                Err(reason) => unreadable.push(Unreadable {
+                    id: row.get(0).ctx(p, "querying best_all")?,
+                    workload: key,
+                    reason,
+                }),
             }
         }
-        Ok(out)
+        Ok((out, unreadable))
     }
 
     /// The fastest `ok` median of each workload tuned on `fingerprint_id`, over all of its
@@ -1203,6 +1230,17 @@ fn fingerprint_from_row(r: &Row<'_>) -> rusqlite::Result<Option<HardwareFingerpr
 }
 
 /// A record from a row of [`RECORD_COLUMNS`], or `None` if anything in it does not read back.
+/// A stored row that does not read back as a record ([`TuningDb::best_all_reporting`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// The row's id.
+    pub id: i64,
+    /// Its workload column, as stored.
+    pub workload: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
 pub(crate) fn record_from_row(r: &Row<'_>) -> Option<Record> {
     check_row(r).ok()
 }

@@ -91,7 +91,7 @@ pub use bundle::{
     check_file, open_existing, BundleError, CheckReport, FingerprintStats, Manifest, Summary,
     BUNDLE_FORMAT,
 };
-pub use db::{is_busy, TuningDb, BUSY_TIMEOUT};
+pub use db::{is_busy, TuningDb, Unreadable, BUSY_TIMEOUT};
 pub use diff::{diff_files, DiffReport, DiffRow, DiffStatus};
 pub use error::{DbError, Result};
 pub use merge::{

@@ -66,8 +66,17 @@ fn seeded(name: &str) -> anyhow::Result<Option<BertConfig>> {
 }
 
 fn unknown(name: &str) -> String {
+    let path = Path::new(name);
+    if path.exists() {
+        return format!("model '{name}' is not a directory (give a checkpoint directory with config.json and model.safetensors)");
+    }
+    if name.contains(std::path::MAIN_SEPARATOR) || name.starts_with('.') {
+        return format!("model directory '{name}' does not exist");
+    }
     format!(
-        "unknown model '{name}' (known models: {}, or a Hugging Face BERT, RoBERTa, DistilBERT, ELECTRA or ALBERT directory with config.json and model.safetensors)",
+        "unknown model '{name}': no seeded model of that name ({}) and no directory '{name}' here \
+         (a Hugging Face BERT, RoBERTa, DistilBERT, ELECTRA or ALBERT directory with config.json \
+         and model.safetensors)",
         BertConfig::NAMES.join(", ")
     )
 }
