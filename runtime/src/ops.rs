@@ -432,6 +432,11 @@ pub(crate) fn by_row_blocks(
     what: impl Fn() -> String,
     mut call: impl FnMut(usize, &[f32], &mut [f32]) -> Result<Level, RuntimeError>,
 ) -> Option<Result<Level, RuntimeError>> {
+    // The common case without a division (a call's hot path).
+    let (m128, n128, k128) = (m as u128, n as u128, k as u128);
+    if m <= MAX_DIM && m128 * (k128 + n128) + k128 * n128 + n128 <= MAX_ELEMENTS {
+        return None;
+    }
     let rows = rows_per_call(n, k);
     if m <= rows {
         return None;
