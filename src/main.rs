@@ -52,7 +52,7 @@ pub struct DbArg {
 #[derive(Args, Debug, Clone)]
 pub struct ThreadsArg {
     /// Threads this process may use (default: all cores). Part of the hardware fingerprint.
-    #[arg(long, value_name = "T", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    #[arg(long, value_name = "T", allow_negative_numbers = true, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
 }
 

@@ -286,6 +286,16 @@ fn unknown_strategy_and_zero_budget_are_rejected() {
     assert!(stderr(&o).contains("bayes"));
     let o = autokernel(&["tune", "--budget", "0"]);
     assert!(!o.status.success());
+    // A negative count is out of range, not an unknown flag (`-1` read as one).
+    for (flag, value) in [("--budget", "-1"), ("--threads", "-1"), ("--finalists", "-2")] {
+        let o = autokernel(&["tune", "--workload", "gemm:2x2x2", flag, value]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(&format!("invalid value '{value}'")), "{err}");
+        assert!(err.contains("is not in"), "{err}");
+    }
+    let o = autokernel(&["infer", "--iters", "-3"]);
+    assert!(stderr(&o).contains("'-3' for '--iters"), "{}", stderr(&o));
 }
 
 /// `AUTOKERNEL_ISA` caps the level the kernels use: the capped process is a machine of its

@@ -59,7 +59,7 @@ pub struct BenchArgs {
     /// Measure every workload this many times, in rounds spread over the run (each round
     /// measures all workloads once); the comparison resamples rounds, so a machine that got
     /// busier during the run widens the confidence interval instead of raising an alarm.
-    #[arg(long, value_name = "R", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    #[arg(long, value_name = "R", default_value_t = 5, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=100))]
     rounds: u32,
     #[command(flatten)]
     threads: crate::ThreadsArg,

@@ -46,7 +46,7 @@ pub struct InferArgs {
     #[command(flatten)]
     pub precision: crate::PrecisionArg,
     /// Timed forward passes per (batch, seq), for each of tuned and untuned (interleaved).
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, default_value_t = 20, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub iters: u32,
     /// Seed of the weights and inputs.
     #[arg(long, default_value_t = 1)]

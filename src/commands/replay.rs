@@ -36,16 +36,16 @@ pub struct ReplayArgs {
           value_parser = StrategyKind::NAMES)]
     strategies: Vec<String>,
     /// Seeds per (space, strategy); results are medians over them.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(long, default_value_t = 20, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     seeds: u32,
     /// First seed (seeds are FIRST, FIRST+1, ..., wrapping past 2^64 - 1 to 0).
     #[arg(long = "first-seed", default_value_t = 0, value_name = "FIRST")]
     first_seed: u64,
     /// Trials per run.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(long, default_value_t = 100, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     budget: u32,
     /// Candidates asked for at once (the tuner's batch).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=4096))]
     batch: u32,
     /// One JSON object per (space, strategy) per line.
     #[arg(long)]

@@ -61,7 +61,7 @@ pub struct TuneArgs {
     db: crate::DbArg,
     /// Distinct configs to have tried per workload (trials already in the database count,
     /// so re-running the same command resumes).
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(long, default_value_t = 32, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     budget: u32,
     /// Search strategy: `model` (cost-model-guided, with transfer from this machine's other
     /// tuned workloads), `model-notransfer`, `model-linear`, `model-linear-notransfer`,
@@ -107,7 +107,7 @@ pub struct TuneArgs {
     kernels: Vec<String>,
     /// Finalists re-measured interleaved before the winner is declared (0: none; the fastest
     /// trial wins).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(0..=32))]
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true, value_parser = clap::value_parser!(u16).range(0..=32))]
     finalists: u16,
     /// Tune only shard I of N of the workload list (I counted from 0; workloads dealt by
     /// estimated cost, identically in every shard of a job) into its own database: --db with
