@@ -287,7 +287,11 @@ fn unknown_strategy_and_zero_budget_are_rejected() {
     let o = autokernel(&["tune", "--budget", "0"]);
     assert!(!o.status.success());
     // A negative count is out of range, not an unknown flag (`-1` read as one).
-    for (flag, value) in [("--budget", "-1"), ("--threads", "-1"), ("--finalists", "-2")] {
+    for (flag, value) in [
+        ("--budget", "-1"),
+        ("--threads", "-1"),
+        ("--finalists", "-2"),
+    ] {
         let o = autokernel(&["tune", "--workload", "gemm:2x2x2", flag, value]);
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "{err}");
