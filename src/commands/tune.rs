@@ -532,6 +532,16 @@ fn noise_line(s: &TuneSummary, opts: &TuneOptions) -> String {
             d.reason
         ),
     };
+    if s.measured == 0 {
+        // A resumed run times the default alone (its first run in a fresh worker is often
+        // the noisiest): one run's spread says little about the machine.
+        return format!(
+            "noise: only the default was timed this run (spread {}, CV {}: one run, not the \
+             machine's noise); {verdict}",
+            pct(s.median_spread),
+            pct(s.median_cv),
+        );
+    }
     format!(
         "noise: median spread {} (MAD/median), median CV {} over {} timed run{}; {verdict}",
         pct(s.median_spread),
