@@ -179,15 +179,8 @@ pub unsafe extern "C" fn autokernel_runtime_load_error(
     rt: *const AutokernelRuntime,
     out: *mut *mut c_char,
 ) -> c_int {
-    guard(|| {
-        // SAFETY (this block): the caller's contract.
-        let out = unsafe { args::out_slot("out", out, std::ptr::null_mut())? };
-        let h = unsafe { args::handle("rt", rt)? };
-        if let Some(e) = h.rt.load_error() {
-            *out = owned_string(e);
-        }
-        Ok(())
-    })
+    // SAFETY: the caller's contract.
+    unsafe { optional_text(rt, out, Runtime::load_error) }
 }
 
 /// The first `AUTOKERNEL_*` environment setting the open could not apply (an invalid
@@ -203,12 +196,26 @@ pub unsafe extern "C" fn autokernel_runtime_settings_error(
     rt: *const AutokernelRuntime,
     out: *mut *mut c_char,
 ) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { optional_text(rt, out, |rt| rt.settings_error().map(str::to_string)) }
+}
+
+/// Stores what `text` says of runtime `rt` in `*out`: a string to free with
+/// `autokernel_string_free`, or NULL for nothing.
+///
+/// # Safety
+/// `rt` is NULL or a live runtime; `out` is NULL or writable.
+unsafe fn optional_text(
+    rt: *const AutokernelRuntime,
+    out: *mut *mut c_char,
+    text: impl FnOnce(&Runtime) -> Option<String>,
+) -> c_int {
     guard(|| {
         // SAFETY (this block): the caller's contract.
         let out = unsafe { args::out_slot("out", out, std::ptr::null_mut())? };
         let h = unsafe { args::handle("rt", rt)? };
-        if let Some(e) = h.rt.settings_error() {
-            *out = owned_string(e.to_string());
+        if let Some(t) = text(&h.rt) {
+            *out = owned_string(t);
         }
         Ok(())
     })
