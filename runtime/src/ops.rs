@@ -438,7 +438,8 @@ pub(crate) fn by_row_blocks(
         return None;
     }
     let rows = rows_per_call(n, k);
-    if m <= rows {
+    // An empty dimension is the workload's error to give (no block holds a row).
+    if m <= rows || n == 0 || k == 0 {
         return None;
     }
     let size = |name, got, expected| RuntimeError::BufferSize {
@@ -447,11 +448,11 @@ pub(crate) fn by_row_blocks(
         got,
         expected,
     };
-    if a.len() != m * k {
-        return Some(Err(size("a", a.len(), m * k)));
+    if a.len() != m.saturating_mul(k) {
+        return Some(Err(size("a", a.len(), m.saturating_mul(k))));
     }
-    if c.len() != m * n {
-        return Some(Err(size("c", c.len(), m * n)));
+    if c.len() != m.saturating_mul(n) {
+        return Some(Err(size("c", c.len(), m.saturating_mul(n))));
     }
     let blocks = a.chunks(rows * k).zip(c.chunks_mut(rows * n));
     let mut first = None;
@@ -985,6 +986,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains(&format!("gemm_bias:{m}x3x2")), "{e}");
+        // Sizes that overflow, or an empty dimension, are errors too.
+        for (m, n, k) in [
+            (usize::MAX / 2, 3, 2),
+            (MAX_DIM + 3, 0, 2),
+            (MAX_DIM + 3, 3, 0),
+        ] {
+            assert!(rt.gemm(m, n, k, &a, &b, &mut c).is_err(), "{m}x{n}x{k}");
+        }
     }
 
     /// Attention over more sequences than one workload takes (2^20) is served in blocks of
