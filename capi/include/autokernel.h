@@ -221,7 +221,8 @@ int autokernel_runtime_set_precision(const struct AutokernelRuntime *rt, const c
 /**
  * Opens a runtime on the tuning database at `db_path` (read-only) and stores it in `*out`.
  *
- * `db_path` NULL: no database, every call runs its kernel default. A database that cannot
+ * `db_path` NULL: no database, every call runs its kernel default (`""`, which names no
+ * file, is `AUTOKERNEL_INVALID_ARGUMENT`). A database that cannot
  * be read (missing, damaged, of a newer schema) does not fail the open: the runtime serves
  * kernel defaults, `autokernel_runtime_load_error` says why, and
  * `autokernel_runtime_reload` picks the file up once it is good. Nor does an invalid

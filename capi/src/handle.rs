@@ -34,10 +34,14 @@ impl AutokernelRuntime {
             )),
             e => CapiError::unsupported(e.to_string()),
         })?;
-        let rt = match path {
-            Some(p) => Runtime::open_or_defaults_for(Path::new(p), hw),
-            None => Runtime::defaults_only_for(hw).with_env_settings(),
-        };
+        let rt =
+            match path {
+                Some("") => return Err(CapiError::invalid(
+                    "db_path is empty: it names no file (give a path, or NULL for kernel defaults)",
+                )),
+                Some(p) => Runtime::open_or_defaults_for(Path::new(p), hw),
+                None => Runtime::defaults_only_for(hw).with_env_settings(),
+            };
         Ok(AutokernelRuntime { rt, threads })
     }
 }
@@ -96,7 +100,8 @@ pub unsafe extern "C" fn autokernel_runtime_set_precision(
 
 /// Opens a runtime on the tuning database at `db_path` (read-only) and stores it in `*out`.
 ///
-/// `db_path` NULL: no database, every call runs its kernel default. A database that cannot
+/// `db_path` NULL: no database, every call runs its kernel default (`""`, which names no
+/// file, is `AUTOKERNEL_INVALID_ARGUMENT`). A database that cannot
 /// be read (missing, damaged, of a newer schema) does not fail the open: the runtime serves
 /// kernel defaults, `autokernel_runtime_load_error` says why, and
 /// `autokernel_runtime_reload` picks the file up once it is good. Nor does an invalid

@@ -499,6 +499,15 @@ fn weight_info_says_what_a_weight_holds() {
 }
 
 #[test]
+fn an_empty_database_path_is_refused() {
+    let mut rt = null_mut();
+    // SAFETY: valid C strings, a writable out-pointer.
+    let st = unsafe { autokernel_runtime_open(c"".as_ptr(), 0, null(), &mut rt) };
+    expect(st, AUTOKERNEL_INVALID_ARGUMENT, "db_path is empty");
+    assert!(rt.is_null());
+}
+
+#[test]
 fn a_bad_database_serves_defaults_until_a_reload_finds_a_good_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.db");

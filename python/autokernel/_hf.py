@@ -46,8 +46,9 @@ from ._ops import (
 _MASKS = threading.local()
 
 
-def _key_lengths(mask: torch.Tensor, causal: bool, batch: int) -> Optional[torch.Tensor]:
-    """The key lengths of each of ``batch`` sequences right-padding ``mask`` encodes
+def _key_lengths(mask: torch.Tensor, causal: bool, batch: int, seq: int) -> Optional[torch.Tensor]:
+    """The key lengths of each of ``batch`` sequences of ``seq`` tokens right-padding ``mask``
+    encodes
     (:func:`_read_key_lengths`; a mask of batch 1 holds for every sequence, as PyTorch
     broadcasts it), or None: then the modules' own forwards serve that attention (PyTorch's
     SDPA).
@@ -62,6 +63,10 @@ def _key_lengths(mask: torch.Tensor, causal: bool, batch: int) -> Optional[torch
     mask tensor: the model hands the same mask to every layer, unmodified, and checking it in
     full costs 0.1-0.9 ms a layer on a CPU."""
     if torch.compiler.is_compiling():
+        return None
+    if mask.dim() != 4 or mask.shape[-1] != seq or mask.shape[-2] not in (1, seq):
+        # Not these sequences' mask: the module's own forward says so (PyTorch's SDPA raises
+        # on a mask shorter or longer than the sequence; read as lengths it would pass).
         return None
     memo = getattr(_MASKS, "memo", None)
     if memo is None:
@@ -148,7 +153,7 @@ def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
     )
     lengths = None
     if plain and attention_mask is not None:
-        lengths = _key_lengths(attention_mask, causal, query.shape[0])
+        lengths = _key_lengths(attention_mask, causal, query.shape[0], query.shape[-2])
         plain = lengths is not None
     if not plain:
         return sdpa_attention_forward(
@@ -415,7 +420,7 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
         and not kwargs.get("output_attentions")
     )
     if plain and attention_mask is not None:
-        lengths = _key_lengths(attention_mask, causal, hidden_states.shape[0])
+        lengths = _key_lengths(attention_mask, causal, hidden_states.shape[0], hidden_states.shape[1])
         plain = lengths is not None
     if plain:
         # Straight from the projection's rows, read in place by the tuned attention.
@@ -705,7 +710,7 @@ def _fused_layer(self, hidden_states, attention_mask=None, *args, **kwargs):
     handle = _layer_handle(self, hidden_states) if plain else None
     lengths = None
     if handle is not None and attention_mask is not None:
-        lengths = _key_lengths(attention_mask, False, hidden_states.shape[0])
+        lengths = _key_lengths(attention_mask, False, hidden_states.shape[0], hidden_states.shape[1])
         handle = None if lengths is None else handle
     if handle is None:
         return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
@@ -869,7 +874,7 @@ def _fused_encoder(self, hidden_states, attention_mask=None, *args, **kwargs):
         handles = [None]
     lengths = None
     if None not in handles and attention_mask is not None:
-        lengths = _key_lengths(attention_mask, False, hidden_states.shape[0])
+        lengths = _key_lengths(attention_mask, False, hidden_states.shape[0], hidden_states.shape[1])
         handles = handles if lengths is not None else [None]
     if None in handles:
         return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)

@@ -39,6 +39,7 @@ import copy
 import functools
 import numbers
 import threading
+import warnings
 from collections.abc import Iterable
 from typing import Any, Optional
 
@@ -237,8 +238,11 @@ def optimize(
                 "threads (give them to autokernel.Runtime, or leave runtime out)"
             )
     rt = runtime if runtime is not None else Runtime(db, threads=threads, precision=precision)
-    # Every fusion's probe runs in f32 on both sides, on this one runtime of rt's threads.
-    f32 = Runtime(threads=rt.threads)
+    # Every fusion's probe runs in f32 on both sides, on this one runtime of rt's threads
+    # (an invalid AUTOKERNEL_* setting was warned about once already, by rt).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        f32 = Runtime(threads=rt.threads)
     report: list[tuple[str, str]] = []
     replaced: set[int] = set()
 

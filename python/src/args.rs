@@ -10,22 +10,73 @@ use pyo3::prelude::*;
 /// An integer argument as given, negatives included: taken as an unsigned Rust type
 /// directly, a negative int would raise a bare `OverflowError` that names no argument, and
 /// so would an int past `i128` (kept here as `i128::MAX` or `i128::MIN`, shown as such).
-/// Anything but an integer is pyo3's `TypeError` naming the argument. Checked and converted
-/// by [`int_in`].
+/// A bool (an int to Python, surely a mistake here) is remembered as one and refused by
+/// [`int_in`] with the argument's name. Anything else is pyo3's `TypeError`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IntArg(pub i128);
+pub struct IntArg(pub i128, pub IsBool);
+
+/// Whether an argument was given as a Python bool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IsBool(pub bool);
+
+impl IntArg {
+    /// `value` given as an int (a default).
+    pub const fn of(value: i128) -> IntArg {
+        IntArg(value, IsBool(false))
+    }
+}
 
 impl<'a, 'py> FromPyObject<'a, 'py> for IntArg {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let is_bool = IsBool(obj.is_instance_of::<pyo3::types::PyBool>());
         match obj.extract::<i128>() {
-            Ok(v) => Ok(IntArg(v)),
+            Ok(v) => Ok(IntArg(v, is_bool)),
             Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) => {
-                Ok(IntArg(if obj.gt(0)? { i128::MAX } else { i128::MIN }))
+                let v = if obj.gt(0)? { i128::MAX } else { i128::MIN };
+                Ok(IntArg(v, is_bool))
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+/// A float argument (`eps`, `max_rel_err`, `timeout_s`) as given; [`Real::get`] refuses a
+/// bool (which Python counts as 1.0 or 0.0) with the argument's name.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Real(pub f64, pub IsBool);
+
+impl Real {
+    /// `value` given as a float (a default).
+    pub const fn of(value: f64) -> Real {
+        Real(value, IsBool(false))
+    }
+
+    /// The value of argument `name`; a `TypeError` naming it if it was a bool.
+    pub fn get(self, name: &str) -> PyResult<f64> {
+        refuse_bool(self.1, name, "a number", self.0 != 0.0)?;
+        Ok(self.0)
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Real {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let is_bool = IsBool(obj.is_instance_of::<pyo3::types::PyBool>());
+        obj.extract::<f64>().map(|v| Real(v, is_bool))
+    }
+}
+
+/// A `TypeError` naming argument `name` when it was given as a bool where `what` is meant.
+pub fn refuse_bool(is_bool: IsBool, name: &str, what: &str, value: bool) -> PyResult<()> {
+    match is_bool.0 {
+        true => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "argument '{name}' is {}: expected {what}, not a bool",
+            if value { "True" } else { "False" }
+        ))),
+        false => Ok(()),
     }
 }
 
@@ -45,6 +96,7 @@ pub fn int_in<T>(name: &str, value: IntArg, lo: T, hi: T) -> PyResult<T>
 where
     T: Copy + Display + TryFrom<i128> + TryInto<i128>,
 {
+    refuse_bool(value.1, name, "an integer", value.0 != 0)?;
     let above_lo = lo.try_into().is_ok_and(|lo| value.0 >= lo);
     let below_hi = hi.try_into().map_or(true, |hi| value.0 <= hi);
     match T::try_from(value.0) {
@@ -100,8 +152,8 @@ pub fn eps_f32(eps: f64) -> PyResult<f32> {
     Ok(e)
 }
 
-/// Row counts (`ms`) from argument `name`: a non-empty iterable of integers, each a
-/// [`dim`] (numpy integers too). A str, a bool or a float (which `int()` would truncate) is a
+/// Row counts (`ms`) from argument `name`: a non-empty iterable of integers, each at least
+/// 1 (numpy integers too; one past a workload's rows is planned as the blocks it runs in). A str, a bool or a float (which `int()` would truncate) is a
 /// `TypeError` naming the argument, as is something that is not iterable.
 pub fn row_counts(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
     use pyo3::exceptions::PyTypeError;
@@ -137,7 +189,7 @@ pub fn row_counts(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
                 )))
             }
         };
-        ms.push(dim(name, value)?);
+        ms.push(positive(name, value)?);
     }
     if ms.is_empty() {
         return Err(PyValueError::new_err(format!(

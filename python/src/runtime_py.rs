@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use runtime::{PrecisionPolicy, Runtime};
 
-use crate::args::{dim, eps_f32, row_counts, IntArg, PathArg};
+use crate::args::{dim, eps_f32, row_counts, IntArg, PathArg, Real};
 use crate::errors::{kernel_err, runtime_err};
 use crate::operand::{self, dims, expect_shape, F32Array};
 use crate::packed::{packed_arg, parse_act, PyPackedWeight};
@@ -276,10 +276,13 @@ impl PyRuntime {
         db_path: Option<PathArg>,
         threads: Option<IntArg>,
         precision: Option<&str>,
-        max_rel_err: Option<f64>,
+        max_rel_err: Option<Real>,
     ) -> PyResult<Self> {
         let db_path = db_path.map(|p| p.0);
-        let policy = parse_policy(precision, max_rel_err)?;
+        let policy = parse_policy(
+            precision,
+            max_rel_err.map(|e| e.get("max_rel_err")).transpose()?,
+        )?;
         let (threads, hw) = Threads::new(threads)?;
         let rt = match &db_path {
             // File I/O (a slow network path): other Python threads run meanwhile.
@@ -319,9 +322,11 @@ impl PyRuntime {
     /// Sets the precision policy of later calls (see the class documentation). A weight
     /// packed before keeps the plans it has.
     #[pyo3(signature = (precision, max_rel_err=None))]
-    fn set_precision(&self, precision: &str, max_rel_err: Option<f64>) -> PyResult<()> {
-        self.rt
-            .set_precision(parse_policy(Some(precision), max_rel_err)?);
+    fn set_precision(&self, precision: &str, max_rel_err: Option<Real>) -> PyResult<()> {
+        self.rt.set_precision(parse_policy(
+            Some(precision),
+            max_rel_err.map(|e| e.get("max_rel_err")).transpose()?,
+        )?);
         Ok(())
     }
 
@@ -640,7 +645,7 @@ impl PyRuntime {
     /// LayerNorm), `weight` and `bias` the (H,) scale and shift, as torch.nn.LayerNorm
     /// computes it. `x` (..., H) must be writable float32; `residual` has x's shape and
     /// shares no memory with it. Returns `x`.
-    #[pyo3(signature = (x, residual, weight, bias, eps=1e-12, *, copy=false))]
+    #[pyo3(signature = (x, residual, weight, bias, eps=Real::of(1e-12), *, copy=false), text_signature = "($self, x, residual, weight, bias, eps=1e-12, *, copy=False)")]
     #[allow(clippy::too_many_arguments)]
     fn add_layer_norm<'py>(
         &self,
@@ -649,10 +654,10 @@ impl PyRuntime {
         residual: Option<&Bound<'py, PyAny>>,
         weight: &Bound<'py, PyAny>,
         bias: &Bound<'py, PyAny>,
-        eps: f64,
+        eps: Real,
         copy: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let eps32 = eps_f32(eps)?;
+        let eps32 = eps_f32(eps.get("eps")?)?;
         // Written in place: checked as an output (never a converted copy).
         let shape: Vec<usize> = x
             .getattr("shape")
@@ -696,7 +701,7 @@ impl PyRuntime {
     /// out hidden → hidden; ffn_up hidden → F; ffn_down F → hidden); biases and the
     /// LayerNorms' (weight, bias) are copied. Returns an EncoderLayer: call it on
     /// (B, S, hidden) float32 hidden states.
-    #[pyo3(signature = (qkv, qkv_bias, out, out_bias, ln1, ffn_up, ffn_up_bias, ffn_down, ffn_down_bias, ln2, heads, eps=1e-12))]
+    #[pyo3(signature = (qkv, qkv_bias, out, out_bias, ln1, ffn_up, ffn_up_bias, ffn_down, ffn_down_bias, ln2, heads, eps=Real::of(1e-12)), text_signature = "($self, qkv, qkv_bias, out, out_bias, ln1, ffn_up, ffn_up_bias, ffn_down, ffn_down_bias, ln2, heads, eps=1e-12)")]
     #[allow(clippy::too_many_arguments)]
     fn encoder_layer(
         slf: &Bound<'_, Self>,
@@ -711,7 +716,7 @@ impl PyRuntime {
         ffn_down_bias: &Bound<'_, PyAny>,
         ln2: &Bound<'_, PyAny>,
         heads: IntArg,
-        eps: f64,
+        eps: Real,
     ) -> PyResult<crate::layer::PyEncoderLayer> {
         let heads = dim("heads", heads)?;
         let (ln1, ln2) = (pair(ln1, "ln1")?, pair(ln2, "ln2")?);
@@ -743,7 +748,7 @@ impl PyRuntime {
                 (vec(&ln2.0, "ln2 weight")?, vec(&ln2.1, "ln2 bias")?),
             ],
             heads,
-            eps: eps_f32(eps)?,
+            eps: eps_f32(eps.get("eps")?)?,
         }
         .checked()
     }

@@ -27,7 +27,9 @@ impl Threads {
         };
         let asked = match threads {
             None => None,
-            Some(t) => match usize::try_from(t.0) {
+            Some(t) => match crate::args::refuse_bool(t.1, "threads", "an integer", t.0 != 0)
+                .map(|()| usize::try_from(t.0))?
+            {
                 Ok(t) => Some(t),
                 Err(_) => return Err(out_of_range(&t, HardwareFingerprint::current().cores)),
             },

@@ -11,7 +11,7 @@ use runner::{Evaluator, InProcess, Isolated, WorkerSpec};
 use search::{StrategyKind, TuneOptions, INITIAL_TIMEOUT};
 use tuning_db::TuningDb;
 
-use crate::args::{int_in, positive, IntArg, PathArg};
+use crate::args::{int_in, positive, IntArg, PathArg, Real};
 use crate::errors::{kernel_err, other_err};
 use crate::threads::Threads;
 
@@ -121,7 +121,7 @@ fn worker_spec(
 #[pyo3(
     text_signature = "(workloads, db='tuning.db', budget=32, threads=None, precision=None, strategy='model', seed=0, isolation='process', finalists=3, timeout_s=None, progress=True, retry_failed=False)"
 )]
-#[pyo3(signature = (workloads, db=PathArg(PathBuf::from("tuning.db")), budget=IntArg(32), threads=None, precision=None, strategy="model", seed=IntArg(0), isolation="process", finalists=IntArg(3), timeout_s=None, progress=true, retry_failed=false))]
+#[pyo3(signature = (workloads, db=PathArg(PathBuf::from("tuning.db")), budget=IntArg::of(32), threads=None, precision=None, strategy="model", seed=IntArg::of(0), isolation="process", finalists=IntArg::of(3), timeout_s=None, progress=true, retry_failed=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn tune<'py>(
     py: Python<'py>,
@@ -134,7 +134,7 @@ pub fn tune<'py>(
     seed: IntArg,
     isolation: &str,
     finalists: IntArg,
-    timeout_s: Option<f64>,
+    timeout_s: Option<Real>,
     progress: bool,
     retry_failed: bool,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
@@ -146,8 +146,9 @@ pub fn tune<'py>(
     let strategy: StrategyKind = strategy
         .parse()
         .map_err(|e: search::UnknownStrategy| PyValueError::new_err(e.to_string()))?;
-    let timeout = TuneOptions::timeout_from_secs(timeout_s)
-        .map_err(|e| PyValueError::new_err(format!("timeout_s {e}")))?;
+    let timeout =
+        TuneOptions::timeout_from_secs(timeout_s.map(|t| t.get("timeout_s")).transpose()?)
+            .map_err(|e| PyValueError::new_err(format!("timeout_s {e}")))?;
     let (pool, hw) = Threads::new(threads)?;
     for w in &workloads {
         kernels::registry::check_runs_on(w, DeviceKind::Cpu).map_err(kernel_err)?;

@@ -238,6 +238,19 @@ def test_negative_integer_arguments_are_value_errors_naming_them(tmp_path):
     with pytest.raises(TypeError, match="layers\\[1\\] is a int: expected an EncoderLayer"):
         rt.encoder([layer, 5], x)
     np.testing.assert_array_equal(rt.encoder((layer, layer), x), layer(layer(x)))
+    # A bool where a number is meant is refused by name (Python counts True as 1).
+    for call, name in [
+        (lambda: rt.attention_qkv(rand(1, 2, 6), heads=True), "heads"),
+        (lambda: autokernel.Runtime(threads=True), "threads"),
+        (lambda: autokernel.Runtime(precision="int8", max_rel_err=True), "max_rel_err"),
+        (lambda: rt.add_layer_norm(rand(2, 8), None, *ln, eps=True), "eps"),
+        (lambda: autokernel.tune("gemm:2x2x2", db=db, budget=True, progress=False), "budget"),
+    ]:
+        with pytest.raises(TypeError, match=f"argument '{name}' is True: expected .*, not a bool"):
+            call()
+    # Row counts past one workload's rows are planned as the blocks they run in.
+    big = rt.pack_weight(rand(4, 3), ms=[2**20 + 3])
+    assert big.workload == "gemm_bias:1048576x3x4"
 
 
 def test_key_lengths_must_be_integral_and_finite():

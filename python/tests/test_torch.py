@@ -111,6 +111,22 @@ def test_optimize_fuses_linear_and_activation_and_lists_the_rest():
     assert x.grad is not None
 
 
+def test_an_invalid_setting_is_warned_about_once_by_optimize():
+    import subprocess
+    import sys
+
+    script = (
+        "import warnings, torch, autokernel.torch as akt\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    akt.optimize(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()))\n"
+        "seen = [str(w.message) for w in caught if w.category is RuntimeWarning]\n"
+        "assert len(seen) == 1 and 'AUTOKERNEL_FALLBACK_CHECK=\\\"maybe\\\"' in seen[0], seen\n"
+    )
+    env = dict(__import__("os").environ, AUTOKERNEL_FALLBACK_CHECK="maybe")
+    subprocess.run([sys.executable, "-c", script], env=env, check=True)
+
+
 def test_more_rows_than_one_workload_takes_are_served():
     # 2^20 + 5 rows (one workload takes at most 2^20): served in row blocks, not refused.
     stock = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
@@ -228,6 +244,14 @@ def test_hf_bert_matches_stock_with_and_without_padding(act, tmp_path):
                 got = model(**kw)
                 torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-4)
                 torch.testing.assert_close(got.pooler_output, want.pooler_output, rtol=0, atol=1e-4)
+            # A mask shorter or longer than the sequence: stock's own error, not lengths read
+            # from it as if it were padded.
+            for wrong in (mask[:, :20], torch.cat([mask, torch.zeros(3, 4, dtype=torch.long)], 1)):
+                with pytest.raises(RuntimeError) as stock_error:
+                    stock(input_ids=ids, attention_mask=wrong)
+                with pytest.raises(RuntimeError) as ours:
+                    model(input_ids=ids, attention_mask=wrong)
+                assert str(ours.value) == str(stock_error.value)
         # With gradients wanted, the original forward runs (and backpropagates).
         got = model(input_ids=ids, attention_mask=mask).last_hidden_state
         got.sum().backward()
@@ -380,10 +404,10 @@ def test_key_lengths_are_read_once_per_mask_within_a_forward():
     read = _hf._read_key_lengths
     try:
         _hf._read_key_lengths = lambda m, c: reads.append(c) or read(m, c)
-        _hf._key_lengths(mask, False, 2), _hf._key_lengths(mask, False, 2)
+        _hf._key_lengths(mask, False, 2, 6), _hf._key_lengths(mask, False, 2, 6)
         assert len(reads) == 2  # outside a forward: every call reads
         _hf._remember_masks(hooked := nn.Module())
-        hooked.forward = lambda: [_hf._key_lengths(m, c, 2) for m, c in
+        hooked.forward = lambda: [_hf._key_lengths(m, c, 2, 6) for m, c in
                                   [(mask, False), (mask, False), (mask, True), (mask.clone(), False)]]
         first, again, causal, other = hooked()
         assert again is first and causal is None
@@ -402,28 +426,31 @@ def test_key_lengths_read_only_right_padding_masks():
     lengths = torch.tensor([5, 1, 0])
     keys = torch.arange(5)
     pad = (keys[None, :] < lengths[:, None])[:, None, None, :].expand(3, 1, 5, 5)
-    torch.testing.assert_close(_hf._key_lengths(pad, False, 3), lengths.int())
+    torch.testing.assert_close(_hf._key_lengths(pad, False, 3, 5), lengths.int())
     # The additive float form of the same mask: with -inf as the mask; not with a finite
     # number, where softmax spreads the empty sequence's weights over every key.
     additive = torch.zeros(3, 1, 5, 5).masked_fill(~pad, -torch.inf)
-    torch.testing.assert_close(_hf._key_lengths(additive, False, 3), lengths.int())
+    torch.testing.assert_close(_hf._key_lengths(additive, False, 3, 5), lengths.int())
     finite = torch.zeros(3, 1, 5, 5).masked_fill(~pad, torch.finfo(torch.float32).min)
-    assert _hf._key_lengths(finite, False, 3) is None
-    torch.testing.assert_close(_hf._key_lengths(finite[:2], False, 2), lengths[:2].int())
+    assert _hf._key_lengths(finite, False, 3, 5) is None
+    torch.testing.assert_close(_hf._key_lengths(finite[:2], False, 2, 5), lengths[:2].int())
     # Causal and padded.
     tri = keys[None, :] <= keys[:, None]
-    torch.testing.assert_close(_hf._key_lengths(pad & tri, True, 3), lengths.int())
-    assert _hf._key_lengths(pad & tri, False, 3) is None
+    torch.testing.assert_close(_hf._key_lengths(pad & tri, True, 3, 5), lengths.int())
+    assert _hf._key_lengths(pad & tri, False, 3, 5) is None
     # Left padding, a hole, a soft bias: not a key-length mask (served by PyTorch's SDPA).
-    assert _hf._key_lengths(pad.flip(-1), False, 3) is None
+    assert _hf._key_lengths(pad.flip(-1), False, 3, 5) is None
     holed = pad.clone()
     holed[0, 0, 2, 1] = False
-    assert _hf._key_lengths(holed, False, 3) is None
-    assert _hf._key_lengths(torch.full((3, 1, 5, 5), -0.5), False, 3) is None
+    assert _hf._key_lengths(holed, False, 3, 5) is None
+    assert _hf._key_lengths(torch.full((3, 1, 5, 5), -0.5), False, 3, 5) is None
     # A mask of batch 1 holds for the whole batch, as PyTorch broadcasts it; another batch
     # is left to PyTorch.
-    torch.testing.assert_close(_hf._key_lengths(pad[1:2], False, 3), torch.tensor([1, 1, 1], dtype=torch.int32))
-    assert _hf._key_lengths(pad[:2], False, 3) is None
+    torch.testing.assert_close(_hf._key_lengths(pad[1:2], False, 3, 5), torch.tensor([1, 1, 1], dtype=torch.int32))
+    assert _hf._key_lengths(pad[:2], False, 3, 5) is None
+    # A mask of another length than the sequences: not theirs (PyTorch's SDPA raises on it).
+    assert _hf._key_lengths(pad, False, 3, 6) is None
+    assert _hf._key_lengths(pad[..., :4], False, 3, 5) is None
 
 
 def test_output_blocks_are_fused_only_when_they_compute_layer_norm_of_the_sum():

@@ -489,9 +489,12 @@ impl Runtime {
     /// refuses an invalid [`kernels::cpu::LINGER_ENV`] (which the kernels would ignore). Every
     /// valid setting is applied; the first error is returned.
     fn settings_from_env(&self) -> Result<(), RuntimeError> {
+        // Empty is unset, as for the other settings.
         let check = match std::env::var_os(FALLBACK_CHECK_ENV) {
-            Some(v) => parse_switch(FALLBACK_CHECK_ENV, &v).map(|on| self.set_fallback_check(on)),
-            None => Ok(()),
+            Some(v) if !v.is_empty() => {
+                parse_switch(FALLBACK_CHECK_ENV, &v).map(|on| self.set_fallback_check(on))
+            }
+            _ => Ok(()),
         };
         let log = match std::env::var_os(UNTUNED_LOG_ENV) {
             Some(p) if !p.is_empty() => self.log_fallbacks_to(PathBuf::from(p)),
