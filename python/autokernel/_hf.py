@@ -567,6 +567,8 @@ def _layer_unfusable(m: nn.Module, qkv_fused: set, outputs_fused: set) -> Option
     if _hooks_below(m):
         return "hooks on a module inside it"
     sa, out_dense, ln1, up, down, ln2 = parts
+    if _training(m):
+        return "in training mode when optimized (its dropout on, the fusions' probes differ): call model.eval() before optimize"
     if id(sa) not in qkv_fused:
         return "its query/key/value projections are not fused (model.autokernel_fused_qkv)"
     if not (isinstance(up, AutokernelLinear) and up.act in _FUSABLE):

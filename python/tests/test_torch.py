@@ -1034,6 +1034,11 @@ def test_blocks_that_only_look_like_berts_are_left_to_their_own_forward():
         with torch.no_grad():
             want = stock(ids, **extra).last_hidden_state
             torch.testing.assert_close(model(ids, **extra).last_hidden_state, want, rtol=0, atol=1e-4)
+    # Optimized in training mode (dropout on): nothing is fused, and the reason says why.
+    model = akt.optimize(bert("gelu").train())
+    assert model.autokernel_fused_layers == []
+    why = {why for _, why in model.autokernel_unfused_layers}
+    assert len(why) == 1 and "call model.eval() before optimize" in why.pop()
 
 
 def test_weights_replaced_and_hooks_added_after_optimize_are_seen():
