@@ -153,8 +153,9 @@ pub fn eps_f32(eps: f64) -> PyResult<f32> {
 }
 
 /// Row counts (`ms`) from argument `name`: a non-empty iterable of integers, each at least
-/// 1 (numpy integers too; one past a workload's rows is planned as the blocks it runs in). A str, a bool or a float (which `int()` would truncate) is a
-/// `TypeError` naming the argument, as is something that is not iterable.
+/// 1 (numpy integers too; one past a workload's rows is planned as the blocks it runs in).
+/// A str, a bool or a float (which `int()` would truncate) is a `TypeError` naming the
+/// argument, as is something that is not iterable.
 pub fn row_counts(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
     use pyo3::exceptions::PyTypeError;
     use pyo3::types::{PyBool, PyBytes, PyString};

@@ -868,16 +868,22 @@ impl PyRuntime {
     }
 }
 
+/// The items of a list, tuple or other sequence `obj` (not a str, whose characters pyo3
+/// would give), or None.
+fn sequence_items<'py>(obj: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
+    if obj.is_instance_of::<pyo3::types::PyString>() {
+        return None;
+    }
+    obj.extract().ok()
+}
+
 /// A `(weight, bias)` pair from argument `name`: a tuple or list of two; else a TypeError
 /// naming the argument.
 fn pair<'py>(
     obj: &Bound<'py, PyAny>,
     name: &str,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-    let two = (!obj.is_instance_of::<pyo3::types::PyString>())
-        .then(|| obj.extract::<Vec<Bound<'py, PyAny>>>().ok())
-        .flatten()
-        .filter(|v| v.len() == 2);
+    let two = sequence_items(obj).filter(|v| v.len() == 2);
     match two {
         Some(v) => {
             let [w, b]: [Bound<'py, PyAny>; 2] = v.try_into().expect("two items");
@@ -895,15 +901,12 @@ fn pair<'py>(
 fn layer_list<'py>(
     obj: &Bound<'py, PyAny>,
 ) -> PyResult<Vec<Bound<'py, crate::layer::PyEncoderLayer>>> {
-    let items = (!obj.is_instance_of::<pyo3::types::PyString>())
-        .then(|| obj.extract::<Vec<Bound<'py, PyAny>>>().ok())
-        .flatten()
-        .ok_or_else(|| {
-            pyo3::exceptions::PyTypeError::new_err(format!(
-                "argument 'layers' is a {}: expected a list of EncoderLayers (from encoder_layer)",
-                obj.get_type().name().map_or("?".into(), |n| n.to_string())
-            ))
-        })?;
+    let items = sequence_items(obj).ok_or_else(|| {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "argument 'layers' is a {}: expected a list of EncoderLayers (from encoder_layer)",
+            obj.get_type().name().map_or("?".into(), |n| n.to_string())
+        ))
+    })?;
     items
         .into_iter()
         .enumerate()

@@ -7,7 +7,7 @@
 
 use kernels::cpu::pool;
 
-use crate::ops::{buffer, by_batch_blocks, sequences_per_call};
+use crate::ops::{attention_key, buffer, by_batch_blocks, sequences_per_call};
 use crate::{Level, Runtime, RuntimeError};
 
 /// Sum of a slice with 8 independent accumulators (a vectorisable reduction).
@@ -142,18 +142,25 @@ impl Runtime {
             causal,
         } = dims;
         let per_call = sequences_per_call(heads, seq, d);
-        let n = dims.len();
-        if batch > per_call {
-            // Past one workload's size: blocks of sequences, each a call.
-            let what = format!(
-                "attention:{batch}x{heads}x{seq}x{d}{}",
-                if causal { ":causal" } else { "" }
-            );
-            buffer(&what, "qkv", qkv.len(), n.saturating_mul(3))?;
-            buffer(&what, "o", out.len(), n)?;
-            if let Some(lens) = key_lens {
-                buffer(&what, "key_lens", lens.len(), batch)?;
+        // One workload; past its size, blocks of sequences, named as the whole call.
+        let w = (batch <= per_call)
+            .then(|| kernels::Workload::attention(batch, heads, seq, d, causal))
+            .transpose()?;
+        let key;
+        let what: &dyn std::fmt::Display = match &w {
+            Some(w) => w,
+            None => {
+                key = attention_key(batch, heads, seq, d, causal);
+                &key
             }
+        };
+        let n = dims.len();
+        buffer(what, "qkv", qkv.len(), n.saturating_mul(3))?;
+        buffer(what, "o", out.len(), n)?;
+        if let Some(lens) = key_lens {
+            buffer(what, "key_lens", lens.len(), batch)?;
+        }
+        let Some(w) = w else {
             let per = seq * heads * d;
             return by_batch_blocks(batch, per_call, |first, count| {
                 let block = AttentionRows {
@@ -165,13 +172,7 @@ impl Runtime {
                 let out = &mut out[first * per..(first + count) * per];
                 self.attention_qkv(block, lens, qkv, out)
             });
-        }
-        let w = kernels::Workload::attention(batch, heads, seq, d, causal)?;
-        buffer(w, "qkv", qkv.len(), 3 * n)?;
-        buffer(w, "o", out.len(), n)?;
-        if let Some(lens) = key_lens {
-            buffer(w, "key_lens", lens.len(), batch)?;
-        }
+        };
         let w = self.serve_as(&w);
         self.serve(&w, |c| c.run_qkv_rows((qkv, key_lens), out))
     }

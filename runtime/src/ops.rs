@@ -473,6 +473,12 @@ pub(crate) fn sequences_per_call(heads: usize, seq: usize, d: usize) -> usize {
     (MAX_ELEMENTS / per_sequence.max(1)).clamp(1, MAX_DIM as u128) as usize
 }
 
+/// The key of `attention:BxHxSxD[:causal]`, for a call too large to be one workload.
+pub(crate) fn attention_key(b: usize, h: usize, s: usize, d: usize, causal: bool) -> String {
+    let causal = if causal { ":causal" } else { "" };
+    format!("attention:{b}x{h}x{s}x{d}{causal}")
+}
+
 /// Runs `call(first, count)` on blocks of at most `per_call` of `batch` sequences (the
 /// caller has checked that the buffers hold the whole batch). Each block is a call of its
 /// own (counted as one); returns the first block's level.
@@ -549,24 +555,31 @@ impl Runtime {
         o: &mut [f32],
     ) -> Result<Level, RuntimeError> {
         let per_call = sequences_per_call(h, s, d);
-        if b > per_call {
-            // Past one workload's size: blocks of sequences, each a call.
-            let what = format!(
-                "attention:{b}x{h}x{s}x{d}{}",
-                if causal { ":causal" } else { "" }
-            );
-            let len = [s, h, d].into_iter().fold(b, usize::saturating_mul);
-            for (name, got) in [
-                ("q", q.len()),
-                ("k", k.len()),
-                ("v", v.len()),
-                ("o", o.len()),
-            ] {
-                buffer(&what, name, got, len)?;
+        // One workload; past its size, blocks of sequences, named as the whole call.
+        let w = (b <= per_call)
+            .then(|| Workload::attention(b, h, s, d, causal))
+            .transpose()?;
+        let key;
+        let what: &dyn std::fmt::Display = match &w {
+            Some(w) => w,
+            None => {
+                key = attention_key(b, h, s, d, causal);
+                &key
             }
-            if let Some(lens) = key_lens {
-                buffer(&what, "key_lens", lens.len(), b)?;
-            }
+        };
+        let len = [s, h, d].into_iter().fold(b, usize::saturating_mul);
+        for (name, got) in [
+            ("q", q.len()),
+            ("k", k.len()),
+            ("v", v.len()),
+            ("o", o.len()),
+        ] {
+            buffer(what, name, got, len)?;
+        }
+        if let Some(lens) = key_lens {
+            buffer(what, "key_lens", lens.len(), b)?;
+        }
+        let Some(w) = w else {
             let per = h * s * d;
             return by_batch_blocks(b, per_call, |first, count| {
                 let rows = first * per..(first + count) * per;
@@ -574,16 +587,7 @@ impl Runtime {
                 let (q, k, v) = (&q[rows.clone()], &k[rows.clone()], &v[rows.clone()]);
                 self.attention_masked_or_not(count, h, s, d, causal, lens, q, k, v, &mut o[rows])
             });
-        }
-        let w = Workload::attention(b, h, s, d, causal)?;
-        let len = w.output_len();
-        buffer(w, "q", q.len(), len)?;
-        buffer(w, "k", k.len(), len)?;
-        buffer(w, "v", v.len(), len)?;
-        buffer(w, "o", o.len(), len)?;
-        if let Some(lens) = key_lens {
-            buffer(w, "key_lens", lens.len(), b)?;
-        }
+        };
         let Some(lens) = key_lens else {
             return self.run(&w, &[q, k, v], o);
         };
@@ -1005,14 +1009,8 @@ mod tests {
         let (b, h, s, d) = (MAX_DIM + 3, 1, 2, 1);
         let n = b * h * s * d;
         let val = |i: usize, seed: usize| ((i * 31 + seed * 17) % 13) as f32 / 4.0 - 1.5;
-        let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (0..n)
-            .map(|i| (val(i, 1), val(i, 2), val(i, 3)))
-            .fold(Default::default(), |(mut q, mut k, mut v), (a, b, c)| {
-                q.push(a);
-                k.push(b);
-                v.push(c);
-                (q, k, v)
-            });
+        let operand = |seed: usize| -> Vec<f32> { (0..n).map(|i| val(i, seed)).collect() };
+        let (q, k, v) = (operand(1), operand(2), operand(3));
         let lens: Vec<i32> = (0..b).map(|i| (i % 3) as i32).collect();
         let rt = Runtime::defaults_only();
         let one = |i: usize, lens: Option<&[i32]>| {
