@@ -40,6 +40,10 @@ from ._ops import (
     _stamp,
     _walk,
     _training,
+    _released,
+    _released_error,
+    _released_unchanged,
+    _unpackable_release,
 )
 
 
@@ -378,9 +382,15 @@ def _pack_qkv(m: nn.Module, stamp: Optional[tuple]) -> None:
     recording ``stamp`` as packed."""
     lins = _qkv_linears(m)
     rt, ms = m._autokernel_qkv_packing
+    if any(_released(x.weight) for x in lins):
+        # The biases or the tensors' identity changed (a deep copy's): the packed weight stands.
+        old = getattr(m, "_autokernel_qkv_stamp", None)
+        if not all(_released(x.weight) for x in lins) or not _released_unchanged(old, [x.weight for x in lins], every=2):
+            raise _unpackable_release(f"{type(m).__name__}'s query/key/value projections")
+        packed = m._autokernel_qkv.get()[1]
     with torch.no_grad():
-        w = torch.cat([x.weight.detach() for x in lins])
-        packed = rt.pack_weight(w, ms=ms, layout="nk")
+        if not any(_released(x.weight) for x in lins):
+            packed = rt.pack_weight(torch.cat([x.weight.detach() for x in lins]), ms=ms, layout="nk")
         bias = None if lins[0].bias is None else torch.cat([x.bias.detach() for x in lins])
     m._autokernel_qkv.set((rt, packed))
     m._autokernel_qkv_bias = bias
@@ -405,6 +415,10 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
         or _needs_grad(hidden_states, self.parameters())
         or getattr(self.config, "_attn_implementation", None) != "autokernel"
     ):
+        if any(_released(x.weight) for x in _qkv_linears(self)):
+            why = "a cache, cross-attention, hooks inside it, training mode, another attention implementation, " \
+                "or an input of another dtype or device or that needs gradients"
+            raise _released_error(f"{type(self).__name__}'s query/key/value projections", why)
         return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
     _refresh_qkv(self)
     for n in _NOT_FUSED_KWARGS:
@@ -767,13 +781,51 @@ def _repack(model: nn.Module) -> None:
     linear layers and fused projections first, then the encoder layers made from them."""
     modules = list(model.modules())
     for m in modules:
-        if isinstance(m, AutokernelLinear):
+        if isinstance(m, AutokernelLinear) and not _released(m.weight):
             m._pack(_stamp((m.weight, m.bias)))
-        if hasattr(m, "_autokernel_qkv_packing"):
+        if hasattr(m, "_autokernel_qkv_packing") and not any(_released(x.weight) for x in _qkv_linears(m)):
             _pack_qkv(m, _qkv_stamp(m))
     for m in modules:
         if hasattr(m, "_autokernel_layer"):
             _pack_layer(m, _stamp(_walk(m)[1]))
+
+
+def _release_weights(model: nn.Module) -> list[str]:
+    """Releases the float32 weights of optimized ``model`` that the runtime serves from packed
+    copies alone — its :class:`AutokernelLinear` layers' and its fused query/key/value
+    projections' — replacing each by a Parameter on the ``meta`` device (its shape, no
+    values); a weight shared with a module the runtime does not serve (a decoder tied to the
+    embeddings) is kept. Every stamp is taken again, so nothing is packed again. Returns the
+    names of the parameters released."""
+    served = set()
+    for m in model.modules():
+        if isinstance(m, AutokernelLinear):
+            served.add((id(m), "weight"))
+        if hasattr(m, "_autokernel_qkv_packing"):
+            served.update((id(x), "weight") for x in _qkv_linears(m))
+    slots: dict[int, list] = {}  # each parameter's places: (module, attribute, full name)
+    for name, m in model.named_modules(remove_duplicate=False):
+        for attr, p in m._parameters.items():
+            if p is not None:
+                slots.setdefault(id(p), []).append((m, attr, f"{name}.{attr}" if name else attr))
+    released = []
+    for places in slots.values():
+        first, attr, full = places[0]
+        p = getattr(first, attr)
+        if _released(p) or not all((id(m), a) in served for m, a, _ in places):
+            continue
+        meta = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False)
+        for m, a, _ in places:
+            setattr(m, a, meta)
+        released.append(full)
+    for m in model.modules():
+        if isinstance(m, AutokernelLinear):
+            m._stamp = _stamp((m.weight, m.bias))
+        if hasattr(m, "_autokernel_qkv_packing"):
+            m._autokernel_qkv_stamp = _qkv_stamp(m)
+        if hasattr(m, "_autokernel_layer"):
+            m._autokernel_layer_packing = (m._autokernel_layer_packing[0], _stamp(_walk(m)[1]))
+    return released
 
 
 def _encoder_steps(m: nn.Module) -> Optional[list]:

@@ -110,21 +110,30 @@ impl PyEncoderLayer {
                 "batch {batch} × seq {seq} overflows the row count"
             ))
         })?;
+        // A call past one workload's size is served in blocks: their workloads.
         let gemm = |w: &runtime::PackedWeight| {
             let (n, k) = w.dims();
-            Workload::gemm_bias_act(m, n, k, w.act()).map(|w| w.key())
+            runtime::row_blocks(m, n, k)
+                .into_iter()
+                .map(|rows| Workload::gemm_bias_act(rows, n, k, w.act()))
+                .collect::<Vec<_>>()
         };
         let h = l.hidden();
-        let attention = Workload::attention(batch, self.heads, seq, h / self.heads, false);
+        let d = h / self.heads;
+        let attention = runtime::sequence_blocks(batch, self.heads, seq, d)
+            .into_iter()
+            .map(|b| Workload::attention(b, self.heads, seq, d, false))
+            .collect();
         [
             gemm(l.qkv.0),
-            attention.map(|w| w.key()),
+            attention,
             gemm(l.out.0),
             gemm(l.ffn_up.0),
             gemm(l.ffn_down.0),
         ]
         .into_iter()
-        .map(|w| w.map_err(crate::errors::kernel_err))
+        .flatten()
+        .map(|w| w.map(|w| w.key()).map_err(crate::errors::kernel_err))
         .collect()
     }
 

@@ -33,5 +33,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tune::tune, m)?)?;
     m.add_function(wrap_pyfunction!(tune::serve_worker, m)?)?;
     m.add_function(wrap_pyfunction!(runtime_py::fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime_py::row_blocks, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime_py::sequence_blocks, m)?)?;
     Ok(())
 }

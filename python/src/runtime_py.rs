@@ -945,3 +945,20 @@ fn index_info<'py>(py: Python<'py>, info: &runtime::IndexInfo) -> PyResult<Bound
 pub fn fingerprint(threads: Option<IntArg>) -> PyResult<String> {
     Threads::new(threads).map(|(_, hw)| hw.id)
 }
+
+/// The row counts of the blocks a GEMM call of `m` rows, `n` columns and depth `k` is served
+/// in, each once (`[m]` where it is one workload): what the PyTorch integration records as
+/// the call's workloads.
+#[pyfunction]
+#[pyo3(name = "_row_blocks")]
+pub fn row_blocks(m: usize, n: usize, k: usize) -> Vec<usize> {
+    runtime::row_blocks(m, n, k)
+}
+
+/// The sequence counts of the blocks an attention call on `batch` sequences of `heads` heads
+/// of `seq × d` is served in, each once (see `_row_blocks`).
+#[pyfunction]
+#[pyo3(name = "_sequence_blocks")]
+pub fn sequence_blocks(batch: usize, heads: usize, seq: usize, d: usize) -> Vec<usize> {
+    runtime::sequence_blocks(batch, heads, seq, d)
+}

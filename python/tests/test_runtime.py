@@ -486,6 +486,10 @@ def test_encoder_layer_is_its_runtime_calls_in_one():
     assert (layer.hidden, layer.heads) == (h, heads)
     assert layer.workloads(b, s) == ["gemm_bias:18x96x32", "attention:2x4x9x8", "gemm_bias:18x32x32",
                                      "gemm_bias_gelu_erf:18x48x32", "gemm_bias:18x32x48"]
+    # A call past one workload's 2^20 rows runs in row blocks: their workloads, each once.
+    big = layer.workloads(2**20 + 1, 1)
+    assert big[:4] == ["gemm_bias:1048576x96x32", "gemm_bias:1x96x32", "attention:1048576x4x1x8", "attention:1x4x1x8"]
+    assert big[-2:] == ["gemm_bias:1048576x32x48", "gemm_bias:1x32x48"]
     x = rand(b, s, h)
     for mask in (None, np.array([9, 4])):
         want = x.copy()

@@ -137,6 +137,8 @@ def test_more_rows_than_one_workload_takes_are_served():
     with torch.no_grad():
         torch.testing.assert_close(model(x), stock(x), rtol=1e-5, atol=1e-5)
     assert rt.lookups()["by_precision"]["f32"] - before == 2  # two blocks, served by the runtime
+    # What to tune for that call: its blocks' workloads, each one `autokernel tune` takes.
+    assert akt.workloads(model, (x,)) == ["gemm_bias_relu:1048576x3x4", "gemm_bias_relu:5x3x4"]
 
 
 class _SeesThreads(nn.Module):
@@ -1164,3 +1166,61 @@ def test_a_conv1d_trains_and_changes_like_stock():
     odd = akt.optimize(nn.Sequential(Scaled(8, 4)))
     assert not isinstance(odd[0], _ops.AutokernelLinear)
     assert [n for n, _ in odd.autokernel_unsupported] == ["0"]
+
+
+def test_released_weights_serve_the_same_and_refuse_what_needs_them():
+    """optimize(keep_weights=False): the served layers' and fused projections' f32 weights
+    become meta tensors (a weight tied to the embeddings stays), the served calls compute as
+    before, padded batches and deep copies included, and every call that would need the
+    released values is a RuntimeError naming why — never a result computed from no values."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=300)
+    stock = BertForMaskedLM(BertConfig(**size)).eval()
+    with pytest.raises(TypeError, match="keep_weights=1"):
+        akt.optimize(copy.deepcopy(stock), keep_weights=1)
+    model = akt.optimize(copy.deepcopy(stock), keep_weights=False)
+    released = set(model.autokernel_released_weights)
+    want = {f"bert.encoder.layer.{i}.{p}.weight" for i in range(2) for p in (
+        "attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+        "intermediate.dense", "output.dense")} | {"cls.predictions.transform.dense.weight"}
+    assert released == want
+    params = dict(model.named_parameters())
+    assert all(params[n].is_meta for n in released)
+    assert not params["bert.embeddings.word_embeddings.weight"].is_meta  # tied to the served decoder: kept
+    assert not any(p.requires_grad for p in model.parameters())
+    assert akt.optimize(copy.deepcopy(stock)).autokernel_released_weights == []
+    ids = torch.randint(3, 300, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 5:] = 0
+    for m in (model, copy.deepcopy(model)):
+        for kw in (dict(input_ids=ids), dict(input_ids=ids, attention_mask=mask)):
+            with torch.no_grad():
+                torch.testing.assert_close(m(**kw).logits, stock(**kw).logits, rtol=0, atol=1e-4)
+            # Grad mode on: nothing requires a gradient any more, so the runtime still serves it.
+            torch.testing.assert_close(m(**kw).logits, stock(**kw).logits.detach(), rtol=0, atol=1e-4)
+    akt.refresh(model)  # nothing to re-read: the packed copies stay
+    dense = model.bert.encoder.layer[0].intermediate.dense
+    assert "weight released" in repr(dense)
+    x = torch.randn(3, 64)
+    with pytest.raises(RuntimeError, match=r"\(an input that requires grad\), which .*keep_weights=False"):
+        dense(x.requires_grad_())
+    with pytest.raises(RuntimeError, match=r"needs the layer's float32 weights \(a torch.float64 input on cpu\)"):
+        dense(x.double())
+    hook = model.bert.encoder.layer[0].attention.self.query.register_forward_hook(lambda *a: None)
+    with pytest.raises(RuntimeError, match="BertSelfAttention's query/key/value projections: this call needs"):
+        with torch.no_grad():
+            model(ids)
+    hook.remove()
+    # A write into a released weight keeps no values: refused when it would be packed.
+    sd = {k: v for k, v in stock.state_dict().items() if k == "bert.encoder.layer.0.intermediate.dense.weight"}
+    with pytest.warns(UserWarning, match="meta parameter"):
+        model.load_state_dict(sd, strict=False)
+    with pytest.raises(RuntimeError, match=r"written into since.*assign=True"):
+        with torch.no_grad():
+            model(ids)
+    # ... and with assign=True the new weights are packed and served (and held again).
+    model.load_state_dict(stock.state_dict(), assign=True)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, stock(ids).logits, rtol=0, atol=1e-4)

@@ -88,7 +88,7 @@ pub use encoder::{EncoderLayer, LayerScratch, Projection, Stage};
 pub use fallback_log::{parse_lines as parse_workload_list, BadLine};
 pub use index::{distance, IndexInfo, MISS_CACHE_CAPACITY, NEAREST_MAX_DISTANCE};
 pub use layer::{add_layer_norm, AttentionRows};
-pub use ops::PackedWeight;
+pub use ops::{row_blocks, sequence_blocks, PackedWeight};
 pub use precision::{BadBudget, PrecisionPolicy, UnknownPrecision, DEFAULT_AUTO_MAX_REL_ERR};
 pub use threads::{Threads, ThreadsError};
 

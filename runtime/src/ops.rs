@@ -466,6 +466,29 @@ pub(crate) fn by_row_blocks(
     first.map(Ok)
 }
 
+/// The row counts of the blocks a GEMM call of `m` rows with `n` columns and depth `k` is
+/// served in, each once: `[m]` where it is one workload, else the full block's
+/// ([`rows_per_call`]) and the remainder's. A call's workloads are these row counts' (what
+/// to tune for it).
+pub fn row_blocks(m: usize, n: usize, k: usize) -> Vec<usize> {
+    blocks(m, rows_per_call(n, k))
+}
+
+/// The sequence counts of the blocks an attention call on `batch` sequences of `heads`
+/// heads of `seq × d` is served in, each once (see [`row_blocks`]).
+pub fn sequence_blocks(batch: usize, heads: usize, seq: usize, d: usize) -> Vec<usize> {
+    blocks(batch, sequences_per_call(heads, seq, d))
+}
+
+/// The distinct sizes of the blocks of at most `per` that `total` is cut into, in order.
+fn blocks(total: usize, per: usize) -> Vec<usize> {
+    match (total <= per, total % per.max(1)) {
+        (true, _) => vec![total],
+        (false, 0) => vec![per],
+        (false, rest) => vec![per, rest],
+    }
+}
+
 /// The most sequences of `heads` heads of `seq × d` one attention workload takes: [`MAX_DIM`],
 /// or fewer where its four operands would pass [`MAX_ELEMENTS`]; at least 1.
 pub(crate) fn sequences_per_call(heads: usize, seq: usize, d: usize) -> usize {
@@ -931,6 +954,21 @@ mod tests {
             .gemm_bias_act_packed(&packed, &x[..9], &x[..3], &mut o[..6])
             .unwrap_err();
         assert!(e.to_string().contains("'a' has 9 elements"), "{e}");
+    }
+
+    #[test]
+    fn blocks_are_the_distinct_sizes_a_call_is_cut_into() {
+        assert_eq!(row_blocks(128, 768, 768), [128]);
+        assert_eq!(row_blocks(MAX_DIM, 768, 768), [MAX_DIM]);
+        assert_eq!(row_blocks(MAX_DIM + 5, 768, 768), [MAX_DIM, 5]);
+        assert_eq!(row_blocks(3 * MAX_DIM, 768, 768), [MAX_DIM]);
+        let per = rows_per_call(1 << 16, 1 << 15);
+        assert_eq!(row_blocks(per + 1, 1 << 16, 1 << 15), [per, 1]);
+        assert_eq!(sequence_blocks(8, 12, 128, 64), [8]);
+        let per = sequences_per_call(12, 128, 64);
+        assert_eq!(sequence_blocks(2 * per + 3, 12, 128, 64), [per, 3]);
+        // Each block is a workload.
+        assert!(Workload::attention(per, 12, 128, 64, false).is_ok());
     }
 
     #[test]
