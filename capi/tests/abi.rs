@@ -598,6 +598,13 @@ fn threads_and_precision_are_checked() {
         assert_eq!(j["served_as"], "gemm:8x8x8");
         let st = autokernel_runtime_set_precision(rt, c"int4".as_ptr(), -1.0);
         expect(st, AUTOKERNEL_INVALID_ARGUMENT, "unknown precision 'int4'");
+        // Names are case-insensitive, surrounding spaces ignored (as the header says).
+        let st = autokernel_runtime_set_precision(rt, c" INT8 ".as_ptr(), -1.0);
+        expect(st, AUTOKERNEL_OK, "");
+        let st = autokernel_runtime_lookup(rt, c"gemm:8x8x8".as_ptr(), &mut json);
+        expect(st, AUTOKERNEL_OK, "");
+        let j: serde_json::Value = serde_json::from_str(&take(json).unwrap()).unwrap();
+        assert_eq!(j["served_as"], "gemm:8x8x8:i8");
         let st = autokernel_runtime_set_precision(null(), c"int8".as_ptr(), -1.0);
         expect(st, AUTOKERNEL_INVALID_ARGUMENT, "rt");
         for bad in [f64::NAN, f64::INFINITY] {
