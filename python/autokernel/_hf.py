@@ -40,11 +40,8 @@ from ._ops import (
     _stamp,
     _walk,
     _training,
-    _released,
-    _released_error,
-    _released_unchanged,
-    _unpackable_release,
 )
+from . import _released
 
 
 _MASKS = threading.local()
@@ -382,15 +379,21 @@ def _pack_qkv(m: nn.Module, stamp: Optional[tuple]) -> None:
     recording ``stamp`` as packed."""
     lins = _qkv_linears(m)
     rt, ms = m._autokernel_qkv_packing
-    if any(_released(x.weight) for x in lins):
-        # The biases or the tensors' identity changed (a deep copy's): the packed weight stands.
-        old = getattr(m, "_autokernel_qkv_stamp", None)
-        if not all(_released(x.weight) for x in lins) or not _released_unchanged(old, [x.weight for x in lins], every=2):
-            raise _unpackable_release(f"{type(m).__name__}'s query/key/value projections")
-        packed = m._autokernel_qkv.get()[1]
+    weights = [x.weight for x in lins]
     with torch.no_grad():
-        if not any(_released(x.weight) for x in lins):
-            packed = rt.pack_weight(torch.cat([x.weight.detach() for x in lins]), ms=ms, layout="nk")
+        if any(_released.is_released(w) for w in weights):
+            # Released: the packed copy made of them serves again (after a deep copy, a
+            # functional_call, a bias change); a weight written into, another meta tensor, or
+            # one of the three replaced alone (they are packed as one) cannot be packed.
+            r = _released.of(m)
+            replaced = sum(not _released.is_released(w) for w in weights)
+            if replaced:
+                raise _released.partly_replaced(_released.name_of(m), replaced)
+            if r is None or not r.holds(weights):
+                raise _released.unpackable(_released.name_of(m), "its query/key/value weight")
+            packed = r.packed
+        else:
+            packed = rt.pack_weight(torch.cat([w.detach() for w in weights]), ms=ms, layout="nk")
         bias = None if lins[0].bias is None else torch.cat([x.bias.detach() for x in lins])
     m._autokernel_qkv.set((rt, packed))
     m._autokernel_qkv_bias = bias
@@ -401,24 +404,37 @@ def _pack_qkv(m: nn.Module, stamp: Optional[tuple]) -> None:
 _NOT_FUSED_KWARGS = ("cache", "past_key_values", "past_key_value", "encoder_hidden_states")
 
 
+def _own_attention_forward(m: nn.Module, hidden_states: torch.Tensor, args: tuple, kwargs: dict) -> Optional[str]:
+    """Why fused self-attention block ``m`` must run its own forward for this call, or None."""
+    if args:
+        return "positional arguments past the mask"
+    given = next((n for n in _NOT_FUSED_KWARGS if kwargs.get(n) is not None), None)
+    if given is not None:
+        return f"a {given} argument"
+    if _training(m):
+        return "training mode"
+    if _qkv_key(m) != m._autokernel_qkv_key:
+        return "a module of the block replaced after optimize"
+    if _hooks_below(m):
+        return "hooks on a module inside it, or global module hooks"
+    if not _served(hidden_states):
+        return f"a {hidden_states.dtype} input on {hidden_states.device.type}"
+    if _needs_grad(hidden_states, m.parameters()):
+        return _released.grad_reason(hidden_states)
+    implementation = getattr(m.config, "_attn_implementation", None)
+    if implementation != "autokernel":
+        return f"the {implementation!r} attention implementation"
+    return None
+
+
 def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwargs):
     """A fused self-attention block's forward (see :func:`_fuse_qkv`); the original one for
     what it does not cover (a cache, cross-attention, training, gradients, another dtype,
     another attention implementation)."""
-    if (
-        args
-        or any(kwargs.get(n) is not None for n in _NOT_FUSED_KWARGS)
-        or _training(self)
-        or _qkv_key(self) != self._autokernel_qkv_key
-        or _hooks_below(self)
-        or not _served(hidden_states)
-        or _needs_grad(hidden_states, self.parameters())
-        or getattr(self.config, "_attn_implementation", None) != "autokernel"
-    ):
-        if any(_released(x.weight) for x in _qkv_linears(self)):
-            why = "a cache, cross-attention, hooks inside it, training mode, another attention implementation, " \
-                "or an input of another dtype or device or that needs gradients"
-            raise _released_error(f"{type(self).__name__}'s query/key/value projections", why)
+    why = _own_attention_forward(self, hidden_states, args, kwargs)
+    if why is not None:
+        if _released.of(self) is not None:
+            raise _released.error(_released.name_of(self), why)
         return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
     _refresh_qkv(self)
     for n in _NOT_FUSED_KWARGS:
@@ -781,9 +797,9 @@ def _repack(model: nn.Module) -> None:
     linear layers and fused projections first, then the encoder layers made from them."""
     modules = list(model.modules())
     for m in modules:
-        if isinstance(m, AutokernelLinear) and not _released(m.weight):
+        if isinstance(m, AutokernelLinear) and not _released.is_released(m.weight):
             m._pack(_stamp((m.weight, m.bias)))
-        if hasattr(m, "_autokernel_qkv_packing") and not any(_released(x.weight) for x in _qkv_linears(m)):
+        if hasattr(m, "_autokernel_qkv_packing") and not any(_released.is_released(x.weight) for x in _qkv_linears(m)):
             _pack_qkv(m, _qkv_stamp(m))
     for m in modules:
         if hasattr(m, "_autokernel_layer"):
@@ -793,32 +809,43 @@ def _repack(model: nn.Module) -> None:
 def _release_weights(model: nn.Module) -> list[str]:
     """Releases the float32 weights of optimized ``model`` that the runtime serves from packed
     copies alone — its :class:`AutokernelLinear` layers' and its fused query/key/value
-    projections' — replacing each by a Parameter on the ``meta`` device (its shape, no
-    values); a weight shared with a module the runtime does not serve (a decoder tied to the
-    embeddings) is kept. Every stamp is taken again, so nothing is packed again. Returns the
+    projections' (a decoder's excepted: its cache calls run the block's own forward) —
+    replacing each by a Parameter on the ``meta`` device (its shape, no values) and recording a
+    :class:`autokernel._released.Release` on the module serving it. A weight shared with a
+    module the runtime does not serve (a decoder tied to the embeddings) is kept. Returns the
     names of the parameters released."""
-    served = set()
-    for m in model.modules():
-        if isinstance(m, AutokernelLinear):
-            served.add((id(m), "weight"))
-        if hasattr(m, "_autokernel_qkv_packing"):
-            served.update((id(x), "weight") for x in _qkv_linears(m))
-    slots: dict[int, list] = {}  # each parameter's places: (module, attribute, full name)
-    for name, m in model.named_modules(remove_duplicate=False):
+    slots: dict[int, list] = {}  # each parameter's places: (module, attribute name)
+    names: dict[int, str] = {}
+    for path, m in model.named_modules(remove_duplicate=False):
+        names.setdefault(id(m), path)
         for attr, p in m._parameters.items():
             if p is not None:
-                slots.setdefault(id(p), []).append((m, attr, f"{name}.{attr}" if name else attr))
-    released = []
-    for places in slots.values():
-        first, attr, full = places[0]
-        p = getattr(first, attr)
-        if _released(p) or not all((id(m), a) in served for m, a, _ in places):
-            continue
-        meta = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False)
-        for m, a, _ in places:
-            setattr(m, a, meta)
-        released.append(full)
+                slots.setdefault(id(p), []).append((m, attr))
+    groups = []  # (serving module, its weights' modules, packed copy)
     for m in model.modules():
+        if isinstance(m, AutokernelLinear):
+            groups.append((m, [m], m.packed))
+        elif hasattr(m, "_autokernel_qkv_packing") and not _decoder(m):
+            groups.append((m, _qkv_linears(m), m._autokernel_qkv.get()[1]))
+    serving = {(id(x), "weight") for _, parts, _ in groups for x in parts}
+    metas: dict[int, nn.Parameter] = {}
+    released = []
+    for m, parts, packed in groups:
+        weights = [x.weight for x in parts]
+        if not all(all((id(o), a) in serving for o, a in slots[id(w)]) for w in weights):
+            continue
+        for w in weights:
+            if id(w) not in metas:
+                metas[id(w)] = nn.Parameter(torch.empty_like(w, device="meta"), requires_grad=False)
+                released.append(f"{names[id(slots[id(w)][0][0])]}.{slots[id(w)][0][1]}".lstrip("."))
+                for o, a in slots[id(w)]:
+                    setattr(o, a, metas[id(w)])
+        _released.mark(m, _released.Release(names[id(m)], [x.weight for x in parts], packed))
+        for x in parts:
+            if x is not m:
+                _released.mark(x, _released.Release(names[id(x)], [x.weight], None))
+                _released.refuse_calls(x)
+    for m in model.modules():  # nothing to pack again: the stamps as they are now
         if isinstance(m, AutokernelLinear):
             m._stamp = _stamp((m.weight, m.bias))
         if hasattr(m, "_autokernel_qkv_packing"):
@@ -826,6 +853,12 @@ def _release_weights(model: nn.Module) -> list[str]:
         if hasattr(m, "_autokernel_layer"):
             m._autokernel_layer_packing = (m._autokernel_layer_packing[0], _stamp(_walk(m)[1]))
     return released
+
+
+def _decoder(m: nn.Module) -> bool:
+    """Whether self-attention block ``m`` belongs to a decoder (whose calls with a cache run its
+    own forward)."""
+    return bool(getattr(m, "is_decoder", False) or getattr(getattr(m, "config", None), "is_decoder", False))
 
 
 def _encoder_steps(m: nn.Module) -> Optional[list]:

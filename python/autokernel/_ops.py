@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional
 import torch
 from torch import nn
 
-from . import Runtime, _native
+from . import Runtime, _native, _released
 
 log = logging.getLogger("autokernel")
 
@@ -304,12 +304,15 @@ class AutokernelLinear(nn.Module):
 
     def _pack(self, stamp: Optional[tuple]) -> None:
         """Packs the weight as it is now, recording ``stamp`` (its :func:`_stamp`) as packed."""
-        if _released(self.weight):
-            # Only the bias or the tensors' identity changed (a deep copy's): the packed copy
-            # stands. A released weight written into keeps no values to pack.
-            if not _released_unchanged(getattr(self, "_stamp", None), (self.weight,), every=2):
-                raise _unpackable_release(self._where())
-            self._stamp = stamp
+        if _released.is_released(self.weight):
+            # A released weight: the packed copy made of it serves again (after a deep copy, a
+            # functional_call, a bias change); one written into, or another meta tensor, has no
+            # values to pack.
+            r = _released.of(self)
+            if r is None or not r.holds((self.weight,)):
+                raise _released.unpackable(self._where(), "its weight")
+            self.handle.set((self._runtime, r.packed))
+            self.packed, self._stamp = r.packed, stamp
             return
         if self._kn:
             layout, (self.in_features, self.out_features) = "kn", self.weight.shape
@@ -330,8 +333,8 @@ class AutokernelLinear(nn.Module):
 
     def _stock(self, x: torch.Tensor) -> torch.Tensor:
         """What the module it stands for computes (without the fused activation)."""
-        if _released(self.weight):
-            raise _released_error(self._where(), self._why_stock(x))
+        if _released.is_released(self.weight):
+            raise _released.error(self._where(), self._why_stock(x))
         if self._kn:  # transformers' Conv1D.forward
             y = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
             return y.view(x.size()[:-1] + (self.weight.shape[1],))
@@ -357,6 +360,10 @@ class AutokernelLinear(nn.Module):
         return y
 
     def _where(self) -> str:
+        """The layer, for messages: its path in the model where known."""
+        r = _released.of(self)
+        if r is not None:
+            return r.name
         return f"{type(self).__name__}(in_features={self.in_features}, out_features={self.out_features})"
 
     def _why_stock(self, x: torch.Tensor) -> str:
@@ -365,10 +372,10 @@ class AutokernelLinear(nn.Module):
             return "a hook sees the values between it and its activation"
         if not _served(x):
             return f"a {x.dtype} input on {x.device.type}"
-        return "an input that requires grad"
+        return _released.grad_reason(x)
 
     def extra_repr(self) -> str:
-        released = ", weight released" if _released(self.weight) else ""
+        released = ", weight released" if _released.is_released(self.weight) else ""
         return (
             f"in_features={self.in_features}, out_features={self.out_features}{released}, "
             f"bias={self.bias is not None}, act={self.act!r}, packed={self.packed.workload} ({self.packed.level})"
@@ -408,50 +415,9 @@ def _stamp(params: Iterable[Optional[torch.Tensor]]) -> Optional[tuple]:
     Inference tensors keep no version counter: their in-place changes are not seen."""
     if torch.compiler.is_compiling():
         return None
-    return tuple(_stamp_of(p) for p in params)
-
-
-def _stamp_of(p: Optional[torch.Tensor]) -> tuple:
-    """One tensor's part of :func:`_stamp`. A released weight (:func:`_released`) is stamped by
-    its shape and version alone: a deep copy's stands for the same packing, while a write into
-    it (``load_state_dict`` without ``assign=True``) or a new Parameter in its place is seen."""
-    if p is None:
-        return (None, None, None)
-    if _released(p):
-        return ("released", tuple(p.shape), p._version)
-    return (id(p), p.data_ptr(), None if p.is_inference() else p._version)
-
-
-def _released(p: Optional[torch.Tensor]) -> bool:
-    """Whether ``p`` is a weight ``optimize(..., keep_weights=False)`` released: a tensor on the
-    ``meta`` device (a shape without values), served from its packed copy alone."""
-    return p is not None and p.is_meta
-
-
-def _released_unchanged(stamp: Optional[tuple], weights: Iterable[torch.Tensor], every: int) -> bool:
-    """Whether released ``weights`` are as they were when ``stamp`` was taken, their parts
-    found at every ``every``-th place of it (a weight's stamp then its bias's)."""
-    return stamp is not None and stamp[::every] == tuple(_stamp_of(w) for w in weights)
-
-
-def _unpackable_release(where: str) -> RuntimeError:
-    """The error of packing a weight that ``optimize(..., keep_weights=False)`` released and
-    something wrote into since (a write into a ``meta`` tensor keeps no values)."""
-    return RuntimeError(
-        f"{where}: its float32 weight was released by autokernel.torch.optimize(..., "
-        "keep_weights=False) and written into since (load_state_dict without assign=True?), "
-        "which keeps no values: assign a new Parameter, or call load_state_dict(..., assign=True)"
-    )
-
-
-def _released_error(where: str, why: str) -> RuntimeError:
-    """The error of a call that needs the f32 weights of ``where``, released by
-    ``optimize(..., keep_weights=False)``: PyTorch's own forward, for ``why``."""
-    return RuntimeError(
-        f"{where}: this call needs the layer's float32 weights ({why}), which "
-        "autokernel.torch.optimize(..., keep_weights=False) released; the runtime serves float32 "
-        "CPU inputs without gradients, hooks inside fused blocks or training mode (optimize with "
-        "keep_weights=True to keep the other calls working)"
+    return tuple(
+        (id(p), None if p is None else p.data_ptr(), None if p is None or p.is_inference() else p._version)
+        for p in params
     )
 
 

@@ -3,6 +3,8 @@ BertModel (both GELUs, padded batches), RobertaModel, DistilBertModel, ElectraMo
 GPT-2 (its Conv1D layers), custom ops under torch.compile and torch.export."""
 
 import copy
+import re
+import warnings
 
 import numpy as np
 import pytest
@@ -1172,7 +1174,8 @@ def test_released_weights_serve_the_same_and_refuse_what_needs_them():
     """optimize(keep_weights=False): the served layers' and fused projections' f32 weights
     become meta tensors (a weight tied to the embeddings stays), the served calls compute as
     before, padded batches and deep copies included, and every call that would need the
-    released values is a RuntimeError naming why — never a result computed from no values."""
+    released values is a RuntimeError naming the layer and why — never a result computed from
+    no values (PyTorch computes F.linear with a meta weight into uninitialised memory)."""
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(0)
@@ -1194,33 +1197,80 @@ def test_released_weights_serve_the_same_and_refuse_what_needs_them():
     ids = torch.randint(3, 300, (2, 9))
     mask = torch.ones(2, 9, dtype=torch.long)
     mask[1, 5:] = 0
+    model.to("cpu").float()  # nothing to move or convert: the released weights stay as they are
     for m in (model, copy.deepcopy(model)):
-        for kw in (dict(input_ids=ids), dict(input_ids=ids, attention_mask=mask)):
+        for kw in (dict(input_ids=ids), dict(input_ids=ids, attention_mask=mask), dict(input_ids=ids, output_hidden_states=True)):
             with torch.no_grad():
                 torch.testing.assert_close(m(**kw).logits, stock(**kw).logits, rtol=0, atol=1e-4)
             # Grad mode on: nothing requires a gradient any more, so the runtime still serves it.
             torch.testing.assert_close(m(**kw).logits, stock(**kw).logits.detach(), rtol=0, atol=1e-4)
     akt.refresh(model)  # nothing to re-read: the packed copies stay
-    dense = model.bert.encoder.layer[0].intermediate.dense
+    layer = model.bert.encoder.layer[0]
+    dense = layer.intermediate.dense
     assert "weight released" in repr(dense)
     x = torch.randn(3, 64)
-    with pytest.raises(RuntimeError, match=r"\(an input that requires grad\), which .*keep_weights=False"):
+    with pytest.raises(RuntimeError, match=r"^bert.encoder.layer.0.intermediate.dense: .*\(an input that requires grad\)"):
         dense(x.requires_grad_())
-    with pytest.raises(RuntimeError, match=r"needs the layer's float32 weights \(a torch.float64 input on cpu\)"):
+    with pytest.raises(RuntimeError, match=r"needs its float32 weights \(a torch.float64 input on cpu\)"):
         dense(x.double())
-    hook = model.bert.encoder.layer[0].attention.self.query.register_forward_hook(lambda *a: None)
-    with pytest.raises(RuntimeError, match="BertSelfAttention's query/key/value projections: this call needs"):
+    with pytest.raises(RuntimeError, match=r"attention.self.query: .*\(a direct call of a projection"):
+        layer.attention.self.query(x)
+    hook = layer.attention.self.query.register_forward_hook(lambda *a: None)
+    with pytest.raises(RuntimeError, match=r"^bert.encoder.layer.0.attention.self: .*\(hooks on a module inside it"):
         with torch.no_grad():
             model(ids)
     hook.remove()
-    # A write into a released weight keeps no values: refused when it would be packed.
-    sd = {k: v for k, v in stock.state_dict().items() if k == "bert.encoder.layer.0.intermediate.dense.weight"}
-    with pytest.warns(UserWarning, match="meta parameter"):
-        model.load_state_dict(sd, strict=False)
-    with pytest.raises(RuntimeError, match=r"written into since.*assign=True"):
-        with torch.no_grad():
-            model(ids)
-    # ... and with assign=True the new weights are packed and served (and held again).
+    # A functional_call with real weights packs and serves them; the released copy after it.
+    real = {k: v for k, v in stock.state_dict().items() if k.startswith("bert.encoder.layer.0.")}
+    with torch.no_grad():
+        torch.testing.assert_close(torch.func.functional_call(model, real, (ids,)).logits, stock(ids).logits,
+                                   rtol=0, atol=1e-4)
+        torch.testing.assert_close(model(ids).logits, stock(ids).logits, rtol=0, atol=1e-4)
+    # Weights without values are refused when they would be packed: one written into
+    # (load_state_dict without assign=True, which PyTorch warns is a no-op), another meta tensor,
+    # one of the three fused projections replaced alone.
+    for change, what in [
+        (lambda m: m.load_state_dict({"bert.encoder.layer.0.intermediate.dense.weight": torch.ones(128, 64)},
+                                     strict=False), "intermediate.dense: its weight has no values"),
+        (lambda m: setattr(m.bert.encoder.layer[0].output.dense, "weight",
+                           nn.Parameter(torch.empty(64, 128, device="meta"))), "output.dense: its weight has no values"),
+        (lambda m: setattr(m.bert.encoder.layer[0].attention.self.key, "weight", nn.Parameter(torch.ones(64, 64))),
+         "attention.self: its query, key and value weights are packed as one; 1 of them were replaced"),
+    ]:
+        broken = copy.deepcopy(model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            change(broken)
+        with pytest.raises(RuntimeError, match=re.escape(what)):
+            with torch.no_grad():
+                broken(ids)
+    # New weights with values (assign=True) are packed and served (and held again).
     model.load_state_dict(stock.state_dict(), assign=True)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, stock(ids).logits, rtol=0, atol=1e-4)
+
+
+def test_released_weights_of_distilbert_and_a_decoder():
+    """DistilBERT's fused blocks serve calls asking for hidden states with their weights
+    released; a decoder's self-attention keeps its projections' weights (a call with a cache
+    runs its own forward), its other layers' are released."""
+    from transformers import BertConfig, BertLMHeadModel, DistilBertConfig, DistilBertModel
+
+    torch.manual_seed(0)
+    stock = DistilBertModel(DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=300)).eval()
+    model = akt.optimize(copy.deepcopy(stock), keep_weights=False)
+    assert len(model.autokernel_released_weights) == 2 * 6
+    ids = torch.randint(3, 300, (2, 9))
+    with torch.no_grad():
+        got, want = model(ids, output_hidden_states=True), stock(ids, output_hidden_states=True)
+    for g, w in zip(got.hidden_states, want.hidden_states):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-4)
+    size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=300)
+    stock = BertLMHeadModel(BertConfig(is_decoder=True, **size)).eval()
+    model = akt.optimize(copy.deepcopy(stock), keep_weights=False)
+    assert not any(".self." in n for n in model.autokernel_released_weights)
+    assert "bert.encoder.layer.0.intermediate.dense.weight" in model.autokernel_released_weights
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, stock(ids).logits, rtol=0, atol=1e-4)
+        assert torch.equal(model.generate(ids, max_new_tokens=3, do_sample=False),
+                           stock.generate(ids, max_new_tokens=3, do_sample=False))
