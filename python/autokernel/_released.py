@@ -13,6 +13,8 @@ refused rather than packed.
 from __future__ import annotations
 
 import copy
+import ctypes
+import gc
 import types
 from typing import Any, Optional, Sequence
 
@@ -126,3 +128,14 @@ def partly_replaced(where: str, replaced: int) -> RuntimeError:
 def grad_reason(x: torch.Tensor) -> str:
     """Why a call on ``x`` that autograd must record does: its input, or a parameter."""
     return "an input that requires grad" if x.requires_grad else "a parameter that requires grad"
+
+
+def return_freed_memory() -> None:
+    """Collects the released weights and asks glibc to return freed heap pages to the OS (its
+    dynamic mmap threshold keeps mid-sized tensors in the heap, where freed pages stay resident
+    until trimmed); a no-op where there is no glibc."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -47,7 +47,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from . import Runtime
+from . import Runtime, _released
 from ._hf import (_fusable_encoder, _layer_unfusable, _fusable_output, _fusable_qkv, _fuse_encoder, _fuse_layer, _fuse_output, _fuse_qkv,
                   _install_hf_attention, _chunk_size, _whole_chunks, _layer_parts, _qkv_key, _qkv_linears, _release_weights, _remember_masks, _repack)
 from ._ops import (_RECORD, _RUNTIMES, AutokernelLinear, FusedActivation, _classify_act, _features, _FUSABLE,
@@ -352,6 +352,7 @@ def optimize(
     released = [] if keep_weights else _release_weights(model)
     if not keep_weights:
         model.requires_grad_(False)  # inference only: no forward needs its own weights' gradients
+        _released.return_freed_memory()
     model.autokernel_runtime = rt
     model.autokernel_unsupported = report
     model.autokernel_released_weights = released
