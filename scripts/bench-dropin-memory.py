@@ -9,7 +9,7 @@ Writes a Markdown table (with the command, date and machine) to
 ``bench_results/<fingerprint>/dropin-memory-<timestamp>.md``.
 
     scripts/bench-dropin-memory.py [--db target/bert.db] [--precisions f32,bf16,int8]
-        [--threads 2] [--seq 128] [--iters 10]
+        [--threads 2] [--seq 128] [--iters 10] [--out FILE]
 """
 
 import argparse

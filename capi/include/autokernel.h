@@ -208,10 +208,11 @@ const char *autokernel_status_name(int status);
  * Sets the precision policy of later calls: which element type an f32 call may be served
  * in. `precision`: NULL, `""` or `"f32"` (f32 only, the default), `"bf16"`, `"int8"` (that
  * type wherever a kernel family serves it), or `"auto"` (per workload, the fastest record
- * measured on its shape); names are case-insensitive, surrounding spaces ignored. `max_rel_err` ≥ 0: a reduced-precision record is served only if
- * its stored max relative error against the f32 problem is at most this (`auto` uses 1e-2
- * when it is negative); negative: no budget; NaN or +∞, or ≥ 0 with `"f32"` (which it
- * would not change): `AUTOKERNEL_INVALID_ARGUMENT`. A weight packed before keeps its plans.
+ * measured on its shape); names are case-insensitive, surrounding spaces ignored.
+ * `max_rel_err` ≥ 0: a reduced-precision record is served only if its stored max relative
+ * error against the f32 problem is at most this (`auto` uses 1e-2 when it is negative);
+ * negative: no budget; NaN or +∞, or ≥ 0 with `"f32"` (which it would not change):
+ * `AUTOKERNEL_INVALID_ARGUMENT`. A weight packed before keeps its plans.
  *
  * # Safety
  * `rt` is NULL or a live runtime; `precision` is NULL or a NUL-terminated string.

@@ -404,7 +404,7 @@ def _pack_qkv(m: nn.Module, stamp: Optional[tuple]) -> None:
 _NOT_FUSED_KWARGS = ("cache", "past_key_values", "past_key_value", "encoder_hidden_states")
 
 
-def _own_attention_forward(m: nn.Module, hidden_states: torch.Tensor, args: tuple, kwargs: dict) -> Optional[str]:
+def _why_own_forward(m: nn.Module, hidden_states: torch.Tensor, args: tuple, kwargs: dict) -> Optional[str]:
     """Why fused self-attention block ``m`` must run its own forward for this call, or None."""
     if args:
         return "positional arguments past the mask"
@@ -431,9 +431,9 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, *args, **kwa
     """A fused self-attention block's forward (see :func:`_fuse_qkv`); the original one for
     what it does not cover (a cache, cross-attention, training, gradients, another dtype,
     another attention implementation)."""
-    why = _own_attention_forward(self, hidden_states, args, kwargs)
+    why = _why_own_forward(self, hidden_states, args, kwargs)
     if why is not None:
-        if _released.of(self) is not None:
+        if any(_released.is_released(x.weight) for x in _qkv_linears(self)):
             raise _released.error(_released.name_of(self), why)
         return self._autokernel_forward(hidden_states, attention_mask, *args, **kwargs)
     _refresh_qkv(self)
@@ -840,10 +840,10 @@ def _release_weights(model: nn.Module) -> list[str]:
                 released.append(f"{names[id(slots[id(w)][0][0])]}.{slots[id(w)][0][1]}".lstrip("."))
                 for o, a in slots[id(w)]:
                     setattr(o, a, metas[id(w)])
-        _released.mark(m, _released.Release(names[id(m)], [x.weight for x in parts], packed))
+        _released.mark(m, _released.Release(names[id(m)], parts, packed))
         for x in parts:
             if x is not m:
-                _released.mark(x, _released.Release(names[id(x)], [x.weight], None))
+                _released.mark(x, _released.Release(names[id(x)], [x], None))
                 _released.refuse_calls(x)
     for m in model.modules():  # nothing to pack again: the stamps as they are now
         if isinstance(m, AutokernelLinear):

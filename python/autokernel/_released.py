@@ -13,8 +13,6 @@ refused rather than packed.
 from __future__ import annotations
 
 import copy
-import ctypes
-import gc
 import types
 from typing import Any, Optional, Sequence
 
@@ -29,12 +27,14 @@ def is_released(p: Optional[torch.Tensor]) -> bool:
 
 class Release:
     """What ``optimize(..., keep_weights=False)`` released of one module: its path in the model
-    (for messages), the meta Parameters put in place of its weights, their versions then, and
+    (for messages), the modules whose ``weight`` it released (itself, or a fused block's
+    query, key and value layers), the meta Parameters put in place, their versions then, and
     the packed copy that serves them (None for a projection packed as part of its block)."""
 
-    def __init__(self, name: str, params: Sequence[torch.Tensor], packed: Any) -> None:
+    def __init__(self, name: str, parts: Sequence[nn.Module], packed: Any) -> None:
         self.name = name
-        self.params = tuple(params)
+        self.parts = tuple(parts)
+        self.params = tuple(x.weight for x in self.parts)
         self.versions = tuple(p._version for p in self.params)
         self.packed = packed
 
@@ -45,10 +45,13 @@ class Release:
         )
 
     def __deepcopy__(self, memo) -> "Release":
-        # The copy's Parameters (the memo maps them), the same packed copy (native, shared).
+        # The copy's Parameters (the memo maps them: new tensors, at version 0), the same
+        # packed copy (native, shared); a weight written into before the copy stays refused
+        # (-1: no version matches).
         new = Release.__new__(Release)
-        new.name, new.versions, new.packed = self.name, self.versions, self.packed
-        new.params = copy.deepcopy(self.params, memo)
+        new.name, new.packed = self.name, self.packed
+        new.parts, new.params = copy.deepcopy(self.parts, memo), copy.deepcopy(self.params, memo)
+        new.versions = tuple(0 if p._version == v else -1 for p, v in zip(self.params, self.versions))
         return new
 
 
@@ -92,7 +95,23 @@ def refuse_calls(m: nn.Module) -> None:
 
 
 def _refused_call(self: nn.Module, *args, **kwargs):
+    if not is_released(self.weight):  # weights with values assigned since
+        return type(self).forward(self, *args, **kwargs)
     raise error(name_of(self), "a direct call of a projection its block serves fused")
+
+
+def forget_replaced(model: nn.Module, incompatible_keys=None) -> None:
+    """``load_state_dict`` post-hook of a model whose weights were released: a module whose
+    released weights all have values again (``assign=True``) drops its :class:`Release` — the
+    packed copy it kept — and serves and moves as any other (a write without ``assign`` leaves
+    meta tensors, refused at the next call)."""
+    for m in model.modules():
+        r = of(m)
+        if r is not None and not any(is_released(x.weight) for x in r.parts):
+            del m.__dict__["_autokernel_release"]
+            for attr in ("_apply", "forward"):
+                if getattr(m.__dict__.get(attr), "__func__", None) in (_apply_keeping_released, _refused_call):
+                    del m.__dict__[attr]
 
 
 def error(where: str, why: str) -> RuntimeError:
@@ -118,8 +137,9 @@ def unpackable(where: str, why: str) -> RuntimeError:
 def partly_replaced(where: str, replaced: int) -> RuntimeError:
     """The error of packing a fused block's query, key and value weights, packed as one, when
     ``replaced`` of them have values again and the others are still released."""
+    verb = "was" if replaced == 1 else "were"
     return RuntimeError(
-        f"{where}: its query, key and value weights are packed as one; {replaced} of them were replaced while "
+        f"{where}: its query, key and value weights are packed as one; {replaced} of them {verb} replaced while "
         "the others are released (autokernel.torch.optimize(..., keep_weights=False)): replace all three, "
         "with new Parameters or load_state_dict(..., assign=True)"
     )
@@ -129,13 +149,3 @@ def grad_reason(x: torch.Tensor) -> str:
     """Why a call on ``x`` that autograd must record does: its input, or a parameter."""
     return "an input that requires grad" if x.requires_grad else "a parameter that requires grad"
 
-
-def return_freed_memory() -> None:
-    """Collects the released weights and asks glibc to return freed heap pages to the OS (its
-    dynamic mmap threshold keeps mid-sized tensors in the heap, where freed pages stay resident
-    until trimmed); a no-op where there is no glibc."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

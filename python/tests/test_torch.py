@@ -16,7 +16,7 @@ torch = torch_or_skip()
 from torch import nn  # noqa: E402
 
 import autokernel.torch as akt  # noqa: E402
-from autokernel import _hf, _ops  # noqa: E402
+from autokernel import _hf, _ops, _released  # noqa: E402
 
 
 def test_tensors_are_operands_read_and_written_in_place():
@@ -1235,36 +1235,69 @@ def test_released_weights_serve_the_same_and_refuse_what_needs_them():
         (lambda m: setattr(m.bert.encoder.layer[0].output.dense, "weight",
                            nn.Parameter(torch.empty(64, 128, device="meta"))), "output.dense: its weight has no values"),
         (lambda m: setattr(m.bert.encoder.layer[0].attention.self.key, "weight", nn.Parameter(torch.ones(64, 64))),
-         "attention.self: its query, key and value weights are packed as one; 1 of them were replaced"),
+         "attention.self: its query, key and value weights are packed as one; 1 of them was replaced"),
     ]:
         broken = copy.deepcopy(model)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             change(broken)
-        with pytest.raises(RuntimeError, match=re.escape(what)):
-            with torch.no_grad():
-                broken(ids)
-    # New weights with values (assign=True) are packed and served (and held again).
+        for m in (broken, copy.deepcopy(broken)):  # a copy made after the change refuses it too
+            with pytest.raises(RuntimeError, match=re.escape(what)):
+                with torch.no_grad():
+                    m(ids)
+    # New weights with values (assign=True) are packed and served, held again, and every call
+    # works as with keep_weights=True (the release records, and their packed copies, dropped).
     model.load_state_dict(stock.state_dict(), assign=True)
+    assert _released.of(dense) is None and _released.of(layer.attention.self.query) is None
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, stock(ids).logits, rtol=0, atol=1e-4)
+    want = stock.bert.encoder.layer[0].attention.self.query(x)
+    torch.testing.assert_close(model.bert.encoder.layer[0].attention.self.query(x), want)
+    hook = model.bert.encoder.layer[0].attention.self.query.register_forward_hook(lambda *a: None)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, stock(ids).logits, rtol=0, atol=1e-4)
+    hook.remove()
 
 
-def test_released_weights_of_distilbert_and_a_decoder():
-    """DistilBERT's fused blocks serve calls asking for hidden states with their weights
-    released; a decoder's self-attention keeps its projections' weights (a call with a cache
-    runs its own forward), its other layers' are released."""
-    from transformers import BertConfig, BertLMHeadModel, DistilBertConfig, DistilBertModel
+@pytest.mark.parametrize("keep", [True, False])
+def test_fused_distilbert_and_albert_blocks_serve_hidden_state_calls(keep, monkeypatch):
+    """DistilBERT's and ALBERT's fused attention blocks (whose output projection is served
+    after they are fused) serve the calls that ask for hidden states — with their weights
+    kept, without running their own forward; released, instead of raising."""
+    from transformers import AlbertConfig, AlbertModel, DistilBertConfig, DistilBertModel
 
     torch.manual_seed(0)
-    stock = DistilBertModel(DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=300)).eval()
-    model = akt.optimize(copy.deepcopy(stock), keep_weights=False)
-    assert len(model.autokernel_released_weights) == 2 * 6
+    size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=300)
     ids = torch.randint(3, 300, (2, 9))
-    with torch.no_grad():
-        got, want = model(ids, output_hidden_states=True), stock(ids, output_hidden_states=True)
-    for g, w in zip(got.hidden_states, want.hidden_states):
-        torch.testing.assert_close(g, w, rtol=0, atol=1e-4)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    for stock, released in [
+        (DistilBertModel(DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=300)), 2 * 6),
+        (AlbertModel(AlbertConfig(embedding_size=32, **size)), 1 + 6 + 1),  # projection, one shared layer, pooler
+    ]:
+        stock.eval()
+        model = akt.optimize(copy.deepcopy(stock), keep_weights=keep)
+        assert len(model.autokernel_released_weights) == (0 if keep else released)
+        own = []
+        for name in model.autokernel_fused_qkv:
+            block = model.get_submodule(name)
+            forward = block._autokernel_forward
+            monkeypatch.setattr(block, "_autokernel_forward", lambda *a, f=forward, **k: own.append(1) or f(*a, **k))
+        with torch.no_grad():
+            got = model(ids, attention_mask=mask, output_hidden_states=True)
+            want = stock(ids, attention_mask=mask, output_hidden_states=True)
+        for g, w in zip(got.hidden_states, want.hidden_states):
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-4)
+        assert own == [], type(stock).__name__
+
+
+def test_a_decoder_keeps_its_projections_weights():
+    """A decoder's self-attention keeps its projections' weights (a call with a cache runs its
+    own forward), its other layers' are released."""
+    from transformers import BertConfig, BertLMHeadModel
+
+    torch.manual_seed(0)
+    ids = torch.randint(3, 300, (2, 9))
     size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=300)
     stock = BertLMHeadModel(BertConfig(is_decoder=True, **size)).eval()
     model = akt.optimize(copy.deepcopy(stock), keep_weights=False)
