@@ -54,6 +54,16 @@ print(json.dumps(dict(before=before, optimized=optimized, after_forward=rss_mb()
 """
 
 
+def commit() -> str:
+    """The checkout's commit (``+dirty`` with uncommitted changes), or ``unknown``."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def cpu_name() -> str:
     """The CPU's model name (/proc/cpuinfo), else the machine type."""
     try:
@@ -94,7 +104,7 @@ def main() -> None:
         "# Python drop-in: resident memory of BERT-base, float32 weights kept or released",
         "",
         f"- command: `{' '.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}`",
-        f"- date: {now.strftime('%Y-%m-%dT%H:%M:%SZ')}",
+        f"- date: {now.strftime('%Y-%m-%dT%H:%M:%SZ')}, commit {commit()}",
         f"- machine: fingerprint {fp} ({a.threads} threads); {cpu_name()}, {os.cpu_count()} CPUs",
         f"- model: `BertModel(BertConfig())` without pooler (seeded random weights; 85 M parameters in the "
         f"encoder's GEMMs), database: {a.db or 'none (kernel defaults)'}; batch 1 × {a.seq}, "
