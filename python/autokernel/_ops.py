@@ -68,7 +68,8 @@ class _Handle:
     def __reduce__(self):
         raise TypeError(
             "an autokernel-optimized model cannot be pickled (its packed weights live in native "
-            "memory): save the model's state_dict (its parameters are the original ones) and "
+            "memory): save the model's state_dict (its parameters are the original ones, but for "
+            "weights optimize(..., keep_weights=False) released: save those before optimizing) and "
             "optimize the loaded model again"
         )
 
