@@ -266,6 +266,7 @@ fn exact_hits(
     let mut skipped: Vec<Skipped> = Vec::new();
     let evidence = Evidence::of(db, hw)?;
     let (best, unreadable) = db.best_all_reporting(&hw.id)?;
+    let remeasured = db.remeasured_medians(&hw.id)?;
     // A faster row that no longer reads back (its config damaged in the file): said, while
     // the next one serves.
     skipped.extend(unreadable.into_iter().map(|u| Skipped {
@@ -275,7 +276,7 @@ fn exact_hits(
     for rec in best {
         match evidence
             .vouch(db, &rec)?
-            .and_then(|()| serve(&rec, hw, Level::Exact))
+            .and_then(|()| serve(&rec, hw, Level::Exact, &remeasured))
         {
             Ok(choice) => {
                 hits.insert(rec.workload, Arc::new(choice));
@@ -344,13 +345,14 @@ fn same_arch_hits(
     let mut unserved: HashMap<Workload, Skipped> = HashMap::new();
     for sib in siblings {
         let evidence = Evidence::of(db, sib)?;
+        let remeasured = db.remeasured_medians(&sib.id)?;
         for rec in db.best_all(&sib.id)? {
             if hits.contains_key(&rec.workload) {
                 continue;
             }
             match evidence
                 .vouch(db, &rec)?
-                .and_then(|()| serve(&rec, hw, Level::SameArch))
+                .and_then(|()| serve(&rec, hw, Level::SameArch, &remeasured))
             {
                 Ok(choice) => {
                     hits.insert(rec.workload, Arc::new(choice));
@@ -547,7 +549,15 @@ fn fit_hardware(hw: &HardwareFingerprint) -> &HardwareFingerprint {
     }
 }
 
-fn serve(rec: &Record, hw: &HardwareFingerprint, level: Level) -> Result<Choice, String> {
+/// `rec` as the choice of its workload at `level`. Its median (what `auto` compares across
+/// element types) is the re-measured one of the decision that made it the winner where
+/// `remeasured` holds one (by trial id), else its search median.
+fn serve(
+    rec: &Record,
+    hw: &HardwareFingerprint,
+    level: Level,
+    remeasured: &HashMap<i64, f64>,
+) -> Result<Choice, String> {
     let kernel = servable(rec, hw)?;
     let exe = host_exe(kernel, &rec.workload, &rec.config).map_err(|e| e.to_string())?;
     Ok(Choice::new(
@@ -559,7 +569,10 @@ fn serve(rec: &Record, hw: &HardwareFingerprint, level: Level) -> Result<Choice,
             workload: rec.workload,
             fingerprint_id: rec.fingerprint_id.clone(),
             trial_id: rec.id,
-            median_s: rec.median_s(),
+            median_s: rec
+                .id
+                .and_then(|id| remeasured.get(&id).copied())
+                .or(rec.median_s()),
             accuracy: rec.accuracy,
             distance: 0.0,
         }),

@@ -157,7 +157,8 @@ pub struct Source {
     pub fingerprint_id: String,
     /// Its row id in the database.
     pub trial_id: Option<i64>,
-    /// Its measured median, seconds (for its own workload).
+    /// Its measured median, seconds (for its own workload): the re-measured median of the
+    /// decision that made it its workload's winner where there is one, else its search median.
     pub median_s: Option<f64>,
     /// Its error against the exact f32 problem, as stored (schema v4; `None` before).
     pub accuracy: Option<kernels::Accuracy>,

@@ -7,7 +7,7 @@ use kernels::{
     default_for, Accuracy, Act, DType, HardwareFingerprint, Measurement, Problem, Workload,
 };
 use runtime::{Level, PrecisionPolicy, Runtime};
-use tuning_db::{Record, TuningDb};
+use tuning_db::{Record, Remeasurement, TuningDb, WinnerDecision};
 
 /// A record of `w`'s family default on this machine, with its median and accuracy.
 fn record(w: &Workload, median: f64, max_rel_err: Option<f64>) -> Record {
@@ -89,6 +89,48 @@ fn auto_keeps_f32_when_it_was_measured_faster() {
     );
     rt.set_precision(PrecisionPolicy::auto());
     assert_eq!(rt.serve_as(&w), w);
+}
+
+/// `auto` compares a winner's re-measured median, not its search median (swollen by other
+/// work while it searched): an f32 winner re-measured faster than int8 keeps f32.
+#[test]
+fn auto_compares_the_winners_re_measured_medians() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let w: Workload = "gemm:48x64x96".parse().unwrap();
+    let i8w = w.with_dtype(DType::I8);
+    let rt = db_with(
+        &path,
+        &[record(&w, 3e-5, Some(1e-7)), record(&i8w, 1e-5, Some(1e-3))],
+    );
+    rt.set_precision(PrecisionPolicy::auto());
+    assert_eq!(rt.serve_as(&w), i8w, "by search medians, int8 is faster");
+    let db = TuningDb::open(&path).unwrap();
+    let hw = HardwareFingerprint::current();
+    let trial_id = db.best(&hw.id, &w).unwrap().unwrap().id.unwrap();
+    db.record_winner(&WinnerDecision {
+        id: None,
+        fingerprint_id: hw.id.clone(),
+        workload: w,
+        trial_id,
+        reason: "only_candidate".into(),
+        tie: false,
+        remeasured: vec![Remeasurement {
+            trial_id,
+            measurement: Measurement::from_samples(vec![5e-6; 3]),
+            ci_low_s: 5e-6,
+            ci_high_s: 5e-6,
+        }],
+        decided_at: String::new(),
+        tool_version: "test".into(),
+    })
+    .unwrap();
+    drop(db);
+    let rt = Runtime::open(&path).unwrap();
+    rt.set_precision(PrecisionPolicy::auto());
+    assert_eq!(rt.serve_as(&w), w, "re-measured, f32 is faster");
+    let source = rt.choose(&w).unwrap().source.unwrap();
+    assert_eq!(source.median_s, Some(5e-6));
 }
 
 #[test]

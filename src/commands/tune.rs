@@ -357,6 +357,8 @@ fn precision_summary(
     let rt = runtime::Runtime::open_for(db_path, hw.clone())?;
     rt.set_precision(policy);
     let db = TuningDb::open_read_only(db_path)?;
+    // Each type's time as `auto` sees it: a winner's re-measured median where it has one.
+    let remeasured = db.remeasured_medians(&hw.id)?;
     let mut shapes: Vec<Workload> = Vec::new();
     for w in workloads.iter().map(|w| w.with_dtype(DType::F32)) {
         if !shapes.contains(&w) {
@@ -372,7 +374,8 @@ fn precision_summary(
                 let err = r
                     .accuracy
                     .map_or(String::new(), |a| format!(" (err {:.1e})", a.max_rel_err));
-                let ms = r.median_s().unwrap_or(f64::NAN) * 1e3;
+                let median = r.id.and_then(|id| remeasured.get(&id).copied());
+                let ms = median.or(r.median_s()).unwrap_or(f64::NAN) * 1e3;
                 format!("{} {ms:.3} ms{err}", r.workload.dtype())
             })
             .collect();

@@ -27,7 +27,7 @@
 //!     samples TEXT NOT NULL);                -- JSON array of seconds
 //! ```
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use kernels::{Measurement, Status, Workload};
 use rusqlite::{params, OptionalExtension};
@@ -297,6 +297,28 @@ impl TuningDb {
             .collect())
     }
 
+    /// The interleaved re-measured median of each winning trial on `fingerprint_id` (by
+    /// trial id), where the decision in force re-measured it: a steadier figure than the
+    /// trial's search median, which other work on the machine inflates while it searches.
+    pub fn remeasured_medians(&self, fingerprint_id: &str) -> Result<HashMap<i64, f64>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT w.trial_id, r.median_s FROM winners w \
+                 JOIN remeasurements r ON r.winner_id = w.id AND r.trial_id = w.trial_id \
+                 WHERE w.fingerprint_id = ?1 AND w.id = \
+                 (SELECT max(l.id) FROM winners l \
+                  WHERE l.fingerprint_id = w.fingerprint_id AND l.workload = w.workload)",
+            )
+            .ctx(p, "reading re-measured medians")?;
+        let rows = stmt
+            .query_map([fingerprint_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(|rows| rows.collect::<rusqlite::Result<HashMap<i64, f64>>>())
+            .ctx(p, "reading re-measured medians")?;
+        Ok(rows)
+    }
+
     /// The trials of the decisions in force for every workload of `fingerprint_id`.
     pub(crate) fn winner_trials(&self, fingerprint_id: &str) -> Result<Vec<Record>> {
         let sql = format!(
@@ -384,6 +406,35 @@ mod tests {
         assert_eq!(db.best(&hw.id, &w).unwrap().unwrap().id, Some(ids[0]));
         assert_eq!(db.best_all(&hw.id).unwrap().len(), 1);
         assert_eq!(db.best_all(&hw.id).unwrap()[0].id, Some(ids[0]));
+    }
+
+    #[test]
+    fn remeasured_medians_are_those_of_the_winners_in_force() {
+        let (db, hw, w, ids) = setup();
+        assert!(db.remeasured_medians(&hw.id).unwrap().is_empty());
+        db.record_winner(&decision(&hw, w, ids[0])).unwrap();
+        assert_eq!(
+            db.remeasured_medians(&hw.id).unwrap(),
+            HashMap::from([(ids[0], 2e-5)])
+        );
+        // A later decision is the one in force; one without a re-measurement of its winner
+        // gives none.
+        let mut later = decision(&hw, w, ids[1]);
+        later.remeasured[0].trial_id = ids[2];
+        later.remeasured.push(Remeasurement {
+            trial_id: ids[1],
+            ..later.remeasured[0].clone()
+        });
+        later.remeasured[1].measurement = Measurement::from_samples(vec![7e-6; 3]);
+        db.record_winner(&later).unwrap();
+        assert_eq!(
+            db.remeasured_medians(&hw.id).unwrap(),
+            HashMap::from([(ids[1], 7e-6)])
+        );
+        let mut bare = decision(&hw, w, ids[2]);
+        bare.remeasured.clear();
+        db.record_winner(&bare).unwrap();
+        assert!(db.remeasured_medians(&hw.id).unwrap().is_empty());
     }
 
     #[test]
