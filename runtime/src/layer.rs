@@ -7,7 +7,7 @@
 
 use kernels::cpu::pool;
 
-use crate::ops::{attention_key, buffer, by_batch_blocks, sequences_per_call};
+use crate::ops::{buffer, by_batch_blocks, AttentionCall};
 use crate::{Level, Runtime, RuntimeError};
 
 /// Sum of a slice with 8 independent accumulators (a vectorisable reduction).
@@ -141,37 +141,28 @@ impl Runtime {
             d,
             causal,
         } = dims;
-        let per_call = sequences_per_call(heads, seq, d);
-        // One workload; past its size, blocks of sequences, named as the whole call.
-        let w = (batch <= per_call)
-            .then(|| kernels::Workload::attention(batch, heads, seq, d, causal))
-            .transpose()?;
-        let key;
-        let what: &dyn std::fmt::Display = match &w {
-            Some(w) => w,
-            None => {
-                key = attention_key(batch, heads, seq, d, causal);
-                &key
-            }
-        };
+        let call = AttentionCall::of(batch, heads, seq, d, causal)?;
         let n = dims.len();
-        buffer(what, "qkv", qkv.len(), n.saturating_mul(3))?;
-        buffer(what, "o", out.len(), n)?;
+        buffer(&call, "qkv", qkv.len(), n.saturating_mul(3))?;
+        buffer(&call, "o", out.len(), n)?;
         if let Some(lens) = key_lens {
-            buffer(what, "key_lens", lens.len(), batch)?;
+            buffer(&call, "key_lens", lens.len(), batch)?;
         }
-        let Some(w) = w else {
-            let per = seq * heads * d;
-            return by_batch_blocks(batch, per_call, |first, count| {
-                let block = AttentionRows {
-                    batch: count,
-                    ..dims
-                };
-                let lens = key_lens.map(|l| &l[first..first + count]);
-                let qkv = &qkv[3 * first * per..3 * (first + count) * per];
-                let out = &mut out[first * per..(first + count) * per];
-                self.attention_qkv(block, lens, qkv, out)
-            });
+        let w = match call {
+            AttentionCall::One(w) => w,
+            AttentionCall::Blocks { per_call, .. } => {
+                let per = seq * heads * d;
+                return by_batch_blocks(batch, per_call, |first, count| {
+                    let block = AttentionRows {
+                        batch: count,
+                        ..dims
+                    };
+                    let lens = key_lens.map(|l| &l[first..first + count]);
+                    let qkv = &qkv[3 * first * per..3 * (first + count) * per];
+                    let out = &mut out[first * per..(first + count) * per];
+                    self.attention_qkv(block, lens, qkv, out)
+                });
+            }
         };
         let w = self.serve_as(&w);
         self.serve(&w, |c| c.run_qkv_rows((qkv, key_lens), out))

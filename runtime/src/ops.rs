@@ -496,10 +496,39 @@ pub(crate) fn sequences_per_call(heads: usize, seq: usize, d: usize) -> usize {
     (MAX_ELEMENTS / per_sequence.max(1)).clamp(1, MAX_DIM as u128) as usize
 }
 
-/// The key of `attention:BxHxSxD[:causal]`, for a call too large to be one workload.
-pub(crate) fn attention_key(b: usize, h: usize, s: usize, d: usize, causal: bool) -> String {
-    let causal = if causal { ":causal" } else { "" };
-    format!("attention:{b}x{h}x{s}x{d}{causal}")
+/// An attention call on `b` sequences of `h` heads of `s × d`: one workload, or — past one
+/// workload's size — blocks of at most `per_call` sequences, the call named in errors by its
+/// whole key (`attention:BxHxSxD[:causal]`, which no workload can hold).
+pub(crate) enum AttentionCall {
+    One(Workload),
+    Blocks { per_call: usize, key: String },
+}
+
+impl AttentionCall {
+    pub(crate) fn of(
+        b: usize,
+        h: usize,
+        s: usize,
+        d: usize,
+        causal: bool,
+    ) -> Result<AttentionCall, RuntimeError> {
+        let per_call = sequences_per_call(h, s, d);
+        if b <= per_call {
+            return Ok(AttentionCall::One(Workload::attention(b, h, s, d, causal)?));
+        }
+        let causal = if causal { ":causal" } else { "" };
+        let key = format!("attention:{b}x{h}x{s}x{d}{causal}");
+        Ok(AttentionCall::Blocks { per_call, key })
+    }
+}
+
+impl std::fmt::Display for AttentionCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttentionCall::One(w) => w.fmt(f),
+            AttentionCall::Blocks { key, .. } => f.write_str(key),
+        }
+    }
 }
 
 /// Runs `call(first, count)` on blocks of at most `per_call` of `batch` sequences (the
@@ -577,19 +606,7 @@ impl Runtime {
         v: &[f32],
         o: &mut [f32],
     ) -> Result<Level, RuntimeError> {
-        let per_call = sequences_per_call(h, s, d);
-        // One workload; past its size, blocks of sequences, named as the whole call.
-        let w = (b <= per_call)
-            .then(|| Workload::attention(b, h, s, d, causal))
-            .transpose()?;
-        let key;
-        let what: &dyn std::fmt::Display = match &w {
-            Some(w) => w,
-            None => {
-                key = attention_key(b, h, s, d, causal);
-                &key
-            }
-        };
+        let call = AttentionCall::of(b, h, s, d, causal)?;
         let len = [s, h, d].into_iter().fold(b, usize::saturating_mul);
         for (name, got) in [
             ("q", q.len()),
@@ -597,19 +614,33 @@ impl Runtime {
             ("v", v.len()),
             ("o", o.len()),
         ] {
-            buffer(what, name, got, len)?;
+            buffer(&call, name, got, len)?;
         }
         if let Some(lens) = key_lens {
-            buffer(what, "key_lens", lens.len(), b)?;
+            buffer(&call, "key_lens", lens.len(), b)?;
         }
-        let Some(w) = w else {
-            let per = h * s * d;
-            return by_batch_blocks(b, per_call, |first, count| {
-                let rows = first * per..(first + count) * per;
-                let lens = key_lens.map(|l| &l[first..first + count]);
-                let (q, k, v) = (&q[rows.clone()], &k[rows.clone()], &v[rows.clone()]);
-                self.attention_masked_or_not(count, h, s, d, causal, lens, q, k, v, &mut o[rows])
-            });
+        let w = match call {
+            AttentionCall::One(w) => w,
+            AttentionCall::Blocks { per_call, .. } => {
+                let per = h * s * d;
+                return by_batch_blocks(b, per_call, |first, count| {
+                    let rows = first * per..(first + count) * per;
+                    let lens = key_lens.map(|l| &l[first..first + count]);
+                    let (q, k, v) = (&q[rows.clone()], &k[rows.clone()], &v[rows.clone()]);
+                    self.attention_masked_or_not(
+                        count,
+                        h,
+                        s,
+                        d,
+                        causal,
+                        lens,
+                        q,
+                        k,
+                        v,
+                        &mut o[rows],
+                    )
+                });
+            }
         };
         let Some(lens) = key_lens else {
             return self.run(&w, &[q, k, v], o);
