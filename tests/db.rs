@@ -388,38 +388,29 @@ fn bad_inputs_get_one_line_errors_and_change_nothing() {
         .execute_batch("CREATE TABLE photos (id INTEGER PRIMARY KEY, path TEXT);")
         .unwrap();
     bad.push((p, "another application"));
-    let p = d.join("newer.db");
-    std::fs::copy(&bundle, &p).unwrap();
-    raw(&p).execute_batch("PRAGMA user_version = 99;").unwrap();
-    bad.push((p, "newer"));
-    let p = d.join("tampered.bundle");
-    std::fs::copy(&bundle, &p).unwrap();
-    raw(&p)
-        .execute_batch("UPDATE trials SET median_s = median_s / 2 WHERE id = 1;")
-        .unwrap();
-    bad.push((p, "checksum mismatch"));
+    // A copy of the bundle with `sql` run on it.
+    let edited = |name: &str, sql: &str| {
+        let p = d.join(name);
+        std::fs::copy(&bundle, &p).unwrap();
+        raw(&p).execute_batch(sql).unwrap();
+        p
+    };
+    bad.push((edited("newer.db", "PRAGMA user_version = 99;"), "newer"));
+    let halve = "UPDATE trials SET median_s = median_s / 2 WHERE id = 1;";
+    bad.push((edited("tampered.bundle", halve), "checksum mismatch"));
     // The same edit with the row that marks a bundle deleted: still a (damaged) bundle.
-    let p = d.join("unmarked.bundle");
-    std::fs::copy(&bundle, &p).unwrap();
-    raw(&p)
-        .execute_batch(
-            "UPDATE trials SET median_s = median_s / 2 WHERE id = 1; \
-             DELETE FROM meta WHERE key = 'bundle.format';",
-        )
-        .unwrap();
-    bad.push((p, "checksum mismatch"));
-    let p = d.join("unmarked_only.bundle");
-    std::fs::copy(&bundle, &p).unwrap();
-    raw(&p)
-        .execute_batch("DELETE FROM meta WHERE key = 'bundle.format';")
-        .unwrap();
-    bad.push((p, "the manifest has no bundle.format"));
-    let p = d.join("future_manifest.bundle");
-    std::fs::copy(&bundle, &p).unwrap();
-    raw(&p)
-        .execute_batch("UPDATE meta SET value = '99' WHERE key = 'bundle.schema_version';")
-        .unwrap();
-    bad.push((p, "the manifest says schema v99"));
+    let unmark = "DELETE FROM meta WHERE key = 'bundle.format';";
+    let both = format!("{halve} {unmark}");
+    bad.push((edited("unmarked.bundle", &both), "checksum mismatch"));
+    bad.push((
+        edited("unmarked_only.bundle", unmark),
+        "the manifest has no bundle.format",
+    ));
+    let future = "UPDATE meta SET value = '99' WHERE key = 'bundle.schema_version';";
+    bad.push((
+        edited("future_manifest.bundle", future),
+        "the manifest says schema v99",
+    ));
     let p = d.join("stale_config.bundle");
     std::fs::copy(&bundle, &p).unwrap();
     {
