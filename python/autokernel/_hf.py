@@ -382,16 +382,11 @@ def _pack_qkv(m: nn.Module, stamp: Optional[tuple]) -> None:
     weights = [x.weight for x in lins]
     with torch.no_grad():
         if any(_released.is_released(w) for w in weights):
-            # Released: the packed copy made of them serves again (after a deep copy, a
-            # functional_call, a bias change); a weight written into, another meta tensor, or
-            # one of the three replaced alone (they are packed as one) cannot be packed.
-            r = _released.of(m)
+            # One of the three replaced alone cannot be packed: they are packed as one.
             replaced = sum(not _released.is_released(w) for w in weights)
             if replaced:
                 raise _released.partly_replaced(_released.name_of(m), replaced)
-            if r is None or not r.holds(weights):
-                raise _released.unpackable(_released.name_of(m), "its query/key/value weight")
-            packed = r.packed
+            packed = _released.packed_copy(m, weights, _released.name_of(m), "its query/key/value weight")
         else:
             packed = rt.pack_weight(torch.cat([w.detach() for w in weights]), ms=ms, layout="nk")
         bias = None if lins[0].bias is None else torch.cat([x.bias.detach() for x in lins])

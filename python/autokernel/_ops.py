@@ -306,14 +306,9 @@ class AutokernelLinear(nn.Module):
     def _pack(self, stamp: Optional[tuple]) -> None:
         """Packs the weight as it is now, recording ``stamp`` (its :func:`_stamp`) as packed."""
         if _released.is_released(self.weight):
-            # A released weight: the packed copy made of it serves again (after a deep copy, a
-            # functional_call, a bias change); one written into, or another meta tensor, has no
-            # values to pack.
-            r = _released.of(self)
-            if r is None or not r.holds((self.weight,)):
-                raise _released.unpackable(self._where(), "its weight")
-            self.handle.set((self._runtime, r.packed))
-            self.packed, self._stamp = r.packed, stamp
+            packed = _released.packed_copy(self, (self.weight,), self._where(), "its weight")
+            self.handle.set((self._runtime, packed))
+            self.packed, self._stamp = packed, stamp
             return
         if self._kn:
             layout, (self.in_features, self.out_features) = "kn", self.weight.shape

@@ -60,6 +60,16 @@ def of(m: nn.Module) -> Optional[Release]:
     return m.__dict__.get("_autokernel_release")
 
 
+def packed_copy(m: nn.Module, weights: Sequence[torch.Tensor], where: str, what: str) -> Any:
+    """The packed copy that serves module ``m``'s released ``weights`` again (after a deep copy,
+    a ``functional_call``, a bias change); a weight written into since, or another meta tensor,
+    has no values to pack: :func:`unpackable` (``where``, ``what`` name it)."""
+    r = of(m)
+    if r is None or not r.holds(weights):
+        raise unpackable(where, what)
+    return r.packed
+
+
 def name_of(m: nn.Module) -> str:
     """Module ``m`` for messages: its path in the model where it released weights, else its class."""
     r = of(m)
