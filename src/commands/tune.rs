@@ -356,9 +356,6 @@ fn precision_summary(
     let policy = crate::with_budget(runtime::PrecisionPolicy::auto(), max_rel_err)?;
     let rt = runtime::Runtime::open_for(db_path, hw.clone())?;
     rt.set_precision(policy);
-    let db = TuningDb::open_read_only(db_path)?;
-    // Each type's time as `auto` sees it: a winner's re-measured median where it has one.
-    let remeasured = db.remeasured_medians(&hw.id)?;
     let mut shapes: Vec<Workload> = Vec::new();
     for w in workloads.iter().map(|w| w.with_dtype(DType::F32)) {
         if !shapes.contains(&w) {
@@ -367,16 +364,17 @@ fn precision_summary(
     }
     eprintln!("precision summary ({policy}):");
     for w in shapes {
+        // Each type's record as `auto` sees it (a winner's re-measured median).
         let cells: Vec<String> = DType::PRECISIONS
             .iter()
-            .filter_map(|&d| db.best(&hw.id, &w.with_dtype(d)).ok().flatten())
-            .map(|r| {
-                let err = r
+            .filter_map(|&d| {
+                let c = rt.choose(&w.with_dtype(d)).ok()?;
+                let s = c.source.filter(|_| c.level == runtime::Level::Exact)?;
+                let err = s
                     .accuracy
                     .map_or(String::new(), |a| format!(" (err {:.1e})", a.max_rel_err));
-                let median = r.id.and_then(|id| remeasured.get(&id).copied());
-                let ms = median.or(r.median_s()).unwrap_or(f64::NAN) * 1e3;
-                format!("{} {ms:.3} ms{err}", r.workload.dtype())
+                let ms = s.median_s.unwrap_or(f64::NAN) * 1e3;
+                Some(format!("{d} {ms:.3} ms{err}"))
             })
             .collect();
         eprintln!(
