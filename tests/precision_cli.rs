@@ -74,6 +74,39 @@ fn tune_in_several_precisions_then_serve_by_policy() {
         (&b["kernel"], &b["dtype"]),
         (&"gemm_bf16".into(), &"bf16".into())
     );
+    // The job ended by re-measuring the three winners side by side, in one set of rounds:
+    // those are the medians every precision reports (and `auto` compares).
+    assert!(
+        stderr(&o).contains(&format!("side by side  {w}: f32 ")),
+        "{}",
+        stderr(&o)
+    );
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let (sets, mut side_by_side): (i64, Vec<f64>) = (
+        conn.query_row("SELECT count(DISTINCT set_id) FROM side_by_side", [], |r| {
+            r.get(0)
+        })
+        .unwrap(),
+        conn.prepare("SELECT median_s FROM side_by_side")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect(),
+    );
+    let mut reported: Vec<f64> = ["f32", "i8", "bf16"]
+        .iter()
+        .map(|d| f["precisions"][d]["median_s"].as_f64().unwrap())
+        .collect();
+    side_by_side.sort_by(f64::total_cmp);
+    reported.sort_by(f64::total_cmp);
+    assert_eq!(sets, 1);
+    // (JSON text round-trips a float to within an ulp or so.)
+    let same = |a: &f64, b: &f64| (a - b).abs() <= 1e-12 * a.abs();
+    assert!(
+        side_by_side.len() == 3 && side_by_side.iter().zip(&reported).all(|(a, b)| same(a, b)),
+        "{side_by_side:?} vs {reported:?}"
+    );
     // auto: the fastest of the three measured records, whichever it is here.
     let a = lookup(&["--precision", "auto", "--max-rel-err", "0.05"]);
     let median = |d: &str| f["precisions"][d]["median_s"].as_f64().unwrap();

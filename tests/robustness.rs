@@ -80,9 +80,9 @@ fn a_damaged_schema_is_refused_before_anything_is_measured() {
         "--budget",
         "2",
     ]);
-    refused(&o, "table 'winners' of schema v4 is missing");
+    refused(&o, "table 'winners' of schema v5 is missing");
     let o = autokernel(&["lookup", "--workload", W, "--db", s(&db)]);
-    refused(&o, "table 'winners' of schema v4 is missing");
+    refused(&o, "table 'winners' of schema v5 is missing");
     let conn = rusqlite::Connection::open(&db).unwrap();
     assert_eq!(trials(&conn), before, "a trial was committed");
 }

@@ -111,7 +111,9 @@ fn worker_spec(
 /// isolation: 'process' (candidates run in a watched worker: a crash is recorded, not
 ///     fatal) or 'none' (in this process).
 /// finalists: top configs re-measured interleaved before the winner is declared (0: none,
-///     the fastest trial wins).
+///     the fastest trial wins). With several precisions, the job then re-measures each
+///     shape's precision winners side by side, in one set of interleaved rounds: the medians
+///     the 'auto' policy compares (`Runtime.lookup(...)['precisions']` shows them).
 /// timeout_s: time limit per candidate in seconds, from 0.1 (None: max(2, 50 × the default
 ///     config's evaluation time)); needs isolation='process'.
 /// progress: draw the CLI's progress bar on stderr (when it is a terminal).
@@ -217,6 +219,31 @@ fn tune_each(
         let counts =
             search::report::TrialCounts::of(&db, &summary, hw).map_err(|e| e.to_string())?;
         reports.push(search::report::summary_json(&summary, &counts, hw));
+    }
+    // The precisions of each shape tuned in several, re-measured side by side (what `auto`
+    // then compares); a failure is a warning of each of those workloads' reports.
+    for (shape, dtypes) in search::shapes_and_types(workloads) {
+        if dtypes.len() < 2 {
+            continue;
+        }
+        if let Err(e) =
+            search::compare_precisions(&db, &shape, &dtypes, hw, opts, evaluator.as_mut())
+        {
+            let text = format!(
+                "{shape}: re-measuring its precisions' winners side by side failed ({e}); \
+                 each keeps its own decision's median"
+            );
+            for r in reports.iter_mut().filter(|r| {
+                r["workload"]
+                    .as_str()
+                    .and_then(|k| k.parse::<Workload>().ok())
+                    .is_some_and(|w| w.with_dtype(kernels::DType::F32) == shape)
+            }) {
+                if let Some(ws) = r["warnings"].as_array_mut() {
+                    ws.push(text.clone().into());
+                }
+            }
+        }
     }
     Ok(reports)
 }

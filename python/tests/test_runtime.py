@@ -165,6 +165,23 @@ def test_tune_in_a_worker_process(tmp_path):
     assert r["isolation"] == "process" and r["kernel"] is not None
 
 
+def test_tune_in_several_precisions_compares_their_winners_side_by_side(tmp_path):
+    import sqlite3
+    db = str(tmp_path / "p.db")
+    reports = autokernel.tune(["gemm:6x20x9"], db=db, budget=2, precision="f32,int8",
+                              strategy="random", progress=False)
+    assert [r["workload"] for r in reports] == ["gemm:6x20x9", "gemm:6x20x9:i8"]
+    assert all(not r["warnings"] for r in reports), reports
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT set_id, median_s FROM side_by_side").fetchall()
+    assert len(rows) == 2 and rows[0][0] == rows[1][0], rows
+    # Those are the medians 'auto' compares.
+    rt = autokernel.Runtime(db, threads=None, precision="auto")
+    seen = rt.lookup("gemm:6x20x9")["precisions"]
+    assert sorted(seen[d]["median_s"] for d in ("f32", "i8")) == pytest.approx(
+        sorted(m for _, m in rows), rel=1e-12)
+
+
 def test_tune_refuses_bad_arguments(tmp_path):
     db = str(tmp_path / "x.db")
     with pytest.raises(ValueError):

@@ -26,7 +26,7 @@ use std::time::Instant;
 use kernels::cuda::{Gpu, GpuOutcome, GpuTask, GpuTiming};
 use kernels::{Config, HardwareFingerprint, Kernel, Measurement, Status, Workload};
 
-use crate::evaluator::{EvalError, Evaluation, Evaluator};
+use crate::evaluator::{Contender, EvalError, Evaluation, Evaluator};
 use crate::protocol::Protocol;
 use crate::Outcome;
 
@@ -137,7 +137,7 @@ impl Evaluator for OnGpu {
     /// (which guards the CPU against frequency and co-tenant drift) buys little here.
     fn remeasure(
         &mut self,
-        finalists: &[(&dyn Kernel, Config)],
+        finalists: &[Contender<'_>],
         protocol: &Protocol,
         rounds: usize,
     ) -> Result<Vec<Measurement>, EvalError> {
@@ -147,7 +147,23 @@ impl Evaluator for OnGpu {
         let OnGpu { gpu, task, .. } = self;
         let task = task.as_mut().ok_or(EvalError::NotSetUp)?;
         let mut out = Vec::with_capacity(finalists.len());
-        for (kernel, config) in finalists {
+        for Contender {
+            kernel,
+            config,
+            dtype,
+        } in finalists
+        {
+            if *dtype != task.workload().dtype() {
+                return Err(EvalError::Remeasure {
+                    kernel: kernel.name().into(),
+                    config: config.to_json(),
+                    status: Status::BuildFailed,
+                    message: format!(
+                        "the GPU re-measures {}'s own element type only, not {dtype}",
+                        task.workload()
+                    ),
+                });
+            }
             let o = task.evaluate(gpu, config, &timing);
             match (o.status, o.measurement) {
                 (Status::Ok, Some(m)) => out.push(m),

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
-use kernels::{Config, Executable, Kernel, Measurement, Problem, Reference, Status, Workload};
+use kernels::{
+    Config, DType, Executable, Kernel, Measurement, Problem, Reference, Status, Workload,
+};
 
 use crate::interleaved::measure_interleaved;
 use crate::protocol::Protocol;
@@ -66,6 +68,37 @@ pub enum EvalError {
     },
 }
 
+/// One entry of an interleaved re-measurement ([`Evaluator::remeasure`]): a config of
+/// `kernel`, built for the set-up workload's shape in element type `dtype`. That is the
+/// workload's own type for a decision's finalists; the winners of one shape's precisions
+/// are re-measured side by side, each in its own type, on the same inputs.
+#[derive(Clone)]
+pub struct Contender<'a> {
+    /// The kernel family.
+    pub kernel: &'a dyn Kernel,
+    /// Its config.
+    pub config: Config,
+    /// The element type it runs the set-up shape in.
+    pub dtype: DType,
+}
+
+impl<'a> Contender<'a> {
+    /// `config` of `kernel` on the set-up workload `w` itself.
+    pub fn of(w: &Workload, kernel: &'a dyn Kernel, config: Config) -> Self {
+        Contender {
+            kernel,
+            config,
+            dtype: w.dtype(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Contender<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} ({})", self.kernel.name(), self.config, self.dtype)
+    }
+}
+
 /// Where candidates are built, verified against the reference and timed. See the module docs.
 pub trait Evaluator {
     /// `"none"` (in-process) or `"process"` (a worker process), as the CLI spells it.
@@ -86,9 +119,11 @@ pub trait Evaluator {
 
     /// Re-verifies the finalists, then times them interleaved
     /// ([`measure_interleaved`]) for `rounds` rounds; one measurement per finalist, in order.
+    /// Each is built and verified as the set-up shape in its [`Contender::dtype`]; all are
+    /// timed on the same inputs.
     fn remeasure(
         &mut self,
-        finalists: &[(&dyn Kernel, Config)],
+        finalists: &[Contender<'_>],
         protocol: &Protocol,
         rounds: usize,
     ) -> Result<Vec<Measurement>, EvalError>;
@@ -136,6 +171,9 @@ pub fn derived_timeout(default_elapsed: Duration) -> Duration {
 pub(crate) struct Bench {
     problem: Problem,
     reference: Reference,
+    /// The seed of the problem's inputs: another element type's problem of the same shape
+    /// ([`Problem::random`] with this seed) holds the same inputs.
+    seed: u64,
     /// What [`prepare`](Self::prepare) built ahead, by kernel name and config JSON.
     prepared: HashMap<(String, String), kernels::Result<Box<dyn Executable>>>,
 }
@@ -148,8 +186,14 @@ impl Bench {
         Bench {
             problem,
             reference,
+            seed,
             prepared: HashMap::new(),
         }
+    }
+
+    /// The workload set up.
+    pub(crate) fn workload(&self) -> &Workload {
+        &self.problem.workload
     }
 
     /// Builds (or takes the executable [`prepare`](Self::prepare) built), verifies and times
@@ -178,16 +222,30 @@ impl Bench {
 
     /// Builds and re-verifies every finalist, then times them interleaved for `rounds`
     /// rounds: one measurement per finalist, in order, or the first finalist that failed.
+    /// A finalist of another element type than the set-up workload's is verified against
+    /// that type's problem of the same shape (the same inputs, that type's tolerance).
     pub(crate) fn remeasure(
         &self,
-        finalists: &[(&dyn Kernel, Config)],
+        finalists: &[Contender<'_>],
         protocol: &Protocol,
         rounds: usize,
     ) -> Result<Vec<Measurement>, EvalError> {
-        let exes = finalists
-            .iter()
-            .map(|(kernel, config)| self.build_verified(*kernel, config))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut others: HashMap<DType, (Problem, Reference)> = HashMap::new();
+        let mut exes = Vec::with_capacity(finalists.len());
+        for f in finalists {
+            let (problem, reference) = if f.dtype == self.problem.workload.dtype() {
+                (&self.problem, &self.reference)
+            } else {
+                let (p, r) = others.entry(f.dtype).or_insert_with(|| {
+                    let p = Problem::random(&self.problem.workload.with_dtype(f.dtype), self.seed);
+                    let r = p.reference();
+                    (p, r)
+                });
+                (&*p, &*r)
+            };
+            exes.push(build_verified(f, problem, reference)?);
+        }
+        drop(others);
         let refs: Vec<&dyn Executable> = exes.iter().map(|e| e.as_ref()).collect();
         let timed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             measure_interleaved(&refs, &self.problem, protocol, rounds)
@@ -198,26 +256,6 @@ impl Bench {
             status: Status::RunFailed,
             message: format!("panicked while timing: {}", crate::panic_message(&p)),
         })
-    }
-
-    /// A finalist, built and verified again (it passed before: a failure now means a flaky
-    /// candidate).
-    fn build_verified(
-        &self,
-        kernel: &dyn Kernel,
-        config: &Config,
-    ) -> Result<Box<dyn Executable>, EvalError> {
-        let fail = |status: Status, message: String| EvalError::Remeasure {
-            kernel: kernel.name().into(),
-            config: config.to_json(),
-            status,
-            message,
-        };
-        let exe = build(kernel, &self.problem.workload, config)
-            .map_err(|e| fail(Status::BuildFailed, e.to_string()))?;
-        verify(exe.as_ref(), &self.problem, &self.reference)
-            .map_err(|o| fail(o.status, o.message.unwrap_or_default()))?;
-        Ok(exe)
     }
 
     /// Builds a batch ahead of [`evaluate`](Self::evaluate), in parallel on rayon's pool.
@@ -245,6 +283,26 @@ pub(crate) fn build(
             reason: format!("panicked while building: {}", crate::panic_message(&p)),
         }),
     }
+}
+
+/// A finalist, built for `problem`'s workload and verified against `reference` again (it
+/// passed before: a failure now means a flaky candidate).
+fn build_verified(
+    f: &Contender<'_>,
+    problem: &Problem,
+    reference: &Reference,
+) -> Result<Box<dyn Executable>, EvalError> {
+    let fail = |status: Status, message: String| EvalError::Remeasure {
+        kernel: f.kernel.name().into(),
+        config: f.config.to_json(),
+        status,
+        message,
+    };
+    let exe = build(f.kernel, &problem.workload, &f.config)
+        .map_err(|e| fail(Status::BuildFailed, e.to_string()))?;
+    verify(exe.as_ref(), problem, reference)
+        .map_err(|o| fail(o.status, o.message.unwrap_or_default()))?;
+    Ok(exe)
 }
 
 /// Evaluates in the calling process (`--isolation none`): no protection against crashes or
@@ -289,7 +347,7 @@ impl Evaluator for InProcess {
 
     fn remeasure(
         &mut self,
-        finalists: &[(&dyn Kernel, Config)],
+        finalists: &[Contender<'_>],
         protocol: &Protocol,
         rounds: usize,
     ) -> Result<Vec<Measurement>, EvalError> {
@@ -340,9 +398,27 @@ mod tests {
         );
         assert!(a.elapsed > Duration::ZERO);
         let ms = ev
-            .remeasure(&[(k, c.clone()), (k, c)], &Protocol::quick(), 5)
+            .remeasure(
+                &[
+                    Contender::of(&w, k, c.clone()),
+                    Contender::of(&w, k, c.clone()),
+                ],
+                &Protocol::quick(),
+                5,
+            )
             .unwrap();
         assert_eq!(ms.len(), 2);
         assert!(ms.iter().all(|m| m.samples.len() == 5 && m.median_s > 0.0));
+        // The int8 form of the shape, verified against its own tolerance, beside f32.
+        let (ik, ic) = default_for(&w.with_dtype(DType::I8), hw).unwrap();
+        let int8 = Contender {
+            kernel: ik,
+            config: ic,
+            dtype: DType::I8,
+        };
+        let ms = ev
+            .remeasure(&[Contender::of(&w, k, c), int8], &Protocol::quick(), 3)
+            .unwrap();
+        assert!(ms.iter().all(|m| m.samples.len() == 3 && m.median_s > 0.0));
     }
 }

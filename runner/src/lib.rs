@@ -40,7 +40,7 @@ pub mod worker;
 
 pub use compare::{compare, compare_rounds, CompareError, CompareOptions, Comparison, Verdict};
 pub use contention::{cpu_share, CONTENDED};
-pub use evaluator::{derived_timeout, EvalError, Evaluation, Evaluator, InProcess};
+pub use evaluator::{derived_timeout, Contender, EvalError, Evaluation, Evaluator, InProcess};
 pub use interleaved::{
     measure_interleaved, median_ci, not_slower, overlaps, remeasure_limit, time_cap,
 };

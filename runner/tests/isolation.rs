@@ -9,9 +9,9 @@ use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use kernels::cpu::planted::PlantedFaults;
-use kernels::{default_for, Config, HardwareFingerprint, Kernel, Status, Workload};
+use kernels::{default_for, Config, DType, HardwareFingerprint, Kernel, Status, Workload};
 use runner::worker::serve_stdio;
-use runner::{EvalError, Evaluator, Isolated, Protocol, WorkerError, WorkerSpec};
+use runner::{Contender, EvalError, Evaluator, Isolated, Protocol, WorkerError, WorkerSpec};
 
 const CHILD_ENV: &str = "RUNNER_TEST_WORKER";
 
@@ -115,15 +115,54 @@ fn every_planted_fault_gets_its_status_and_the_worker_comes_back() {
     assert_eq!(ev.restarts(), 5);
 
     // The restarted worker was set up again: finalists re-measure on the same problem.
-    let (dk, dc) = default_for(&workload(), HardwareFingerprint::current()).unwrap();
+    let w = workload();
+    let hw = HardwareFingerprint::current();
+    let (dk, dc) = default_for(&w, hw).unwrap();
     let ms = ev
-        .remeasure(&[(&PlantedFaults, fault("none")), (dk, dc)], &p, 5)
+        .remeasure(
+            &[
+                Contender::of(&w, &PlantedFaults, fault("none")),
+                Contender::of(&w, dk, dc.clone()),
+            ],
+            &p,
+            5,
+        )
         .unwrap();
     assert_eq!(ms.len(), 2);
     assert!(ms.iter().all(|m| m.samples.len() == 5));
+    // The winners of the shape's other precisions re-measure beside it, each built and
+    // verified in its own element type.
+    let mut side_by_side = vec![Contender::of(&w, dk, dc)];
+    for d in [DType::Bf16, DType::I8] {
+        let (k, c) = default_for(&w.with_dtype(d), hw).unwrap();
+        side_by_side.push(Contender {
+            kernel: k,
+            config: c,
+            dtype: d,
+        });
+    }
+    let ms = ev.remeasure(&side_by_side, &p, 4).unwrap();
+    assert_eq!(ms.len(), 3);
+    assert!(ms.iter().all(|m| m.samples.len() == 4 && m.median_s > 0.0));
+    // An f32 kernel asked to run the shape in int8 fails to build, named.
+    let wrong = Contender {
+        dtype: DType::I8,
+        ..side_by_side[0].clone()
+    };
+    let e = ev.remeasure(&[wrong], &p, 3).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EvalError::Remeasure {
+                status: Status::RunFailed,
+                ..
+            }
+        ),
+        "{e}"
+    );
     // A finalist that fails re-verification fails the re-measurement, with its name.
     let e = ev
-        .remeasure(&[(&PlantedFaults, fault("wrong"))], &p, 3)
+        .remeasure(&[Contender::of(&w, &PlantedFaults, fault("wrong"))], &p, 3)
         .unwrap_err();
     assert!(
         matches!(

@@ -23,7 +23,7 @@
 use std::collections::HashSet;
 
 use kernels::{default_for, Config, HardwareFingerprint, Kernel, Measurement, Status, Workload};
-use runner::{median_ci, not_slower, overlaps, Evaluator};
+use runner::{median_ci, not_slower, overlaps, Contender, Evaluator};
 use tuning_db::{Record, Remeasurement, TuningDb, WinnerDecision};
 
 use crate::tuner::{SearchError, TuneOptions};
@@ -321,11 +321,11 @@ impl Judge<'_> {
         if picked.len() == 1 {
             return unjudged(WinReason::OnlyCandidate, None);
         }
-        let pairs: Vec<(&dyn Kernel, Config)> = picked
+        let pairs: Vec<Contender<'_>> = picked
             .iter()
             .map(|r| {
-                let k: &dyn Kernel = self.lookup(r).expect("finalists are live trials");
-                (k, r.config.clone())
+                let k = self.lookup(r).expect("finalists are live trials");
+                Contender::of(self.w, k, r.config.clone())
             })
             .collect();
         match evaluator.remeasure(&pairs, &opts.protocol, opts.remeasure_rounds) {

@@ -37,12 +37,16 @@ pub mod progress;
 pub mod replay;
 pub mod report;
 pub mod shard;
+mod side_by_side;
 mod strategies;
 mod strategy;
 mod tuner;
 
 pub use decide::{simplicity_key, Decision, Finalist, WinReason};
 pub use replay::{RecordedSpace, ReplayError, ReplayOptions, Replayer};
+pub use side_by_side::{
+    compare_precisions, shapes_and_types, PrecisionComparison, PrecisionTiming,
+};
 pub use strategies::{Annealing, Evolutionary, Grid, ModelGuided, ModelOptions, Transfer};
 pub use strategy::{
     Exhaustive, Point, Prior, RandomSearch, SearchContext, Strategy, StrategyKind, UnknownStrategy,

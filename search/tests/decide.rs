@@ -8,7 +8,7 @@ use kernels::{
     default_for, Config, Executable, HardwareFingerprint, Kernel, Measurement, Space, Status,
     Workload,
 };
-use runner::{EvalError, Evaluation, Evaluator, Outcome, Protocol};
+use runner::{Contender, EvalError, Evaluation, Evaluator, Outcome, Protocol};
 use search::{tune_with, StrategyKind, TuneOptions, WinReason};
 use tuning_db::{Record, TuningDb};
 
@@ -115,11 +115,11 @@ impl Evaluator for Fake {
     }
     fn remeasure(
         &mut self,
-        finalists: &[(&dyn Kernel, Config)],
+        finalists: &[Contender<'_>],
         _: &Protocol,
         _: usize,
     ) -> Result<Vec<Measurement>, EvalError> {
-        let keys: Vec<String> = finalists.iter().map(|(k, c)| key(*k, c)).collect();
+        let keys: Vec<String> = finalists.iter().map(|f| key(f.kernel, &f.config)).collect();
         self.remeasured.push(keys.clone());
         if self.fail_remeasure {
             return Err(EvalError::Remeasure {

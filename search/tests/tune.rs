@@ -247,3 +247,41 @@ fn a_stop_request_ends_the_job_before_its_next_measurement_keeping_the_trials() 
         "what ran is stored"
     );
 }
+
+#[test]
+fn the_precisions_winners_are_re_measured_side_by_side() {
+    use kernels::DType;
+    let db = TuningDb::in_memory().unwrap();
+    let hw = HardwareFingerprint::current();
+    let shape: Workload = "gemm:20x33x17".parse().unwrap();
+    let o = opts(3, StrategyKind::Random);
+    let mut ev = runner::InProcess::new();
+    let both = [DType::F32, DType::I8];
+    // Nothing decided yet, then one precision only: nothing to compare.
+    let none = search::compare_precisions(&db, &shape, &both, hw, &o, &mut ev).unwrap();
+    assert!(none.is_none());
+    tune(&db, &shape, hw, &o, &mut |_| {}).unwrap();
+    let one = search::compare_precisions(&db, &shape, &both, hw, &o, &mut ev).unwrap();
+    assert!(one.is_none());
+
+    tune(&db, &shape.with_dtype(DType::I8), hw, &o, &mut |_| {}).unwrap();
+    // bf16 was asked for too but never tuned: the two decided precisions compare.
+    let asked = [DType::F32, DType::I8, DType::Bf16];
+    let c = search::compare_precisions(&db, &shape, &asked, hw, &o, &mut ev)
+        .unwrap()
+        .expect("f32 and int8 are decided");
+    assert_eq!(c.shape, shape);
+    let types: Vec<DType> = c.timings.iter().map(|t| t.workload.dtype()).collect();
+    assert_eq!(types, [DType::F32, DType::I8]);
+    let medians = db.remeasured_medians(&hw.id).unwrap();
+    for t in &c.timings {
+        assert_eq!(t.measurement.samples.len(), o.remeasure_rounds);
+        assert_eq!(
+            medians.get(&t.record.id.unwrap()),
+            Some(&t.measurement.median_s),
+            "the set's medians serve"
+        );
+        assert!(t.ci.0 <= t.measurement.median_s && t.measurement.median_s <= t.ci.1);
+    }
+    assert!(c.fastest().measurement.median_s <= c.timings[0].measurement.median_s);
+}

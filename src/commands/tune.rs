@@ -210,8 +210,11 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
             unverified.push(w.key());
         }
     }
-    if dtypes.len() > 1 && !args.json && gpu.is_none() {
-        precision_summary(&db_path, hw, &workloads, args.max_rel_err)?;
+    if dtypes.len() > 1 && gpu.is_none() {
+        side_by_side(&db, hw, &workloads, &opts, evaluator.as_mut())?;
+        if !args.json {
+            precision_summary(&db_path, hw, &workloads, args.max_rel_err)?;
+        }
     }
     Ok(verdict(&unverified, &not_set_up, workloads.len()))
 }
@@ -345,6 +348,53 @@ fn print_warnings(s: &TuneSummary) {
     }
 }
 
+/// Per shape this job tuned in several element types: their winners re-measured side by
+/// side and recorded ([`search::compare_precisions`]), a line each on stderr. A comparison
+/// that fails is a warning: each precision keeps its own decision's median.
+fn side_by_side(
+    db: &TuningDb,
+    hw: &HardwareFingerprint,
+    workloads: &[Workload],
+    opts: &TuneOptions,
+    evaluator: &mut dyn runner::Evaluator,
+) -> anyhow::Result<()> {
+    for (shape, dtypes) in search::shapes_and_types(workloads) {
+        if dtypes.len() < 2 {
+            continue;
+        }
+        match search::compare_precisions(db, &shape, &dtypes, hw, opts, evaluator) {
+            Ok(Some(c)) => {
+                let cells: Vec<String> = c
+                    .timings
+                    .iter()
+                    .map(|t| {
+                        let (lo, hi) = t.ci;
+                        format!(
+                            "{} {:.3} ms [{:.3}, {:.3}]",
+                            t.workload.dtype(),
+                            t.measurement.median_s * 1e3,
+                            lo * 1e3,
+                            hi * 1e3
+                        )
+                    })
+                    .collect();
+                eprintln!(
+                    "side by side  {shape}: {} ({} rounds)",
+                    cells.join(" | "),
+                    c.timings[0].measurement.samples.len()
+                );
+            }
+            Ok(None) => {}
+            Err(SearchError::Db(e)) => return Err(e.into()),
+            Err(e) => eprintln!(
+                "warning: {shape}: re-measuring its precisions' winners side by side failed ({e}); \
+                 each keeps its own decision's median"
+            ),
+        }
+    }
+    Ok(())
+}
+
 /// Per shape tuned in several element types: each type's best time and stored error, and
 /// the type the runtime's `auto` policy serves it in under `max_rel_err`.
 fn precision_summary(
@@ -356,15 +406,9 @@ fn precision_summary(
     let policy = crate::with_budget(runtime::PrecisionPolicy::auto(), max_rel_err)?;
     let rt = runtime::Runtime::open_for(db_path, hw.clone())?;
     rt.set_precision(policy);
-    let mut shapes: Vec<Workload> = Vec::new();
-    for w in workloads.iter().map(|w| w.with_dtype(DType::F32)) {
-        if !shapes.contains(&w) {
-            shapes.push(w);
-        }
-    }
     eprintln!("precision summary ({policy}):");
-    for w in shapes {
-        // Each type's record as `auto` sees it (a winner's re-measured median).
+    for (w, _) in search::shapes_and_types(workloads) {
+        // Each type's record as `auto` sees it (a winner's side-by-side or re-measured median).
         let cells: Vec<String> = DType::PRECISIONS
             .iter()
             .filter_map(|&d| {

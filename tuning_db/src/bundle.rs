@@ -492,6 +492,21 @@ impl TuningDb {
             [id],
         )?;
         insert_raw(&tx, &bp, "remeasurements", &remeasured, true)?;
+        if self.version >= 5 {
+            // The side-by-side sets whose decisions are all in force.
+            let decided = format!("SELECT id FROM winners WHERE {in_force}");
+            let side_by_side = raw_rows(
+                src,
+                sp,
+                "side_by_side",
+                &format!(
+                    "winner_id IN ({decided}) AND set_id NOT IN \
+                     (SELECT set_id FROM side_by_side WHERE winner_id NOT IN ({decided}))"
+                ),
+                [id],
+            )?;
+            insert_raw(&tx, &bp, "side_by_side", &side_by_side, true)?;
+        }
         tx.commit().ctx(&bp, ctx)?;
 
         let manifest = Manifest {

@@ -46,7 +46,7 @@ pub struct TuningDb {
     read_only: bool,
     /// The schema version of the file: [`SCHEMA_VERSION`] once opened for writing; a
     /// read-only open may serve an older one ([`OLDEST_READ_ONLY`]).
-    version: i64,
+    pub(crate) version: i64,
 }
 
 /// What [`identify`] found in a file.

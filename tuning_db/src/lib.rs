@@ -84,6 +84,7 @@ mod history;
 mod merge;
 mod record;
 mod schema;
+mod side_by_side;
 mod temp;
 mod winners;
 
@@ -100,5 +101,6 @@ pub use merge::{
 };
 pub use record::{now_rfc3339, rfc3339, Record, Stats};
 pub use schema::{APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION};
+pub use side_by_side::SideBySide;
 pub use temp::probe_dir;
 pub use winners::{Remeasurement, WinnerDecision};

@@ -23,12 +23,12 @@
 //!   configs), then everything is written in one transaction: a failed import leaves the
 //!   target as it was.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use kernels::Config;
-use rusqlite::params;
 use rusqlite::types::Value;
+use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 
 use crate::bundle::{
@@ -243,6 +243,7 @@ impl TuningDb {
         for s in &rows.src_best {
             import.best(s, &mut report)?;
         }
+        import.side_by_side()?;
         tx.commit().ctx(&self.path, "committing the import")?;
         Ok(report)
     }
@@ -310,6 +311,8 @@ struct SourceRows {
     /// The latest winner row of each (fingerprint, workload).
     winners: Vec<RawRow>,
     remeasured: Vec<RawRow>,
+    /// The side-by-side rows (schema v5; none from older sources).
+    side_by_side: Vec<RawRow>,
     /// Every target trial of the source's fingerprints.
     target_trials: TrialIndex,
 }
@@ -363,6 +366,11 @@ impl SourceRows {
             provenance: raw_rows(conn, sp, "provenance", "1 = 1", [])?,
             winners: raw_rows(conn, sp, "winners", latest, [])?,
             remeasured: raw_rows(conn, sp, "remeasurements", "1 = 1", [])?,
+            side_by_side: if src.version >= 5 {
+                raw_rows(conn, sp, "side_by_side", "1 = 1", [])?
+            } else {
+                Vec::new()
+            },
             target_trials,
         })
     }
@@ -579,6 +587,89 @@ impl Import<'_> {
             .collect();
         insert_raw(self.tx, tp, "remeasurements", &rows, false)?;
         Ok(())
+    }
+
+    /// Copies each side-by-side set of the source whose decisions are all in force on both
+    /// sides after the import (the target's decision of each row's workload names the same
+    /// trial), and that the target does not hold yet. A set of which one decision lost to
+    /// the target's would compare winners that no longer serve together: it stays behind.
+    fn side_by_side(&self) -> Result<(), BundleError> {
+        let tp = &self.db.path;
+        let mut sets: BTreeMap<i64, Vec<&RawRow>> = BTreeMap::new();
+        for r in &self.rows.side_by_side {
+            if let Some(Value::Integer(set)) = r.get("set_id") {
+                sets.entry(*set).or_default().push(r);
+            }
+        }
+        'sets: for rows in sets.values() {
+            let mut copied = Vec::with_capacity(rows.len());
+            for r in rows {
+                let Some(wid) = self.target_decision_of(r.get("winner_id"))? else {
+                    continue 'sets;
+                };
+                let mut r2 = (*r).clone();
+                r2.insert("winner_id".into(), Value::Integer(wid));
+                copied.push(r2);
+            }
+            let held: bool = self
+                .tx
+                .query_row(
+                    "SELECT count(*) > 0 FROM side_by_side WHERE winner_id = ?1 \
+                     AND measured_at = ?2 AND median_s = ?3",
+                    params![
+                        copied[0].get("winner_id"),
+                        copied[0].get("measured_at"),
+                        copied[0].get("median_s")
+                    ],
+                    |x| x.get(0),
+                )
+                .ctx(tp, IMPORTING)?;
+            if held {
+                continue;
+            }
+            // The copy is a set of its own, named after its first row.
+            let ids = insert_raw(self.tx, tp, "side_by_side", &copied, false)?;
+            for id in &ids {
+                self.tx
+                    .execute(
+                        "UPDATE side_by_side SET set_id = ?1 WHERE id = ?2",
+                        [ids[0], *id],
+                    )
+                    .ctx(tp, IMPORTING)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The target's decision in force that matches the source decision `winner_id` (a
+    /// latest one of its workload): same fingerprint and workload, and its trial the
+    /// imported copy of the source's winning trial.
+    fn target_decision_of(&self, winner_id: Option<&Value>) -> Result<Option<i64>, BundleError> {
+        let tp = &self.db.path;
+        let Some(w) = self.rows.winners.iter().find(|w| w.get("id") == winner_id) else {
+            return Ok(None);
+        };
+        let (Some(Value::Integer(trial)), Some(fp), Some(workload)) = (
+            w.get("trial_id"),
+            w.get("fingerprint_id"),
+            w.get("workload"),
+        ) else {
+            return Ok(None);
+        };
+        let Some(&trial) = self.ids.get(trial) else {
+            return Ok(None);
+        };
+        let in_force: Option<(i64, i64)> = self
+            .tx
+            .query_row(
+                "SELECT id, trial_id FROM winners WHERE fingerprint_id = ?1 AND workload = ?2 \
+                 ORDER BY id DESC LIMIT 1",
+                params![fp, workload],
+                |x| Ok((x.get(0)?, x.get(1)?)),
+            )
+            .optional()
+            .ctx(tp, IMPORTING)?;
+        Ok(in_force.filter(|&(_, t)| t == trial).map(|(id, _)| id))
     }
 
     /// Records this merge's own decision for `key`: `chosen`, the incumbent on a tie.

@@ -18,7 +18,13 @@ pub(crate) const TABLES: &[&str] = &["meta", "fingerprints", "trials"];
 
 /// The tables each schema version adds (index 0: version 1), checked up front when a file
 /// is opened, so a damaged schema is refused before anything is measured or written.
-const TABLES_ADDED: &[&[&str]] = &[TABLES, &["winners", "remeasurements"], &["provenance"], &[]];
+const TABLES_ADDED: &[&[&str]] = &[
+    TABLES,
+    &["winners", "remeasurements"],
+    &["provenance"],
+    &[],
+    &["side_by_side"],
+];
 
 /// Every table a database of schema `version` must hold.
 pub(crate) fn tables_of(version: i64) -> impl Iterator<Item = &'static str> {
@@ -36,7 +42,7 @@ pub const OLDEST_READ_ONLY: i64 = 3;
 pub(crate) const OPTIONAL_TRIAL_COLUMNS: &[&str] = &["max_rel_err", "fro_rel_err"];
 
 /// Migration steps; step `i` goes from schema version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// Schema v1. The status list must hold every [`kernels::Status`] string (a unit test checks).
 const V1: &str = r#"
@@ -133,6 +139,24 @@ CREATE TABLE IF NOT EXISTS provenance (
 const V4: &str = r#"
 ALTER TABLE trials ADD COLUMN max_rel_err REAL CHECK (max_rel_err IS NULL OR max_rel_err >= 0);
 ALTER TABLE trials ADD COLUMN fro_rel_err REAL CHECK (fro_rel_err IS NULL OR fro_rel_err >= 0);
+"#;
+
+/// Schema v5: the winners of one shape's precisions re-measured side by side, in the same
+/// interleaved rounds (`crate::side_by_side`): the medians the runtime's `auto` policy
+/// compares.
+const V5: &str = r#"
+CREATE TABLE side_by_side (
+    id           INTEGER PRIMARY KEY,
+    set_id       INTEGER NOT NULL,
+    winner_id    INTEGER NOT NULL REFERENCES winners(id),
+    median_s     REAL NOT NULL CHECK (median_s > 0),
+    spread       REAL NOT NULL,
+    samples      TEXT NOT NULL,
+    measured_at  TEXT NOT NULL,
+    tool_version TEXT NOT NULL
+);
+
+CREATE INDEX side_by_side_winner ON side_by_side (winner_id);
 "#;
 
 #[cfg(test)]

@@ -298,9 +298,19 @@ impl TuningDb {
     }
 
     /// The interleaved re-measured median of each winning trial on `fingerprint_id` (by
-    /// trial id), where the decision in force re-measured it: a steadier figure than the
-    /// trial's search median, which other work on the machine inflates while it searches.
+    /// trial id): a steadier figure than the trial's search median, which other work on the
+    /// machine inflates while it searches. The median of the latest side-by-side set
+    /// ([`record_side_by_side`](Self::record_side_by_side)) whose decisions are all in force,
+    /// where one measured the trial (its precisions' winners then compare in the same
+    /// rounds); else the decision in force's own re-measurement, where it re-measured it.
     pub fn remeasured_medians(&self, fingerprint_id: &str) -> Result<HashMap<i64, f64>> {
+        let mut medians = self.decided_medians(fingerprint_id)?;
+        medians.extend(self.side_by_side_medians(fingerprint_id)?);
+        Ok(medians)
+    }
+
+    /// The decisions in force's own re-measured medians of their winners (by trial id).
+    fn decided_medians(&self, fingerprint_id: &str) -> Result<HashMap<i64, f64>> {
         let p = &self.path;
         let mut stmt = self
             .conn
@@ -467,7 +477,8 @@ mod tests {
         // Turn it back into what a v1 build wrote.
         let raw = rusqlite::Connection::open(&path).unwrap();
         raw.execute_batch(
-            "DROP TABLE remeasurements; DROP TABLE winners; DROP TABLE provenance; \
+            "DROP TABLE side_by_side; DROP TABLE remeasurements; DROP TABLE winners; \
+             DROP TABLE provenance; \
              ALTER TABLE trials DROP COLUMN max_rel_err; \
              ALTER TABLE trials DROP COLUMN fro_rel_err; PRAGMA user_version = 1;",
         )

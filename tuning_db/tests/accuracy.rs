@@ -42,11 +42,11 @@ fn accuracy_round_trips_and_bad_values_are_refused() {
     db.verify().unwrap();
 }
 
-/// A file as the v3 build left it: the v4 columns dropped, `user_version` 3.
+/// A file as the v3 build left it: the v5 table and the v4 columns dropped, `user_version` 3.
 fn downgrade_to_v3(path: &std::path::Path) {
     let raw = rusqlite::Connection::open(path).unwrap();
     raw.execute_batch(
-        "ALTER TABLE trials DROP COLUMN max_rel_err; \
+        "DROP TABLE side_by_side; ALTER TABLE trials DROP COLUMN max_rel_err; \
          ALTER TABLE trials DROP COLUMN fro_rel_err; PRAGMA user_version = 3;",
     )
     .unwrap();

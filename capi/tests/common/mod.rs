@@ -155,8 +155,18 @@ pub fn build_example(compiler: &str, source: &str, out: &Path, link: Link) {
 
 /// Runs a built example; panics with its output unless it exits 0. Returns its stdout.
 pub fn run_example<S: AsRef<OsStr>>(exe: &Path, args: impl IntoIterator<Item = S>) -> String {
+    // `cargo test` puts the profile directory on LD_LIBRARY_PATH, which outranks the rpath:
+    // a libautokernel.so an earlier `cargo build` left there would be loaded instead of the
+    // one the example was linked against.
+    let mut path = std::env::split_paths(&std::env::var_os("LD_LIBRARY_PATH").unwrap_or_default())
+        .collect::<Vec<_>>();
+    path.insert(0, lib_dir());
     let o: Output = Command::new(exe)
         .args(args)
+        .env(
+            "LD_LIBRARY_PATH",
+            std::env::join_paths(path).expect("paths without ':'"),
+        )
         .env_remove("AUTOKERNEL_UNTUNED_LOG")
         .output()
         .expect("running the example");

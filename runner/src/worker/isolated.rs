@@ -7,7 +7,7 @@ use kernels::{Config, Kernel, Measurement, Status, Workload};
 
 use super::process::{Exchange, Worker, WorkerError, WorkerSpec};
 use super::wire::{Reply, Request, WireCandidate};
-use crate::evaluator::{EvalError, Evaluation, Evaluator};
+use crate::evaluator::{Contender, EvalError, Evaluation, Evaluator};
 use crate::protocol::Protocol;
 use crate::Outcome;
 
@@ -96,7 +96,7 @@ impl Evaluator for Isolated {
 
     fn remeasure(
         &mut self,
-        finalists: &[(&dyn Kernel, Config)],
+        finalists: &[Contender<'_>],
         protocol: &Protocol,
         rounds: usize,
     ) -> Result<Vec<Measurement>, EvalError> {
@@ -104,10 +104,7 @@ impl Evaluator for Isolated {
             return Err(EvalError::NotSetUp);
         }
         let req = Request::Interleave {
-            candidates: finalists
-                .iter()
-                .map(|(k, c)| WireCandidate::new(*k, c))
-                .collect(),
+            candidates: finalists.iter().map(WireCandidate::contender).collect(),
             protocol: protocol.into(),
             rounds,
         };

@@ -6,10 +6,10 @@ use std::io::{self, BufRead, Write};
 use std::os::fd::FromRawFd;
 use std::time::Instant;
 
-use kernels::{Config, HardwareFingerprint, Kernel, Status, Workload};
+use kernels::{HardwareFingerprint, Kernel, Status, Workload};
 
 use super::wire::{Reply, Request, WireCandidate, REPLY_PREFIX};
-use crate::evaluator::{Bench, EvalError};
+use crate::evaluator::{Bench, Contender, EvalError};
 use crate::protocol::Protocol;
 use crate::Outcome;
 
@@ -113,10 +113,14 @@ fn interleave(
     resolve: Resolver<'_>,
     start: Instant,
 ) -> Reply {
-    let mut finalists: Vec<(&dyn Kernel, Config)> = Vec::with_capacity(candidates.len());
+    let mut finalists: Vec<Contender<'_>> = Vec::with_capacity(candidates.len());
     for c in candidates {
         match resolve_candidate(c, resolve) {
-            Ok(k) => finalists.push((k, c.config.clone())),
+            Ok(kernel) => finalists.push(Contender {
+                kernel,
+                config: c.config.clone(),
+                dtype: c.dtype.unwrap_or(bench.workload().dtype()),
+            }),
             Err(m) => return failed(format!("{} {}: {m}", c.kernel, c.config)),
         }
     }
@@ -207,9 +211,8 @@ mod tests {
         let w: Workload = "gemm:9x8x7".parse().unwrap();
         let (k, c) = kernels::default_for(&w, HardwareFingerprint::current()).unwrap();
         let cand = |version| WireCandidate {
-            kernel: k.name().into(),
             version,
-            config: c.clone(),
+            ..WireCandidate::new(k, &c)
         };
         let quick: WireProtocol = (&Protocol::quick()).into();
         let evaluate = |version| Request::Evaluate {

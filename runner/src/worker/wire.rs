@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use kernels::{Accuracy, Config, Kernel, Measurement, Status, Workload};
+use kernels::{Accuracy, Config, DType, Kernel, Measurement, Status, Workload};
 
 use crate::protocol::Protocol;
 
@@ -72,6 +72,11 @@ pub struct WireCandidate {
     pub version: u32,
     /// The config to build.
     pub config: Config,
+    /// The element type to build it for, the set-up workload's shape in that type (in a
+    /// re-measurement, [`Contender::dtype`](crate::Contender)); absent: the set-up
+    /// workload's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<DType>,
 }
 
 impl WireCandidate {
@@ -81,6 +86,15 @@ impl WireCandidate {
             kernel: kernel.name().to_string(),
             version: kernel.version(),
             config: config.clone(),
+            dtype: None,
+        }
+    }
+
+    /// A re-measurement's contender, with its element type.
+    pub fn contender(c: &crate::Contender<'_>) -> Self {
+        WireCandidate {
+            dtype: Some(c.dtype),
+            ..WireCandidate::new(c.kernel, &c.config)
         }
     }
 }
@@ -177,6 +191,7 @@ mod tests {
                 kernel: "gemm_packed".into(),
                 version: 3,
                 config: Config::from_pairs([("kc", 256usize)]),
+                dtype: None,
             },
             protocol: (&Protocol::quick()).into(),
         };
@@ -184,7 +199,8 @@ mod tests {
         assert!(line.starts_with(r#"{"op":"evaluate""#), "{line}");
         assert!(!line.contains('\n'));
         assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), req);
-        let Request::Evaluate { protocol, .. } = req else {
+        assert!(!line.contains("dtype"), "{line}");
+        let Request::Evaluate { protocol, .. } = req.clone() else {
             unreachable!()
         };
         assert_eq!(protocol.to_protocol().unwrap(), Protocol::quick());

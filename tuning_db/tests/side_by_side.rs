@@ -1,0 +1,163 @@
+//! Side-by-side sets (schema v5): the winners of one shape's precisions re-measured in the
+//! same rounds. Their medians serve while every decision they measured is in force, and they
+//! travel with bundles and imports only where that still holds.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use kernels::{DType, HardwareFingerprint, Measurement, Workload};
+use tuning_db::{DbError, Remeasurement, SideBySide, TuningDb, WinnerDecision};
+
+/// Records `w`'s trial of `median` and a decision for it re-measured at `remeasured`;
+/// returns (trial id, decision id).
+fn decided(db: &TuningDb, hw: &HardwareFingerprint, w: Workload, remeasured: f64) -> (i64, i64) {
+    let trial = db
+        .insert(&ok(&hw.id, w, configs(&w, hw, 1)[0].clone(), 1e-3))
+        .unwrap();
+    let decision = db
+        .record_winner(&WinnerDecision {
+            id: None,
+            fingerprint_id: hw.id.clone(),
+            workload: w,
+            trial_id: trial,
+            reason: "fastest".into(),
+            tie: false,
+            remeasured: vec![Remeasurement {
+                trial_id: trial,
+                measurement: timing(remeasured),
+                ci_low_s: remeasured * 0.99,
+                ci_high_s: remeasured * 1.01,
+            }],
+            decided_at: String::new(),
+            tool_version: TOOL.into(),
+        })
+        .unwrap();
+    (trial, decision)
+}
+
+fn timing(t: f64) -> Measurement {
+    Measurement::from_samples(vec![t * 1.01, t, t * 0.99])
+}
+
+fn row(winner_id: i64, t: f64) -> SideBySide {
+    SideBySide {
+        winner_id,
+        measurement: timing(t),
+    }
+}
+
+/// A database with f32 and int8 decisions of one shape, re-measured apart (f32 at 2 ms,
+/// int8 at 1 ms); returns it with (trial, decision) of each.
+fn two_precisions(path: &std::path::Path) -> (TuningDb, (i64, i64), (i64, i64)) {
+    let db = TuningDb::open(path).unwrap();
+    let hw = hw();
+    db.upsert_fingerprint(&hw).unwrap();
+    let w = gemm(16, 24, 32);
+    let f32 = decided(&db, &hw, w, 2e-3);
+    let i8 = decided(&db, &hw, w.with_dtype(DType::I8), 1e-3);
+    (db, f32, i8)
+}
+
+#[test]
+fn a_set_serves_its_medians_while_its_decisions_are_in_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, (f_trial, f_dec), (i_trial, i_dec)) = two_precisions(&dir.path().join("a.db"));
+    let id = hw().id;
+    assert_eq!(
+        db.remeasured_medians(&id).unwrap(),
+        HashMap::from([(f_trial, 2e-3), (i_trial, 1e-3)])
+    );
+    // Side by side, f32 ran at 0.9 ms and int8 at 1.2 ms: those medians serve.
+    db.record_side_by_side(&[row(f_dec, 0.9e-3), row(i_dec, 1.2e-3)], TOOL)
+        .unwrap();
+    assert_eq!(
+        db.remeasured_medians(&id).unwrap(),
+        HashMap::from([(f_trial, 0.9e-3), (i_trial, 1.2e-3)])
+    );
+    // A later set overrides an earlier one.
+    db.record_side_by_side(&[row(i_dec, 1.1e-3), row(f_dec, 1.0e-3)], TOOL)
+        .unwrap();
+    assert_eq!(
+        db.remeasured_medians(&id).unwrap(),
+        HashMap::from([(f_trial, 1.0e-3), (i_trial, 1.1e-3)])
+    );
+    // int8 decided again: the sets compared a winner no longer in force, so every
+    // precision is back on its own decision's median.
+    let hw = hw();
+    let (i_trial2, _) = decided(&db, &hw, gemm(16, 24, 32).with_dtype(DType::I8), 3e-3);
+    assert_eq!(
+        db.remeasured_medians(&id).unwrap(),
+        HashMap::from([(f_trial, 2e-3), (i_trial2, 3e-3)])
+    );
+    db.verify().unwrap();
+}
+
+#[test]
+fn a_set_must_be_one_shape_on_one_machine_in_distinct_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, (_, f_dec), (_, i_dec)) = two_precisions(&dir.path().join("a.db"));
+    let hw = hw();
+    let (_, other_shape) = decided(&db, &hw, gemm(16, 24, 48).with_dtype(DType::Bf16), 1e-3);
+    let refused = |rows: &[SideBySide], needle: &str| {
+        let e = db.record_side_by_side(rows, TOOL).unwrap_err();
+        assert!(matches!(e, DbError::InvalidRecord { .. }), "{e}");
+        assert!(e.to_string().contains(needle), "{e}");
+    };
+    refused(&[row(f_dec, 1e-3)], "two or more");
+    refused(
+        &[row(f_dec, 1e-3), row(f_dec, 2e-3)],
+        "two rows of the set are f32",
+    );
+    refused(
+        &[row(f_dec, 1e-3), row(other_shape, 1e-3)],
+        "not of the set's shape",
+    );
+    refused(&[row(f_dec, 1e-3), row(9999, 1e-3)], "9999 does not exist");
+    let mut nan = row(i_dec, 1e-3);
+    nan.measurement.median_s = f64::NAN;
+    refused(&[row(f_dec, 1e-3), nan], "finite positive");
+    // Nothing was written.
+    assert_eq!(
+        db.remeasured_medians(&hw.id).unwrap().values().sum::<f64>(),
+        2e-3 + 1e-3 + 1e-3
+    );
+}
+
+#[test]
+fn sets_travel_with_bundles_and_imports_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, (_, f_dec), (_, i_dec)) = two_precisions(&dir.path().join("a.db"));
+    db.record_side_by_side(&[row(f_dec, 0.9e-3), row(i_dec, 1.2e-3)], TOOL)
+        .unwrap();
+    let id = hw().id;
+    let bundle = dir.path().join("a.bundle");
+    db.export_bundle(&id, &bundle, TOOL).unwrap();
+
+    let target = TuningDb::open(dir.path().join("t.db")).unwrap();
+    target.import_from(&bundle, TOOL).unwrap();
+    let medians = |db: &TuningDb| {
+        let mut m: Vec<f64> = db.remeasured_medians(&id).unwrap().into_values().collect();
+        m.sort_by(f64::total_cmp);
+        m
+    };
+    assert_eq!(medians(&target), [0.9e-3, 1.2e-3]);
+    // Importing again adds no second copy of the set.
+    target.import_from(&bundle, TOOL).unwrap();
+    let sets: i64 = rusqlite::Connection::open(dir.path().join("t.db"))
+        .unwrap()
+        .query_row("SELECT count(*) FROM side_by_side", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(sets, 2);
+    target.verify().unwrap();
+
+    // A set whose int8 decision was superseded stays out of the bundle.
+    let hw = hw();
+    decided(&db, &hw, gemm(16, 24, 32).with_dtype(DType::I8), 3e-3);
+    let stale = dir.path().join("stale.bundle");
+    db.export_bundle(&id, &stale, TOOL).unwrap();
+    let fresh = TuningDb::open(dir.path().join("f.db")).unwrap();
+    fresh.import_from(&stale, TOOL).unwrap();
+    assert_eq!(medians(&fresh), [2e-3, 3e-3]);
+}
