@@ -338,7 +338,11 @@ fn merge_keeps_every_record_chooses_by_measurement_and_reports_conflicts() {
         (Some(1), Some(1))
     );
     let o = ak(&["db", "diff", s(&a), s(&c)]);
-    assert!(String::from_utf8_lossy(&o.stdout).contains("changed"));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("changed"), "{text}");
+    // One machine in both: named once, above the rows.
+    let fp = rows[0]["fingerprint_id"].as_str().unwrap();
+    assert!(text.contains(&format!("  fingerprint {fp}\n")), "{text}");
 
     // The output must not exist; nothing is overwritten.
     let before = bytes(&c);

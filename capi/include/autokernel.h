@@ -376,7 +376,7 @@ int autokernel_runtime_attention_qkv(const struct AutokernelRuntime *rt, size_t 
  * `h`), with scale `gamma` and shift `beta` (`h` floats each) and `eps` (a positive finite
  * number, else `AUTOKERNEL_INVALID_ARGUMENT`), as torch.nn.LayerNorm computes it;
  * `residual` (`x_len` floats) may be NULL (with `residual_len` 0) for a plain LayerNorm.
- * Parallel over rows.
+ * Parallel over rows. No rows (`x_len` 0) is an empty batch: nothing to do, `AUTOKERNEL_OK`.
  *
  * # Safety
  * Each buffer is NULL or holds its stated number of floats; `x` overlaps no other buffer.

@@ -843,6 +843,20 @@ fn attention_on_qkv_rows_and_layer_norm_in_place() {
         )
     };
     expect(st, AUTOKERNEL_SHAPE, "h = 0");
+    // No rows: an empty batch, nothing to do.
+    let st = unsafe {
+        autokernel_add_layer_norm(
+            x.as_mut_ptr(),
+            0,
+            null(),
+            0,
+            g.as_ptr(),
+            be.as_ptr(),
+            h,
+            1e-5,
+        )
+    };
+    assert_eq!(st, AUTOKERNEL_OK, "{}", last_error());
     // An epsilon that is not a positive finite number is refused, x left as it was.
     let before = x.clone();
     for eps in [0.0, -1.0, f32::NAN, f32::INFINITY] {

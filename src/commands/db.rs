@@ -425,6 +425,14 @@ fn diff(a: DiffArgs) -> anyhow::Result<ExitCode> {
         d.median_ratio
             .map_or(String::new(), |r| format!(", median A/B time ratio {r:.3}"))
     );
+    // One fingerprint (or one pair matched across): named once; several: on every row.
+    let mut fps: Vec<&str> = d.rows.iter().map(|r| r.fingerprint_id.as_str()).collect();
+    fps.sort_unstable();
+    fps.dedup();
+    let per_row = fps.len() > 1;
+    if let [fp] = fps[..] {
+        println!("  fingerprint {fp}");
+    }
     for r in &d.rows {
         let side = |b: &Option<BestSummary>| {
             b.as_ref().map_or("—".to_string(), |b| {
@@ -436,8 +444,13 @@ fn diff(a: DiffArgs) -> anyhow::Result<ExitCode> {
             (Some(x), _) => format!("A/B {x:.3}"),
             _ => String::new(),
         };
+        let fp = if per_row {
+            format!(" [{}]", r.fingerprint_id)
+        } else {
+            String::new()
+        };
         println!(
-            "  {:<28} {:<8} {ratio}\n      A: {}\n      B: {}",
+            "  {:<28} {:<8} {ratio}{fp}\n      A: {}\n      B: {}",
             r.workload,
             r.status.as_str(),
             side(&r.a),
