@@ -226,9 +226,12 @@ fn tune_each(
         if dtypes.len() < 2 {
             continue;
         }
-        if let Err(e) =
-            search::compare_precisions(&db, &shape, &dtypes, hw, opts, evaluator.as_mut())
-        {
+        let compared =
+            search::compare_precisions(&db, &shape, &dtypes, hw, opts, evaluator.as_mut());
+        if let Err(e @ (search::SearchError::Db(_) | search::SearchError::Stopped)) = compared {
+            return Err(format!("{shape}: {e}"));
+        }
+        if let Err(e) = compared {
             let text = format!(
                 "{shape}: re-measuring its precisions' winners side by side failed ({e}); \
                  each keeps its own decision's median"

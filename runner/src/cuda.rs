@@ -146,24 +146,23 @@ impl Evaluator for OnGpu {
         timing.max_samples = timing.max_samples.max(timing.min_samples);
         let OnGpu { gpu, task, .. } = self;
         let task = task.as_mut().ok_or(EvalError::NotSetUp)?;
-        let mut out = Vec::with_capacity(finalists.len());
-        for Contender {
-            kernel,
-            config,
-            dtype,
-        } in finalists
+        if let Some(f) = finalists
+            .iter()
+            .find(|f| f.dtype != task.workload().dtype())
         {
-            if *dtype != task.workload().dtype() {
-                return Err(EvalError::Remeasure {
-                    kernel: kernel.name().into(),
-                    config: config.to_json(),
-                    status: Status::BuildFailed,
-                    message: format!(
-                        "the GPU re-measures {}'s own element type only, not {dtype}",
-                        task.workload()
-                    ),
-                });
-            }
+            return Err(EvalError::Remeasure {
+                kernel: f.kernel.name().into(),
+                config: f.config.to_json(),
+                status: Status::BuildFailed,
+                message: format!(
+                    "the GPU re-measures {}'s own element type only, not {}",
+                    task.workload(),
+                    f.dtype
+                ),
+            });
+        }
+        let mut out = Vec::with_capacity(finalists.len());
+        for Contender { kernel, config, .. } in finalists {
             let o = task.evaluate(gpu, config, &timing);
             match (o.status, o.measurement) {
                 (Status::Ok, Some(m)) => out.push(m),

@@ -152,11 +152,12 @@ fn every_planted_fault_gets_its_status_and_the_worker_comes_back() {
     let e = ev.remeasure(&[wrong], &p, 3).unwrap_err();
     assert!(
         matches!(
-            e,
+            &e,
             EvalError::Remeasure {
                 status: Status::RunFailed,
+                message,
                 ..
-            }
+            } if message.contains("build_failed")
         ),
         "{e}"
     );

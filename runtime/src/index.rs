@@ -550,8 +550,8 @@ fn fit_hardware(hw: &HardwareFingerprint) -> &HardwareFingerprint {
 }
 
 /// `rec` as the choice of its workload at `level`. Its median (what `auto` compares across
-/// element types) is the re-measured one of the decision that made it the winner where
-/// `remeasured` holds one (by trial id), else its search median.
+/// element types) is the one `remeasured` holds for it (by trial id: side by side with the
+/// shape's other precisions, or its decision's re-measurement), else its search median.
 fn serve(
     rec: &Record,
     hw: &HardwareFingerprint,

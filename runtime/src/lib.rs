@@ -157,8 +157,10 @@ pub struct Source {
     pub fingerprint_id: String,
     /// Its row id in the database.
     pub trial_id: Option<i64>,
-    /// Its measured median, seconds (for its own workload): the re-measured median of the
-    /// decision that made it its workload's winner where there is one, else its search median.
+    /// Its measured median, seconds (for its own workload): for its workload's winner, the
+    /// median in its shape's latest side-by-side set of precisions, or else the re-measured
+    /// median of the decision that made it the winner
+    /// ([`tuning_db::TuningDb::remeasured_medians`]); otherwise its search median.
     pub median_s: Option<f64>,
     /// Its error against the exact f32 problem, as stored (schema v4; `None` before).
     pub accuracy: Option<kernels::Accuracy>,

@@ -15,7 +15,7 @@ use kernels::{DType, HardwareFingerprint, Kernel, Measurement, Workload};
 use runner::{median_ci, Contender, Evaluator};
 use tuning_db::{Record, SideBySide, TuningDb};
 
-use crate::tuner::{SearchError, TuneOptions};
+use crate::tuner::{SearchError, TuneOptions, FALLBACK_TIMEOUT};
 
 /// One precision's winner in a side-by-side re-measurement.
 #[derive(Debug, Clone)]
@@ -92,10 +92,15 @@ pub fn compare_precisions(
     if entries.len() < 2 {
         return Ok(None);
     }
+    opts.check_stop()?;
     let setup = entries[0].1.workload;
     evaluator
         .setup(&setup, opts.seed ^ 0x5EED)
         .map_err(SearchError::Setup)?;
+    // The limit the last tuned workload left is another shape's: this one's, unknown here,
+    // gets the limit of a candidate whose default could not be timed. Building each other
+    // type's reference counts against it too.
+    evaluator.set_timeout(opts.timeout.unwrap_or(FALLBACK_TIMEOUT));
     let contenders: Vec<Contender<'_>> = entries
         .iter()
         .map(|(_, r, k)| Contender {

@@ -121,7 +121,7 @@ pub struct TuneOptions {
 
 impl TuneOptions {
     /// [`SearchError::Stopped`] once [`TuneOptions::stop`] is set.
-    fn check_stop(&self) -> Result<(), SearchError> {
+    pub(crate) fn check_stop(&self) -> Result<(), SearchError> {
         match &self.stop {
             Some(s) if s.load(Ordering::Relaxed) => Err(SearchError::Stopped),
             _ => Ok(()),

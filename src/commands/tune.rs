@@ -211,7 +211,7 @@ pub fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if dtypes.len() > 1 && gpu.is_none() {
-        side_by_side(&db, hw, &workloads, &opts, evaluator.as_mut())?;
+        side_by_side(&db, hw, &workloads, &opts, evaluator.as_mut(), args.json)?;
         if !args.json {
             precision_summary(&db_path, hw, &workloads, args.max_rel_err)?;
         }
@@ -349,21 +349,23 @@ fn print_warnings(s: &TuneSummary) {
 }
 
 /// Per shape this job tuned in several element types: their winners re-measured side by
-/// side and recorded ([`search::compare_precisions`]), a line each on stderr. A comparison
-/// that fails is a warning: each precision keeps its own decision's median.
+/// side and recorded ([`search::compare_precisions`]), a line each on stderr (none with
+/// `--json`: `lookup --json` reports the medians). A comparison that fails is a warning:
+/// each precision keeps its own decision's median.
 fn side_by_side(
     db: &TuningDb,
     hw: &HardwareFingerprint,
     workloads: &[Workload],
     opts: &TuneOptions,
     evaluator: &mut dyn runner::Evaluator,
+    quiet: bool,
 ) -> anyhow::Result<()> {
     for (shape, dtypes) in search::shapes_and_types(workloads) {
         if dtypes.len() < 2 {
             continue;
         }
         match search::compare_precisions(db, &shape, &dtypes, hw, opts, evaluator) {
-            Ok(Some(c)) => {
+            Ok(Some(c)) if !quiet => {
                 let cells: Vec<String> = c
                     .timings
                     .iter()
@@ -384,8 +386,8 @@ fn side_by_side(
                     c.timings[0].measurement.samples.len()
                 );
             }
-            Ok(None) => {}
-            Err(SearchError::Db(e)) => return Err(e.into()),
+            Ok(_) => {}
+            Err(e @ (SearchError::Db(_) | SearchError::Stopped)) => return Err(e.into()),
             Err(e) => eprintln!(
                 "warning: {shape}: re-measuring its precisions' winners side by side failed ({e}); \
                  each keeps its own decision's median"

@@ -815,6 +815,7 @@ impl TuningDb {
         problems.extend(self.fingerprint_problems()?);
         problems.extend(self.op_problems()?);
         problems.extend(self.winner_problems()?);
+        problems.extend(self.side_by_side_problems()?);
         if problems.is_empty() {
             Ok(())
         } else {

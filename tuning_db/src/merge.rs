@@ -38,6 +38,7 @@ use crate::bundle::{
 use crate::db::TuningDb;
 use crate::error::{Ctx, DbError};
 use crate::record::{now_rfc3339, Record};
+use crate::winners::LATEST_DECISIONS;
 
 /// One side's best record for a (fingerprint, workload).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -356,7 +357,7 @@ impl SourceRows {
             .into_iter()
             .map(|w| ((w.fingerprint_id, w.workload), w.trial_id))
             .collect();
-        let latest = "id IN (SELECT max(id) FROM winners GROUP BY fingerprint_id, workload)";
+        let latest = format!("id IN ({LATEST_DECISIONS})");
         Ok(SourceRows {
             src_best,
             tgt_best,
@@ -364,7 +365,7 @@ impl SourceRows {
             fingerprints: raw_rows(conn, sp, "fingerprints", "1 = 1", [])?,
             trials: raw_rows(conn, sp, "trials", "1 = 1", [])?,
             provenance: raw_rows(conn, sp, "provenance", "1 = 1", [])?,
-            winners: raw_rows(conn, sp, "winners", latest, [])?,
+            winners: raw_rows(conn, sp, "winners", &latest, [])?,
             remeasured: raw_rows(conn, sp, "remeasurements", "1 = 1", [])?,
             side_by_side: if src.version >= 5 {
                 raw_rows(conn, sp, "side_by_side", "1 = 1", [])?

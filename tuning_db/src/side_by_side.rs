@@ -4,9 +4,10 @@
 //! own, decided on its own finalists' interleaved rounds; those rounds run minutes apart, and
 //! a machine's load may change in between. At the end of a job that tuned several precisions
 //! of a shape, the tuner re-measures their winners together, in one set of interleaved rounds
-//! on the same inputs, and records the set here. [`TuningDb::remeasured_medians`] serves a
-//! set's medians while every decision it measured is still in force: they are what the
-//! runtime's `auto` policy compares.
+//! on the same inputs, and records the set here. [`TuningDb::remeasured_medians`] serves,
+//! per shape, the medians of the latest set whose decisions are all still in force: they are
+//! what the runtime's `auto` policy compares. `verify` checks every set's shape (the content
+//! checksum does not cover them).
 //!
 //! ```sql
 //! CREATE TABLE side_by_side (            -- one row per precision's winner
@@ -18,7 +19,7 @@
 //!     measured_at TEXT NOT NULL, tool_version TEXT NOT NULL);
 //! ```
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use kernels::{DType, Measurement, Workload};
 use rusqlite::{params, OptionalExtension};
@@ -26,6 +27,7 @@ use rusqlite::{params, OptionalExtension};
 use crate::db::TuningDb;
 use crate::error::{Ctx, DbError, Result};
 use crate::record::now_rfc3339;
+use crate::winners::LATEST_DECISIONS;
 
 /// One precision's winner in a side-by-side set: the decision whose winner ran, and its
 /// timing in the set's rounds.
@@ -36,10 +38,6 @@ pub struct SideBySide {
     /// Its interleaved timing.
     pub measurement: Measurement,
 }
-
-/// The columns of the `in force` test: a decision is in force while no later one of its
-/// (fingerprint, workload) exists.
-const IN_FORCE: &str = "SELECT max(id) FROM winners GROUP BY fingerprint_id, workload";
 
 impl TuningDb {
     /// Records one set of side-by-side re-measurements and returns its id. The rows must
@@ -89,37 +87,21 @@ impl TuningDb {
             path: p.clone(),
             reason,
         };
-        if rows.len() < 2 {
-            return Err(bad("a side-by-side set needs two or more winners".into()));
-        }
         let mut decision = conn
             .prepare("SELECT fingerprint_id, workload FROM winners WHERE id = ?1")
             .ctx(p, "recording a side-by-side re-measurement")?;
-        let (mut shape, mut dtypes) = (None, HashSet::new());
+        let mut members = Vec::with_capacity(rows.len());
         for r in rows {
             let row: Option<(String, String)> = decision
                 .query_row([r.winner_id], |x| Ok((x.get(0)?, x.get(1)?)))
                 .optional()
                 .ctx(p, "recording a side-by-side re-measurement")?;
-            let Some((fp, key)) = row else {
+            let Some(member) = row else {
                 return Err(bad(format!(
                     "winner decision {} does not exist",
                     r.winner_id
                 )));
             };
-            let w: Workload = key
-                .parse()
-                .map_err(|e| bad(format!("winner decision {}: {e}", r.winner_id)))?;
-            let this = (fp, w.with_dtype(DType::F32));
-            if shape.get_or_insert_with(|| this.clone()) != &this {
-                return Err(bad(format!(
-                    "{w} on {} is not of the set's shape and machine",
-                    this.0
-                )));
-            }
-            if !dtypes.insert(w.dtype()) {
-                return Err(bad(format!("two rows of the set are {}", w.dtype())));
-            }
             let m = &r.measurement;
             let finite = m.median_s.is_finite()
                 && m.median_s > 0.0
@@ -128,15 +110,19 @@ impl TuningDb {
                 && m.samples.iter().all(|s| s.is_finite());
             if !finite {
                 return Err(bad(format!(
-                    "the side-by-side timing of {w} is not a finite positive timing"
+                    "the side-by-side timing of {} is not a finite positive timing",
+                    member.1
                 )));
             }
+            members.push(member);
         }
-        Ok(())
+        check_members(&members).map_err(bad)
     }
 
-    /// The side-by-side median of each winning trial on `fingerprint_id` (by trial id), from
-    /// the latest set whose decisions are all still in force; none before schema v5.
+    /// The side-by-side median of each winning trial on `fingerprint_id` (by trial id): per
+    /// shape, the rows of its latest set (by when it was measured) whose decisions are all
+    /// still in force; none before schema v5. One set per shape, so the precisions `auto`
+    /// compares were all timed in the same rounds.
     pub(crate) fn side_by_side_medians(&self, fingerprint_id: &str) -> Result<HashMap<i64, f64>> {
         if self.version < 5 {
             return Ok(HashMap::new());
@@ -144,19 +130,112 @@ impl TuningDb {
         let p = &self.path;
         let ctx = "reading side-by-side medians";
         let sql = format!(
-            "SELECT w.trial_id, s.median_s FROM side_by_side s \
-             JOIN winners w ON w.id = s.winner_id \
+            "SELECT s.set_id, s.measured_at, w.workload, w.trial_id, s.median_s \
+             FROM side_by_side s JOIN winners w ON w.id = s.winner_id \
              WHERE w.fingerprint_id = ?1 AND NOT EXISTS \
              (SELECT 1 FROM side_by_side o WHERE o.set_id = s.set_id \
-              AND o.winner_id NOT IN ({IN_FORCE})) \
-             ORDER BY s.set_id, s.id"
+              AND o.winner_id NOT IN ({LATEST_DECISIONS}))"
         );
         let mut stmt = self.conn.prepare(&sql).ctx(p, ctx)?;
+        type Row = (i64, String, String, i64, f64);
         let rows = stmt
-            .query_map([fingerprint_id], |r| Ok((r.get(0)?, r.get(1)?)))
-            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<(i64, f64)>>>())
+            .query_map([fingerprint_id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<Row>>>())
             .ctx(p, ctx)?;
-        // Later sets come last and override earlier ones.
-        Ok(rows.into_iter().collect())
+        // The latest current set of each shape: (measured_at, set_id) is its age.
+        let shape_of = |key: &str| {
+            key.parse::<Workload>()
+                .ok()
+                .map(|w| w.with_dtype(DType::F32))
+        };
+        let mut latest: HashMap<Workload, (&str, i64)> = HashMap::new();
+        for (set, at, key, _, _) in &rows {
+            if let Some(shape) = shape_of(key) {
+                let age = latest.entry(shape).or_insert((at, *set));
+                if (at.as_str(), *set) > *age {
+                    *age = (at, *set);
+                }
+            }
+        }
+        Ok(rows
+            .iter()
+            .filter(|(set, _, key, _, _)| {
+                shape_of(key).is_some_and(|shape| latest.get(&shape).map(|l| l.1) == Some(*set))
+            })
+            .map(|(_, _, _, trial, median)| (*trial, *median))
+            .collect())
     }
+
+    /// What is wrong with the file's side-by-side sets, for [`verify`](Self::verify): each
+    /// must hold two or more rows of one fingerprint and one shape in distinct element types,
+    /// with samples that parse and a finite positive median (the content checksum does not
+    /// cover them, so an altered bundle is caught here).
+    pub(crate) fn side_by_side_problems(&self) -> Result<Vec<String>> {
+        if self.version < 5 {
+            return Ok(Vec::new());
+        }
+        let p = &self.path;
+        let ctx = "checking side-by-side sets";
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT s.set_id, w.fingerprint_id, w.workload, s.median_s, s.samples \
+                 FROM side_by_side s JOIN winners w ON w.id = s.winner_id ORDER BY s.set_id, s.id",
+            )
+            .ctx(p, ctx)?;
+        type Row = (i64, String, String, f64, String);
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<Row>>>())
+            .ctx(p, ctx)?;
+        let mut sets: BTreeMap<i64, Vec<&Row>> = BTreeMap::new();
+        for r in &rows {
+            sets.entry(r.0).or_default().push(r);
+        }
+        let mut problems = Vec::new();
+        for (set, rows) in sets {
+            let members: Vec<(String, String)> =
+                rows.iter().map(|r| (r.1.clone(), r.2.clone())).collect();
+            if let Err(reason) = check_members(&members) {
+                problems.push(format!("side-by-side set {set}: {reason}"));
+            }
+            for (_, _, key, median, samples) in rows {
+                let parsed = serde_json::from_str::<Vec<f64>>(samples).ok();
+                let ok = median.is_finite()
+                    && *median > 0.0
+                    && parsed.is_some_and(|v| !v.is_empty() && v.iter().all(|x| x.is_finite()));
+                if !ok {
+                    problems.push(format!(
+                        "side-by-side set {set}: the timing of {key} is not a finite positive \
+                         median with parseable samples"
+                    ));
+                }
+            }
+        }
+        Ok(problems)
+    }
+}
+
+/// Whether `(fingerprint, workload key)` pairs form a set: two or more, one fingerprint and
+/// one shape, distinct element types.
+fn check_members(members: &[(String, String)]) -> std::result::Result<(), String> {
+    if members.len() < 2 {
+        return Err("a side-by-side set needs two or more winners".into());
+    }
+    let (mut shape, mut dtypes) = (None, HashSet::new());
+    for (fp, key) in members {
+        let w: Workload = key.parse().map_err(|e| format!("{key}: {e}"))?;
+        let this = (fp.clone(), w.with_dtype(DType::F32));
+        if shape.get_or_insert_with(|| this.clone()) != &this {
+            return Err(format!("{w} on {fp} is not of the set's shape and machine"));
+        }
+        if !dtypes.insert(w.dtype()) {
+            return Err(format!("two rows of the set are {}", w.dtype()));
+        }
+    }
+    Ok(())
 }

@@ -36,6 +36,10 @@ use crate::db::{record_from_row, TuningDb};
 use crate::error::{Ctx, DbError, Result};
 use crate::record::{now_rfc3339, Record};
 
+/// The ids of the decisions in force, as SQL: the latest row of each (fingerprint, workload).
+pub(crate) const LATEST_DECISIONS: &str =
+    "SELECT max(id) FROM winners GROUP BY fingerprint_id, workload";
+
 /// One finalist's interleaved re-measurement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Remeasurement {
@@ -299,10 +303,10 @@ impl TuningDb {
 
     /// The interleaved re-measured median of each winning trial on `fingerprint_id` (by
     /// trial id): a steadier figure than the trial's search median, which other work on the
-    /// machine inflates while it searches. The median of the latest side-by-side set
-    /// ([`record_side_by_side`](Self::record_side_by_side)) whose decisions are all in force,
-    /// where one measured the trial (its precisions' winners then compare in the same
-    /// rounds); else the decision in force's own re-measurement, where it re-measured it.
+    /// machine inflates while it searches. The median in its shape's latest side-by-side
+    /// set ([`record_side_by_side`](Self::record_side_by_side)) whose decisions are all in
+    /// force, where that set measured the trial (the precisions it holds then compare in the
+    /// same rounds); else the decision in force's own re-measurement, where it re-measured it.
     pub fn remeasured_medians(&self, fingerprint_id: &str) -> Result<HashMap<i64, f64>> {
         let mut medians = self.decided_medians(fingerprint_id)?;
         medians.extend(self.side_by_side_medians(fingerprint_id)?);

@@ -95,6 +95,40 @@ fn a_set_serves_its_medians_while_its_decisions_are_in_force() {
 }
 
 #[test]
+fn each_shape_serves_its_latest_set_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, (f_trial, f_dec), (i_trial, i_dec)) = two_precisions(&dir.path().join("a.db"));
+    let hw = hw();
+    let shape = gemm(16, 24, 32);
+    let (b_trial, b_dec) = decided(&db, &hw, shape.with_dtype(DType::Bf16), 1.5e-3);
+    // Another shape's set is its own.
+    let other = gemm(8, 8, 8);
+    let (o_f, o_fd) = decided(&db, &hw, other, 5e-6);
+    let (o_i, o_id) = decided(&db, &hw, other.with_dtype(DType::I8), 4e-6);
+    db.record_side_by_side(&[row(o_fd, 6e-6), row(o_id, 3e-6)], TOOL)
+        .unwrap();
+    db.record_side_by_side(
+        &[row(f_dec, 0.9e-3), row(b_dec, 0.7e-3), row(i_dec, 0.5e-3)],
+        TOOL,
+    )
+    .unwrap();
+    // A later set of two of the three, on the same decisions: int8 was not in its rounds,
+    // so it is back on its own decision's median rather than the first set's.
+    db.record_side_by_side(&[row(f_dec, 1.0e-3), row(b_dec, 0.8e-3)], TOOL)
+        .unwrap();
+    assert_eq!(
+        db.remeasured_medians(&hw.id).unwrap(),
+        HashMap::from([
+            (f_trial, 1.0e-3),
+            (b_trial, 0.8e-3),
+            (i_trial, 1e-3),
+            (o_f, 6e-6),
+            (o_i, 3e-6)
+        ])
+    );
+}
+
+#[test]
 fn a_set_must_be_one_shape_on_one_machine_in_distinct_types() {
     let dir = tempfile::tempdir().unwrap();
     let (db, (_, f_dec), (_, i_dec)) = two_precisions(&dir.path().join("a.db"));
@@ -135,29 +169,66 @@ fn sets_travel_with_bundles_and_imports_once() {
     let bundle = dir.path().join("a.bundle");
     db.export_bundle(&id, &bundle, TOOL).unwrap();
 
+    // The target already holds decisions of its own, so the copies get other ids.
     let target = TuningDb::open(dir.path().join("t.db")).unwrap();
+    let hw = hw();
+    target.upsert_fingerprint(&hw).unwrap();
+    for w in [gemm(4, 4, 4), gemm(5, 5, 5), gemm(6, 6, 6)] {
+        decided(&target, &hw, w, 1e-6);
+    }
     target.import_from(&bundle, TOOL).unwrap();
     let medians = |db: &TuningDb| {
         let mut m: Vec<f64> = db.remeasured_medians(&id).unwrap().into_values().collect();
         m.sort_by(f64::total_cmp);
         m
     };
-    assert_eq!(medians(&target), [0.9e-3, 1.2e-3]);
+    assert_eq!(medians(&target), [1e-6, 1e-6, 1e-6, 0.9e-3, 1.2e-3]);
     // Importing again adds no second copy of the set.
     target.import_from(&bundle, TOOL).unwrap();
-    let sets: i64 = rusqlite::Connection::open(dir.path().join("t.db"))
-        .unwrap()
-        .query_row("SELECT count(*) FROM side_by_side", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(sets, 2);
+    assert_eq!(count(&dir.path().join("t.db"), "side_by_side"), 2);
     target.verify().unwrap();
 
     // A set whose int8 decision was superseded stays out of the bundle.
-    let hw = hw();
     decided(&db, &hw, gemm(16, 24, 32).with_dtype(DType::I8), 3e-3);
     let stale = dir.path().join("stale.bundle");
     db.export_bundle(&id, &stale, TOOL).unwrap();
+    assert_eq!(count(&stale, "side_by_side"), 0);
     let fresh = TuningDb::open(dir.path().join("f.db")).unwrap();
     fresh.import_from(&stale, TOOL).unwrap();
     assert_eq!(medians(&fresh), [2e-3, 3e-3]);
+}
+
+#[test]
+fn a_damaged_set_fails_verify_and_is_not_imported() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, (_, f_dec), (_, i_dec)) = two_precisions(&dir.path().join("a.db"));
+    db.record_side_by_side(&[row(f_dec, 0.9e-3), row(i_dec, 1.2e-3)], TOOL)
+        .unwrap();
+    let bundle = dir.path().join("a.bundle");
+    db.export_bundle(&hw().id, &bundle, TOOL).unwrap();
+    // The checksum does not cover sets: an altered one still matches it.
+    let raw = rusqlite::Connection::open(&bundle).unwrap();
+    raw.execute("DELETE FROM side_by_side WHERE winner_id = ?1", [i_dec])
+        .unwrap();
+    raw.execute("UPDATE side_by_side SET samples = 'oops'", [])
+        .unwrap();
+    drop(raw);
+    let e = TuningDb::open_read_only(&bundle)
+        .unwrap()
+        .verify()
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("two or more winners"), "{text}");
+    assert!(text.contains("parseable samples"), "{text}");
+    let target = TuningDb::open(dir.path().join("t.db")).unwrap();
+    assert!(target.import_from(&bundle, TOOL).is_err());
+    assert_eq!(count(&dir.path().join("t.db"), "side_by_side"), 0);
+}
+
+/// Rows of `table` in the file at `path`.
+fn count(path: &std::path::Path, table: &str) -> i64 {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+        .unwrap()
 }
