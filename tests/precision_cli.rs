@@ -10,20 +10,24 @@ fn tune_in_several_precisions_then_serve_by_policy() {
     let db = dir.path().join("p.db");
     let db = db.to_str().unwrap();
     let w = "gemm:24x40x33";
-    let o = autokernel(&[
-        "tune",
-        "--workload",
-        w,
-        "--precision",
-        "f32,int8,bf16",
-        "--budget",
-        "3",
-        "--db",
-        db,
-        "--isolation",
-        "none",
-        "--json",
-    ]);
+    let tune = |extra: &[&str]| {
+        let mut all = vec![
+            "tune",
+            "--workload",
+            w,
+            "--precision",
+            "f32,int8,bf16",
+            "--budget",
+            "3",
+            "--db",
+            db,
+            "--isolation",
+            "none",
+        ];
+        all.extend_from_slice(extra);
+        autokernel(&all)
+    };
+    let o = tune(&["--json"]);
     let lines = ok_json_lines(&o);
     let keys: Vec<&str> = lines
         .iter()
@@ -106,19 +110,7 @@ fn tune_in_several_precisions_then_serve_by_policy() {
     );
     // Run again, plainly: nothing new is searched, and the winners are compared side by
     // side once more, said on stderr, into a second set (the one now served).
-    let again = autokernel(&[
-        "tune",
-        "--workload",
-        w,
-        "--precision",
-        "f32,int8,bf16",
-        "--budget",
-        "3",
-        "--db",
-        db,
-        "--isolation",
-        "none",
-    ]);
+    let again = tune(&[]);
     assert!(again.status.success(), "{}", stderr(&again));
     assert!(
         stderr(&again).contains(&format!("side by side  {w}: f32 ")),

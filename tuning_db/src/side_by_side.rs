@@ -27,7 +27,7 @@ use rusqlite::{params, OptionalExtension};
 use crate::db::TuningDb;
 use crate::error::{Ctx, DbError, Result};
 use crate::record::now_rfc3339;
-use crate::winners::LATEST_DECISIONS;
+use crate::winners::{finite_timing, LATEST_DECISIONS};
 
 /// One precision's winner in a side-by-side set: the decision whose winner ran, and its
 /// timing in the set's rounds.
@@ -102,13 +102,7 @@ impl TuningDb {
                     r.winner_id
                 )));
             };
-            let m = &r.measurement;
-            let finite = m.median_s.is_finite()
-                && m.median_s > 0.0
-                && m.spread.is_finite()
-                && !m.samples.is_empty()
-                && m.samples.iter().all(|s| s.is_finite());
-            if !finite {
+            if !finite_timing(&r.measurement) {
                 return Err(bad(format!(
                     "the side-by-side timing of {} is not a finite positive timing",
                     member.1

@@ -40,6 +40,15 @@ use crate::record::{now_rfc3339, Record};
 pub(crate) const LATEST_DECISIONS: &str =
     "SELECT max(id) FROM winners GROUP BY fingerprint_id, workload";
 
+/// Whether `m` is a finite positive timing with samples, as every stored re-measurement must be.
+pub(crate) fn finite_timing(m: &Measurement) -> bool {
+    m.median_s.is_finite()
+        && m.median_s > 0.0
+        && m.spread.is_finite()
+        && !m.samples.is_empty()
+        && m.samples.iter().all(|s| s.is_finite())
+}
+
 /// One finalist's interleaved re-measurement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Remeasurement {
@@ -169,14 +178,8 @@ impl TuningDb {
             }
         }
         for r in &d.remeasured {
-            let m = &r.measurement;
-            let finite = m.median_s.is_finite()
-                && m.median_s > 0.0
-                && m.spread.is_finite()
-                && !m.samples.is_empty()
-                && m.samples.iter().all(|s| s.is_finite())
-                && r.ci_low_s.is_finite()
-                && !r.ci_high_s.is_nan();
+            let finite =
+                finite_timing(&r.measurement) && r.ci_low_s.is_finite() && !r.ci_high_s.is_nan();
             if !finite {
                 return Err(bad(format!(
                     "re-measurement of trial {} is not a finite positive timing",
