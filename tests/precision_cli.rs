@@ -97,7 +97,10 @@ fn tune_in_several_precisions_then_serve_by_policy() {
     );
     let mut reported: Vec<f64> = ["f32", "i8", "bf16"]
         .iter()
-        .map(|d| f["precisions"][d]["median_s"].as_f64().unwrap())
+        .map(|d| {
+            assert_eq!(f["precisions"][d]["median_from"], "side_by_side", "{f}");
+            f["precisions"][d]["median_s"].as_f64().unwrap()
+        })
         .collect();
     side_by_side.sort_by(f64::total_cmp);
     reported.sort_by(f64::total_cmp);

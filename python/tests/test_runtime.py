@@ -106,7 +106,7 @@ def test_a_missing_database_serves_defaults_then_reload_picks_it_up(tmp_path, tu
     rt = autokernel.Runtime(str(path))
     assert rt.load_error and "later.db" in rt.load_error
     assert rt.lookup("gemm:8x64x64")["level"] == "default"
-    path.write_bytes(open(tuned_db, "rb").read())
+    path.write_bytes(pathlib.Path(tuned_db).read_bytes())
     info = rt.reload()
     assert info["generation"] == 2 and rt.load_error is None
     # Tuned and served at all threads. (At another thread count the record would be served
@@ -172,12 +172,16 @@ def test_tune_in_several_precisions_compares_their_winners_side_by_side(tmp_path
                               strategy="random", progress=False)
     assert [r["workload"] for r in reports] == ["gemm:6x20x9", "gemm:6x20x9:i8"]
     assert all(not r["warnings"] for r in reports), reports
-    with sqlite3.connect(db) as conn:
+    conn = sqlite3.connect(db)
+    try:
         rows = conn.execute("SELECT set_id, median_s FROM side_by_side").fetchall()
+    finally:
+        conn.close()
     assert len(rows) == 2 and rows[0][0] == rows[1][0], rows
     # Those are the medians 'auto' compares.
     rt = autokernel.Runtime(db, threads=None, precision="auto")
     seen = rt.lookup("gemm:6x20x9")["precisions"]
+    assert all(seen[d]["median_from"] == "side_by_side" for d in ("f32", "i8")), seen
     assert sorted(seen[d]["median_s"] for d in ("f32", "i8")) == pytest.approx(
         sorted(m for _, m in rows), rel=1e-12)
 

@@ -10,7 +10,7 @@ use kernels::{default_for, Config, DeviceKind, Executable, HardwareFingerprint, 
 use tuning_db::{Record, TuningDb};
 
 use crate::hash::{class, dims4, Key, Table};
-use crate::{Choice, Level, RuntimeError, Skipped, Source};
+use crate::{Choice, Level, MedianFrom, RuntimeError, Skipped, Source};
 
 /// Resolved misses kept per index; past this, further misses are resolved on every call
 /// (still correct, just slower) so a stream of random shapes cannot grow memory without bound.
@@ -266,7 +266,7 @@ fn exact_hits(
     let mut skipped: Vec<Skipped> = Vec::new();
     let evidence = Evidence::of(db, hw)?;
     let (best, unreadable) = db.best_all_reporting(&hw.id)?;
-    let remeasured = db.remeasured_medians(&hw.id)?;
+    let medians = Medians::of(db, &hw.id)?;
     // A faster row that no longer reads back (its config damaged in the file): said, while
     // the next one serves.
     skipped.extend(unreadable.into_iter().map(|u| Skipped {
@@ -276,7 +276,7 @@ fn exact_hits(
     for rec in best {
         match evidence
             .vouch(db, &rec)?
-            .and_then(|()| serve(&rec, hw, Level::Exact, &remeasured))
+            .and_then(|()| serve(&rec, hw, Level::Exact, &medians))
         {
             Ok(choice) => {
                 hits.insert(rec.workload, Arc::new(choice));
@@ -345,14 +345,14 @@ fn same_arch_hits(
     let mut unserved: HashMap<Workload, Skipped> = HashMap::new();
     for sib in siblings {
         let evidence = Evidence::of(db, sib)?;
-        let remeasured = db.remeasured_medians(&sib.id)?;
+        let medians = Medians::of(db, &sib.id)?;
         for rec in db.best_all(&sib.id)? {
             if hits.contains_key(&rec.workload) {
                 continue;
             }
             match evidence
                 .vouch(db, &rec)?
-                .and_then(|()| serve(&rec, hw, Level::SameArch, &remeasured))
+                .and_then(|()| serve(&rec, hw, Level::SameArch, &medians))
             {
                 Ok(choice) => {
                     hits.insert(rec.workload, Arc::new(choice));
@@ -527,6 +527,7 @@ fn borrow(
             fingerprint_id: from.map(|s| s.fingerprint_id.clone()).unwrap_or_default(),
             trial_id: from.and_then(|s| s.trial_id),
             median_s: from.and_then(|s| s.median_s),
+            median_from: from.and_then(|s| s.median_from),
             accuracy: from.and_then(|s| s.accuracy),
             distance: d,
         }),
@@ -549,17 +550,49 @@ fn fit_hardware(hw: &HardwareFingerprint) -> &HardwareFingerprint {
     }
 }
 
+/// The winners' medians of one fingerprint as `auto` compares them.
+struct Medians {
+    /// [`TuningDb::remeasured_medians`], by trial id.
+    remeasured: HashMap<i64, f64>,
+    /// The trials whose median there is a side-by-side one.
+    side_by_side: HashSet<i64>,
+}
+
+impl Medians {
+    fn of(db: &TuningDb, fingerprint_id: &str) -> Result<Medians, RuntimeError> {
+        Ok(Medians {
+            remeasured: db.remeasured_medians(fingerprint_id)?,
+            side_by_side: db
+                .side_by_side_medians(fingerprint_id)?
+                .into_keys()
+                .collect(),
+        })
+    }
+
+    /// `rec`'s median and where it was measured: a winner's re-measured one, else its
+    /// search median.
+    fn of_record(&self, rec: &Record) -> (Option<f64>, Option<MedianFrom>) {
+        let id = rec.id.unwrap_or(-1);
+        match self.remeasured.get(&id) {
+            Some(&m) if self.side_by_side.contains(&id) => (Some(m), Some(MedianFrom::SideBySide)),
+            Some(&m) => (Some(m), Some(MedianFrom::Decision)),
+            None => (rec.median_s(), rec.median_s().map(|_| MedianFrom::Search)),
+        }
+    }
+}
+
 /// `rec` as the choice of its workload at `level`. Its median (what `auto` compares across
-/// element types) is the one `remeasured` holds for it (by trial id: side by side with the
-/// shape's other precisions, or its decision's re-measurement), else its search median.
+/// element types) is the one `medians` holds for it (side by side with the shape's other
+/// precisions, or its decision's re-measurement), else its search median.
 fn serve(
     rec: &Record,
     hw: &HardwareFingerprint,
     level: Level,
-    remeasured: &HashMap<i64, f64>,
+    medians: &Medians,
 ) -> Result<Choice, String> {
     let kernel = servable(rec, hw)?;
     let exe = host_exe(kernel, &rec.workload, &rec.config).map_err(|e| e.to_string())?;
+    let (median_s, median_from) = medians.of_record(rec);
     Ok(Choice::new(
         &rec.workload,
         kernel,
@@ -569,10 +602,8 @@ fn serve(
             workload: rec.workload,
             fingerprint_id: rec.fingerprint_id.clone(),
             trial_id: rec.id,
-            median_s: rec
-                .id
-                .and_then(|id| remeasured.get(&id).copied())
-                .or(rec.median_s()),
+            median_s,
+            median_from,
             accuracy: rec.accuracy,
             distance: 0.0,
         }),

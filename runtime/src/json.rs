@@ -4,17 +4,19 @@
 use kernels::{DType, Workload};
 use serde_json::{json, Value};
 
-use crate::{Choice, Runtime, RuntimeError};
+use crate::{Choice, MedianFrom, Runtime, RuntimeError};
 
 impl Runtime {
     /// What a call of `w` runs, as a JSON object: `workload` (`w`, as asked), `dtype` (the
     /// element type it is served in), `device` (as given, e.g. `cpu` or `cuda:0`), `level`,
     /// `kernel`, `kernel_version`, `config`, `fingerprint` (the one this runtime serves),
     /// `source` (the record behind it: `workload`, `fingerprint`, `trial_id`, `median_s`,
-    /// `distance`, `max_rel_err`, `fro_rel_err`; `null` for `default`), `rel_err` (the
+    /// `median_from` (`side_by_side`, `decision` or `search`: [`MedianFrom`]), `distance`,
+    /// `max_rel_err`, `fro_rel_err`; `null` for `default`), `rel_err` (the
     /// record's stored `max_rel_err` against the f32 problem, `null` when none is stored),
     /// `precisions` (for each element type a family serves this shape in here: `level`,
-    /// `kernel`, `median_s` and `rel_err` of what would serve it), `precision` (the policy)
+    /// `kernel`, `median_s`, `median_from` and `rel_err` of what would serve it), `precision`
+    /// (the policy)
     /// `served_as` (the workload the call is served as under it: [`Runtime::serve_as`]) and
     /// `not_served` (why the database's record of `served_as` on this machine is not served,
     /// e.g. one of an older kernel version to re-tune: [`Runtime::skipped`]; `null` when none
@@ -45,6 +47,7 @@ impl Choice {
                         "level": c.level.as_str(),
                         "kernel": c.kernel.name(),
                         "median_s": src.and_then(|s| s.median_s),
+                        "median_from": src.and_then(|s| s.median_from).map(MedianFrom::as_str),
                         "rel_err": src.and_then(|s| s.accuracy).map(|a| a.max_rel_err),
                     }),
                 );
@@ -64,6 +67,7 @@ impl Choice {
                 "fingerprint": s.fingerprint_id,
                 "trial_id": s.trial_id,
                 "median_s": s.median_s,
+                "median_from": s.median_from.map(MedianFrom::as_str),
                 "distance": s.distance,
                 "max_rel_err": s.accuracy.map(|a| a.max_rel_err),
                 "fro_rel_err": s.accuracy.map(|a| a.fro_rel_err),

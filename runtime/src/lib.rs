@@ -162,10 +162,34 @@ pub struct Source {
     /// median of the decision that made it the winner
     /// ([`tuning_db::TuningDb::remeasured_medians`]); otherwise its search median.
     pub median_s: Option<f64>,
+    /// Which of those [`median_s`](Self::median_s) is (`None` without a median).
+    pub median_from: Option<MedianFrom>,
     /// Its error against the exact f32 problem, as stored (schema v4; `None` before).
     pub accuracy: Option<kernels::Accuracy>,
     /// Nearest-shape distance to the served workload ([`distance`]); 0 otherwise.
     pub distance: f64,
+}
+
+/// Where a [`Source::median_s`] was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MedianFrom {
+    /// The shape's precisions' winners re-measured together, in the same rounds.
+    SideBySide,
+    /// The interleaved re-measurement of the decision that made it the winner.
+    Decision,
+    /// The search's own timing of the trial.
+    Search,
+}
+
+impl MedianFrom {
+    /// Its name in `lookup --json`: `side_by_side`, `decision`, `search`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MedianFrom::SideBySide => "side_by_side",
+            MedianFrom::Decision => "decision",
+            MedianFrom::Search => "search",
+        }
+    }
 }
 
 /// The variant chosen for a workload.

@@ -6,7 +6,7 @@ use std::path::Path;
 use kernels::{
     default_for, Accuracy, Act, DType, HardwareFingerprint, Measurement, Problem, Workload,
 };
-use runtime::{Level, PrecisionPolicy, Runtime};
+use runtime::{Level, MedianFrom, PrecisionPolicy, Runtime};
 use tuning_db::{Record, Remeasurement, TuningDb, WinnerDecision};
 
 /// A record of `w`'s family default on this machine, with its median and accuracy.
@@ -131,6 +131,52 @@ fn auto_compares_the_winners_re_measured_medians() {
     assert_eq!(rt.serve_as(&w), w, "re-measured, f32 is faster");
     let source = rt.choose(&w).unwrap().source.unwrap();
     assert_eq!(source.median_s, Some(5e-6));
+    let from = |rt: &Runtime, w: &Workload| rt.choose(w).unwrap().source.unwrap().median_from;
+    assert_eq!(from(&rt, &w), Some(MedianFrom::Decision));
+    assert_eq!(from(&rt, &i8w), Some(MedianFrom::Search));
+
+    // int8 decided too, then both timed side by side: int8 at 2 µs against f32's 6 µs.
+    let db = TuningDb::open(&path).unwrap();
+    let i8_trial = db.best(&hw.id, &i8w).unwrap().unwrap().id.unwrap();
+    let decide = |w: Workload, trial_id: i64, t: f64| {
+        db.record_winner(&WinnerDecision {
+            id: None,
+            fingerprint_id: hw.id.clone(),
+            workload: w,
+            trial_id,
+            reason: "only_candidate".into(),
+            tie: false,
+            remeasured: vec![Remeasurement {
+                trial_id,
+                measurement: Measurement::from_samples(vec![t; 3]),
+                ci_low_s: t,
+                ci_high_s: t,
+            }],
+            decided_at: String::new(),
+            tool_version: "test".into(),
+        })
+        .unwrap()
+    };
+    let f32_decision = db.winner(&hw.id, &w).unwrap().unwrap().id.unwrap();
+    let i8_decision = decide(i8w, i8_trial, 8e-6);
+    let timed = |winner_id, t: f64| tuning_db::SideBySide {
+        winner_id,
+        measurement: Measurement::from_samples(vec![t; 3]),
+    };
+    db.record_side_by_side(
+        &[timed(f32_decision, 6e-6), timed(i8_decision, 2e-6)],
+        "test",
+    )
+    .unwrap();
+    drop(db);
+    let rt = Runtime::open(&path).unwrap();
+    rt.set_precision(PrecisionPolicy::auto());
+    assert_eq!(rt.serve_as(&w), i8w, "side by side, int8 is faster");
+    assert_eq!(from(&rt, &w), Some(MedianFrom::SideBySide));
+    assert_eq!(from(&rt, &i8w), Some(MedianFrom::SideBySide));
+    let json = rt.lookup_json(&w, "cpu").unwrap();
+    assert_eq!(json["precisions"]["i8"]["median_s"], 2e-6);
+    assert_eq!(json["precisions"]["f32"]["median_from"], "side_by_side");
 }
 
 #[test]

@@ -117,7 +117,7 @@ impl TuningDb {
     /// shape, the rows of its latest set (by when it was measured) whose decisions are all
     /// still in force; none before schema v5. One set per shape, so the precisions `auto`
     /// compares were all timed in the same rounds.
-    pub(crate) fn side_by_side_medians(&self, fingerprint_id: &str) -> Result<HashMap<i64, f64>> {
+    pub fn side_by_side_medians(&self, fingerprint_id: &str) -> Result<HashMap<i64, f64>> {
         if self.version < 5 {
             return Ok(HashMap::new());
         }
