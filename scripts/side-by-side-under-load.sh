@@ -13,7 +13,9 @@ set -euo pipefail
 AK=${AK:-target/release/autokernel}
 W=${1:-gemm_bias:128x768x768}
 DIR=$(mktemp -d)
-trap 'pkill -f "while :; do :; done" 2>/dev/null || true; rm -rf "$DIR"' EXIT
+LOAD=()
+stop_load() { [ ${#LOAD[@]} -eq 0 ] || kill "${LOAD[@]}" 2>/dev/null || true; LOAD=(); }
+trap 'stop_load; rm -rf "$DIR"' EXIT
 DB="$DIR/demo.db"
 med() {
     "$AK" lookup --db "$DB" --workload "$W" --precision auto --json | python3 -c '
@@ -24,10 +26,13 @@ cells = ["%s %.3f ms" % (t, p[t]["median_s"] * 1e3) for t in ("f32", "bf16", "i8
 print(" | ".join(cells), "| auto serves", d["dtype"])'
 }
 echo "## 1. int8 tuned while two busy loops hold both cores"
-for _ in 1 2; do (timeout 120 sh -c 'while :; do :; done' &); done
+for _ in 1 2; do
+    timeout 120 sh -c 'while :; do :; done' &
+    LOAD+=($!)
+done
 sleep 1
 "$AK" tune --db "$DB" --workload "$W" --precision int8 --budget 6 2>&1 | grep -E "$W|noise" | cut -c1-120
-pkill -f "while :; do :; done" || true
+stop_load
 sleep 3
 echo "## 2. f32 and bf16 tuned on the quiet machine (each decided on its own rounds)"
 for p in f32 bf16; do

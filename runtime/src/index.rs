@@ -550,32 +550,21 @@ fn fit_hardware(hw: &HardwareFingerprint) -> &HardwareFingerprint {
     }
 }
 
-/// The winners' medians of one fingerprint as `auto` compares them.
-struct Medians {
-    /// [`TuningDb::remeasured_medians`], by trial id.
-    remeasured: HashMap<i64, f64>,
-    /// The trials whose median there is a side-by-side one.
-    side_by_side: HashSet<i64>,
-}
+/// The winners' medians of one fingerprint as `auto` compares them, by trial id
+/// ([`TuningDb::winner_medians`]).
+struct Medians(HashMap<i64, tuning_db::WinnerMedian>);
 
 impl Medians {
     fn of(db: &TuningDb, fingerprint_id: &str) -> Result<Medians, RuntimeError> {
-        Ok(Medians {
-            remeasured: db.remeasured_medians(fingerprint_id)?,
-            side_by_side: db
-                .side_by_side_medians(fingerprint_id)?
-                .into_keys()
-                .collect(),
-        })
+        Ok(Medians(db.winner_medians(fingerprint_id)?))
     }
 
     /// `rec`'s median and where it was measured: a winner's re-measured one, else its
     /// search median.
     fn of_record(&self, rec: &Record) -> (Option<f64>, Option<MedianFrom>) {
-        let id = rec.id.unwrap_or(-1);
-        match self.remeasured.get(&id) {
-            Some(&m) if self.side_by_side.contains(&id) => (Some(m), Some(MedianFrom::SideBySide)),
-            Some(&m) => (Some(m), Some(MedianFrom::Decision)),
+        match rec.id.and_then(|id| self.0.get(&id)) {
+            Some(m) if m.side_by_side => (Some(m.median_s), Some(MedianFrom::SideBySide)),
+            Some(m) => (Some(m.median_s), Some(MedianFrom::Decision)),
             None => (rec.median_s(), rec.median_s().map(|_| MedianFrom::Search)),
         }
     }

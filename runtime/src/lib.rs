@@ -173,7 +173,8 @@ pub struct Source {
 /// Where a [`Source::median_s`] was measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MedianFrom {
-    /// The shape's precisions' winners re-measured together, in the same rounds.
+    /// The shape's precisions' winners re-measured together, in the same rounds (on the
+    /// record's own fingerprint: a same-arch record's set was timed on that machine).
     SideBySide,
     /// The interleaved re-measurement of the decision that made it the winner.
     Decision,

@@ -103,4 +103,4 @@ pub use record::{now_rfc3339, rfc3339, Record, Stats};
 pub use schema::{APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION};
 pub use side_by_side::SideBySide;
 pub use temp::probe_dir;
-pub use winners::{Remeasurement, WinnerDecision};
+pub use winners::{Remeasurement, WinnerDecision, WinnerMedian};

@@ -117,7 +117,7 @@ impl TuningDb {
     /// shape, the rows of its latest set (by when it was measured) whose decisions are all
     /// still in force; none before schema v5. One set per shape, so the precisions `auto`
     /// compares were all timed in the same rounds.
-    pub fn side_by_side_medians(&self, fingerprint_id: &str) -> Result<HashMap<i64, f64>> {
+    pub(crate) fn side_by_side_medians(&self, fingerprint_id: &str) -> Result<HashMap<i64, f64>> {
         if self.version < 5 {
             return Ok(HashMap::new());
         }
@@ -175,14 +175,21 @@ impl TuningDb {
         let mut stmt = self
             .conn
             .prepare(
-                "SELECT s.set_id, w.fingerprint_id, w.workload, s.median_s, s.samples \
+                "SELECT s.set_id, w.fingerprint_id, w.workload, s.median_s, s.spread, s.samples \
                  FROM side_by_side s JOIN winners w ON w.id = s.winner_id ORDER BY s.set_id, s.id",
             )
             .ctx(p, ctx)?;
-        type Row = (i64, String, String, f64, String);
+        type Row = (i64, String, String, f64, f64, String);
         let rows = stmt
             .query_map([], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
             })
             .and_then(|rows| rows.collect::<rusqlite::Result<Vec<Row>>>())
             .ctx(p, ctx)?;
@@ -197,12 +204,13 @@ impl TuningDb {
             if let Err(reason) = check_members(&members) {
                 problems.push(format!("side-by-side set {set}: {reason}"));
             }
-            for (_, _, key, median, samples) in rows {
-                let parsed = serde_json::from_str::<Vec<f64>>(samples).ok();
-                let ok = median.is_finite()
-                    && *median > 0.0
-                    && parsed.is_some_and(|v| !v.is_empty() && v.iter().all(|x| x.is_finite()));
-                if !ok {
+            for (_, _, key, median_s, spread, samples) in rows {
+                let timing = serde_json::from_str::<Vec<f64>>(samples).map(|samples| Measurement {
+                    samples,
+                    median_s: *median_s,
+                    spread: *spread,
+                });
+                if !timing.is_ok_and(|m| finite_timing(&m)) {
                     problems.push(format!(
                         "side-by-side set {set}: the timing of {key} is not a finite positive \
                          median with parseable samples"

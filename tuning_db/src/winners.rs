@@ -49,6 +49,16 @@ pub(crate) fn finite_timing(m: &Measurement) -> bool {
         && m.samples.iter().all(|s| s.is_finite())
 }
 
+/// A winner's re-measured median ([`TuningDb::winner_medians`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WinnerMedian {
+    /// Seconds per call.
+    pub median_s: f64,
+    /// Taken side by side with its shape's other precisions' winners (else in its own
+    /// decision's rounds).
+    pub side_by_side: bool,
+}
+
 /// One finalist's interleaved re-measurement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Remeasurement {
@@ -311,8 +321,36 @@ impl TuningDb {
     /// force, where that set measured the trial (the precisions it holds then compare in the
     /// same rounds); else the decision in force's own re-measurement, where it re-measured it.
     pub fn remeasured_medians(&self, fingerprint_id: &str) -> Result<HashMap<i64, f64>> {
-        let mut medians = self.decided_medians(fingerprint_id)?;
-        medians.extend(self.side_by_side_medians(fingerprint_id)?);
+        Ok(self
+            .winner_medians(fingerprint_id)?
+            .into_iter()
+            .map(|(id, m)| (id, m.median_s))
+            .collect())
+    }
+
+    /// [`remeasured_medians`](Self::remeasured_medians), each with where it was taken.
+    pub fn winner_medians(&self, fingerprint_id: &str) -> Result<HashMap<i64, WinnerMedian>> {
+        let tag = |side_by_side| {
+            move |(id, median_s)| {
+                (
+                    id,
+                    WinnerMedian {
+                        median_s,
+                        side_by_side,
+                    },
+                )
+            }
+        };
+        let mut medians: HashMap<i64, WinnerMedian> = self
+            .decided_medians(fingerprint_id)?
+            .into_iter()
+            .map(tag(false))
+            .collect();
+        medians.extend(
+            self.side_by_side_medians(fingerprint_id)?
+                .into_iter()
+                .map(tag(true)),
+        );
         Ok(medians)
     }
 

@@ -129,6 +129,35 @@ fn each_shape_serves_its_latest_set_only() {
 }
 
 #[test]
+fn the_latest_set_is_the_last_measured_not_the_last_inserted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.db");
+    let (db, (f_trial, f_dec), (i_trial, i_dec)) = two_precisions(&path);
+    let newer = db
+        .record_side_by_side(&[row(f_dec, 0.9e-3), row(i_dec, 1.2e-3)], TOOL)
+        .unwrap();
+    // A set copied in later (a higher id) that was measured earlier, as an import of an
+    // older bundle brings.
+    let older = db
+        .record_side_by_side(&[row(f_dec, 3e-3), row(i_dec, 4e-3)], TOOL)
+        .unwrap();
+    assert!(older > newer);
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute(
+            "UPDATE side_by_side SET measured_at = '2020-01-01T00:00:00Z' WHERE set_id = ?1",
+            [older],
+        )
+        .unwrap();
+    assert_eq!(
+        db.remeasured_medians(&hw().id).unwrap(),
+        HashMap::from([(f_trial, 0.9e-3), (i_trial, 1.2e-3)])
+    );
+    let tagged = db.winner_medians(&hw().id).unwrap();
+    assert!(tagged.values().all(|m| m.side_by_side));
+}
+
+#[test]
 fn a_set_must_be_one_shape_on_one_machine_in_distinct_types() {
     let dir = tempfile::tempdir().unwrap();
     let (db, (_, f_dec), (_, i_dec)) = two_precisions(&dir.path().join("a.db"));
