@@ -223,9 +223,6 @@ fn tune_each(
     // The precisions of each shape tuned in several, re-measured side by side (what `auto`
     // then compares); a failure is a warning of each of those workloads' reports.
     for (shape, dtypes) in search::shapes_and_types(workloads) {
-        if dtypes.len() < 2 {
-            continue;
-        }
         let compared =
             search::compare_precisions(&db, &shape, &dtypes, hw, opts, evaluator.as_mut());
         if let Err(e @ (search::SearchError::Db(_) | search::SearchError::Stopped)) = compared {

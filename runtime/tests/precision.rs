@@ -93,6 +93,28 @@ fn auto_keeps_f32_when_it_was_measured_faster() {
 
 /// `auto` compares a winner's re-measured median, not its search median (swollen by other
 /// work while it searched): an f32 winner re-measured faster than int8 keeps f32.
+/// Records `trial_id` as `w`'s winner on this machine, re-measured at `t` seconds; returns
+/// the decision's id.
+fn decide(db: &TuningDb, w: Workload, trial_id: i64, t: f64) -> i64 {
+    db.record_winner(&WinnerDecision {
+        id: None,
+        fingerprint_id: HardwareFingerprint::current().id.clone(),
+        workload: w,
+        trial_id,
+        reason: "only_candidate".into(),
+        tie: false,
+        remeasured: vec![Remeasurement {
+            trial_id,
+            measurement: Measurement::from_samples(vec![t; 3]),
+            ci_low_s: t,
+            ci_high_s: t,
+        }],
+        decided_at: String::new(),
+        tool_version: "test".into(),
+    })
+    .unwrap()
+}
+
 #[test]
 fn auto_compares_the_winners_re_measured_medians() {
     let dir = tempfile::tempdir().unwrap();
@@ -108,23 +130,7 @@ fn auto_compares_the_winners_re_measured_medians() {
     let db = TuningDb::open(&path).unwrap();
     let hw = HardwareFingerprint::current();
     let trial_id = db.best(&hw.id, &w).unwrap().unwrap().id.unwrap();
-    db.record_winner(&WinnerDecision {
-        id: None,
-        fingerprint_id: hw.id.clone(),
-        workload: w,
-        trial_id,
-        reason: "only_candidate".into(),
-        tie: false,
-        remeasured: vec![Remeasurement {
-            trial_id,
-            measurement: Measurement::from_samples(vec![5e-6; 3]),
-            ci_low_s: 5e-6,
-            ci_high_s: 5e-6,
-        }],
-        decided_at: String::new(),
-        tool_version: "test".into(),
-    })
-    .unwrap();
+    let f32_decision = decide(&db, w, trial_id, 5e-6);
     drop(db);
     let rt = Runtime::open(&path).unwrap();
     rt.set_precision(PrecisionPolicy::auto());
@@ -138,27 +144,7 @@ fn auto_compares_the_winners_re_measured_medians() {
     // int8 decided too, then both timed side by side: int8 at 2 µs against f32's 6 µs.
     let db = TuningDb::open(&path).unwrap();
     let i8_trial = db.best(&hw.id, &i8w).unwrap().unwrap().id.unwrap();
-    let decide = |w: Workload, trial_id: i64, t: f64| {
-        db.record_winner(&WinnerDecision {
-            id: None,
-            fingerprint_id: hw.id.clone(),
-            workload: w,
-            trial_id,
-            reason: "only_candidate".into(),
-            tie: false,
-            remeasured: vec![Remeasurement {
-                trial_id,
-                measurement: Measurement::from_samples(vec![t; 3]),
-                ci_low_s: t,
-                ci_high_s: t,
-            }],
-            decided_at: String::new(),
-            tool_version: "test".into(),
-        })
-        .unwrap()
-    };
-    let f32_decision = db.winner(&hw.id, &w).unwrap().unwrap().id.unwrap();
-    let i8_decision = decide(i8w, i8_trial, 8e-6);
+    let i8_decision = decide(&db, i8w, i8_trial, 8e-6);
     let timed = |winner_id, t: f64| tuning_db::SideBySide {
         winner_id,
         measurement: Measurement::from_samples(vec![t; 3]),

@@ -20,9 +20,7 @@ use crate::tuner::{SearchError, TuneOptions, FALLBACK_TIMEOUT};
 /// One precision's winner in a side-by-side re-measurement.
 #[derive(Debug, Clone)]
 pub struct PrecisionTiming {
-    /// The workload: the shape in this element type.
-    pub workload: Workload,
-    /// Its winning trial (the decision in force).
+    /// Its winning trial (the decision in force), of the shape in this element type.
     pub record: Record,
     /// Its timing in the shared rounds.
     pub measurement: Measurement,
@@ -41,22 +39,12 @@ pub struct PrecisionComparison {
     pub set_id: i64,
 }
 
-impl PrecisionComparison {
-    /// The fastest precision's timing by side-by-side median.
-    pub fn fastest(&self) -> &PrecisionTiming {
-        self.timings
-            .iter()
-            .min_by(|a, b| a.measurement.median_s.total_cmp(&b.measurement.median_s))
-            .expect("a comparison holds two or more precisions")
-    }
-}
-
 /// Re-measures the winners in force of `shape` in each of `dtypes` side by side (one set of
 /// [`TuneOptions::remeasure_rounds`] interleaved rounds by [`TuneOptions::protocol`], on
 /// `evaluator`, which this sets up anew) and records the set. `None` where the job asked for
 /// no re-measurement ([`TuneOptions::finalists`] 0), or fewer than two of those precisions
-/// have a decision in force whose winner the runtime still serves (its kernel version
-/// registered, its config in the space).
+/// (given, or with a decision in force whose winner the runtime still serves: its kernel
+/// version registered, its config in the space).
 pub fn compare_precisions(
     db: &TuningDb,
     shape: &Workload,
@@ -65,7 +53,7 @@ pub fn compare_precisions(
     opts: &TuneOptions,
     evaluator: &mut dyn Evaluator,
 ) -> Result<Option<PrecisionComparison>, SearchError> {
-    if opts.finalists == 0 {
+    if opts.finalists == 0 || dtypes.len() < 2 {
         return Ok(None);
     }
     let mut entries: Vec<(i64, Record, &'static dyn Kernel)> = Vec::new();
@@ -123,7 +111,6 @@ pub fn compare_precisions(
         .into_iter()
         .zip(measured)
         .map(|((_, record, _), measurement)| PrecisionTiming {
-            workload: record.workload,
             ci: median_ci(&measurement.samples),
             record,
             measurement,
@@ -137,7 +124,7 @@ pub fn compare_precisions(
 }
 
 /// The shapes of a job's `workloads` (in f32, first seen first), each with the element types
-/// the job tuned it in: those with two or more are [`compare_precisions`]' to compare.
+/// the job tuned it in: what [`compare_precisions`] compares.
 pub fn shapes_and_types(workloads: &[Workload]) -> Vec<(Workload, Vec<DType>)> {
     let mut out: Vec<(Workload, Vec<DType>)> = Vec::new();
     for w in workloads {

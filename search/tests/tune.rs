@@ -271,7 +271,11 @@ fn the_precisions_winners_are_re_measured_side_by_side() {
         .unwrap()
         .expect("f32 and int8 are decided");
     assert_eq!(c.shape, shape);
-    let types: Vec<DType> = c.timings.iter().map(|t| t.workload.dtype()).collect();
+    let types: Vec<DType> = c
+        .timings
+        .iter()
+        .map(|t| t.record.workload.dtype())
+        .collect();
     assert_eq!(types, [DType::F32, DType::I8]);
     let medians = db.remeasured_medians(&hw.id).unwrap();
     for t in &c.timings {

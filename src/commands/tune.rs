@@ -361,9 +361,6 @@ fn side_by_side(
     quiet: bool,
 ) -> anyhow::Result<()> {
     for (shape, dtypes) in search::shapes_and_types(workloads) {
-        if dtypes.len() < 2 {
-            continue;
-        }
         match search::compare_precisions(db, &shape, &dtypes, hw, opts, evaluator) {
             Ok(Some(c)) if !quiet => {
                 let cells: Vec<String> = c
@@ -373,7 +370,7 @@ fn side_by_side(
                         let (lo, hi) = t.ci;
                         format!(
                             "{} {:.3} ms [{:.3}, {:.3}]",
-                            t.workload.dtype(),
+                            t.record.workload.dtype(),
                             t.measurement.median_s * 1e3,
                             lo * 1e3,
                             hi * 1e3

@@ -138,26 +138,25 @@ impl TuningDb {
             })
             .and_then(|rows| rows.collect::<rusqlite::Result<Vec<Row>>>())
             .ctx(p, ctx)?;
+        // Each row's shape, parsed once (a key that no longer parses names no shape).
+        let rows: Vec<(i64, String, Workload, i64, f64)> = rows
+            .into_iter()
+            .filter_map(|(set, at, key, trial, median)| {
+                let shape = key.parse::<Workload>().ok()?.with_dtype(DType::F32);
+                Some((set, at, shape, trial, median))
+            })
+            .collect();
         // The latest current set of each shape: (measured_at, set_id) is its age.
-        let shape_of = |key: &str| {
-            key.parse::<Workload>()
-                .ok()
-                .map(|w| w.with_dtype(DType::F32))
-        };
         let mut latest: HashMap<Workload, (&str, i64)> = HashMap::new();
-        for (set, at, key, _, _) in &rows {
-            if let Some(shape) = shape_of(key) {
-                let age = latest.entry(shape).or_insert((at, *set));
-                if (at.as_str(), *set) > *age {
-                    *age = (at, *set);
-                }
+        for (set, at, shape, _, _) in &rows {
+            let age = latest.entry(*shape).or_insert((at, *set));
+            if (at.as_str(), *set) > *age {
+                *age = (at, *set);
             }
         }
         Ok(rows
             .iter()
-            .filter(|(set, _, key, _, _)| {
-                shape_of(key).is_some_and(|shape| latest.get(&shape).map(|l| l.1) == Some(*set))
-            })
+            .filter(|(set, _, shape, _, _)| latest.get(shape).map(|l| l.1) == Some(*set))
             .map(|(_, _, _, trial, median)| (*trial, *median))
             .collect())
     }
