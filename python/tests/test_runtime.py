@@ -171,7 +171,8 @@ def test_tune_in_several_precisions_compares_their_winners_side_by_side(tmp_path
     reports = autokernel.tune(["gemm:6x20x9"], db=db, budget=2, precision="f32,int8",
                               strategy="random", progress=False)
     assert [r["workload"] for r in reports] == ["gemm:6x20x9", "gemm:6x20x9:i8"]
-    assert all(not r["warnings"] for r in reports), reports
+    # (Other warnings, such as the machine's speed moving while it tuned, depend on the load.)
+    assert not [w for r in reports for w in r["warnings"] if "side by side" in w], reports
     conn = sqlite3.connect(db)
     try:
         rows = conn.execute("SELECT set_id, median_s FROM side_by_side").fetchall()
